@@ -1,0 +1,13 @@
+"""ictrl: reinforcement learning with verifiable rewards, with ICT token selection.
+
+Layers import only downward:
+
+- core (pure torch): :mod:`ictrl.stats`, :mod:`ictrl.selection`, :mod:`ictrl.loss`, :mod:`ictrl.metrics`
+- tasks: :mod:`ictrl.rewards`, :mod:`ictrl.data`, :mod:`ictrl.models`, :mod:`ictrl.eval`
+- engine adapters: :mod:`ictrl.engine` (TRL trainer, rollout backends)
+- experiments and CLI: :mod:`ictrl.experiments`, :mod:`ictrl.cli`
+
+Heavy libraries are not imported here, so ``import ictrl`` is cheap.
+"""
+
+__version__ = "0.1.0"

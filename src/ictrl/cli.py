@@ -1,0 +1,55 @@
+"""The ``ictrl`` command line: one thin dispatcher over per-command modules.
+
+Each subcommand lives in its own module exposing ``add_arguments(parser)`` and
+``run(args) -> int``. Modules are imported only when their command is chosen, so
+``ictrl --help`` stays fast and a missing optional dependency (vLLM) breaks only
+the command that needs it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+# command -> (module, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "train": ("ictrl.engine.cli", "train a model with ICT or a baseline from a YAML config"),
+    "eval": ("ictrl.eval.cli", "evaluate a model on benchmarks with pass@k"),
+    "demo": ("ictrl.experiments.demo", "build the tiny embedded model and watch ICT improve it on CPU"),
+    "compare": ("ictrl.experiments.compare", "run methods x seeds and write a comparison report"),
+    "sweep": ("ictrl.experiments.sweep", "learning-rate x method x seed stability study"),
+    "inspect": ("ictrl.experiments.inspect", "HTML heatmap of ICT scores and entropy over response tokens"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ictrl",
+        description="RLVR with ICT (Independent Combinatorial Tokens) and its baselines.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (_, help_text) in COMMANDS.items():
+        sub.add_parser(name, help=help_text, add_help=False)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    if not argv or argv[0] in ("-h", "--help"):
+        parser.print_help()
+        return 0
+    if argv[0] not in COMMANDS:
+        parser.error(f"unknown command {argv[0]!r}; choose from {', '.join(COMMANDS)}")
+    name = argv[0]
+    module = importlib.import_module(COMMANDS[name][0])
+    sub_parser = argparse.ArgumentParser(prog=f"ictrl {name}", description=COMMANDS[name][1])
+    module.add_arguments(sub_parser)
+    args = sub_parser.parse_args(argv[1:])
+    return int(module.run(args) or 0)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

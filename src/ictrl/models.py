@@ -1,0 +1,162 @@
+"""Loading real checkpoints, and building tiny Qwen2-architecture models offline.
+
+``load_model_and_tokenizer`` is the one loading path: a hub id works for a user
+with network, a local directory works everywhere. The builders make a byte-level
+tokenizer and a small Qwen2 model from a config, which tests and the embedded
+demo use because these machines cannot download weights.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+# Qwen2's pre-tokenizer split pattern; reusing it means AutoTokenizer, which
+# rebuilds the pre-tokenizer for qwen2 folders, reloads our tokenizer with
+# identical ids (environment.md, "Traps already hit").
+QWEN2_SPLIT_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible byte -> printable-character map, which ByteLevel pre-tokenization emits."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    mapping = {b: chr(b) for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in mapping:
+            mapping[b] = chr(256 + extra)
+            extra += 1
+    return mapping
+
+
+def build_byte_tokenizer(chat_template: str | None = CHAT_TEMPLATE) -> Any:
+    """A byte-level BPE tokenizer with no merges: 256 byte tokens + 3 specials (vocab 259).
+
+    Uses Qwen2's normaliser, split regex, ByteLevel pre-tokenizer and decoder, so it
+    round-trips through ``save_pretrained`` / ``AutoTokenizer.from_pretrained`` unchanged.
+    """
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    byte_chars = _bytes_to_unicode()
+    vocab = {byte_chars[b]: b for b in range(256)}
+    for i, tok in enumerate(SPECIAL_TOKENS):
+        vocab[tok] = 256 + i
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], byte_fallback=False))
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN2_SPLIT_PATTERN), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    from tokenizers import AddedToken
+
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        bos_token=None,
+        unk_token=None,
+    )
+    if chat_template is not None:
+        fast.chat_template = chat_template
+    return fast
+
+
+def build_tiny_qwen2(
+    tokenizer: Any,
+    hidden_size: int = 64,
+    num_hidden_layers: int = 2,
+    num_attention_heads: int = 4,
+    num_key_value_heads: int = 2,
+    intermediate_size: int | None = None,
+    max_position_embeddings: int = 1024,
+    vocab_size: int | None = None,
+    seed: int = 0,
+) -> Any:
+    """A randomly initialised Qwen2ForCausalLM sized from ``tokenizer`` (deterministic for ``seed``).
+
+    ``vocab_size`` may exceed the tokenizer's (Qwen2.5 pads to 151,936) to test
+    full-vocabulary cost with a tiny network.
+    """
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    vocab = vocab_size if vocab_size is not None else len(tokenizer)
+    if vocab < len(tokenizer):
+        raise ValueError(f"vocab_size={vocab} is smaller than the tokenizer's {len(tokenizer)} tokens")
+    config = Qwen2Config(
+        vocab_size=vocab,
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size or 4 * hidden_size,
+        num_hidden_layers=num_hidden_layers,
+        num_attention_heads=num_attention_heads,
+        num_key_value_heads=num_key_value_heads,
+        max_position_embeddings=max_position_embeddings,
+        tie_word_embeddings=True,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=None,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen2ForCausalLM(config)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model
+
+
+def save_tiny_model(path: str | os.PathLike[str], seed: int = 0, **model_kwargs: Any) -> Path:
+    """Build a tiny tokenizer + model and ``save_pretrained`` both to ``path``; returns the path."""
+    path = Path(path)
+    tokenizer = build_byte_tokenizer()
+    model = build_tiny_qwen2(tokenizer, seed=seed, **model_kwargs)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def load_model_and_tokenizer(
+    name_or_path: str,
+    dtype: str | torch.dtype = "auto",
+    device: str | torch.device | None = None,
+    trust_remote_code: bool = False,
+) -> tuple[Any, Any]:
+    """Load a causal LM and its tokenizer from a hub id or a local directory.
+
+    The tokenizer gets left padding (generation) and a pad token if it has none.
+    ``dtype="auto"`` keeps the checkpoint's dtype on GPU and uses float32 on CPU,
+    where bf16 is about twice as slow.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    local = Path(name_or_path)
+    if local.exists() and not (local / "config.json").exists():
+        raise FileNotFoundError(f"{name_or_path}: directory has no config.json, so it is not a model checkpoint")
+    tokenizer = AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    target = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if isinstance(dtype, str) and dtype != "auto":
+        dtype = getattr(torch, dtype)
+    if dtype == "auto" and target.type == "cpu":
+        dtype = torch.float32
+    model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype, trust_remote_code=trust_remote_code)
+    model.to(target)
+    return model, tokenizer
