@@ -1,0 +1,126 @@
+"""Time and peak extra memory of ictrl.stats against one torch.log_softmax pass over the same logits.
+
+Each (case, method) runs in a fresh subprocess so its peak RSS growth (ru_maxrss after - before, baseline taken
+once the logits exist) is that method's own peak extra memory. Times are the median of --repeats runs after a
+warm-up on a small slice. The batch is B = 16 responses in groups of 8, T = N / 16 positions, every position
+active (no row is skipped, so all methods do the same work).
+
+    .venv/bin/python bench/bench_stats.py            # full grid: N {512, 2048} x V {32768, 151936} x {fp32, bf16}
+    .venv/bin/python bench/bench_stats.py --quick    # headline only: N 2048, V 151936, fp32
+
+Writes bench/results/stats.json (atomically) and prints a table with ratios to log_softmax.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+METHODS = ("log_softmax", "token_stats", "group_js", "stats_and_js")
+GROUP = 8
+RESPONSES = 16
+
+
+def worker(n: int, v: int, dtype: str, method: str, repeats: int, chunk_size: int | None) -> dict:
+    import torch
+
+    from ictrl.stats import group_js_divergence, token_stats
+
+    torch.manual_seed(0)
+    T = n // RESPONSES
+    logits = (torch.randn(RESPONSES, T, v) * 2.0).to(getattr(torch, {"fp32": "float32", "bf16": "bfloat16"}[dtype]))
+    mask = torch.ones(RESPONSES, T, dtype=torch.bool)
+    tokens = torch.randint(0, v, (RESPONSES, T))
+    groups = torch.arange(RESPONSES) // GROUP
+
+    def run(lg, mk, tk):
+        if method == "log_softmax":
+            return torch.log_softmax(lg, dim=-1)
+        if method == "token_stats":
+            return token_stats(lg, mk, tk, chunk_size=chunk_size)
+        if method == "group_js":
+            return group_js_divergence(lg, mk, groups, chunk_size=chunk_size)
+        return token_stats(lg, mk, tk, chunk_size=chunk_size, group_ids=groups)
+
+    run(logits[:, :2], mask[:, :2], tokens[:, :2])  # warm-up: kernels, thread pool
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = run(logits, mask, tokens)
+        times.append(time.perf_counter() - t0)
+        del out
+    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return {
+        "n": n, "v": v, "dtype": dtype, "method": method, "chunk_size": chunk_size,
+        "times_s": times, "median_s": statistics.median(times),
+        "peak_extra_gb": (after - before) * 1024 / 1e9, "logits_gb": logits.numel() * logits.element_size() / 1e9,
+        "threads": torch.get_num_threads(),
+    }
+
+
+def write_json_atomic(path: Path, data: object) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f, indent=2)
+    os.replace(tmp, path)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="headline case only (N 2048, V 151936, fp32)")
+    ap.add_argument("--n", type=int, nargs="+", default=[512, 2048], help="rows (positions) N, a multiple of 16")
+    ap.add_argument("--v", type=int, nargs="+", default=[32768, 151936], help="vocabulary sizes")
+    ap.add_argument("--dtype", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
+    ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--chunk-size", type=int, default=None, help="rows per chunk (default: the module's budget)")
+    ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "stats.json")
+    ap.add_argument("--worker", nargs=4, metavar=("N", "V", "DTYPE", "METHOD"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+
+    if args.worker:
+        n, v, dtype, method = args.worker
+        print(json.dumps(worker(int(n), int(v), dtype, method, args.repeats, args.chunk_size)))
+        return
+    if args.quick:
+        args.n, args.v, args.dtype = [2048], [151936], ["fp32"]
+
+    results = []
+    for n in args.n:
+        for v in args.v:
+            for dtype in args.dtype:
+                for method in args.methods:
+                    cmd = [sys.executable, __file__, "--worker", str(n), str(v), dtype, method,
+                           "--repeats", str(args.repeats)]
+                    if args.chunk_size is not None:
+                        cmd += ["--chunk-size", str(args.chunk_size)]
+                    res = subprocess.run(cmd, capture_output=True, text=True)
+                    if res.returncode != 0:
+                        sys.exit(f"worker failed for {n} {v} {dtype} {method}:\n{res.stderr}")
+                    r = json.loads(res.stdout.strip().splitlines()[-1])
+                    results.append(r)
+                    print(f"  done N={n} V={v} {dtype} {method}: {r['median_s']:.3f} s", file=sys.stderr)
+
+    write_json_atomic(args.out, {"argv": sys.argv[1:], "results": results})
+    print(f"{'N':>5} {'V':>7} {'dtype':>5} {'method':>13} {'median s':>9} {'x log_softmax':>13} {'extra GB':>9}")
+    base = {(r["n"], r["v"], r["dtype"]): r["median_s"] for r in results if r["method"] == "log_softmax"}
+    for r in results:
+        b = base.get((r["n"], r["v"], r["dtype"]))
+        ratio = f"{r['median_s'] / b:.2f}" if b else "-"
+        print(f"{r['n']:>5} {r['v']:>7} {r['dtype']:>5} {r['method']:>13} {r['median_s']:>9.3f} {ratio:>13} "
+              f"{r['peak_extra_gb']:>9.3f}")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

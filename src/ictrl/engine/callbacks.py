@@ -1,0 +1,143 @@
+"""Trainer callbacks of ``ictrl train``: per-step metrics to ``metrics.jsonl`` and a rich progress bar.
+
+Both read the dict that ``Trainer.log`` hands to ``on_log``: TRL's keys (``reward``, ``rewards/NAME/mean``,
+``clip_ratio/region_mean``, ``kl``, ``entropy``, ``step_time``, ``loss``, ...) and ICTGRPOTrainer's
+``ictrl/*`` keys (``ictrl/selected_frac``, ``ictrl/h1/all``, ``ictrl/h1/selected``, ...).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from transformers import TrainerCallback
+
+from ictrl.engine.run_config import write_atomic
+
+CLIP_KEY = "ictrl/clip_frac"  # ICTGRPOTrainer's; plain TRL logs clip_ratio/region_mean
+SUMMARY_KEYS = ("train_runtime", "train_samples_per_second")  # the end-of-training log, not a step
+
+
+def _finite_row(row: dict[str, Any]) -> dict[str, Any]:
+    """JSON has no NaN/inf: write them as null and list their keys under ``nonfinite``."""
+    bad = [k for k, v in row.items() if isinstance(v, float) and not math.isfinite(v)]
+    if bad:
+        row = {k: (None if k in bad else v) for k, v in row.items()}
+        row["nonfinite"] = bad
+    return row
+
+
+class MetricsJSONL(TrainerCallback):
+    """Append one JSON object per logging step to ``path`` (flushed at once; experiments tail it).
+
+    Each row is ``{"step": global_step, "epoch": ..., **logs}`` plus ``accuracy`` (the mean of the reward
+    named ``accuracy_reward``). On resume the rows after the checkpoint's step, logged by the interrupted run
+    and about to be redone, are dropped (atomic rewrite) so each step appears once.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], accuracy_reward: str | None = None) -> None:
+        self.path = Path(path)
+        self.accuracy_key = f"rewards/{accuracy_reward}/mean" if accuracy_reward else None
+        self._fh: Any = None
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if not state.is_world_process_zero:
+            return
+        kept = []
+        if state.global_step > 0 and self.path.exists():
+            for line in self.path.read_text().splitlines():
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError:  # a line cut by a kill
+                    continue
+                if row.get("step", math.inf) <= state.global_step:
+                    kept.append(line)
+        write_atomic(self.path, "".join(line + "\n" for line in kept))
+        self._fh = open(self.path, "a")
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None,
+               **kwargs: Any) -> None:
+        if self._fh is None or not logs or any(k in logs for k in SUMMARY_KEYS):
+            return
+        row: dict[str, Any] = {"step": state.global_step, **logs}
+        if self.accuracy_key and self.accuracy_key in logs:
+            row["accuracy"] = logs[self.accuracy_key]
+        self._fh.write(json.dumps(_finite_row(row)) + "\n")
+        self._fh.flush()
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+
+def _fmt(logs: dict[str, Any], key: str, spec: str = ".3f") -> str:
+    value = logs.get(key)
+    return format(value, spec) if isinstance(value, (int, float)) else "-"
+
+
+def step_line(step: int, max_steps: int, logs: dict[str, Any], accuracy_key: str | None) -> str:
+    """One compact line per logged step: the numbers a person watches."""
+    parts = [
+        f"step {step}/{max_steps}",
+        f"reward {_fmt(logs, 'reward')}",
+        f"acc {_fmt(logs, accuracy_key) if accuracy_key else '-'}",
+        f"sel {_fmt(logs, 'ictrl/selected_frac')}",
+        f"H1 {_fmt(logs, 'ictrl/h1/all')}/{_fmt(logs, 'ictrl/h1/selected')}",
+        f"clip {_fmt(logs, CLIP_KEY if CLIP_KEY in logs else 'clip_ratio/region_mean', '.4f')}",
+        f"kl {_fmt(logs, 'kl', '.4f')}",
+        f"loss {_fmt(logs, 'loss', '.4g')}",
+        f"{_fmt(logs, 'step_time', '.2f')}s",
+    ]
+    return "  ".join(parts)
+
+
+class RichProgress(TrainerCallback):
+    """A rich bar (step, reward, selected fraction) plus one printed line per logged step.
+
+    Replaces transformers' tqdm bar and its dict printer (``disable_tqdm=True`` and the PrinterCallback
+    removed by ``ictrl.engine.run``). On a non-terminal (CI, a log file) rich shows no live bar, and the
+    printed lines are the record.
+    """
+
+    def __init__(self, accuracy_reward: str | None = None, console: Console | None = None) -> None:
+        self.console = console or Console(stderr=True)
+        self.accuracy_key = f"rewards/{accuracy_reward}/mean" if accuracy_reward else None
+        self.progress: Progress | None = None
+        self.task: Any = None
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if not state.is_local_process_zero:
+            return
+        self.progress = Progress(
+            TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
+            TimeElapsedColumn(), TimeRemainingColumn(), console=self.console, transient=False,
+        )
+        self.task = self.progress.add_task("train", total=state.max_steps, completed=state.global_step, info="")
+        self.progress.start()
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.progress is not None:
+            self.progress.update(self.task, completed=state.global_step)
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None,
+               **kwargs: Any) -> None:
+        if self.progress is None or not logs:
+            return
+        if any(k in logs for k in SUMMARY_KEYS):
+            self.progress.console.print(f"done: {state.global_step} steps in {_fmt(logs, 'train_runtime', '.1f')}s")
+            return
+        info = f"reward {_fmt(logs, 'reward')}  sel {_fmt(logs, 'ictrl/selected_frac')}"
+        self.progress.update(self.task, completed=state.global_step, info=info)
+        self.progress.console.print(step_line(state.global_step, state.max_steps, logs, self.accuracy_key),
+                                    highlight=False)
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+            self.progress = None

@@ -1,0 +1,175 @@
+"""``ICTGRPOConfig``: TRL's ``GRPOConfig`` plus the token-selection options of method.md §3–5.
+
+On CPU pass ``use_cpu=True, bf16=False``: TRL's default ``bf16=True`` fails on CPU (environment.md, "Traps").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from trl import GRPOConfig
+
+SELECTOR_NAMES = ("all", "ict", "entropy", "stapo", "random", "frequent")
+NORM_MODES = ("per_response_selected", "token_mean_selected", "token_mean_all", "per_response_all")
+SCOPES = ("response", "group", "batch")
+
+# Per-selector defaults (method.md §3–5). Random and frequent are ICT ablations, so they share ICT's ratio,
+# scope, warm-up and Sparse-GRPO normaliser; 20-Entropy and STAPO follow their own papers (token mean over the
+# kept tokens, no warm-up); "all" is the original GRPO per-response mean.
+DEFAULT_RATIO = {"ict": 0.1, "random": 0.1, "frequent": 0.1, "entropy": 0.2}
+DEFAULT_SCOPE = {"ict": "response", "random": "response", "frequent": "response", "entropy": "batch"}
+ALLOWED_SCOPES = {"ict": SCOPES, "random": SCOPES, "frequent": SCOPES, "entropy": ("batch", "response")}
+DEFAULT_NORM = {
+    "ict": "per_response_selected",
+    "random": "per_response_selected",
+    "frequent": "per_response_selected",
+    "entropy": "token_mean_selected",
+    "stapo": "token_mean_selected",
+    "all": "per_response_all",
+}
+DEFAULT_WARMUP = {"ict": 10, "random": 10, "frequent": 10, "entropy": 0, "stapo": 0, "all": 0}
+# TRL loss types whose per-token surrogate is the clipped ratio that ``ictrl.loss.policy_loss`` computes; the
+# others (cispo, sapo, vespo, luspo) are different objectives. Only the clip form is read: the normalisation
+# always comes from ``loss_normalization``.
+CLIPPED_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
+
+
+@dataclass
+class ICTGRPOConfig(GRPOConfig):
+    """``GRPOConfig`` with ICT / baseline token selection. ``None`` fields resolve to per-selector defaults in
+    ``__post_init__`` (the resolved values are what the trainer reads)."""
+
+    token_selector: str = field(
+        default="ict",
+        metadata={
+            "help": "Which response tokens carry the policy gradient: 'all' (GRPO), 'ict' (top JS-to-group-mean "
+            "tokens, Sparse-GRPO), 'entropy' (20-Entropy), 'stapo' (silence rare spurious tokens), 'random' "
+            "(same count as ICT, uniform), 'frequent' (complement of ICT's selection)."
+        },
+    )
+    selection_ratio: float | None = field(
+        default=None,
+        metadata={
+            "help": "Fraction of tokens selected per scope unit (ceil(ratio * n)). None: 0.1 for ict/random/"
+            "frequent (frequent keeps the complement of ICT's top ratio), 0.2 for entropy. Not used by all/stapo."
+        },
+    )
+    selection_scope: str | None = field(
+        default=None,
+        metadata={
+            "help": "Unit within which the top ratio is taken: 'response', 'group' (the G responses of a prompt) or "
+            "'batch' (the whole generation batch across all processes). None: 'response' for ict/random/frequent, "
+            "'batch' for entropy (which accepts only 'batch' or 'response'). Not used by all/stapo."
+        },
+    )
+    selection_warmup_steps: int | None = field(
+        default=None,
+        metadata={
+            "help": "Θ: for the first Θ optimizer steps every response token is selected. None: 10 for ict/random/"
+            "frequent, 0 for entropy/stapo/all. The paper's ablation found Θ in {10, 20, 40} behaved alike; its "
+            "main-run value is unpublished."
+        },
+    )
+    loss_normalization: str | None = field(
+        default=None,
+        metadata={
+            "help": "Loss normaliser, one of 'per_response_selected' (Sparse-GRPO), 'token_mean_selected' (80/20, "
+            "STAPO), 'token_mean_all' (TRL's top_entropy_quantile), 'per_response_all' (original GRPO). None: "
+            "per_response_selected for ict/random/frequent, token_mean_selected for entropy/stapo, "
+            "per_response_all for all. Denominators are global over the optimizer step (all micro-batches and "
+            "processes). Replaces TRL's loss_type normalisation."
+        },
+    )
+    stapo_tau_p: float = field(
+        default=0.002,
+        metadata={"help": "STAPO: absolute probability threshold τ_p below which a positive-advantage token may be "
+                  "silenced."},
+    )
+    stapo_q: float = field(
+        default=0.75,
+        metadata={"help": "STAPO: silence the bottom-q fraction by entropy of the low-probability positive-advantage "
+                  "tokens of the batch (0.75 in STAPO v1, 0.8 reported elsewhere)."},
+    )
+    selection_temperature: float | None = field(
+        default=None,
+        metadata={"help": "Temperature applied to the sampling-policy logits for the selection statistics. None: "
+                  "the sampling temperature (`temperature`)."},
+    )
+    stats_chunk_size: int = field(
+        default=2048,
+        metadata={"help": "Most (response, position) rows of full-vocabulary logits materialised at once by the "
+                  "statistics pass (memory bound: rows × vocab × 4 bytes)."},
+    )
+    selection_seed: int | None = field(
+        default=None,
+        metadata={"help": "Seed of the random selector (combined with the optimizer step). None: `seed`."},
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        name = self.token_selector
+        if name not in SELECTOR_NAMES:
+            raise ValueError(f"token_selector must be one of {list(SELECTOR_NAMES)}, got {name!r}")
+
+        if name in DEFAULT_RATIO:
+            if self.selection_ratio is None:
+                self.selection_ratio = DEFAULT_RATIO[name]
+            if isinstance(self.selection_ratio, bool) or not 0.0 < float(self.selection_ratio) <= 1.0:
+                raise ValueError(f"selection_ratio must be in (0, 1], got {self.selection_ratio!r}")
+            self.selection_ratio = float(self.selection_ratio)
+            if self.selection_scope is None:
+                self.selection_scope = DEFAULT_SCOPE[name]
+            if self.selection_scope not in ALLOWED_SCOPES[name]:
+                raise ValueError(f"selection_scope must be one of {list(ALLOWED_SCOPES[name])} for "
+                                 f"token_selector={name!r}, got {self.selection_scope!r}")
+        else:
+            if self.selection_ratio is not None:
+                raise ValueError(f"selection_ratio is not used by token_selector={name!r}; leave it None")
+            if self.selection_scope is not None:
+                raise ValueError(f"selection_scope is not used by token_selector={name!r}; leave it None")
+
+        if self.selection_warmup_steps is None:
+            self.selection_warmup_steps = DEFAULT_WARMUP[name]
+        if isinstance(self.selection_warmup_steps, bool) or not isinstance(self.selection_warmup_steps, int) \
+                or self.selection_warmup_steps < 0:
+            raise ValueError(f"selection_warmup_steps must be an int >= 0, got {self.selection_warmup_steps!r}")
+
+        if self.loss_normalization is None:
+            self.loss_normalization = DEFAULT_NORM[name]
+        if self.loss_normalization not in NORM_MODES:
+            raise ValueError(f"loss_normalization must be one of {list(NORM_MODES)}, got {self.loss_normalization!r}")
+
+        if not 0.0 < self.stapo_tau_p <= 1.0:
+            raise ValueError(f"stapo_tau_p must be in (0, 1], got {self.stapo_tau_p!r}")
+        if not 0.0 < self.stapo_q <= 1.0:
+            raise ValueError(f"stapo_q must be in (0, 1], got {self.stapo_q!r}")
+        if self.selection_temperature is None:
+            self.selection_temperature = self.temperature
+        if not self.selection_temperature > 0:
+            raise ValueError(f"selection_temperature must be > 0, got {self.selection_temperature!r}")
+        if isinstance(self.stats_chunk_size, bool) or not isinstance(self.stats_chunk_size, int) \
+                or self.stats_chunk_size < 1:
+            raise ValueError(f"stats_chunk_size must be an int >= 1, got {self.stats_chunk_size!r}")
+        if self.selection_seed is None:
+            self.selection_seed = self.seed
+        if isinstance(self.selection_seed, bool) or not isinstance(self.selection_seed, int) or self.selection_seed < 0:
+            raise ValueError(f"selection_seed must be an int >= 0, got {self.selection_seed!r}")
+
+        # TRL options that the ictrl loss path replaces or cannot honour: reject rather than silently ignore.
+        if self.top_entropy_quantile < 1.0:
+            raise ValueError("top_entropy_quantile < 1 conflicts with token_selector (ictrl replaces it): use "
+                             "token_selector='entropy', loss_normalization='token_mean_all' for TRL's behaviour")
+        if self.loss_type not in CLIPPED_LOSS_TYPES:
+            raise ValueError(f"loss_type must be one of {list(CLIPPED_LOSS_TYPES)} (the clipped surrogate; the "
+                             f"normaliser comes from loss_normalization), got {self.loss_type!r}")
+        if self.importance_sampling_level != "token":
+            raise ValueError("importance_sampling_level must be 'token' with ICTGRPOTrainer")
+        if self.entropy_coef != 0.0 or self.use_adaptive_entropy:
+            raise ValueError("entropy_coef / use_adaptive_entropy are not supported by ICTGRPOTrainer's loss")
+        if self.off_policy_mask_threshold is not None:
+            raise ValueError("off_policy_mask_threshold is not supported by ICTGRPOTrainer's loss")
+        if self.delta is not None:
+            raise ValueError("delta (two-sided clipping) is not supported by ICTGRPOTrainer's loss")
+        if self.use_vllm and self.vllm_importance_sampling_correction:
+            raise ValueError("vllm_importance_sampling_correction is not supported by ICTGRPOTrainer's loss; "
+                             "set it to False when use_vllm=True")

@@ -1,0 +1,69 @@
+"""``ictrl eval``: pass@k of a model on benchmarks, resumable, with a Markdown table at the end.
+
+Example::
+
+    ictrl eval --model Qwen/Qwen2.5-0.5B --benchmarks gsm8k math500 --n 4 --k 1 4 --limit 100 \\
+        --backend vllm --seeds 0 1 2 --output-dir runs/eval/base
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from ictrl.eval.harness import RESULTS_JSON, RESULTS_MD, EvalConfig, ResumeMismatchError, benchmark_tasks, evaluate
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", required=True, help="hub id or local checkpoint directory")
+    parser.add_argument("--benchmarks", nargs="+", default=["gsm8k", "math500"],
+                        help="benchmark names or specs from ictrl.data (e.g. gsm8k math500 mmlu_stem aime24)")
+    parser.add_argument("--n", type=int, default=4, help="samples per problem (>= max k)")
+    parser.add_argument("--k", type=int, nargs="+", default=[1, 4], help="k values of pass@k")
+    parser.add_argument("--limit", type=int, default=None, help="first LIMIT problems of each benchmark")
+    parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--temperature", type=float, default=0.6, help="0 for greedy")
+    parser.add_argument("--top-p", type=float, default=0.95)
+    parser.add_argument("--backend", choices=["hf", "vllm"], default="hf", help="vllm needs a GPU and ictrl[vllm]")
+    parser.add_argument("--batch-size", type=int, default=16, help="sequences per model.generate call (hf backend)")
+    parser.add_argument("--chunk-size", type=int, default=32, help="problems per backend call and per save to disk")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="one full evaluation per seed")
+    parser.add_argument("--output-dir", type=Path, default=None,
+                        help="where samples, results.json and results.md go; a rerun resumes. Omit to only print")
+    parser.add_argument("--data-root", type=Path, default=None,
+                        help="benchmark files root (default $ICTRL_DATA_ROOT or ../shared/data)")
+    parser.add_argument("--dtype", default="auto", help="model dtype: auto, float32, bfloat16, float16")
+    parser.add_argument("--n-bootstrap", type=int, default=1000, help="bootstrap replicates for the CI")
+    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
+
+def run(args: argparse.Namespace) -> int:
+    from ictrl.eval.generate import BackendUnavailableError, build_backend
+
+    try:
+        config = EvalConfig(
+            model=args.model, n=args.n, ks=tuple(args.k), max_new_tokens=args.max_new_tokens,
+            temperature=args.temperature, top_p=args.top_p, seeds=tuple(args.seeds),
+            chunk_size=args.chunk_size, n_bootstrap=args.n_bootstrap,
+        )
+        if args.limit is not None and args.limit < 1:
+            raise ValueError(f"--limit must be at least 1, got {args.limit}")
+        backend = build_backend(args.backend, args.model, batch_size=args.batch_size, dtype=args.dtype)
+        if args.backend == "hf":
+            tokenizer = backend.tokenizer  # type: ignore[attr-defined]
+        else:
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(args.model)
+        tasks = benchmark_tasks(args.benchmarks, tokenizer=tokenizer, limit=args.limit, data_root=args.data_root)
+        result = evaluate(tasks, backend, config, output_dir=args.output_dir, progress=not args.no_progress)
+    except (ValueError, BackendUnavailableError) as err:
+        # user-facing problems (arguments, settings mismatch, missing vllm/GPU, bad data): no traceback
+        kind = "settings mismatch" if isinstance(err, ResumeMismatchError) else "error"
+        print(f"ictrl eval: {kind}: {err}", file=sys.stderr)
+        return 2
+    print(result.markdown)
+    if args.output_dir is not None:
+        print(f"wrote {args.output_dir / RESULTS_JSON} and {args.output_dir / RESULTS_MD}", file=sys.stderr)
+    return 0

@@ -1,0 +1,423 @@
+"""The pass@k evaluation loop: sample, grade, persist incrementally, aggregate, report.
+
+The harness knows nothing about data files or models: callers pass ``EvalTask``s (problems,
+a prompt builder, a reward) and a backend (``ictrl.eval.generate``). The CLI, the trainer's
+periodic eval and the demo all build their tasks and call :func:`evaluate`.
+
+Files in ``output_dir`` (all optional; ``output_dir=None`` keeps everything in memory):
+
+- ``settings.json``  the run's settings, written once; a rerun must match its sampling fields.
+- ``samples.jsonl``  one line per finished (seed, benchmark, problem), appended and fsynced after every
+  backend call, so a crash loses at most the call in flight; a rerun skips what is there.
+- ``results.json``   settings + summary + every sample, rewritten atomically at the end.
+- ``results.md``     the table in the paper's layout.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ictrl.eval.passk import bootstrap_ci, mean_std, pass_at_k
+
+SETTINGS_FILE = "settings.json"
+SAMPLES_FILE = "samples.jsonl"
+RESULTS_JSON = "results.json"
+RESULTS_MD = "results.md"
+
+if TYPE_CHECKING:  # generate imports torch; the harness itself does not need it
+    from ictrl.eval.generate import Backend
+
+
+class ResumeMismatchError(ValueError):
+    """An output directory holds samples drawn with different settings."""
+
+
+@dataclass
+class EvalConfig:
+    """Sampling and reporting settings for one evaluation."""
+
+    model: str = field(metadata={"help": "Model name or path, recorded in the outputs and checked on resume."})
+    n: int = field(default=4, metadata={"help": "Samples per problem; must be >= max(ks)."})
+    ks: tuple[int, ...] = field(default=(1, 4), metadata={"help": "k values of pass@k to report."})
+    max_new_tokens: int = field(default=256, metadata={"help": "Generation budget per completion."})
+    temperature: float = field(default=0.6, metadata={"help": "Sampling temperature; 0 means greedy."})
+    top_p: float = field(default=0.95, metadata={"help": "Nucleus sampling mass."})
+    seeds: tuple[int, ...] = field(default=(0,), metadata={"help": "One full evaluation per seed."})
+    chunk_size: int = field(default=32, metadata={"help": "Problems per backend call (and per flush to disk)."})
+    n_bootstrap: int = field(default=1000, metadata={"help": "Bootstrap replicates for the CI."})
+    ci: float = field(default=0.95, metadata={"help": "Confidence level of the bootstrap interval."})
+
+    # fields that change the samples themselves: resuming across a change would mix two experiments
+    RESUME_FIELDS = ("model", "n", "max_new_tokens", "temperature", "top_p")
+
+    def __post_init__(self) -> None:
+        self.ks = tuple(int(k) for k in self.ks)
+        self.seeds = tuple(int(s) for s in self.seeds)
+        if self.n < 1:
+            raise ValueError(f"n must be at least 1, got {self.n}")
+        if not self.ks or min(self.ks) < 1:
+            raise ValueError(f"ks must be non-empty positive integers, got {self.ks}")
+        if max(self.ks) > self.n:
+            raise ValueError(f"ks={self.ks} needs n >= {max(self.ks)} samples per problem, got n={self.n}")
+        if len(set(self.ks)) != len(self.ks):
+            raise ValueError(f"ks has duplicates: {self.ks}")
+        if not self.seeds or len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"seeds must be non-empty and distinct, got {self.seeds}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be at least 1, got {self.max_new_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.chunk_size < 1:
+            raise ValueError(f"chunk_size must be at least 1, got {self.chunk_size}")
+        if self.n_bootstrap < 1:
+            raise ValueError(f"n_bootstrap must be at least 1, got {self.n_bootstrap}")
+        if not 0.0 < self.ci < 1.0:
+            raise ValueError(f"ci must be in (0, 1), got {self.ci}")
+
+
+@dataclass(frozen=True)
+class EvalTask:
+    """One benchmark, ready to run. Problems need ``.id`` (unique) and ``.gold``."""
+
+    name: str
+    problems: Sequence[Any]
+    prompt_fn: Callable[[Any], str]  # problem -> fully formatted prompt text
+    reward_fn: Callable[[str, Any], float]  # (completion, gold) -> reward; >= 1 counts as correct
+    extract_fn: Callable[[str], str | None] | None = None  # completion -> extracted answer, for the record
+
+
+@dataclass
+class EvalResult:
+    summary: dict[str, Any]  # settings, per-benchmark / average / total statistics
+    records: list[dict[str, Any]]  # one per (seed, benchmark, problem), with every sample
+    markdown: str
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    # a unique name opened with "x" (not mkstemp) so the file gets the umask's permissions, not 0600
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        with open(tmp, "x", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _json_safe(obj: Any) -> Any:
+    """NaN (std of one seed) is not JSON; write it as null."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_json_safe(v) for v in obj]
+    return obj
+
+
+def benchmark_tasks(
+    specs: Sequence[str], tokenizer: Any = None, limit: int | None = None, data_root: str | os.PathLike[str] | None = None
+) -> list[EvalTask]:
+    """EvalTasks for registered benchmarks (``ictrl.data`` specs such as ``"gsm8k"`` or ``"math_train:levels=5"``).
+
+    Prompts use the tokenizer's chat template when it has one; the reward and the recorded
+    extracted answer follow the benchmark's kind (math / gsm8k / choice).
+    """
+    from ictrl.data import build_prompt, load_problems, parse_spec
+    from ictrl.rewards import DEFAULT_EXTRACTOR, extract_choice
+
+    tasks = []
+    for spec in specs:
+        bench = parse_spec(spec)[0]
+        problems = load_problems(spec, limit=limit, data_root=data_root)
+        tasks.append(
+            EvalTask(
+                name=spec,
+                problems=problems,
+                prompt_fn=lambda p, b=bench: build_prompt(p, b, tokenizer),
+                reward_fn=bench.reward,
+                extract_fn=extract_choice if bench.kind == "choice" else DEFAULT_EXTRACTOR.extract,
+            )
+        )
+    return tasks
+
+
+def _block_seed(seed: int, benchmark: str, block: int) -> int:
+    """A seed per (seed, benchmark, block of problems): a resumed run redraws exactly what the first would have."""
+    digest = hashlib.sha256(f"{seed}/{benchmark}/{block}".encode()).digest()
+    return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
+
+
+def _check_settings(output_dir: Path, config: EvalConfig) -> None:
+    path = output_dir / SETTINGS_FILE
+    current = asdict(config)
+    if not path.exists():
+        _atomic_write_text(path, json.dumps(current, indent=2) + "\n")
+        return
+    try:
+        stored = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}: not valid JSON ({err})") from err
+    diffs = [
+        f"{name}: stored {stored.get(name)!r}, requested {current[name]!r}"
+        for name in EvalConfig.RESUME_FIELDS
+        if stored.get(name) != current[name]
+    ]
+    if diffs:
+        raise ResumeMismatchError(
+            f"{output_dir} holds samples drawn with different settings ({'; '.join(diffs)}); "
+            "rerun with the same settings or choose another output directory"
+        )
+
+
+def _load_finished(path: Path) -> dict[tuple[int, str, str], dict[str, Any]]:
+    """Read samples.jsonl; a torn last line (crash mid-write) is dropped and the file repaired."""
+    if not path.exists():
+        return {}
+    text = path.read_text(encoding="utf-8")
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    finished: dict[tuple[int, str, str], dict[str, Any]] = {}
+    kept: list[str] = []
+    for lineno, line in enumerate(lines, start=1):
+        try:
+            rec = json.loads(line)
+            key = (int(rec["seed"]), str(rec["benchmark"]), str(rec["problem_id"]))
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
+            if lineno == len(lines):
+                break
+            raise ValueError(f"{path}:{lineno}: unreadable record ({err})") from err
+        finished[key] = rec
+        kept.append(line)
+    if len(kept) != len(lines) or (text and not text.endswith("\n")):
+        # drop the torn record and end with a newline, so the next append starts a fresh line
+        _atomic_write_text(path, "".join(k + "\n" for k in kept))
+    return finished
+
+
+def _grade(task: EvalTask, problem: Any, completions: list[str]) -> list[dict[str, Any]]:
+    samples = []
+    for text in completions:
+        reward = float(task.reward_fn(text, problem.gold))
+        if not math.isfinite(reward):
+            raise ValueError(f"{task.name}: reward for problem {problem.id} is {reward}, not a finite number")
+        extracted = task.extract_fn(text) if task.extract_fn is not None else None
+        samples.append({"completion": text, "extracted": extracted, "reward": reward, "correct": reward >= 1.0})
+    return samples
+
+
+def _sample_block(
+    task: EvalTask, idx: list[int], prompts: list[str], backend: Backend, config: EvalConfig, seed: int, block: int
+) -> list[dict[str, Any]]:
+    """Sample and grade the problems ``idx`` of ``task`` in one backend call; one record per problem."""
+    completions = backend.generate(
+        [prompts[i] for i in idx], config.n, config.max_new_tokens, config.temperature, config.top_p,
+        _block_seed(seed, task.name, block),
+    )
+    if len(completions) != len(idx) or any(len(c) != config.n for c in completions):
+        raise ValueError(
+            f"backend returned {[len(c) for c in completions]} completions for {len(idx)} prompts; "
+            f"expected {config.n} per prompt"
+        )
+    records = []
+    for i, texts in zip(idx, completions):
+        problem = task.problems[i]
+        samples = _grade(task, problem, list(texts))
+        records.append({
+            "seed": seed, "benchmark": task.name, "problem_id": str(problem.id), "prompt": prompts[i],
+            "gold": problem.gold, "samples": samples, "num_correct": sum(s["correct"] for s in samples),
+        })
+    return records
+
+
+def _validate_tasks(tasks: Sequence[EvalTask]) -> None:
+    if not tasks:
+        raise ValueError("tasks must not be empty")
+    names = [t.name for t in tasks]
+    if len(set(names)) != len(names):
+        raise ValueError(f"task names must be distinct, got {names}")
+    for task in tasks:
+        if not task.problems:
+            raise ValueError(f"task {task.name!r} has no problems")
+        ids = [str(p.id) for p in task.problems]
+        if len(set(ids)) != len(ids):
+            dup = next(i for i in ids if ids.count(i) > 1)
+            raise ValueError(f"task {task.name!r}: problem id {dup!r} appears more than once (resume keys on ids)")
+
+
+def evaluate(
+    tasks: Sequence[EvalTask],
+    backend: Backend,
+    config: EvalConfig,
+    output_dir: str | os.PathLike[str] | None = None,
+    progress: bool = True,
+) -> EvalResult:
+    """Sample ``config.n`` completions per problem per seed, grade them and report pass@k.
+
+    Resumable: with an ``output_dir`` that already holds samples from matching settings,
+    finished problems are not regenerated. Raises :class:`ResumeMismatchError` naming
+    the fields that differ.
+    """
+    _validate_tasks(tasks)
+    out = Path(output_dir) if output_dir is not None else None
+    finished: dict[tuple[int, str, str], dict[str, Any]] = {}
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        _check_settings(out, config)
+        finished = _load_finished(out / SAMPLES_FILE)
+
+    prompts = {t.name: [t.prompt_fn(p) for p in t.problems] for t in tasks}
+    prompt_of = {(t.name, str(p.id)): q for t in tasks for p, q in zip(t.problems, prompts[t.name])}
+    for (_, name, pid), rec in finished.items():
+        if (name, pid) in prompt_of and rec.get("prompt") != prompt_of[(name, pid)]:
+            raise ResumeMismatchError(
+                f"{name} problem {pid}: the prompt differs from the one stored in {SAMPLES_FILE} "
+                "(prompt template or tokenizer changed); use another output directory"
+            )
+
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    bar = Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn(),
+        console=Console(stderr=True),  # stdout carries only the results table
+        disable=not progress,
+    )
+    sink = open(out / SAMPLES_FILE, "a", encoding="utf-8") if out is not None else None
+    try:
+        with bar:
+            for seed in config.seeds:
+                for task in tasks:
+                    done = sum((seed, task.name, str(p.id)) in finished for p in task.problems)
+                    bar_id = bar.add_task(f"seed {seed} {task.name}", total=len(task.problems), completed=done)
+                    for block, start in enumerate(range(0, len(task.problems), config.chunk_size)):
+                        idx = [
+                            i
+                            for i in range(start, min(start + config.chunk_size, len(task.problems)))
+                            if (seed, task.name, str(task.problems[i].id)) not in finished
+                        ]
+                        if not idx:
+                            continue
+                        recs = _sample_block(task, idx, prompts[task.name], backend, config, seed, block)
+                        for rec in recs:
+                            finished[(seed, task.name, rec["problem_id"])] = rec
+                        lines = [json.dumps(_json_safe(rec), ensure_ascii=False) + "\n" for rec in recs]
+                        if sink is not None:
+                            sink.write("".join(lines))
+                            sink.flush()
+                            os.fsync(sink.fileno())
+                        bar.advance(bar_id, len(idx))
+    finally:
+        if sink is not None:
+            sink.close()
+
+    records = [finished[(seed, t.name, str(p.id))] for seed in config.seeds for t in tasks for p in t.problems]
+    for rec in records:
+        rec["pass_at_k"] = {str(k): pass_at_k(config.n, int(rec["num_correct"]), k) for k in config.ks}
+    summary = summarize(records, tasks, config)
+    markdown = format_markdown(summary)
+    if out is not None:
+        payload = {"summary": summary, "records": records}
+        _atomic_write_text(out / RESULTS_JSON, json.dumps(_json_safe(payload), indent=1, ensure_ascii=False) + "\n")
+        _atomic_write_text(out / RESULTS_MD, markdown)
+    return EvalResult(summary=_json_safe(summary), records=records, markdown=markdown)
+
+
+def _stat(per_seed: np.ndarray, groups: list[np.ndarray], config: EvalConfig) -> dict[str, Any]:
+    """per_seed: [S] score per seed; groups: per-benchmark [P_b] per-problem scores averaged over seeds."""
+    mean, std = mean_std(per_seed)
+    low, high = bootstrap_ci(groups, n_boot=config.n_bootstrap, ci=config.ci, seed=0)
+    return {"mean": mean, "std": std, "per_seed": per_seed.tolist(), "ci": [low, high]}
+
+
+def summarize(records: Sequence[dict[str, Any]], tasks: Sequence[EvalTask], config: EvalConfig) -> dict[str, Any]:
+    """Per-benchmark pass@k, their average over benchmarks, and Total = mean over ks of the averages.
+
+    With ks = (1, 4) Total = (avg P@1 + avg P@4) / 2, the paper's figure. Each statistic has
+    mean and std over seeds and a bootstrap CI over problems (seed-averaged per problem,
+    stratified by benchmark for the average and Total).
+    """
+    seeds, ks = list(config.seeds), list(config.ks)
+    # scores[name]: [S, P, K] per-problem pass@k
+    scores: dict[str, np.ndarray] = {}
+    for task in tasks:
+        arr = np.zeros((len(seeds), len(task.problems), len(ks)), dtype=np.float64)
+        scores[task.name] = arr
+    pos = {(t.name, str(p.id)): i for t in tasks for i, p in enumerate(t.problems)}
+    for rec in records:
+        s, i = seeds.index(int(rec["seed"])), pos[(rec["benchmark"], rec["problem_id"])]
+        scores[rec["benchmark"]][s, i] = [rec["pass_at_k"][str(k)] for k in ks]
+
+    benchmarks: dict[str, Any] = {}
+    for name, arr in scores.items():
+        benchmarks[name] = {
+            "num_problems": arr.shape[1],
+            "pass_at_k": {str(k): _stat(arr[:, :, j].mean(axis=1), [arr[:, :, j].mean(axis=0)], config) for j, k in enumerate(ks)},
+        }
+    average = {
+        str(k): _stat(
+            np.mean([arr[:, :, j].mean(axis=1) for arr in scores.values()], axis=0),
+            [arr[:, :, j].mean(axis=0) for arr in scores.values()],
+            config,
+        )
+        for j, k in enumerate(ks)
+    }
+    total = _stat(
+        np.mean([arr.mean(axis=(1, 2)) for arr in scores.values()], axis=0),
+        [arr.mean(axis=(0, 2)) for arr in scores.values()],
+        config,
+    )
+    return {
+        "settings": asdict(config),
+        "benchmarks": benchmarks,
+        "average": {"num_problems": sum(a.shape[1] for a in scores.values()), "pass_at_k": average},
+        "total": total,
+    }
+
+
+def _cell(stat: dict[str, Any], seeds: int) -> str:
+    text = f"{100 * stat['mean']:.2f}"
+    if seeds > 1:
+        std = stat["std"]
+        text += f" ± {100 * std:.2f}" if std is not None and math.isfinite(std) else ""
+    low, high = stat["ci"]
+    return text + f" [{100 * low:.1f}, {100 * high:.1f}]"
+
+
+def format_markdown(summary: dict[str, Any]) -> str:
+    """The paper's layout: rows are benchmarks, columns P@k; then Avg and Total = mean of the Avg columns."""
+    settings = summary["settings"]
+    ks = [str(k) for k in settings["ks"]]
+    seeds = len(settings["seeds"])
+    spread = f"mean ± std over {seeds} seeds, " if seeds > 1 else ""
+    lines = [
+        f"Model `{settings['model']}`: n={settings['n']}, temperature={settings['temperature']}, "
+        f"top_p={settings['top_p']}, max_new_tokens={settings['max_new_tokens']}, seeds={list(settings['seeds'])}.",
+        f"Scores in %, {spread}[{100 * settings['ci']:.0f}% bootstrap CI over problems].",
+        "",
+        "| Benchmark | Problems | " + " | ".join(f"P@{k}" for k in ks) + " |",
+        "|---|---:|" + "---:|" * len(ks),
+    ]
+    for name, bench in summary["benchmarks"].items():
+        lines.append(f"| {name} | {bench['num_problems']} | " + " | ".join(_cell(bench["pass_at_k"][k], seeds) for k in ks) + " |")
+    avg = summary["average"]
+    lines.append(f"| **Avg** | {avg['num_problems']} | " + " | ".join(_cell(avg["pass_at_k"][k], seeds) for k in ks) + " |")
+    total_label = " + ".join(f"avg P@{k}" for k in ks)
+    lines.append(f"| **Total** = ({total_label}) / {len(ks)} | | {_cell(summary['total'], seeds)} |" + " |" * (len(ks) - 1))
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,468 @@
+"""``ictrl inspect``: an HTML page showing, token by token, which tokens ICT would train on and why.
+
+Two inputs:
+
+- ``--model PATH --prompt TEXT``: sample G responses to one prompt (HF ``generate``, plain sampling at
+  ``--temperature`` with top-k and top-p off, so the sampler *is* the policy whose logits we score), run one no-grad
+  forward over prompt + response to get those logits, compute per-token statistics (``ictrl.stats``) and ICT
+  scores with the G responses as one group, and the selection (``--selector ict --ratio 0.1 --scope response``).
+- ``--rollouts FILE``: a saved rollouts file (schema below), e.g. written by the trainer with ``save_rollouts``.
+
+Rollouts file (JSONL, one object per response; ``save_rollouts`` / ``load_rollouts``)::
+
+    {"prompt": str, "group": int, "tokens": [str, ...], "u": [float, ...], "entropy": [float, ...],
+     "prob": [float, ...], "selected": [bool, ...], "reward": float | null}
+
+``tokens`` are the response tokens as decoded strings (response positions only, padding removed); ``u``,
+``entropy`` (H1, nats) and ``prob`` (sampled-token probability) have one value per token; ``group`` (optional,
+default 0) is the prompt label; ``reward`` is optional.
+
+The page is self-contained (inline CSS, no scripts, no external assets). A CSS-only radio toggle switches the
+token background between ICT score u and entropy H1; selected tokens are outlined and underlined; each token's
+tooltip (``title``) gives its position, u, H1 and pi. Colours scale linearly from 0 to the largest value on the
+page (the legend prints that maximum), because u is usually far below its bound log 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import json
+import math
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ictrl.experiments.report import atomic_write_text
+
+SELECTORS = ("ict", "entropy", "random", "frequent", "all")  # stapo needs advantages, which one prompt lacks
+U_RGB = (230, 85, 13)  # orange: ICT score
+H_RGB = (49, 130, 189)  # blue: entropy
+
+
+@dataclass
+class Rollout:
+    """One response: its tokens (decoded strings) and per-token u, H1, pi and selection, all of equal length."""
+
+    prompt: str
+    tokens: list[str]
+    u: list[float]
+    entropy: list[float]
+    prob: list[float]
+    selected: list[bool]
+    reward: float | None = None
+    group: int = 0
+    where: str = field(default="rollout", repr=False, compare=False)  # names the source in error messages
+
+    def __post_init__(self) -> None:
+        w = self.where
+        if not isinstance(self.prompt, str):
+            raise ValueError(f"{w}: field 'prompt' must be a string")
+        if not isinstance(self.tokens, list) or not all(isinstance(t, str) for t in self.tokens):
+            raise ValueError(f"{w}: field 'tokens' must be a list of strings")
+        n = len(self.tokens)
+        for name in ("u", "entropy", "prob", "selected"):
+            values = getattr(self, name)
+            if not isinstance(values, list) or len(values) != n:
+                raise ValueError(f"{w}: field {name!r} must be a list of {n} values (one per token)")
+        for name in ("u", "entropy", "prob"):
+            for i, v in enumerate(getattr(self, name)):
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                    raise ValueError(f"{w}: field {name!r}[{i}] must be a finite number, got {v!r}")
+        for i, v in enumerate(self.selected):
+            if v not in (True, False, 0, 1):
+                raise ValueError(f"{w}: field 'selected'[{i}] must be a bool or 0/1, got {v!r}")
+        self.u = [float(v) for v in self.u]
+        self.entropy = [float(v) for v in self.entropy]
+        self.prob = [float(v) for v in self.prob]
+        self.selected = [bool(v) for v in self.selected]
+        if self.reward is not None:
+            if isinstance(self.reward, bool) or not isinstance(self.reward, (int, float)) or not math.isfinite(self.reward):
+                raise ValueError(f"{w}: field 'reward' must be a finite number or null, got {self.reward!r}")
+            self.reward = float(self.reward)
+        if isinstance(self.group, bool) or not isinstance(self.group, int):
+            raise ValueError(f"{w}: field 'group' must be an integer, got {self.group!r}")
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object of one line; u, entropy and prob at float32 precision (the statistics are float32)."""
+        import numpy as np
+
+        d = asdict(self)
+        del d["where"]
+        for name in ("u", "entropy", "prob"):
+            d[name] = [float(str(np.float32(v))) for v in d[name]]  # shortest repr that round-trips float32
+        return d
+
+
+def save_rollouts(path: str | os.PathLike[str], rollouts: Sequence[Rollout]) -> Path:
+    """Write rollouts as JSONL (schema in the module docstring), atomically."""
+    lines = [json.dumps(r.to_json(), ensure_ascii=False) for r in rollouts]
+    return atomic_write_text(path, "".join(line + "\n" for line in lines))
+
+
+def load_rollouts(path: str | os.PathLike[str]) -> list[Rollout]:
+    """Read a rollouts JSONL file; a bad line raises ValueError naming the file, line and field."""
+    allowed = {"prompt", "tokens", "u", "entropy", "prob", "selected", "reward", "group"}
+    required = allowed - {"reward", "group"}
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{where}: not valid JSON ({e.msg})") from None
+            if not isinstance(obj, dict):
+                raise ValueError(f"{where}: expected a JSON object")
+            missing = sorted(required - obj.keys())
+            if missing:
+                raise ValueError(f"{where}: missing field {missing[0]!r}")
+            unknown = sorted(obj.keys() - allowed)
+            if unknown:
+                raise ValueError(f"{where}: unknown field {unknown[0]!r}")
+            out.append(Rollout(**obj, where=where))
+    if not out:
+        raise ValueError(f"{path}: no rollouts in file")
+    return out
+
+
+def token_strings(tokenizer: Any, ids: Sequence[Sequence[int]]) -> list[list[str]]:
+    """Decode each token id on its own (special tokens kept): [B][T] ids -> [B][T] strings.
+
+    A multi-byte character split over several byte tokens decodes to U+FFFD per piece: the page shows tokens as the
+    model sees them, not the joined text.
+    """
+    return [[tokenizer.decode([int(i)], skip_special_tokens=False) for i in row] for row in ids]
+
+
+def rollouts_from_tensors(
+    prompts: Sequence[str],
+    tokens: Sequence[Sequence[str]],
+    mask: Any,
+    u: Any,
+    entropy: Any,
+    prob: Any,
+    selected: Any,
+    rewards: Sequence[float] | None = None,
+    group_ids: Sequence[int] | None = None,
+) -> list[Rollout]:
+    """Build Rollouts from batch tensors in the shifted layout, keeping the masked-in positions of each row.
+
+    prompts: [B] prompt text per response; tokens: [B][T] decoded token strings (``token_strings``); mask, u,
+    entropy, prob, selected: [B, T] tensors (or nested lists); rewards, group_ids: [B] or None.
+    """
+    import torch
+
+    as_t = {n: torch.as_tensor(v).detach().cpu() for n, v in
+            {"mask": mask, "u": u, "entropy": entropy, "prob": prob, "selected": selected}.items()}
+    b, t = as_t["mask"].shape
+    for name, value in as_t.items():
+        if tuple(value.shape) != (b, t):
+            raise ValueError(f"{name} has shape {tuple(value.shape)}, expected {(b, t)} like mask")
+    if len(prompts) != b or len(tokens) != b:
+        raise ValueError(f"prompts and tokens must have {b} rows (one per response), got {len(prompts)} and {len(tokens)}")
+    for name, seq in (("rewards", rewards), ("group_ids", group_ids)):
+        if seq is not None and len(seq) != b:
+            raise ValueError(f"{name} must have {b} entries, got {len(seq)}")
+    m = as_t["mask"].bool()
+    if bool((as_t["selected"].bool() & ~m).any()):
+        raise ValueError("selected marks a position outside mask")
+    out = []
+    for i in range(b):
+        if len(tokens[i]) != t:
+            raise ValueError(f"tokens[{i}] has {len(tokens[i])} strings, expected {t}")
+        keep = m[i].nonzero().flatten().tolist()
+        out.append(
+            Rollout(
+                prompt=prompts[i],
+                tokens=[tokens[i][j] for j in keep],
+                u=as_t["u"][i, keep].double().tolist(),
+                entropy=as_t["entropy"][i, keep].double().tolist(),
+                prob=as_t["prob"][i, keep].double().tolist(),
+                selected=as_t["selected"][i, keep].bool().tolist(),
+                reward=None if rewards is None else float(rewards[i]),
+                group=0 if group_ids is None else int(group_ids[i]),
+                where=f"response {i}",
+            )
+        )
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------- sampling
+
+
+def response_mask(response: Any, eos_token_id: int) -> Any:
+    """[B, T] bool: positions up to and including each row's first EOS (all of a row that never ends)."""
+    is_eos = (response == eos_token_id).long()
+    return (is_eos.cumsum(1) - is_eos) == 0
+
+
+def generate_group(
+    model: Any,
+    tokenizer: Any,
+    prompt: str,
+    num_generations: int = 8,
+    max_new_tokens: int = 64,
+    temperature: float = 1.0,
+    seed: int = 0,
+) -> tuple[Any, Any, Any]:
+    """Sample G responses to ``prompt`` (text used verbatim). Returns prompt_ids [1, P], response [G, T], mask [G, T].
+
+    Plain sampling at ``temperature``: ``top_k=0, top_p=1`` switch off HF's default top-k=50 filter, so the sampler
+    is exactly the policy whose logits ``score_group`` scores.
+    """
+    import torch
+
+    if num_generations < 2:
+        raise ValueError(f"num_generations must be >= 2 (ICT compares a response with its group), got {num_generations}")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    device = next(model.parameters()).device
+    prompt_ids = tokenizer(prompt, return_tensors="pt", add_special_tokens=False)["input_ids"].to(device)
+    if prompt_ids.shape[1] == 0:
+        raise ValueError("prompt encodes to zero tokens")
+    torch.manual_seed(seed)
+    model.eval()
+    with torch.no_grad():
+        full = model.generate(
+            prompt_ids,
+            attention_mask=torch.ones_like(prompt_ids),
+            do_sample=True,
+            temperature=temperature,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=max_new_tokens,
+            num_return_sequences=num_generations,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+    response = full[:, prompt_ids.shape[1] :]
+    return prompt_ids, response, response_mask(response, tokenizer.eos_token_id)
+
+
+def score_group(
+    model: Any,
+    tokenizer: Any,
+    prompt: str,
+    prompt_ids: Any,
+    response: Any,
+    mask: Any,
+    temperature: float = 1.0,
+    selector: str = "ict",
+    ratio: float = 0.1,
+    scope: str = "response",
+) -> list[Rollout]:
+    """Score G responses to one prompt as one group: u, H1, pi per token and the selection.
+
+    prompt_ids [1, P]; response, mask [G, T]. One no-grad forward over prompt + response without padding:
+    positions after a response's first EOS are outside the mask, and causal attention keeps them from affecting
+    earlier positions.
+    """
+    import torch
+
+    from ictrl.selection import SelectionInputs, select
+    from ictrl.stats import group_js_divergence, token_stats
+
+    if selector not in SELECTORS:
+        raise ValueError(f"selector must be one of {SELECTORS}, got {selector!r}")
+    g, p_len = response.shape[0], prompt_ids.shape[1]
+    full = torch.cat([prompt_ids.expand(g, -1), response], dim=1)
+    with torch.no_grad():
+        logits = model(full).logits[:, p_len - 1 : -1].float()  # shifted: logits[b, t] produced response[b, t]
+        stats = token_stats(logits, mask, tokens=response, temperature=temperature)
+        group_ids = torch.zeros(g, dtype=torch.long, device=response.device)
+        u = group_js_divergence(logits, mask, group_ids, temperature=temperature)
+    options: dict[str, Any] = {} if selector == "all" else {"ratio": ratio, "scope": scope}
+    inputs = SelectionInputs(mask=mask, ict_score=u, entropy=stats.entropy, prob=stats.prob, group_ids=group_ids)
+    selected = select(selector, inputs, **options)
+    strings = token_strings(tokenizer, response.tolist())
+    return rollouts_from_tensors([prompt] * g, strings, mask, u, stats.entropy, stats.prob, selected)
+
+
+def sample_and_score(
+    model: Any,
+    tokenizer: Any,
+    prompt: str,
+    num_generations: int = 8,
+    max_new_tokens: int = 64,
+    temperature: float = 1.0,
+    seed: int = 0,
+    selector: str = "ict",
+    ratio: float = 0.1,
+    scope: str = "response",
+) -> list[Rollout]:
+    """``generate_group`` then ``score_group``: G scored rollouts of one prompt."""
+    if selector not in SELECTORS:
+        raise ValueError(f"selector must be one of {SELECTORS}, got {selector!r}")
+    prompt_ids, response, mask = generate_group(model, tokenizer, prompt, num_generations, max_new_tokens, temperature, seed)
+    return score_group(model, tokenizer, prompt, prompt_ids, response, mask, temperature, selector, ratio, scope)
+
+
+# ---------------------------------------------------------------------------------------------------- HTML
+
+_MARKS = {" ": "·", "\n": "↵", "\t": "→", "\r": "␍"}
+
+_CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:1.5em;color:#222}
+h1{font-size:1.4em;margin:.2em 0 .6em}
+.meta{font-size:.9em;color:#444;margin:.2em 0}
+pre.prompt{background:#f6f6f6;border:1px solid #ddd;padding:.5em;white-space:pre-wrap;margin:.4em 0 .8em}
+.vr{position:absolute;opacity:0;pointer-events:none}
+.views{margin:.6em 0}
+.views label{margin-left:.6em;padding:.15em .6em;border:1px solid #bbb;border-radius:4px;cursor:pointer}
+#view-u:checked ~ .views label[for=view-u],#view-h:checked ~ .views label[for=view-h]{background:#333;color:#fff}
+.legend{display:flex;align-items:center;gap:1.2em;font-size:.85em;margin:.4em 0 1em}
+.lg{display:flex;align-items:center;gap:.4em}
+.bar{width:220px;height:14px;border:1px solid #999}
+.bar.u{background:linear-gradient(to right,#fff,rgb(%(u)s))}
+.bar.h{background:linear-gradient(to right,#fff,rgb(%(h)s))}
+.leg-h{display:none}
+#view-h:checked ~ .legend .leg-u{display:none}
+#view-h:checked ~ .legend .leg-h{display:flex}
+.row{display:flex;gap:.8em;border-top:1px solid #eee;padding:.35em 0}
+.rmeta{flex:0 0 11em;font-size:.8em;color:#555}
+.toks{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:14px;line-height:1.9;word-break:break-all}
+.tok{background:var(--u);padding:1px 0;margin:0 1px;border-radius:2px}
+#view-h:checked ~ .rows .tok{background:var(--h)}
+.sel{outline:2px solid #111;outline-offset:-1px;text-decoration:underline;font-weight:bold}
+.ws{color:#999}
+.gh{margin:1em 0 .2em;font-weight:bold}
+"""
+
+
+def _mix(rgb: tuple[int, int, int], frac: float) -> str:
+    """Hex colour between white (frac 0) and ``rgb`` (frac 1)."""
+    frac = min(1.0, max(0.0, frac))
+    return "#" + "".join(f"{round(255 + (c - 255) * frac):02x}" for c in rgb)
+
+
+def _visible(text: str) -> str:
+    """HTML for ``text`` with whitespace and control characters shown as grey marks."""
+    if text == "":
+        return '<span class="ws">∅</span>'
+    parts = []
+    for ch in text:
+        if ch in _MARKS:
+            parts.append(f'<span class="ws">{_MARKS[ch]}</span>')
+        elif ord(ch) < 32 or ord(ch) == 127:
+            parts.append(f'<span class="ws">\\x{ord(ch):02x}</span>')
+        else:
+            parts.append(html.escape(ch))
+    return "".join(parts)
+
+
+def render_inspect_html(
+    rollouts: Sequence[Rollout],
+    out_path: str | os.PathLike[str],
+    title: str = "ictrl inspect",
+    meta: Mapping[str, Any] | None = None,
+    view: str = "u",
+) -> Path:
+    """Write the inspect page for ``rollouts`` (atomically) and return its path.
+
+    meta: settings shown on top; view: the colouring shown first, "u" (ICT score) or "h" (entropy).
+    """
+    if not rollouts:
+        raise ValueError("rollouts must not be empty")
+    if view not in ("u", "h"):
+        raise ValueError(f"view must be 'u' or 'h', got {view!r}")
+    u_max = max((v for r in rollouts for v in r.u), default=0.0) or 1.0
+    h_max = max((v for r in rollouts for v in r.entropy), default=0.0) or 1.0
+    n_tok = sum(len(r.tokens) for r in rollouts)
+    n_sel = sum(sum(r.selected) for r in rollouts)
+    head = [f"<h1>{html.escape(title)}</h1>"]
+    info = dict(meta or {})
+    info.update({"responses": len(rollouts), "tokens": n_tok, "selected": n_sel})
+    head.append('<div class="meta">' + " · ".join(f"{html.escape(str(k))}: {html.escape(str(v))}" for k, v in info.items()) + "</div>")
+    # CSS-only toggle: the radios must be siblings of .views, .legend and .rows for the ~ selectors to reach them.
+    controls = (
+        f'<input type="radio" class="vr" name="view" id="view-u"{" checked" if view == "u" else ""}>'
+        f'<input type="radio" class="vr" name="view" id="view-h"{" checked" if view == "h" else ""}>'
+        '<div class="views"><b>Colour by</b><label for="view-u">ICT score u</label>'
+        '<label for="view-h">entropy H1</label></div>'
+    )
+    legend = (
+        '<div class="legend"><span class="leg-u lg">u: 0 <span class="bar u"></span> '
+        f"{u_max:.4g} nats</span>"
+        f'<span class="leg-h lg">H1: 0 <span class="bar h"></span> {h_max:.4g} nats</span>'
+        '<span class="lg"><span class="sel">x</span> = selected (outlined, underlined)</span>'
+        '<span class="lg">hover a token: t, u, H1, π · marks: · space, ↵ newline, → tab, ∅ empty</span></div>'
+    )
+    rows = []
+    prompts: dict[tuple[int, str], None] = {}
+    for i, r in enumerate(rollouts):
+        key = (r.group, r.prompt)
+        if key not in prompts:
+            prompts[key] = None
+            rows.append(f'<div class="gh">group {r.group} · prompt</div><pre class="prompt">{html.escape(r.prompt)}</pre>')
+        spans = []
+        for t, tok in enumerate(r.tokens):
+            tip = f"t={t}\nu={r.u[t]:.4g}\nH1={r.entropy[t]:.4g}\nπ={r.prob[t]:.4g}" + ("\nselected" if r.selected[t] else "")
+            cls = "tok sel" if r.selected[t] else "tok"
+            style = f"--u:{_mix(U_RGB, r.u[t] / u_max)};--h:{_mix(H_RGB, r.entropy[t] / h_max)}"
+            spans.append(f'<span class="{cls}" style="{style}" title="{html.escape(tip)}">{_visible(tok)}</span>')
+        reward = "–" if r.reward is None else f"{r.reward:g}"
+        rmeta = f"#{i} · reward {reward}<br>{len(r.tokens)} tokens · {sum(r.selected)} selected"
+        rows.append(f'<div class="row"><div class="rmeta">{rmeta}</div><div class="toks">{"".join(spans)}</div></div>')
+    css = _CSS % {"u": ",".join(map(str, U_RGB)), "h": ",".join(map(str, H_RGB))}
+    page = (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f"<title>{html.escape(title)}</title><style>{css}</style></head>\n<body>\n"
+        + "\n".join(head)
+        + "\n" + controls + "\n" + legend + '\n<div class="rows">\n' + "\n".join(rows) + "\n</div>\n</body></html>\n"
+    )
+    return atomic_write_text(out_path, page)
+
+
+# ---------------------------------------------------------------------------------------------------- CLI
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    src = parser.add_mutually_exclusive_group(required=True)
+    src.add_argument("--model", help="model directory or hub id to sample from (needs --prompt)")
+    src.add_argument("--rollouts", help="rollouts JSONL file to render (schema: ictrl.experiments.inspect)")
+    parser.add_argument("--prompt", help="prompt text (with --model), used verbatim: no chat template")
+    parser.add_argument("--num-generations", type=int, default=8, help="responses sampled (the group), >= 2")
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--temperature", type=float, default=1.0, help="sampling and statistics temperature")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--selector", choices=SELECTORS, default="ict")
+    parser.add_argument("--ratio", type=float, default=0.1, help="fraction of tokens selected (not for 'all')")
+    parser.add_argument("--scope", choices=("response", "group", "batch"), default="response")
+    parser.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
+    parser.add_argument("--out", default="inspect.html", help="HTML page to write")
+    parser.add_argument("--save-rollouts", default=None, help="also write the scored rollouts as JSONL (with --model)")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        if args.rollouts is not None:
+            rollouts = load_rollouts(args.rollouts)
+            meta: dict[str, Any] = {"source": args.rollouts}
+        else:
+            if args.prompt is None:
+                raise ValueError("--prompt is required with --model")
+            from ictrl.models import load_model_and_tokenizer
+
+            model, tokenizer = load_model_and_tokenizer(args.model, device=args.device)
+            rollouts = sample_and_score(
+                model, tokenizer, args.prompt, args.num_generations, args.max_new_tokens,
+                args.temperature, args.seed, args.selector, args.ratio, args.scope,
+            )
+            opts = "" if args.selector == "all" else f"(ratio={args.ratio}, scope={args.scope})"
+            meta = {"model": args.model, "temperature": args.temperature, "seed": args.seed,
+                    "selector": f"{args.selector}{opts}"}
+            if args.save_rollouts:
+                save_rollouts(args.save_rollouts, rollouts)
+        path = render_inspect_html(rollouts, args.out, meta=meta)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"ictrl inspect: error: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {path} ({len(rollouts)} responses, {sum(len(r.tokens) for r in rollouts)} tokens)")
+    return 0

@@ -1,0 +1,180 @@
+"""A synthetic verifiable task small enough for RL on a 2-core CPU: operator precedence.
+
+A problem is an expression of one-digit operands joined by ``+`` and ``*``::
+
+    question  "Q:3+4*5=A:"
+    solution  "4*5=20;3+20=23;\\boxed{23}"
+
+The solution applies one operator per step (all ``*`` first, left to right, then
+``+``), so the first choice a model makes (which operator to apply) decides the
+answer. The imperfect demonstrations used for the warm start evaluate left to right
+part of the time, a choice error that binary-reward RL can correct, unlike the
+missing-skill errors (carries) seen in the first probe (environment.md).
+
+Splits are assigned by hashing the canonical expression, so train, dev and test
+never share a problem whatever the seed or difficulty.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+SPLITS = ("train", "dev", "test")
+OPS = ("+", "*")
+TASK_NAME = "tinyarith"
+# Fractions of the hash space; the rest is train.
+DEV_FRACTION = 0.1
+TEST_FRACTION = 0.1
+BOXED_RE = re.compile(r"\\boxed\{([^{}]*)\}")
+
+
+@dataclass(frozen=True)
+class TaskProblem:
+    """Field-compatible with ``ictrl.data.Problem`` (id, question, gold, choices, meta)."""
+
+    id: str
+    question: str
+    gold: str
+    choices: tuple[str, ...] | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+def split_of(expression: str) -> str:
+    """The split a canonical expression belongs to, from a stable hash (not Python's salted ``hash``)."""
+    digest = hashlib.sha256(f"{TASK_NAME}:{expression}".encode()).digest()
+    u = int.from_bytes(digest[:8], "big") / 2**64
+    if u < TEST_FRACTION:
+        return "test"
+    if u < TEST_FRACTION + DEV_FRACTION:
+        return "dev"
+    return "train"
+
+
+def _apply(a: int, op: str, b: int) -> int:
+    return a * b if op == "*" else a + b
+
+
+def solve_steps(operands: list[int], ops: list[str], precedence: bool = True) -> tuple[list[str], int]:
+    """Step strings ``"a*b=c"`` and the value, applying ``*`` before ``+`` (or strictly left to right)."""
+    if len(operands) != len(ops) + 1:
+        raise ValueError(f"operands ({len(operands)}) must be one more than ops ({len(ops)})")
+    vals, ops = list(operands), list(ops)
+    steps = []
+    while ops:
+        i = ops.index("*") if precedence and "*" in ops else 0
+        out = _apply(vals[i], ops[i], vals[i + 1])
+        steps.append(f"{vals[i]}{ops[i]}{vals[i + 1]}={out}")
+        vals[i : i + 2] = [out]
+        del ops[i]
+    return steps, vals[0]
+
+
+def format_solution(steps: list[str], answer: int | str) -> str:
+    return "".join(s + ";" for s in steps) + f"\\boxed{{{answer}}}"
+
+
+def _parse_expression(expression: str) -> tuple[list[int], list[str]]:
+    tokens = re.findall(r"\d|[+*]", expression)
+    return [int(t) for t in tokens[0::2]], tokens[1::2]
+
+
+def make_problem(expression: str) -> TaskProblem:
+    """The problem record for a canonical expression such as ``"3+4*5"``."""
+    if not re.fullmatch(r"[1-9]([+*][1-9])+", expression):
+        raise ValueError(f"expression {expression!r} must be one-digit operands 1-9 joined by + or *")
+    operands, ops = _parse_expression(expression)
+    _, value = solve_steps(operands, ops)
+    order_matters = solve_steps(operands, ops, precedence=False)[1] != value
+    return TaskProblem(
+        id=f"{TASK_NAME}-{expression}",
+        question=f"Q:{expression}=A:",
+        gold=str(value),
+        meta={"expression": expression, "difficulty": len(ops), "split": split_of(expression), "order_matters": order_matters},
+    )
+
+
+def generate_problems(n: int, split: str, difficulty: int | tuple[int, ...] = (2, 3), seed: int = 0) -> list[TaskProblem]:
+    """``n`` distinct problems of ``split`` with ``difficulty`` operators (one value or a tuple to mix).
+
+    Deterministic for ``seed``; raises if the split holds fewer than ``n`` problems.
+    """
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    levels = (difficulty,) if isinstance(difficulty, int) else tuple(difficulty)
+    if not levels or any(not isinstance(d, int) or d < 1 or d > 6 for d in levels):
+        raise ValueError(f"difficulty must be operator counts in 1..6, got {difficulty!r}")
+    capacity = sum(9 ** (d + 1) * 2**d for d in levels)
+    if n < 0 or n > capacity * (TEST_FRACTION if split != "train" else 0.7):
+        raise ValueError(f"n={n} is negative or too many for split {split!r} at difficulty {levels}")
+    rng = random.Random(f"{TASK_NAME}:{seed}:{split}:{levels}")
+    seen: set[str] = set()
+    problems = []
+    while len(problems) < n:
+        d = rng.choice(levels)
+        operands = [rng.randint(1, 9) for _ in range(d + 1)]
+        ops = [rng.choice(OPS) for _ in range(d)]
+        expression = "".join(f"{a}{o}" for a, o in zip(operands, ops)) + str(operands[-1])
+        if expression in seen or split_of(expression) != split:
+            continue
+        seen.add(expression)
+        problems.append(make_problem(expression))
+    return problems
+
+
+def gold_solution(problem: TaskProblem) -> str:
+    operands, ops = _parse_expression(problem.meta["expression"])
+    steps, value = solve_steps(operands, ops)
+    return format_solution(steps, value)
+
+
+def demonstration(problem: TaskProblem, rng: random.Random, order_error: float = 0.0, digit_error: float = 0.0) -> str:
+    """An imperfect worked solution: left-to-right order with probability ``order_error``, then one digit
+    of an intermediate result corrupted with probability ``digit_error`` (errors propagate to the answer)."""
+    operands, ops = _parse_expression(problem.meta["expression"])
+    precedence = rng.random() >= order_error
+    if rng.random() >= digit_error:
+        steps, value = solve_steps(operands, ops, precedence)
+        return format_solution(steps, value)
+    # Recompute with the corrupted intermediate so the chain stays self-consistent after the slip.
+    vals, ops_left, steps = list(operands), list(ops), []
+    slip_at = rng.randrange(len(ops))
+    while ops_left:
+        i = ops_left.index("*") if precedence and "*" in ops_left else 0
+        out = _apply(vals[i], ops_left[i], vals[i + 1])
+        if len(steps) == slip_at:
+            digits = list(str(out))
+            j = rng.randrange(len(digits))
+            digits[j] = str((int(digits[j]) + rng.randint(1, 9)) % 10)
+            out = int("".join(digits)) or 1
+        steps.append(f"{vals[i]}{ops_left[i]}{vals[i + 1]}={out}")
+        vals[i : i + 2] = [out]
+        del ops_left[i]
+    return format_solution(steps, vals[0])
+
+
+def extract_answer(completion: str) -> str | None:
+    """Contents of the last ``\\boxed{...}``, stripped, or None."""
+    found = BOXED_RE.findall(completion)
+    return found[-1].strip() if found else None
+
+
+def grade(completion: str, gold: str) -> float:
+    """Fast exact-match reward: 1.0 iff the last ``\\boxed{}`` holds an integer equal to ``gold``.
+
+    Agrees with ``ictrl.rewards.math_reward`` on this task's outputs (checked by a test) at a
+    small fraction of math-verify's cost, which matters when grading every RL rollout.
+    """
+    answer = extract_answer(completion)
+    if answer is None or not re.fullmatch(r"[+-]?\d+", answer):
+        return 0.0
+    return 1.0 if int(answer) == int(gold) else 0.0
+
+
+def trl_reward(prompts: list[Any], completions: list[Any], gold: list[str], **_: Any) -> list[float]:
+    """TRL reward signature; the dataset column ``gold`` holds the answers."""
+    texts = [c if isinstance(c, str) else c[-1]["content"] for c in completions]
+    return [grade(t, g) for t, g in zip(texts, gold)]

@@ -1,0 +1,360 @@
+"""Per-token statistics of next-token distributions: entropy, Rényi-2, purity, sampled-token probability, and the
+ICT score (Jensen–Shannon divergence to the group's mean distribution). Spec: method.md §2–3.
+
+Everything streams over the active (masked-in) rows of ``logits`` in chunks, so the extra memory is bounded by a
+few ``[chunk, V]`` float32 buffers and never ``[N, V]`` (at V = 151,936 and N = 2048 the logits alone are 1.2 GB).
+
+Chunk size. ``chunk_size`` counts rows (positions). ``None`` picks ``_CHUNK_BYTES // (4 * V)`` rows, at least 1:
+about 4 MiB per float32 ``[chunk, V]`` buffer, 13 rows at V = 151,936 and 128 rows at V = 32,768. A chunk holds 2–4
+such buffers, so its working set (~8–16 MiB) stays inside a server L3 cache; on the project's CPU this small budget
+ran faster than 64 MiB chunks (each chunk is read and written several times, and cache-resident passes are cheap).
+The group JS sweep takes blocks of ``[G, t_block, V]`` with ``G * t_block <= chunk_size`` (``t_block >= 1``, so a
+group larger than the chunk gets one position per block).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "TokenStats",
+    "token_stats",
+    "group_js_divergence",
+    "group_js_divergence_topk",
+]
+
+_CHUNK_BYTES = 4 * 2**20
+_LOG2 = math.log(2.0)
+
+
+@dataclass
+class TokenStats:
+    """Per-token statistics; every field is ``[B, T]`` float32 with zeros where the mask is False (nats)."""
+
+    entropy: Tensor  # H1 = -sum p log p
+    renyi2: Tensor  # H2 = -log sum p^2
+    purity: Tensor  # beta = sum p^2
+    logprob: Tensor  # log p[token] (zeros if tokens is None)
+    prob: Tensor  # p[token] (zeros if tokens is None)
+    ict_score: Tensor | None = None  # u = JS(p || group mean), only when group_ids is given
+
+
+# ----------------------------------------------------------------------------------------------- validation
+
+
+def _check_int(name: str, t: Tensor) -> None:
+    if t.dtype == torch.bool or t.dtype.is_floating_point or t.dtype.is_complex:
+        raise ValueError(f"{name} must be an integer tensor, got dtype {t.dtype}")
+
+
+def _validate(
+    logits: Tensor,
+    mask: Tensor,
+    tokens: Tensor | None,
+    group_ids: Tensor | None,
+    temperature: float,
+    chunk_size: int | None,
+) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """Check arguments; return (bool mask, tokens, group_ids) on the logits' device."""
+    if not isinstance(logits, Tensor) or logits.dim() != 3:
+        shape = tuple(logits.shape) if isinstance(logits, Tensor) else type(logits).__name__
+        raise ValueError(f"logits must be a 3-D tensor [B, T, V], got {shape}")
+    if not logits.dtype.is_floating_point:
+        raise ValueError(f"logits must be floating point, got dtype {logits.dtype}")
+    B, T, V = logits.shape
+    if V < 1:
+        raise ValueError("logits must have a non-empty vocabulary dimension")
+    mask = _check_mask(mask, (B, T), logits.device)
+    if tokens is not None:
+        if not isinstance(tokens, Tensor) or tuple(tokens.shape) != (B, T):
+            got = tuple(tokens.shape) if isinstance(tokens, Tensor) else type(tokens).__name__
+            raise ValueError(f"tokens must have shape {(B, T)} (logits[:2]), got {got}")
+        _check_int("tokens", tokens)
+        tokens = tokens.to(logits.device)
+        # Masked positions may hold padding (e.g. -100); only active ones must index the vocabulary.
+        active = tokens[mask]
+        if active.numel() and (int(active.min()) < 0 or int(active.max()) >= V):
+            raise ValueError(f"tokens at masked-in positions must lie in [0, {V}), got range "
+                             f"[{int(active.min())}, {int(active.max())}]")
+    if group_ids is not None:
+        group_ids = _check_group_ids(group_ids, B, logits.device)
+    _check_temperature_chunk(temperature, chunk_size)
+    return mask, tokens, group_ids
+
+
+def _check_mask(mask: Tensor, shape: tuple[int, int], device: torch.device) -> Tensor:
+    if not isinstance(mask, Tensor) or tuple(mask.shape) != shape:
+        got = tuple(mask.shape) if isinstance(mask, Tensor) else type(mask).__name__
+        raise ValueError(f"mask must have shape {shape} (logits[:2]), got {got}")
+    if mask.dtype != torch.bool:
+        if mask.dtype.is_complex or not bool(((mask == 0) | (mask == 1)).all()):
+            raise ValueError(f"mask must be bool or hold only 0/1, got dtype {mask.dtype} with other values")
+        mask = mask != 0
+    return mask.to(device)
+
+
+def _check_group_ids(group_ids: Tensor, B: int, device: torch.device) -> Tensor:
+    if not isinstance(group_ids, Tensor) or group_ids.dim() != 1 or group_ids.shape[0] != B:
+        got = tuple(group_ids.shape) if isinstance(group_ids, Tensor) else type(group_ids).__name__
+        raise ValueError(f"group_ids must be a 1-D tensor of length B={B}, got {got}")
+    _check_int("group_ids", group_ids)
+    return group_ids.to(device)
+
+
+def _check_temperature_chunk(temperature: float, chunk_size: int | None) -> None:
+    if not isinstance(temperature, (int, float)) or not math.isfinite(temperature) or temperature <= 0:
+        raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
+    if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0):
+        raise ValueError(f"chunk_size must be a positive int or None, got {chunk_size!r}")
+
+
+def _rows_per_chunk(chunk_size: int | None, V: int) -> int:
+    return chunk_size if chunk_size is not None else max(1, _CHUNK_BYTES // (4 * V))
+
+
+# ----------------------------------------------------------------------------------------------- kernels
+
+
+def _chunk_stats(raw: Tensor, temperature: float, tok: Tensor | None) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+    """One fused pass over a chunk of rows.
+
+    raw: [n, V] logits, a fresh copy this function may overwrite. Returns (e [n, V] = exp(x) unnormalised,
+    s [n] = sum e, stats of [n] float32) with x = (z - max z) / tau <= 0, so p = e / s.
+    """
+    x = raw.float()  # no copy for float32; bf16/fp16 are upcast per chunk
+    del raw
+    m = x.amax(dim=1, keepdim=True)
+    if temperature == 1.0:
+        x.sub_(m)
+    else:  # z / tau - m / tau in one in-place pass
+        torch.add(m.mul_(-1.0 / temperature), x, alpha=1.0 / temperature, out=x)
+    e = torch.exp(x)
+    s = e.sum(dim=1)
+    ee = torch.linalg.vecdot(e, e)
+    ex = torch.linalg.vecdot(e, x)
+    bad = torch.isnan(ex)
+    if bool(bad.any()):
+        # -inf logits give 0 * -inf = NaN; recompute only those rows with -inf clamped (p = 0 contributes 0).
+        xb = x[bad].clamp_(min=torch.finfo(torch.float32).min)
+        ex[bad] = torch.linalg.vecdot(e[bad], xb)
+    log_s = s.log()
+    # Both terms are >= 0 because x <= 0: no cancellation even for very peaked rows.
+    stats = {"entropy": log_s - ex / s, "renyi2": 2.0 * log_s - ee.log(), "purity": ee / (s * s)}
+    if tok is not None:
+        lp = x.gather(1, tok.unsqueeze(1)).squeeze(1) - log_s
+        stats["logprob"] = lp
+        stats["prob"] = lp.exp()
+    del x
+    return e, s, stats
+
+
+def _entropy_of(p: Tensor, scratch: Tensor | None = None) -> Tensor:
+    """-sum p log p over the last dim of normalised p [n, V]; 0 log 0 = 0 via xlogy. Writes into scratch if given."""
+    out = torch.special.xlogy(p, p, out=scratch) if scratch is not None else torch.special.xlogy(p, p)
+    return -out.sum(dim=-1)
+
+
+# ----------------------------------------------------------------------------------------------- public API
+
+
+@torch.no_grad()
+def token_stats(
+    logits: Tensor,
+    mask: Tensor,
+    tokens: Tensor | None = None,
+    temperature: float = 1.0,
+    chunk_size: int | None = None,
+    group_ids: Tensor | None = None,
+) -> TokenStats:
+    """Per-token statistics of p = softmax(logits / temperature), streamed over the active rows.
+
+    logits: [B, T, V] float (fp32, bf16, ...); mask: [B, T] bool or 0/1; tokens: [B, T] integer sampled ids or None
+    (only masked-in positions are checked and used); group_ids: [B] integer prompt labels or None.
+    With group_ids the ICT score is computed in the same sweep and returned as ``ict_score`` (see
+    :func:`group_js_divergence`). Returns :class:`TokenStats`, each field [B, T] float32, zeros at masked positions.
+    A masked-in row whose logits are all -inf has no distribution and yields NaN.
+    """
+    mask, tokens, group_ids = _validate(logits, mask, tokens, group_ids, temperature, chunk_size)
+    B, T, V = logits.shape
+    rows = _rows_per_chunk(chunk_size, V)
+    flat = logits.reshape(B * T, V)
+    out = {k: torch.zeros(B * T, dtype=torch.float32, device=logits.device)
+           for k in ("entropy", "renyi2", "purity", "logprob", "prob")}
+    tok_flat = tokens.reshape(-1) if tokens is not None else None
+    if group_ids is not None:
+        ict = _group_sweep(flat, mask, tok_flat, group_ids, temperature, rows, out)
+    else:
+        ict = None
+        active = mask.reshape(-1).nonzero().squeeze(1)
+        for start in range(0, active.numel(), rows):
+            idx = active[start:start + rows]
+            tok = tok_flat.index_select(0, idx) if tok_flat is not None else None
+            _, _, st = _chunk_stats(flat.index_select(0, idx), temperature, tok)
+            for k, v in st.items():
+                out[k][idx] = v
+    shaped = {k: v.view(B, T) for k, v in out.items()}
+    return TokenStats(**shaped, ict_score=ict.view(B, T) if ict is not None else None)
+
+
+@torch.no_grad()
+def group_js_divergence(
+    logits: Tensor,
+    mask: Tensor,
+    group_ids: Tensor,
+    temperature: float = 1.0,
+    chunk_size: int | None = None,
+) -> Tensor:
+    """ICT uniqueness u[i, t] = JS(p_i,t || mean of p_j,t over the active responses j of i's group), in nats.
+
+    logits: [B, T, V]; mask: [B, T]; group_ids: [B] integer labels (members need not be adjacent).
+    Returns [B, T] float32 in [0, log 2]; 0 at masked positions and where only one response of the group is
+    active at t. Uses JS(p||q) = H(m) - H(p)/2 - H(q)/2 with m = (p + q)/2. Memory: blocks of [G, t_block, V].
+    Use ``token_stats(..., group_ids=...)`` to get this together with the other statistics in one sweep.
+    """
+    if group_ids is None:
+        raise ValueError("group_ids must be a 1-D integer tensor of length B, got None")
+    st = token_stats(logits, mask, None, temperature, chunk_size, group_ids=group_ids)
+    assert st.ict_score is not None
+    return st.ict_score
+
+
+def _group_sweep(
+    flat: Tensor,
+    mask: Tensor,
+    tok_flat: Tensor | None,
+    group_ids: Tensor,
+    temperature: float,
+    rows: int,
+    out: dict[str, Tensor],
+) -> Tensor:
+    """Stream over (group, position block); fill ``out`` with token stats and return u [B*T] float32."""
+    B, T = mask.shape
+    V = flat.shape[1]
+    ict = torch.zeros(B * T, dtype=torch.float32, device=flat.device)
+    _, inverse = torch.unique(group_ids, return_inverse=True)
+    for g in range(int(inverse.max()) + 1 if B else 0):
+        members = (inverse == g).nonzero().squeeze(1)  # [G]
+        sub = mask.index_select(0, members)  # [G, T]
+        any_t = sub.any(dim=0).nonzero()
+        if any_t.numel() == 0:
+            continue
+        t_end = int(any_t.max()) + 1
+        t_block = max(1, rows // members.numel())
+        for t0 in range(int(any_t.min()), t_end, t_block):
+            blk = sub[:, t0:t0 + t_block].t()  # [tb, G]
+            k, j = blk.nonzero(as_tuple=True)  # row-major over [tb, G]: t-major order, contiguous per position
+            if k.numel() == 0:
+                continue
+            idx = members[j] * T + t0 + k  # flat rows, [n]
+            counts = blk.sum(dim=1)  # [tb] active responses per position
+            tok = tok_flat.index_select(0, idx) if tok_flat is not None else None
+            e, s, st = _chunk_stats(flat.index_select(0, idx), temperature, tok)
+            for key, v in st.items():
+                out[key][idx] = v
+            ict[idx] = _block_js(e.div_(s.unsqueeze(1)), st["entropy"], k, counts)
+    return ict
+
+
+def _block_js(p: Tensor, h_p: Tensor, k: Tensor, counts: Tensor) -> Tensor:
+    """JS of each row of p [n, V] (normalised, rows sorted by position k [n]) to its position's mean.
+
+    counts: [tb] rows per position. Overwrites p. Returns [n] float32 clamped to [0, log 2].
+    """
+    tb = counts.numel()
+    cnt = counts.tolist()
+    equal = all(c == cnt[0] for c in cnt)
+    if equal:
+        pbar = p.view(tb, cnt[0], -1).sum(dim=1)  # [tb, V]
+    else:
+        pbar = torch.zeros(tb, p.shape[1], dtype=p.dtype, device=p.device).index_add_(0, k, p)
+    pbar.div_(counts.clamp(min=1).unsqueeze(1).to(p.dtype))
+    h_q = _entropy_of(pbar)  # [tb]
+    # r = p + q in place; H(m) = log 2 - (1/2) sum r log r since sum r = 2.
+    if equal:
+        p.view(tb, cnt[0], -1).add_(pbar.unsqueeze(1))
+    else:
+        start = 0
+        for t, c in enumerate(cnt):
+            if c:
+                p[start:start + c].add_(pbar[t])
+            start += c
+    rlogr = torch.special.xlogy(p, p, out=p).sum(dim=1)
+    js = _LOG2 - 0.5 * rlogr - 0.5 * h_p - 0.5 * h_q.index_select(0, k)
+    js = js.clamp_(0.0, _LOG2)
+    return torch.where(counts.index_select(0, k) >= 2, js, torch.zeros_like(js))
+
+
+@torch.no_grad()
+def group_js_divergence_topk(
+    topk_logprobs: Tensor,
+    topk_ids: Tensor,
+    mask: Tensor,
+    group_ids: Tensor,
+) -> Tensor:
+    """ICT score from each position's top-K log-probs (what vLLM returns at sampling time), [B, T] float32.
+
+    topk_logprobs: [B, T, K] float log-probabilities (already at the sampling temperature); topk_ids: [B, T, K]
+    integer ids, distinct within a position; mask: [B, T]; group_ids: [B].
+    At each (group, t) every active response becomes a distribution over the union of the group's ids plus one tail
+    bucket holding 1 - sum(top-K probs) (clamped to >= 0). Approximation: a response puts probability 0 on union ids
+    outside its own top-K (their mass is inside its tail), and the tail buckets of different responses are treated
+    as the same bucket, so the score ignores how each tail is spread over the vocabulary. With K = V it equals
+    :func:`group_js_divergence`. Computed in float64 over [G, t_block, G*K + 1] blocks.
+    """
+    if not isinstance(topk_logprobs, Tensor) or topk_logprobs.dim() != 3:
+        raise ValueError("topk_logprobs must be a 3-D tensor [B, T, K]")
+    if not topk_logprobs.dtype.is_floating_point:
+        raise ValueError(f"topk_logprobs must be floating point, got dtype {topk_logprobs.dtype}")
+    B, T, K = topk_logprobs.shape
+    if not isinstance(topk_ids, Tensor) or topk_ids.shape != topk_logprobs.shape:
+        got = tuple(topk_ids.shape) if isinstance(topk_ids, Tensor) else type(topk_ids).__name__
+        raise ValueError(f"topk_ids must have the shape of topk_logprobs {(B, T, K)}, got {got}")
+    _check_int("topk_ids", topk_ids)
+    device = topk_logprobs.device
+    mask = _check_mask(mask, (B, T), device)
+    group_ids = _check_group_ids(group_ids, B, device)
+    u = torch.zeros(B, T, dtype=torch.float32, device=device)
+    _, inverse = torch.unique(group_ids, return_inverse=True)
+    t_block = max(1, 2**16 // max(1, K))  # bounds [G, t_block, G*K] to a few MB per group of 8
+    for g in range(int(inverse.max()) + 1 if B else 0):
+        members = (inverse == g).nonzero().squeeze(1)
+        G = members.numel()
+        for t0 in range(0, T, t_block):
+            m = mask[members, t0:t0 + t_block]  # [G, tb]
+            if not bool(m.any()):
+                continue
+            lp = topk_logprobs[members, t0:t0 + t_block].double()  # [G, tb, K]
+            ids = topk_ids[members, t0:t0 + t_block].to(device)
+            u[members, t0:t0 + t_block] = _topk_block_js(lp, ids, m).float()
+    return u
+
+
+def _topk_block_js(lp: Tensor, ids: Tensor, m: Tensor) -> Tensor:
+    """lp, ids: [G, tb, K]; m: [G, tb] bool. Returns u [G, tb] float64."""
+    G, tb, K = lp.shape
+    p = lp.exp() * m.unsqueeze(-1)  # inactive responses contribute nothing
+    tail = (1.0 - p.sum(-1)).clamp_(min=0.0) * m  # [G, tb]
+    # Map each id to its slot in the per-position union: sort the G*K ids of position t, number distinct values.
+    flat_ids = torch.where(m.unsqueeze(-1), ids, torch.full_like(ids, -1)).permute(1, 0, 2).reshape(tb, G * K)
+    sorted_ids, order = flat_ids.sort(dim=1)
+    new = torch.ones_like(sorted_ids, dtype=torch.long)
+    new[:, 1:] = (sorted_ids[:, 1:] != sorted_ids[:, :-1]).long()
+    slot_sorted = new.cumsum(1) - 1
+    slot = torch.empty_like(slot_sorted).scatter_(1, order, slot_sorted)  # [tb, G*K]
+    slot = slot.view(tb, G, K).permute(1, 0, 2)  # [G, tb, K]
+    dense = torch.zeros(G, tb, G * K + 1, dtype=torch.float64, device=lp.device)
+    dense.scatter_add_(2, slot, p)
+    dense[..., -1] = tail
+    # Rounding can push the top-K mass slightly above 1; renormalise active rows so each is a distribution.
+    dense.div_(dense.sum(-1, keepdim=True).clamp(min=1e-300))
+    n = m.sum(0)  # [tb]
+    q = dense.sum(0) / n.clamp(min=1).unsqueeze(-1)  # [tb, S]
+    h_p = _entropy_of(dense)
+    h_q = _entropy_of(q)
+    h_m = _entropy_of(0.5 * (dense + q.unsqueeze(0)))
+    js = (h_m - 0.5 * h_p - 0.5 * h_q.unsqueeze(0)).clamp_(0.0, _LOG2)
+    return torch.where(m & (n >= 2).unsqueeze(0), js, torch.zeros_like(js))

@@ -1,0 +1,172 @@
+"""``ictrl train``: config errors stop before the model loads; each method trains 2 steps on CPU."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from ictrl import cli
+from ictrl.engine.run_config import load_config, read_yaml
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+CELL = CONFIGS / "qwen2.5-0.5b" / "ict.yaml"
+
+
+@pytest.fixture
+def loader_calls(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Replace the model loader with one that records its calls and refuses to load."""
+    import ictrl.models
+
+    calls: list[Any] = []
+
+    def fake(*args: Any, **kwargs: Any) -> Any:
+        calls.append((args, kwargs))
+        raise AssertionError("the model loader must not be reached")
+
+    monkeypatch.setattr(ictrl.models, "load_model_and_tokenizer", fake)
+    return calls
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("--optim.learning_rat=1e-6", "unknown key 'optim.learning_rat'; did you mean 'optim.learning_rate'?"),
+        ("--optim.learning_rate=fast", "optim.learning_rate: expected a number, got 'fast'"),
+        ("--method.scope=group", "method.scope"),  # caught by ICTGRPOConfig, reported as the config key
+        ("--reward.names=[math, gsm8kk]", "reward.names[1]: unknown reward 'gsm8kk'"),
+        ("--data.train=[gsm8k_trian]", "data.train: 'gsm8k_trian'"),
+        ("--data.train=[jsonl:/nonexistent.jsonl]", "file not found"),
+    ],
+)
+def test_bad_config_fails_before_model_load(override: str, message: str, loader_calls: list[Any],
+                                            tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cell = CONFIGS / "qwen2.5-0.5b" / ("entropy20.yaml" if "scope" in override else "ict.yaml")
+    code = cli.main(["train", str(cell), f"--output_dir={tmp_path / 'out'}", override])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert message in err
+    assert str(cell) in err or "override" in err
+    assert loader_calls == []
+    assert not (tmp_path / "out").exists()
+
+
+def test_refuses_to_overwrite_checkpoints_without_resume(loader_calls: list[Any], tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "out"
+    (out / "checkpoint-4").mkdir(parents=True)
+    (out / "checkpoint-4" / "trainer_state.json").write_text("{}")
+    code = cli.main(["train", str(CELL), f"--output_dir={out}"])
+    assert code == 2 and "already holds checkpoint-4; pass --resume" in capsys.readouterr().err
+    assert loader_calls == []
+
+
+def test_print_config(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["train", str(CELL), "--optim.seed=3", "--print-config"]) == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["optim"]["seed"] == 3 and printed["method"]["selector"] == "ict"
+
+
+def test_complete_checkpoints_ignores_partial_and_staging(tmp_path: Path) -> None:
+    from ictrl.engine.run import complete_checkpoints
+
+    for name, complete in (("checkpoint-2", True), ("checkpoint-10", True), ("checkpoint-12", False),
+                           (".staging-checkpoint-14", True), ("checkpoint-x", True)):
+        (tmp_path / name).mkdir()
+        if complete:
+            (tmp_path / name / "trainer_state.json").write_text("{}")
+    assert [p.name for p in complete_checkpoints(tmp_path)] == ["checkpoint-2", "checkpoint-10"]
+
+
+# --- CPU training runs ----------------------------------------------------------------------------------------
+
+METHODS = ("grpo", "entropy20", "stapo", "ict", "random10", "frequent")
+TIMING_KEYS = ("step_time", "ictrl/stats_time")
+
+
+def tiny_overrides(model_dir: Path, out: Path, steps: int = 2) -> list[str]:
+    """A 2-step run of a paper config on the tiny model: 2 prompts x 4 completions of 8 tokens per step."""
+    return [
+        f"--model.name_or_path={model_dir}", f"--output_dir={out}", f"--optim.max_steps={steps}",
+        "--optim.per_device_train_batch_size=8", "--optim.gradient_accumulation_steps=1",
+        "--sampling.num_generations=4", "--sampling.max_completion_length=8",
+        "--data.train=[gsm8k_train]", "--data.limit=6", "--data.max_prompt_length=null",
+        "--method.warmup_steps=0", "--save_steps=1", "--logging.progress=false",
+    ]
+
+
+def method_config(method: str, tmp_path: Path) -> Path:
+    cell = tmp_path / f"{method}.yaml"
+    cell.write_text(yaml.safe_dump({"base": [str(CONFIGS / "base/train.yaml"),
+                                             str(CONFIGS / "base/models/qwen2.5-0.5b.yaml"),
+                                             str(CONFIGS / f"base/methods/{method}.yaml")]}))
+    return cell
+
+
+def read_metrics(out: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("method", METHODS)
+def test_cpu_run_of_each_method(method: str, tiny_model_dir: Path, shared_data: Path, tmp_path: Path) -> None:
+    from ictrl.engine.run import train
+
+    out = tmp_path / "out"
+    cfg = load_config(method_config(method, tmp_path), tiny_overrides(tiny_model_dir, out))
+    result = train(cfg, source=method)
+    assert result.global_step == 2 and (result.final_model / "model.safetensors").is_file()
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-2"]
+    assert not list(out.glob(".staging-*"))
+
+    rows = read_metrics(out)
+    assert [r["step"] for r in rows] == [1, 2]
+    expected = {"loss", "reward", "accuracy", "rewards/verifiable/mean", "learning_rate", "grad_norm",
+                "ictrl/selected_frac", "ictrl/tokens/all", "ictrl/tokens/selected", "ictrl/h1/all",
+                "ictrl/h2/all", "ictrl/purity/all", "ictrl/clip_frac", "step_time", "completions/mean_length"}
+    for row in rows:
+        assert expected <= row.keys(), expected - row.keys()
+        assert "nonfinite" not in row
+        assert all(math.isfinite(v) for v in row.values() if isinstance(v, (int, float)))
+        assert row["accuracy"] == row["rewards/verifiable/mean"]
+        # the selection rule of each method, on the logged token counts (B = 8 responses per step)
+        n_all, n_sel = row["ictrl/tokens/all"], row["ictrl/tokens/selected"]
+        assert row["ictrl/selected_frac"] == pytest.approx(n_sel / n_all)
+        if method == "grpo":
+            assert n_sel == n_all
+        elif method in ("ict", "random10"):
+            assert n_sel == 8  # ceil(0.1 n) = 1 per response of <= 8 tokens
+        elif method == "frequent":
+            assert n_sel == n_all - 8
+        elif method == "entropy20":
+            assert n_sel == math.ceil(0.2 * n_all - 1e-9)
+        else:  # stapo keeps all but the silenced tokens
+            assert 0 < n_sel <= n_all
+        assert ("ictrl/h1/selected" in row) == (n_sel > 0)
+    saved = load_config(out / "config.yaml")
+    assert saved == cfg
+    assert read_yaml(out / "config.yaml")["method"]["name"] == method
+
+
+@pytest.mark.integration
+def test_cli_runs_a_paper_config(tiny_model_dir: Path, shared_data: Path, tmp_path: Path,
+                                 capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "out"
+    overrides = [o for o in tiny_overrides(tiny_model_dir, out, steps=1) if "progress" not in o]
+    assert cli.main(["train", str(CELL), *overrides]) == 0
+    captured = capsys.readouterr()
+    err = captured.err
+    print("OUT", captured.out[-2000:], "ERR", err[-3000:])
+    assert "no CUDA device: training on CPU" in err or not _cpu_only()
+    assert "step 1/1" in err and "reward" in err  # the per-step line of the progress callback
+    assert [r["step"] for r in read_metrics(out)] == [1]
+
+
+def _cpu_only() -> bool:
+    import torch
+
+    return not torch.cuda.is_available()

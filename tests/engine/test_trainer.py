@@ -1,0 +1,292 @@
+"""ICTGRPOConfig / ICTGRPOTrainer on CPU with a tiny Qwen2 (tests/conftest.py ``tiny_model_dir``)."""
+
+from __future__ import annotations
+
+import inspect
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import mp_worker as w
+from ictrl.engine.config import ICTGRPOConfig
+from ictrl.engine.trainer import ICTGRPOTrainer
+from ictrl.loss import policy_loss
+from ictrl.selection import SelectionInputs, select
+
+SELECTORS = ("all", "ict", "entropy", "stapo", "random", "frequent")
+
+
+def _load(model_dir: Path) -> tuple[Any, Any]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer.padding_side = "left"
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32), tokenizer
+
+
+def _trainer(model_dir: Path, tmp_path: Path, cls: type = ICTGRPOTrainer, **overrides: Any) -> Any:
+    model, tokenizer = _load(model_dir)
+    return cls(model=model, reward_funcs=w.digit_reward, args=w.make_config(tmp_path, **overrides),
+               train_dataset=w.make_dataset(), processing_class=tokenizer)
+
+
+def _generation_inputs(trainer: Any, n_prompts: int = 2) -> list[dict[str, str]]:
+    """The local generation batch TRL's sampler would hand over: each prompt repeated num_generations times."""
+    return [{"prompt": p} for p in w.PROMPTS[:n_prompts] for _ in range(trainer.num_generations)]
+
+
+def _response_mask(batch: dict[str, Any]) -> torch.Tensor:
+    return batch["completion_mask"].bool()
+
+
+# ------------------------------------------------------------------------------------------------- config
+
+
+@pytest.mark.parametrize(
+    ("selector", "ratio", "scope", "norm", "warmup"),
+    [
+        ("all", None, None, "per_response_all", 0),
+        ("ict", 0.1, "response", "per_response_selected", 10),
+        ("entropy", 0.2, "batch", "token_mean_selected", 0),
+        ("stapo", None, None, "token_mean_selected", 0),
+        ("random", 0.1, "response", "per_response_selected", 10),
+        ("frequent", 0.1, "response", "per_response_selected", 10),
+    ],
+)
+def test_config_resolves_per_selector_defaults(tmp_path: Path, selector: str, ratio: float | None,
+                                               scope: str | None, norm: str, warmup: int) -> None:
+    cfg = ICTGRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to="none",
+                        token_selector=selector, temperature=0.7, seed=5)
+    assert (cfg.selection_ratio, cfg.selection_scope, cfg.loss_normalization, cfg.selection_warmup_steps) == (
+        ratio, scope, norm, warmup)
+    assert cfg.selection_temperature == 0.7 and cfg.selection_seed == 5
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        ({"token_selector": "topk"}, "token_selector"),
+        ({"selection_ratio": 0.0}, "selection_ratio"),
+        ({"selection_ratio": 1.5}, "selection_ratio"),
+        ({"token_selector": "stapo", "selection_ratio": 0.1}, "selection_ratio"),
+        ({"token_selector": "entropy", "selection_scope": "group"}, "selection_scope"),
+        ({"selection_scope": "sequence"}, "selection_scope"),
+        ({"selection_warmup_steps": -1}, "selection_warmup_steps"),
+        ({"loss_normalization": "mean"}, "loss_normalization"),
+        ({"stapo_tau_p": 0.0}, "stapo_tau_p"),
+        ({"stapo_q": 2.0}, "stapo_q"),
+        ({"selection_temperature": 0.0}, "selection_temperature"),
+        ({"stats_chunk_size": 0}, "stats_chunk_size"),
+        ({"top_entropy_quantile": 0.2}, "top_entropy_quantile"),
+        ({"loss_type": "cispo"}, "loss_type"),
+        ({"importance_sampling_level": "sequence"}, "importance_sampling_level"),
+    ],
+)
+def test_config_rejects_bad_values_naming_the_field(tmp_path: Path, overrides: dict[str, Any], field: str) -> None:
+    with pytest.raises(ValueError, match=field):
+        ICTGRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to="none", **overrides)
+
+
+def test_trainer_requires_ict_config(tiny_model_dir: Path, tmp_path: Path) -> None:
+    from trl import GRPOConfig
+
+    model, tokenizer = _load(tiny_model_dir)
+    args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to="none", num_generations=4,
+                      per_device_train_batch_size=8)
+    with pytest.raises(ValueError, match="ICTGRPOConfig"):
+        ICTGRPOTrainer(model=model, reward_funcs=w.digit_reward, args=args, train_dataset=w.make_dataset(),
+                       processing_class=tokenizer)
+
+
+# ------------------------------------------------------------------------------------- pinned TRL surface
+
+
+def test_overridden_trl_methods_match_pinned_version() -> None:
+    """A TRL upgrade that renames or re-signs what we override must fail here, not silently bypass ictrl."""
+    import trl
+    from trl import GRPOTrainer
+    from trl.trainer.utils import shuffle_sequence_dict, split_tensor_dict
+
+    assert trl.__version__ == "1.16.0"
+
+    def params(name: str) -> list[str]:
+        return list(inspect.signature(getattr(GRPOTrainer, name)).parameters)
+
+    assert params("_generate_and_score_completions") == ["self", "inputs"]
+    assert params("_prepare_inputs") == ["self", "generation_batch"]
+    assert params("_compute_loss") == ["self", "model", "inputs"]
+    assert params("_get_per_token_logps_and_entropies")[:6] == [
+        "self", "model", "input_ids", "attention_mask", "logits_to_keep", "batch_size"]
+    assert params("_generate_single_turn")[:5] == [  # the test stub of generation overrides it
+        "self", "prompt_ids", "images", "multimodal_fields", "num_generations"]
+    assert GRPOTrainer.loss_is_scaled_for_ga is True  # our loss is backpropagated as returned
+    for name in ("_generate_and_score_completions", "_prepare_inputs", "_compute_loss"):
+        assert getattr(ICTGRPOTrainer, name) is not getattr(GRPOTrainer, name)
+    # How TRL carries our tensors through the buffer: [B, ...] rows shuffled/split together, 0-d kept whole.
+    batch = {"x": torch.arange(8), "sel": torch.arange(8)[:, None].expand(8, 3) % 2 == 0, "n": torch.tensor(5.0)}
+    shuffled = shuffle_sequence_dict(batch)
+    assert torch.equal(shuffled["sel"][:, 0], shuffled["x"] % 2 == 0) and shuffled["n"] is batch["n"]
+    parts = split_tensor_dict(shuffled, 2)
+    assert [p["sel"].shape[0] for p in parts] == [4, 4] and all(p["n"] is batch["n"] for p in parts)
+
+
+# -------------------------------------------------------------------------------------- every selector
+
+
+@pytest.mark.parametrize("selector", SELECTORS)
+def test_each_selector_trains_two_steps_and_logs(tiny_model_dir: Path, tmp_path: Path, selector: str) -> None:
+    # tau_p = 0.01 > 1/259 so STAPO has candidates on a random model (at 0.002 it silences nothing).
+    trainer = _trainer(tiny_model_dir, tmp_path, token_selector=selector, stapo_tau_p=0.01)
+    before = {k: v.detach().clone() for k, v in trainer.model.named_parameters()}
+    trainer.train()
+    moved = max((v.detach() - before[k]).abs().max().item() for k, v in trainer.model.named_parameters())
+    steps = [h for h in trainer.state.log_history if "loss" in h]
+    assert len(steps) == 2
+    assert moved > 0 and all(h["grad_norm"] > 0 for h in steps)
+    for key in ("reward", "ictrl/selected_frac", "ictrl/h1/all", "ictrl/h2/all", "ictrl/purity/all",
+                "ictrl/h1/selected", "ictrl/h2/selected", "ictrl/purity/selected", "ictrl/clip_frac",
+                "ictrl/selected/high_entropy_frac", "ictrl/stats_time", "ictrl/warmup"):
+        assert all(key in h for h in steps), key
+    frac = [h["ictrl/selected_frac"] for h in steps]
+    if selector == "all":
+        assert frac == [1.0, 1.0]
+    elif selector in ("ict", "random"):
+        assert all(0.1 <= f < 0.3 for f in frac)  # ceil(10%) of 4–12 tokens per response
+    elif selector == "frequent":
+        assert all(0.7 < f <= 0.9 for f in frac)
+    elif selector == "entropy":
+        assert all(abs(f - 0.2) < 0.02 for f in frac)
+    else:
+        assert all(f < 1.0 for f in frac)
+    if selector in ("ict", "frequent"):
+        assert all("ictrl/ict_score/selected" in h for h in steps)
+
+
+# ----------------------------------------------------------------- statistics and mask = the core's
+
+
+def test_statistics_and_ict_mask_match_naive_reference(tiny_model_dir: Path, tmp_path: Path) -> None:
+    # stats_chunk_size=16 with 8 rows: the LM head runs over blocks of 2 positions.
+    trainer = _trainer(tiny_model_dir, tmp_path, w.stub_trainer_class(), token_selector="ict", temperature=0.8,
+                       stats_chunk_size=16)
+    trainer.model.train()
+    batch = trainer._generate_and_score_completions(_generation_inputs(trainer))
+    mask = _response_mask(batch)
+    group_ids = torch.arange(mask.size(0)) // trainer.num_generations
+    stats, js = trainer._selection_stats(batch, mask, group_ids)
+
+    ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+    attention = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+    P, T = batch["prompt_ids"].size(1), batch["completion_ids"].size(1)
+    with torch.no_grad():
+        logits = trainer.model(input_ids=ids, attention_mask=attention).logits[:, P - 1:P + T - 1]
+    ref = w.naive_stats(logits, batch["completion_ids"], mask, 0.8)
+    ref_js = w.naive_group_js(logits, mask, group_ids, 0.8)
+    for name, value in ref.items():
+        torch.testing.assert_close(getattr(stats, name).double(), value, atol=2e-5, rtol=1e-5, msg=name)
+    torch.testing.assert_close(js.double(), ref_js, atol=1e-6, rtol=1e-4)
+    assert float(ref_js[mask].max()) > 0  # the check is not vacuous
+
+    # TRL's fused log-probs (the loss path) see the same positions and temperature.
+    fused, _, _ = trainer._get_per_token_logps_and_entropies(trainer.model, ids, attention, T)
+    torch.testing.assert_close(torch.where(mask, fused, 0.0).double(), ref["logprob"], atol=2e-5, rtol=1e-5)
+
+    expected = select("ict", SelectionInputs(mask=mask, ict_score=ref_js.float(), group_ids=group_ids),
+                      ratio=0.1, scope="response")
+    assert torch.equal(batch["ictrl_selected"], expected)
+    n = mask.sum(1)
+    assert torch.equal(batch["ictrl_selected"].sum(1), torch.tensor([math.ceil(0.1 * int(k)) for k in n]))
+
+
+def test_runtime_group_check_rejects_split_groups(tiny_model_dir: Path, tmp_path: Path) -> None:
+    trainer = _trainer(tiny_model_dir, tmp_path, token_selector="ict")
+    prompt_ids = torch.tensor([[5, 6], [5, 6], [5, 6], [5, 7]])
+    batch = {"prompt_ids": prompt_ids, "prompt_mask": torch.ones_like(prompt_ids)}
+    with pytest.raises(RuntimeError, match="share"):
+        trainer._check_local_groups(batch, 4)
+    with pytest.raises(RuntimeError, match="multiple of num_generations"):
+        trainer._check_local_groups({k: v[:3] for k, v in batch.items()}, 2)
+    trainer._check_local_groups({"prompt_ids": prompt_ids[:2], "prompt_mask": batch["prompt_mask"][:2]}, 2)
+
+
+# ---------------------------------------------------------------------------------- loss normalisation
+
+
+@pytest.mark.parametrize("norm", ["per_response_selected", "token_mean_selected", "token_mean_all",
+                                  "per_response_all"])
+def test_trainer_loss_equals_policy_loss(tiny_model_dir: Path, tmp_path: Path, norm: str) -> None:
+    trainer = _trainer(tiny_model_dir, tmp_path, w.stub_trainer_class(), token_selector="ict",
+                       loss_normalization=norm, epsilon_high=0.28)
+    trainer.model.train()
+    inputs = trainer._prepare_inputs(_generation_inputs(trainer))
+    mask = _response_mask(inputs)
+    selected = inputs["ictrl_selected"]
+    assert float(inputs["ictrl_num_responses"]) == mask.size(0)
+    expected_tokens = selected.sum() if norm == "token_mean_selected" else mask.sum()
+    assert float(inputs["ictrl_num_tokens"]) == float(expected_tokens)
+
+    ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+    attention = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+    P, T = inputs["prompt_ids"].size(1), inputs["completion_ids"].size(1)
+    with torch.no_grad():
+        logits = trainer.model(input_ids=ids, attention_mask=attention).logits[:, P - 1:P + T - 1]
+    logp = torch.log_softmax(logits.double(), -1).gather(-1, inputs["completion_ids"][..., None]).squeeze(-1)
+    # An off-policy old log-prob so ratios move away from 1 and both clip branches engage.
+    g = torch.Generator().manual_seed(0)
+    old = (logp + 0.4 * torch.randn(logp.shape, generator=g, dtype=torch.float64)).float()
+    inputs["old_per_token_logps"] = old
+    got = trainer._compute_loss(trainer.model, inputs)
+
+    ref, _ = policy_loss(logp.float(), old, inputs["advantages"], mask, selected, eps_low=0.2, eps_high=0.28,
+                         norm=norm, num_responses=inputs["ictrl_num_responses"],
+                         num_tokens=inputs["ictrl_num_tokens"])
+    torch.testing.assert_close(got, ref, atol=1e-6, rtol=1e-5)
+
+    # Independent float64 formula of the same objective.
+    ratio = torch.exp(logp - old.double())
+    adv = inputs["advantages"].double()[:, None]
+    psi = torch.minimum(ratio * adv, ratio.clamp(0.8, 1.28) * adv)
+    m = (selected & mask).double()
+    if norm.startswith("per_response"):
+        den = m.sum(1) if norm == "per_response_selected" else mask.double().sum(1)
+        manual = -((psi * m).sum(1) / den.clamp(min=1)).sum() / mask.size(0)
+    else:
+        manual = -(psi * m).sum() / float(inputs["ictrl_num_tokens"])
+    assert abs(float(got) - float(manual)) < 1e-5 and abs(float(manual)) > 1e-4
+
+
+# --------------------------------------------------------------------------------------------- warm-up
+
+
+def test_warmup_selects_everything_then_the_sparse_mask(tiny_model_dir: Path, tmp_path: Path) -> None:
+    trainer = _trainer(tiny_model_dir, tmp_path, w.stub_trainer_class(), token_selector="ict",
+                       selection_warmup_steps=1)
+    trainer.train()
+    first, second = trainer.recorded
+    assert torch.equal(first["ictrl_selected"], _response_mask(first))
+    n = _response_mask(second).sum(1)
+    assert torch.equal(second["ictrl_selected"].sum(1), torch.tensor([math.ceil(0.1 * int(k)) for k in n]))
+    assert int(second["ictrl_selected"].sum()) < int(n.sum())
+    steps = [h for h in trainer.state.log_history if "loss" in h]
+    assert [h["ictrl/warmup"] for h in steps] == [1.0, 0.0]
+
+
+# -------------------------------------------------------------------------- gradient accumulation
+
+
+@pytest.mark.parametrize("selector", ["ict", "entropy"])  # per_response_selected and token_mean_selected
+def test_gradient_accumulation_equals_one_big_batch(tiny_model_dir: Path, tmp_path: Path, selector: str) -> None:
+    """One optimizer step over 2 micro-batches of 4 equals one micro-batch of 8 (SGD, no clipping: run_one_step)."""
+    big = w.run_one_step(tmp_path / "big", str(tiny_model_dir), selector, per_device=8, grad_accum=1)
+    split = w.run_one_step(tmp_path / "split", str(tiny_model_dir), selector, per_device=4, grad_accum=2)
+    assert len(big["losses"]) == 1 and len(split["losses"]) == 2
+    assert torch.equal(big["batches"][0]["ictrl_selected"], split["batches"][0]["ictrl_selected"])
+    model, _ = _load(tiny_model_dir)
+    start = dict(model.named_parameters())
+    moved = max((big["params"][k] - start[k].detach()).abs().max().item() for k in start)
+    assert moved > 1e-3
+    for k in start:
+        torch.testing.assert_close(split["params"][k], big["params"][k], atol=1e-6, rtol=1e-5, msg=k)

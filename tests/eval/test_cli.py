@@ -1,0 +1,85 @@
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from ictrl.cli import main
+from ictrl.eval.harness import RESULTS_JSON, RESULTS_MD, SAMPLES_FILE
+
+
+def eval_args(model: Path, out: Path, *extra: str) -> list[str]:
+    return [
+        "eval", "--model", str(model), "--n", "4", "--k", "1", "4", "--max-new-tokens", "8",
+        "--temperature", "0.6", "--top-p", "0.95", "--backend", "hf", "--batch-size", "16",
+        "--seeds", "0", "--output-dir", str(out), "--no-progress", *extra,
+    ]
+
+
+@pytest.mark.integration
+def test_eval_end_to_end_on_real_benchmarks(
+    tiny_model_dir: Path, shared_data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "eval"
+    args = eval_args(tiny_model_dir, out, "--benchmarks", "gsm8k", "math500", "--limit", "8")
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    table = (out / RESULTS_MD).read_text()
+    assert table.strip() in printed
+    for row in ("| gsm8k | 8 |", "| math500 | 8 |", "| **Avg** | 16 |", "| **Total** ="):
+        assert row in table
+
+    saved = json.loads((out / RESULTS_JSON).read_text())
+    records = saved["records"]
+    assert [r["benchmark"] for r in records] == ["gsm8k"] * 8 + ["math500"] * 8
+    assert records[0]["problem_id"] == "gsm8k-0" and records[0]["gold"] == "18"  # first GSM8K test item
+    assert records[8]["prompt"].startswith("<|im_start|>user\n")  # the tokenizer's chat template
+    assert "\\boxed{}" in records[8]["prompt"]
+    for rec in records:
+        assert len(rec["samples"]) == 4
+        assert rec["num_correct"] == sum(s["reward"] >= 1.0 for s in rec["samples"])
+        assert set(rec["samples"][0]) == {"completion", "extracted", "reward", "correct"}
+        assert set(rec["pass_at_k"]) == {"1", "4"}
+    summary = saved["summary"]
+    assert summary["settings"]["model"] == str(tiny_model_dir) and summary["settings"]["n"] == 4
+    assert set(summary["benchmarks"]) == {"gsm8k", "math500"}
+    p1 = [summary["benchmarks"][b]["pass_at_k"]["1"]["mean"] for b in ("gsm8k", "math500")]
+    p4 = [summary["benchmarks"][b]["pass_at_k"]["4"]["mean"] for b in ("gsm8k", "math500")]
+    assert summary["total"]["mean"] == pytest.approx((sum(p1) / 2 + sum(p4) / 2) / 2)
+    assert len((out / SAMPLES_FILE).read_text().splitlines()) == 16
+
+    # a rerun resumes: nothing new is sampled, the results are unchanged
+    before = (out / SAMPLES_FILE).read_text()
+    assert main(args) == 0
+    assert (out / SAMPLES_FILE).read_text() == before
+    assert json.loads((out / RESULTS_JSON).read_text()) == saved
+
+    # a rerun with other sampling settings is refused, naming the field
+    capsys.readouterr()
+    bad = [a if a != "0.6" else "1.0" for a in args]
+    assert main(bad) == 2
+    err = capsys.readouterr().err
+    assert "settings mismatch" in err and "temperature: stored 0.6, requested 1.0" in err
+
+
+def test_data_root_option_and_greedy_copies(tiny_model_dir: Path, tmp_path: Path) -> None:
+    root = tmp_path / "data"
+    (root / "gsm8k").mkdir(parents=True)
+    rows = [{"question": "What is 2+3?", "answer": "2+3=5\n#### 5"}, {"question": "What is 4*4?", "answer": "#### 16"}]
+    (root / "gsm8k" / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "eval"
+    args = eval_args(tiny_model_dir, out, "--benchmarks", "gsm8k", "--data-root", str(root), "--temperature", "0")
+    assert main(args) == 0
+    records = json.loads((out / RESULTS_JSON).read_text())["records"]
+    assert [r["gold"] for r in records] == ["5", "16"]
+    assert "What is 4*4?" in records[1]["prompt"]
+    for rec in records:  # greedy: the n samples are one decode, copied
+        assert len({s["completion"] for s in rec["samples"]}) == 1
+
+
+def test_invalid_arguments_exit_2_with_a_message(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["eval", "--model", "unused", "--n", "2", "--k", "1", "4", "--output-dir", str(tmp_path)]) == 2
+    assert "needs n >= 4" in capsys.readouterr().err
+    if importlib.util.find_spec("vllm") is None:
+        assert main(["eval", "--model", str(tmp_path), "--backend", "vllm", "--no-progress"]) == 2
+        assert "pip install 'ictrl[vllm]'" in capsys.readouterr().err

@@ -1,0 +1,206 @@
+"""``ictrl inspect``: rollouts schema, HTML escaping and structure, and end to end on the tiny model."""
+
+from __future__ import annotations
+
+import argparse
+import html
+import json
+import math
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+import torch
+
+from ictrl.experiments import inspect as ins
+from ictrl.experiments.inspect import Rollout, load_rollouts, render_inspect_html, rollouts_from_tensors, save_rollouts
+
+NASTY = ["<b>", "&amp;", " ", "\n", "a b", '"q"', "", "\t", "\x01", "é"]
+SHOWN = ["<b>", "&amp;", "·", "↵", "a·b", '"q"', "∅", "→", "\\x01", "é"]  # visible text of each token
+
+
+class TokenSpans(HTMLParser):
+    """Collects every span whose class list has "tok": its classes, title and visible text."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.spans: list[dict] = []
+        self._depth = 0  # nesting depth inside the current token span
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = dict(attrs)
+        if self._depth:
+            self._depth += tag == "span"
+            return
+        if tag == "span" and "tok" in (a.get("class") or "").split():
+            self.spans.append({"cls": a["class"].split(), "title": a.get("title"), "style": a.get("style"), "text": ""})
+            self._depth = 1
+
+    def handle_endtag(self, tag: str) -> None:
+        if self._depth and tag == "span":
+            self._depth -= 1
+
+    def handle_data(self, data: str) -> None:
+        if self._depth:
+            self.spans[-1]["text"] += data
+
+
+def parse(path: Path) -> list[dict]:
+    p = TokenSpans()
+    p.feed(path.read_text(encoding="utf-8"))
+    return p.spans
+
+
+def make_rollouts() -> list[Rollout]:
+    n = len(NASTY)
+    return [
+        Rollout("What is 2<3 & 4?", NASTY, [0.01 * i for i in range(n)], [0.1 * i for i in range(n)],
+                [1 - 0.05 * i for i in range(n)], [i in (0, 3, 6) for i in range(n)], reward=1.0, group=0),
+        Rollout("What is 2<3 & 4?", ["x", "y"], [0.3, 0.0], [2.0, 0.0], [0.5, 0.25], [True, False], reward=0.0),
+        Rollout("second prompt", ["z"], [0.0], [0.0], [1.0], [False], group=1),
+    ]
+
+
+def test_html_escaping_and_structure(tmp_path: Path) -> None:
+    rollouts = make_rollouts()
+    out = render_inspect_html(rollouts, tmp_path / "page.html", title="<inspect>", meta={"model": "a&b"})
+    text = out.read_text(encoding="utf-8")
+    spans = parse(out)
+    tokens = [t for r in rollouts for t in r.tokens]
+    assert len(spans) == len(tokens)  # one span per token
+    assert [s["text"] for s in spans[: len(NASTY)]] == SHOWN
+    n_sel = sum(sum(r.selected) for r in rollouts)
+    assert sum("sel" in s["cls"] for s in spans) == n_sel
+    flat = [(r.u[i], r.entropy[i], r.prob[i], r.selected[i]) for r in rollouts for i in range(len(r.tokens))]
+    for s, (u, h, p, sel) in zip(spans, flat):
+        fields = dict(line.split("=", 1) for line in s["title"].splitlines() if "=" in line)
+        assert float(fields["u"]) == pytest.approx(u, rel=1e-3, abs=1e-12)
+        assert float(fields["H1"]) == pytest.approx(h, rel=1e-3, abs=1e-12)
+        assert float(fields["π"]) == pytest.approx(p, rel=1e-3, abs=1e-12)
+        assert ("selected" in s["title"]) == sel
+    # colour: white at 0, the full colour at the page maximum (u max 0.3, H1 max 2.0)
+    assert "--u:#ffffff" in spans[0]["style"]
+    assert f"--u:#{ins.U_RGB[0]:02x}{ins.U_RGB[1]:02x}{ins.U_RGB[2]:02x}" in spans[len(NASTY)]["style"]
+    assert f"--h:#{ins.H_RGB[0]:02x}{ins.H_RGB[1]:02x}{ins.H_RGB[2]:02x}" in spans[len(NASTY)]["style"]
+    assert "<b>" not in text.split("<body>", 1)[1].replace("<b>Colour by</b>", "")
+    assert "&lt;inspect&gt;" in text and "a&amp;b" in text and "2&lt;3 &amp; 4?" in text
+    assert text.count('class="prompt"') == 2  # one header per (group, prompt)
+    assert "<script" not in text and "http" not in text  # no JS, no external assets
+    assert "0.3 nats" in text and "2 nats" in text  # legend maxima
+
+
+def test_save_load_roundtrip_and_errors(tmp_path: Path) -> None:
+    rollouts = make_rollouts()
+    path = save_rollouts(tmp_path / "r.jsonl", rollouts)
+    loaded = load_rollouts(path)
+    for a, b in zip(loaded, rollouts):
+        assert (a.prompt, a.tokens, a.selected, a.reward, a.group) == (b.prompt, b.tokens, b.selected, b.reward, b.group)
+        for name in ("u", "entropy", "prob"):  # stored at float32 precision
+            f32 = torch.tensor(getattr(b, name), dtype=torch.float32)
+            assert torch.equal(torch.tensor(getattr(a, name), dtype=torch.float32), f32)
+    lines = path.read_text(encoding="utf-8").splitlines()
+    assert set(json.loads(lines[0])) == {"prompt", "tokens", "u", "entropy", "prob", "selected", "reward", "group"}
+    bad = dict(json.loads(lines[1]), u=[0.1])
+    path.write_text(lines[0] + "\n" + json.dumps(bad) + "\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"r\.jsonl:2: field 'u' must be a list of 2 values"):
+        load_rollouts(path)
+    for broken, msg in (("{oops", "not valid JSON"), ('{"prompt": "p"}', "missing field 'entropy'"),
+                        (json.dumps(dict(json.loads(lines[1]), extra=1)), "unknown field 'extra'"),
+                        (json.dumps(dict(json.loads(lines[1]), prob=[0.5, math.inf])), r"'prob'\[1\]")):
+        path.write_text(broken + "\n", encoding="utf-8")
+        with pytest.raises(ValueError, match=msg):
+            load_rollouts(path)
+    path.write_text("\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="no rollouts"):
+        load_rollouts(path)
+
+
+def test_rollouts_from_tensors_keeps_masked_positions() -> None:
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]], dtype=torch.bool)
+    u = torch.arange(8, dtype=torch.float32).view(2, 4) / 10
+    sel = torch.tensor([[0, 1, 0, 0], [1, 0, 0, 0]], dtype=torch.bool)
+    toks = [["a", "b", "c", "<pad>"], ["d", "e", "<pad>", "<pad>"]]
+    rs = rollouts_from_tensors(["p", "p"], toks, mask, u, u * 2, 1 - u, sel, rewards=[1.0, 0.0], group_ids=[3, 3])
+    assert [r.tokens for r in rs] == [["a", "b", "c"], ["d", "e"]]
+    assert rs[1].u == pytest.approx([0.4, 0.5]) and rs[0].selected == [False, True, False]
+    assert rs[0].reward == 1.0 and rs[1].group == 3
+    with pytest.raises(ValueError, match="outside mask"):
+        rollouts_from_tensors(["p", "p"], toks, mask, u, u, u, torch.ones(2, 4, dtype=torch.bool))
+    with pytest.raises(ValueError, match="entropy has shape"):
+        rollouts_from_tensors(["p", "p"], toks, mask, u, u[:, :3], u, sel)
+
+
+def test_response_mask_stops_after_first_eos() -> None:
+    resp = torch.tensor([[5, 9, 7, 9], [5, 6, 7, 8], [9, 9, 9, 9]])
+    assert ins.response_mask(resp, 9).tolist() == [
+        [True, True, False, False], [True, True, True, True], [True, False, False, False]]
+
+
+def naive_reference(logits: torch.Tensor, mask: torch.Tensor, response: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """float64 H1, pi and group JS (one group, mean over the responses active at t) by the definition."""
+    p = torch.softmax(logits.double(), -1)
+    h = -(p * torch.log(p.clamp_min(1e-300))).sum(-1)
+    pi = p.gather(-1, response.unsqueeze(-1)).squeeze(-1)
+    m = mask.double().unsqueeze(-1)
+    pbar = (p * m).sum(0) / m.sum(0).clamp_min(1)
+    mid = 0.5 * (p + pbar)
+
+    def kl(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return (a * (torch.log(a.clamp_min(1e-300)) - torch.log(b.clamp_min(1e-300)))).sum(-1)
+
+    u = 0.5 * kl(p, mid) + 0.5 * kl(pbar.expand_as(p), mid)
+    u = torch.where(mask.sum(0, keepdim=True) > 1, u, torch.zeros_like(u))
+    return h * mask, pi * mask, u * mask
+
+
+@pytest.mark.integration
+def test_end_to_end_on_tiny_model(tiny_model_dir: Path, tmp_path: Path) -> None:
+    from ictrl.models import load_model_and_tokenizer
+
+    model, tok = load_model_and_tokenizer(str(tiny_model_dir), device="cpu")
+    prompt_ids, response, mask = ins.generate_group(model, tok, "Q: 2+3=", 4, 16, temperature=1.0, seed=0)
+    assert response.shape == (4, 16)
+    rollouts = ins.score_group(model, tok, "Q: 2+3=", prompt_ids, response, mask, 1.0, "ict", 0.1, "response")
+    with torch.no_grad():
+        full = torch.cat([prompt_ids.expand(4, -1), response], 1)
+        logits = model(full).logits[:, prompt_ids.shape[1] - 1 : -1]
+    h, pi, u = naive_reference(logits, mask, response)
+    for b, r in enumerate(rollouts):
+        keep = mask[b].nonzero().flatten()
+        assert len(r.tokens) == len(keep)
+        torch.testing.assert_close(torch.tensor(r.entropy, dtype=torch.float64), h[b, keep], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(torch.tensor(r.prob, dtype=torch.float64), pi[b, keep], atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(torch.tensor(r.u, dtype=torch.float64), u[b, keep], atol=1e-6, rtol=1e-4)
+        # ict, scope response: the top ceil(0.1 n) by u (ties aside) are selected
+        k = math.ceil(0.1 * len(keep))
+        assert sum(r.selected) == k
+        assert min(x for x, s in zip(r.u, r.selected) if s) >= max((x for x, s in zip(r.u, r.selected) if not s), default=0)
+
+    # the same through the command, with the rollouts saved and re-rendered
+    out, saved = tmp_path / "inspect.html", tmp_path / "rollouts.jsonl"
+    parser = argparse.ArgumentParser()
+    ins.add_arguments(parser)
+    args = parser.parse_args(["--model", str(tiny_model_dir), "--prompt", "Q: 2+3=", "--num-generations", "4",
+                              "--max-new-tokens", "16", "--out", str(out), "--save-rollouts", str(saved)])
+    assert ins.run(args) == 0
+    again = load_rollouts(saved)
+    assert [x.tokens for x in again] == [x.tokens for x in rollouts]  # same seed, same samples
+    spans = parse(out)
+    assert len(spans) == sum(len(x.tokens) for x in again)
+    assert sum("sel" in s["cls"] for s in spans) == sum(sum(x.selected) for x in again)
+    assert html.escape("Q: 2+3=") in out.read_text(encoding="utf-8")
+
+
+def test_rollouts_file_mode_and_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from ictrl.cli import main
+
+    path = save_rollouts(tmp_path / "r.jsonl", make_rollouts())
+    out = tmp_path / "page.html"
+    assert main(["inspect", "--rollouts", str(path), "--out", str(out)]) == 0
+    assert len(parse(out)) == sum(len(r.tokens) for r in make_rollouts())
+    assert main(["inspect", "--rollouts", str(tmp_path / "missing.jsonl"), "--out", str(out)]) == 2
+    assert "missing.jsonl" in capsys.readouterr().err
+    assert main(["inspect", "--model", "somewhere", "--out", str(out)]) == 2
+    assert "--prompt is required" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["inspect", "--out", str(out)])  # neither --model nor --rollouts
