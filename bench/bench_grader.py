@@ -29,7 +29,8 @@ def adversarial_cases() -> dict[str, str]:
     junk = bytes(rng.randrange(256) for _ in range(20000)).decode("utf-8", errors="surrogateescape")
     return {
         "nested_braces_10k": "\\boxed{" + "{" * 10000 + "1" + "}" * 10000 + "}",
-        "nested_braces_30": "\\boxed{" + "{" * 30 + "1" + "}" * 30 + "}",
+        "nested_braces_8": "\\boxed{" + "{" * 8 + "1" + "}" * 8 + "}",
+        "nested_frac_10": "\\boxed{" + "\\frac{" * 10 + "1" + "}{2}" * 10 + "}",
         "answer_100k_digits": "\\boxed{" + "1" * 100000 + "}",
         "answer_100k_no_box": "x " * 50000,
         "answer_900_terms": "\\boxed{" + "+".join(f"x_{{{i}}}" for i in range(150)) + "}",
@@ -40,6 +41,7 @@ def adversarial_cases() -> dict[str, str]:
         "tower_9^9^9^9": "\\boxed{9^9^9^9}",
         "tower_braced": "\\boxed{9^{9^{9^{9}}}}",
         "tower_parenthesised": "\\boxed{(9^9)^(9^9)}",
+        "tower_past_prechecks": "\\boxed{(9^9)^{(9^9)}}",  # reaches the worker: only the deadline stops it
         "exponent_7_digits": "\\boxed{2^{1234567}}",
         "factorial_huge": "\\boxed{99999999!}",
         "many_open_boxes": "\\boxed{" * 10000,
@@ -81,7 +83,8 @@ def main() -> int:
 
     problems = load_problems("math500")
     right = [(f"The answer is \\boxed{{{p.gold}}}.", p.gold) for p in problems]
-    wrong = [(f"The answer is \\boxed{{{problems[(i + 1) % len(problems)].gold}}}.", p.gold) for i, p in enumerate(problems)]
+    nxt = [problems[(i + 1) % len(problems)] for i in range(len(problems))]
+    wrong = [(f"The answer is \\boxed{{{q.gold}}}.", p.gold) for p, q in zip(problems, nxt)]
     for guard in ("process", "inline"):
         rewards.configure(guard=guard, timeout=args.timeout, cache_size=0)
         rewards.math_reward("\\boxed{x+1}", "x+2")  # start the worker outside the timing
@@ -91,10 +94,13 @@ def main() -> int:
         results[f"math500/{guard}/stats"] = rewards.reward_stats()
 
     rewards.configure(guard="process", timeout=args.timeout, cache_size=0)
+    rewards.math_reward("\\boxed{x+1}", "x+2")
+    time.sleep(3)  # let the spare worker finish its imports
     for name, completion in adversarial_cases().items():
         rewards.reset_reward_stats()
-        results[f"adversarial/{name}"] = {**time_calls([(completion, "\\frac{1}{2}")], args.repeats),
-                                         **{k: v for k, v in rewards.reward_stats().items() if k in ("rejected", "timeouts", "verify_calls")}}
+        timing = time_calls([(completion, "\\frac{1}{2}")], args.repeats)
+        counts = {k: v for k, v in rewards.reward_stats().items() if k in ("rejected", "timeouts", "verify_calls")}
+        results[f"adversarial/{name}"] = {**timing, **counts}
     all_adv = [(c, "\\frac{1}{2}") for c in adversarial_cases().values()]
     results["adversarial/all"] = time_calls(all_adv, args.repeats)
 

@@ -421,3 +421,18 @@ def test_cuda_matches_cpu():
     gpu = token_stats(logits.cuda(), mask.cuda(), tokens.cuda(), group_ids=groups.cuda(), chunk_size=5)
     for name in ("entropy", "renyi2", "purity", "logprob", "prob", "ict_score"):
         torch.testing.assert_close(getattr(gpu, name).cpu(), getattr(cpu, name), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_inputs_are_not_modified(temperature, dtype):
+    logits = (torch.randn(4, 6, 33) * 3).to(dtype)
+    logits[0, 0, :5] = -math.inf
+    before = logits.clone()
+    mask = torch.ones(4, 6, dtype=torch.bool)  # all active: chunks are views of the logits, not copies
+    st = token_stats(logits, mask, torch.zeros(4, 6, dtype=torch.long), temperature, chunk_size=5,
+                     group_ids=torch.tensor([0, 0, 1, 1]))
+    plain = token_stats(logits, mask, temperature=temperature, chunk_size=5)
+    assert torch.equal(logits, before)
+    torch.testing.assert_close(plain.entropy, st.entropy, atol=1e-6, rtol=1e-6)
+    assert_matches(plain, logits.float(), mask, None, temperature, atol=1e-4, rtol=1e-4)

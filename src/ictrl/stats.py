@@ -119,36 +119,48 @@ def _rows_per_chunk(chunk_size: int | None, V: int) -> int:
 # ----------------------------------------------------------------------------------------------- kernels
 
 
-def _chunk_stats(raw: Tensor, temperature: float, tok: Tensor | None) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
-    """One fused pass over a chunk of rows.
+def _gather_rows(flat: Tensor, idx: Tensor) -> tuple[Tensor, bool]:
+    """Rows idx [n] of flat [N, V]; returns (rows, owned). A contiguous run (the all-active case) is a view, not a
+    copy (owned=False: the caller must not write to it); otherwise advanced indexing copies (faster than
+    index_select on CPU)."""
+    n = idx.numel()
+    first = int(idx[0])
+    if int(idx[-1]) - first + 1 == n:
+        return flat[first:first + n], False
+    return flat[idx], True
 
-    raw: [n, V] logits, a fresh copy this function may overwrite. Returns (e [n, V] = exp(x) unnormalised,
+
+def _chunk_stats(src: Tensor, owned: bool, temperature: float, tok: Tensor | None
+                 ) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+    """One fused pass over a chunk of rows, with two [n, V] float32 buffers (x and e) and in-place ops.
+
+    src: [n, V] logits; owned says whether it may be overwritten. Returns (e [n, V] = exp(x) unnormalised,
     s [n] = sum e, stats of [n] float32) with x = (z - max z) / tau <= 0, so p = e / s.
     """
-    x = raw.float()  # no copy for float32; bf16/fp16 are upcast per chunk
-    del raw
+    x = src.float()  # bf16/fp16 are upcast per chunk (a fresh buffer); fp32 stays as it is
+    owned = owned or x.data_ptr() != src.data_ptr()
+    del src
     m = x.amax(dim=1, keepdim=True)
     if temperature == 1.0:
-        x.sub_(m)
-    else:  # z / tau - m / tau in one in-place pass
-        torch.add(m.mul_(-1.0 / temperature), x, alpha=1.0 / temperature, out=x)
+        x = x.sub_(m) if owned else torch.sub(x, m)
+    else:  # z / tau - m / tau in one pass
+        m.mul_(-1.0 / temperature)
+        x = torch.add(m, x, alpha=1.0 / temperature, out=x) if owned else torch.add(m, x, alpha=1.0 / temperature)
     e = torch.exp(x)
     s = e.sum(dim=1)
-    ee = torch.linalg.vecdot(e, e)
-    ex = torch.linalg.vecdot(e, x)
-    bad = torch.isnan(ex)
-    if bool(bad.any()):
-        # -inf logits give 0 * -inf = NaN; recompute only those rows with -inf clamped (p = 0 contributes 0).
-        xb = x[bad].clamp_(min=torch.finfo(torch.float32).min)
-        ex[bad] = torch.linalg.vecdot(e[bad], xb)
     log_s = s.log()
-    # Both terms are >= 0 because x <= 0: no cancellation even for very peaked rows.
-    stats = {"entropy": log_s - ex / s, "renyi2": 2.0 * log_s - ee.log(), "purity": ee / (s * s)}
+    stats: dict[str, Tensor] = {}
     if tok is not None:
         lp = x.gather(1, tok.unsqueeze(1)).squeeze(1) - log_s
         stats["logprob"] = lp
         stats["prob"] = lp.exp()
+    # x is scratch from here. -inf logits give e = 0 and 0 * -inf = NaN; nansum counts those as 0 (p log p -> 0).
+    # A NaN logit still propagates, through the max and s.
+    ex = x.mul_(e).nansum(dim=1)
+    ee = torch.mul(e, e, out=x).sum(dim=1)
     del x
+    # Both entropy terms are >= 0 because x <= 0: no cancellation even for very peaked rows.
+    stats.update(entropy=log_s - ex / s, renyi2=2.0 * log_s - ee.log(), purity=ee / (s * s))
     return e, s, stats
 
 
@@ -192,8 +204,8 @@ def token_stats(
         active = mask.reshape(-1).nonzero().squeeze(1)
         for start in range(0, active.numel(), rows):
             idx = active[start:start + rows]
-            tok = tok_flat.index_select(0, idx) if tok_flat is not None else None
-            _, _, st = _chunk_stats(flat.index_select(0, idx), temperature, tok)
+            tok = tok_flat[idx] if tok_flat is not None else None
+            _, _, st = _chunk_stats(*_gather_rows(flat, idx), temperature, tok)
             for k, v in st.items():
                 out[k][idx] = v
     shaped = {k: v.view(B, T) for k, v in out.items()}
@@ -251,8 +263,8 @@ def _group_sweep(
                 continue
             idx = members[j] * T + t0 + k  # flat rows, [n]
             counts = blk.sum(dim=1)  # [tb] active responses per position
-            tok = tok_flat.index_select(0, idx) if tok_flat is not None else None
-            e, s, st = _chunk_stats(flat.index_select(0, idx), temperature, tok)
+            tok = tok_flat[idx] if tok_flat is not None else None
+            e, s, st = _chunk_stats(*_gather_rows(flat, idx), temperature, tok)
             for key, v in st.items():
                 out[key][idx] = v
             ict[idx] = _block_js(e.div_(s.unsqueeze(1)), st["entropy"], k, counts)

@@ -9,6 +9,7 @@ batch. SGD without clipping makes the parameter change the gradient itself.
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +23,13 @@ SELECTORS = ("ict", "entropy", "random")  # group JS, a batch-scope threshold + 
 WORKER = Path(w.__file__)
 
 
+def _free_port() -> int:
+    # torchrun's static rendezvous hangs on --master_port 0, so hand it a port that was free a moment ago.
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 def _pad(x: torch.Tensor, T: int, value: int | bool) -> torch.Tensor:
     return torch.nn.functional.pad(x, (0, T - x.size(1)), value=value)
 
@@ -30,8 +38,8 @@ def _pad(x: torch.Tensor, T: int, value: int | bool) -> torch.Tensor:
 def test_two_processes_match_one(tiny_model_dir: Path, tmp_path: Path) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-           "--master_port", "0", str(WORKER), str(tmp_path), str(tiny_model_dir), ",".join(SELECTORS), "2", "2"]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+           "--master_port", str(_free_port()), str(WORKER), str(tmp_path), str(tiny_model_dir), ",".join(SELECTORS), "2", "2"]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
     from transformers import AutoModelForCausalLM
@@ -45,8 +53,8 @@ def test_two_processes_match_one(tiny_model_dir: Path, tmp_path: Path) -> None:
         assert single["world"] == 1
         ref = single["batches"][0]
         T = ref["completion_ids"].size(1)
-        pad_id = int(ref["completion_ids"][ref["completion_mask"] == 0][0]) if (ref["completion_mask"] == 0).any() \
-            else 0
+        padding = ref["completion_mask"] == 0
+        pad_id = int(ref["completion_ids"][padding][0]) if bool(padding.any()) else 0
         parts = [r["batches"][0] for r in ranks]
         assert all(p["completion_ids"].size(0) == 4 for p in parts)  # one whole group per process
         assert torch.equal(torch.cat([_pad(p["completion_ids"], T, pad_id) for p in parts]), ref["completion_ids"])

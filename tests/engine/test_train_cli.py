@@ -41,6 +41,7 @@ def loader_calls(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
         ("--reward.names=[math, gsm8kk]", "reward.names[1]: unknown reward 'gsm8kk'"),
         ("--data.train=[gsm8k_trian]", "data.train: 'gsm8k_trian'"),
         ("--data.train=[jsonl:/nonexistent.jsonl]", "file not found"),
+        ("--data.eval=[math5000]", "data.eval: 'math5000'"),
     ],
 )
 def test_bad_config_fails_before_model_load(override: str, message: str, loader_calls: list[Any],
@@ -158,9 +159,7 @@ def test_cli_runs_a_paper_config(tiny_model_dir: Path, shared_data: Path, tmp_pa
     out = tmp_path / "out"
     overrides = [o for o in tiny_overrides(tiny_model_dir, out, steps=1) if "progress" not in o]
     assert cli.main(["train", str(CELL), *overrides]) == 0
-    captured = capsys.readouterr()
-    err = captured.err
-    print("OUT", captured.out[-2000:], "ERR", err[-3000:])
+    err = capsys.readouterr().err
     assert "no CUDA device: training on CPU" in err or not _cpu_only()
     assert "step 1/1" in err and "reward" in err  # the per-step line of the progress callback
     assert [r["step"] for r in read_metrics(out)] == [1]

@@ -290,3 +290,39 @@ def test_gradient_accumulation_equals_one_big_batch(tiny_model_dir: Path, tmp_pa
     assert moved > 1e-3
     for k in start:
         torch.testing.assert_close(split["params"][k], big["params"][k], atol=1e-6, rtol=1e-5, msg=k)
+
+
+# ------------------------------------------------------------------------------------------ KL and eval
+
+
+def test_kl_penalty_uses_reference_logprobs(tiny_model_dir: Path, tmp_path: Path) -> None:
+    trainer = _trainer(tiny_model_dir, tmp_path, w.stub_trainer_class(), token_selector="ict", beta=0.1)
+    trainer.model.train()
+    inputs = trainer._prepare_inputs(_generation_inputs(trainer))
+    assert "ref_per_token_logps" in inputs  # TRL's reference pass, kept as is
+    mask, selected = _response_mask(inputs), inputs["ictrl_selected"]
+    g = torch.Generator().manual_seed(1)
+    inputs["ref_per_token_logps"] = inputs["ref_per_token_logps"] + 0.5 * torch.randn(mask.shape, generator=g)
+    got = trainer._compute_loss(trainer.model, inputs)
+    ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+    attention = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+    with torch.no_grad():
+        logp, _, _ = trainer._get_per_token_logps_and_entropies(trainer.model, ids, attention, mask.size(1))
+    kwargs = dict(norm="per_response_selected", num_responses=inputs["ictrl_num_responses"])
+    ref, _ = policy_loss(logp, logp, inputs["advantages"], mask, selected, ref_logprobs=inputs["ref_per_token_logps"],
+                         kl_coef=0.1, **kwargs)
+    no_kl, _ = policy_loss(logp, logp, inputs["advantages"], mask, selected, **kwargs)
+    torch.testing.assert_close(got.detach(), ref, atol=1e-6, rtol=1e-5)
+    assert float(ref - no_kl) > 1e-4
+    assert trainer._metrics["train"]["ictrl/kl"][-1] > 0
+
+
+def test_evaluate_logs_selection_metrics(tiny_model_dir: Path, tmp_path: Path) -> None:
+    model, tokenizer = _load(tiny_model_dir)
+    trainer = ICTGRPOTrainer(model=model, reward_funcs=w.digit_reward,
+                             args=w.make_config(tmp_path, token_selector="ict", per_device_eval_batch_size=8),
+                             train_dataset=w.make_dataset(), eval_dataset=w.make_dataset(4),
+                             processing_class=tokenizer)
+    result = trainer.evaluate()
+    assert math.isfinite(result["eval_loss"])
+    assert 0.1 <= result["eval_ictrl/selected_frac"] < 0.3

@@ -106,7 +106,7 @@ class RichProgress(TrainerCallback):
     """
 
     def __init__(self, accuracy_reward: str | None = None, console: Console | None = None) -> None:
-        self.console = console or Console(stderr=True)
+        self.console = console or Console(stderr=True, soft_wrap=True)  # a log line stays one line
         self.accuracy_key = f"rewards/{accuracy_reward}/mean" if accuracy_reward else None
         self.progress: Progress | None = None
         self.task: Any = None

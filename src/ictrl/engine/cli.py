@@ -49,10 +49,16 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _setup_logging() -> None:
-    from rich.console import Console
-    from rich.logging import RichHandler
+    handler: logging.Handler
+    if sys.stderr.isatty():
+        from rich.console import Console
+        from rich.logging import RichHandler
 
-    handler = RichHandler(console=Console(stderr=True), show_path=False, show_time=False, markup=False)
-    logging.basicConfig(level=logging.INFO, format="%(message)s", handlers=[handler], force=True)
+        handler = RichHandler(console=Console(stderr=True), show_path=False, show_time=False, markup=False)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+    else:  # one unwrapped line per message in log files and CI
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.INFO, handlers=[handler], force=True)
     for noisy in ("httpx", "urllib3", "filelock"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

@@ -140,19 +140,19 @@ def reward_label(fn: Callable[..., Any]) -> str:
 
 
 def check_sources(cfg: RunConfig, source: str = "<config>") -> None:
-    """Every training source must be a registry spec (``math_train:levels=3,4,5``) or ``jsonl:PATH`` to a file."""
+    """Every data source must be a registry spec (``math_train:levels=3,4,5``) or ``jsonl:PATH`` to a file."""
     from ictrl import data
 
-    for name in cfg.data.source_names():
-        try:
-            _, path = data.parse_spec(name)
-        except ValueError as exc:
-            head = name.split(":", 1)[0]
-            close = difflib.get_close_matches(head, list(data.BENCHMARKS), n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise ConfigError(f"{source}: data.train: {name!r}: {exc}{hint}") from None
-        if path is not None and not Path(path).is_file():
-            raise ConfigError(f"{source}: data.train: {name!r}: file not found")
+    for key, names in (("data.train", cfg.data.source_names()), ("data.eval", cfg.data.eval)):
+        for name in names:
+            try:
+                _, path = data.parse_spec(name)
+            except ValueError as exc:
+                close = difflib.get_close_matches(name.split(":", 1)[0], list(data.BENCHMARKS), n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                raise ConfigError(f"{source}: {key}: {name!r}: {exc}{hint}") from None
+            if path is not None and not Path(path).is_file():
+                raise ConfigError(f"{source}: {key}: {name!r}: file not found")
 
 
 def build_dataset(cfg: RunConfig, tokenizer: Any) -> Any:
@@ -254,24 +254,27 @@ class ResumableMixin:
         run_dir = Path(self._get_output_dir(trial=trial))  # type: ignore[attr-defined]
         name = f"checkpoint-{self.state.global_step}"  # type: ignore[attr-defined]
         staging = run_dir / f"{STAGING_PREFIX}{name}"
+        barrier = self.accelerator.wait_for_everyone  # type: ignore[attr-defined]
         if self.args.should_save:  # type: ignore[attr-defined]
             shutil.rmtree(staging, ignore_errors=True)
             staging.mkdir(parents=True)
+        barrier()
         # Trainer and TRL build the checkpoint path from _get_output_dir: point it at the staging directory.
         self._get_output_dir = lambda trial=None: str(staging)  # type: ignore[method-assign]
         try:
             super()._save_checkpoint(model, trial)  # type: ignore[misc]
         finally:
             del self._get_output_dir
-        if not self.args.should_save:  # type: ignore[attr-defined]
-            return
-        publish_dir(staging / name, run_dir / name)
-        staging.rmdir()
-        best = self.state.best_model_checkpoint  # type: ignore[attr-defined]
-        if best and str(staging) in best:
-            self.state.best_model_checkpoint = best.replace(str(staging / name), str(run_dir / name))
-        rotate_checkpoints(output_dir=str(run_dir), save_total_limit=self.args.save_total_limit,  # type: ignore
-                           best_model_checkpoint=self.state.best_model_checkpoint, use_mtime=False)
+        barrier()  # every process has written its files (per-process RNG states) before the rename
+        if self.args.should_save:  # type: ignore[attr-defined]
+            publish_dir(staging / name, run_dir / name)
+            staging.rmdir()
+            best = self.state.best_model_checkpoint  # type: ignore[attr-defined]
+            if best and str(staging) in best:
+                self.state.best_model_checkpoint = best.replace(str(staging / name), str(run_dir / name))
+            rotate_checkpoints(output_dir=str(run_dir), save_total_limit=self.args.save_total_limit,  # type: ignore
+                               best_model_checkpoint=self.state.best_model_checkpoint, use_mtime=False)
+        barrier()
 
 
 def make_trainer_class(base: type) -> type:

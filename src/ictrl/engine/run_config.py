@@ -305,12 +305,11 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         args = typing.get_args(tp)
         if value is None and type(None) in args:
             return None
-        errors = []
         for arg in (a for a in args if a is not type(None)):
             try:
                 return _coerce(value, arg, key)
-            except ValueError as exc:
-                errors.append(str(exc))
+            except ValueError:
+                pass
         raise ValueError(f"{key}: expected {' or '.join(_type_name(a) for a in args)}, got {value!r}")
     if tp is Any:
         return value
@@ -591,6 +590,8 @@ def trainer_kwargs(cfg: RunConfig, selection_fields: bool = True) -> dict[str, A
         if dotted.startswith("method.") and (value is None or not selection_fields):
             continue
         kwargs[name] = value
+    if kwargs["warmup_steps"] >= 1:  # a step count; transformers reads floats < 1 as a ratio
+        kwargs["warmup_steps"] = int(kwargs["warmup_steps"])
     if kwargs["epsilon_high"] is None:
         kwargs["epsilon_high"] = kwargs["epsilon"]
     kwargs["save_strategy"] = "steps" if cfg.save_steps > 0 else "no"

@@ -61,7 +61,6 @@ class ICTGRPOTrainer(GRPOTrainer):
             if getattr(text_config, attr, None) not in (None, 1, 1.0):
                 raise ValueError(f"model config sets {attr}; the statistics pass reads raw LM-head logits and "
                                  "does not apply it")
-        self._ictrl_generation = 0  # generation batches seen (random selector seed when steps repeat)
 
     # ------------------------------------------------------------------------------------- statistics pass
 
@@ -98,6 +97,7 @@ class ICTGRPOTrainer(GRPOTrainer):
         parts: list[TokenStats] = []
         js_parts: list[Tensor] = []
         for t0 in range(0, T, block):
+            # Under bf16 the head's output is bf16 unless TRL's cast_lm_head_to_fp32=True made the head fp32.
             logits = head(hidden_all[:, t0:t0 + block]).float()
             m = mask[:, t0:t0 + block]
             # One sweep gives the token statistics and, with group_ids, the group JS; its internal chunking is
@@ -161,7 +161,6 @@ class ICTGRPOTrainer(GRPOTrainer):
                                          prob=g_stats.prob, advantages=g_adv, group_ids=g_groups)
             g_selected = select(args.token_selector, sel_inputs, **self._selector_options())
         batch["ictrl_selected"] = g_selected[rank * B:(rank + 1) * B, :T].contiguous()
-        self._ictrl_generation += 1
 
         metrics = self._metrics[mode]
         for key, value in step_metrics(g_stats, g_mask, g_selected).items():

@@ -1,217 +1,21 @@
-"""Benchmark registry, problem loading, prompts and TRL datasets.
-
-A :class:`Benchmark` names a data set twice: a hub id (``datasets.load_dataset(hub_id, hub_config,
-split=hub_split)``, the path for users with network access) and a local file relative to the data root
-(``$ICTRL_DATA_ROOT``, else ``../shared/data`` next to the repository), used first when present. Local copies
-and hub versions of one benchmark often differ in layout (CommonsenseQA's nested ``question.stem``, ARC's
-per-letter columns, MMLU's integer answer), so field names are lists of candidates (dotted paths allowed) and
-choices/gold letters are normalised by one function for every layout seen.
-
-Specs accepted by :func:`load_problems`: a registry name (``"math500"``), a name with options
-(``"math_train:levels=3,4,5"``), or ``"jsonl:PATH[:key=value...]"`` with keys ``kind``, ``question_field``,
-``answer_field``, ``choices_field``, ``id_field`` (a ``.json`` list works too).
-"""
+"""Loading problems from local JSON/JSONL files or the hub, mixtures, and TRL datasets."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
 import random
 import re
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from ictrl.rewards import get_reward, gsm8k_gold, last_boxed
+from ictrl.data.prompts import LETTERS, build_prompt, user_message
+from ictrl.data.registry import Benchmark, Problem, apply_options, parse_spec
+from ictrl.rewards import gsm8k_gold, last_boxed
 
 logger = logging.getLogger(__name__)
-Kind = Literal["math", "gsm8k", "choice"]
-LETTERS = "ABCDEFGHIJ"
-MATH_SUFFIX = "Please reason step by step, and put your final answer within \\boxed{}."
-CHOICE_SUFFIX = "Please reason step by step, and put the letter of your final answer within \\boxed{}."
-PROMPT_TEMPLATES: dict[str, str] = {
-    "math": "{question}\n" + MATH_SUFFIX,
-    "gsm8k": "{question}\n" + MATH_SUFFIX,
-    "choice": "{question}\n\n{choices}\n\n" + CHOICE_SUFFIX,
-}
-
-
-@dataclass
-class Problem:
-    """One benchmark item. ``gold`` is the final answer (a letter for multiple choice); ``meta`` holds
-    the benchmark name and source fields such as level, subject or the full reference solution."""
-
-    id: str
-    question: str
-    gold: str
-    choices: list[str] | None = None
-    meta: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Benchmark:
-    """A registry entry. Field lists hold candidate keys tried in order (dotted paths reach nested keys)."""
-
-    name: str
-    kind: Kind
-    hub_id: str | None = None
-    hub_config: str | None = None
-    hub_split: str = "test"
-    local_path: str | None = None  # relative to the data root
-    question_field: tuple[str, ...] = ("problem", "question")
-    answer_field: tuple[str, ...] = ("answer",)
-    choices_field: tuple[str, ...] = ()
-    id_field: tuple[str, ...] = ("id", "unique_id")
-    meta_fields: tuple[str, ...] = ()
-    prompt_template: str | None = None  # None: PROMPT_TEMPLATES[kind]
-    adapter: Callable[[dict[str, Any]], dict[str, Any]] | None = None  # rewrites a raw row first
-    row_filter: Callable[[dict[str, Any]], bool] | None = None  # keeps a raw row (after the adapter)
-    levels: tuple[int, ...] | None = None  # MATH levels to keep
-    skip_missing_gold: bool = False  # drop rows whose gold is null or "" (known holes: 4 rows of math_train)
-
-    def __post_init__(self) -> None:
-        if self.kind not in PROMPT_TEMPLATES:
-            raise ValueError(f"kind: expected one of {sorted(PROMPT_TEMPLATES)}, got {self.kind!r}")
-        if self.hub_id is None and self.local_path is None:
-            raise ValueError(f"benchmark {self.name!r}: needs a hub_id or a local_path")
-        if self.kind == "choice" and not self.choices_field and self.adapter is None:
-            raise ValueError(f"benchmark {self.name!r}: a choice benchmark needs choices_field")
-
-    @property
-    def reward(self) -> Callable[..., float]:
-        """``fn(completion, gold) -> float`` for this benchmark's kind."""
-        return get_reward(self.kind)
-
-    @property
-    def template(self) -> str:
-        return self.prompt_template or PROMPT_TEMPLATES[self.kind]
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Source-specific adapters
-# ----------------------------------------------------------------------------------------------------------
-
-
-def _gpqa_adapter(row: dict[str, Any]) -> dict[str, Any]:
-    """GPQA stores the correct answer first; shuffle the four options with a seed derived from the question
-    so the gold letter is uniform and stable across runs and machines."""
-    try:
-        options = [row["Correct Answer"]] + [row[f"Incorrect Answer {i}"] for i in (1, 2, 3)]
-        question = row["Question"]
-    except KeyError as e:
-        raise KeyError(f"{e.args[0]}") from None
-    order = list(range(4))
-    random.Random(int(hashlib.sha256(str(question).encode()).hexdigest()[:16], 16)).shuffle(order)
-    return {
-        "id": row.get("Record ID"),
-        "question": question,
-        "choices": [str(options[i]).strip() for i in order],
-        "answer": LETTERS[order.index(0)],
-        "subdomain": row.get("Subdomain"),
-    }
-
-
-def _arc_local_adapter(row: dict[str, Any]) -> dict[str, Any]:
-    """The ARC test.jsonl copy has one column per label ("A".."E" or "1".."4") and a "label" list."""
-    if "label" in row and isinstance(row["label"], list) and "choices" not in row:
-        row = dict(row)
-        row["choices"] = {"label": row["label"], "text": [row.get(str(lab)) for lab in row["label"]]}
-    return row
-
-
-BENCHMARKS: dict[str, Benchmark] = {}
-
-
-def register_benchmark(bench: Benchmark) -> Benchmark:
-    if bench.name in BENCHMARKS:
-        raise ValueError(f"benchmark {bench.name!r} is already registered")
-    BENCHMARKS[bench.name] = bench
-    return bench
-
-
-for _b in (
-    Benchmark("math500", "math", "HuggingFaceH4/MATH-500", local_path="math500/test.jsonl",
-              meta_fields=("subject", "level")),
-    Benchmark("gsm8k", "gsm8k", "openai/gsm8k", "main", local_path="gsm8k/test.jsonl",
-              question_field=("question",)),
-    Benchmark("gsm8k_train", "gsm8k", "openai/gsm8k", "main", "train", local_path="gsm8k/train.jsonl",
-              question_field=("question",)),
-    Benchmark("math_train", "math", "DigitalLearningGmbH/MATH-lighteval", hub_split="train",
-              local_path="math_train/math.json", meta_fields=("type", "level", "difficulty"), skip_missing_gold=True),
-    Benchmark("aime23", "math", "AI-MO/aimo-validation-aime", hub_split="train", local_path="aime23/test.jsonl",
-              row_filter=lambda r: "url" not in r or "2023_AIME" in str(r["url"])),
-    Benchmark("aime24", "math", "HuggingFaceH4/aime_2024", hub_split="train", local_path="aime24/test.jsonl"),
-    Benchmark("aime25", "math", "math-ai/aime25", local_path="aime25/test.jsonl"),
-    Benchmark("amc23", "math", "math-ai/amc23", question_field=("question", "problem")),
-    Benchmark("minerva_math", "math", "math-ai/minervamath", question_field=("question", "problem")),
-    Benchmark("olympiadbench", "math", "math-ai/olympiadbench", question_field=("question", "problem"),
-              answer_field=("final_answer", "answer")),
-    Benchmark("mmlu_stem", "choice", "TIGER-Lab/MMLU-STEM", local_path="mmlu_stem/test.jsonl",
-              question_field=("question",), choices_field=("choices",), meta_fields=("type", "subject")),
-    Benchmark("gpqa_diamond", "choice", "Idavidrein/gpqa", "gpqa_diamond", "train",
-              question_field=("question",), choices_field=("choices",), adapter=_gpqa_adapter,
-              meta_fields=("subdomain",)),
-    Benchmark("commonsenseqa", "choice", "tau/commonsense_qa", hub_split="validation",
-              local_path="commonsenseqa/dev_rand_split.jsonl", question_field=("question.stem", "question"),
-              answer_field=("answerKey",), choices_field=("question.choices", "choices")),
-    Benchmark("arc_challenge", "choice", "allenai/ai2_arc", "ARC-Challenge", local_path="arc_challenge/test.jsonl",
-              question_field=("question",), answer_field=("answer", "answerKey"), choices_field=("choices",),
-              adapter=_arc_local_adapter),
-):
-    register_benchmark(_b)
-
-
-def get_benchmark(name: str) -> Benchmark:
-    if name not in BENCHMARKS:
-        raise ValueError(f"benchmark: unknown name {name!r}; known: {sorted(BENCHMARKS)} or 'jsonl:PATH'")
-    return BENCHMARKS[name]
-
-
-def parse_spec(spec: str) -> tuple[Benchmark, str | None]:
-    """A registry entry (with ``:key=value`` options applied) and, for ``jsonl:PATH``, the path."""
-    if not isinstance(spec, str) or not spec:
-        raise ValueError(f"benchmark: expected a non-empty name or spec, got {spec!r}")
-    parts = spec.split(":")
-    head, path = parts[0], None
-    if head == "jsonl":
-        path_parts = [p for p in parts[1:] if "=" not in p]
-        if not path_parts:
-            raise ValueError(f"benchmark spec {spec!r}: 'jsonl:' needs a path")
-        path = ":".join(path_parts)
-        bench = Benchmark(name=f"jsonl:{Path(path).name}", kind="math", local_path=path)
-    else:
-        bench = get_benchmark(head)
-    options = dict(p.split("=", 1) for p in parts[1:] if "=" in p)
-    return apply_options(bench, **options), path
-
-
-def apply_options(bench: Benchmark, **options: Any) -> Benchmark:
-    """``bench`` with overrides: kind, levels ("3,4,5" or ints), *_field ("a" or "a,b"), hub_split."""
-    changes: dict[str, Any] = {}
-    for key, value in options.items():
-        if value is None:
-            continue
-        if key == "levels":
-            items = value.split(",") if isinstance(value, str) else value
-            try:
-                changes["levels"] = tuple(int(v) for v in items)
-            except (TypeError, ValueError):
-                raise ValueError(f"levels: expected integers like '3,4,5', got {value!r}") from None
-        elif key in ("question_field", "answer_field", "choices_field", "id_field"):
-            changes[key] = tuple(value.split(",")) if isinstance(value, str) else tuple(value)
-        elif key in ("kind", "hub_split"):
-            changes[key] = value
-        else:
-            raise ValueError(f"benchmark option {key!r}: unknown; use kind, levels, hub_split or *_field")
-    return replace(bench, **changes) if changes else bench
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Loading
-# ----------------------------------------------------------------------------------------------------------
 
 
 def default_data_root() -> Path | None:
@@ -219,7 +23,7 @@ def default_data_root() -> Path | None:
     env = os.environ.get("ICTRL_DATA_ROOT")
     if env:
         return Path(env)
-    candidate = Path(__file__).resolve().parents[2].parent / "shared" / "data"
+    candidate = Path(__file__).resolve().parents[3].parent / "shared" / "data"
     return candidate if candidate.is_dir() else None
 
 
@@ -362,6 +166,9 @@ def row_to_problem(row: Any, bench: Benchmark, index: int, where: str) -> Proble
         gold = gsm8k_gold(gold)
     gold = gold.strip().strip("$").strip() if bench.kind == "math" else gold
 
+    for mkey in bench.meta_fields:
+        if mkey in row and row[mkey] is not None:
+            meta[mkey] = row[mkey]
     if bench.levels is not None:
         level = _math_level(row)
         if level is None:
@@ -369,9 +176,6 @@ def row_to_problem(row: Any, bench: Benchmark, index: int, where: str) -> Proble
         if level not in bench.levels:
             return None
         meta["level"] = level
-    for mkey in bench.meta_fields:
-        if mkey in row and row[mkey] is not None:
-            meta[mkey] = row[mkey]
     _, rid = _lookup(row, bench.id_field)
     return Problem(id=str(rid) if rid is not None else f"{bench.name}-{index}", question=question,
                    gold=gold, choices=choices, meta=meta)
@@ -420,6 +224,9 @@ def load_problems(
         raise ValueError(f"benchmark {bench.name!r}: local file {bench.local_path!r} not found and no hub id")
     import datasets  # heavy; and looked up at call time so tests can monkeypatch load_dataset
 
+    logger.info("%s: no local file (data root: %s); loading %s from the hub", bench.name,
+                data_root or default_data_root(), bench.hub_id)
+
     ds = datasets.load_dataset(bench.hub_id, bench.hub_config, split=bench.hub_split)
     where = f"hub:{bench.hub_id}" + (f"/{bench.hub_config}" if bench.hub_config else "") + f"[{bench.hub_split}]"
     for index, row in enumerate(ds):
@@ -462,29 +269,6 @@ def load_mixture(
     return mixed
 
 
-# ----------------------------------------------------------------------------------------------------------
-# Prompts and TRL datasets
-# ----------------------------------------------------------------------------------------------------------
-
-
-def user_message(problem: Problem, benchmark: Benchmark) -> str:
-    """The benchmark's template filled in; choices lettered inline ("A. ...\\nB. ...")."""
-    choices = "\n".join(f"{LETTERS[i]}. {c}" for i, c in enumerate(problem.choices or []))
-    return benchmark.template.replace("{question}", problem.question.strip()).replace("{choices}", choices)
-
-
-def build_prompt(problem: Problem, benchmark: Benchmark | str, tokenizer: Any = None) -> str:
-    """The prompt text: the tokenizer's chat template (one user turn + generation prompt) when it has one,
-    else the plain user message followed by a newline."""
-    bench = parse_spec(benchmark)[0] if isinstance(benchmark, str) else benchmark
-    message = user_message(problem, bench)
-    if tokenizer is not None and getattr(tokenizer, "chat_template", None):
-        return tokenizer.apply_chat_template(
-            [{"role": "user", "content": message}], tokenize=False, add_generation_prompt=True
-        )
-    return message + "\n"
-
-
 def to_trl_dataset(
     name: str | Sequence[str],
     path: str | os.PathLike[str] | None = None,
@@ -517,7 +301,8 @@ def to_trl_dataset(
     for p in problems:
         bench = benches[p.meta["benchmark"]]
         msg = user_message(p, bench)
-        cols["prompt"].append([{"role": "user", "content": msg}] if conversational else build_prompt(p, bench, tokenizer))
+        prompt = [{"role": "user", "content": msg}] if conversational else build_prompt(p, bench, tokenizer)
+        cols["prompt"].append(prompt)
         cols[gold_column].append(p.gold)
         cols["kind"].append(bench.kind)
         cols["id"].append(p.id)

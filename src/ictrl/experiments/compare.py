@@ -1,0 +1,103 @@
+"""``ictrl compare``: methods x seeds on the embedded task (or a run config), then a comparison report (issue #5).
+
+Writes into ``--output-dir``:
+
+- ``<method>/seed<k>/``: ``metrics.jsonl``, ``eval/`` (held-out samples and results), ``done.json`` (last);
+- ``base/``: the base model's held-out evaluation (``result.json``);
+- ``results.md`` / ``results.json``: P@1, P@4, Total per method (mean ± std over seeds, the base model's row
+  first) and ICT − random10 with a 95% Welch interval (``report.results_table``);
+- ``curve_*.png``: reward, H1, H2, purity and the selected fraction per method over steps (mean, min-max band);
+- ``report.html``: all of it, self-contained.
+
+A rerun skips finished runs (see ``ictrl.experiments.grid``), so an interrupted compare continues where it
+stopped and a finished one only rebuilds the report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from ictrl.experiments import grid
+
+CURVE_KEYS = {
+    "reward": "reward",
+    "H1 entropy, all tokens (nats)": "ictrl/h1/all",
+    "H2 Renyi entropy, all tokens (nats)": "ictrl/h2/all",
+    "purity beta, all tokens": "ictrl/purity/all",
+    "selected fraction": "ictrl/selected_frac",
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    grid.add_common_arguments(parser, default_output="runs/compare")
+    parser.add_argument("--lr", type=float, default=None, help="learning rate (default: the recipe's / config's)")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        methods = grid.parse_methods(args.methods)
+        if args.lr is not None and not args.lr > 0:
+            raise ValueError(f"--lr must be > 0, got {args.lr}")
+        specs = grid.grid_specs(methods, args.seeds, None if args.lr is None else [args.lr])
+        start = time.perf_counter()
+        experiment = grid.make_experiment(args)
+        out: Path = args.output_dir
+        results = grid.run_grid(specs, out, experiment.runner, jobs=args.jobs)
+        base = grid.cached_result(out / "base" / "result.json", lambda: experiment.eval_base(out / "base"))
+        paths = write_report(out, methods, specs, results, base, experiment.settings, time.perf_counter() - start)
+    except ValueError as exc:
+        print(f"ictrl compare: error: {exc}", file=sys.stderr)
+        return 2
+    print(paths["table"].read_text())
+    print(f"wrote {paths['report']}", file=sys.stderr)
+    return 0
+
+
+def write_report(out: Path, methods: list[str], specs: list[grid.RunSpec], results: dict[grid.RunSpec, dict[str, Any]],
+                 base: dict[str, Any], settings: dict[str, Any], seconds: float) -> dict[str, Path]:
+    """Table, curves and report.html from finished runs; returns the written paths by role."""
+    from ictrl.experiments import report
+
+    per_seed: dict[str, list[dict[str, float]]] = {"base": [{"p1": base["p1"], "p4": base["p4"]}]}
+    for m in methods:
+        per_seed[m] = [{"p1": results[s]["p1"], "p4": results[s]["p4"]} for s in specs if s.method == m]
+    diff = ("ict", "random10") if {"ict", "random10"} <= set(methods) else None
+    table = report.results_table(per_seed, diff=diff)
+    metrics = grid.load_grid_metrics(out, specs)
+    runs = {m: [metrics[s] for s in specs if s.method == m] for m in methods}
+    images = report.plot_curves(runs, CURVE_KEYS, out_dir=out)
+    table_path = report.atomic_write_text(out / "results.md", table.to_markdown() + "\n")
+    summary = {"settings": settings, "methods": methods, "base": base, "wall_seconds_this_invocation": seconds,
+               "runs": [results[s] for s in specs]}
+    report.atomic_write_text(out / "results.json", json.dumps(summary, indent=1) + "\n")
+    notes = _notes(settings, specs, results, diff)
+    page = report.render_report("ictrl compare", [table.to_html()], images, notes, out / "report.html")
+    return {"table": table_path, "report": page}
+
+
+def _notes(settings: dict[str, Any], specs: list[grid.RunSpec], results: dict[grid.RunSpec, dict[str, Any]],
+           diff: tuple[str, str] | None) -> str:
+    seeds = sorted({s.seed for s in specs})
+    run_seconds = sum(results[s]["seconds"] for s in specs)
+    lines = [
+        f"Rows: held-out pass@k in percent, mean ± sample std over seeds {seeds}; the base row is one evaluation "
+        "of the starting model. Total = (P@1 + P@4) / 2 per seed.",
+        "Evaluation samples n = 4 per problem at the training temperature (unbiased pass@k estimator).",
+    ]
+    if diff:
+        lines.append(f"{diff[0]} − {diff[1]}: difference of means with a 95% Welch t-interval over seeds "
+                     "(seeds treated as independent). An interval that contains 0 is no evidence of a difference.")
+    if settings.get("source") == "embedded":
+        rl = settings["rl"]
+        lines.append(f"Embedded task: base {settings['base']}; {rl['steps']} optimizer steps per run, "
+                     f"{rl['prompts_per_step']} prompts x {rl['num_generations']} samples, lr {rl['lr']:g}, "
+                     f"{rl['eval_problems']} held-out problems.")
+    elif settings.get("source") == "config":
+        lines.append(f"Run config {settings['config']} (model {settings['model']}), eval on {settings['eval']}.")
+    lines.append(f"Curves: mean over seeds with the min-max band. Training time summed over runs: {run_seconds:.0f} s.")
+    return "\n\n".join(lines)

@@ -1,0 +1,209 @@
+"""``ictrl sweep``: learning rate x method x seed stability study (issue #7).
+
+Every run is labelled collapsed / exploded / stable by ``outcomes.label_run`` against the base model's reward,
+with ``outcomes.OutcomeThresholds()`` as fixed in that module before any sweep ran (they are stored in
+``sweep.json``). The base reward is the base model's held-out P@1 sampled at the training temperature, i.e. its
+expected training reward.
+
+Writes into ``--output-dir``: ``lr<lr>/<method>/seed<k>/`` run directories (resumable, see ``grid``), ``base/``,
+``sweep.json`` (settings, thresholds, base, every run's label, window means and P@1/P@4, per-method stable
+fractions and widest stable range), ``stability.md``, ``stability_heatmap.png``, ``examples/curve_*.png`` (H1, H2,
+purity and reward of one collapsed, one exploded and one stable run, where they exist), ``prob_vs_purity.png``
+and ``report.html``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from ictrl.experiments import grid
+from ictrl.experiments.outcomes import LABELS, OutcomeThresholds, stable_fraction, summarize_run, widest_stable_range
+
+DEFAULT_LRS = (1e-4, 2e-4, 5e-4, 1e-3, 2e-3)
+EXAMPLE_KEYS = {
+    "H1 entropy, all tokens (nats)": "ictrl/h1/all",
+    "H2 Renyi entropy, all tokens (nats)": "ictrl/h2/all",
+    "purity beta, all tokens": "ictrl/purity/all",
+    "reward": "reward",
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    grid.add_common_arguments(parser, default_output="runs/sweep")
+    parser.add_argument("--lrs", default=",".join(f"{lr:g}" for lr in DEFAULT_LRS),
+                        help="comma-separated learning rates (default: %(default)s)")
+
+
+def parse_lrs(text: str) -> list[float]:
+    try:
+        lrs = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--lrs: expected comma-separated numbers, got {text!r}") from None
+    if not lrs or any(not (math.isfinite(lr) and lr > 0) for lr in lrs):
+        raise ValueError(f"--lrs: need positive finite learning rates, got {text!r}")
+    return sorted(set(lrs))
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        methods = grid.parse_methods(args.methods)
+        lrs = parse_lrs(args.lrs)
+        specs = grid.grid_specs(methods, args.seeds, lrs)
+        thresholds = OutcomeThresholds()  # fixed in outcomes.py before any sweep result was seen
+        start = time.perf_counter()
+        experiment = grid.make_experiment(args)
+        out: Path = args.output_dir
+        results = grid.run_grid(specs, out, experiment.runner, jobs=args.jobs)
+        base = grid.cached_result(out / "base" / "result.json", lambda: experiment.eval_base(out / "base"))
+        page = write_report(out, methods, lrs, specs, results, base, thresholds, experiment.settings,
+                            time.perf_counter() - start)
+    except ValueError as exc:
+        print(f"ictrl sweep: error: {exc}", file=sys.stderr)
+        return 2
+    print((out / "stability.md").read_text())
+    print(f"wrote {page}", file=sys.stderr)
+    return 0
+
+
+def label_runs(out: Path, specs: list[grid.RunSpec], results: dict[grid.RunSpec, dict[str, Any]],
+               base_reward: float, thresholds: OutcomeThresholds) -> tuple[list[dict[str, Any]], dict[grid.RunSpec, list[dict[str, Any]]]]:
+    """One row per run (spec, label, window means, P@1/P@4) and the runs' metrics records."""
+    metrics = grid.load_grid_metrics(out, specs)
+    rows = []
+    for s in specs:
+        summary = summarize_run(metrics[s], base_reward, thresholds)
+        rows.append({"method": s.method, "lr": s.lr, "seed": s.seed, "label": summary.label,
+                     "summary": dataclasses.asdict(summary), "p1": results[s]["p1"], "p4": results[s]["p4"],
+                     "final_reward": results[s].get("final_reward"), "seconds": results[s]["seconds"]})
+    return rows, metrics
+
+
+def stability(rows: list[dict[str, Any]], methods: list[str], lrs: list[float]) -> dict[str, Any]:
+    """Per method: labels per lr, stable fraction per lr, widest stable range (all seeds stable)."""
+    out: dict[str, Any] = {}
+    for m in methods:
+        labels = {lr: [r["label"] for r in rows if r["method"] == m and r["lr"] == lr] for lr in lrs}
+        labels = {lr: seq for lr, seq in labels.items() if seq}
+        widest = widest_stable_range(labels) if labels else None
+        out[m] = {"labels": {f"{lr:g}": seq for lr, seq in labels.items()},
+                  "stable_fraction": {f"{lr:g}": stable_fraction(seq) for lr, seq in labels.items()},
+                  "widest_stable_range": list(widest) if widest else None}
+    return out
+
+
+def _mean(values: list[float]) -> float:
+    return math.fsum(values) / len(values)
+
+
+def stability_markdown(rows: list[dict[str, Any]], stab: dict[str, Any], methods: list[str],
+                       lrs: list[float]) -> tuple[str, str]:
+    """(stable seeds per method x lr with the widest stable range, mean P@1 / P@4 per method x lr) as markdown."""
+    head = "| method | " + " | ".join(f"lr {lr:g}" for lr in lrs) + " | widest stable range |"
+    lines = [head, "|" + "---|" * (len(lrs) + 2)]
+    for m in methods:
+        cells = []
+        for lr in lrs:
+            seq = stab[m]["labels"].get(f"{lr:g}", [])
+            if not seq:
+                cells.append("–")
+                continue
+            counts = ", ".join(f"{seq.count(x)} {x[0].upper()}" for x in ("collapsed", "exploded") if seq.count(x))
+            cells.append(f"{sum(x == 'stable' for x in seq)}/{len(seq)} stable" + (f" ({counts})" if counts else ""))
+        widest = stab[m]["widest_stable_range"]
+        cells.append("none" if widest is None else f"{widest[0]:g} – {widest[1]:g}")
+        lines.append(f"| {m} | " + " | ".join(cells) + " |")
+    scores = ["| method | " + " | ".join(f"P@1 / P@4 at lr {lr:g}" for lr in lrs) + " |",
+              "|" + "---|" * (len(lrs) + 1)]
+    for m in methods:
+        cells = []
+        for lr in lrs:
+            sel = [r for r in rows if r["method"] == m and r["lr"] == lr]
+            cells.append(f"{100 * _mean([r['p1'] for r in sel]):.1f} / {100 * _mean([r['p4'] for r in sel]):.1f}"
+                         if sel else "–")
+        scores.append(f"| {m} | " + " | ".join(cells) + " |")
+    return "\n".join(lines), "\n".join(scores)
+
+
+def pick_examples(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any] | None]:
+    """One run per label: the lowest final entropy among collapsed, the highest among exploded, the highest
+    final reward among stable; None where no run has the label."""
+    picks: dict[str, dict[str, Any] | None] = {}
+    for label in LABELS:
+        cands = [r for r in rows if r["label"] == label]
+        if not cands:
+            picks[label] = None
+        elif label == "collapsed":
+            picks[label] = min(cands, key=lambda r: r["summary"]["entropy_last"])
+        elif label == "exploded":
+            picks[label] = max(cands, key=lambda r: r["summary"]["entropy_last"])
+        else:
+            picks[label] = max(cands, key=lambda r: r["summary"]["reward_last"])
+    return picks
+
+
+def after_warmup(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Records logged once token selection was on (during warm-up every token is selected)."""
+    return [r for r in records if not r.get("ictrl/warmup")]
+
+
+def write_report(out: Path, methods: list[str], lrs: list[float], specs: list[grid.RunSpec],
+                 results: dict[grid.RunSpec, dict[str, Any]], base: dict[str, Any], thresholds: OutcomeThresholds,
+                 settings: dict[str, Any], seconds: float) -> Path:
+    from ictrl.experiments import report
+
+    rows, metrics = label_runs(out, specs, results, base["p1"], thresholds)
+    stab = stability(rows, methods, lrs)
+    tables = stability_markdown(rows, stab, methods, lrs)
+    report.atomic_write_text(out / "stability.md", "\n\n".join(tables) + "\n")
+    heat_labels = {m: {lr: [r["label"] for r in rows if r["method"] == m and r["lr"] == lr] for lr in lrs}
+                   for m in methods}
+    heat_labels = {m: {lr: seq for lr, seq in cells.items() if seq} for m, cells in heat_labels.items()}
+    images = [report.plot_stability_heatmap(heat_labels, out / "stability_heatmap.png")]
+
+    picks = pick_examples(rows)
+    spec_of = {(s.method, s.lr, s.seed): s for s in specs}
+    example_runs = {f"{label}: {r['method']} lr={r['lr']:g} seed {r['seed']}": [metrics[spec_of[(r['method'], r['lr'], r['seed'])]]]
+                    for label, r in picks.items() if r is not None}
+    if example_runs:
+        images += report.plot_curves(example_runs, EXAMPLE_KEYS, out_dir=out / "examples")
+    purity_runs = {m: [after_warmup(metrics[s]) for s in specs if s.method == m] for m in methods}
+    scatter = report.plot_prob_vs_purity(purity_runs, out / "prob_vs_purity.png")
+    if scatter is not None:
+        images.append(scatter)
+
+    summary = {"settings": settings, "methods": methods, "lrs": lrs, "thresholds": dataclasses.asdict(thresholds),
+               "base": base, "base_reward": base["p1"], "stability": stab,
+               "examples": {k: (None if v is None else {x: v[x] for x in ("method", "lr", "seed")})
+                            for k, v in picks.items()},
+               "wall_seconds_this_invocation": seconds, "runs": rows}
+    report.atomic_write_text(out / "sweep.json", json.dumps(summary, indent=1) + "\n")
+    missing = [label for label, r in picks.items() if r is None]
+    notes = [
+        f"Labels by outcomes.label_run against base reward {base['p1']:.3f} (the base model's held-out P@1 at the "
+        f"training temperature). Thresholds, fixed before the sweep: {dataclasses.asdict(thresholds)}. "
+        "collapsed = last-window H1 < entropy_floor and reward gained <= min_reward_gain; exploded = last-window "
+        "H1 > max(explode_ratio x first-window H1, explode_min) and last-window reward < base - reward_drop; "
+        "stable = neither. Windows shrink to half the run when it has fewer than 2 x window logged steps.",
+        "Stability table: stable seeds / seeds per cell (C = collapsed, E = exploded). Widest stable range: the "
+        "widest contiguous lr range in which every seed is stable. Second table: mean held-out P@1 / P@4 (%).",
+        "Example curves: " + ", ".join(f"{k}: {v['method']} lr={v['lr']:g} seed {v['seed']}"
+                                       for k, v in picks.items() if v is not None)
+        + (f". No run was labelled {' or '.join(missing)}." if missing else "."),
+        "prob_vs_purity: each point one logged step of one run after the selection warm-up (all lrs pooled); "
+        "X = per-method mean; the dashed line is pi = beta.",
+    ]
+    if settings.get("source") == "embedded":
+        rl = settings["rl"]
+        notes.append(f"Embedded task: base {settings['base']}; {rl['steps']} optimizer steps per run, "
+                     f"{rl['prompts_per_step']} prompts x {rl['num_generations']} samples, {rl['num_iterations']} "
+                     f"optimizer steps per generation batch, {rl['eval_problems']} held-out problems, n = "
+                     f"{rl['eval_n']}.")
+    return report.render_report("ictrl sweep: learning-rate stability", list(tables), images, "\n\n".join(notes),
+                                out / "report.html")

@@ -1,0 +1,192 @@
+"""Kill -9 a training run after a checkpoint, resume it, and match an uninterrupted run step for step.
+
+The run crosses epoch boundaries (4 prompts, 2 per step) and resumes in the middle of an epoch, so it checks
+model/optimizer/scheduler restore, the RNG that drives sampling, the batches skipped in the resumed epoch and
+the prompt order of later epochs (ictrl.engine.run.EpochRepeatSampler).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
+# A graded reward (fraction of letters in the completion), so advantages are non-zero and the updates matter.
+# With ICTRL_TEST_BLOCK_AT=n set, the n-th call writes ICTRL_TEST_BLOCKED and hangs: the run is then killed
+# in the middle of a step, after the checkpoints before it are complete.
+REWARD_MODULE = '''
+import os, time
+from pathlib import Path
+from ictrl.rewards import completion_text
+
+_calls = 0
+
+def letters(prompts=None, completions=None, **columns):
+    global _calls
+    _calls += 1
+    if _calls == int(os.environ.get("ICTRL_TEST_BLOCK_AT", "0")):
+        Path(os.environ["ICTRL_TEST_BLOCKED"]).write_text("blocked")
+        time.sleep(600)
+    texts = [completion_text(c) for c in completions]
+    return [sum(ch.isalpha() for ch in t) / max(len(t), 1) for t in texts]
+'''
+TIMING_KEYS = {"step_time", "ictrl/stats_time", "epoch"}
+STEPS, SAVE_STEPS, BLOCK_AT = 6, 3, 5
+
+
+def command(model_dir: Path, out: Path, *extra: str) -> list[str]:
+    return [
+        sys.executable, "-m", "ictrl.cli", "train", str(CONFIGS / "qwen2.5-0.5b" / "ict.yaml"),
+        f"--model.name_or_path={model_dir}", f"--output_dir={out}", f"--optim.max_steps={STEPS}",
+        f"--save_steps={SAVE_STEPS}", "--optim.learning_rate=1e-3", "--optim.seed=7",
+        "--optim.per_device_train_batch_size=8", "--optim.gradient_accumulation_steps=1",
+        "--sampling.num_generations=4", "--sampling.max_completion_length=8",
+        "--data.train=[gsm8k_train]", "--data.limit=4", "--data.max_prompt_length=null",
+        "--method.warmup_steps=0", "--reward.names=[ictrl_resume_reward:letters]", "--logging.progress=false",
+        *extra,
+    ]
+
+
+def rows(out: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.integration
+def test_kill_and_resume_matches_uninterrupted_run(tiny_model_dir: Path, shared_data: Path, tmp_path: Path) -> None:
+    (tmp_path / "ictrl_resume_reward.py").write_text(REWARD_MODULE)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
+           "ICTRL_TEST_BLOCKED": str(tmp_path / "blocked")}
+    ref, run = tmp_path / "ref", tmp_path / "run"
+
+    done = subprocess.run(command(tiny_model_dir, ref), env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    proc = subprocess.Popen(command(tiny_model_dir, run), env={**env, "ICTRL_TEST_BLOCK_AT": str(BLOCK_AT)},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 600
+    while not (tmp_path / "blocked").exists():
+        assert proc.poll() is None, proc.stderr.read()[-3000:] if proc.stderr else "exited"
+        assert time.monotonic() < deadline, "the run never reached the blocking step"
+        time.sleep(0.05)
+    assert (run / f"checkpoint-{SAVE_STEPS}").is_dir()
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    assert not (run / "final").exists()
+    assert [r["step"] for r in rows(run)] == list(range(1, BLOCK_AT))  # step 4 logged after checkpoint-3
+
+    done = subprocess.run(command(tiny_model_dir, run, "--resume"), env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "resuming from" in done.stderr and f"checkpoint-{SAVE_STEPS}" in done.stderr
+
+    expected, got = rows(ref), rows(run)
+    assert [r["step"] for r in got] == [r["step"] for r in expected] == list(range(1, STEPS + 1))
+    compared = 0
+    for want, have in zip(expected, got):
+        assert want.keys() == have.keys()
+        for key, value in want.items():
+            if key in TIMING_KEYS or not isinstance(value, (int, float)):
+                continue
+            assert math.isclose(have[key], value, rel_tol=1e-5, abs_tol=1e-7), (want["step"], key, value, have[key])
+            compared += 1
+    assert compared > 100
+    # the runs really learned something and were not constant: grad norms and rewards vary across steps
+    assert len({round(r["grad_norm"], 9) for r in expected}) == STEPS and any(r["grad_norm"] > 0 for r in expected)
+    assert len({round(r["reward"], 9) for r in expected}) > 1
+
+    from safetensors.torch import load_file
+
+    final_ref, final_run = load_file(ref / "final" / "model.safetensors"), load_file(run / "final" / "model.safetensors")
+    assert final_ref.keys() == final_run.keys()
+    for name, tensor in final_ref.items():
+        assert (tensor - final_run[name]).abs().max().item() <= 1e-6, name
+
+
+# --- the pieces, without a training run ----------------------------------------------------------------------
+
+
+class _FakeState:
+    def __init__(self, step: int) -> None:
+        self.global_step = step
+        self.best_model_checkpoint = None
+
+
+class _FakeArgs:
+    should_save = True
+    save_total_limit = 2
+
+
+class _FakeAccelerator:
+    def wait_for_everyone(self) -> None:
+        pass
+
+
+class _FakeTrainer:
+    """Writes a checkpoint file by file like Trainer._save_checkpoint; ``fail_after`` files it dies."""
+
+    def __init__(self, run_dir: Path, step: int, fail_after: int | None = None) -> None:
+        self.run_dir, self.fail_after = run_dir, fail_after
+        self.state, self.args, self.accelerator = _FakeState(step), _FakeArgs(), _FakeAccelerator()
+
+    def _get_output_dir(self, trial: Any = None) -> str:
+        return str(self.run_dir)
+
+    def _save_checkpoint(self, model: Any, trial: Any) -> None:
+        out = Path(self._get_output_dir(trial)) / f"checkpoint-{self.state.global_step}"
+        out.mkdir(parents=True, exist_ok=True)
+        for i, name in enumerate(("model.safetensors", "optimizer.pt", "rng_state.pth", "trainer_state.json")):
+            if i == self.fail_after:
+                raise KeyboardInterrupt("killed mid-save")
+            (out / name).write_text(name)
+
+
+def test_checkpoints_appear_whole_or_not_at_all(tmp_path: Path) -> None:
+    from ictrl.engine.run import complete_checkpoints, make_trainer_class, prepare_output_dir
+    from ictrl.engine.run_config import config_from_dict
+
+    cls = make_trainer_class(_FakeTrainer)
+    for step in (1, 2, 3):
+        cls(tmp_path, step)._save_checkpoint(None, None)
+    # save_total_limit=2 keeps the two newest; each is complete
+    assert [p.name for p in complete_checkpoints(tmp_path)] == ["checkpoint-2", "checkpoint-3"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-2", "checkpoint-3"]
+    assert sorted(p.name for p in (tmp_path / "checkpoint-3").iterdir()) == [
+        "model.safetensors", "optimizer.pt", "rng_state.pth", "trainer_state.json"]
+
+    with pytest.raises(KeyboardInterrupt):
+        cls(tmp_path, 4, fail_after=2)._save_checkpoint(None, None)
+    assert not (tmp_path / "checkpoint-4").exists()  # plain Trainer would leave a half-written checkpoint-4
+    assert (tmp_path / ".staging-checkpoint-4" / "checkpoint-4" / "optimizer.pt").is_file()
+    cfg = config_from_dict({"model": {"name_or_path": "m"}, "output_dir": str(tmp_path)})
+    assert prepare_output_dir(cfg, resume=True) == tmp_path / "checkpoint-3"
+    assert not (tmp_path / ".staging-checkpoint-4").exists()  # cleaned up on restart
+
+
+def test_epoch_sampler_matches_trl_order_per_epoch() -> None:
+    from trl.trainer.utils import RepeatSampler
+
+    from ictrl.engine.run import EpochRepeatSampler
+
+    def sampler() -> RepeatSampler:
+        return RepeatSampler(list(range(10)), mini_repeat_count=2, batch_size=3, repeat_count=2, seed=5)
+
+    trl_order = sampler()
+    uninterrupted = [list(trl_order) for _ in range(4)]  # TRL: one generator advanced once per epoch
+    assert len({tuple(o) for o in uninterrupted}) == 4
+    for epoch in (3, 0, 2, 1):  # any epoch, from a fresh sampler (a resumed run), in any call order
+        fresh = EpochRepeatSampler(sampler())
+        fresh.set_epoch(epoch)
+        assert list(fresh) == uninterrupted[epoch]
+        assert list(fresh) == uninterrupted[epoch]  # re-iterating an epoch repeats it
+    assert len(EpochRepeatSampler(sampler())) == len(sampler())

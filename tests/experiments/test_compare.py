@@ -1,0 +1,245 @@
+"""ictrl compare and the shared grid: method table, resumable runner, report numbers, end to end (--quick)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+from pathlib import Path
+
+import pytest
+
+from ictrl.experiments import compare, grid
+from ictrl.experiments.report import PNG_MAGIC
+
+
+def fake_result(spec: grid.RunSpec) -> dict:
+    """Deterministic but spec-dependent scores, so that table numbers can be recomputed by hand."""
+    p1 = 0.1 + 0.05 * list(grid.METHODS).index(spec.method) + 0.01 * spec.seed
+    return {"p1": p1, "p4": min(1.0, 2 * p1), "final_reward": p1}
+
+
+def fake_metrics(spec: grid.RunSpec, steps: int = 12) -> list[dict]:
+    return [{"step": t + 1, "reward": 0.1 + 0.01 * t, "ictrl/h1/all": 0.3 - 0.01 * t, "ictrl/h2/all": 0.2,
+             "ictrl/purity/all": 0.8, "ictrl/selected_frac": 1.0 if spec.method == "grpo" else 0.1,
+             "ictrl/warmup": 0.0} for t in range(steps)]
+
+
+class CountingRunner:
+    """A stand-in for training: writes metrics.jsonl, counts calls, optionally crashes on one spec."""
+
+    def __init__(self, crash_on: grid.RunSpec | None = None) -> None:
+        self.calls: list[grid.RunSpec] = []
+        self.crash_on = crash_on
+
+    def __call__(self, spec: grid.RunSpec, run_dir: Path) -> dict:
+        self.calls.append(spec)
+        (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in fake_metrics(spec)))
+        if spec == self.crash_on:
+            raise RuntimeError("simulated crash")
+        return fake_result(spec)
+
+
+# ------------------------------------------------------------------------------------------------ method table
+
+
+def test_parse_methods_names_the_bad_method() -> None:
+    assert grid.parse_methods("grpo, ict,grpo") == ["grpo", "ict"]
+    with pytest.raises(ValueError, match=r"unknown method 'ictt'.*did you mean 'ict'"):
+        grid.parse_methods("grpo,ictt")
+    with pytest.raises(ValueError, match="unknown method 'bogus'"):
+        grid.parse_methods(["bogus"])
+    with pytest.raises(ValueError, match="at least one"):
+        grid.parse_methods(" , ")
+
+
+def test_every_method_maps_to_a_valid_trainer_config(tmp_path: Path) -> None:
+    """The name -> selector table goes through the engine's own config mapping and validation."""
+    from ictrl.engine.run import build_trainer_args
+
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "warm_start.json").write_text(json.dumps({"recipe": {"difficulty": [2], "seed": 0}}))
+    expected = {"grpo": ("all", None), "entropy20": ("entropy", 0.2), "stapo": ("stapo", None),
+                "ict": ("ict", 0.1), "random10": ("random", 0.1), "frequent90": ("frequent", 0.1)}
+    assert set(expected) == set(grid.METHODS)
+    settings = grid.TinyRL(steps=3, prompts_per_step=2, num_generations=2, selection_warmup=5)
+    for name, (selector, ratio) in expected.items():
+        spec = grid.RunSpec(name, seed=4, lr=3e-4)
+        args = build_trainer_args(grid.tiny_run_config(settings, base, spec, tmp_path / name), name, cpu=True)
+        assert args.token_selector == selector
+        assert args.selection_ratio == ratio
+        assert args.learning_rate == 3e-4 and args.seed == 4 and args.max_steps == 3
+        assert args.selection_warmup_steps == (5 if selector in ("ict", "random", "frequent") else 0)
+    with pytest.raises(ValueError, match="unknown method 'nope'"):
+        grid.method_section("nope")
+
+
+def test_grid_specs_and_paths() -> None:
+    specs = grid.grid_specs(["grpo", "ict"], 2, [1e-4, 2e-3])
+    assert len(specs) == 8 and len({s.relpath for s in specs}) == 8
+    assert grid.RunSpec("ict", 1, 2e-3).relpath == "lr0.002/ict/seed1"
+    assert grid.RunSpec("ict", 0).relpath == "ict/seed0"
+    with pytest.raises(ValueError, match="seeds"):
+        grid.grid_specs(["grpo"], 0)
+    with pytest.raises(ValueError, match="learning rates"):
+        grid.grid_specs(["grpo"], 1, [0.0])
+
+
+# ------------------------------------------------------------------------------------------------ resumable grid
+
+
+def test_run_grid_skips_done_runs_and_redoes_unfinished_ones(tmp_path: Path) -> None:
+    specs = grid.grid_specs(["grpo", "ict"], 2)
+    crash = grid.RunSpec("ict", 1)
+    first = CountingRunner(crash_on=crash)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        grid.run_grid(specs, tmp_path, first, log=lambda _: None)
+    assert first.calls == specs  # ict/seed1 is last: everything before it finished
+    assert (tmp_path / "ict/seed1/metrics.jsonl").is_file()  # the crashed attempt left files ...
+    assert not (tmp_path / "ict/seed1" / grid.DONE_FILE).exists()  # ... but no done marker
+
+    second = CountingRunner()
+    results = grid.run_grid(specs, tmp_path, second, log=lambda _: None)
+    assert second.calls == [crash]  # only the unfinished run is redone
+    for spec in specs:
+        done = json.loads((tmp_path / spec.relpath / grid.DONE_FILE).read_text())
+        assert done["p1"] == fake_result(spec)["p1"] and done["spec"]["method"] == spec.method
+        assert results[spec] == done
+
+    third = CountingRunner()
+    grid.run_grid(specs, tmp_path, third, log=lambda _: None)
+    assert third.calls == []
+
+
+def test_run_grid_rejects_a_result_without_scores(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="no 'p4'"):
+        grid.run_grid([grid.RunSpec("grpo", 0)], tmp_path, lambda s, d: {"p1": 0.5}, log=lambda _: None)
+    assert not (tmp_path / "grpo/seed0" / grid.DONE_FILE).exists()
+
+
+# ------------------------------------------------------------------------------------------------ report
+
+
+def test_write_report_numbers_match_a_naive_computation(tmp_path: Path) -> None:
+    methods = ["grpo", "ict", "random10"]
+    specs = grid.grid_specs(methods, 3)
+    results = grid.run_grid(specs, tmp_path, CountingRunner(), log=lambda _: None)
+    base = {"p1": 0.05, "p4": 0.15}
+    paths = compare.write_report(tmp_path, methods, specs, results, base, {"source": "test"}, 1.0)
+    md = paths["table"].read_text()
+
+    def naive(method: str, key: str) -> tuple[float, float]:
+        xs = [100.0 * fake_result(grid.RunSpec(method, s))[key] for s in range(3)]
+        m = sum(xs) / 3
+        return m, math.sqrt(sum((x - m) ** 2 for x in xs) / 2)
+
+    for method in methods:
+        row = next(line for line in md.splitlines() if line.startswith(f"| {method} (n=3)"))
+        for key in ("p1", "p4"):
+            m, sd = naive(method, key)
+            assert f"{m:.2f} ± {sd:.2f}" in row
+    assert "| base (n=1) | 5.00 ± n/a | 15.00 ± n/a |" in md
+    diff = 100 * (fake_result(grid.RunSpec("ict", 0))["p1"] - fake_result(grid.RunSpec("random10", 0))["p1"])
+    assert re.search(rf"ict − random10 \(95% Welch CI\) \| {diff:+.2f}", md)
+    html = paths["report"].read_text()
+    assert html.count("data:image/png;base64,") == len(compare.CURVE_KEYS)
+    assert "ict − random10" in html and "<table>" in html
+    for name in ("curve_reward.png", "curve_selected_fraction.png", "curve_purity_beta_all_tokens.png"):
+        assert (tmp_path / name).read_bytes()[:8] == PNG_MAGIC
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert len(saved["runs"]) == 9 and saved["base"] == base
+
+
+def test_write_report_without_the_ict_random_pair(tmp_path: Path) -> None:
+    specs = grid.grid_specs(["grpo"], 2)
+    results = grid.run_grid(specs, tmp_path, CountingRunner(), log=lambda _: None)
+    paths = compare.write_report(tmp_path, ["grpo"], specs, results, {"p1": 0.0, "p4": 0.0}, {}, 0.0)
+    assert "Welch" not in paths["table"].read_text()
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    compare.add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def test_cli_errors_name_the_bad_method(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert compare.run(parse(["--methods", "grpo,entropy", "--output-dir", str(tmp_path)])) == 2
+    err = capsys.readouterr().err
+    assert "unknown method 'entropy'" in err and "entropy20" in err
+    assert compare.run(parse(["--seeds", "0", "--output-dir", str(tmp_path)])) == 2
+    assert "seeds" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------------ end to end
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("ictrl_cache")
+
+
+@pytest.mark.integration
+def test_compare_quick_end_to_end_and_resume(tmp_path: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ICTRL_CACHE_DIR", str(cache_dir))
+    out = tmp_path / "cmp"
+    argv = ["--quick", "--methods", "grpo,ict", "--seeds", "1", "--output-dir", str(out)]
+    assert compare.run(parse(argv)) == 0
+    for name in ("results.md", "results.json", "report.html", "curve_reward.png", "base/result.json"):
+        assert (out / name).is_file(), name
+    records = [json.loads(line) for line in (out / "ict/seed0/metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == list(range(1, grid.QUICK_RL["steps"] + 1))
+    assert all("ictrl/h1/all" in r and "reward" in r for r in records)
+    done = json.loads((out / "ict/seed0" / grid.DONE_FILE).read_text())
+    assert 0.0 <= done["p1"] <= done["p4"] <= 1.0
+    assert "| grpo (n=1) |" in (out / "results.md").read_text()
+
+    # A second invocation trains nothing; a run without its done marker (a crash) is trained again.
+    calls: list[str] = []
+    real = grid.train_tiny
+
+    def counting(settings, base, spec, run_dir):  # type: ignore[no-untyped-def]
+        calls.append(spec.relpath)
+        return real(settings, base, spec, run_dir)
+
+    monkeypatch.setattr(grid, "train_tiny", counting)
+    assert compare.run(parse(argv)) == 0
+    assert calls == []
+    (out / "grpo/seed0" / grid.DONE_FILE).unlink()
+    assert compare.run(parse(argv)) == 0
+    assert calls == ["grpo/seed0"]
+    assert (out / "grpo/seed0" / grid.DONE_FILE).is_file()
+
+
+@pytest.mark.integration
+def test_compare_from_a_run_config_resumes_from_a_checkpoint(tiny_model_dir: Path, shared_data: Path,
+                                                             tmp_path: Path) -> None:
+    import yaml
+
+    config = tmp_path / "tiny.yaml"
+    config.write_text(yaml.safe_dump({
+        "model": {"name_or_path": str(tiny_model_dir)}, "output_dir": "replaced-per-run",
+        "data": {"train": ["gsm8k_train"], "eval": ["gsm8k"], "limit": 6, "max_prompt_length": None},
+        "sampling": {"num_generations": 4, "max_completion_length": 8},
+        "optim": {"per_device_train_batch_size": 8, "max_steps": 5, "learning_rate": 1e-5},
+        "save_steps": 1,
+    }))
+    out = tmp_path / "cmp"
+    argv = ["--config", str(config), "--methods", "ict", "--seeds", "1", "--steps", "2", "--eval-problems", "2",
+            "--output-dir", str(out)]
+    assert compare.run(parse(argv)) == 0
+    run_dir = out / "ict/seed0"
+    done = json.loads((run_dir / grid.DONE_FILE).read_text())
+    assert done["steps"] == 2 and done["resumed"] is False  # --steps overrides the config's max_steps
+    saved = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert saved["method"]["selector"] == "ict" and saved["output_dir"] == str(run_dir)
+    assert json.loads((out / "base/result.json").read_text()).keys() >= {"p1", "p4"}
+
+    # A crash after the last checkpoint: the rerun resumes from checkpoint-2 instead of training again.
+    (run_dir / grid.DONE_FILE).unlink()
+    assert compare.run(parse(argv)) == 0
+    done = json.loads((run_dir / grid.DONE_FILE).read_text())
+    assert done["resumed"] is True and done["steps"] == 2
+    assert [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()] == [1, 2]

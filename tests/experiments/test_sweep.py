@@ -1,0 +1,130 @@
+"""ictrl sweep: labels, stable fractions, widest ranges and the report from synthetic runs; end to end (--quick)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from ictrl.experiments import grid, sweep
+from ictrl.experiments.outcomes import OutcomeThresholds
+from ictrl.experiments.report import PNG_MAGIC
+
+LRS = [1e-4, 5e-4, 2e-3]
+
+
+def synthetic_records(kind: str, steps: int = 24) -> list[dict]:
+    """Curves that the default thresholds label unambiguously (base reward 0.2)."""
+    recs = []
+    for t in range(steps):
+        f = t / (steps - 1)
+        h, r = {"stable": (0.3 - 0.1 * f, 0.2 + 0.1 * f),
+                "exploded": (0.3 + 1.5 * f, 0.2 - 0.2 * f),
+                "collapsed": (0.3 if t < 5 else 0.01, 0.2)}[kind]
+        recs.append({"step": t + 1, "reward": r, "ictrl/h1/all": h, "ictrl/h2/all": 0.8 * h,
+                     "ictrl/purity/all": 1 - h / 2, "ictrl/prob/selected": 0.2, "ictrl/purity/selected": 0.3,
+                     "ictrl/warmup": float(t < 3)})
+    return recs
+
+
+def planned_kind(spec: grid.RunSpec) -> str:
+    """grpo explodes above 1e-4 (one seed collapses at 1e-4); ict is stable except seed 1 at 2e-3."""
+    if spec.method == "grpo":
+        if spec.lr == 1e-4:
+            return "collapsed" if spec.seed == 1 else "stable"
+        return "exploded"
+    return "exploded" if (spec.lr == 2e-3 and spec.seed == 1) else "stable"
+
+
+def fake_runner(spec: grid.RunSpec, run_dir: Path) -> dict:
+    recs = synthetic_records(planned_kind(spec))
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    return {"p1": 0.3 if planned_kind(spec) == "stable" else 0.05, "p4": 0.5, "final_reward": recs[-1]["reward"]}
+
+
+def test_report_from_synthetic_runs(tmp_path: Path) -> None:
+    methods = ["grpo", "ict"]
+    specs = grid.grid_specs(methods, 2, LRS)
+    results = grid.run_grid(specs, tmp_path, fake_runner, log=lambda _: None)
+    thresholds = OutcomeThresholds()
+    page = sweep.write_report(tmp_path, methods, LRS, specs, results, {"p1": 0.2, "p4": 0.4}, thresholds,
+                              {"source": "test"}, 1.0)
+    saved = json.loads((tmp_path / "sweep.json").read_text())
+    assert saved["thresholds"] == {**thresholds.__dict__}
+    assert saved["base_reward"] == 0.2
+    for row in saved["runs"]:
+        spec = grid.RunSpec(row["method"], row["seed"], row["lr"])
+        assert row["label"] == planned_kind(spec), spec
+    # Stable fractions and widest ranges against a hand count of the plan.
+    for m in methods:
+        for lr in LRS:
+            kinds = [planned_kind(grid.RunSpec(m, s, lr)) for s in range(2)]
+            assert saved["stability"][m]["stable_fraction"][f"{lr:g}"] == kinds.count("stable") / 2
+    assert saved["stability"]["grpo"]["widest_stable_range"] is None  # 1e-4 has a collapsed seed
+    assert saved["stability"]["ict"]["widest_stable_range"] == [1e-4, 5e-4]
+    assert {k: v["method"] for k, v in saved["examples"].items()} == {"collapsed": "grpo", "exploded": "grpo",
+                                                                     "stable": "grpo"}
+    md = (tmp_path / "stability.md").read_text()
+    assert "| grpo | 1/2 stable (1 C) | 0/2 stable (2 E) | 0/2 stable (2 E) | none |" in md
+    assert "| ict | 2/2 stable | 2/2 stable | 1/2 stable (1 E) | 0.0001 – 0.0005 |" in md
+    assert "| ict | 30.0 / 50.0 | 30.0 / 50.0 | 17.5 / 50.0 |" in md  # mean of 0.3 and 0.05 at 2e-3
+    html = page.read_text()
+    # heat map + 4 example curves + the prob/purity scatter
+    assert html.count("data:image/png;base64,") == 6
+    for name in ("stability_heatmap.png", "prob_vs_purity.png", "examples/curve_h1_entropy_all_tokens_nats.png"):
+        assert (tmp_path / name).read_bytes()[:8] == PNG_MAGIC
+
+
+def test_missing_label_is_reported(tmp_path: Path) -> None:
+    specs = grid.grid_specs(["ict"], 1, [1e-4])
+    results = grid.run_grid(specs, tmp_path, fake_runner, log=lambda _: None)
+    page = sweep.write_report(tmp_path, ["ict"], [1e-4], specs, results, {"p1": 0.2, "p4": 0.4},
+                              OutcomeThresholds(), {}, 0.0)
+    assert "No run was labelled collapsed or exploded." in page.read_text()
+    assert sweep.pick_examples([])["stable"] is None
+
+
+def test_after_warmup_drops_warmup_steps() -> None:
+    recs = synthetic_records("stable", steps=6)
+    assert [r["step"] for r in sweep.after_warmup(recs)] == [4, 5, 6]
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    sweep.add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def test_defaults_and_bad_arguments(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    args = parse([])
+    assert len(sweep.parse_lrs(args.lrs)) >= 5 and args.seeds >= 3
+    assert grid.parse_methods(args.methods) == ["grpo", "entropy20", "stapo", "ict", "random10"]
+    assert sweep.parse_lrs("2e-3,1e-4,1e-4") == [1e-4, 2e-3]
+    for bad in ("1e-4,x", "0,1e-3", ""):
+        with pytest.raises(ValueError, match="--lrs"):
+            sweep.parse_lrs(bad)
+    assert sweep.run(parse(["--methods", "ict,stapoo", "--output-dir", str(tmp_path)])) == 2
+    assert "unknown method 'stapoo'" in capsys.readouterr().err
+
+
+@pytest.mark.integration
+def test_sweep_quick_end_to_end(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory,
+                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ICTRL_CACHE_DIR", str(tmp_path_factory.mktemp("ictrl_cache")))
+    out = tmp_path / "sweep"
+    argv = ["--quick", "--methods", "ict", "--seeds", "1", "--lrs", "1e-4,1e-3", "--output-dir", str(out)]
+    assert sweep.run(parse(argv)) == 0
+    saved = json.loads((out / "sweep.json").read_text())
+    assert [(r["method"], r["lr"]) for r in saved["runs"]] == [("ict", 1e-4), ("ict", 1e-3)]
+    assert all(r["label"] in ("collapsed", "exploded", "stable") for r in saved["runs"])
+    assert saved["thresholds"]["entropy_floor"] == OutcomeThresholds().entropy_floor
+    for name in ("report.html", "stability.md", "stability_heatmap.png", "lr0.001/ict/seed0/done.json"):
+        assert (out / name).is_file(), name
+
+    def no_training(*_: object) -> dict:
+        raise AssertionError("a finished run was trained again")
+
+    monkeypatch.setattr(grid, "train_tiny", no_training)
+    assert sweep.run(parse(argv)) == 0
