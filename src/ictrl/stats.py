@@ -5,11 +5,12 @@ Everything streams over the active (masked-in) rows of ``logits`` in chunks, so 
 few ``[chunk, V]`` float32 buffers and never ``[N, V]`` (at V = 151,936 and N = 2048 the logits alone are 1.2 GB).
 
 Chunk size. ``chunk_size`` counts rows (positions). ``None`` picks ``_CHUNK_BYTES // (4 * V)`` rows, at least 1:
-about 4 MiB per float32 ``[chunk, V]`` buffer, 13 rows at V = 151,936 and 128 rows at V = 32,768. A chunk holds 2–4
-such buffers, so its working set (~8–16 MiB) stays inside a server L3 cache; on the project's CPU this small budget
-ran faster than 64 MiB chunks (each chunk is read and written several times, and cache-resident passes are cheap).
-The group JS sweep takes blocks of ``[G, t_block, V]`` with ``G * t_block <= chunk_size`` (``t_block >= 1``, so a
-group larger than the chunk gets one position per block).
+32 MiB per float32 ``[chunk, V]`` buffer, i.e. 55 rows at V = 151,936 and 256 rows at V = 32,768. A chunk holds two
+such buffers (shifted logits x and e = exp x) plus, for bf16 input, the gathered bf16 rows, so the working set is
+about 64–80 MiB. Why not smaller: plain torch makes ~9 passes per chunk, each a separate parallel region, and on the
+project's shared 2-core machines every region pays a scheduling cost; 2–6-row chunks (cache-resident, faster on an
+idle machine) ran 2–6x slower than 64-row chunks under load. The group JS sweep takes blocks of ``[G, t_block, V]``
+with ``G * t_block <= chunk_size`` (``t_block >= 1``, so a group larger than the chunk gets one position per block).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ __all__ = [
     "group_js_divergence_topk",
 ]
 
-_CHUNK_BYTES = 4 * 2**20
+_CHUNK_BYTES = 32 * 2**20
 _LOG2 = math.log(2.0)
 
 
