@@ -36,7 +36,10 @@ def worker(n: int, v: int, dtype: str, method: str, repeats: int, chunk_size: in
 
     torch.manual_seed(0)
     T = n // RESPONSES
-    logits = (torch.randn(RESPONSES, T, v) * 2.0).to(getattr(torch, {"fp32": "float32", "bf16": "bfloat16"}[dtype]))
+    # Filled one response at a time so that no full-size temporary raises the peak RSS before the baseline.
+    logits = torch.empty(RESPONSES, T, v, dtype={"fp32": torch.float32, "bf16": torch.bfloat16}[dtype])
+    for b in range(RESPONSES):
+        logits[b] = torch.randn(T, v).mul_(2.0)
     mask = torch.ones(RESPONSES, T, dtype=torch.bool)
     tokens = torch.randint(0, v, (RESPONSES, T))
     groups = torch.arange(RESPONSES) // GROUP

@@ -436,3 +436,14 @@ def test_inputs_are_not_modified(temperature, dtype):
     assert torch.equal(logits, before)
     torch.testing.assert_close(plain.entropy, st.entropy, atol=1e-6, rtol=1e-6)
     assert_matches(plain, logits.float(), mask, None, temperature, atol=1e-4, rtol=1e-4)
+
+
+def test_whole_group_in_one_block_all_active():
+    # Regression: with every position active and the whole group in one block, the t-major block rows span a
+    # contiguous range of the flat logits without being in flat order; they must still be gathered, not sliced.
+    logits, _, tokens = make_case(B=4, T=5, V=23, seed=18)
+    mask = torch.ones(4, 5, dtype=torch.bool)
+    groups = torch.tensor([0, 0, 1, 1])
+    for chunk_size in (None, 10):
+        st = token_stats(logits, mask, tokens, group_ids=groups, chunk_size=chunk_size)
+        assert_matches(st, logits, mask, tokens, group_ids=groups)

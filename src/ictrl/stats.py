@@ -7,10 +7,11 @@ few ``[chunk, V]`` float32 buffers and never ``[N, V]`` (at V = 151,936 and N = 
 Chunk size. ``chunk_size`` counts rows (positions). ``None`` picks ``_CHUNK_BYTES // (4 * V)`` rows, at least 1:
 32 MiB per float32 ``[chunk, V]`` buffer, i.e. 55 rows at V = 151,936 and 256 rows at V = 32,768. A chunk holds two
 such buffers (shifted logits x and e = exp x) plus, for bf16 input, the gathered bf16 rows, so the working set is
-about 64–80 MiB. Why not smaller: plain torch makes ~9 passes per chunk, each a separate parallel region, and on the
-project's shared 2-core machines every region pays a scheduling cost; 2–6-row chunks (cache-resident, faster on an
-idle machine) ran 2–6x slower than 64-row chunks under load. The group JS sweep takes blocks of ``[G, t_block, V]``
-with ``G * t_block <= chunk_size`` (``t_block >= 1``, so a group larger than the chunk gets one position per block).
+about 64-80 MiB. Why not smaller: plain torch makes ~7 passes per chunk (~12 with JS), each a separate parallel
+region, and on the project's shared 2-core machines every region pays a scheduling cost; 2-6-row chunks
+(cache-resident, faster on an idle machine) ran 2-6x slower than 64-row chunks under load. The group JS sweep takes
+blocks of ``[G, t_block, V]`` with ``G * t_block <= chunk_size`` (``t_block >= 1``: a group larger than the chunk gets
+one position per block).
 """
 
 from __future__ import annotations
@@ -121,9 +122,9 @@ def _rows_per_chunk(chunk_size: int | None, V: int) -> int:
 
 
 def _gather_rows(flat: Tensor, idx: Tensor) -> tuple[Tensor, bool]:
-    """Rows idx [n] of flat [N, V]; returns (rows, owned). A contiguous run (the all-active case) is a view, not a
-    copy (owned=False: the caller must not write to it); otherwise advanced indexing copies (faster than
-    index_select on CPU)."""
+    """Rows idx [n] (sorted ascending) of flat [N, V]; returns (rows, owned). A contiguous run (the all-active
+    case) is a view, not a copy (owned=False: the caller must not write to it); otherwise advanced indexing copies
+    (faster than index_select on CPU)."""
     n = idx.numel()
     first = int(idx[0])
     if int(idx[-1]) - first + 1 == n:
@@ -158,17 +159,16 @@ def _chunk_stats(src: Tensor, owned: bool, temperature: float, tok: Tensor | Non
     # x is scratch from here. -inf logits give e = 0 and 0 * -inf = NaN; nansum counts those as 0 (p log p -> 0).
     # A NaN logit still propagates, through the max and s.
     ex = x.mul_(e).nansum(dim=1)
-    ee = torch.mul(e, e, out=x).sum(dim=1)
     del x
+    ee = torch.linalg.vector_norm(e, dim=1).square_()  # a fused reduction: no [n, V] temporary
     # Both entropy terms are >= 0 because x <= 0: no cancellation even for very peaked rows.
     stats.update(entropy=log_s - ex / s, renyi2=2.0 * log_s - ee.log(), purity=ee / (s * s))
     return e, s, stats
 
 
-def _entropy_of(p: Tensor, scratch: Tensor | None = None) -> Tensor:
-    """-sum p log p over the last dim of normalised p [n, V]; 0 log 0 = 0 via xlogy. Writes into scratch if given."""
-    out = torch.special.xlogy(p, p, out=scratch) if scratch is not None else torch.special.xlogy(p, p)
-    return -out.sum(dim=-1)
+def _entropy_of(p: Tensor) -> Tensor:
+    """-sum p log p over the last dim of normalised p [..., V]; 0 log 0 = 0 via xlogy."""
+    return -torch.special.xlogy(p, p).sum(dim=-1)
 
 
 # ----------------------------------------------------------------------------------------------- public API
@@ -265,37 +265,41 @@ def _group_sweep(
             idx = members[j] * T + t0 + k  # flat rows, [n]
             counts = blk.sum(dim=1)  # [tb] active responses per position
             tok = tok_flat[idx] if tok_flat is not None else None
-            e, s, st = _chunk_stats(*_gather_rows(flat, idx), temperature, tok)
+            e, s, st = _chunk_stats(flat[idx], True, temperature, tok)  # idx is t-major, not sorted
             for key, v in st.items():
                 out[key][idx] = v
-            ict[idx] = _block_js(e.div_(s.unsqueeze(1)), st["entropy"], k, counts)
+            ict[idx] = _block_js(e, s, st["entropy"], k, counts)
     return ict
 
 
-def _block_js(p: Tensor, h_p: Tensor, k: Tensor, counts: Tensor) -> Tensor:
-    """JS of each row of p [n, V] (normalised, rows sorted by position k [n]) to its position's mean.
+def _block_js(e: Tensor, s: Tensor, h_p: Tensor, k: Tensor, counts: Tensor) -> Tensor:
+    """JS of each row p = e / s to its position's mean q, for e [n, V] with rows sorted by position k [n].
 
-    counts: [tb] rows per position. Overwrites p. Returns [n] float32 clamped to [0, log 2].
+    s: [n] row sums; h_p: [n] entropies; counts: [tb] rows per position. Overwrites e. Returns [n] float32 in
+    [0, log 2], 0 where a position has fewer than two rows.
     """
-    tb = counts.numel()
+    tb, V = counts.numel(), e.shape[1]
+    inv_s = s.reciprocal()
     cnt = counts.tolist()
-    equal = all(c == cnt[0] for c in cnt)
-    if equal:
-        pbar = p.view(tb, cnt[0], -1).sum(dim=1)  # [tb, V]
+    if all(c == cnt[0] for c in cnt):  # the common case: [tb, G, V] views, no per-position loop
+        G = cnt[0]
+        e3 = e.view(tb, G, V)
+        pbar = torch.bmm((inv_s / G).view(tb, 1, G), e3).view(tb, V)  # q = mean_j e_j / s_j, one read of e
+        h_q = _entropy_of(pbar)
+        # r = p + q in one pass, in place
+        torch.addcmul(pbar.unsqueeze(1), e3, inv_s.view(tb, G, 1), out=e3)
     else:
-        pbar = torch.zeros(tb, p.shape[1], dtype=p.dtype, device=p.device).index_add_(0, k, p)
-    pbar.div_(counts.clamp(min=1).unsqueeze(1).to(p.dtype))
-    h_q = _entropy_of(pbar)  # [tb]
-    # r = p + q in place; H(m) = log 2 - (1/2) sum r log r since sum r = 2.
-    if equal:
-        p.view(tb, cnt[0], -1).add_(pbar.unsqueeze(1))
-    else:
+        e.mul_(inv_s.unsqueeze(1))
+        pbar = torch.zeros(tb, V, dtype=e.dtype, device=e.device).index_add_(0, k, e)
+        pbar.div_(counts.clamp(min=1).unsqueeze(1).to(e.dtype))
+        h_q = _entropy_of(pbar)
         start = 0
         for t, c in enumerate(cnt):
             if c:
-                p[start:start + c].add_(pbar[t])
+                e[start:start + c].add_(pbar[t])
             start += c
-    rlogr = torch.special.xlogy(p, p, out=p).sum(dim=1)
+    # H(m) = log 2 - (1/2) sum r log r for r = p + q = 2m (sum r = 2).
+    rlogr = torch.special.xlogy(e, e, out=e).sum(dim=1)
     js = _LOG2 - 0.5 * rlogr - 0.5 * h_p - 0.5 * h_q.index_select(0, k)
     js = js.clamp_(0.0, _LOG2)
     return torch.where(counts.index_select(0, k) >= 2, js, torch.zeros_like(js))

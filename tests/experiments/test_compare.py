@@ -176,9 +176,10 @@ def test_cli_errors_name_the_bad_method(tmp_path: Path, capsys: pytest.CaptureFi
 # ------------------------------------------------------------------------------------------------ end to end
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("ictrl_cache")
+    """One quick base model per test session (test_sweep.py uses the same directory)."""
+    return tmp_path_factory.getbasetemp() / "ictrl_quick_cache"
 
 
 @pytest.mark.integration
@@ -237,8 +238,12 @@ def test_compare_from_a_run_config_resumes_from_a_checkpoint(tiny_model_dir: Pat
     assert saved["method"]["selector"] == "ict" and saved["output_dir"] == str(run_dir)
     assert json.loads((out / "base/result.json").read_text()).keys() >= {"p1", "p4"}
 
-    # A crash after the last checkpoint: the rerun resumes from checkpoint-2 instead of training again.
+    # A crash between checkpoint-1 and checkpoint-2: the rerun resumes from checkpoint-1 rather than step 0.
+    import shutil
+
     (run_dir / grid.DONE_FILE).unlink()
+    for name in ("checkpoint-2", "final"):
+        shutil.rmtree(run_dir / name)
     assert compare.run(parse(argv)) == 0
     done = json.loads((run_dir / grid.DONE_FILE).read_text())
     assert done["resumed"] is True and done["steps"] == 2

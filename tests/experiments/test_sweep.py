@@ -112,7 +112,8 @@ def test_defaults_and_bad_arguments(tmp_path: Path, capsys: pytest.CaptureFixtur
 @pytest.mark.integration
 def test_sweep_quick_end_to_end(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory,
                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("ICTRL_CACHE_DIR", str(tmp_path_factory.mktemp("ictrl_cache")))
+    # the quick base model is shared with test_compare.py's end-to-end test in one session
+    monkeypatch.setenv("ICTRL_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "ictrl_quick_cache"))
     out = tmp_path / "sweep"
     argv = ["--quick", "--methods", "ict", "--seeds", "1", "--lrs", "1e-4,1e-3", "--output-dir", str(out)]
     assert sweep.run(parse(argv)) == 0
@@ -128,3 +129,24 @@ def test_sweep_quick_end_to_end(tmp_path: Path, tmp_path_factory: pytest.TempPat
 
     monkeypatch.setattr(grid, "train_tiny", no_training)
     assert sweep.run(parse(argv)) == 0
+
+
+def test_a_diverged_run_is_exploded(tmp_path: Path) -> None:
+    import torch
+
+    with pytest.raises(RuntimeError) as info:  # what TRL's sampling raises once the weights are non-finite
+        torch.multinomial(torch.tensor([[float("nan"), 1.0]]), 1)
+    assert grid.is_divergence(info.value) and not grid.is_divergence(RuntimeError("shape mismatch"))
+
+    def runner(spec: grid.RunSpec, run_dir: Path) -> dict:
+        if spec.seed == 0:
+            return fake_runner(spec, run_dir)
+        (run_dir / "metrics.jsonl").write_text("")  # blew up before the first log
+        return {"p1": 0.0, "p4": 0.0, "diverged": "probability tensor contains either inf, nan or element < 0"}
+
+    specs = grid.grid_specs(["ict"], 2, [1e-4])
+    results = grid.run_grid(specs, tmp_path, runner, log=lambda _: None)
+    sweep.write_report(tmp_path, ["ict"], [1e-4], specs, results, {"p1": 0.2, "p4": 0.4}, OutcomeThresholds(), {}, 0)
+    rows = json.loads((tmp_path / "sweep.json").read_text())["runs"]
+    assert [(r["label"], r["diverged"]) for r in rows] == [("stable", False), ("exploded", True)]
+    assert "1 such run(s)" in (tmp_path / "report.html").read_text()

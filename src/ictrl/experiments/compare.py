@@ -80,6 +80,10 @@ def write_report(out: Path, methods: list[str], specs: list[grid.RunSpec], resul
     return {"table": table_path, "report": page}
 
 
+def _theta(rl: dict[str, Any]) -> int:
+    return 10 if rl.get("selection_warmup") is None else int(rl["selection_warmup"])
+
+
 def _notes(settings: dict[str, Any], specs: list[grid.RunSpec], results: dict[grid.RunSpec, dict[str, Any]],
            diff: tuple[str, str] | None) -> str:
     seeds = sorted({s.seed for s in specs})
@@ -96,7 +100,8 @@ def _notes(settings: dict[str, Any], specs: list[grid.RunSpec], results: dict[gr
         rl = settings["rl"]
         lines.append(f"Embedded task: base {settings['base']}; {rl['steps']} optimizer steps per run, "
                      f"{rl['prompts_per_step']} prompts x {rl['num_generations']} samples, lr {rl['lr']:g}, "
-                     f"{rl['eval_problems']} held-out problems.")
+                     f"selection warm-up Θ = {_theta(rl)} steps (ict/random10), {rl['eval_problems']} held-out "
+                     f"problems x {rl['eval_n']} samples.")
     elif settings.get("source") == "config":
         lines.append(f"Run config {settings['config']} (model {settings['model']}), eval on {settings['eval']}.")
     lines.append(f"Curves: mean over seeds with the min-max band. Training time summed over runs: {run_seconds:.0f} s.")

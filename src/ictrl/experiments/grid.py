@@ -174,7 +174,8 @@ def _init_worker(threads: int) -> None:
     torch.set_num_threads(threads)
 
 
-def _timed(run_one: Callable[[RunSpec, Path], dict[str, Any]], spec: RunSpec, run_dir: Path) -> tuple[dict[str, Any], float]:
+def _timed(run_one: Callable[[RunSpec, Path], dict[str, Any]], spec: RunSpec,
+           run_dir: Path) -> tuple[dict[str, Any], float]:
     start = time.perf_counter()
     return run_one(spec, run_dir), time.perf_counter() - start
 
@@ -309,12 +310,26 @@ def train_tiny(settings: TinyRL, base: Path, spec: RunSpec, run_dir: Path) -> di
         trainer.remove_callback(cb)
     metrics_path = run_dir / "metrics.jsonl"
     trainer.add_callback(MetricsJSONL(metrics_path, accuracy_reward="tinyarith_reward"))
-    trainer.train()
-    model = trainer.model
+    try:
+        trainer.train()
+    except RuntimeError as exc:
+        if not is_divergence(exc):
+            raise
+        # Weights gone non-finite (sampling from nan/inf probabilities): an outcome of the run, not a bug.
+        # The model can no longer sample, so it scores 0 on the held-out set.
+        records = load_metrics(metrics_path) if metrics_path.exists() else []
+        return {"p1": 0.0, "p4": 0.0, "final_reward": final_reward(records), "steps": trainer.state.global_step,
+                "diverged": str(exc)[:300]}
     tasks = tiny_eval_tasks(settings, base)
-    scores = evaluate_model(model, tokenizer, tasks, run_dir / EVAL_DIR, f"{spec.relpath}", settings.eval_n,
+    scores = evaluate_model(trainer.model, tokenizer, tasks, run_dir / EVAL_DIR, f"{spec.relpath}", settings.eval_n,
                             max_new_tokens(_base_difficulty(base)), settings.temperature, 1.0)
     return {**scores, "final_reward": final_reward(load_metrics(metrics_path)), "steps": trainer.state.global_step}
+
+
+def is_divergence(exc: BaseException) -> bool:
+    """torch's error for sampling from a distribution with nan / inf / negative entries."""
+    text = str(exc).lower()
+    return "probability tensor contains" in text or ("nan" in text and "inf" in text)
 
 
 def eval_tiny_base(settings: TinyRL, base: Path, out_dir: Path) -> dict[str, Any]:
@@ -408,6 +423,9 @@ def add_common_arguments(parser: Any, default_output: str) -> None:
     parser.add_argument("--eval-problems", type=int, default=None,
                         help="held-out problems (embedded task; default 200) or per-benchmark limit (--config)")
     parser.add_argument("--prompts-per-step", type=int, default=None, help="embedded task: prompts per step")
+    parser.add_argument("--selection-warmup", type=int, default=None,
+                        help="embedded task: Θ, steps of full GRPO before ict/random10 select (default 10); "
+                             "scale it down with --steps")
     parser.add_argument("--jobs", type=int, default=1, help="runs in parallel, one torch thread each")
 
 
@@ -451,6 +469,10 @@ def make_experiment(args: Any, log: Callable[[str], None] = print) -> Experiment
         rl_kw["eval_problems"] = args.eval_problems
     if args.prompts_per_step is not None:
         rl_kw["prompts_per_step"] = args.prompts_per_step
+    if args.selection_warmup is not None:
+        if args.selection_warmup < 0:
+            raise ValueError(f"--selection-warmup must be >= 0, got {args.selection_warmup}")
+        rl_kw["selection_warmup"] = args.selection_warmup
     recipe = TinyRecipe(**recipe_kw)
     settings = TinyRL(**rl_kw)
     base = build_tiny_base(recipe, log=log)

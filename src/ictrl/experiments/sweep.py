@@ -1,6 +1,7 @@
 """``ictrl sweep``: learning rate x method x seed stability study (issue #7).
 
-Every run is labelled collapsed / exploded / stable by ``outcomes.label_run`` against the base model's reward,
+Every run is labelled collapsed / exploded / stable by ``outcomes.summarize_run`` against the base model's reward
+(a run whose weights went non-finite, so that sampling failed, is exploded),
 with ``outcomes.OutcomeThresholds()`` as fixed in that module before any sweep ran (they are stored in
 ``sweep.json``). The base reward is the base model's held-out P@1 sampled at the training temperature, i.e. its
 expected training reward.
@@ -73,14 +74,23 @@ def run(args: argparse.Namespace) -> int:
 
 
 def label_runs(out: Path, specs: list[grid.RunSpec], results: dict[grid.RunSpec, dict[str, Any]],
-               base_reward: float, thresholds: OutcomeThresholds) -> tuple[list[dict[str, Any]], dict[grid.RunSpec, list[dict[str, Any]]]]:
+               base_reward: float, thresholds: OutcomeThresholds
+               ) -> tuple[list[dict[str, Any]], dict[grid.RunSpec, list[dict[str, Any]]]]:
     """One row per run (spec, label, window means, P@1/P@4) and the runs' metrics records."""
     metrics = grid.load_grid_metrics(out, specs)
     rows = []
     for s in specs:
-        summary = summarize_run(metrics[s], base_reward, thresholds)
-        rows.append({"method": s.method, "lr": s.lr, "seed": s.seed, "label": summary.label,
-                     "summary": dataclasses.asdict(summary), "p1": results[s]["p1"], "p4": results[s]["p4"],
+        diverged = results[s].get("diverged")
+        summary = None
+        if any(thresholds.entropy_key in r and thresholds.reward_key in r for r in metrics[s]):
+            summary = dataclasses.asdict(summarize_run(metrics[s], base_reward, thresholds))
+        elif not diverged:
+            raise ValueError(f"{s.relpath}: metrics.jsonl has no {thresholds.entropy_key!r} / "
+                             f"{thresholds.reward_key!r} record to label")
+        # A run whose weights went non-finite is exploded whatever its last logged window says.
+        label = "exploded" if diverged else summary["label"]  # type: ignore[index]
+        rows.append({"method": s.method, "lr": s.lr, "seed": s.seed, "label": label, "summary": summary,
+                     "diverged": bool(diverged), "p1": results[s]["p1"], "p4": results[s]["p4"],
                      "final_reward": results[s].get("final_reward"), "seconds": results[s]["seconds"]})
     return rows, metrics
 
@@ -136,7 +146,7 @@ def pick_examples(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any] | None
     final reward among stable; None where no run has the label."""
     picks: dict[str, dict[str, Any] | None] = {}
     for label in LABELS:
-        cands = [r for r in rows if r["label"] == label]
+        cands = [r for r in rows if r["label"] == label and r["summary"] is not None]
         if not cands:
             picks[label] = None
         elif label == "collapsed":
@@ -169,7 +179,8 @@ def write_report(out: Path, methods: list[str], lrs: list[float], specs: list[gr
 
     picks = pick_examples(rows)
     spec_of = {(s.method, s.lr, s.seed): s for s in specs}
-    example_runs = {f"{label}: {r['method']} lr={r['lr']:g} seed {r['seed']}": [metrics[spec_of[(r['method'], r['lr'], r['seed'])]]]
+    example_runs = {f"{label}: {r['method']} lr={r['lr']:g} seed {r['seed']}":
+                    [metrics[spec_of[(r["method"], r["lr"], r["seed"])]]]
                     for label, r in picks.items() if r is not None}
     if example_runs:
         images += report.plot_curves(example_runs, EXAMPLE_KEYS, out_dir=out / "examples")
@@ -190,7 +201,9 @@ def write_report(out: Path, methods: list[str], lrs: list[float], specs: list[gr
         f"training temperature). Thresholds, fixed before the sweep: {dataclasses.asdict(thresholds)}. "
         "collapsed = last-window H1 < entropy_floor and reward gained <= min_reward_gain; exploded = last-window "
         "H1 > max(explode_ratio x first-window H1, explode_min) and last-window reward < base - reward_drop; "
-        "stable = neither. Windows shrink to half the run when it has fewer than 2 x window logged steps.",
+        "stable = neither. Windows shrink to half the run when it has fewer than 2 x window logged steps. A run "
+        f"whose weights went non-finite (sampling failed) counts as exploded with P@1 = P@4 = 0: "
+        f"{sum(r['diverged'] for r in rows)} such run(s).",
         "Stability table: stable seeds / seeds per cell (C = collapsed, E = exploded). Widest stable range: the "
         "widest contiguous lr range in which every seed is stable. Second table: mean held-out P@1 / P@4 (%).",
         "Example curves: " + ", ".join(f"{k}: {v['method']} lr={v['lr']:g} seed {v['seed']}"
@@ -203,7 +216,8 @@ def write_report(out: Path, methods: list[str], lrs: list[float], specs: list[gr
         rl = settings["rl"]
         notes.append(f"Embedded task: base {settings['base']}; {rl['steps']} optimizer steps per run, "
                      f"{rl['prompts_per_step']} prompts x {rl['num_generations']} samples, {rl['num_iterations']} "
-                     f"optimizer steps per generation batch, {rl['eval_problems']} held-out problems, n = "
-                     f"{rl['eval_n']}.")
+                     f"optimizer steps per generation batch, selection warm-up Θ = "
+                     f"{10 if rl.get('selection_warmup') is None else rl['selection_warmup']} steps (ict/random10), "
+                     f"{rl['eval_problems']} held-out problems, n = {rl['eval_n']}.")
     return report.render_report("ictrl sweep: learning-rate stability", list(tables), images, "\n\n".join(notes),
                                 out / "report.html")
