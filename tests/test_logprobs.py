@@ -148,8 +148,9 @@ def test_bfloat16_hidden_gives_float32_logprobs() -> None:
     torch.testing.assert_close(got[c["selected"]], want[c["selected"]], rtol=0.05, atol=0.15)
     # bf16 activations into an fp32 head (TRL's cast_lm_head_to_fp32): computed in fp32, gradient back in bf16.
     hidden16 = c["hidden"].to(torch.bfloat16).requires_grad_(True)
-    got = selected_token_logprobs(hidden16, c["head"], c["tokens"], c["selected"])
-    torch.testing.assert_close(got[c["selected"]], want[c["selected"]], rtol=0.02, atol=0.05)
+    got = selected_token_logprobs(hidden16, c["head"], c["tokens"], c["selected"], with_unselected=True,
+                                  mask=c["mask"])
+    torch.testing.assert_close(got[c["mask"]], want[c["mask"]], rtol=0.02, atol=0.05)
     got.sum().backward()
     assert hidden16.grad.dtype == torch.bfloat16 and bool(torch.isfinite(hidden16.grad).all())
 

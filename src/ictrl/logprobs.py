@@ -92,7 +92,7 @@ def _validate(
     return sel, (full if full is not None else torch.ones_like(sel)), V
 
 
-def _head_logprobs(h: Tensor, tok: Tensor, lm_head: nn.Module, temperature: float) -> Tensor:
+def _head_logprobs(h: Tensor, tok: Tensor, lm_head: Any, temperature: float) -> Tensor:
     """log softmax(head(h) / temperature)[tok] for rows h [n, H], tok [n] → [n]; half precision is upcast to fp32."""
     logits = lm_head(h)
     if logits.dtype in (torch.float16, torch.bfloat16):
@@ -200,23 +200,26 @@ def selected_token_logprobs(
     tokens = tokens.to(hidden.device)
     flat_h = hidden.reshape(B * T, H)
     flat_tok = tokens.reshape(B * T)
+    fused = isinstance(lm_head, Tensor) or type(lm_head) is nn.Linear
+    if fused:
+        weight = lm_head if isinstance(lm_head, Tensor) else lm_head.weight
+        bias = None if isinstance(lm_head, Tensor) else lm_head.bias
+        if not torch.is_autocast_enabled(hidden.device.type):
+            # A head kept in fp32 under bf16 activations (TRL's cast_lm_head_to_fp32) takes fp32 inputs.
+            flat_h = flat_h.to(weight.dtype)
 
     base = torch.zeros(B * T, dtype=out_dtype, device=hidden.device)
     if with_unselected:
         rest = (full & ~sel).reshape(-1).nonzero().squeeze(1)
+        head = (lambda x: F.linear(x, weight, bias)) if fused else lm_head
         with torch.no_grad():
             for start in range(0, rest.numel(), rows):
                 idx = rest[start:start + rows]
-                head = (lambda x: F.linear(x, lm_head)) if isinstance(lm_head, Tensor) else lm_head
                 base[idx] = _head_logprobs(flat_h[idx], flat_tok[idx], head, temperature).to(out_dtype)
 
     idx = sel.reshape(-1).nonzero().squeeze(1)
     h_sel, tok_sel = flat_h.index_select(0, idx), flat_tok.index_select(0, idx)
-    if isinstance(lm_head, Tensor) or type(lm_head) is nn.Linear:
-        weight = lm_head if isinstance(lm_head, Tensor) else lm_head.weight
-        bias = None if isinstance(lm_head, Tensor) else lm_head.bias
-        # A head kept in fp32 under bf16 activations (TRL's cast_lm_head_to_fp32) takes fp32 inputs.
-        h_sel = h_sel.to(weight.dtype) if not torch.is_autocast_enabled(h_sel.device.type) else h_sel
+    if fused:
         vals = _LinearLogProb.apply(h_sel, weight, bias, tok_sel, float(temperature), rows)
     else:
         # Any other head module (e.g. an adapter-wrapped layer): checkpoint each chunk, so backward recomputes its

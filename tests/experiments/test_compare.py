@@ -186,7 +186,7 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_compare_quick_end_to_end_and_resume(tmp_path: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ICTRL_CACHE_DIR", str(cache_dir))
     out = tmp_path / "cmp"
-    argv = ["--quick", "--methods", "grpo,ict", "--seeds", "1", "--output-dir", str(out)]
+    argv = ["--quick", "--methods", "ict", "--seeds", "1", "--output-dir", str(out)]
     assert compare.run(parse(argv)) == 0
     for name in ("results.md", "results.json", "report.html", "curve_reward.png", "base/result.json"):
         assert (out / name).is_file(), name
@@ -195,7 +195,7 @@ def test_compare_quick_end_to_end_and_resume(tmp_path: Path, cache_dir: Path, mo
     assert all("ictrl/h1/all" in r and "reward" in r for r in records)
     done = json.loads((out / "ict/seed0" / grid.DONE_FILE).read_text())
     assert 0.0 <= done["p1"] <= done["p4"] <= 1.0
-    assert "| grpo (n=1) |" in (out / "results.md").read_text()
+    assert "| ict (n=1) |" in (out / "results.md").read_text()
 
     # A second invocation trains nothing; a run without its done marker (a crash) is trained again.
     calls: list[str] = []
@@ -208,10 +208,10 @@ def test_compare_quick_end_to_end_and_resume(tmp_path: Path, cache_dir: Path, mo
     monkeypatch.setattr(grid, "train_tiny", counting)
     assert compare.run(parse(argv)) == 0
     assert calls == []
-    (out / "grpo/seed0" / grid.DONE_FILE).unlink()
+    (out / "ict/seed0" / grid.DONE_FILE).unlink()
     assert compare.run(parse(argv)) == 0
-    assert calls == ["grpo/seed0"]
-    assert (out / "grpo/seed0" / grid.DONE_FILE).is_file()
+    assert calls == ["ict/seed0"]
+    assert (out / "ict/seed0" / grid.DONE_FILE).is_file()
 
 
 @pytest.mark.integration

@@ -100,6 +100,14 @@ class ICTGRPOConfig(GRPOConfig):
         metadata={"help": "Most (response, position) rows of full-vocabulary logits materialised at once by the "
                   "statistics pass (memory bound: rows × vocab × 4 bytes)."},
     )
+    sparse_backward: bool = field(
+        default=False,
+        metadata={"help": "Apply the LM head (and its backward) only at the selected tokens: the backbone runs as "
+                  "usual, then ictrl.logprobs.selected_token_logprobs projects the selected positions' hidden states "
+                  "to the vocabulary in row chunks. Same loss and gradient as the dense path, without the head's "
+                  "[tokens, V] work at the unselected positions (~90% of them for ict). Log-probs at unselected "
+                  "positions are not computed (they carry zero loss weight)."},
+    )
     selection_seed: int | None = field(
         default=None,
         metadata={"help": "Seed of the random selector (combined with the optimizer step). None: `seed`."},
@@ -150,6 +158,8 @@ class ICTGRPOConfig(GRPOConfig):
         if isinstance(self.stats_chunk_size, bool) or not isinstance(self.stats_chunk_size, int) \
                 or self.stats_chunk_size < 1:
             raise ValueError(f"stats_chunk_size must be an int >= 1, got {self.stats_chunk_size!r}")
+        if not isinstance(self.sparse_backward, bool):
+            raise ValueError(f"sparse_backward must be a bool, got {self.sparse_backward!r}")
         if self.selection_seed is None:
             self.selection_seed = self.seed
         if isinstance(self.selection_seed, bool) or not isinstance(self.selection_seed, int) or self.selection_seed < 0:

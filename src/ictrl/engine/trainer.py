@@ -9,7 +9,8 @@ Override points (all checked against trl 1.16.0 by ``tests/engine/test_trainer.p
   ``steps_per_generation`` then carries it with the other [B, ...] tensors.
 - ``_prepare_inputs``: when TRL has just buffered a new generation batch, attach the global normalisers of each
   optimizer step (responses, tokens summed over its micro-batches and all processes) as 0-d tensors.
-- ``_compute_loss``: TRL's fused per-token log-probs, then ``ictrl.loss.policy_loss`` with the mask, the chosen
+- ``_compute_loss``: TRL's fused per-token log-probs (or, with ``sparse_backward``, the LM head over the selected
+  positions only: ``ictrl.logprobs``), then ``ictrl.loss.policy_loss`` with the mask, the chosen
   normalisation and the global normalisers divided by the process count (DDP averages gradients), so any split
   of one optimizer batch over micro-batches and processes gives the one-big-batch gradient.
 
@@ -31,6 +32,7 @@ from torch import Tensor
 from trl import GRPOTrainer
 
 from ictrl.engine.config import ICTGRPOConfig
+from ictrl.logprobs import selected_token_logprobs
 from ictrl.loss import policy_loss
 from ictrl.metrics import step_metrics
 from ictrl.selection import SelectionInputs, select
@@ -230,6 +232,25 @@ class ICTGRPOTrainer(GRPOTrainer):
 
     # -------------------------------------------------------------------------------------------- loss
 
+    def _selected_logps(self, model: Any, input_ids: Tensor, attention_mask: Tensor, completion_ids: Tensor,
+                        selected: Tensor) -> Tensor:
+        """[B, T] log π_θ of the completion tokens with the LM head applied only where ``selected`` (0 elsewhere).
+
+        The call goes through ``model`` (possibly DDP-wrapped) so gradient-sync hooks run; ``logits_to_keep=1``
+        limits the model's own head to one position, and ``hidden_states[-1]`` is the final-norm output (the LM
+        head's input). ``sparse_backward`` docs: ICTGRPOConfig.
+        """
+        T = completion_ids.size(1)
+        with self.accelerator.autocast():
+            out = model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True,
+                        logits_to_keep=1, use_cache=False)
+        hidden = out.hidden_states[-1][:, -T - 1:-1]  # position P-1+t predicts completion token t
+        unwrapped = self.accelerator.unwrap_model(model)
+        if hasattr(unwrapped, "get_base_model"):  # PEFT
+            unwrapped = unwrapped.get_base_model()
+        return selected_token_logprobs(hidden, unwrapped.get_output_embeddings(), completion_ids, selected,
+                                       temperature=self.temperature)
+
     def _compute_loss(self, model: Any, inputs: dict[str, Any]) -> Tensor:
         prompt_ids, completion_ids = inputs["prompt_ids"], inputs["completion_ids"]
         input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
@@ -237,8 +258,12 @@ class ICTGRPOTrainer(GRPOTrainer):
         mask = inputs["completion_mask"].bool()
         if "tool_mask" in inputs:
             mask = mask & inputs["tool_mask"].bool()
-        logps, _, _ = self._get_per_token_logps_and_entropies(model, input_ids, attention_mask,
-                                                              completion_ids.size(1))
+        if self.args.sparse_backward:
+            logps = self._selected_logps(model, input_ids, attention_mask, completion_ids,
+                                         inputs["ictrl_selected"] & mask)
+        else:
+            logps, _, _ = self._get_per_token_logps_and_entropies(model, input_ids, attention_mask,
+                                                                  completion_ids.size(1))
         old = inputs.get("old_per_token_logps")
         old = logps.detach() if old is None else old
         ref = inputs.get("ref_per_token_logps") if self.beta != 0.0 else None

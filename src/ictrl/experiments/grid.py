@@ -299,7 +299,7 @@ def train_tiny(settings: TinyRL, base: Path, spec: RunSpec, run_dir: Path) -> di
     args = build_trainer_args(cfg, cfg.output_dir)
     model, tokenizer = load_tiny_base(base)
     # As ictrl demo: enough distinct prompts for the run, drawn with the run's seed.
-    problems = tinytask.generate_problems(max(64, settings.prompts_per_step * settings.steps), "train",
+    problems = tinytask.generate_problems(min(2000, max(64, settings.prompts_per_step * settings.steps)), "train",
                                           _base_difficulty(base), seed=spec.seed)
     dataset = datasets.Dataset.from_dict({"prompt": [p.question for p in problems],
                                           "gold": [p.gold for p in problems]})
