@@ -11,10 +11,11 @@ function, as TRL's chunked log-prob kernel but over the selected rows only); any
 chunk under activation checkpointing (one ``[V, H]`` gradient per chunk is then summed by autograd).
 
 Layout (docs/architecture.md, "Shifted layout"): ``hidden[b, t]`` is the backbone output that predicts
-``tokens[b, t]``, i.e. ``last_hidden_state[:, prompt_len - 1:-1]``. The backbone's final norm is part of the backbone
-(``model.base_model`` in transformers), so ``hidden`` is already normalised; the head is ``model.get_output_embeddings()``
-(with tied embeddings this *is* the embedding matrix, and its gradient accumulates into the shared parameter).
-Logit scaling or soft-capping that a model applies outside its head module is not applied here.
+``tokens[b, t]``, i.e. ``last_hidden_state[:, prompt_len - 1:-1]``. The backbone's final norm is part of the
+backbone (``model.base_model`` in transformers), so ``hidden`` is already normalised; the head is
+``model.get_output_embeddings()`` (with tied embeddings this *is* the embedding matrix, and its gradient accumulates
+into the shared parameter). Logit scaling or soft-capping that a model applies outside its head module is not
+applied here.
 
 Chunk size. ``chunk_size`` counts rows; ``None`` picks ``_CHUNK_BYTES // (4 * V)`` rows (at least 1): 55 rows at
 V = 151,936, 256 at V = 32,768. The fused backward holds one fp32 ``[chunk, V]`` buffer per chunk (the checkpointed
