@@ -7,6 +7,8 @@ active (no row is skipped, so all methods do the same work).
 
     .venv/bin/python bench/bench_stats.py            # full grid: N {512, 2048} x V {32768, 151936} x {fp32, bf16}
     .venv/bin/python bench/bench_stats.py --quick    # headline only: N 2048, V 151936, fp32
+    .venv/bin/python bench/bench_stats.py --quick --baseline /tmp/stats_old.py --rounds 3
+        # also time another copy of ictrl/stats.py (methods "base:..."), interleaved with the current one
 
 Writes bench/results/stats.json (atomically) and prints a table with ratios to log_softmax.
 """
@@ -29,10 +31,27 @@ GROUP = 8
 RESPONSES = 16
 
 
-def worker(n: int, v: int, dtype: str, method: str, repeats: int, chunk_size: int | None) -> dict:
+def _load_stats_module(baseline: Path | None):
+    """ictrl.stats, or the module at ``baseline`` (a saved copy of stats.py) when given."""
+    if baseline is None:
+        import ictrl.stats as mod
+        return mod
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("stats_baseline", baseline)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up there
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def worker(n: int, v: int, dtype: str, method: str, repeats: int, chunk_size: int | None,
+           baseline: Path | None = None) -> dict:
     import torch
 
-    from ictrl.stats import group_js_divergence, token_stats
+    use_base = method.startswith("base:")
+    mod = _load_stats_module(baseline if use_base else None)
+    group_js_divergence, token_stats = mod.group_js_divergence, mod.token_stats
+    kind = method.removeprefix("base:")
 
     torch.manual_seed(0)
     T = n // RESPONSES
@@ -47,11 +66,11 @@ def worker(n: int, v: int, dtype: str, method: str, repeats: int, chunk_size: in
     groups = torch.arange(RESPONSES) // GROUP
 
     def run(lg, mk, tk):
-        if method == "log_softmax":
+        if kind == "log_softmax":
             return torch.log_softmax(lg, dim=-1)
-        if method == "token_stats":
+        if kind == "token_stats":
             return token_stats(lg, mk, tk, chunk_size=chunk_size)
-        if method == "group_js":
+        if kind == "group_js":
             return group_js_divergence(lg, mk, groups, chunk_size=chunk_size)
         return token_stats(lg, mk, tk, chunk_size=chunk_size, group_ids=groups)
 
@@ -87,7 +106,12 @@ def main() -> None:
     ap.add_argument("--v", type=int, nargs="+", default=[32768, 151936], help="vocabulary sizes")
     ap.add_argument("--dtype", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
     ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=3, help="timed runs per worker (median taken)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="run every method's worker this many times, interleaved (times pooled, peak = max): "
+                         "spreads load drift on a shared machine over all methods")
+    ap.add_argument("--baseline", type=Path, default=None,
+                    help="a saved copy of stats.py to time side by side (methods prefixed 'base:')")
     ap.add_argument("--chunk-size", type=int, default=None, help="rows per chunk (default: the module's budget)")
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "stats.json")
     ap.add_argument("--worker", nargs=4, metavar=("N", "V", "DTYPE", "METHOD"), help=argparse.SUPPRESS)
@@ -95,34 +119,49 @@ def main() -> None:
 
     if args.worker:
         n, v, dtype, method = args.worker
-        print(json.dumps(worker(int(n), int(v), dtype, method, args.repeats, args.chunk_size)))
+        print(json.dumps(worker(int(n), int(v), dtype, method, args.repeats, args.chunk_size, args.baseline)))
         return
     if args.quick:
         args.n, args.v, args.dtype = [2048], [151936], ["fp32"]
+    methods = list(args.methods)
+    if args.baseline is not None:
+        methods += [f"base:{m}" for m in args.methods if m != "log_softmax"]
 
     results = []
     for n in args.n:
         for v in args.v:
             for dtype in args.dtype:
-                for method in args.methods:
-                    cmd = [sys.executable, __file__, "--worker", str(n), str(v), dtype, method,
-                           "--repeats", str(args.repeats)]
-                    if args.chunk_size is not None:
-                        cmd += ["--chunk-size", str(args.chunk_size)]
-                    res = subprocess.run(cmd, capture_output=True, text=True)
-                    if res.returncode != 0:
-                        sys.exit(f"worker failed for {n} {v} {dtype} {method}:\n{res.stderr}")
-                    r = json.loads(res.stdout.strip().splitlines()[-1])
+                pooled: dict[str, dict] = {}
+                for _ in range(args.rounds):
+                    for method in methods:
+                        cmd = [sys.executable, __file__, "--worker", str(n), str(v), dtype, method,
+                               "--repeats", str(args.repeats)]
+                        if args.chunk_size is not None:
+                            cmd += ["--chunk-size", str(args.chunk_size)]
+                        if args.baseline is not None:
+                            cmd += ["--baseline", str(args.baseline)]
+                        res = subprocess.run(cmd, capture_output=True, text=True)
+                        if res.returncode != 0:
+                            sys.exit(f"worker failed for {n} {v} {dtype} {method}:\n{res.stderr}")
+                        r = json.loads(res.stdout.strip().splitlines()[-1])
+                        print(f"  done N={n} V={v} {dtype} {method}: {r['median_s']:.3f} s", file=sys.stderr)
+                        if method in pooled:
+                            p = pooled[method]
+                            p["times_s"] += r["times_s"]
+                            p["peak_extra_gb"] = max(p["peak_extra_gb"], r["peak_extra_gb"])
+                        else:
+                            pooled[method] = r
+                for r in pooled.values():
+                    r["median_s"] = statistics.median(r["times_s"])
                     results.append(r)
-                    print(f"  done N={n} V={v} {dtype} {method}: {r['median_s']:.3f} s", file=sys.stderr)
 
     write_json_atomic(args.out, {"argv": sys.argv[1:], "results": results})
-    print(f"{'N':>5} {'V':>7} {'dtype':>5} {'method':>13} {'median s':>9} {'x log_softmax':>13} {'extra GB':>9}")
+    print(f"{'N':>5} {'V':>7} {'dtype':>5} {'method':>18} {'median s':>9} {'x log_softmax':>13} {'extra GB':>9}")
     base = {(r["n"], r["v"], r["dtype"]): r["median_s"] for r in results if r["method"] == "log_softmax"}
     for r in results:
         b = base.get((r["n"], r["v"], r["dtype"]))
         ratio = f"{r['median_s'] / b:.2f}" if b else "-"
-        print(f"{r['n']:>5} {r['v']:>7} {r['dtype']:>5} {r['method']:>13} {r['median_s']:>9.3f} {ratio:>13} "
+        print(f"{r['n']:>5} {r['v']:>7} {r['dtype']:>5} {r['method']:>18} {r['median_s']:>9.3f} {ratio:>13} "
               f"{r['peak_extra_gb']:>9.3f}")
     print(f"wrote {args.out}")
 

@@ -9,7 +9,6 @@ import textwrap
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ictrl.logprobs import selected_token_logprobs

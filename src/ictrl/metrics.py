@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import torch
 from torch import Tensor
 
 from ictrl.selection import as_bool_mask

@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from transformers import TrainerCallback
 
-from ictrl.engine.run_config import write_atomic
+from ictrl.files import atomic_write_text
 
 CLIP_KEY = "ictrl/clip_frac"  # ICTGRPOTrainer's; plain TRL logs clip_ratio/region_mean
 SUMMARY_KEYS = ("train_runtime", "train_samples_per_second")  # the end-of-training log, not a step
@@ -57,7 +57,7 @@ class MetricsJSONL(TrainerCallback):
                     continue
                 if row.get("step", math.inf) <= state.global_step:
                     kept.append(line)
-        write_atomic(self.path, "".join(line + "\n" for line in kept))
+        atomic_write_text(self.path, "".join(line + "\n" for line in kept))
         self._fh = open(self.path, "a")
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None,

@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
-import tempfile
 import types
 import typing
 from dataclasses import dataclass, field
@@ -22,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from ictrl.files import atomic_write_text
 
 SELECTORS = ("all", "ict", "entropy", "stapo", "random", "frequent")
 SCOPES = ("response", "group", "batch")
@@ -489,25 +490,7 @@ def config_to_dict(cfg: RunConfig) -> dict[str, Any]:
 
 def save_config(cfg: RunConfig, path: str | os.PathLike[str]) -> None:
     """Write the resolved config as YAML, atomically."""
-    write_atomic(path, yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
-
-
-def write_atomic(path: str | os.PathLike[str], text: str) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file the mode open() would
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write_text(path, yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
 
 
 # --- mapping onto the trainer's config ------------------------------------------------------------------------

@@ -19,7 +19,6 @@ import hashlib
 import json
 import math
 import os
-import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -27,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ictrl.files import atomic_write_text
 from ictrl.eval.passk import bootstrap_ci, mean_std, pass_at_k
 
 SETTINGS_FILE = "settings.json"
@@ -105,20 +105,6 @@ class EvalResult:
     markdown: str
 
 
-def _atomic_write_text(path: Path, text: str) -> None:
-    # a unique name opened with "x" (not mkstemp) so the file gets the umask's permissions, not 0600
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        with open(tmp, "x", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def _json_safe(obj: Any) -> Any:
     """NaN (std of one seed) is not JSON; write it as null."""
     if isinstance(obj, float) and not math.isfinite(obj):
@@ -167,7 +153,7 @@ def _check_settings(output_dir: Path, config: EvalConfig) -> None:
     path = output_dir / SETTINGS_FILE
     current = asdict(config)
     if not path.exists():
-        _atomic_write_text(path, json.dumps(current, indent=2) + "\n")
+        atomic_write_text(path, json.dumps(current, indent=2) + "\n")
         return
     try:
         stored = json.loads(path.read_text(encoding="utf-8"))
@@ -207,7 +193,7 @@ def _load_finished(path: Path) -> dict[tuple[int, str, str], dict[str, Any]]:
         kept.append(line)
     if len(kept) != len(lines) or (text and not text.endswith("\n")):
         # drop the torn record and end with a newline, so the next append starts a fresh line
-        _atomic_write_text(path, "".join(k + "\n" for k in kept))
+        atomic_write_text(path, "".join(k + "\n" for k in kept))
     return finished
 
 
@@ -334,8 +320,8 @@ def evaluate(
     markdown = format_markdown(summary)
     if out is not None:
         payload = {"summary": summary, "records": records}
-        _atomic_write_text(out / RESULTS_JSON, json.dumps(_json_safe(payload), indent=1, ensure_ascii=False) + "\n")
-        _atomic_write_text(out / RESULTS_MD, markdown)
+        atomic_write_text(out / RESULTS_JSON, json.dumps(_json_safe(payload), indent=1, ensure_ascii=False) + "\n")
+        atomic_write_text(out / RESULTS_MD, markdown)
     return EvalResult(summary=_json_safe(summary), records=records, markdown=markdown)
 
 

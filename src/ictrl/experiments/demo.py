@@ -88,7 +88,7 @@ def _trajectory(log_history: list[dict[str, Any]]) -> list[dict[str, float]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ictrl.engine.run_config import write_atomic
+    from ictrl.files import atomic_write_text
 
     if args.steps is not None and args.steps < 1:
         raise ValueError(f"--steps must be at least 1, got {args.steps}")
@@ -160,6 +160,6 @@ def run(args: argparse.Namespace) -> int:
         "improvement": {k: after[k] - before[k] for k in before},
         "entropy_trajectory": trajectory, "seconds": timings,
     }
-    write_atomic(out / "summary.json", json.dumps(summary, indent=2, default=str) + "\n")
+    atomic_write_text(out / "summary.json", json.dumps(summary, indent=2, default=str) + "\n")
     print(f"summary: {out / 'summary.json'}")
     return 0

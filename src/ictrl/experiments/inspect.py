@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ictrl.experiments.report import atomic_write_text
+from ictrl.files import atomic_write_text
 
 SELECTORS = ("ict", "entropy", "random", "frequent", "all")  # stapo needs advantages, which one prompt lacks
 U_RGB = (230, 85, 13)  # orange: ICT score

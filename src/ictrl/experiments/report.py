@@ -21,11 +21,12 @@ import json
 import math
 import os
 import re
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from ictrl.files import atomic_write_bytes, atomic_write_text  # noqa: F401  (re-exported for experiments)
 
 DEFAULT_CURVE_KEYS: dict[str, str] = {
     "reward": "reward",
@@ -41,26 +42,6 @@ TABLE_COLUMNS = ("P@1", "P@4", "Total")
 
 
 # ---------------------------------------------------------------------------------------------------- files
-
-
-def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
-    """Write ``data`` to ``path`` via a temp file in the same directory and ``os.replace``; returns the path."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return path
-
-
-def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
-    return atomic_write_bytes(path, text.encode("utf-8"))
 
 
 def load_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
