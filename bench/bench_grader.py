@@ -11,15 +11,13 @@ Prints p50/p99/max milliseconds per call; ``--out`` writes the same numbers as J
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import random
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
+from ictrl.files import atomic_write_json
 from ictrl import rewards
 from ictrl.data import load_problems
 
@@ -66,13 +64,6 @@ def time_calls(pairs: list[tuple[str, str]], repeats: int) -> dict[str, float]:
     }
 
 
-def write_json_atomic(path: Path, data: object) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=2)
-    os.replace(tmp, path)
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=3)
@@ -112,7 +103,7 @@ def main() -> int:
         notes = {k: r[k] for k in ("rejected", "timeouts", "verify_calls") if k in r}
         print(f"{name:42s} {r['calls']:6d} {r['p50_ms']:9.3f} {r['p99_ms']:9.3f} {r['max_ms']:9.1f}  {notes or ''}")
     if args.out:
-        write_json_atomic(args.out, results)
+        atomic_write_json(args.out, results)
     return 0
 
 

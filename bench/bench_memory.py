@@ -36,7 +36,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_train_step import build_trainer, has_sparse_backward, write_atomic  # noqa: E402
+from bench_train_step import build_trainer, has_sparse_backward  # noqa: E402
+
+from ictrl.files import atomic_write_json  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "memory.json"
 
@@ -165,7 +167,7 @@ def main() -> None:
         print(f"{case:12s} {r['step_peak_mb']:13.1f} {r['rss_before_step_mb']:14.1f}")
     for k, v in out["ratios"].items():
         print(f"  ratio {k:24s} {v:.3f}")
-    write_atomic(RESULTS, out)
+    atomic_write_json(RESULTS, out)
     print(f"\nwrote {RESULTS}")
 
 

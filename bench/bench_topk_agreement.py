@@ -17,16 +17,14 @@ responses deviate from the group much more than others.
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import torch
 
+from ictrl.files import atomic_write_json
 from ictrl.stats import group_js_divergence, group_js_divergence_topk
 
 G = 8
@@ -61,14 +59,6 @@ def spearman(a: torch.Tensor, b: torch.Tensor) -> float:
     ra = a.flatten().argsort().argsort().double()
     rb = b.flatten().argsort().argsort().double()
     return float(torch.corrcoef(torch.stack([ra, rb]))[0, 1])
-
-
-def write_json_atomic(path: Path, data: object) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=2)
-    os.replace(tmp, path)
 
 
 def main() -> None:
@@ -118,7 +108,7 @@ def main() -> None:
             mean = {key: sum(r[key] for r in runs) / len(runs) for key in runs[0]}
             rows.append({"dist": dist, "k": k, "seeds": len(runs), **mean, "runs": runs})
 
-    write_json_atomic(args.out, {"argv": sys.argv[1:], "v": args.v, "groups": args.groups, "t": args.t,
+    atomic_write_json(args.out, {"argv": sys.argv[1:], "v": args.v, "groups": args.groups, "t": args.t,
                                  "ratio": args.ratio, "results": rows})
     print(f"V={args.v}, {args.groups} groups x {G} responses x {args.t} positions, top {args.ratio:.0%} per response, "
           f"mean over {args.seeds} seeds")

@@ -27,8 +27,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
-import os
 import statistics
 import sys
 import tempfile
@@ -37,6 +35,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from ictrl.files import atomic_write_json
 
 RESULTS = Path(__file__).resolve().parent / "results" / "train_step.json"
 PROMPTS = [f"Problem {i}: what is {i} + {2 * i + 1}? Answer:" for i in range(64)]
@@ -49,14 +49,6 @@ def fixed_reward(prompts: list[Any], completions: list[str], completion_ids: lis
     Ids, not text: with the vocabulary padded past the tokenizer's 259 tokens most sampled ids decode to "".
     """
     return [float(sum(ids) % 2) for ids in completion_ids]
-
-
-def write_atomic(path: Path, data: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=2)
-    os.replace(tmp, path)
 
 
 def has_sparse_backward() -> bool:
@@ -237,7 +229,7 @@ def main() -> None:
     print(f"\nLoss head forward+backward, B={B} T={T} H={H} V={a.vocab}, 10% selected, median of {a.repeats + 2}")
     for k, v in head.items():
         print(f"  {k:14s} {v:8.3f} s")
-    write_atomic(RESULTS, result)
+    atomic_write_json(RESULTS, result)
     print(f"\nwrote {RESULTS}")
 
 

@@ -120,37 +120,59 @@ def _rows_per_chunk(chunk_size: int | None, V: int) -> int:
 
 # ----------------------------------------------------------------------------------------------- kernels
 
-
-def _load(flat: Tensor, idx: Tensor, buf: Tensor, temperature: float) -> Tensor:
-    """The rows idx [n] of flat [N, V] divided by temperature, as float32 [n, V]: a view of flat when idx is a
-    contiguous ascending run of fp32 rows at temperature 1 (no copy), else written into buf [n, V] float32."""
-    n = idx.numel()
-    first = int(idx[0])
-    # Group blocks list rows position-major, so a contiguous range of rows may still be out of flat order.
-    run = n == 1 or bool((idx[1:] - idx[:-1] == 1).all())
-    if run and flat.dtype == torch.float32 and temperature == 1.0:
-        return flat[first:first + n]
-    if flat.dtype == torch.float32:
-        if run:
-            torch.div(flat[first:first + n], temperature, out=buf)
-            return buf
-        # index_select into a preallocated buffer: ~4x faster than advanced indexing, which page-faults a fresh
-        # [n, V] tensor on every chunk.
-        torch.index_select(flat, 0, idx, out=buf)
-    else:  # bf16/fp16: upcast once; dividing in the input dtype would round z / tau to bf16
-        buf.copy_(flat[first:first + n] if run else flat.index_select(0, idx))
-    if temperature != 1.0:
-        buf.div_(temperature)
-    return buf
+# A chunk whose rows form at most this many contiguous runs of the logits is read run by run (one kernel call per
+# run, no copy); a more scattered one is first gathered with one index_select (one extra pass, but one call).
+_MAX_RUNS = 16
 
 
-def _chunk_stats(z: Tensor, a: Tensor, b: Tensor, tok: Tensor | None) -> dict[str, Tensor]:
-    """Statistics of p = softmax(z) for z [n, V] float32 (may alias b), using the [n, V] float32 buffers a, b.
+def _runs(idx: Tensor) -> list[tuple[int, int]] | None:
+    """(start, length) of the contiguous ascending runs in idx [n], or None if there are more than _MAX_RUNS."""
+    cut = ((idx[1:] - idx[:-1]) != 1).nonzero().squeeze(1) + 1
+    if cut.numel() >= _MAX_RUNS:
+        return None
+    bounds = [0, *cut.tolist(), idx.numel()]
+    starts = idx[bounds[:-1]].tolist()
+    return [(s, bounds[i + 1] - bounds[i]) for i, s in enumerate(starts)]
 
-    Four passes over the chunk: log_softmax (one fused kernel) into a, p = exp into b, sum p^2 (a fused norm) and
-    sum p log p (multiply in place, then sum). Leaves p in b (a is scratch). Returns [n] float32 tensors.
+
+def _log_probs(flat: Tensor, idx: Tensor, runs: list[tuple[int, int]] | None, a: Tensor, b: Tensor,
+               temperature: float) -> None:
+    """Write log softmax(flat[idx] / temperature) into a [n, V] float32; b [n, V] float32 is scratch.
+
+    flat: [N, V] logits; runs: idx as contiguous (start, length) runs (see _runs), or None to gather. fp32 runs at
+    temperature 1 go straight from the logits into log_softmax, one fused kernel per run; otherwise the rows are
+    first written to b (upcast, divided by temperature), then one log_softmax reads b.
     """
-    torch.log_softmax(z, 1, out=a)  # log p <= 0: entropy terms p * (-log p) are all >= 0, no cancellation
+    fp32 = flat.dtype == torch.float32
+    if runs is None:
+        if fp32:  # into the preallocated buffer: ~4x faster than advanced indexing, which page-faults a new tensor
+            torch.index_select(flat, 0, idx, out=b)
+        else:
+            b.copy_(flat.index_select(0, idx))
+    else:
+        off = 0
+        for start, length in runs:
+            src, dst = flat[start:start + length], (a if fp32 and temperature == 1.0 else b)[off:off + length]
+            if fp32 and temperature == 1.0:
+                torch.log_softmax(src, 1, out=dst)
+            elif fp32:
+                torch.div(src, temperature, out=dst)
+            else:
+                dst.copy_(src)  # bf16/fp16: upcast first; dividing in the input dtype would round z / tau
+            off += length
+        if fp32 and temperature == 1.0:
+            return
+    if temperature != 1.0 and not (fp32 and runs is not None):
+        b.div_(temperature)
+    torch.log_softmax(b, 1, out=a)
+
+
+def _chunk_stats(a: Tensor, b: Tensor, tok: Tensor | None) -> dict[str, Tensor]:
+    """Statistics of the rows of a [n, V] = log p (float32, from _log_probs), with b [n, V] float32 scratch.
+
+    Three passes after the log_softmax: p = exp into b, sum p^2 (a fused norm), sum p log p (multiply in place, sum).
+    Leaves p in b; a is scratch afterwards. Returns [n] float32 tensors.
+    """
     stats: dict[str, Tensor] = {}
     if tok is not None:
         lp = a.gather(1, tok.unsqueeze(1)).squeeze(1)
@@ -158,6 +180,7 @@ def _chunk_stats(z: Tensor, a: Tensor, b: Tensor, tok: Tensor | None) -> dict[st
         stats["prob"] = lp.exp()
     torch.exp(a, out=b)
     purity = torch.linalg.vector_norm(b, dim=1).square_()
+    # log p <= 0, so every term of -sum p log p is >= 0: no cancellation even for very peaked rows.
     plogp = torch.mul(a, b, out=a).sum(dim=1)
     _fix_zero_log_zero(plogp, purity, a)
     stats.update(entropy=plogp.neg_(), renyi2=-purity.log(), purity=purity)
@@ -211,14 +234,14 @@ def token_stats(
     else:
         ict = None
         active = mask.reshape(-1).nonzero().squeeze(1)
-        n_max = min(rows, active.numel())
-        if n_max:
-            work = torch.empty(2, n_max, V, dtype=torch.float32, device=logits.device)  # reused by every chunk
+        if active.numel():
+            # Two [chunk, V] float32 buffers, allocated once: fresh ones per chunk would page-fault every time.
+            work = torch.empty(2, min(rows, active.numel()), V, dtype=torch.float32, device=logits.device)
         for start in range(0, active.numel(), rows):
             idx = active[start:start + rows]
             a, b = work[0, :idx.numel()], work[1, :idx.numel()]
-            tok = tok_flat[idx] if tok_flat is not None else None
-            st = _chunk_stats(_load(flat, idx, b, temperature), a, b, tok)
+            _log_probs(flat, idx, _runs(idx), a, b, temperature)
+            st = _chunk_stats(a, b, tok_flat[idx] if tok_flat is not None else None)
             for k, v in st.items():
                 out[k][idx] = v
     shaped = {k: v.view(B, T) for k, v in out.items()}
@@ -256,68 +279,64 @@ def _group_sweep(
     rows: int,
     out: dict[str, Tensor],
 ) -> Tensor:
-    """Stream over (group, position block); fill ``out`` with token stats and return u [B*T] float32."""
+    """Stream over (group, position block); fill ``out`` with token stats and return u [B*T] float32.
+
+    Each group's positions are split into segments over which the set J of active members is constant (a response
+    that ends starts a new segment), and each segment into blocks of t_block = max(1, rows // |J|) positions. A block
+    is then |J| contiguous runs of rows of the logits, taken member-major: [|J|, tb, V] with every position having
+    the same |J| rows, so the group mean is one matrix-vector product and r = p + q one broadcast add.
+    """
     B, T = mask.shape
     V = flat.shape[1]
     ict = torch.zeros(B * T, dtype=torch.float32, device=flat.device)
     _, inverse, sizes = torch.unique(group_ids, return_inverse=True, return_counts=True)
-    # Block rows are at most max(rows, G) (t_block >= 1) and never more than the active rows.
-    n_max = min(max(rows, int(sizes.max())) if B else 0, int(mask.sum()))
+    n_max = min(max(rows, int(sizes.max())) if B else 0, int(mask.sum()))  # block rows <= max(rows, |J|)
     if n_max == 0:
         return ict
     work = torch.empty(2, n_max, V, dtype=torch.float32, device=flat.device)  # reused by every block
     for g in range(sizes.numel()):
         members = (inverse == g).nonzero().squeeze(1)  # [G]
         sub = mask.index_select(0, members)  # [G, T]
-        any_t = sub.any(dim=0).nonzero()
-        if any_t.numel() == 0:
-            continue
-        t_end = int(any_t.max()) + 1
-        t_block = max(1, rows // members.numel())
-        for t0 in range(int(any_t.min()), t_end, t_block):
-            blk = sub[:, t0:t0 + t_block].t()  # [tb, G]
-            k, j = blk.nonzero(as_tuple=True)  # row-major over [tb, G]: t-major order, contiguous per position
-            if k.numel() == 0:
+        cuts = [0, *((sub[:, 1:] != sub[:, :-1]).any(dim=0).nonzero().squeeze(1) + 1).tolist(), T]
+        for s, e in zip(cuts[:-1], cuts[1:]):
+            active = members[sub[:, s]]  # [|J|] the members active throughout [s, e)
+            if active.numel() == 0:
                 continue
-            idx = members[j] * T + t0 + k  # flat rows, [n]
-            counts = blk.sum(dim=1)  # [tb] active responses per position
-            tok = tok_flat[idx] if tok_flat is not None else None
-            a, b = work[0, :idx.numel()], work[1, :idx.numel()]
-            st = _chunk_stats(_load(flat, idx, b, temperature), a, b, tok)
-            for key, v in st.items():
-                out[key][idx] = v
-            ict[idx] = _block_js(b, a, st["entropy"], st["purity"], k, counts)
+            t_block = max(1, rows // active.numel())
+            for t0 in range(s, e, t_block):
+                tb = min(t_block, e - t0)
+                starts = (active * T + t0).tolist()
+                idx = (active.unsqueeze(1) * T + torch.arange(t0, t0 + tb, device=flat.device)).reshape(-1)
+                a, b = work[0, :idx.numel()], work[1, :idx.numel()]
+                _log_probs(flat, idx, [(st, tb) for st in starts] if len(starts) <= _MAX_RUNS else None, a, b,
+                           temperature)
+                st = _chunk_stats(a, b, tok_flat[idx] if tok_flat is not None else None)
+                for key, v in st.items():
+                    out[key][idx] = v
+                if active.numel() >= 2:
+                    ict[idx] = _block_js(b, a, st["entropy"], st["purity"], active.numel())
     return ict
 
 
-def _block_js(p: Tensor, scratch: Tensor, h_p: Tensor, purity: Tensor, k: Tensor, counts: Tensor) -> Tensor:
-    """JS of each row of p [n, V] (normalised, rows sorted by position k [n]) to its position's mean q.
+def _block_js(p: Tensor, scratch: Tensor, h_p: Tensor, purity: Tensor, G: int) -> Tensor:
+    """JS of each row of p [G * tb, V] (normalised, member-major: row j * tb + t) to its position's mean q.
 
-    scratch: [n, V] float32; h_p, purity: [n] entropies and sum p^2 of the rows; counts: [tb] rows per position.
-    Overwrites p and scratch. Returns [n] float32 in [0, log 2], 0 where a position has fewer than two rows.
+    scratch: [G * tb, V] float32; h_p, purity: [G * tb] entropies and sum p^2 of the rows; G >= 2.
+    Overwrites p and scratch. Returns [G * tb] float32 in [0, log 2].
     """
-    tb, V = counts.numel(), p.shape[1]
-    cnt = counts.tolist()
-    if all(c == cnt[0] for c in cnt):  # the common case: [tb, G, V] views, no per-position loop
-        G = cnt[0]
-        p3 = p.view(tb, G, V)
-        q = torch.bmm(p.new_full((tb, 1, G), 1.0 / G), p3).view(tb, V)  # one read of p
-        p3.add_(q.unsqueeze(1))  # r = p + q = 2m, in place
-    else:
-        q = torch.empty(tb, V, dtype=p.dtype, device=p.device)
-        start = 0
-        for t, c in enumerate(cnt):
-            if c:
-                torch.mean(p[start:start + c], dim=0, out=q[t])
-                p[start:start + c].add_(q[t])
-            start += c
-    h_q = _entropy_of(q)
+    n, V = p.shape
+    tb = n // G
+    # q lives in scratch rows [0, tb) and log q in [tb, 2 tb) (G >= 2); both are dead before scratch = log r.
+    q, log_q = scratch[:tb], scratch[tb:2 * tb]
+    torch.mm(p.new_full((1, G), 1.0 / G), p.view(G, tb * V), out=q.view(1, tb * V))  # a gemv: one read of p
+    qlogq = torch.mul(torch.log(q, out=log_q), q, out=log_q).sum(dim=1)
+    _fix_zero_log_zero(qlogq, purity.view(G, tb).sum(dim=0), log_q)
+    p.view(G, tb, V).add_(q)  # r = p + q = 2m, in place
     # H(m) = log 2 - (1/2) sum r log r for r = 2m (sum r = 2).
     rlogr = torch.mul(torch.log(p, out=scratch), p, out=scratch).sum(dim=1)
     _fix_zero_log_zero(rlogr, purity, scratch)
-    js = _LOG2 - 0.5 * rlogr - 0.5 * h_p - 0.5 * h_q.index_select(0, k)
-    js = js.clamp_(0.0, _LOG2)
-    return torch.where(counts.index_select(0, k) >= 2, js, torch.zeros_like(js))
+    js = _LOG2 - 0.5 * rlogr - 0.5 * h_p + 0.5 * qlogq.repeat(G)
+    return js.clamp_(0.0, _LOG2)
 
 
 @torch.no_grad()
