@@ -46,7 +46,7 @@ import torch
 from torch import Tensor
 
 _FIELDS = ("ict_score", "entropy", "prob", "advantages", "group_ids")
-_SCOPES = ("response", "group", "batch")
+SCOPES = ("response", "group", "batch")
 
 
 def as_bool_mask(mask: Tensor, name: str = "mask") -> Tensor:
@@ -245,7 +245,7 @@ def _select_ict(
     inputs: SelectionInputs, *, ratio: float = 0.1, scope: str = "response", warmup_steps: int = 0
 ) -> Tensor:
     ratio = _check_ratio(ratio)
-    scope = _check_scope(scope, _SCOPES)
+    scope = _check_scope(scope, SCOPES)
     if inputs.step < _check_nonneg_int(warmup_steps, "warmup_steps"):
         return inputs.mask.clone()
     assert inputs.ict_score is not None
@@ -276,7 +276,7 @@ def _select_stapo(inputs: SelectionInputs, *, tau_p: float = 0.002, q: float = 0
 @register_selector("random")
 def _select_random(inputs: SelectionInputs, *, ratio: float = 0.1, scope: str = "response", seed: int = 0) -> Tensor:
     ratio = _check_ratio(ratio)
-    scope = _check_scope(scope, _SCOPES)
+    scope = _check_scope(scope, SCOPES)
     seed = _check_nonneg_int(seed, "seed")
     generator = torch.Generator(device="cpu").manual_seed(_step_seed(seed, inputs.step))
     score = torch.rand(inputs.mask.shape, generator=generator, dtype=torch.float64).to(inputs.mask.device)

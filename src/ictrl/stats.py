@@ -305,11 +305,9 @@ def _group_sweep(
             t_block = max(1, rows // active.numel())
             for t0 in range(s, e, t_block):
                 tb = min(t_block, e - t0)
-                starts = (active * T + t0).tolist()
                 idx = (active.unsqueeze(1) * T + torch.arange(t0, t0 + tb, device=flat.device)).reshape(-1)
                 a, b = work[0, :idx.numel()], work[1, :idx.numel()]
-                _log_probs(flat, idx, [(st, tb) for st in starts] if len(starts) <= _MAX_RUNS else None, a, b,
-                           temperature)
+                _log_probs(flat, idx, _runs(idx), a, b, temperature)
                 st = _chunk_stats(a, b, tok_flat[idx] if tok_flat is not None else None)
                 for key, v in st.items():
                     out[key][idx] = v

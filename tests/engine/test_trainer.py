@@ -326,3 +326,39 @@ def test_evaluate_logs_selection_metrics(tiny_model_dir: Path, tmp_path: Path) -
     result = trainer.evaluate()
     assert math.isfinite(result["eval_loss"])
     assert 0.1 <= result["eval_ictrl/selected_frac"] < 0.3
+
+
+# ------------------------------------------------------------------------------------- custom selectors
+
+
+def test_a_registered_selector_trains_with_its_options(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """The registry is open: a selector registered in user code is usable by name, gets selection_options, and
+    the trainer computes the ICT score for it because it declares it in ``needs``."""
+    from ictrl.selection import SELECTORS, register_selector
+
+    seen: list[dict[str, Any]] = []
+
+    @register_selector("test_lowest_u", needs=("ict_score",))
+    def lowest_u(inputs: SelectionInputs, *, count: int = 1) -> torch.Tensor:
+        seen.append({"count": count, "has_u": inputs.ict_score is not None})
+        u = inputs.ict_score.masked_fill(~inputs.mask, float("inf"))
+        idx = u.argsort(dim=1)[:, :count]
+        return torch.zeros_like(inputs.mask).scatter(1, idx, True)
+
+    try:
+        with pytest.raises(ValueError, match="selection_options"):
+            w.make_config(tmp_path, token_selector="ict", selection_options={"count": 2})
+        trainer = _trainer(tiny_model_dir, tmp_path, token_selector="test_lowest_u", selection_options={"count": 2})
+        assert trainer.args.loss_normalization == "per_response_selected"
+        trainer.train()
+    finally:
+        SELECTORS.pop("test_lowest_u", None)
+    assert seen and all(s == {"count": 2, "has_u": True} for s in seen)
+    steps = [h for h in trainer.state.log_history if "loss" in h]
+    # 2 of the 4-12 active tokens per response are selected.
+    assert all(0.1 < h["ictrl/selected_frac"] <= 0.5 for h in steps)
+
+
+def test_unknown_selector_names_the_registry(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="register_selector"):
+        w.make_config(tmp_path, token_selector="no_such_selector")

@@ -9,9 +9,10 @@ from dataclasses import dataclass, field
 
 from trl import GRPOConfig
 
-SELECTOR_NAMES = ("all", "ict", "entropy", "stapo", "random", "frequent")
-NORM_MODES = ("per_response_selected", "token_mean_selected", "token_mean_all", "per_response_all")
-SCOPES = ("response", "group", "batch")
+from ictrl.loss import NORM_MODES
+from ictrl.selection import SCOPES, SELECTORS
+
+BUILTIN_SELECTORS = ("all", "ict", "entropy", "stapo", "random", "frequent")
 
 # Per-selector defaults (method.md §3–5). Random and frequent are ICT ablations, so they share ICT's ratio,
 # scope, warm-up and Sparse-GRPO normaliser; 20-Entropy and STAPO follow their own papers (token mean over the
@@ -100,6 +101,11 @@ class ICTGRPOConfig(GRPOConfig):
         metadata={"help": "Most (response, position) rows of full-vocabulary logits materialised at once by the "
                   "statistics pass (memory bound: rows × vocab × 4 bytes)."},
     )
+    selection_options: dict | None = field(
+        default=None,
+        metadata={"help": "Keyword options for a selector registered with ictrl.selection.register_selector (a "
+                  "custom selector gets only these). For the built-in selectors use the dedicated fields above."},
+    )
     sparse_backward: bool = field(
         default=False,
         metadata={"help": "Apply the LM head (and its backward) only at the selected tokens: the backbone runs as "
@@ -116,8 +122,14 @@ class ICTGRPOConfig(GRPOConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         name = self.token_selector
-        if name not in SELECTOR_NAMES:
-            raise ValueError(f"token_selector must be one of {list(SELECTOR_NAMES)}, got {name!r}")
+        if name not in SELECTORS:
+            raise ValueError(f"token_selector must be a registered selector, one of {sorted(SELECTORS)}, got "
+                             f"{name!r} (register your own with ictrl.selection.register_selector)")
+        if self.selection_options is not None and name in BUILTIN_SELECTORS:
+            raise ValueError(f"selection_options is for custom selectors; token_selector={name!r} takes its "
+                             "options from the selection_* / stapo_* fields")
+        if self.selection_options is not None and not isinstance(self.selection_options, dict):
+            raise ValueError(f"selection_options must be a dict, got {type(self.selection_options).__name__}")
 
         if name in DEFAULT_RATIO:
             if self.selection_ratio is None:
@@ -137,13 +149,14 @@ class ICTGRPOConfig(GRPOConfig):
                 raise ValueError(f"selection_scope is not used by token_selector={name!r}; leave it None")
 
         if self.selection_warmup_steps is None:
-            self.selection_warmup_steps = DEFAULT_WARMUP[name]
+            self.selection_warmup_steps = DEFAULT_WARMUP.get(name, 0)
         if isinstance(self.selection_warmup_steps, bool) or not isinstance(self.selection_warmup_steps, int) \
                 or self.selection_warmup_steps < 0:
             raise ValueError(f"selection_warmup_steps must be an int >= 0, got {self.selection_warmup_steps!r}")
 
         if self.loss_normalization is None:
-            self.loss_normalization = DEFAULT_NORM[name]
+            # A custom selector defaults to the Sparse-GRPO normaliser, the one ICT uses.
+            self.loss_normalization = DEFAULT_NORM.get(name, "per_response_selected")
         if self.loss_normalization not in NORM_MODES:
             raise ValueError(f"loss_normalization must be one of {list(NORM_MODES)}, got {self.loss_normalization!r}")
 

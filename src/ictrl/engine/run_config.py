@@ -23,10 +23,11 @@ from typing import Any
 import yaml
 
 from ictrl.files import atomic_write_text
+from ictrl.loss import NORM_MODES
+from ictrl.selection import SCOPES
 
+# The built-in selectors (a YAML config cannot register code; custom selectors are for the Python API).
 SELECTORS = ("all", "ict", "entropy", "stapo", "random", "frequent")
-SCOPES = ("response", "group", "batch")
-NORM_MODES = ("per_response_selected", "token_mean_selected", "token_mean_all", "per_response_all")
 REPORT_TO = ("none", "tensorboard", "trackio", "wandb")
 
 

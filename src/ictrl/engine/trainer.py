@@ -35,10 +35,9 @@ from ictrl.engine.config import ICTGRPOConfig
 from ictrl.logprobs import selected_token_logprobs
 from ictrl.loss import policy_loss
 from ictrl.metrics import step_metrics
-from ictrl.selection import SelectionInputs, select
+from ictrl.selection import SelectionInputs, get_selector, select
 from ictrl.stats import TokenStats, token_stats
 
-JS_SELECTORS = ("ict", "frequent")
 _STAT_FIELDS = ("entropy", "renyi2", "purity", "logprob", "prob")
 
 
@@ -52,7 +51,8 @@ class ICTGRPOTrainer(GRPOTrainer):
             raise ValueError(f"args must be an ICTGRPOConfig, got {type(args).__name__}")
         super().__init__(model, reward_funcs, args, *pos, **kwargs)
         per_process = args.per_device_train_batch_size * args.steps_per_generation
-        if args.token_selector in JS_SELECTORS and per_process % self.num_generations != 0:
+        self._needs_js = "ict_score" in get_selector(args.token_selector).needs
+        if self._needs_js and per_process % self.num_generations != 0:
             raise ValueError(
                 f"token_selector={args.token_selector!r} computes group JS on each process, so each prompt's "
                 f"num_generations={self.num_generations} completions must sit on one process: "
@@ -143,7 +143,7 @@ class ICTGRPOTrainer(GRPOTrainer):
         rank = self.accelerator.process_index
         step = int(self.state.global_step)
         warm = step < args.selection_warmup_steps
-        need_js = args.token_selector in JS_SELECTORS and not warm
+        need_js = self._needs_js and not warm
         local_groups = None
         if need_js:
             self._check_local_groups(batch, G)
@@ -178,6 +178,8 @@ class ICTGRPOTrainer(GRPOTrainer):
     def _selector_options(self) -> dict[str, Any]:
         args = self.args
         name = args.token_selector
+        if args.selection_options is not None:
+            return dict(args.selection_options)
         if name == "all":
             return {}
         if name == "stapo":
