@@ -91,7 +91,8 @@ def _notes(settings: dict[str, Any], specs: list[grid.RunSpec], results: dict[gr
     lines = [
         f"Rows: held-out pass@k in percent, mean ± sample std over seeds {seeds}; the base row is one evaluation "
         "of the starting model. Total = (P@1 + P@4) / 2 per seed.",
-        "Evaluation samples n = 4 per problem at the training temperature (unbiased pass@k estimator).",
+        "Evaluation: completions sampled at the training temperature, unbiased pass@k estimator (samples per "
+        "problem below).",
     ]
     if diff:
         lines.append(f"{diff[0]} − {diff[1]}: difference of means with a 95% Welch t-interval over seeds "
@@ -103,6 +104,7 @@ def _notes(settings: dict[str, Any], specs: list[grid.RunSpec], results: dict[gr
                      f"selection warm-up Θ = {_theta(rl)} steps (ict/random10), {rl['eval_problems']} held-out "
                      f"problems x {rl['eval_n']} samples.")
     elif settings.get("source") == "config":
-        lines.append(f"Run config {settings['config']} (model {settings['model']}), eval on {settings['eval']}.")
+        lines.append(f"Run config {settings['config']} (model {settings['model']}), eval on {settings['eval']} with "
+                     f"{grid.CONFIG_EVAL_N} samples per problem.")
     lines.append(f"Curves: mean over seeds with the min-max band. Training time summed over runs: {run_seconds:.0f} s.")
     return "\n\n".join(lines)

@@ -33,6 +33,7 @@ from ictrl.experiments.report import atomic_write_text
 
 DONE_FILE = "done.json"
 EVAL_DIR = "eval"
+CONFIG_EVAL_N = 4  # samples per problem when evaluating --config runs (n >= the largest k, 4)
 
 # Method name -> the run config's ``method:`` section (ictrl.engine.run_config.MethodConfig). Unset fields take
 # the selector's defaults (ictrl.engine.config): ict/random10 10% per response with Θ = 10 warm-up steps and the
@@ -388,7 +389,7 @@ def config_eval(cfg: Any, model: Any, tokenizer: Any, out_dir: Path, label: str,
     from ictrl.eval.harness import benchmark_tasks
 
     tasks = benchmark_tasks(cfg.data.eval, tokenizer=tokenizer, limit=limit)
-    return evaluate_model(model, tokenizer, tasks, out_dir, label, 4, cfg.sampling.max_completion_length,
+    return evaluate_model(model, tokenizer, tasks, out_dir, label, CONFIG_EVAL_N, cfg.sampling.max_completion_length,
                           cfg.sampling.temperature, cfg.sampling.top_p)
 
 
