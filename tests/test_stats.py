@@ -447,3 +447,37 @@ def test_whole_group_in_one_block_all_active():
     for chunk_size in (None, 10):
         st = token_stats(logits, mask, tokens, group_ids=groups, chunk_size=chunk_size)
         assert_matches(st, logits, mask, tokens, group_ids=groups)
+
+
+@pytest.mark.parametrize("dtype, temperature", [(torch.float32, 1.0), (torch.float32, 0.8), (torch.bfloat16, 1.0),
+                                                (torch.bfloat16, 1.3)])
+def test_scattered_rows_and_large_groups(dtype, temperature):
+    # Chunks are read either run by run straight from the logits (few contiguous runs) or gathered with one
+    # index_select (more than 16 runs); both must match the reference, for fp32 and bf16, at any temperature.
+    g = torch.Generator().manual_seed(19)
+    B, T, V = 20, 9, 31
+    logits = (torch.randn(B, T, V, generator=g) * 3).to(dtype)
+    tokens = torch.randint(0, V, (B, T), generator=g)
+    checker = (torch.arange(B).unsqueeze(1) + torch.arange(T).unsqueeze(0)) % 2 == 0  # every run is one row
+    groups = torch.zeros(B, dtype=torch.long)  # one group of 20: more runs per block than the run-by-run limit
+    groups[::7] = 1  # plus a non-adjacent group of 3
+    ref_logits = logits.float()
+    for mask, chunk_size in ((checker, 50), (torch.ones(B, T, dtype=torch.bool), 60), (checker, None)):
+        plain = token_stats(logits, mask, tokens, temperature, chunk_size)
+        assert_matches(plain, ref_logits, mask, tokens, temperature, atol=1e-4, rtol=1e-4)
+        st = token_stats(logits, mask, tokens, temperature, chunk_size, group_ids=groups)
+        assert_matches(st, ref_logits, mask, tokens, temperature, group_ids=groups, atol=1e-4, rtol=1e-4)
+
+
+def test_members_ending_mid_block():
+    # Responses that end (and one that starts late) inside what would be one position block: the active set of a
+    # group changes at those positions, and each part must still use the right group mean.
+    logits, _, tokens = make_case(B=8, T=12, V=41, seed=20)
+    lengths = torch.tensor([12, 3, 7, 12, 1, 12, 5, 9])
+    mask = torch.arange(12).unsqueeze(0) < lengths.unsqueeze(1)
+    mask[3, :4] = False  # a late start
+    groups = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
+    for chunk_size in (None, 8, 1):
+        st = token_stats(logits, mask, tokens, group_ids=groups, chunk_size=chunk_size)
+        assert_matches(st, logits, mask, tokens, group_ids=groups)
+        assert (st.ict_score[mask] > 0).sum() > 0.8 * mask.sum()

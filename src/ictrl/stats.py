@@ -5,13 +5,16 @@ Everything streams over the active (masked-in) rows of ``logits`` in chunks, so 
 few ``[chunk, V]`` float32 buffers and never ``[N, V]`` (at V = 151,936 and N = 2048 the logits alone are 1.2 GB).
 
 Chunk size. ``chunk_size`` counts rows (positions). ``None`` picks ``_CHUNK_BYTES // (4 * V)`` rows, at least 1:
-32 MiB per float32 ``[chunk, V]`` buffer, i.e. 55 rows at V = 151,936 and 256 rows at V = 32,768. A chunk holds two
-such buffers (shifted logits x and e = exp x) plus, for bf16 input, the gathered bf16 rows, so the working set is
-about 64-80 MiB. Why not smaller: plain torch makes ~7 passes per chunk (~12 with JS), each a separate parallel
-region, and on the project's shared 2-core machines every region pays a scheduling cost; 2-6-row chunks
-(cache-resident, faster on an idle machine) ran 2-6x slower than 64-row chunks under load. The group JS sweep takes
-blocks of ``[G, t_block, V]`` with ``G * t_block <= chunk_size`` (``t_block >= 1``: a group larger than the chunk gets
-one position per block).
+64 MiB per float32 ``[chunk, V]`` buffer, i.e. 110 rows at V = 151,936 and 512 rows at V = 32,768. Two such
+buffers (log p and p), allocated once per call and reused by every chunk, are the whole working set (~134 MB at the
+default; a scattered bf16 chunk adds its gathered bf16 rows). Per chunk: one fused log_softmax read straight from the
+logits (a kernel per contiguous run of rows), exp, a fused sum of squares and a multiply-sum: 4 passes; the group JS
+adds a matrix-vector product for the group mean, r = p + q, log r and a multiply-sum. Why not smaller chunks: each
+pass is a separate parallel region and on the project's shared 2-core machines every region pays a scheduling cost
+of milliseconds under load; 2-8-row chunks (cache-resident, fine on an idle machine) ran 3-11x slower than 55-row
+ones, and 110-row chunks beat 55-row ones under load. The group JS sweep takes blocks of ``[|J|, t_block, V]``
+(|J| = the group's members active over the block) with ``|J| * t_block <= chunk_size`` (``t_block >= 1``: a group
+larger than the chunk gets one position per block).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ __all__ = [
     "group_js_divergence_topk",
 ]
 
-_CHUNK_BYTES = 32 * 2**20
+_CHUNK_BYTES = 64 * 2**20
 _LOG2 = math.log(2.0)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -190,3 +191,86 @@ def test_epoch_sampler_matches_trl_order_per_epoch() -> None:
         assert list(fresh) == uninterrupted[epoch]
         assert list(fresh) == uninterrupted[epoch]  # re-iterating an epoch repeats it
     assert len(EpochRepeatSampler(sampler())) == len(sampler())
+
+
+# --- resuming a run that already reached max_steps ------------------------------------------------------------
+
+
+def _write_state(directory: Path, step: int, max_steps: int) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "trainer_state.json").write_text(json.dumps({"global_step": step, "max_steps": max_steps}))
+
+
+def test_finished_run_needs_max_steps_and_a_final_model_of_that_step(tmp_path: Path) -> None:
+    from ictrl.engine.run import finished_run
+
+    ckpt = tmp_path / "checkpoint-4"
+    _write_state(ckpt, 4, 4)
+    assert not finished_run(ckpt, 4)  # no final/: killed after the last checkpoint, final/ still to write
+    _write_state(tmp_path / "final", 2, 2)
+    assert not finished_run(ckpt, 4)  # final/ of an earlier, shorter run
+    _write_state(tmp_path / "final", 4, 4)
+    assert finished_run(ckpt, 4)
+    assert finished_run(ckpt, 3)  # max_steps lowered below the checkpoint: nothing left either
+    assert not finished_run(ckpt, 6)  # max_steps raised: the run continues
+    assert finished_run(ckpt, -1)  # epoch-based: the max_steps the checkpoint recorded
+    _write_state(ckpt, 4, 8)
+    assert not finished_run(ckpt, -1)
+    (ckpt / "trainer_state.json").write_text("{not json")
+    with pytest.raises(ValueError, match="checkpoint-4/trainer_state.json"):
+        finished_run(ckpt, 4)
+
+
+@pytest.mark.integration
+def test_resume_at_max_steps_trains_no_step(tiny_model_dir: Path, shared_data: Path, tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """6 prompts, 2 per step: an epoch is 3 steps and max_steps=2 ends inside it. Trainer re-entered that epoch
+    on resume and ran step 3 (at an epoch boundary its epoch loop is empty, which hid the bug)."""
+    import torch
+    from safetensors.torch import load_file
+
+    import ictrl.models
+
+    from ictrl.engine.run import train
+    from ictrl.engine.run_config import load_config
+
+    out = tmp_path / "out"
+    cfg = load_config(CONFIGS / "qwen2.5-0.5b" / "ict.yaml", [
+        f"--model.name_or_path={tiny_model_dir}", f"--output_dir={out}", "--optim.max_steps=2", "--save_steps=1",
+        "--optim.per_device_train_batch_size=8", "--optim.gradient_accumulation_steps=1",
+        "--sampling.num_generations=4", "--sampling.max_completion_length=8", "--data.train=[gsm8k_train]",
+        "--data.limit=6", "--data.max_prompt_length=null", "--method.warmup_steps=0", "--logging.progress=false",
+    ])
+    assert train(cfg).global_step == 2
+    metrics = (out / "metrics.jsonl").read_text()
+    assert [json.loads(line)["step"] for line in metrics.splitlines()] == [1, 2]
+    weights = load_file(out / "final" / "model.safetensors")
+
+    def unchanged_run() -> None:
+        assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-2"]
+        assert (out / "metrics.jsonl").read_text() == metrics
+        assert json.loads((out / "final" / "trainer_state.json").read_text())["global_step"] == 2
+        again = load_file(out / "final" / "model.safetensors")
+        assert again.keys() == weights.keys()
+        for name, tensor in weights.items():
+            assert torch.equal(again[name], tensor), name
+
+    # complete (checkpoint-2 and final/ of step 2): reported, and the model is not even loaded
+    real_loader = ictrl.models.load_model_and_tokenizer
+    monkeypatch.setattr(ictrl.models, "load_model_and_tokenizer",
+                        lambda *a, **k: pytest.fail("a complete run must not load the model"))
+    with caplog.at_level("WARNING", logger="ictrl.train"):
+        result = train(cfg, resume=True)
+    assert (result.global_step, result.resumed_from, result.final_model) == (2, out / "checkpoint-2", out / "final")
+    assert "the run is complete: checkpoint-2 is at step 2" in caplog.text
+    unchanged_run()
+
+    # killed after checkpoint-2 but before final/ was written: final/ comes from checkpoint-2, no step is trained
+    monkeypatch.setattr(ictrl.models, "load_model_and_tokenizer", real_loader)
+    shutil.rmtree(out / "final")
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="ictrl.train"):
+        result = train(cfg, resume=True)
+    assert result.global_step == 2
+    assert "no step left to train" in caplog.text
+    unchanged_run()

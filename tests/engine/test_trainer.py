@@ -362,3 +362,78 @@ def test_a_registered_selector_trains_with_its_options(tiny_model_dir: Path, tmp
 def test_unknown_selector_names_the_registry(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="register_selector"):
         w.make_config(tmp_path, token_selector="no_such_selector")
+
+
+# ------------------------------------------------------------------------------- sparse top-K ICT score
+
+
+@pytest.mark.parametrize("value", [0, -3, 2.5, True, "8"])
+def test_config_rejects_bad_selection_topk(tmp_path: Path, value: Any) -> None:
+    with pytest.raises(ValueError, match="selection_topk"):
+        w.make_config(tmp_path, selection_topk=value)
+
+
+def test_selection_topk_full_vocab_equals_exact_and_small_k_trains(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """K = V: the top-K path gives the exact score and mask. K = 8: a different score in [0, log 2] that trains."""
+    common = dict(token_selector="ict", temperature=0.8, stats_chunk_size=16)  # head blocks of 2 positions
+    exact = _trainer(tiny_model_dir, tmp_path / "exact", w.stub_trainer_class(), **common)
+    V = exact.model.get_output_embeddings().out_features
+    assert V == 259
+    full = _trainer(tiny_model_dir, tmp_path / "full", w.stub_trainer_class(), selection_topk=V, **common)
+    small = _trainer(tiny_model_dir, tmp_path / "small", w.stub_trainer_class(), selection_topk=8, **common)
+    batches = {}
+    for name, trainer in (("exact", exact), ("full", full), ("small", small)):
+        trainer.model.train()
+        batches[name] = trainer._generate_and_score_completions(_generation_inputs(trainer))
+    batch = batches["exact"]
+    assert torch.equal(batches["full"]["completion_ids"], batch["completion_ids"])  # same stub generations
+    mask = _response_mask(batch)
+    group_ids = torch.arange(mask.size(0)) // exact.num_generations
+
+    stats_exact, js_exact = exact._selection_stats(batch, mask, group_ids)
+    stats_full, js_full = full._selection_stats(batch, mask, group_ids)
+    stats_small, js_small = small._selection_stats(batch, mask, group_ids)
+    ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+    attention = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+    P, T = batch["prompt_ids"].size(1), batch["completion_ids"].size(1)
+    with torch.no_grad():
+        logits = exact.model(input_ids=ids, attention_mask=attention).logits[:, P - 1:P + T - 1]
+    ref_js = w.naive_group_js(logits, mask, group_ids, 0.8)
+    torch.testing.assert_close(js_full.double(), ref_js, atol=1e-6, rtol=1e-4)
+    torch.testing.assert_close(js_full, js_exact, atol=1e-6, rtol=1e-4)
+    for name in ("entropy", "logprob"):  # the token statistics do not depend on the JS path
+        assert torch.equal(getattr(stats_full, name), getattr(stats_exact, name))
+        assert torch.equal(getattr(stats_small, name), getattr(stats_exact, name))
+    assert torch.equal(batches["full"]["ictrl_selected"], batch["ictrl_selected"])
+    expected = select("ict", SelectionInputs(mask=mask, ict_score=ref_js.float(), group_ids=group_ids),
+                      ratio=0.1, scope="response")
+    assert torch.equal(batches["full"]["ictrl_selected"], expected)
+
+    # K = 8 of 259: an approximation, still a JS divergence, zero off the mask.
+    assert float((js_small.double() - ref_js).abs().max()) > 1e-3
+    assert bool((js_small >= 0).all()) and bool((js_small <= math.log(2) + 1e-6).all())
+    assert bool((js_small[~mask] == 0).all()) and float(js_small[mask].max()) > 0
+    n = mask.sum(1)
+    assert torch.equal(batches["small"]["ictrl_selected"].sum(1), torch.tensor([math.ceil(0.1 * int(k)) for k in n]))
+
+    trainer = _trainer(tiny_model_dir, tmp_path / "train", selection_topk=8)
+    before = {k: v.detach().clone() for k, v in trainer.model.named_parameters()}
+    trainer.train()
+    steps = [h for h in trainer.state.log_history if "loss" in h]
+    assert len(steps) == 2 and all(h["grad_norm"] > 0 for h in steps)
+    assert all("ictrl/ict_score/selected" in h and 0.1 <= h["ictrl/selected_frac"] < 0.3 for h in steps)
+    assert max((v.detach() - before[k]).abs().max().item() for k, v in trainer.model.named_parameters()) > 0
+
+
+def test_topk_logprobs_match_float64_log_softmax() -> None:
+    from ictrl.engine.trainer import _topk_logprobs
+
+    g = torch.Generator().manual_seed(3)
+    logits = 4 * torch.randn(3, 5, 300, generator=g)
+    ref = torch.log_softmax(logits.double() / 0.7, dim=-1).topk(8, dim=-1)
+    lp, ids = _topk_logprobs(logits.clone(), 8, 0.7)
+    assert torch.equal(ids, ref.indices)
+    torch.testing.assert_close(lp.double(), ref.values, atol=1e-5, rtol=1e-6)
+    lp_all, _ = _topk_logprobs(logits.clone(), 1000, 1.0)  # K > V is capped at V: a full distribution
+    assert lp_all.shape == (3, 5, 300)
+    torch.testing.assert_close(lp_all.double().exp().sum(-1), torch.ones(3, 5, dtype=torch.float64))

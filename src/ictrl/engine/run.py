@@ -18,6 +18,10 @@ Checkpoints and resume (checked against transformers 5.23 / trl 1.16, see tests/
   derives epoch e's permutation from (seed, e), the same sequence TRL produces in an uninterrupted run.
 - TRL buffers one generation batch for ``steps_per_generation x num_iterations`` micro-steps and does not save
   the buffer, so a checkpoint must fall on a buffer boundary: ``build_trainer_args`` checks ``save_steps``.
+- Trainer stops at ``max_steps`` only after a step (``DefaultFlowCallback.on_step_end``). A run resumed from a
+  checkpoint at ``max_steps`` that falls inside an epoch re-enters that epoch and trains one step too many
+  (at an epoch boundary the epoch loop is empty). :meth:`ResumableMixin._run_epoch` skips the epoch when no
+  step is left, and ``train`` returns at once when ``final/`` already holds the last checkpoint's step.
 """
 
 from __future__ import annotations
@@ -248,6 +252,13 @@ class ResumableMixin:
         sampler = super()._get_train_sampler(dataset)  # type: ignore[misc]
         return EpochRepeatSampler(sampler) if getattr(sampler, "seed", None) is not None else sampler
 
+    def _run_epoch(self, *args: Any, **kwargs: Any) -> None:
+        state = self.state  # type: ignore[attr-defined]
+        if 0 < state.max_steps <= state.global_step:  # resumed at max_steps: the epoch would still run a step
+            self.control.should_training_stop = True  # type: ignore[attr-defined]
+            return
+        super()._run_epoch(*args, **kwargs)  # type: ignore[misc]
+
     def _save_checkpoint(self, model: Any, trial: Any) -> None:
         from transformers.trainer_utils import rotate_checkpoints
 
@@ -310,6 +321,32 @@ def prepare_output_dir(cfg: RunConfig, resume: bool, source: str = "<config>") -
     return checkpoints[-1]
 
 
+def trainer_state(directory: Path) -> dict[str, Any]:
+    """``directory/trainer_state.json`` (a checkpoint's, or final/'s), checked for ``global_step``."""
+    import json
+
+    path = directory / "trainer_state.json"
+    try:
+        state = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path}: cannot read the trainer state: {exc}") from None
+    if not isinstance(state, dict) or not isinstance(state.get("global_step"), int):
+        raise ValueError(f"{path}: no integer global_step")
+    return state
+
+
+def finished_run(checkpoint: Path, max_steps: int) -> bool:
+    """True when ``final/`` beside ``checkpoint`` was saved at the checkpoint's step and that step reaches
+    ``max_steps`` (-1: the ``max_steps`` the checkpoint recorded, from num_train_epochs)."""
+    state = trainer_state(checkpoint)
+    step = state["global_step"]
+    target = max_steps if max_steps > 0 else int(state.get("max_steps", 0))
+    final = checkpoint.parent / "final"
+    if step < target or not (final / "trainer_state.json").is_file():
+        return False
+    return trainer_state(final)["global_step"] == step
+
+
 def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in data.items():
@@ -340,6 +377,12 @@ def train(cfg: RunConfig, resume: bool = False, source: str = "<config>",
     reward_funcs = build_rewards(cfg, source)
     check_sources(cfg, source)
     resume_from = prepare_output_dir(cfg, resume, source)
+    out, final = Path(cfg.output_dir), Path(cfg.output_dir) / "final"
+    if resume_from is not None and finished_run(resume_from, args.max_steps):
+        step = trainer_state(resume_from)["global_step"]
+        log.warning("--resume: the run is complete: %s is at step %d (max_steps %d) and %s holds its model; "
+                    "nothing to train", resume_from.name, step, args.max_steps, final)
+        return TrainResult(out, step, resume_from, final)
 
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
@@ -349,7 +392,6 @@ def train(cfg: RunConfig, resume: bool = False, source: str = "<config>",
     model, tokenizer = load_model_and_tokenizer(cfg.model.name_or_path, dtype=cfg.model.dtype,
                                                 trust_remote_code=cfg.model.trust_remote_code)
     dataset = build_dataset(cfg, tokenizer)
-    out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     if resume_from is not None:
         _warn_config_changes(out / "config.yaml", cfg)
@@ -368,13 +410,17 @@ def train(cfg: RunConfig, resume: bool = False, source: str = "<config>",
     for cb in callbacks or []:
         trainer.add_callback(cb)
     if resume_from is not None:
+        step = trainer_state(resume_from)["global_step"]
         log.warning("resuming from %s", resume_from)
+        if 0 < args.max_steps <= step:
+            log.warning("--resume: %s is at step %d, max_steps is %d: no step left to train; writing %s from it",
+                        resume_from.name, step, args.max_steps, final)
     trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
 
-    final = out / "final"
     if trainer.args.should_save:
         staging = out / f"{STAGING_PREFIX}final"
         shutil.rmtree(staging, ignore_errors=True)
         trainer.save_model(str(staging))
+        trainer.state.save_to_json(str(staging / "trainer_state.json"))  # its step: finished_run reads it
         publish_dir(staging, final)
     return TrainResult(out, trainer.state.global_step, resume_from, final)
