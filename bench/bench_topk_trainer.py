@@ -6,9 +6,10 @@ of --groups x --g completions of --t tokens (every position active, prompts of 1
 in one sweep) and = --k (token statistics, then top-K log-probs and ``group_js_divergence_topk``), alternating,
 --repeats times each after one untimed warm-up call of each. Reports the medians, their ratio, the median of the
 per-repeat ratios, and how far the two scores and their top-10%-per-response selections differ on this (random,
-near-uniform) model.
+near-uniform) model. A breakdown times the parts that differ on the same [B, T, V] logits (median of the same
+repeats): token_stats alone, token_stats with the group JS, top-K log-probs, group_js_divergence_topk.
 
-    .venv/bin/python bench/bench_topk_trainer.py            # V 151936, 2 groups x 4 x 64 tokens, K 64, 5 repeats
+    .venv/bin/python bench/bench_topk_trainer.py     # V 151936, 2 groups x 8 x 128 tokens (2048 rows), K 64, 5 repeats
 
 Writes bench/results/topk_trainer.json atomically.
 """
@@ -29,14 +30,15 @@ import torch
 from ictrl.files import atomic_write_json
 
 RESULTS = Path(__file__).resolve().parent / "results" / "topk_trainer.json"
+P = 16  # prompt tokens
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--vocab", type=int, default=151936)
     ap.add_argument("--groups", type=int, default=2)
-    ap.add_argument("--g", type=int, default=4, help="completions per prompt")
-    ap.add_argument("--t", type=int, default=64, help="completion tokens")
+    ap.add_argument("--g", type=int, default=8, help="completions per prompt")
+    ap.add_argument("--t", type=int, default=128, help="completion tokens")
     ap.add_argument("--k", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--out", type=Path, default=RESULTS)
@@ -45,9 +47,10 @@ def main() -> None:
     from datasets import Dataset
 
     from ictrl.engine.config import ICTGRPOConfig
-    from ictrl.engine.trainer import ICTGRPOTrainer
+    from ictrl.engine.trainer import ICTGRPOTrainer, _topk_logprobs
     from ictrl.models import build_byte_tokenizer, build_tiny_qwen2
     from ictrl.selection import SelectionInputs, select
+    from ictrl.stats import group_js_divergence_topk, token_stats
 
     tok = build_byte_tokenizer()
     model = build_tiny_qwen2(tok, vocab_size=a.vocab)
@@ -61,7 +64,7 @@ def main() -> None:
                                  processing_class=tok)
     trainer.model.train()
     gen = torch.Generator().manual_seed(0)
-    prompt = torch.randint(0, len(tok), (a.groups, 1, 16), generator=gen).expand(-1, a.g, -1).reshape(B, 16)
+    prompt = torch.randint(0, len(tok), (a.groups, 1, P), generator=gen).expand(-1, a.g, -1).reshape(B, P)
     completion = torch.randint(0, len(tok), (B, a.t), generator=gen)
     batch = {"prompt_ids": prompt, "prompt_mask": torch.ones_like(prompt), "completion_ids": completion,
              "completion_mask": torch.ones_like(completion)}
@@ -83,6 +86,27 @@ def main() -> None:
             times[name].append(run(k)[0])
     ratios = [t / e for t, e in zip(times["topk"], times["exact"])]
 
+    # The parts that differ, on the logits the statistics pass sees (one block: stats_chunk_size >= B * T here).
+    with torch.no_grad():
+        h = trainer.model.model(input_ids=torch.cat([prompt, completion], 1)).last_hidden_state[:, P - 1:-1]
+        logits = trainer.model.get_output_embeddings()(h).float()
+    tau = trainer.args.selection_temperature
+    lp, ids = _topk_logprobs(logits.clone(), a.k, tau)
+    parts = {
+        "token_stats": lambda: token_stats(logits, mask, completion, tau),
+        "token_stats+group_js": lambda: token_stats(logits, mask, completion, tau, group_ids=group_ids),
+        "clone_logits": lambda: logits.clone(),  # subtract from the next one
+        "clone+topk_logprobs": lambda: _topk_logprobs(logits.clone(), a.k, tau),
+        "group_js_divergence_topk": lambda: group_js_divergence_topk(lp, ids, mask, group_ids),
+    }
+    part_times: dict[str, list[float]] = {n: [] for n in parts}
+    for _ in range(a.repeats):
+        for name, f in parts.items():
+            start = time.perf_counter()
+            f()
+            part_times[name].append(time.perf_counter() - start)
+    part_med = {n: statistics.median(v) for n, v in part_times.items()}
+
     def sel(u: torch.Tensor) -> torch.Tensor:
         return select("ict", SelectionInputs(mask=mask, ict_score=u, group_ids=group_ids), ratio=0.1,
                       scope="response")
@@ -96,6 +120,7 @@ def main() -> None:
         "median_ratio": statistics.median(ratios),
         "max_abs_diff_u": float((js_topk - js_exact).abs().max()), "mean_u_exact": float(js_exact.mean()),
         "selection_precision": float((s_exact & s_topk).sum() / s_topk.sum()),
+        "part_times_s": part_times, "part_median_s": part_med,
     }
     atomic_write_json(a.out, result)
     print(f"V {a.vocab}, B {B} (groups of {a.g}), T {a.t}, K {a.k}, {a.repeats} repeats, load {os.getloadavg()[0]:.1f}")
@@ -104,6 +129,8 @@ def main() -> None:
     print(f"ratio topk/exact: of medians {result['ratio_of_medians']:.3f}, median per-repeat {result['median_ratio']:.3f}")
     print(f"max |u_topk - u_exact| {result['max_abs_diff_u']:.2e} (mean u {result['mean_u_exact']:.2e}); "
           f"top-10% precision {result['selection_precision']:.3f}")
+    for name, t in part_med.items():
+        print(f"  {name:26s} {t:.3f} s")
     assert math.isfinite(result["ratio_of_medians"])
 
 

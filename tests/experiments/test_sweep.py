@@ -16,13 +16,14 @@ LRS = [1e-4, 5e-4, 2e-3]
 
 
 def synthetic_records(kind: str, steps: int = 24) -> list[dict]:
-    """Curves that the default thresholds label unambiguously (base reward 0.2)."""
+    """Curves that the default (v2) thresholds label unambiguously (base reward 0.2); v1 calls "degraded" stable."""
     recs = []
     for t in range(steps):
         f = t / (steps - 1)
         h, r = {"stable": (0.3 - 0.1 * f, 0.2 + 0.1 * f),
                 "exploded": (0.3 + 1.5 * f, 0.2 - 0.2 * f),
-                "collapsed": (0.3 if t < 5 else 0.01, 0.2)}[kind]
+                "collapsed": (0.3 if t < 5 else 0.01, 0.2),
+                "degraded": (0.3, 0.2 - 0.2 * f)}[kind]
         recs.append({"step": t + 1, "reward": r, "ictrl/h1/all": h, "ictrl/h2/all": 0.8 * h,
                      "ictrl/purity/all": 1 - h / 2, "ictrl/prob/selected": 0.2, "ictrl/purity/selected": 0.3,
                      "ictrl/warmup": float(t < 3)})
@@ -30,12 +31,15 @@ def synthetic_records(kind: str, steps: int = 24) -> list[dict]:
 
 
 def planned_kind(spec: grid.RunSpec) -> str:
-    """grpo explodes above 1e-4 (one seed collapses at 1e-4); ict is stable except seed 1 at 2e-3."""
+    """grpo explodes above 1e-4 (one seed collapses at 1e-4); ict is stable except at 2e-3 (seed 0 degrades, seed 1
+    explodes)."""
     if spec.method == "grpo":
         if spec.lr == 1e-4:
             return "collapsed" if spec.seed == 1 else "stable"
         return "exploded"
-    return "exploded" if (spec.lr == 2e-3 and spec.seed == 1) else "stable"
+    if spec.lr == 2e-3:
+        return "exploded" if spec.seed == 1 else "degraded"
+    return "stable"
 
 
 def fake_runner(spec: grid.RunSpec, run_dir: Path) -> dict:
@@ -65,16 +69,49 @@ def test_report_from_synthetic_runs(tmp_path: Path) -> None:
     assert saved["stability"]["grpo"]["widest_stable_range"] is None  # 1e-4 has a collapsed seed
     assert saved["stability"]["ict"]["widest_stable_range"] == [1e-4, 5e-4]
     assert {k: v["method"] for k, v in saved["examples"].items()} == {"collapsed": "grpo", "exploded": "grpo",
-                                                                     "stable": "grpo"}
+                                                                     "degraded": "ict", "stable": "grpo"}
     md = (tmp_path / "stability.md").read_text()
     assert "| grpo | 1/2 stable (1 C) | 0/2 stable (2 E) | 0/2 stable (2 E) | none |" in md
-    assert "| ict | 2/2 stable | 2/2 stable | 1/2 stable (1 E) | 0.0001 – 0.0005 |" in md
-    assert "| ict | 30.0 / 50.0 | 30.0 / 50.0 | 17.5 / 50.0 |" in md  # mean of 0.3 and 0.05 at 2e-3
+    assert "| ict | 2/2 stable | 2/2 stable | 0/2 stable (1 E, 1 D) | 0.0001 – 0.0005 |" in md
+    assert "| ict | 30.0 / 50.0 | 30.0 / 50.0 | 5.0 / 50.0 |" in md
+    assert md.startswith("Labels: outcome thresholds v2")
     html = page.read_text()
-    # heat map + 4 example curves + the prob/purity scatter
+    # heat map + 4 example curves (one per H1 / H2 / purity / reward, each with a run per label) + the scatter
     assert html.count("data:image/png;base64,") == 6
     for name in ("stability_heatmap.png", "prob_vs_purity.png", "examples/curve_h1_entropy_all_tokens_nats.png"):
         assert (tmp_path / name).read_bytes()[:8] == PNG_MAGIC
+
+
+def test_v1_relabels_the_same_runs_with_a_note(tmp_path: Path) -> None:
+    methods = ["grpo", "ict"]
+    specs = grid.grid_specs(methods, 2, LRS)
+    results = grid.run_grid(specs, tmp_path, fake_runner, log=lambda _: None)
+    sweep.write_report(tmp_path, methods, LRS, specs, results, {"p1": 0.2, "p4": 0.4}, OutcomeThresholds.v1(),
+                       {}, 0.0, note="v1 labels, for comparison")
+    saved = json.loads((tmp_path / "sweep.json").read_text())
+    assert saved["thresholds"]["version"] == "v1" and saved["note"] == "v1 labels, for comparison"
+    for row in saved["runs"]:  # v1 has no "degraded": those runs are stable; the rest keep their label
+        want = planned_kind(grid.RunSpec(row["method"], row["seed"], row["lr"]))
+        assert row["label"] == ("stable" if want == "degraded" else want)
+    assert set(saved["examples"]) == {"collapsed", "exploded", "stable"}
+    md = (tmp_path / "stability.md").read_text()
+    assert md.startswith("**v1 labels, for comparison**\n\nLabels: outcome thresholds v1")
+    assert "| ict | 2/2 stable | 2/2 stable | 1/2 stable (1 E) | 0.0001 – 0.0005 |" in md
+    assert "v1 labels, for comparison" in (tmp_path / "report.html").read_text()
+
+
+def test_seed_start_and_thresholds_options() -> None:
+    specs = sweep.sweep_specs(["grpo", "ict"], 3, [1e-4, 1e-3], seed_start=3)
+    assert [(s.lr, s.seed, s.method) for s in specs[:4]] == [(1e-4, 3, "grpo"), (1e-4, 3, "ict"), (1e-4, 4, "grpo"),
+                                                             (1e-4, 4, "ict")]
+    assert len(specs) == 12 and {s.seed for s in specs} == {3, 4, 5}
+    assert sweep.sweep_specs(["ict"], 2, [1e-4]) == grid.grid_specs(["ict"], 2, [1e-4])
+    with pytest.raises(ValueError, match="--seed-start"):
+        sweep.sweep_specs(["ict"], 2, [1e-4], seed_start=-1)
+    args = parse(["--seed-start", "3", "--thresholds", "v1"])
+    assert (args.seed_start, args.thresholds, parse([]).thresholds) == (3, "v1", "v2")
+    with pytest.raises(SystemExit):
+        parse(["--thresholds", "v3"])
 
 
 def test_missing_label_is_reported(tmp_path: Path) -> None:
@@ -82,7 +119,7 @@ def test_missing_label_is_reported(tmp_path: Path) -> None:
     results = grid.run_grid(specs, tmp_path, fake_runner, log=lambda _: None)
     page = sweep.write_report(tmp_path, ["ict"], [1e-4], specs, results, {"p1": 0.2, "p4": 0.4},
                               OutcomeThresholds(), {}, 0.0)
-    assert "No run was labelled collapsed or exploded." in page.read_text()
+    assert "No run was labelled collapsed or exploded or degraded." in page.read_text()
     assert sweep.pick_examples([])["stable"] is None
 
 
@@ -119,7 +156,7 @@ def test_sweep_quick_end_to_end(tmp_path: Path, tmp_path_factory: pytest.TempPat
     assert sweep.run(parse(argv)) == 0
     saved = json.loads((out / "sweep.json").read_text())
     assert [(r["method"], r["lr"]) for r in saved["runs"]] == [("ict", 1e-4), ("ict", 1e-3)]
-    assert all(r["label"] in ("collapsed", "exploded", "stable") for r in saved["runs"])
+    assert all(r["label"] in ("collapsed", "exploded", "degraded", "stable") for r in saved["runs"])
     assert saved["thresholds"]["entropy_floor"] == OutcomeThresholds().entropy_floor
     for name in ("report.html", "stability.md", "stability_heatmap.png", "lr0.001/ict/seed0/done.json"):
         assert (out / name).is_file(), name
@@ -128,7 +165,11 @@ def test_sweep_quick_end_to_end(tmp_path: Path, tmp_path_factory: pytest.TempPat
         raise AssertionError("a finished run was trained again")
 
     monkeypatch.setattr(grid, "train_tiny", no_training)
-    assert sweep.run(parse(argv)) == 0
+    # a rerun with other thresholds relabels and re-renders the finished runs without training them again
+    assert sweep.run(parse([*argv, "--thresholds", "v1"])) == 0
+    relabelled = json.loads((out / "sweep.json").read_text())
+    assert relabelled["thresholds"]["version"] == "v1"
+    assert [r["p1"] for r in relabelled["runs"]] == [r["p1"] for r in saved["runs"]]
 
 
 def test_a_diverged_run_is_exploded(tmp_path: Path) -> None:

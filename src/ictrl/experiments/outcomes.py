@@ -1,18 +1,33 @@
-"""Label a training run "collapsed", "exploded" or "stable" from its logged curves (issue #7).
+"""Label a training run "collapsed", "exploded", "degraded" or "stable" from its logged curves (issue #7).
 
-The thresholds below were fixed before any sweep result was seen, from the numbers in environment.md:
+Two rule sets, kept side by side (``OutcomeThresholds.v1()`` / ``.v2()``; the default is v2):
 
-- The noisy tiny base samples at ~0.30 nats/token. The one run that learned (15% -> 29% sampled pass@1) ended at
-  0.08 nats/token, so a healthy run may sharpen to well under half the base entropy. ``entropy_floor = 0.05``
-  sits below that healthy end point, at 1/6 of the base: a run under it has (nearly) stopped exploring. Low entropy
-  alone is not a failure, so *collapsed* also requires that reward did not improve by more than
-  ``min_reward_gain`` (0.02 = 2 points of mean reward) between the first and the last window.
-- The failed runs (lr 5e-4, 1e-3) fell to near-zero reward with *rising* entropy. *Exploded* = the last-window
-  entropy exceeds ``max(explode_ratio * first-window entropy, explode_min)`` (2x the start, and at least
-  0.5 nats so that a near-deterministic start cannot "explode" by drifting from 0.01 to 0.03) AND the last-window
-  reward is below the base reward minus ``reward_drop`` (0.05).
-- *Stable* = neither. A run whose reward fell without an entropy excursion is still "stable" here: the study is
-  about entropy stability; its reward shows in the results table.
+**v1** was fixed before the first sweep ran, from the numbers in environment.md (a noisy tiny base sampling at
+~0.30 nats/token; the one run that learned ended at 0.08; the failed runs at lr 5e-4 / 1e-3 fell to near-zero reward
+with rising entropy). collapsed = last-window H1 < ``entropy_floor`` (0.05 nats, absolute) and reward gained at most
+``min_reward_gain`` (0.02); exploded = last-window H1 > ``max(explode_ratio x first-window H1, explode_min)``
+(2x, at least 0.5 nats) and last-window reward < base reward - ``reward_drop`` (0.05); stable = neither.
+**v1 proved uninformative**: the first sweep's base model samples at ~0.15 nats/token, so the absolute 0.5-nat
+explosion floor was out of reach, and runs whose reward fell to ~0 without an entropy excursion counted as stable.
+All 75 runs of that sweep (seeds 0-2) were labelled stable.
+
+**v2** was set *after seeing sweep 1 (seeds 0-2)*, by the lead, and is applied to fresh seeds (3-5) it was not
+tuned on. Its thresholds are relative to the run's own first window, plus a fourth label:
+
+- collapsed: last-window H1 < ``collapse_ratio`` (0.33) x first-window H1 AND reward gain (last - first window)
+  <= ``min_reward_gain`` (0.02);
+- exploded: last-window H1 > ``explode_ratio`` (1.25) x first-window H1 AND last-window reward < base reward -
+  ``reward_drop`` (0.05);
+- degraded: last-window reward < base reward - ``reward_drop`` and neither of the above (reward lost without an
+  entropy excursion);
+- stable: none of these. Only "stable" counts towards a stable fraction.
+
+The checks go collapsed, exploded, degraded, stable. Under either preset collapsed and exploded cannot hold
+together (the collapse floor lies below the first-window entropy or the 0.5-nat minimum ceiling, the explosion
+ceiling above it), so the order only matters for degraded, the fallback of a reward drop. In general the collapse floor is
+``max(entropy_floor, collapse_ratio x first-window H1)`` and the explosion ceiling
+``max(explode_ratio x first-window H1, explode_min)``; v1 sets ``collapse_ratio = 0`` (absolute floor only) and v2
+``entropy_floor = explode_min = 0`` (relative bounds only).
 
 Every quantity is a window mean over ``window`` logged steps (first / last), which smooths the per-step noise of
 small batches (one step of 32 prompts x 8 samples moves the mean reward by several points). When a curve has fewer
@@ -20,7 +35,8 @@ than ``2 * window`` points the window shrinks to half the curve (at least one po
 overlap unless the curve has a single point.
 
 Comparisons are strict: entropy exactly at the floor is not collapsed, exactly at the ceiling is not exploded,
-a gain of exactly ``min_reward_gain`` counts as "did not improve by more than".
+reward exactly at base - reward_drop is not a drop, and a gain of exactly ``min_reward_gain`` counts as "did not
+improve by more than".
 """
 
 from __future__ import annotations
@@ -30,33 +46,77 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-LABELS = ("collapsed", "exploded", "stable")
+LABELS = ("collapsed", "exploded", "degraded", "stable")
 
 
 @dataclass(frozen=True)
 class OutcomeThresholds:
-    """Fixed thresholds for ``label_run`` (module docstring gives the reasoning). Entropies in nats/token."""
+    """Thresholds for ``label_run`` (module docstring gives the reasoning). Entropies in nats/token.
 
+    The defaults are the v2 rules; ``OutcomeThresholds.v1()`` gives the rules fixed before the first sweep.
+    """
+
+    version: str = field(default="v2", metadata={"help": "name of the rule set, stored with every labelled sweep"})
     window: int = field(default=10, metadata={"help": "logged steps averaged at the start and at the end"})
-    entropy_floor: float = field(default=0.05, metadata={"help": "collapsed if last-window H1 is below this"})
+    entropy_floor: float = field(default=0.0, metadata={"help": "collapsed if last-window H1 is below this (nats)"})
+    collapse_ratio: float = field(
+        default=0.33, metadata={"help": "collapsed if last-window H1 < this x first-window H1 (0: absolute floor only)"}
+    )
     min_reward_gain: float = field(
         default=0.02, metadata={"help": "collapsed only if reward gained at most this from first to last window"}
     )
-    explode_ratio: float = field(default=2.0, metadata={"help": "exploded if last H1 > this x first-window H1"})
-    explode_min: float = field(default=0.5, metadata={"help": "the explosion ceiling is never below this (nats)"})
-    reward_drop: float = field(default=0.05, metadata={"help": "exploded only if last reward < base_reward - this"})
+    explode_ratio: float = field(default=1.25, metadata={"help": "exploded if last H1 > this x first-window H1"})
+    explode_min: float = field(default=0.0, metadata={"help": "the explosion ceiling is never below this (nats)"})
+    reward_drop: float = field(
+        default=0.05, metadata={"help": "exploded / degraded only if last reward < base_reward - this"}
+    )
+    degraded: bool = field(
+        default=True, metadata={"help": "label a reward drop without an entropy excursion 'degraded' (v1: stable)"}
+    )
     entropy_key: str = field(default="ictrl/h1/all", metadata={"help": "metrics key of the mean token entropy"})
     reward_key: str = field(default="reward", metadata={"help": "metrics key of the mean reward"})
 
     def __post_init__(self) -> None:
+        if not isinstance(self.version, str) or not self.version:
+            raise ValueError(f"version must be a non-empty string, got {self.version!r}")
         if not isinstance(self.window, int) or self.window < 1:
             raise ValueError(f"window must be a positive integer, got {self.window!r}")
         for name in ("entropy_floor", "min_reward_gain", "explode_min", "reward_drop"):
             value = getattr(self, name)
             if not math.isfinite(value) or value < 0:
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+        if not math.isfinite(self.collapse_ratio) or not 0 <= self.collapse_ratio < 1:
+            raise ValueError(f"collapse_ratio must be a finite number in [0, 1), got {self.collapse_ratio!r}")
         if not math.isfinite(self.explode_ratio) or self.explode_ratio <= 1:
             raise ValueError(f"explode_ratio must be a finite number > 1, got {self.explode_ratio!r}")
+        if self.entropy_floor == 0 and self.collapse_ratio == 0:
+            raise ValueError("entropy_floor and collapse_ratio are both 0: nothing could ever be collapsed")
+
+    @classmethod
+    def v1(cls) -> OutcomeThresholds:
+        """The rules fixed before the first sweep: absolute entropy floor, 2x / 0.5-nat ceiling, three labels."""
+        return cls(version="v1", entropy_floor=0.05, collapse_ratio=0.0, explode_ratio=2.0, explode_min=0.5,
+                   degraded=False)
+
+    @classmethod
+    def v2(cls) -> OutcomeThresholds:
+        """The rules set after sweep 1 (seeds 0-2): entropy bounds relative to the start, plus "degraded"."""
+        return cls()
+
+    @classmethod
+    def preset(cls, name: str) -> OutcomeThresholds:
+        """``"v1"`` or ``"v2"``."""
+        if name not in PRESETS:
+            raise ValueError(f"thresholds: unknown preset {name!r}; expected one of {sorted(PRESETS)}")
+        return getattr(cls, name)()
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        """The labels these rules can give."""
+        return LABELS if self.degraded else tuple(x for x in LABELS if x != "degraded")
+
+
+PRESETS = ("v1", "v2")
 
 
 @dataclass(frozen=True)
@@ -69,7 +129,8 @@ class RunSummary:
     reward_first: float
     reward_last: float
     base_reward: float
-    entropy_ceiling: float
+    entropy_floor: float  # the collapse floor used: max(entropy_floor, collapse_ratio x entropy_first)
+    entropy_ceiling: float  # the explosion ceiling used: max(explode_ratio x entropy_first, explode_min)
     window: int  # the window actually used (may be shorter than thresholds.window)
     num_points: int  # logged steps that carry both keys
 
@@ -104,7 +165,7 @@ def summarize_run(
 
     records: metrics.jsonl records (dicts with ``thresholds.entropy_key`` and ``thresholds.reward_key``; others
     ignored; ordered by ``"step"`` when present). base_reward: the base model's mean reward; None uses the
-    first-window reward.
+    first-window reward. thresholds: None = ``OutcomeThresholds()`` (v2).
     """
     t = thresholds if thresholds is not None else OutcomeThresholds()
     entropy, reward = _series(records, t)
@@ -117,14 +178,18 @@ def summarize_run(
         base_reward = r0
     elif not math.isfinite(base_reward):
         raise ValueError(f"base_reward must be finite, got {base_reward!r}")
+    floor = max(t.entropy_floor, t.collapse_ratio * h0)
     ceiling = max(t.explode_ratio * h0, t.explode_min)
-    if h1 < t.entropy_floor and r1 - r0 <= t.min_reward_gain:
+    reward_lost = r1 < base_reward - t.reward_drop
+    if h1 < floor and r1 - r0 <= t.min_reward_gain:
         label = "collapsed"
-    elif h1 > ceiling and r1 < base_reward - t.reward_drop:
+    elif h1 > ceiling and reward_lost:
         label = "exploded"
+    elif reward_lost and t.degraded:
+        label = "degraded"
     else:
         label = "stable"
-    return RunSummary(label, h0, h1, r0, r1, float(base_reward), ceiling, k, len(entropy))
+    return RunSummary(label, h0, h1, r0, r1, float(base_reward), floor, ceiling, k, len(entropy))
 
 
 def label_run(
@@ -132,12 +197,12 @@ def label_run(
     base_reward: float | None = None,
     thresholds: OutcomeThresholds | None = None,
 ) -> str:
-    """"collapsed" | "exploded" | "stable" for one run's metrics records (see ``summarize_run``)."""
+    """"collapsed" | "exploded" | "degraded" | "stable" for one run's metrics records (see ``summarize_run``)."""
     return summarize_run(records, base_reward, thresholds).label
 
 
 def stable_fraction(labels: Sequence[str]) -> float:
-    """Fraction of ``labels`` equal to "stable" (labels of the seeds of one method x lr cell)."""
+    """Fraction of ``labels`` equal to "stable" (labels of the seeds of one method x lr cell); "degraded" is not."""
     if not labels:
         raise ValueError("labels must not be empty")
     bad = [x for x in labels if x not in LABELS]

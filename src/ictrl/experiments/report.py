@@ -188,7 +188,8 @@ def plot_stability_heatmap(
     out_path: str | os.PathLike[str],
     title: str = "stable fraction (method x learning rate)",
 ) -> Path:
-    """Heat map of the stable fraction per method (rows) x learning rate (columns), cells annotated "k/n".
+    """Heat map of the stable fraction per method (rows) x learning rate (columns), cells annotated "k/n" (stable
+    seeds / seeds) over the counts of the other labels ("1E 1D": one exploded, one degraded; C = collapsed).
 
     labels: method -> lr -> outcome labels of its seeds (``outcomes.label_run``). A missing cell is grey.
     """
@@ -208,7 +209,9 @@ def plot_stability_heatmap(
         for lr, seq in labels[m].items():
             j = lrs.index(float(lr))
             grid[i][j] = stable_fraction(list(seq))
-            text[i][j] = f"{sum(x == 'stable' for x in seq)}/{len(seq)}"
+            others = " ".join(f"{list(seq).count(x)}{x[0].upper()}" for x in ("collapsed", "exploded", "degraded")
+                              if x in seq)
+            text[i][j] = f"{sum(x == 'stable' for x in seq)}/{len(seq)}" + (f"\n{others}" if others else "")
     import numpy as np
     from matplotlib import colormaps
 

@@ -1,9 +1,10 @@
 """``ictrl sweep``: learning rate x method x seed stability study (issue #7).
 
-Every run is labelled collapsed / exploded / stable by ``outcomes.summarize_run`` against the base model's reward
-(a run whose weights went non-finite, so that sampling failed, is exploded),
-with ``outcomes.OutcomeThresholds()`` as fixed in that module before any sweep ran (they are stored in
-``sweep.json``). The base reward is the base model's held-out P@1 sampled at the training temperature, i.e. its
+Every run is labelled collapsed / exploded / degraded / stable by ``outcomes.summarize_run`` against the base
+model's reward (a run whose weights went non-finite, so that sampling failed, is exploded), with the rule set
+``--thresholds`` names: ``v2`` (default) or ``v1``, see ``outcomes`` for when each was set (they are stored in
+``sweep.json``). Labelling reads only the finished runs' files, so rerunning a finished sweep with other
+``--thresholds`` relabels and re-renders it without training anything. The base reward is the base model's held-out P@1 sampled at the training temperature, i.e. its
 expected training reward.
 
 Writes into ``--output-dir``: ``lr<lr>/<method>/seed<k>/`` run directories (resumable, see ``grid``), ``base/``,
@@ -25,7 +26,13 @@ from pathlib import Path
 from typing import Any
 
 from ictrl.experiments import grid
-from ictrl.experiments.outcomes import LABELS, OutcomeThresholds, stable_fraction, summarize_run, widest_stable_range
+from ictrl.experiments.outcomes import (
+    PRESETS,
+    OutcomeThresholds,
+    stable_fraction,
+    summarize_run,
+    widest_stable_range,
+)
 
 DEFAULT_LRS = (1e-4, 2e-4, 5e-4, 1e-3, 2e-3)
 EXAMPLE_KEYS = {
@@ -40,6 +47,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     grid.add_common_arguments(parser, default_output="runs/sweep")
     parser.add_argument("--lrs", default=",".join(f"{lr:g}" for lr in DEFAULT_LRS),
                         help="comma-separated learning rates (default: %(default)s)")
+    parser.add_argument("--thresholds", choices=PRESETS, default="v2",
+                        help="outcome rule set of ictrl.experiments.outcomes (default: %(default)s)")
+    parser.add_argument("--note", default="",
+                        help="a line put at the top of stability.md and the report, and stored in sweep.json "
+                             "(e.g. which data the thresholds were set on)")
+    parser.add_argument("--seed-start", type=int, default=0,
+                        help="first seed: runs use seeds seed_start .. seed_start + seeds - 1, so a fresh sweep "
+                             "can use seeds no earlier sweep saw (default: %(default)s)")
 
 
 def parse_lrs(text: str) -> list[float]:
@@ -56,21 +71,28 @@ def run(args: argparse.Namespace) -> int:
     try:
         methods = grid.parse_methods(args.methods)
         lrs = parse_lrs(args.lrs)
-        specs = grid.grid_specs(methods, args.seeds, lrs)
-        thresholds = OutcomeThresholds()  # fixed in outcomes.py before any sweep result was seen
+        specs = sweep_specs(methods, args.seeds, lrs, args.seed_start)
+        thresholds = OutcomeThresholds.preset(args.thresholds)
         start = time.perf_counter()
         experiment = grid.make_experiment(args)
         out: Path = args.output_dir
         results = grid.run_grid(specs, out, experiment.runner, jobs=args.jobs)
         base = grid.cached_result(out / "base" / "result.json", lambda: experiment.eval_base(out / "base"))
         page = write_report(out, methods, lrs, specs, results, base, thresholds, experiment.settings,
-                            time.perf_counter() - start)
+                            time.perf_counter() - start, note=args.note)
     except ValueError as exc:
         print(f"ictrl sweep: error: {exc}", file=sys.stderr)
         return 2
     print((out / "stability.md").read_text())
     print(f"wrote {page}", file=sys.stderr)
     return 0
+
+
+def sweep_specs(methods: list[str], seeds: int, lrs: list[float], seed_start: int = 0) -> list[grid.RunSpec]:
+    """``grid.grid_specs`` with seeds ``seed_start .. seed_start + seeds - 1`` (same order: seeds innermost)."""
+    if seed_start < 0:
+        raise ValueError(f"--seed-start must be >= 0, got {seed_start}")
+    return [s for s in grid.grid_specs(methods, seed_start + seeds, lrs) if s.seed >= seed_start]
 
 
 def label_runs(out: Path, specs: list[grid.RunSpec], results: dict[grid.RunSpec, dict[str, Any]],
@@ -124,7 +146,8 @@ def stability_markdown(rows: list[dict[str, Any]], stab: dict[str, Any], methods
             if not seq:
                 cells.append("–")
                 continue
-            counts = ", ".join(f"{seq.count(x)} {x[0].upper()}" for x in ("collapsed", "exploded") if seq.count(x))
+            counts = ", ".join(f"{seq.count(x)} {x[0].upper()}" for x in ("collapsed", "exploded", "degraded")
+                               if seq.count(x))
             cells.append(f"{sum(x == 'stable' for x in seq)}/{len(seq)} stable" + (f" ({counts})" if counts else ""))
         widest = stab[m]["widest_stable_range"]
         cells.append("none" if widest is None else f"{widest[0]:g} – {widest[1]:g}")
@@ -141,11 +164,12 @@ def stability_markdown(rows: list[dict[str, Any]], stab: dict[str, Any], methods
     return "\n".join(lines), "\n".join(scores)
 
 
-def pick_examples(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any] | None]:
-    """One run per label: the lowest final entropy among collapsed, the highest among exploded, the highest
-    final reward among stable; None where no run has the label."""
+def pick_examples(rows: list[dict[str, Any]], labels: tuple[str, ...] = OutcomeThresholds().labels
+                  ) -> dict[str, dict[str, Any] | None]:
+    """One run per label: the lowest final entropy among collapsed, the highest among exploded, the lowest final
+    reward among degraded, the highest final reward among stable; None where no run has the label."""
     picks: dict[str, dict[str, Any] | None] = {}
-    for label in LABELS:
+    for label in labels:
         cands = [r for r in rows if r["label"] == label and r["summary"] is not None]
         if not cands:
             picks[label] = None
@@ -153,6 +177,8 @@ def pick_examples(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any] | None
             picks[label] = min(cands, key=lambda r: r["summary"]["entropy_last"])
         elif label == "exploded":
             picks[label] = max(cands, key=lambda r: r["summary"]["entropy_last"])
+        elif label == "degraded":
+            picks[label] = min(cands, key=lambda r: r["summary"]["reward_last"])
         else:
             picks[label] = max(cands, key=lambda r: r["summary"]["reward_last"])
     return picks
@@ -165,19 +191,22 @@ def after_warmup(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def write_report(out: Path, methods: list[str], lrs: list[float], specs: list[grid.RunSpec],
                  results: dict[grid.RunSpec, dict[str, Any]], base: dict[str, Any], thresholds: OutcomeThresholds,
-                 settings: dict[str, Any], seconds: float) -> Path:
+                 settings: dict[str, Any], seconds: float, note: str = "") -> Path:
     from ictrl.experiments import report
 
     rows, metrics = label_runs(out, specs, results, base["p1"], thresholds)
     stab = stability(rows, methods, lrs)
     tables = stability_markdown(rows, stab, methods, lrs)
-    report.atomic_write_text(out / "stability.md", "\n\n".join(tables) + "\n")
+    head = f"Labels: outcome thresholds {thresholds.version} (ictrl.experiments.outcomes)."
+    if note:
+        head = f"**{note}**\n\n{head}"
+    report.atomic_write_text(out / "stability.md", "\n\n".join([head, *tables]) + "\n")
     heat_labels = {m: {lr: [r["label"] for r in rows if r["method"] == m and r["lr"] == lr] for lr in lrs}
                    for m in methods}
     heat_labels = {m: {lr: seq for lr, seq in cells.items() if seq} for m, cells in heat_labels.items()}
     images = [report.plot_stability_heatmap(heat_labels, out / "stability_heatmap.png")]
 
-    picks = pick_examples(rows)
+    picks = pick_examples(rows, thresholds.labels)
     spec_of = {(s.method, s.lr, s.seed): s for s in specs}
     example_runs = {f"{label}: {r['method']} lr={r['lr']:g} seed {r['seed']}":
                     [metrics[spec_of[(r["method"], r["lr"], r["seed"])]]]
@@ -190,22 +219,28 @@ def write_report(out: Path, methods: list[str], lrs: list[float], specs: list[gr
         images.append(scatter)
 
     summary = {"settings": settings, "methods": methods, "lrs": lrs, "thresholds": dataclasses.asdict(thresholds),
-               "base": base, "base_reward": base["p1"], "stability": stab,
+               "note": note, "base": base, "base_reward": base["p1"], "stability": stab,
                "examples": {k: (None if v is None else {x: v[x] for x in ("method", "lr", "seed")})
                             for k, v in picks.items()},
                "wall_seconds_this_invocation": seconds, "runs": rows}
     report.atomic_write_text(out / "sweep.json", json.dumps(summary, indent=1) + "\n")
     missing = [label for label, r in picks.items() if r is None]
-    notes = [
+    notes = [note] if note else []
+    notes += [
         f"Labels by outcomes.label_run against base reward {base['p1']:.3f} (the base model's held-out P@1 at the "
-        f"training temperature). Thresholds, fixed before the sweep: {dataclasses.asdict(thresholds)}. "
-        "collapsed = last-window H1 < entropy_floor and reward gained <= min_reward_gain; exploded = last-window "
-        "H1 > max(explode_ratio x first-window H1, explode_min) and last-window reward < base - reward_drop; "
-        "stable = neither. Windows shrink to half the run when it has fewer than 2 x window logged steps. A run "
+        f"training temperature). Thresholds {thresholds.version} (outcomes' docstring says when each rule set was "
+        f"fixed): {dataclasses.asdict(thresholds)}. "
+        "collapsed = last-window H1 < max(entropy_floor, collapse_ratio x first-window H1) and reward gained <= "
+        "min_reward_gain; exploded = last-window H1 > max(explode_ratio x first-window H1, explode_min) and "
+        "last-window reward < base - reward_drop; "
+        + ("degraded = last-window reward < base - reward_drop, neither of those; stable = none of these. "
+           if thresholds.degraded else "stable = neither. ")
+        + "Windows shrink to half the run when it has fewer than 2 x window logged steps. A run "
         f"whose weights went non-finite (sampling failed) counts as exploded with P@1 = P@4 = 0: "
         f"{sum(r['diverged'] for r in rows)} such run(s).",
-        "Stability table: stable seeds / seeds per cell (C = collapsed, E = exploded). Widest stable range: the "
-        "widest contiguous lr range in which every seed is stable. Second table: mean held-out P@1 / P@4 (%).",
+        "Stability table: stable seeds / seeds per cell (C = collapsed, E = exploded, D = degraded). Widest "
+        "stable range: the widest contiguous lr range in which every seed is stable. Second table: mean held-out "
+        "P@1 / P@4 (%).",
         "Example curves: " + ", ".join(f"{k}: {v['method']} lr={v['lr']:g} seed {v['seed']}"
                                        for k, v in picks.items() if v is not None)
         + (f". No run was labelled {' or '.join(missing)}." if missing else "."),
