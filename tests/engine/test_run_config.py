@@ -120,6 +120,7 @@ def test_mixture_and_scalar_list() -> None:
         ("--sampling.num_generations=7", r"optim.per_device_train_batch_size: .* = 256 completions per step must "
                                          r"be a multiple of sampling.num_generations = 7"),
         ("--model=x", r"model: expected a mapping"),
+        ("--method.topk=0", r"method.topk: must be an integer >= 1"),
     ],
 )
 def test_bad_override_names_the_key(override: str, pattern: str) -> None:
@@ -168,3 +169,12 @@ def test_trainer_kwargs_and_roundtrip(tmp_path: Path) -> None:
     assert again == cfg
     assert config_to_dict(again) == config_to_dict(cfg)
     assert isinstance(again, RunConfig)
+
+
+def test_topk_and_sparse_backward_reach_the_trainer_config() -> None:
+    from ictrl.engine.run_config import trainer_kwargs
+
+    cfg = load_config(CONFIGS / "qwen2.5-0.5b/ict.yaml", ["--method.topk=64", "--method.sparse_backward=true"])
+    kwargs = trainer_kwargs(cfg)
+    assert kwargs["selection_topk"] == 64 and kwargs["sparse_backward"] is True
+    assert "selection_topk" not in trainer_kwargs(load_config(CONFIGS / "qwen2.5-0.5b/ict.yaml", []))

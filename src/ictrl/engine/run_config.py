@@ -148,6 +148,14 @@ class MethodConfig:
     stats_chunk_size: int | None = field(
         default=None, metadata=_help("Rows of full-vocabulary logits per statistics chunk. -> stats_chunk_size")
     )
+    topk: int | None = field(
+        default=None, metadata=_help("Score ICT from each position's top-K log-probs plus a tail bucket instead of "
+                                     "full distributions; None: exact. -> selection_topk")
+    )
+    sparse_backward: bool | None = field(
+        default=None, metadata=_help("Apply the LM head with gradient only at selected tokens (same gradient, "
+                                     "less memory); None: off. -> sparse_backward")
+    )
     seed: int | None = field(default=None, metadata=_help("Random selector seed; None: optim.seed. -> selection_seed"))
 
     def __post_init__(self) -> None:
@@ -161,6 +169,8 @@ class MethodConfig:
                 raise ValueError(f"method.{key}: must be in (0, 1], got {value}")
         if self.temperature is not None and not self.temperature > 0:
             raise ValueError(f"method.temperature: must be > 0, got {self.temperature}")
+        if self.topk is not None and (isinstance(self.topk, bool) or self.topk < 1):
+            raise ValueError(f"method.topk: must be an integer >= 1, got {self.topk}")
 
 
 @dataclass
@@ -531,6 +541,8 @@ FIELD_MAP: dict[str, str] = {
     "method.stapo_q": "stapo_q",
     "method.temperature": "selection_temperature",
     "method.stats_chunk_size": "stats_chunk_size",
+    "method.topk": "selection_topk",
+    "method.sparse_backward": "sparse_backward",
     "method.seed": "selection_seed",
 }
 # Set by ictrl train itself: a passthrough would be overwritten or break logging.
