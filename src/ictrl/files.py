@@ -12,6 +12,7 @@ import os
 import uuid
 from pathlib import Path
 from typing import Any
+from collections.abc import Iterator
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
@@ -40,3 +41,23 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
 def atomic_write_json(path: str | os.PathLike[str], data: Any, indent: int = 2, **dump_kwargs: Any) -> Path:
     """``json.dumps(data)`` plus a trailing newline, written atomically."""
     return atomic_write_text(path, json.dumps(data, indent=indent, **dump_kwargs) + "\n")
+
+
+def read_jsonl(path: str | os.PathLike[str]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Yield ``("FILE:LINE", object)`` for each non-blank line of a JSONL file.
+
+    A line that is not a JSON object raises ValueError naming the file and line, so callers can add their own
+    field checks with the same location prefix.
+    """
+    with open(path, encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{where}: not valid JSON ({e.msg})") from None
+            if not isinstance(obj, dict):
+                raise ValueError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+            yield where, obj

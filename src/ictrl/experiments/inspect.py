@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ictrl.files import atomic_write_text
+from ictrl.files import atomic_write_text, read_jsonl
 
 SELECTORS = ("ict", "entropy", "random", "frequent", "all")  # stapo needs advantages, which one prompt lacks
 U_RGB = (230, 85, 13)  # orange: ICT score
@@ -108,24 +108,14 @@ def load_rollouts(path: str | os.PathLike[str]) -> list[Rollout]:
     allowed = {"prompt", "tokens", "u", "entropy", "prob", "selected", "reward", "group"}
     required = allowed - {"reward", "group"}
     out = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{where}: not valid JSON ({e.msg})") from None
-            if not isinstance(obj, dict):
-                raise ValueError(f"{where}: expected a JSON object")
-            missing = sorted(required - obj.keys())
-            if missing:
-                raise ValueError(f"{where}: missing field {missing[0]!r}")
-            unknown = sorted(obj.keys() - allowed)
-            if unknown:
-                raise ValueError(f"{where}: unknown field {unknown[0]!r}")
-            out.append(Rollout(**obj, where=where))
+    for where, obj in read_jsonl(path):
+        missing = sorted(required - obj.keys())
+        if missing:
+            raise ValueError(f"{where}: missing field {missing[0]!r}")
+        unknown = sorted(obj.keys() - allowed)
+        if unknown:
+            raise ValueError(f"{where}: unknown field {unknown[0]!r}")
+        out.append(Rollout(**obj, where=where))
     if not out:
         raise ValueError(f"{path}: no rollouts in file")
     return out

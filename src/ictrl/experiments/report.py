@@ -17,7 +17,6 @@ from __future__ import annotations
 import base64
 import html
 import io
-import json
 import math
 import os
 import re
@@ -26,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ictrl.files import atomic_write_bytes, atomic_write_text  # noqa: F401  (re-exported for experiments)
+from ictrl.files import atomic_write_bytes, atomic_write_text, read_jsonl  # noqa: F401  (re-exported)
 
 DEFAULT_CURVE_KEYS: dict[str, str] = {
     "reward": "reward",
@@ -46,19 +45,7 @@ TABLE_COLUMNS = ("P@1", "P@4", "Total")
 
 def load_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """Read a ``metrics.jsonl``: one JSON object per line (blank lines skipped)."""
-    records = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
-            if not isinstance(rec, dict):
-                raise ValueError(f"{path}:{lineno}: expected a JSON object, got {type(rec).__name__}")
-            records.append(rec)
-    return records
+    return [obj for _, obj in read_jsonl(path)]
 
 
 def _save_figure(fig: Any, path: Path) -> Path:
