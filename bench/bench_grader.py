@@ -11,40 +11,17 @@ Prints p50/p99/max milliseconds per call; ``--out`` writes the same numbers as J
 from __future__ import annotations
 
 import argparse
-import random
 import statistics
 import sys
 import time
 from pathlib import Path
 
-from ictrl.files import atomic_write_json
 from ictrl import rewards
+from ictrl.files import atomic_write_json
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "fixtures"))
+from grader_adversarial import adversarial_cases  # noqa: E402  (the corpus the tests use)
 from ictrl.data import load_problems
-
-
-def adversarial_cases() -> dict[str, str]:
-    rng = random.Random(0)
-    junk = bytes(rng.randrange(256) for _ in range(20000)).decode("utf-8", errors="surrogateescape")
-    return {
-        "nested_braces_10k": "\\boxed{" + "{" * 10000 + "1" + "}" * 10000 + "}",
-        "nested_braces_8": "\\boxed{" + "{" * 8 + "1" + "}" * 8 + "}",
-        "nested_frac_10": "\\boxed{" + "\\frac{" * 10 + "1" + "}{2}" * 10 + "}",
-        "answer_100k_digits": "\\boxed{" + "1" * 100000 + "}",
-        "answer_100k_no_box": "x " * 50000,
-        "answer_900_terms": "\\boxed{" + "+".join(f"x_{{{i}}}" for i in range(150)) + "}",
-        "unbalanced_frac": "so \\boxed{\\frac{1}{2",
-        "unbalanced_left_right": "\\boxed{\\left( \\right] \\frac{ \\sqrt[}",
-        "binary_junk_20k": junk,
-        "binary_junk_boxed": "\\boxed{" + junk[:500].replace("}", "") + "}",
-        "tower_9^9^9^9": "\\boxed{9^9^9^9}",
-        "tower_braced": "\\boxed{9^{9^{9^{9}}}}",
-        "tower_parenthesised": "\\boxed{(9^9)^(9^9)}",
-        "tower_past_prechecks": "\\boxed{(9^9)^{(9^9)}}",  # reaches the worker: only the deadline stops it
-        "exponent_7_digits": "\\boxed{2^{1234567}}",
-        "factorial_huge": "\\boxed{99999999!}",
-        "many_open_boxes": "\\boxed{" * 10000,
-        "answer_is_x10k": "the answer is " * 10000,
-    }
 
 
 def time_calls(pairs: list[tuple[str, str]], repeats: int) -> dict[str, float]:

@@ -10,6 +10,7 @@ from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 
 import pytest
 
+from fixtures.grader_adversarial import adversarial_cases
 from ictrl import rewards
 from ictrl.rewards import (
     MathExtractor,
@@ -115,32 +116,9 @@ def test_math_reward_rejects_bad_gold() -> None:
         math_reward(b"\\boxed{1}", "1")  # type: ignore[arg-type]
 
 
-def _adversarial() -> dict[str, str]:
-    rng = random.Random(0)
-    junk = bytes(rng.randrange(256) for _ in range(20000)).decode("utf-8", errors="surrogateescape")
-    return {
-        "nested_braces_10k": "\\boxed{" + "{" * 10000 + "1" + "}" * 10000 + "}",
-        "nested_braces_8": "\\boxed{" + "{" * 8 + "1" + "}" * 8 + "}",
-        "nested_frac_10": "\\boxed{" + "\\frac{" * 10 + "1" + "}{2}" * 10 + "}",
-        "answer_100k": "\\boxed{" + "1" * 100000 + "}",
-        "text_100k": "x " * 50000,
-        "unbalanced": "so \\boxed{\\frac{1}{2",
-        "unbalanced_left_right": "\\boxed{\\left( \\right] \\frac{ \\sqrt[}",
-        "binary_junk": junk,
-        "binary_junk_boxed": "\\boxed{" + junk[:500].replace("}", "") + "}",
-        "tower": "\\boxed{9^9^9^9}",
-        "tower_braced": "\\boxed{9^{9^{9^{9}}}}",
-        "tower_parenthesised": "\\boxed{(9^9)^(9^9)}",
-        "exponent_7_digits": "\\boxed{2^{1234567}}",
-        "factorial": "\\boxed{99999999!}",
-        "many_open_boxes": "\\boxed{" * 10000,
-        "answer_is_10k": "the answer is " * 10000,
-    }
-
-
-@pytest.mark.parametrize("name", sorted(_adversarial()))
+@pytest.mark.parametrize("name", sorted(adversarial_cases()))
 def test_adversarial_inputs_bounded(name: str) -> None:
-    completion = _adversarial()[name]
+    completion = adversarial_cases()[name]
     math_reward("\\boxed{1}", "\\frac{1}{2}")  # worker started outside the timing
     t0 = time.perf_counter()
     result = math_reward(completion, "\\frac{1}{2}")
