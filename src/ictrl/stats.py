@@ -147,6 +147,13 @@ def _log_probs(flat: Tensor, idx: Tensor, runs: list[tuple[int, int]] | None, a:
     first written to b (upcast, divided by temperature), then one log_softmax reads b.
     """
     fp32 = flat.dtype == torch.float32
+    if runs is not None and fp32 and temperature == 1.0:
+        off = 0
+        for start, length in runs:
+            torch.log_softmax(flat[start:start + length], 1, out=a[off:off + length])
+            off += length
+        return
+    divided = False
     if runs is None:
         if fp32:  # into the preallocated buffer: ~4x faster than advanced indexing, which page-faults a new tensor
             torch.index_select(flat, 0, idx, out=b)
@@ -155,17 +162,14 @@ def _log_probs(flat: Tensor, idx: Tensor, runs: list[tuple[int, int]] | None, a:
     else:
         off = 0
         for start, length in runs:
-            src, dst = flat[start:start + length], (a if fp32 and temperature == 1.0 else b)[off:off + length]
-            if fp32 and temperature == 1.0:
-                torch.log_softmax(src, 1, out=dst)
-            elif fp32:
+            src, dst = flat[start:start + length], b[off:off + length]
+            if fp32:
                 torch.div(src, temperature, out=dst)
             else:
                 dst.copy_(src)  # bf16/fp16: upcast first; dividing in the input dtype would round z / tau
             off += length
-        if fp32 and temperature == 1.0:
-            return
-    if temperature != 1.0 and not (fp32 and runs is not None):
+        divided = fp32
+    if temperature != 1.0 and not divided:
         b.div_(temperature)
     torch.log_softmax(b, 1, out=a)
 

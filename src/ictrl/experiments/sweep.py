@@ -204,7 +204,8 @@ def write_report(out: Path, methods: list[str], lrs: list[float], specs: list[gr
     heat_labels = {m: {lr: [r["label"] for r in rows if r["method"] == m and r["lr"] == lr] for lr in lrs}
                    for m in methods}
     heat_labels = {m: {lr: seq for lr, seq in cells.items() if seq} for m, cells in heat_labels.items()}
-    images = [report.plot_stability_heatmap(heat_labels, out / "stability_heatmap.png")]
+    images = [report.plot_stability_heatmap(heat_labels, out / "stability_heatmap.png",
+                                            title=f"stable fraction (method x lr), thresholds {thresholds.version}")]
 
     picks = pick_examples(rows, thresholds.labels)
     spec_of = {(s.method, s.lr, s.seed): s for s in specs}
