@@ -378,7 +378,6 @@ def group_js_divergence_topk(
     t_block = max(1, 2**16 // max(1, K))  # bounds [G, t_block, G*K] to a few MB per group of 8
     for g in range(int(inverse.max()) + 1 if B else 0):
         members = (inverse == g).nonzero().squeeze(1)
-        G = members.numel()
         for t0 in range(0, T, t_block):
             m = mask[members, t0:t0 + t_block]  # [G, tb]
             if not bool(m.any()):
