@@ -1,7 +1,7 @@
 """Time and peak extra memory of ictrl.stats against one torch.log_softmax pass over the same logits.
 
-Each (case, method) runs in a fresh subprocess so its peak RSS growth (ru_maxrss after - before, baseline taken
-once the logits exist) is that method's own peak extra memory. Times are the median of --repeats runs after a
+Each (case, method) runs in a fresh subprocess so its peak RSS growth (VmHWM after - before, baseline taken
+once the logits exist; not ru_maxrss, which a child inherits from its parent) is that method's own peak extra memory. Times are the median of --repeats runs after a
 warm-up on a small slice. The batch is B = 16 responses in groups of 8, T = N / 16 positions, every position
 active (no row is skipped, so all methods do the same work).
 
@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -30,6 +29,12 @@ METHODS = ("log_softmax", "token_stats", "group_js", "stats_and_js")
 GROUP = 8
 RESPONSES = 16
 
+
+
+def _peak_rss_bytes() -> int:
+    """This process's peak resident set (VmHWM), which starts fresh at exec, unlike the inherited ru_maxrss."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
 
 def _load_stats_module(baseline: Path | None):
     """ictrl.stats, or the module at ``baseline`` (a saved copy of stats.py) when given."""
@@ -75,18 +80,18 @@ def worker(n: int, v: int, dtype: str, method: str, repeats: int, chunk_size: in
         return token_stats(lg, mk, tk, chunk_size=chunk_size, group_ids=groups)
 
     run(logits[:, :2], mask[:, :2], tokens[:, :2])  # warm-up: kernels, thread pool
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    before = _peak_rss_bytes()
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
         out = run(logits, mask, tokens)
         times.append(time.perf_counter() - t0)
         del out
-    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    after = _peak_rss_bytes()
     return {
         "n": n, "v": v, "dtype": dtype, "method": method, "chunk_size": chunk_size,
         "times_s": times, "median_s": statistics.median(times),
-        "peak_extra_gb": (after - before) * 1024 / 1e9, "logits_gb": logits.numel() * logits.element_size() / 1e9,
+        "peak_extra_gb": (after - before) / 1e9, "logits_gb": logits.numel() * logits.element_size() / 1e9,
         "threads": torch.get_num_threads(),
     }
 
