@@ -47,21 +47,11 @@ STAGING_PREFIX = ".staging-"
 
 
 def trainer_classes() -> tuple[type, type]:
-    """(config class, trainer class): ICTGRPOConfig/ICTGRPOTrainer, or TRL's when ictrl's are absent."""
-    from importlib.util import find_spec
+    """(ICTGRPOConfig, ICTGRPOTrainer), imported lazily: TRL takes seconds to import and config errors come first."""
+    from ictrl.engine.config import ICTGRPOConfig
+    from ictrl.engine.trainer import ICTGRPOTrainer
 
-    if find_spec("ictrl.engine.trainer") is not None:
-        from ictrl.engine.config import ICTGRPOConfig
-        from ictrl.engine.trainer import ICTGRPOTrainer
-
-        return ICTGRPOConfig, ICTGRPOTrainer
-    from trl import GRPOConfig, GRPOTrainer
-
-    return GRPOConfig, GRPOTrainer
-
-
-def _has_selection(config_cls: type) -> bool:
-    return any(f.name == "token_selector" for f in dataclasses.fields(config_cls))
+    return ICTGRPOConfig, ICTGRPOTrainer
 
 
 # --- config -> trainer arguments ------------------------------------------------------------------------------
@@ -71,10 +61,7 @@ def build_trainer_args(cfg: RunConfig, source: str = "<config>", cpu: bool | Non
     """The trainer's config object. On a machine without CUDA sets ``use_cpu``, turns off bf16/fp16 and vLLM,
     and says so in the log. Errors name the run-config key."""
     config_cls, _ = trainer_classes()
-    kwargs = trainer_kwargs(cfg, selection_fields=_has_selection(config_cls))
-    if not _has_selection(config_cls) and cfg.method.selector != "all":
-        raise ConfigError(f"{source}: method.selector={cfg.method.selector!r} needs ictrl.engine.trainer, "
-                          "which is not installed; only 'all' runs on plain TRL")
+    kwargs = trainer_kwargs(cfg)
     cpu = not torch.cuda.is_available() if cpu is None else cpu
     if cpu:
         notes = ["use_cpu=True", "bf16=False"] + (["use_vllm=False"] if kwargs.get("use_vllm") else [])

@@ -578,12 +578,12 @@ def _check_trainer_passthrough(cfg: RunConfig, source_of: Any) -> None:
                               f"{_suggest(key, sorted(names)).replace(repr(''), '')}")
 
 
-def trainer_kwargs(cfg: RunConfig, selection_fields: bool = True) -> dict[str, Any]:
+def trainer_kwargs(cfg: RunConfig) -> dict[str, Any]:
     """Keyword arguments for the trainer's config class; ``None`` method fields are left to its defaults."""
     kwargs: dict[str, Any] = {}
     for dotted, name in FIELD_MAP.items():
         value = _get(cfg, dotted)
-        if dotted.startswith("method.") and (value is None or not selection_fields):
+        if dotted.startswith("method.") and value is None:
             continue
         kwargs[name] = value
     if kwargs["warmup_steps"] >= 1:  # a step count; transformers reads floats < 1 as a ratio
