@@ -22,15 +22,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ictrl.experiments import grid
+from ictrl.experiments import grid, report
 
-CURVE_KEYS = {
-    "reward": "reward",
-    "H1 entropy, all tokens (nats)": "ictrl/h1/all",
-    "H2 Renyi entropy, all tokens (nats)": "ictrl/h2/all",
-    "purity beta, all tokens": "ictrl/purity/all",
-    "selected fraction": "ictrl/selected_frac",
-}
+CURVE_KEYS = report.DEFAULT_CURVE_KEYS  # reward, H1 (all, selected), H2, purity, selected fraction
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -61,8 +55,6 @@ def run(args: argparse.Namespace) -> int:
 def write_report(out: Path, methods: list[str], specs: list[grid.RunSpec], results: dict[grid.RunSpec, dict[str, Any]],
                  base: dict[str, Any], settings: dict[str, Any], seconds: float) -> dict[str, Path]:
     """Table, curves and report.html from finished runs; returns the written paths by role."""
-    from ictrl.experiments import report
-
     per_seed: dict[str, list[dict[str, float]]] = {"base": [{"p1": base["p1"], "p4": base["p4"]}]}
     for m in methods:
         per_seed[m] = [{"p1": results[s]["p1"], "p4": results[s]["p4"]} for s in specs if s.method == m]

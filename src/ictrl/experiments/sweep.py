@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ictrl.experiments import grid
+from ictrl.experiments import grid, report
 from ictrl.experiments.outcomes import (
     PRESETS,
     OutcomeThresholds,
@@ -35,12 +35,8 @@ from ictrl.experiments.outcomes import (
 )
 
 DEFAULT_LRS = (1e-4, 2e-4, 5e-4, 1e-3, 2e-3)
-EXAMPLE_KEYS = {
-    "H1 entropy, all tokens (nats)": "ictrl/h1/all",
-    "H2 Renyi entropy, all tokens (nats)": "ictrl/h2/all",
-    "purity beta, all tokens": "ictrl/purity/all",
-    "reward": "reward",
-}
+# The example runs' curves: reward and the all-token entropies (the labels are read from these).
+EXAMPLE_KEYS = {name: key for name, key in report.DEFAULT_CURVE_KEYS.items() if key == "reward" or key.endswith("/all")}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -192,8 +188,6 @@ def after_warmup(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def write_report(out: Path, methods: list[str], lrs: list[float], specs: list[grid.RunSpec],
                  results: dict[grid.RunSpec, dict[str, Any]], base: dict[str, Any], thresholds: OutcomeThresholds,
                  settings: dict[str, Any], seconds: float, note: str = "") -> Path:
-    from ictrl.experiments import report
-
     rows, metrics = label_runs(out, specs, results, base["p1"], thresholds)
     stab = stability(rows, methods, lrs)
     tables = stability_markdown(rows, stab, methods, lrs)
