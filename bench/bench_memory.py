@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_train_step import build_trainer, has_sparse_backward  # noqa: E402
+from bench_train_step import build_trainer  # noqa: E402
 
 from ictrl.files import atomic_write_json  # noqa: E402
 
@@ -137,9 +137,7 @@ def main() -> None:
         print(json.dumps(fn(a.worker, a)))
         return
 
-    cases = ["head:dense", "head:trl", "head:sparse", "trl_q1.0", "all", "ict"]
-    if has_sparse_backward():
-        cases.append("ict+sparse")
+    cases = ["head:dense", "head:trl", "head:sparse", "trl_q1.0", "all", "ict", "ict+sparse"]
     if a.cases:
         cases = a.cases.split(",")
     argv = [f"--vocab={a.vocab}", f"--hidden={a.hidden}", f"--layers={a.layers}", f"--batch={a.batch}",

@@ -17,24 +17,24 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
+
+from ictrl.files import atomic_write_json  # no torch: the parent stays small
 
 METHODS = ("log_softmax", "token_stats", "group_js", "stats_and_js")
 GROUP = 8
 RESPONSES = 16
 
 
-
 def _peak_rss_bytes() -> int:
     """This process's peak resident set (VmHWM), which starts fresh at exec, unlike the inherited ru_maxrss."""
     with open("/proc/self/status") as f:
         return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+
 
 def _load_stats_module(baseline: Path | None):
     """ictrl.stats, or the module at ``baseline`` (a saved copy of stats.py) when given."""
@@ -96,14 +96,6 @@ def worker(n: int, v: int, dtype: str, method: str, repeats: int, chunk_size: in
     }
 
 
-def write_json_atomic(path: Path, data: object) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=2)
-    os.replace(tmp, path)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="headline case only (N 2048, V 151936, fp32)")
@@ -160,7 +152,7 @@ def main() -> None:
                     r["median_s"] = statistics.median(r["times_s"])
                     results.append(r)
 
-    write_json_atomic(args.out, {"argv": sys.argv[1:], "results": results})
+    atomic_write_json(args.out, {"argv": sys.argv[1:], "results": results})
     print(f"{'N':>5} {'V':>7} {'dtype':>5} {'method':>18} {'median s':>9} {'x log_softmax':>13} {'extra GB':>9}")
     base = {(r["n"], r["v"], r["dtype"]): r["median_s"] for r in results if r["method"] == "log_softmax"}
     for r in results:

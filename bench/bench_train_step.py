@@ -26,7 +26,6 @@ Writes bench/results/train_step.json atomically and prints tables.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import statistics
 import sys
 import tempfile
@@ -49,12 +48,6 @@ def fixed_reward(prompts: list[Any], completions: list[str], completion_ids: lis
     Ids, not text: with the vocabulary padded past the tokenizer's 259 tokens most sampled ids decode to "".
     """
     return [float(sum(ids) % 2) for ids in completion_ids]
-
-
-def has_sparse_backward() -> bool:
-    from ictrl.engine.config import ICTGRPOConfig
-
-    return any(f.name == "sparse_backward" for f in dataclasses.fields(ICTGRPOConfig))
 
 
 def build_trainer(variant: str, a: argparse.Namespace, out_dir: str) -> Any:
@@ -185,13 +178,10 @@ def main() -> None:
     if a.threads:
         torch.set_num_threads(a.threads)
 
-    variants = ["ict", "all", "trl_q0.2", "trl_q1.0"]
-    if has_sparse_backward():
-        variants[1:1] = ["ict+sparse", "all+sparse"]
+    variants = ["ict", "ict+sparse", "all", "all+sparse", "trl_q0.2", "trl_q1.0"]
     if a.variants:
         variants = a.variants.split(",")
-    result: dict[str, Any] = {"config": {k: v for k, v in vars(a).items()}, "torch_threads": torch.get_num_threads(),
-                              "sparse_backward_in_trainer": has_sparse_backward()}
+    result: dict[str, Any] = {"config": {k: v for k, v in vars(a).items()}, "torch_threads": torch.get_num_threads()}
 
     if not a.skip_trainer:
         runs: dict[str, list[dict[str, float]]] = {v: [] for v in variants}

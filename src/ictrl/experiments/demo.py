@@ -22,7 +22,7 @@ from ictrl.experiments import tinytask
 from ictrl.experiments.tinymodel import TinyRecipe, build_tiny_base, load_tiny_base, max_new_tokens
 
 SELECTORS = ("ict", "all", "entropy", "stapo", "random", "frequent")
-REWARD_NAME = "tinyarith_reward"
+REWARD_NAME = tinytask.tinyarith_reward.__name__
 
 # The full plan, tuned on this task (seed 0: ict at lr 5e-4 plateaued and at 1e-3 collapsed with rising entropy;
 # 2e-4 x 120 steps gained ~16 points of pass@1), and a tiny one for tests.
@@ -64,10 +64,9 @@ def _trainer_args(method: str, out: Path, seed: int, steps: int, lr: float, prom
 def _evaluate(model: Any, tokenizer: Any, problems: list[Problem], n: int, seed: int) -> dict[str, float]:
     """Sampled pass@1 and pass@4 (unbiased estimator, n samples per problem, temperature 1)."""
     from ictrl.eval.generate import HFBackend
-    from ictrl.eval.harness import EvalConfig, EvalTask, evaluate
+    from ictrl.eval.harness import EvalConfig, evaluate
 
-    task = EvalTask(name=tinytask.TASK_NAME, problems=problems, prompt_fn=lambda p: p.question,
-                    reward_fn=tinytask.grade, extract_fn=tinytask.extract_answer)
+    task = tinytask.eval_task(problems)
     difficulty = tuple({p.meta["difficulty"] for p in problems})
     config = EvalConfig(model="tiny", n=n, ks=(1, 4), max_new_tokens=max_new_tokens(difficulty), temperature=1.0,
                         top_p=1.0, seeds=(seed,), chunk_size=64, n_bootstrap=200)
@@ -114,16 +113,12 @@ def run(args: argparse.Namespace) -> int:
     timings["eval_before"] = time.perf_counter() - t
     print(f"before RL: pass@1 {before['pass@1']:.3f}  pass@4 {before['pass@4']:.3f}")
 
-    import datasets
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
     from ictrl.engine.callbacks import MetricsJSONL, RichProgress
     from ictrl.engine.trainer import ICTGRPOTrainer
 
-    # 2,000 is most of the train split at difficulty 2; TRL cycles through it again if the run needs more.
-    train = tinytask.generate_problems(min(2000, max(64, plan["prompts"] * plan["steps"])), "train",
-                                       recipe.difficulty, seed=args.seed)
-    dataset = datasets.Dataset.from_dict({"prompt": [p.question for p in train], "gold": [p.gold for p in train]})
+    dataset = tinytask.train_dataset(plan["prompts"], plan["steps"], recipe.difficulty, seed=args.seed)
     trainer_args = _trainer_args(args.method, out / "rl", args.seed, plan["steps"], plan["lr"], plan["prompts"],
                                  plan["generations"], max_new_tokens(recipe.difficulty))
     tokenizer.padding_side = "left"

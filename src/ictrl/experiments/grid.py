@@ -260,13 +260,11 @@ def _base_difficulty(base: Path) -> tuple[int, ...]:
 
 
 def tiny_eval_tasks(settings: TinyRL, base: Path) -> list[Any]:
-    from ictrl.eval.harness import EvalTask
     from ictrl.experiments import tinytask
 
     # seed 0 as ictrl demo: the held-out set depends only on the task, never on a run's seed.
     problems = tinytask.generate_problems(settings.eval_problems, "test", _base_difficulty(base), seed=0)
-    return [EvalTask("tinyarith", problems, prompt_fn=lambda p: p.question, reward_fn=tinytask.grade,
-                     extract_fn=tinytask.extract_answer)]
+    return [tinytask.eval_task(problems)]
 
 
 def evaluate_model(model: Any, tokenizer: Any, tasks: list[Any], out_dir: Path, label: str, n: int,
@@ -285,7 +283,6 @@ def evaluate_model(model: Any, tokenizer: Any, tasks: list[Any], out_dir: Path, 
 
 def train_tiny(settings: TinyRL, base: Path, spec: RunSpec, run_dir: Path) -> dict[str, Any]:
     """Train one run on the embedded task from scratch and evaluate it; returns p1, p4, final_reward."""
-    import datasets
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
     from ictrl.engine.callbacks import MetricsJSONL
@@ -299,18 +296,14 @@ def train_tiny(settings: TinyRL, base: Path, spec: RunSpec, run_dir: Path) -> di
     cfg = tiny_run_config(settings, base, spec, run_dir)
     args = build_trainer_args(cfg, cfg.output_dir)
     model, tokenizer = load_tiny_base(base)
-    # As ictrl demo: enough distinct prompts for the run, drawn with the run's seed.
-    problems = tinytask.generate_problems(min(2000, max(64, settings.prompts_per_step * settings.steps)), "train",
-                                          _base_difficulty(base), seed=spec.seed)
-    dataset = datasets.Dataset.from_dict({"prompt": [p.question for p in problems],
-                                          "gold": [p.gold for p in problems]})
+    dataset = tinytask.train_dataset(settings.prompts_per_step, settings.steps, _base_difficulty(base), spec.seed)
     _, trainer_cls = trainer_classes()
     trainer = make_trainer_class(trainer_cls)(model=model, reward_funcs=[tinytask.tinyarith_reward], args=args,
                                               train_dataset=dataset, processing_class=tokenizer)
     for cb in (PrinterCallback, ProgressCallback):
         trainer.remove_callback(cb)
     metrics_path = run_dir / "metrics.jsonl"
-    trainer.add_callback(MetricsJSONL(metrics_path, accuracy_reward="tinyarith_reward"))
+    trainer.add_callback(MetricsJSONL(metrics_path, accuracy_reward=tinytask.tinyarith_reward.__name__))
     try:
         trainer.train()
     except RuntimeError as exc:
