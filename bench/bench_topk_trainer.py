@@ -47,7 +47,8 @@ def main() -> None:
     from datasets import Dataset
 
     from ictrl.engine.config import ICTGRPOConfig
-    from ictrl.engine.trainer import ICTGRPOTrainer, _topk_logprobs
+    from ictrl.engine.trainer import ICTGRPOTrainer
+    from ictrl.stats import topk_log_softmax
     from ictrl.models import build_byte_tokenizer, build_tiny_qwen2
     from ictrl.selection import SelectionInputs, select
     from ictrl.stats import group_js_divergence_topk, token_stats
@@ -91,12 +92,12 @@ def main() -> None:
         h = trainer.model.model(input_ids=torch.cat([prompt, completion], 1)).last_hidden_state[:, P - 1:-1]
         logits = trainer.model.get_output_embeddings()(h).float()
     tau = trainer.args.selection_temperature
-    lp, ids = _topk_logprobs(logits.clone(), a.k, tau)
+    lp, ids = topk_log_softmax(logits.clone(), a.k, tau)
     parts = {
         "token_stats": lambda: token_stats(logits, mask, completion, tau),
         "token_stats+group_js": lambda: token_stats(logits, mask, completion, tau, group_ids=group_ids),
         "clone_logits": lambda: logits.clone(),  # subtract from the next one
-        "clone+topk_logprobs": lambda: _topk_logprobs(logits.clone(), a.k, tau),
+        "clone+topk_logprobs": lambda: topk_log_softmax(logits.clone(), a.k, tau),
         "group_js_divergence_topk": lambda: group_js_divergence_topk(lp, ids, mask, group_ids),
     }
     part_times: dict[str, list[float]] = {n: [] for n in parts}

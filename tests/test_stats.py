@@ -16,6 +16,7 @@ from ictrl.stats import (
     group_js_divergence,
     group_js_divergence_topk,
     token_stats,
+    topk_log_softmax,
 )
 
 LOG2 = math.log(2.0)
@@ -489,3 +490,15 @@ def test_members_ending_mid_block():
         st = token_stats(logits, mask, tokens, group_ids=groups, chunk_size=chunk_size)
         assert_matches(st, logits, mask, tokens, group_ids=groups)
         assert (st.ict_score[mask] > 0).sum() > 0.8 * mask.sum()
+
+
+def test_topk_log_softmax_matches_float64_log_softmax() -> None:
+    g = torch.Generator().manual_seed(3)
+    logits = 4 * torch.randn(3, 5, 300, generator=g)
+    ref = torch.log_softmax(logits.double() / 0.7, dim=-1).topk(8, dim=-1)
+    lp, ids = topk_log_softmax(logits.clone(), 8, 0.7)
+    assert torch.equal(ids, ref.indices)
+    torch.testing.assert_close(lp.double(), ref.values, atol=1e-5, rtol=1e-6)
+    lp_all, _ = topk_log_softmax(logits.clone(), 1000, 1.0)  # K > V is capped at V: a full distribution
+    assert lp_all.shape == (3, 5, 300)
+    torch.testing.assert_close(lp_all.double().exp().sum(-1), torch.ones(3, 5, dtype=torch.float64))

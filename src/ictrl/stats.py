@@ -30,6 +30,7 @@ __all__ = [
     "token_stats",
     "group_js_divergence",
     "group_js_divergence_topk",
+    "topk_log_softmax",
 ]
 
 _CHUNK_BYTES = 64 * 2**20
@@ -342,6 +343,22 @@ def _block_js(p: Tensor, scratch: Tensor, h_p: Tensor, purity: Tensor, G: int) -
     _fix_zero_log_zero(rlogr, purity, scratch)
     js = _LOG2 - 0.5 * rlogr - 0.5 * h_p + 0.5 * qlogq.repeat(G)
     return js.clamp_(0.0, _LOG2)
+
+
+@torch.no_grad()
+def topk_log_softmax(logits: Tensor, k: int, temperature: float = 1.0) -> tuple[Tensor, Tensor]:
+    """Top-k log-probs of softmax(logits / temperature) and their ids, each [B, t, min(k, V)], from [B, t, V]
+    float32 logits, which it overwrites (the input of :func:`group_js_divergence_topk` when the rollout
+    engine gives full logits rather than top-K log-probs).
+
+    No [B, t, V] log_softmax or other temporary: the top-k ids of logits / τ are those of the logits, the top-1
+    value is each row's max, and the log-normaliser log Σ exp((z - max) / τ) is taken in place (4 passes; measured
+    ~2x faster than torch.logsumexp, which allocates a [B, t, V] temporary).
+    """
+    values, ids = logits.topk(min(k, logits.size(-1)), dim=-1)  # [B, t, k], descending
+    top = values[..., :1]
+    log_norm = logits.sub_(top).div_(temperature).exp_().sum(-1, keepdim=True).log_()
+    return (values - top) / temperature - log_norm, ids
 
 
 @torch.no_grad()

@@ -37,23 +37,9 @@ from ictrl.logprobs import selected_token_logprobs
 from ictrl.loss import policy_loss
 from ictrl.metrics import step_metrics
 from ictrl.selection import SelectionInputs, get_selector, select
-from ictrl.stats import TokenStats, group_js_divergence_topk, token_stats
+from ictrl.stats import TokenStats, group_js_divergence_topk, token_stats, topk_log_softmax
 
 _STAT_FIELDS = ("entropy", "renyi2", "purity", "logprob", "prob")
-
-
-def _topk_logprobs(logits: Tensor, k: int, temperature: float) -> tuple[Tensor, Tensor]:
-    """Top-k log-probs of softmax(logits / temperature) and their ids, each [B, t, min(k, V)], from [B, t, V]
-    float32 logits, which it overwrites.
-
-    No [B, t, V] log_softmax or other temporary: the top-k ids of logits / τ are those of the logits, the top-1
-    value is each row's max, and the log-normaliser log Σ exp((z - max) / τ) is taken in place (4 passes; measured
-    ~2x faster than torch.logsumexp, which allocates a [B, t, V] temporary).
-    """
-    values, ids = logits.topk(min(k, logits.size(-1)), dim=-1)  # [B, t, k], descending
-    top = values[..., :1]
-    log_norm = logits.sub_(top).div_(temperature).exp_().sum(-1, keepdim=True).log_()
-    return (values - top) / temperature - log_norm, ids
 
 
 class ICTGRPOTrainer(GRPOTrainer):
@@ -129,7 +115,7 @@ class ICTGRPOTrainer(GRPOTrainer):
             if st.ict_score is not None:
                 js_parts.append(st.ict_score)
             if topk is not None:
-                lp, ids = _topk_logprobs(logits, topk, tau)
+                lp, ids = topk_log_softmax(logits, topk, tau)
                 topk_lp.append(lp)
                 topk_ids.append(ids)
             del logits
