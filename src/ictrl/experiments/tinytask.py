@@ -23,7 +23,7 @@ import re
 from typing import Any
 
 from ictrl.data import Problem
-from ictrl.rewards import MathExtractor, math_reward
+from ictrl.rewards import MathExtractor, completion_text, math_reward
 
 SPLITS = ("train", "dev", "test")
 OPS = ("+", "*")
@@ -166,8 +166,7 @@ def grade(completion: str, gold: str) -> float:
 
 def tinyarith_reward(prompts: list[Any], completions: list[Any], gold: list[str], **_: Any) -> list[float]:
     """TRL reward signature; the dataset column ``gold`` holds the answers."""
-    texts = [c if isinstance(c, str) else c[-1]["content"] for c in completions]
-    return [grade(t, g) for t, g in zip(texts, gold)]
+    return [grade(completion_text(c), g) for c, g in zip(completions, gold)]
 
 
 def train_dataset(prompts_per_step: int, steps: int, difficulty: int | tuple[int, ...], seed: int) -> Any:
