@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from ictrl.selection import as_bool_mask
+from ictrl.checks import as_bool_mask
 
 __all__ = ["selected_token_logprobs"]
 

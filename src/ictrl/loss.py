@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ictrl.selection import as_bool_mask
+from ictrl.checks import as_bool_mask
 
 NORM_MODES = ("per_response_selected", "token_mean_selected", "token_mean_all", "per_response_all")
 

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from torch import Tensor
 
-from ictrl.selection import as_bool_mask
+from ictrl.checks import as_bool_mask
 
 if TYPE_CHECKING:
     from ictrl.stats import TokenStats

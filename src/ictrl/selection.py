@@ -45,19 +45,10 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
+from ictrl.checks import as_bool_mask
+
 _FIELDS = ("ict_score", "entropy", "prob", "advantages", "group_ids")
 SCOPES = ("response", "group", "batch")
-
-
-def as_bool_mask(mask: Tensor, name: str = "mask") -> Tensor:
-    """Return ``mask`` as a bool tensor; it must be bool or hold only 0 and 1."""
-    if not isinstance(mask, Tensor):
-        raise ValueError(f"{name} must be a torch.Tensor, got {type(mask).__name__}")
-    if mask.dtype == torch.bool:
-        return mask
-    if mask.is_complex() or not bool(((mask == 0) | (mask == 1)).all()):
-        raise ValueError(f"{name} must be bool or hold only 0/1 values")
-    return mask != 0
 
 
 @dataclass

@@ -1,0 +1,44 @@
+"""Argument checks shared by the pure core (the bottom of the package: imports only torch).
+
+Every check raises ``ValueError`` naming the argument, and for values the (row, position) of the first offender,
+so a bad tensor is found where it enters rather than as a NaN three functions later.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def as_bool_mask(mask: Tensor, name: str = "mask") -> Tensor:
+    """Return ``mask`` as a bool tensor; it must be bool or hold only 0 and 1."""
+    if not isinstance(mask, Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(mask).__name__}")
+    if mask.dtype == torch.bool:
+        return mask
+    if mask.is_complex() or not bool(((mask == 0) | (mask == 1)).all()):
+        raise ValueError(f"{name} must be bool or hold only 0/1 values")
+    return mask != 0
+
+
+def require_finite(name: str, x: Tensor, where: Tensor | None = None) -> None:
+    """Raise if ``x`` holds NaN or ±inf where it matters.
+
+    ``x`` is [B], [B, T] or [B, T, V]; ``where`` (bool, broadcastable over x's leading dims, e.g. the [B, T]
+    response mask) marks the entries that are read: masked-out entries may hold anything (padding).
+    The message names the first offending index as (row, position[, vocab id]) and its value.
+    """
+    bad = ~torch.isfinite(x)
+    if where is not None:
+        w = where.bool()
+        while w.dim() < bad.dim():
+            w = w.unsqueeze(-1)
+        bad = bad & w
+    if not bool(bad.any()):
+        return
+    index = tuple(int(i) for i in bad.nonzero()[0])
+    labels = ("row", "position", "vocab id")[: len(index)] if len(index) <= 3 else [f"dim{d}" for d in range(len(index))]
+    at = ", ".join(f"{label} {i}" for label, i in zip(labels, index))
+    count = int(bad.sum())
+    raise ValueError(f"{name} is not finite at ({at}): {float(x[index])} ({count} non-finite active "
+                     f"entr{'y' if count == 1 else 'ies'})")
