@@ -1,0 +1,95 @@
+"""TRL adapters: rewards in TRL's batched signature ``(prompts, completions, **columns) -> list[float]``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ictrl.rewards.graders import choice_reward, format_reward, gsm8k_reward, math_reward
+
+
+
+def completion_text(completion: str | Sequence[dict[str, Any]]) -> str:
+    """Plain text of a TRL completion: a string, or a conversational list of {"role", "content"} messages
+    (the content of the last message; content parts of type "text" are joined)."""
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, Sequence) and completion and isinstance(completion[-1], dict):
+        content = completion[-1].get("content", "")
+        if isinstance(content, str):
+            return content
+        if isinstance(content, Sequence):
+            return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    if isinstance(completion, Sequence) and not completion:
+        return ""
+    raise ValueError(f"completions: expected str or list of messages, got {type(completion).__name__}")
+
+
+def trl_reward(
+    fn: Callable[..., float], gold_column: str | None = "answer", name: str | None = None
+) -> Callable[..., list[float]]:
+    """Wrap ``fn(completion, gold) -> float`` as a TRL reward ``f(prompts, completions, **columns) -> list``.
+
+    The gold comes from the dataset column ``gold_column`` (TRL passes every extra column as a keyword); with
+    ``gold_column=None`` ``fn`` takes the completion only (e.g. :func:`format_reward`). ``__name__`` is
+    ``name`` or ``fn.__name__``: TRL logs each reward under it.
+    """
+    label = name or getattr(fn, "__name__", "reward")
+
+    def reward(
+        prompts: Sequence[Any] | None = None, completions: Sequence[Any] | None = None, **kwargs: Any
+    ) -> list[float]:
+        if completions is None:
+            raise ValueError(f"{label}: completions is required")
+        texts = [completion_text(c) for c in completions]
+        if gold_column is None:
+            return [float(fn(t)) for t in texts]
+        if gold_column not in kwargs:
+            raise ValueError(f"{label}: gold column {gold_column!r} missing; got columns {sorted(kwargs)}")
+        golds = kwargs[gold_column]
+        if len(golds) != len(texts):
+            raise ValueError(f"{label}: {len(texts)} completions but {len(golds)} values in {gold_column!r}")
+        return [float(fn(t, g)) for t, g in zip(texts, golds)]
+
+    reward.__name__ = reward.__qualname__ = label
+    return reward
+
+
+make_trl_reward = trl_reward
+
+REWARDS: dict[str, Callable[..., float]] = {
+    "math": math_reward,
+    "gsm8k": gsm8k_reward,
+    "choice": choice_reward,
+    "format": format_reward,
+}
+
+
+def get_reward(kind: str) -> Callable[..., float]:
+    """The reward for a benchmark kind ("math", "gsm8k", "choice") or "format"."""
+    if kind not in REWARDS:
+        raise ValueError(f"kind: unknown reward {kind!r}; choose from {sorted(REWARDS)}")
+    return REWARDS[kind]
+
+
+def trl_kind_reward(
+    gold_column: str = "answer", kind_column: str = "kind", name: str = "verifiable_reward"
+) -> Callable[..., list[float]]:
+    """A TRL reward for mixed data sets: each row's ``kind_column`` ("math", "gsm8k", "choice") picks the
+    reward applied to it (see :func:`ictrl.data.to_trl_dataset`, which writes that column)."""
+
+    def reward(
+        prompts: Sequence[Any] | None = None, completions: Sequence[Any] | None = None, **kwargs: Any
+    ) -> list[float]:
+        if completions is None:
+            raise ValueError(f"{name}: completions is required")
+        for col in (gold_column, kind_column):
+            if col not in kwargs or len(kwargs[col]) != len(completions):
+                raise ValueError(f"{name}: column {col!r} missing or not one value per completion")
+        return [
+            float(get_reward(k)(completion_text(c), g))
+            for c, g, k in zip(completions, kwargs[gold_column], kwargs[kind_column])
+        ]
+
+    reward.__name__ = reward.__qualname__ = name
+    return reward
