@@ -311,3 +311,26 @@ def test_to_trl_dataset_and_mixture(tmp_path: Path) -> None:
     assert len(mixed) == 32 and set(mixed["kind"]) == {"gsm8k", "math"}
     row = next(r for r in mixed if r["benchmark"] == "math_train")
     assert row["kind"] == "math" and row["prompt"][0]["content"].startswith("M")
+
+
+# ------------------------------------------------------------------------------------ generation defaults
+
+
+def test_benchmark_generation_defaults() -> None:
+    from ictrl.data import parse_spec
+
+    for name in ("math500", "aime23", "aime24", "aime25", "amc23", "minerva_math", "olympiadbench"):
+        assert get_benchmark(name).max_new_tokens >= 2048, name
+    assert get_benchmark("gsm8k").generation == {"max_new_tokens": 1024, "temperature": 0.6, "top_p": 0.95}
+    for b in BENCHMARKS.values():
+        gen = b.generation
+        assert gen["max_new_tokens"] >= 1 and gen["temperature"] >= 0 and 0 < gen["top_p"] <= 1, b.name
+    bench, _ = parse_spec("math500:max_new_tokens=8192:temperature=1:top_p=0.9")
+    assert bench.generation == {"max_new_tokens": 8192, "temperature": 1.0, "top_p": 0.9}
+    assert get_benchmark("math500").max_new_tokens == 4096  # the registry entry is untouched
+    with pytest.raises(ValueError, match="max_new_tokens: expected a number, got 'lots'"):
+        parse_spec("math500:max_new_tokens=lots")
+    with pytest.raises(ValueError, match="'math500': top_p must be in"):
+        parse_spec("math500:top_p=0")
+    with pytest.raises(ValueError, match="'math500': max_new_tokens must be an int >= 1"):
+        parse_spec("math500:max_new_tokens=0")

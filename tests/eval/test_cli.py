@@ -83,3 +83,40 @@ def test_invalid_arguments_exit_2_with_a_message(tmp_path: Path, capsys: pytest.
     if importlib.util.find_spec("vllm") is None:
         assert main(["eval", "--model", str(tmp_path), "--backend", "vllm", "--no-progress"]) == 2
         assert "pip install 'ictrl[vllm]'" in capsys.readouterr().err
+
+
+def test_generation_defaults_come_from_the_registry_and_run_labels_from_the_train_config(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    import shutil
+
+    from ictrl.eval.cli import train_run_labels
+
+    root = tmp_path / "data"
+    (root / "gsm8k").mkdir(parents=True)
+    (root / "gsm8k" / "test.jsonl").write_text(json.dumps({"question": "What is 2+3?", "answer": "#### 5"}) + "\n")
+    run = tmp_path / "run"  # what `ictrl train` leaves: config.yaml beside final/
+    shutil.copytree(tiny_model_dir, run / "final")
+    (run / "config.yaml").write_text("method:\n  name: ict\n  selector: ict\noptim:\n  seed: 3\n")
+    assert train_run_labels(str(run / "final")) == ("ict", 3)
+    assert train_run_labels("Qwen/Qwen2.5-0.5B") == (None, None)
+
+    out = tmp_path / "eval"
+    # the spec option sets the Benchmark record's budget (the registry route); temperature/top_p stay defaults
+    args = ["eval", "--model", str(run / "final"), "--benchmarks", "gsm8k:max_new_tokens=5", "--data-root", str(root),
+            "--n", "4", "--k", "1", "4", "--output-dir", str(out), "--no-progress"]
+    assert main(args) == 0
+    summary = json.loads((out / RESULTS_JSON).read_text())["summary"]
+    gen = {"max_new_tokens": 5, "temperature": 0.6, "top_p": 0.95}
+    assert summary["benchmarks"]["gsm8k:max_new_tokens=5"]["generation"] == gen
+    assert summary["settings"]["method"] == "ict" and summary["settings"]["train_seed"] == 3
+    assert "method=ict, train seed=3" in (out / RESULTS_MD).read_text()
+    assert "max_new_tokens=5, temperature=0.6, top_p=0.95" in (out / RESULTS_MD).read_text()
+
+    # flags override both the registry's generation defaults and the labels
+    out2 = tmp_path / "eval2"
+    flags = ["--temperature", "0", "--method", "renamed", "--train-seed", "9", "--output-dir", str(out2)]
+    assert main(args[:-3] + flags + ["--no-progress"]) == 0
+    summary = json.loads((out2 / RESULTS_JSON).read_text())["summary"]
+    assert summary["benchmarks"]["gsm8k:max_new_tokens=5"]["generation"]["temperature"] == 0.0
+    assert (summary["settings"]["method"], summary["settings"]["train_seed"]) == ("renamed", 9)

@@ -262,3 +262,69 @@ def test_bad_inputs_raise() -> None:
         config(n=2)
     with pytest.raises(ValueError, match="top_p"):
         config(top_p=0.0)
+
+
+@dataclass
+class RecordingBackend:
+    """Answers wrong; records the generation settings of every call."""
+
+    calls: list[tuple[int, int, float, float]] = field(default_factory=list)
+
+    def generate(self, prompts: Sequence[str], n: int, max_new_tokens: int, temperature: float, top_p: float, seed: int) -> list[list[str]]:
+        self.calls.append((len(prompts), max_new_tokens, temperature, top_p))
+        return [["answer wrong"] * n for _ in prompts]
+
+
+def with_generation(task: EvalTask, **gen: object) -> EvalTask:
+    return EvalTask(task.name, task.problems, task.prompt_fn, task.reward_fn, task.extract_fn, **gen)  # type: ignore[arg-type]
+
+
+def test_per_task_generation_defaults_and_overrides(tmp_path: Path) -> None:
+    long = with_generation(make_task("long", 2), max_new_tokens=4096, temperature=0.6, top_p=0.95)
+    short = with_generation(make_task("short", 2), max_new_tokens=1024, temperature=1.0, top_p=1.0)
+    unset = config(max_new_tokens=None, temperature=None, top_p=None)
+    backend = RecordingBackend()
+    result = evaluate([long, short], backend, unset, output_dir=tmp_path, progress=False)
+    assert backend.calls == [(2, 4096, 0.6, 0.95), (2, 1024, 1.0, 1.0)]
+    saved = json.loads((tmp_path / RESULTS_JSON).read_text())["summary"]
+    assert saved["benchmarks"]["long"]["generation"] == {"max_new_tokens": 4096, "temperature": 0.6, "top_p": 0.95}
+    assert saved["settings"]["generation"]["short"] == {"max_new_tokens": 1024, "temperature": 1.0, "top_p": 1.0}
+    assert "long: max_new_tokens=4096, temperature=0.6, top_p=0.95; short: max_new_tokens=1024" in result.markdown
+
+    # a config value overrides every task's default; a second output dir, so nothing is resumed
+    backend = RecordingBackend()
+    evaluate([long, short], backend, config(max_new_tokens=None, temperature=0.0, top_p=None),
+             output_dir=tmp_path / "greedy", progress=False)
+    assert backend.calls == [(2, 4096, 0.0, 0.95), (2, 1024, 0.0, 1.0)]
+
+    # resuming with one benchmark's default changed names that benchmark and field
+    changed = with_generation(make_task("short", 2), max_new_tokens=2048, temperature=1.0, top_p=1.0)
+    with pytest.raises(ResumeMismatchError, match="short max_new_tokens: stored 1024, requested 2048"):
+        evaluate([long, changed], RecordingBackend(), unset, output_dir=tmp_path, progress=False)
+
+    # a benchmark added on resume joins settings.json; the finished ones are not resampled
+    extra = with_generation(make_task("extra", 1), max_new_tokens=8, temperature=0.6, top_p=0.95)
+    backend = RecordingBackend()
+    evaluate([long, short, extra], backend, unset, output_dir=tmp_path, progress=False)
+    assert backend.calls == [(1, 8, 0.6, 0.95)]
+    stored = json.loads((tmp_path / "settings.json").read_text())
+    assert set(stored["generation"]) == {"long", "short", "extra"}
+
+
+def test_a_task_without_generation_settings_needs_them_from_the_config() -> None:
+    with pytest.raises(ValueError, match="task 'alpha': no max_new_tokens; set it on the EvalConfig"):
+        evaluate([make_task("alpha", 1)], RecordingBackend(), config(max_new_tokens=None), progress=False)
+    with pytest.raises(ValueError, match="task 'alpha': top_p must be in"):
+        with_generation(make_task("alpha", 1), top_p=2.0)
+
+
+def test_resume_reads_settings_written_before_per_benchmark_generation(tmp_path: Path) -> None:
+    task = make_task("alpha", 2)
+    evaluate([task], SeededBackend(), config(), output_dir=tmp_path, progress=False)
+    path = tmp_path / "settings.json"
+    legacy = json.loads(path.read_text())
+    del legacy["generation"]  # the old file: one set of generation fields at the top level
+    path.write_text(json.dumps(legacy))
+    evaluate([task], SeededBackend(), config(), output_dir=tmp_path, progress=False)
+    with pytest.raises(ResumeMismatchError, match="alpha temperature: stored 0.6, requested 1.0"):
+        evaluate([task], SeededBackend(), config(temperature=1.0), output_dir=tmp_path, progress=False)

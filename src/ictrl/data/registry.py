@@ -47,6 +47,10 @@ class Benchmark:
     row_filter: Callable[[dict[str, Any]], bool] | None = None  # keeps a raw row (after the adapter)
     levels: tuple[int, ...] | None = None  # MATH levels to keep
     skip_missing_gold: bool = False  # drop rows whose gold is null or "" (known holes: 4 rows of math_train)
+    # Generation defaults of `ictrl eval` for this benchmark (flags override them; the result file records them).
+    max_new_tokens: int = 1024
+    temperature: float = 0.6
+    top_p: float = 0.95
 
     def __post_init__(self) -> None:
         if self.kind not in PROMPT_TEMPLATES:
@@ -55,6 +59,17 @@ class Benchmark:
             raise ValueError(f"benchmark {self.name!r}: needs a hub_id or a local_path")
         if self.kind == "choice" and not self.choices_field and self.adapter is None:
             raise ValueError(f"benchmark {self.name!r}: a choice benchmark needs choices_field")
+        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+            raise ValueError(f"benchmark {self.name!r}: max_new_tokens must be an int >= 1, got {self.max_new_tokens!r}")
+        if not self.temperature >= 0:
+            raise ValueError(f"benchmark {self.name!r}: temperature must be >= 0, got {self.temperature!r}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"benchmark {self.name!r}: top_p must be in (0, 1], got {self.top_p!r}")
+
+    @property
+    def generation(self) -> dict[str, Any]:
+        """The evaluation sampling defaults: ``{"max_new_tokens", "temperature", "top_p"}``."""
+        return {"max_new_tokens": self.max_new_tokens, "temperature": self.temperature, "top_p": self.top_p}
 
     @property
     def reward(self) -> Callable[..., float]:
@@ -108,28 +123,37 @@ def register_benchmark(bench: Benchmark) -> Benchmark:
     return bench
 
 
+# Generation defaults (choices; the papers' evaluation sampling is unpublished, method.md §6): temperature 0.6 and
+# top_p 0.95 everywhere (the DeepSeek-R1 / Qwen reasoning-eval convention for pass@k); new-token budgets long
+# enough that a correct chain of thought is not cut: 4096 for competition math (MATH-500 solutions of Qwen2.5
+# base models run past 1024 tokens; AIME longer), 1024 for GSM8K and the short multiple-choice sets, 2048 for
+# GPQA (graduate-level reasoning before the letter).
+MATH_TOKENS = 4096
 for _b in (
     Benchmark("math500", "math", "HuggingFaceH4/MATH-500", local_path="math500/test.jsonl",
-              meta_fields=("subject", "level")),
+              meta_fields=("subject", "level"), max_new_tokens=MATH_TOKENS),
     Benchmark("gsm8k", "gsm8k", "openai/gsm8k", "main", local_path="gsm8k/test.jsonl",
               question_field=("question",)),
     Benchmark("gsm8k_train", "gsm8k", "openai/gsm8k", "main", "train", local_path="gsm8k/train.jsonl",
               question_field=("question",)),
     Benchmark("math_train", "math", "DigitalLearningGmbH/MATH-lighteval", hub_split="train",
-              local_path="math_train/math.json", meta_fields=("type", "level", "difficulty"), skip_missing_gold=True),
+              local_path="math_train/math.json", meta_fields=("type", "level", "difficulty"), skip_missing_gold=True,
+              max_new_tokens=MATH_TOKENS),
     Benchmark("aime23", "math", "AI-MO/aimo-validation-aime", hub_split="train", local_path="aime23/test.jsonl",
-              row_filter=lambda r: "url" not in r or "2023_AIME" in str(r["url"])),
-    Benchmark("aime24", "math", "HuggingFaceH4/aime_2024", hub_split="train", local_path="aime24/test.jsonl"),
-    Benchmark("aime25", "math", "math-ai/aime25", local_path="aime25/test.jsonl"),
-    Benchmark("amc23", "math", "math-ai/amc23", question_field=("question", "problem")),
-    Benchmark("minerva_math", "math", "math-ai/minervamath", question_field=("question", "problem")),
+              row_filter=lambda r: "url" not in r or "2023_AIME" in str(r["url"]), max_new_tokens=MATH_TOKENS),
+    Benchmark("aime24", "math", "HuggingFaceH4/aime_2024", hub_split="train", local_path="aime24/test.jsonl",
+              max_new_tokens=MATH_TOKENS),
+    Benchmark("aime25", "math", "math-ai/aime25", local_path="aime25/test.jsonl", max_new_tokens=MATH_TOKENS),
+    Benchmark("amc23", "math", "math-ai/amc23", question_field=("question", "problem"), max_new_tokens=MATH_TOKENS),
+    Benchmark("minerva_math", "math", "math-ai/minervamath", question_field=("question", "problem"),
+              max_new_tokens=MATH_TOKENS),
     Benchmark("olympiadbench", "math", "math-ai/olympiadbench", question_field=("question", "problem"),
-              answer_field=("final_answer", "answer")),
+              answer_field=("final_answer", "answer"), max_new_tokens=MATH_TOKENS),
     Benchmark("mmlu_stem", "choice", "TIGER-Lab/MMLU-STEM", local_path="mmlu_stem/test.jsonl",
               question_field=("question",), choices_field=("choices",), meta_fields=("type", "subject")),
     Benchmark("gpqa_diamond", "choice", "Idavidrein/gpqa", "gpqa_diamond", "train",
               question_field=("question",), choices_field=("choices",), adapter=_gpqa_adapter,
-              meta_fields=("subdomain",)),
+              meta_fields=("subdomain",), max_new_tokens=2048),
     Benchmark("commonsenseqa", "choice", "tau/commonsense_qa", hub_split="validation",
               local_path="commonsenseqa/dev_rand_split.jsonl", question_field=("question.stem", "question"),
               answer_field=("answerKey",), choices_field=("question.choices", "choices")),
@@ -164,8 +188,12 @@ def parse_spec(spec: str) -> tuple[Benchmark, str | None]:
     return apply_options(bench, **options), path
 
 
+GENERATION_OPTIONS: dict[str, Callable[[Any], Any]] = {"max_new_tokens": int, "temperature": float, "top_p": float}
+
+
 def apply_options(bench: Benchmark, **options: Any) -> Benchmark:
-    """``bench`` with overrides: kind, levels ("3,4,5" or ints), *_field ("a" or "a,b"), hub_split."""
+    """``bench`` with overrides: kind, levels ("3,4,5" or ints), *_field ("a" or "a,b"), hub_split and the
+    generation defaults max_new_tokens, temperature, top_p (``"math500:max_new_tokens=8192"``)."""
     changes: dict[str, Any] = {}
     for key, value in options.items():
         if value is None:
@@ -180,6 +208,12 @@ def apply_options(bench: Benchmark, **options: Any) -> Benchmark:
             changes[key] = tuple(value.split(",")) if isinstance(value, str) else tuple(value)
         elif key in ("kind", "hub_split"):
             changes[key] = value
+        elif key in GENERATION_OPTIONS:
+            try:
+                changes[key] = GENERATION_OPTIONS[key](value)
+            except (TypeError, ValueError):
+                raise ValueError(f"{key}: expected a number, got {value!r}") from None
         else:
-            raise ValueError(f"benchmark option {key!r}: unknown; use kind, levels, hub_split or *_field")
+            raise ValueError(f"benchmark option {key!r}: unknown; use kind, levels, hub_split, *_field, "
+                             "max_new_tokens, temperature or top_p")
     return replace(bench, **changes) if changes else bench

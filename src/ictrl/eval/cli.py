@@ -22,9 +22,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--n", type=int, default=4, help="samples per problem (>= max k)")
     parser.add_argument("--k", type=int, nargs="+", default=[1, 4], help="k values of pass@k")
     parser.add_argument("--limit", type=int, default=None, help="first LIMIT problems of each benchmark")
-    parser.add_argument("--max-new-tokens", type=int, default=256)
-    parser.add_argument("--temperature", type=float, default=0.6, help="0 for greedy")
-    parser.add_argument("--top-p", type=float, default=0.95)
+    parser.add_argument("--max-new-tokens", type=int, default=None,
+                        help="generation budget; default: each benchmark's (ictrl.data registry: 4096 for MATH-500 "
+                        "and AIME, 1024 for GSM8K)")
+    parser.add_argument("--temperature", type=float, default=None,
+                        help="0 for greedy; default: each benchmark's (0.6)")
+    parser.add_argument("--top-p", type=float, default=None, help="default: each benchmark's (0.95)")
+    parser.add_argument("--method", default=None,
+                        help="method label recorded for `ictrl table`; default: method.name of the config.yaml that "
+                        "`ictrl train` saved beside the model (use 'base' for an untrained model)")
+    parser.add_argument("--train-seed", type=int, default=None,
+                        help="training seed recorded for `ictrl table`; default: optim.seed of that config.yaml")
     parser.add_argument("--backend", choices=["hf", "vllm"], default="hf", help="vllm needs a GPU and ictrl[vllm]")
     parser.add_argument("--batch-size", type=int, default=16, help="sequences per model.generate call (hf backend)")
     parser.add_argument("--chunk-size", type=int, default=32, help="problems per backend call and per save to disk")
@@ -38,14 +46,41 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
 
+def train_run_labels(model: str) -> tuple[str | None, int | None]:
+    """(method.name, optim.seed) from the ``config.yaml`` that ``ictrl train`` writes in its output directory,
+    found beside a model saved in it (``final/``, ``checkpoint-N/``) or in the model directory itself; (None, None)
+    for a hub id or a model not trained by ``ictrl train``."""
+    import yaml
+
+    path = Path(model)
+    for candidate in (path / "config.yaml", path.parent / "config.yaml"):
+        if not candidate.is_file():
+            continue
+        try:
+            cfg = yaml.safe_load(candidate.read_text(encoding="utf-8"))
+        except yaml.YAMLError as err:
+            raise ValueError(f"{candidate}: not valid YAML ({err})") from None
+        if not isinstance(cfg, dict):
+            continue
+        method = cfg.get("method") if isinstance(cfg.get("method"), dict) else {}
+        optim = cfg.get("optim") if isinstance(cfg.get("optim"), dict) else {}
+        name = method.get("name")
+        seed = optim.get("seed", cfg.get("seed"))
+        return (str(name) if name is not None else None), (int(seed) if isinstance(seed, int) else None)
+    return None, None
+
+
 def run(args: argparse.Namespace) -> int:
     from ictrl.eval.generate import BackendUnavailableError, build_backend
 
     try:
+        method, train_seed = train_run_labels(args.model)
         config = EvalConfig(
             model=args.model, n=args.n, ks=tuple(args.k), max_new_tokens=args.max_new_tokens,
             temperature=args.temperature, top_p=args.top_p, seeds=tuple(args.seeds),
             chunk_size=args.chunk_size, n_bootstrap=args.n_bootstrap,
+            method=args.method if args.method is not None else method,
+            train_seed=args.train_seed if args.train_seed is not None else train_seed,
         )
         if args.limit is not None and args.limit < 1:
             raise ValueError(f"--limit must be at least 1, got {args.limit}")

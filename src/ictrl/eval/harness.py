@@ -6,7 +6,8 @@ periodic eval and the demo all build their tasks and call :func:`evaluate`.
 
 Files in ``output_dir`` (all optional; ``output_dir=None`` keeps everything in memory):
 
-- ``settings.json``  the run's settings, written once; a rerun must match its sampling fields.
+- ``settings.json``  the run's settings and each benchmark's generation settings; a rerun must match its
+  sampling fields (new benchmarks are added to it).
 - ``samples.jsonl``  one line per finished (seed, benchmark, problem), appended and fsynced after every
   backend call, so a crash loses at most the call in flight; a rerun skips what is there.
 - ``results.json``   settings + summary + every sample, rewritten atomically at the end.
@@ -49,16 +50,26 @@ class EvalConfig:
     model: str = field(metadata={"help": "Model name or path, recorded in the outputs and checked on resume."})
     n: int = field(default=4, metadata={"help": "Samples per problem; must be >= max(ks)."})
     ks: tuple[int, ...] = field(default=(1, 4), metadata={"help": "k values of pass@k to report."})
-    max_new_tokens: int = field(default=256, metadata={"help": "Generation budget per completion."})
-    temperature: float = field(default=0.6, metadata={"help": "Sampling temperature; 0 means greedy."})
-    top_p: float = field(default=0.95, metadata={"help": "Nucleus sampling mass."})
+    max_new_tokens: int | None = field(
+        default=None, metadata={"help": "Generation budget per completion. None: each task's own (a registry "
+                                "benchmark's default, ictrl.data.Benchmark.max_new_tokens)."})
+    temperature: float | None = field(
+        default=None, metadata={"help": "Sampling temperature; 0 means greedy. None: each task's own."})
+    top_p: float | None = field(default=None, metadata={"help": "Nucleus sampling mass. None: each task's own."})
     seeds: tuple[int, ...] = field(default=(0,), metadata={"help": "One full evaluation per seed."})
     chunk_size: int = field(default=32, metadata={"help": "Problems per backend call (and per flush to disk)."})
     n_bootstrap: int = field(default=1000, metadata={"help": "Bootstrap replicates for the CI."})
     ci: float = field(default=0.95, metadata={"help": "Confidence level of the bootstrap interval."})
+    method: str | None = field(
+        default=None, metadata={"help": "Label of the training method that produced the model (``ictrl table`` "
+                                "groups runs by it); no effect on sampling."})
+    train_seed: int | None = field(
+        default=None, metadata={"help": "Training seed of the evaluated model (``ictrl table`` pairs methods by "
+                                "it); no effect on sampling."})
 
-    # fields that change the samples themselves: resuming across a change would mix two experiments
-    RESUME_FIELDS = ("model", "n", "max_new_tokens", "temperature", "top_p")
+    # fields that change the samples themselves: resuming across a change would mix two experiments (the
+    # generation fields are compared per benchmark, after resolving each task's defaults)
+    RESUME_FIELDS = ("model", "n")
 
     def __post_init__(self) -> None:
         self.ks = tuple(int(k) for k in self.ks)
@@ -73,12 +84,7 @@ class EvalConfig:
             raise ValueError(f"ks has duplicates: {self.ks}")
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
             raise ValueError(f"seeds must be non-empty and distinct, got {self.seeds}")
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be at least 1, got {self.max_new_tokens}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        _check_generation(self.max_new_tokens, self.temperature, self.top_p, "")
         if self.chunk_size < 1:
             raise ValueError(f"chunk_size must be at least 1, got {self.chunk_size}")
         if self.n_bootstrap < 1:
@@ -87,15 +93,47 @@ class EvalConfig:
             raise ValueError(f"ci must be in (0, 1), got {self.ci}")
 
 
+GENERATION_FIELDS = ("max_new_tokens", "temperature", "top_p")
+
+
+def _check_generation(max_new_tokens: int | None, temperature: float | None, top_p: float | None, where: str) -> None:
+    if max_new_tokens is not None and (isinstance(max_new_tokens, bool) or max_new_tokens < 1):
+        raise ValueError(f"{where}max_new_tokens must be at least 1, got {max_new_tokens}")
+    if temperature is not None and not temperature >= 0:
+        raise ValueError(f"{where}temperature must be >= 0, got {temperature}")
+    if top_p is not None and not 0.0 < top_p <= 1.0:
+        raise ValueError(f"{where}top_p must be in (0, 1], got {top_p}")
+
+
 @dataclass(frozen=True)
 class EvalTask:
-    """One benchmark, ready to run. Problems need ``.id`` (unique) and ``.gold``."""
+    """One benchmark, ready to run. Problems need ``.id`` (unique) and ``.gold``.
+
+    The generation fields are the task's defaults; a non-None value in :class:`EvalConfig` overrides them.
+    """
 
     name: str
     problems: Sequence[Any]
     prompt_fn: Callable[[Any], str]  # problem -> fully formatted prompt text
     reward_fn: Callable[[str, Any], float]  # (completion, gold) -> reward; >= 1 counts as correct
     extract_fn: Callable[[str], str | None] | None = None  # completion -> extracted answer, for the record
+    max_new_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+
+    def __post_init__(self) -> None:
+        _check_generation(self.max_new_tokens, self.temperature, self.top_p, f"task {self.name!r}: ")
+
+    def generation(self, config: EvalConfig) -> dict[str, Any]:
+        """``{"max_new_tokens", "temperature", "top_p"}``: the config's value where set, else the task's."""
+        out = {}
+        for name in GENERATION_FIELDS:
+            value = getattr(config, name)
+            out[name] = getattr(self, name) if value is None else value
+            if out[name] is None:
+                raise ValueError(f"task {self.name!r}: no {name}; set it on the EvalConfig (--{name.replace('_', '-')})"
+                                 " or the EvalTask")
+        return out
 
 
 @dataclass
@@ -138,6 +176,7 @@ def benchmark_tasks(
                 prompt_fn=lambda p, b=bench: build_prompt(p, b, tokenizer),
                 reward_fn=bench.reward,
                 extract_fn=extract_choice if bench.kind == "choice" else DEFAULT_EXTRACTOR.extract,
+                **bench.generation,
             )
         )
     return tasks
@@ -149,9 +188,14 @@ def _block_seed(seed: int, benchmark: str, block: int) -> int:
     return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
 
 
-def _check_settings(output_dir: Path, config: EvalConfig) -> None:
+def settings_of(config: EvalConfig, tasks: Sequence[EvalTask]) -> dict[str, Any]:
+    """The config plus each task's resolved generation settings, under ``generation``."""
+    return {**asdict(config), "generation": {t.name: t.generation(config) for t in tasks}}
+
+
+def _check_settings(output_dir: Path, config: EvalConfig, tasks: Sequence[EvalTask]) -> None:
     path = output_dir / SETTINGS_FILE
-    current = asdict(config)
+    current = settings_of(config, tasks)
     if not path.exists():
         atomic_write_text(path, json.dumps(current, indent=2) + "\n")
         return
@@ -164,6 +208,16 @@ def _check_settings(output_dir: Path, config: EvalConfig) -> None:
         for name in EvalConfig.RESUME_FIELDS
         if stored.get(name) != current[name]
     ]
+    # settings.json written before per-benchmark generation held one set of values for every benchmark
+    legacy = {f: stored.get(f) for f in GENERATION_FIELDS}
+    stored_gen = stored.get("generation") or {}
+    for name, gen in current["generation"].items():
+        before = stored_gen.get(name, legacy if "generation" not in stored else gen)
+        diffs += [f"{name} {f}: stored {before.get(f)!r}, requested {gen[f]!r}" for f in GENERATION_FIELDS
+                  if before.get(f) != gen[f]]
+    if not diffs and "generation" in stored and set(current["generation"]) - set(stored_gen):
+        merged = {**stored, "generation": {**stored_gen, **current["generation"]}}
+        atomic_write_text(path, json.dumps(merged, indent=2) + "\n")
     if diffs:
         raise ResumeMismatchError(
             f"{output_dir} holds samples drawn with different settings ({'; '.join(diffs)}); "
@@ -212,8 +266,9 @@ def _sample_block(
     task: EvalTask, idx: list[int], prompts: list[str], backend: Backend, config: EvalConfig, seed: int, block: int
 ) -> list[dict[str, Any]]:
     """Sample and grade the problems ``idx`` of ``task`` in one backend call; one record per problem."""
+    gen = task.generation(config)
     completions = backend.generate(
-        [prompts[i] for i in idx], config.n, config.max_new_tokens, config.temperature, config.top_p,
+        [prompts[i] for i in idx], config.n, gen["max_new_tokens"], gen["temperature"], gen["top_p"],
         _block_seed(seed, task.name, block),
     )
     if len(completions) != len(idx) or any(len(c) != config.n for c in completions):
@@ -261,11 +316,13 @@ def evaluate(
     the fields that differ.
     """
     _validate_tasks(tasks)
+    for task in tasks:
+        task.generation(config)  # every generation setting resolves before anything is sampled
     out = Path(output_dir) if output_dir is not None else None
     finished: dict[tuple[int, str, str], dict[str, Any]] = {}
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
-        _check_settings(out, config)
+        _check_settings(out, config, tasks)
         finished = _load_finished(out / SAMPLES_FILE)
 
     prompts = {t.name: [t.prompt_fn(p) for p in t.problems] for t in tasks}
@@ -351,9 +408,11 @@ def summarize(records: Sequence[dict[str, Any]], tasks: Sequence[EvalTask], conf
         scores[rec["benchmark"]][s, i] = [rec["pass_at_k"][str(k)] for k in ks]
 
     benchmarks: dict[str, Any] = {}
-    for name, arr in scores.items():
+    for task in tasks:
+        name, arr = task.name, scores[task.name]
         benchmarks[name] = {
             "num_problems": arr.shape[1],
+            "generation": task.generation(config),
             "pass_at_k": {str(k): _stat(arr[:, :, j].mean(axis=1), [arr[:, :, j].mean(axis=0)], config) for j, k in enumerate(ks)},
         }
     average = {
@@ -370,7 +429,7 @@ def summarize(records: Sequence[dict[str, Any]], tasks: Sequence[EvalTask], conf
         config,
     )
     return {
-        "settings": asdict(config),
+        "settings": settings_of(config, tasks),
         "benchmarks": benchmarks,
         "average": {"num_problems": sum(a.shape[1] for a in scores.values()), "pass_at_k": average},
         "total": total,
@@ -386,15 +445,28 @@ def _cell(stat: dict[str, Any], seeds: int) -> str:
     return text + f" [{100 * low:.1f}, {100 * high:.1f}]"
 
 
+def _generation_text(generation: dict[str, dict[str, Any]]) -> str:
+    """``max_new_tokens=4096, temperature=0.6, top_p=0.95`` once when every benchmark shares it, else per benchmark."""
+    def text(gen: dict[str, Any]) -> str:
+        return ", ".join(f"{f}={gen[f]}" for f in GENERATION_FIELDS)
+
+    distinct = {text(g) for g in generation.values()}
+    if len(distinct) == 1:
+        return distinct.pop()
+    return "; ".join(f"{name}: {text(g)}" for name, g in generation.items())
+
+
 def format_markdown(summary: dict[str, Any]) -> str:
     """The paper's layout: rows are benchmarks, columns P@k; then Avg and Total = mean of the Avg columns."""
     settings = summary["settings"]
     ks = [str(k) for k in settings["ks"]]
     seeds = len(settings["seeds"])
     spread = f"mean ± std over {seeds} seeds, " if seeds > 1 else ""
+    run = "".join(f", {label}={settings[key]}" for key, label in (("method", "method"), ("train_seed", "train seed"))
+                  if settings.get(key) is not None)
     lines = [
-        f"Model `{settings['model']}`: n={settings['n']}, temperature={settings['temperature']}, "
-        f"top_p={settings['top_p']}, max_new_tokens={settings['max_new_tokens']}, seeds={list(settings['seeds'])}.",
+        f"Model `{settings['model']}`{run}: n={settings['n']}, seeds={list(settings['seeds'])}; "
+        f"generation {_generation_text(settings['generation'])}.",
         f"Scores in %, {spread}[{100 * settings['ci']:.0f}% bootstrap CI over problems].",
         "",
         "| Benchmark | Problems | " + " | ".join(f"P@{k}" for k in ks) + " |",
