@@ -152,7 +152,8 @@ def test_neg_inf_logits_no_nan():
     finite_tok = torch.isfinite(logits.gather(-1, tokens.unsqueeze(-1)).squeeze(-1))
     tokens = torch.where(finite_tok, tokens, logits.argmax(-1))
     st = token_stats(logits, mask, tokens, group_ids=GROUPS6, chunk_size=4)
-    assert_matches(st, logits, mask, tokens, group_ids=GROUPS6)
+    clean = torch.where(mask.unsqueeze(-1), logits, torch.zeros(()))  # the reference multiplies by the mask
+    assert_matches(st, clean, mask, tokens, group_ids=GROUPS6)
     assert st.entropy[1, 2] == 0 and st.prob[1, 2] == 1 and st.purity[1, 2] == 1
 
 
@@ -502,3 +503,33 @@ def test_topk_log_softmax_matches_float64_log_softmax() -> None:
     lp_all, _ = topk_log_softmax(logits.clone(), 1000, 1.0)  # K > V is capped at V: a full distribution
     assert lp_all.shape == (3, 5, 300)
     torch.testing.assert_close(lp_all.double().exp().sum(-1), torch.ones(3, 5, dtype=torch.float64))
+
+
+# ----------------------------------------------------------------------------------------------- non-finite logits
+
+
+@pytest.mark.parametrize("bad, shown", [(math.nan, "nan"), (math.inf, "inf")])
+def test_non_finite_logit_at_an_active_position_names_row_and_position(bad, shown):
+    # Issue 17: one NaN logit made the ICT score NaN for its whole group at that position, silently.
+    logits, mask, tokens = make_case(seed=21)
+    mask[1, 3] = mask[4, 2] = True
+    logits[4, 2, 11] = bad
+    for kwargs in ({}, {"group_ids": GROUPS6}):
+        with pytest.raises(ValueError, match=rf"logits .* at \(row 4, position 2\): {shown} \(1 non-finite"):
+            token_stats(logits, mask, tokens, chunk_size=4, **kwargs)
+    with pytest.raises(ValueError, match=r"\(row 4, position 2\)"):
+        group_js_divergence(logits, mask, GROUPS6)
+
+
+def test_all_neg_inf_row_is_an_error_but_masked_rows_may_hold_anything():
+    logits, mask, tokens = make_case(seed=22)
+    mask[2, 1] = True
+    logits[2, 1] = -math.inf  # no distribution at an active position
+    with pytest.raises(ValueError, match=r"\(row 2, position 1\): -inf"):
+        group_js_divergence(logits, mask, GROUPS6)
+    mask[2, 1] = False  # the same row masked out, plus NaN and +inf in other masked rows: no error, no NaN
+    mask[0, 6] = mask[3, 0] = False
+    logits[0, 6, 3], logits[3, 0, 0] = math.nan, math.inf
+    st = token_stats(logits, mask, tokens, group_ids=GROUPS6, chunk_size=4)
+    clean = torch.where(mask.unsqueeze(-1), logits, torch.zeros(()))  # the reference multiplies by the mask
+    assert_matches(st, clean, mask, tokens, group_ids=GROUPS6)

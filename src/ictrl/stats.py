@@ -25,6 +25,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from ictrl.checks import require_finite
+
 __all__ = [
     "TokenStats",
     "token_stats",
@@ -205,6 +207,28 @@ def _fix_zero_log_zero(sums: Tensor, finite_ref: Tensor, prod: Tensor) -> None:
         sums[rows] = prod.index_select(0, rows).nansum(dim=1)
 
 
+def _require_finite_rows(flat: Tensor, mask: Tensor, purity: Tensor, temperature: float) -> None:
+    """Raise naming the first active (row, position) whose distribution is undefined.
+
+    Sum p^2 (purity [B*T]) is NaN exactly when a row holds a NaN or +inf logit (inf - inf), is all -inf, or
+    overflows once divided by the temperature, so checking it costs [B*T] and no pass over the logits. A NaN row
+    would otherwise make its whole group's mean, and so every member's ICT score at that position, NaN.
+    flat: [B*T, V] logits; mask: [B, T] bool.
+    """
+    bad = mask.reshape(-1) & ~torch.isfinite(purity)
+    if not bool(bad.any()):
+        return
+    rows = bad.nonzero().squeeze(1)
+    shown = torch.zeros_like(purity)
+    shown[rows] = math.nan
+    # The message shows the first offending row's max logit / temperature: NaN, +inf, or -inf for an all -inf row.
+    first = (flat[int(rows[0])].float() / temperature).amax()
+    if not bool(torch.isfinite(first)):
+        shown[rows[0]] = first
+    require_finite("logits (a NaN or +inf logit, or all -inf; shown: the row's max / temperature)",
+                   shown.view(mask.shape), mask)
+
+
 def _entropy_of(p: Tensor) -> Tensor:
     """-sum p log p over the last dim of normalised p [..., V]; 0 log 0 = 0 via xlogy."""
     return -torch.special.xlogy(p, p).sum(dim=-1)
@@ -228,7 +252,9 @@ def token_stats(
     (only masked-in positions are checked and used); group_ids: [B] integer prompt labels or None.
     With group_ids the ICT score is computed in the same sweep and returned as ``ict_score`` (see
     :func:`group_js_divergence`). Returns :class:`TokenStats`, each field [B, T] float32, zeros at masked positions.
-    A masked-in row whose logits are all -inf has no distribution and yields NaN.
+    -inf logits are allowed (probability 0); a NaN or +inf logit, or a row whose logits are all -inf (no
+    distribution), at a masked-in position raises ValueError naming its (row, position); masked-out rows may hold
+    anything.
     """
     mask, tokens, group_ids = _validate(logits, mask, tokens, group_ids, temperature, chunk_size)
     B, T, V = logits.shape
@@ -252,6 +278,7 @@ def token_stats(
             st = _chunk_stats(a, b, tok_flat[idx] if tok_flat is not None else None)
             for k, v in st.items():
                 out[k][idx] = v
+    _require_finite_rows(flat, mask, out["purity"], temperature)
     shaped = {k: v.view(B, T) for k, v in out.items()}
     return TokenStats(**shaped, ict_score=ict.view(B, T) if ict is not None else None)
 
