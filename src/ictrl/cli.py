@@ -17,6 +17,7 @@ from collections.abc import Sequence
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("ictrl.engine.cli", "train a model with ICT or a baseline from a YAML config"),
     "eval": ("ictrl.eval.cli", "evaluate a model on benchmarks with pass@k"),
+    "table": ("ictrl.eval.table", "the paper's Table 1 (methods x training seeds) from `ictrl eval` results"),
     "demo": ("ictrl.experiments.demo", "build the tiny embedded model and watch ICT improve it on CPU"),
     "compare": ("ictrl.experiments.compare", "run methods x seeds and write a comparison report"),
     "sweep": ("ictrl.experiments.sweep", "learning-rate x method x seed stability study"),
