@@ -9,6 +9,8 @@ from typing import Any
 
 import pytest
 
+from ictrl.errors import DataError
+
 from ictrl.data import (
     BENCHMARKS,
     MATH_SUFFIX,
@@ -123,8 +125,33 @@ def test_malformed_json_and_choices(tmp_path: Path) -> None:
     f.write_text(json.dumps({"question": "q", "choices": "x or y", "answer": 0}) + "\n")
     with pytest.raises(ValueError, match=r"line 1: field 'choices'"):
         load_problems("mmlu_stem", path=f)
-    with pytest.raises(ValueError, match="is not a file"):
+    with pytest.raises(DataError, match="missing.jsonl: no such file"):
         load_problems("math500", path=tmp_path / "missing.jsonl")
+
+
+def test_non_utf8_byte_names_file_line_and_column(tmp_path: Path) -> None:
+    f = tmp_path / "latin1.jsonl"
+    f.write_bytes(b'{"problem": "a", "answer": "1"}\n{"problem": "caf\xe9", "answer": "2"}\n')
+    with pytest.raises(DataError, match=r"latin1\.jsonl: line 2: byte 0xe9 at column 17 is not UTF-8"):
+        load_problems("math500", path=f)
+
+
+def test_empty_file_is_named(tmp_path: Path) -> None:
+    f = tmp_path / "empty.jsonl"
+    f.write_text("\n\n")
+    with pytest.raises(DataError, match=r"empty\.jsonl: no rows \(the file is empty\)"):
+        load_problems("math500", path=f)
+
+
+def test_hub_without_network_says_so(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import datasets
+
+    def offline(*args: object, **kwargs: object) -> None:
+        raise ConnectionError("Couldn't reach 'math-ai/amc23' on the Hub (LocalEntryNotFoundError)")
+
+    monkeypatch.setattr(datasets, "load_dataset", offline)
+    with pytest.raises(DataError, match=r"amc23: no local copy .* and no network to fetch math-ai/amc23"):
+        load_problems("amc23", data_root=tmp_path)
 
 
 def test_jsonl_spec_with_fields(tmp_path: Path) -> None:

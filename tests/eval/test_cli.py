@@ -77,11 +77,12 @@ def test_data_root_option_and_greedy_copies(tiny_model_dir: Path, tmp_path: Path
         assert len({s["completion"] for s in rec["samples"]}) == 1
 
 
-def test_invalid_arguments_exit_2_with_a_message(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_invalid_arguments_exit_2_with_a_message(tiny_model_dir: Path, tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["eval", "--model", "unused", "--n", "2", "--k", "1", "4", "--output-dir", str(tmp_path)]) == 2
     assert "needs n >= 4" in capsys.readouterr().err
     if importlib.util.find_spec("vllm") is None:
-        assert main(["eval", "--model", str(tmp_path), "--backend", "vllm", "--no-progress"]) == 2
+        assert main(["eval", "--model", str(tiny_model_dir), "--backend", "vllm", "--no-progress"]) == 2
         assert "pip install 'ictrl[vllm]'" in capsys.readouterr().err
 
 

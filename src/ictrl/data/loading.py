@@ -13,6 +13,7 @@ from typing import Any
 
 from ictrl.data.prompts import LETTERS, build_prompt, user_message
 from ictrl.data.registry import Benchmark, Problem, apply_options, parse_spec
+from ictrl.errors import DataError
 from ictrl.rewards import gsm8k_gold, last_boxed
 
 logger = logging.getLogger(__name__)
@@ -28,8 +29,19 @@ def default_data_root() -> Path | None:
 
 
 def read_records(path: Path) -> list[tuple[int, Any]]:
-    """(line number, record) pairs from a JSONL file or a JSON list (whatever the extension says)."""
-    text = path.read_text(encoding="utf-8")
+    """(line number, record) pairs from a JSONL file or a JSON list (whatever the extension says).
+
+    Raises:
+        DataError: a byte that is not UTF-8 or a line that is not JSON, naming the file and the line.
+    """
+    raw_bytes = path.read_bytes()
+    try:
+        text = raw_bytes.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw_bytes.count(b"\n", 0, e.start) + 1
+        column = e.start - (raw_bytes.rfind(b"\n", 0, e.start) + 1) + 1
+        raise DataError(f"{path}: line {line}: byte 0x{raw_bytes[e.start]:02x} at column {column} is not UTF-8; "
+                        "save the file as UTF-8") from None
     stripped = text.lstrip()
     records: list[tuple[int, Any]] = []
     if stripped.startswith("["):
@@ -41,7 +53,7 @@ def read_records(path: Path) -> list[tuple[int, Any]]:
             while i < len(text) and text[i] in " \t\r\n,":
                 i += 1
             if i >= len(text):
-                raise ValueError(f"{path}: unterminated JSON list")
+                raise DataError(f"{path}: unterminated JSON list")
             if text[i] == "]":
                 return records
             line += text.count("\n", last, i)
@@ -49,7 +61,7 @@ def read_records(path: Path) -> list[tuple[int, Any]]:
             try:
                 obj, i = decoder.raw_decode(text, i)
             except json.JSONDecodeError as e:
-                raise ValueError(f"{path}: line {e.lineno}: invalid JSON ({e.msg})") from None
+                raise DataError(f"{path}: line {e.lineno}: invalid JSON ({e.msg})") from None
             records.append((line, obj))
     for lineno, raw in enumerate(text.splitlines(), 1):
         if not raw.strip():
@@ -57,7 +69,7 @@ def read_records(path: Path) -> list[tuple[int, Any]]:
         try:
             records.append((lineno, json.loads(raw)))
         except json.JSONDecodeError as e:
-            raise ValueError(f"{path}: line {lineno}: invalid JSON ({e.msg})") from None
+            raise DataError(f"{path}: line {lineno}: invalid JSON ({e.msg})") from None
     return records
 
 
@@ -117,26 +129,26 @@ def _math_level(row: dict[str, Any]) -> int | None:
 def row_to_problem(row: Any, bench: Benchmark, index: int, where: str) -> Problem | None:
     """One raw record as a :class:`Problem` (None if filtered out). ``where`` ("FILE: line N") prefixes errors."""
     if not isinstance(row, dict):
-        raise ValueError(f"{where}: expected a JSON object, got {type(row).__name__}")
+        raise DataError(f"{where}: expected a JSON object, got {type(row).__name__}")
     if bench.adapter is not None:
         try:
             row = bench.adapter(row)
         except KeyError as e:
-            raise ValueError(f"{where}: field {e.args[0]!r} missing") from None
+            raise DataError(f"{where}: field {e.args[0]!r} missing") from None
     if bench.row_filter is not None and not bench.row_filter(row):
         return None
 
     key, question = _lookup(row, bench.question_field)
     if key is None:
-        raise ValueError(f"{where}: field {bench.question_field[0]!r} missing (tried {list(bench.question_field)})")
+        raise DataError(f"{where}: field {bench.question_field[0]!r} missing (tried {list(bench.question_field)})")
     if not isinstance(question, str) or not question.strip():
-        raise ValueError(f"{where}: field {key!r} must be a non-empty string, got {type(question).__name__}")
+        raise DataError(f"{where}: field {key!r} must be a non-empty string, got {type(question).__name__}")
 
     gkey, gold = _lookup(row, bench.answer_field)
     if gkey is None and bench.kind == "math" and isinstance(row.get("solution"), str):
         gkey, gold = "solution", last_boxed(row["solution"])  # hub MATH copies carry only the solution
     if gkey is None:
-        raise ValueError(f"{where}: field {bench.answer_field[0]!r} missing (tried {list(bench.answer_field)})")
+        raise DataError(f"{where}: field {bench.answer_field[0]!r} missing (tried {list(bench.answer_field)})")
     if bench.skip_missing_gold and (gold is None or (isinstance(gold, str) and not gold.strip())):
         logger.debug("%s: skipping a row without a gold answer", where)
         return None
@@ -148,19 +160,19 @@ def row_to_problem(row: Any, bench: Benchmark, index: int, where: str) -> Proble
     if bench.kind == "choice":
         ckey, raw_choices = _lookup(row, bench.choices_field)
         if ckey is None:
-            raise ValueError(f"{where}: field {bench.choices_field[0]!r} missing")
+            raise DataError(f"{where}: field {bench.choices_field[0]!r} missing")
         try:
             labels, choices = _normalize_choices(raw_choices)
         except (TypeError, KeyError) as e:
-            raise ValueError(f"{where}: field {ckey!r}: {e}") from None
+            raise DataError(f"{where}: field {ckey!r}: {e}") from None
         try:
             gold = _choice_gold(gold, labels)
         except TypeError as e:
-            raise ValueError(f"{where}: field {gkey!r}: {e}") from None
+            raise DataError(f"{where}: field {gkey!r}: {e}") from None
     elif isinstance(gold, (int, float)) and not isinstance(gold, bool):
         gold = str(int(gold)) if float(gold).is_integer() else str(gold)
     elif not isinstance(gold, str) or not gold.strip():
-        raise ValueError(f"{where}: field {gkey!r} must be a non-empty string or number, got {type(gold).__name__}")
+        raise DataError(f"{where}: field {gkey!r} must be a non-empty string or number, got {type(gold).__name__}")
     if bench.kind == "gsm8k":
         meta["solution"] = gold
         gold = gsm8k_gold(gold)
@@ -172,7 +184,7 @@ def row_to_problem(row: Any, bench: Benchmark, index: int, where: str) -> Proble
     if bench.levels is not None:
         level = _math_level(row)
         if level is None:
-            raise ValueError(f"{where}: levels were requested but the row has no 'level' or 'difficulty'")
+            raise DataError(f"{where}: levels were requested but the row has no 'level' or 'difficulty'")
         if level not in bench.levels:
             return None
         meta["level"] = level
@@ -198,7 +210,8 @@ def load_problems(
         options: as in the spec (``levels=(3, 4, 5)``, ``kind="choice"``, ``question_field="q"``...).
 
     Raises:
-        ValueError: a malformed row, naming the file, the line and the field.
+        DataError: a malformed row, naming the file, the line and the field; an empty file; no local copy and
+            no network.
     """
     if limit is not None and limit < 0:
         raise ValueError(f"limit: must be >= 0, got {limit}")
@@ -212,8 +225,11 @@ def load_problems(
     problems: list[Problem] = []
     if file is not None:
         if not file.is_file():
-            raise ValueError(f"path: {file} is not a file")
-        for index, (lineno, row) in enumerate(read_records(file)):
+            raise DataError(f"{file}: no such file" if not file.exists() else f"{file}: not a file")
+        records = read_records(file)
+        if not records:
+            raise DataError(f"{file}: no rows (the file is empty)")
+        for index, (lineno, row) in enumerate(records):
             p = row_to_problem(row, bench, index, f"{file}: line {lineno}")
             if p is not None:
                 problems.append(p)
@@ -221,13 +237,17 @@ def load_problems(
                     break
         return problems
     if bench.hub_id is None:
-        raise ValueError(f"benchmark {bench.name!r}: local file {bench.local_path!r} not found and no hub id")
+        raise DataError(f"benchmark {bench.name!r}: local file {bench.local_path!r} not found and no hub id")
     import datasets  # heavy; and looked up at call time so tests can monkeypatch load_dataset
 
     logger.info("%s: no local file (data root: %s); loading %s from the hub", bench.name,
                 data_root or default_data_root(), bench.hub_id)
 
-    ds = datasets.load_dataset(bench.hub_id, bench.hub_config, split=bench.hub_split)
+    try:
+        ds = datasets.load_dataset(bench.hub_id, bench.hub_config, split=bench.hub_split)
+    except ConnectionError as exc:  # offline: datasets retries, then says only "Couldn't reach"
+        raise DataError(f"benchmark {bench.name}: no local copy (data root: {data_root or default_data_root()}), "
+                        f"and no network to fetch {bench.hub_id} from the hub ({exc})") from exc
     where = f"hub:{bench.hub_id}" + (f"/{bench.hub_config}" if bench.hub_config else "") + f"[{bench.hub_split}]"
     for index, row in enumerate(ds):
         p = row_to_problem(dict(row), bench, index, f"{where}: row {index}")

@@ -71,8 +71,10 @@ def train_run_labels(model: str) -> tuple[str | None, int | None]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ictrl.eval.generate import BackendUnavailableError, build_backend
+    from ictrl import preflight
+    from ictrl.errors import UserError
 
+    # the cheap checks first: a typo costs a fraction of a second, not a model load
     try:
         method, train_seed = train_run_labels(args.model)
         config = EvalConfig(
@@ -82,8 +84,18 @@ def run(args: argparse.Namespace) -> int:
             method=args.method if args.method is not None else method,
             train_seed=args.train_seed if args.train_seed is not None else train_seed,
         )
-        if args.limit is not None and args.limit < 1:
-            raise ValueError(f"--limit must be at least 1, got {args.limit}")
+    except ValueError as err:
+        raise UserError(str(err)) from err
+    if args.limit is not None and args.limit < 1:
+        raise UserError(f"--limit must be at least 1, got {args.limit}")
+    if args.data_root is not None and not args.data_root.is_dir():
+        raise UserError(f"--data-root: {args.data_root}: no such directory")
+    preflight.check_benchmarks(args.benchmarks, data_root=args.data_root)
+    preflight.check_model(args.model)
+
+    from ictrl.eval.generate import BackendUnavailableError, build_backend
+
+    try:
         backend = build_backend(args.backend, args.model, batch_size=args.batch_size, dtype=args.dtype)
         if args.backend == "hf":
             tokenizer = backend.tokenizer  # type: ignore[attr-defined]
@@ -93,11 +105,12 @@ def run(args: argparse.Namespace) -> int:
             tokenizer = AutoTokenizer.from_pretrained(args.model)
         tasks = benchmark_tasks(args.benchmarks, tokenizer=tokenizer, limit=args.limit, data_root=args.data_root)
         result = evaluate(tasks, backend, config, output_dir=args.output_dir, progress=not args.no_progress)
+    except UserError:
+        raise
     except (ValueError, BackendUnavailableError) as err:
-        # user-facing problems (arguments, settings mismatch, missing vllm/GPU, bad data): no traceback
-        kind = "settings mismatch" if isinstance(err, ResumeMismatchError) else "error"
-        print(f"ictrl eval: {kind}: {err}", file=sys.stderr)
-        return 2
+        # arguments, settings mismatch on resume, missing vllm/GPU: the CLI prints one line (--debug: traceback)
+        kind = "settings mismatch: " if isinstance(err, ResumeMismatchError) else ""
+        raise UserError(f"{kind}{err}") from err
     print(result.markdown)
     if args.output_dir is not None:
         print(f"wrote {args.output_dir / RESULTS_JSON} and {args.output_dir / RESULTS_MD}", file=sys.stderr)

@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ictrl.errors import UserError
 from ictrl.files import atomic_write_text, read_jsonl
 
 SELECTORS = ("ict", "entropy", "random", "frequent", "all")  # stapo needs advantages, which one prompt lacks
@@ -432,12 +433,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
+        from ictrl import preflight
+
         if args.rollouts is not None:
+            preflight.check_file(args.rollouts, "--rollouts")
             rollouts = load_rollouts(args.rollouts)
             meta: dict[str, Any] = {"source": args.rollouts}
         else:
             if args.prompt is None:
                 raise ValueError("--prompt is required with --model")
+            preflight.check_model(args.model)
             from ictrl.models import load_model_and_tokenizer
 
             model, tokenizer = load_model_and_tokenizer(args.model, device=args.device)
@@ -451,8 +456,9 @@ def run(args: argparse.Namespace) -> int:
             if args.save_rollouts:
                 save_rollouts(args.save_rollouts, rollouts)
         path = render_inspect_html(rollouts, args.out, meta=meta)
-    except (ValueError, FileNotFoundError) as e:
-        print(f"ictrl inspect: error: {e}", file=sys.stderr)
-        return 2
+    except UserError:
+        raise
+    except (ValueError, FileNotFoundError) as e:  # the CLI prints one line (--debug: the traceback)
+        raise UserError(str(e)) from e
     print(f"wrote {path} ({len(rollouts)} responses, {sum(len(r.tokens) for r in rollouts)} tokens)")
     return 0
