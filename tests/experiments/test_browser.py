@@ -111,9 +111,13 @@ def test_report_renders_with_embedded_images(tmp_path: Path) -> None:
     images.append(plot_prob_vs_purity(runs, tmp_path / "pb.png"))
     table = results_table({"ict": [{"p1": 0.2, "p4": 0.4}, {"p1": 0.3, "p4": 0.5}],
                            "random10": [{"p1": 0.1, "p4": 0.3}, {"p1": 0.2, "p4": 0.3}]})
-    page = render_report("ictrl compare: demo", [table.to_html()], images, "Synthetic curves.", tmp_path / "report.html")
+    page = render_report("ictrl compare: demo", [table.to_html()], images, "Synthetic curves.", tmp_path / "report.html",
+                         note="A note from the person who ran it.", answer="ict beats random10.", caveats=["2 seeds"])
     img = screenshot(page, tmp_path, "report")
     assert_not_blank(img)
+    # the note's amber box and the answer's green box are drawn in the first screenful, above the table
+    top = img[:300]
+    assert near(top, (0xFF, 0xF8, 0xE1), tol=0.02) > 0.01 and near(top, (0xEE, 0xF6, 0xEE), tol=0.02) > 0.01
     # plot lines are drawn in matplotlib's tab10 colours: the embedded PNGs were decoded and shown
     assert near(img, (31, 119, 180), tol=0.06) > 1e-4
     assert near(img, (255, 127, 14), tol=0.06) > 1e-4

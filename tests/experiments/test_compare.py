@@ -154,6 +154,24 @@ def test_write_report_numbers_match_a_naive_computation(tmp_path: Path) -> None:
     assert len(saved["runs"]) == 9 and saved["base"] == base
 
 
+EMBEDDED_RL = {"steps": 40, "prompts_per_step": 32, "num_generations": 8, "num_iterations": 1, "lr": 2e-4,
+               "eval_problems": 200, "eval_n": 8, "selection_warmup": None}
+
+
+def test_report_page_reads_at_a_glance_without_local_paths(tmp_path: Path) -> None:
+    methods = ["grpo", "ict", "random10"]
+    specs = grid.grid_specs(methods, 3)
+    results = grid.run_grid(specs, tmp_path, CountingRunner(), log=lambda _: None)
+    settings = {"source": "embedded", "base": str(tmp_path / "cache" / "tiny-base-0123"), "rl": EMBEDDED_RL}
+    paths = compare.write_report(tmp_path, methods, specs, results, {"p1": 0.05, "p4": 0.15}, settings, 1.0,
+                                 note="NOTE-AT-TOP")
+    page = paths["report"].read_text()
+    assert str(tmp_path) not in page and "tiny-base-0123" in page
+    assert page.index("NOTE-AT-TOP") < page.index("Best method by Total") < page.index("<table>")
+    assert "ict − random10 on Total" in page and "3 seeds per method" in page
+    assert "<figcaption>reward per training step: mean over 3 seeds" in page
+
+
 def test_write_report_without_the_ict_random_pair(tmp_path: Path) -> None:
     specs = grid.grid_specs(["grpo"], 2)
     results = grid.run_grid(specs, tmp_path, CountingRunner(), log=lambda _: None)

@@ -97,7 +97,10 @@ def test_v1_relabels_the_same_runs_with_a_note(tmp_path: Path) -> None:
     md = (tmp_path / "stability.md").read_text()
     assert md.startswith("**v1 labels, for comparison**\n\nLabels: outcome thresholds v1")
     assert "| ict | 2/2 stable | 2/2 stable | 1/2 stable (1 E) | 0.0001 – 0.0005 |" in md
-    assert "v1 labels, for comparison" in (tmp_path / "report.html").read_text()
+    page = (tmp_path / "report.html").read_text()
+    assert page.index("v1 labels, for comparison") < page.index("Widest learning-rate range") < page.index("<table>")
+    assert "{'version'" not in page  # the rules in words, not a dict dump
+    assert "Collapsed: the last-window entropy H1" in page and "below 0.05 nats" in page
 
 
 def test_seed_start_and_thresholds_options() -> None:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -35,8 +37,9 @@ def _finite_row(row: dict[str, Any]) -> dict[str, Any]:
 class MetricsJSONL(TrainerCallback):
     """Append one JSON object per logging step to ``path`` (flushed at once; experiments tail it).
 
-    Each row is ``{"step": global_step, "epoch": ..., **logs}`` plus ``accuracy`` (the mean of the reward
-    named ``accuracy_reward``). On resume the rows after the checkpoint's step, logged by the interrupted run
+    Each row is ``{"step": global_step, "time": ISO 8601 UTC, "unix_time": seconds, **logs}`` plus ``accuracy``
+    (the mean of the reward named ``accuracy_reward``): the wall clock lets a row be matched with a tracker's
+    or a log's, and the gap between rows is the real time a step took, waits included. On resume the rows after the checkpoint's step, logged by the interrupted run
     and about to be redone, are dropped (atomic rewrite) so each step appears once.
     """
 
@@ -64,7 +67,9 @@ class MetricsJSONL(TrainerCallback):
                **kwargs: Any) -> None:
         if self._fh is None or not logs or any(k in logs for k in SUMMARY_KEYS):
             return
-        row: dict[str, Any] = {"step": state.global_step, **logs}
+        now = time.time()
+        stamp = datetime.fromtimestamp(now, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+        row: dict[str, Any] = {"step": state.global_step, "time": stamp, "unix_time": round(now, 3), **logs}
         if self.accuracy_key and self.accuracy_key in logs:
             row["accuracy"] = logs[self.accuracy_key]
         self._fh.write(json.dumps(_finite_row(row)) + "\n")

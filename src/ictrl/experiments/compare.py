@@ -30,6 +30,7 @@ CURVE_KEYS = report.DEFAULT_CURVE_KEYS  # reward, H1 (all, selected), H2, purity
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     grid.add_common_arguments(parser, default_output="runs/compare")
     parser.add_argument("--lr", type=float, default=None, help="learning rate (default: the recipe's / config's)")
+    parser.add_argument("--note", default="", help="a line put at the top of the report and stored in results.json")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -43,7 +44,8 @@ def run(args: argparse.Namespace) -> int:
         out: Path = args.output_dir
         results = grid.run_grid(specs, out, experiment.runner, jobs=args.jobs)
         base = grid.cached_result(out / "base" / "result.json", lambda: experiment.eval_base(out / "base"))
-        paths = write_report(out, methods, specs, results, base, experiment.settings, time.perf_counter() - start)
+        paths = write_report(out, methods, specs, results, base, experiment.settings, time.perf_counter() - start,
+                             note=args.note)
     except ValueError as exc:
         print(f"ictrl compare: error: {exc}", file=sys.stderr)
         return 2
@@ -53,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def write_report(out: Path, methods: list[str], specs: list[grid.RunSpec], results: dict[grid.RunSpec, dict[str, Any]],
-                 base: dict[str, Any], settings: dict[str, Any], seconds: float) -> dict[str, Path]:
+                 base: dict[str, Any], settings: dict[str, Any], seconds: float, note: str = "") -> dict[str, Path]:
     """Table, curves and report.html from finished runs; returns the written paths by role."""
     per_seed: dict[str, list[dict[str, float]]] = {"base": [{"p1": base["p1"], "p4": base["p4"]}]}
     for m in methods:
@@ -64,12 +66,47 @@ def write_report(out: Path, methods: list[str], specs: list[grid.RunSpec], resul
     runs = {m: [metrics[s] for s in specs if s.method == m] for m in methods}
     images = report.plot_curves(runs, CURVE_KEYS, out_dir=out)
     table_path = report.atomic_write_text(out / "results.md", table.to_markdown() + "\n")
-    summary = {"settings": settings, "methods": methods, "base": base, "wall_seconds_this_invocation": seconds,
+    summary = {"settings": settings, "methods": methods, "note": note, "base": base, "wall_seconds_this_invocation": seconds,
                "runs": [results[s] for s in specs]}
     report.atomic_write_text(out / "results.json", json.dumps(summary, indent=1) + "\n")
     notes = _notes(settings, specs, results, diff)
-    page = report.render_report("ictrl compare", [table.to_html()], images, notes, out / "report.html")
+    answer, caveats = _answer(table, methods, settings, specs)
+    page = report.render_report("ictrl compare: held-out pass@k per method", [table.to_html()], images, notes,
+                                out / "report.html", note=note, answer=answer, caveats=caveats)
     return {"table": table_path, "report": page}
+
+
+def _answer(table: report.ResultsTable, methods: list[str], settings: dict[str, Any], specs: list[grid.RunSpec]
+            ) -> tuple[str, list[str]]:
+    """The study's answer in two sentences, and what limits it."""
+    best = max(methods, key=lambda m: table.rows[m]["Total"].mean)
+    lines = [f"Best method by Total (mean of P@1 and P@4): {best}, {table.rows[best]['Total'].mean:.1f}% "
+             f"(base model {table.rows['base']['Total'].mean:.1f}%)."]
+    if table.diff is not None and table.diff_name is not None:
+        d = table.diff["Total"]
+        if d.lo is None:
+            verdict = "no interval: each method needs at least two seeds"
+        elif d.excludes_zero:
+            verdict = f"{'better' if d.mean > 0 else 'worse'} at 95% confidence (p = {d.p:.3f})"
+        else:
+            verdict = f"no evidence of a difference: the 95% interval contains 0 (p = {d.p:.2f})"
+        lines.append(f"{table.diff_name} on Total: {d.mean:+.1f} points, 95% Welch CI "
+                     f"{'n/a' if d.lo is None else f'[{d.lo:+.1f}, {d.hi:+.1f}]'}; {verdict}.")
+    seeds = len({s.seed for s in specs})
+    caveats = [f"{seeds} seed{'s' if seeds != 1 else ''} per method"
+               + (": one run per method, no spread or interval" if seeds < 2 else
+                  "; seeds are treated as independent samples")]
+    if settings.get("source") == "embedded":
+        rl = settings["rl"]
+        caveats.append(f"the tiny embedded arithmetic task and model, {rl['steps']} optimizer steps per run: not "
+                       "the paper's setting")
+    caveats.append("the base row is a single evaluation of the starting model")
+    return " ".join(lines), caveats
+
+
+def _public(name: str) -> str:
+    """A hub id as it is; a local path by its last component (a page carries no local paths)."""
+    return Path(name).name if name.startswith(("/", ".", "~")) or Path(name).exists() else name
 
 
 def _theta(rl: dict[str, Any]) -> int:
@@ -91,12 +128,14 @@ def _notes(settings: dict[str, Any], specs: list[grid.RunSpec], results: dict[gr
                      "(seeds treated as independent). An interval that contains 0 is no evidence of a difference.")
     if settings.get("source") == "embedded":
         rl = settings["rl"]
-        lines.append(f"Embedded task: base {settings['base']}; {rl['steps']} optimizer steps per run, "
+        lines.append(f"Embedded task: base model {Path(settings['base']).name} (the embedded warm-start recipe); "
+                     f"{rl['steps']} optimizer steps per run, "
                      f"{rl['prompts_per_step']} prompts x {rl['num_generations']} samples, lr {rl['lr']:g}, "
                      f"selection warm-up Θ = {_theta(rl)} steps (ict/random10), {rl['eval_problems']} held-out "
                      f"problems x {rl['eval_n']} samples.")
     elif settings.get("source") == "config":
-        lines.append(f"Run config {settings['config']} (model {settings['model']}), eval on {settings['eval']} with "
+        lines.append(f"Run config {Path(settings['config']).name} (model {_public(settings['model'])}), eval on {settings['eval']} with "
                      f"{grid.CONFIG_EVAL_N} samples per problem.")
-    lines.append(f"Curves: mean over seeds with the min-max band. Training time summed over runs: {run_seconds:.0f} s.")
+    curves = "mean over seeds with the min-max band" if len(seeds) >= 2 else "one run per method"
+    lines.append(f"Curves: {curves}. Training time summed over runs: {run_seconds:.0f} s.")
     return "\n\n".join(lines)

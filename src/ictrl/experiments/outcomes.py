@@ -119,6 +119,31 @@ class OutcomeThresholds:
 PRESETS = ("v1", "v2")
 
 
+def _bound(absolute: float, ratio: float, edge: str) -> str:
+    """"below 0.05 nats" / "below 0.33 x its first-window H1" / "above max(2 x first-window H1, 0.5 nats)"."""
+    rel = f"{ratio:g} x its first-window H1" if ratio else ""
+    if absolute and rel:
+        return f"{edge} the larger of {rel} and {absolute:g} nats"
+    return f"{edge} {rel or f'{absolute:g} nats'}"
+
+
+def describe_thresholds(t: OutcomeThresholds) -> list[str]:
+    """The rules of ``t`` in words, one sentence per label, for a report a person reads (no dict dump)."""
+    w = f"mean over the first / last {t.window} logged steps"
+    lines = [
+        f"Collapsed: the last-window entropy H1 ({w}) is {_bound(t.entropy_floor, t.collapse_ratio, 'below')}, and "
+        f"the reward rose by at most {t.min_reward_gain:g} from the first window.",
+        f"Exploded: H1 ends {_bound(t.explode_min, t.explode_ratio, 'above')}, and the last-window reward is more "
+        f"than {t.reward_drop:g} below the base model's reward.",
+    ]
+    if t.degraded:
+        lines.append(f"Degraded: the last-window reward is more than {t.reward_drop:g} below the base model's, "
+                     "without either entropy excursion.")
+    lines.append("Stable: none of these" + (" (only stable counts towards the stable fraction)." if t.degraded
+                                             else "."))
+    return lines
+
+
 @dataclass(frozen=True)
 class RunSummary:
     """Window means behind a label: what a report prints next to it."""

@@ -29,6 +29,7 @@ from ictrl.experiments import grid, report
 from ictrl.experiments.outcomes import (
     PRESETS,
     OutcomeThresholds,
+    describe_thresholds,
     stable_fraction,
     summarize_run,
     widest_stable_range,
@@ -198,16 +199,19 @@ def write_report(out: Path, methods: list[str], lrs: list[float], specs: list[gr
     heat_labels = {m: {lr: [r["label"] for r in rows if r["method"] == m and r["lr"] == lr] for lr in lrs}
                    for m in methods}
     heat_labels = {m: {lr: seq for lr, seq in cells.items() if seq} for m, cells in heat_labels.items()}
-    images = [report.plot_stability_heatmap(heat_labels, out / "stability_heatmap.png",
-                                            title=f"stable fraction (method x lr), thresholds {thresholds.version}")]
+    images: list[Any] = [report.plot_stability_heatmap(
+        heat_labels, out / "stability_heatmap.png",
+        title=f"Stable fraction per method and learning rate (outcome rules {thresholds.version})")]
 
     picks = pick_examples(rows, thresholds.labels)
     spec_of = {(s.method, s.lr, s.seed): s for s in specs}
-    example_runs = {f"{label}: {r['method']} lr={r['lr']:g} seed {r['seed']}":
+    example_runs = {f"{label}: {r['method']}, lr {r['lr']:g}, seed {r['seed']}":
                     [metrics[spec_of[(r["method"], r["lr"], r["seed"])]]]
                     for label, r in picks.items() if r is not None}
     if example_runs:
-        images += report.plot_curves(example_runs, EXAMPLE_KEYS, out_dir=out / "examples")
+        for name, path in zip(EXAMPLE_KEYS, report.plot_curves(example_runs, EXAMPLE_KEYS, out_dir=out / "examples")):
+            images.append((path, f"{name} per training step of one example run per outcome label "
+                                 "(the legend names each run)"))
     purity_runs = {m: [after_warmup(metrics[s]) for s in specs if s.method == m] for m in methods}
     scatter = report.plot_prob_vs_purity(purity_runs, out / "prob_vs_purity.png")
     if scatter is not None:
@@ -219,35 +223,58 @@ def write_report(out: Path, methods: list[str], lrs: list[float], specs: list[gr
                             for k, v in picks.items()},
                "wall_seconds_this_invocation": seconds, "runs": rows}
     report.atomic_write_text(out / "sweep.json", json.dumps(summary, indent=1) + "\n")
+    answer, caveats = _answer(stab, methods, specs, thresholds, settings)
+    return report.render_report(
+        "ictrl sweep: learning-rate stability",
+        [("Stable seeds per method and learning rate", tables[0]),
+         ("Held-out P@1 / P@4 (%) per method and learning rate", tables[1])],
+        images, _notes(rows, picks, base, thresholds, settings), out / "report.html",
+        note=note, answer=answer, caveats=caveats)
+
+
+def _answer(stab: dict[str, Any], methods: list[str], specs: list[grid.RunSpec], thresholds: OutcomeThresholds,
+            settings: dict[str, Any]) -> tuple[str, list[str]]:
+    """Each method's widest stable learning-rate range in one sentence, and what limits the answer."""
+    ranges = []
+    for m in methods:
+        widest = stab[m]["widest_stable_range"]
+        ranges.append(f"{m} {'none' if widest is None else f'{widest[0]:g}–{widest[1]:g}'}")
+    answer = ("Widest learning-rate range in which every seed stayed stable: " + "; ".join(ranges) + ".")
+    seeds = sorted({s.seed for s in specs})
+    caveats = [f"{len(seeds)} seed{'s' if len(seeds) != 1 else ''} per cell (seeds {seeds[0]}–{seeds[-1]})"
+               + (": a single run decides each cell" if len(seeds) < 2 else ""),
+               f"labels follow the outcome rules {thresholds.version} (below); a rule set tuned on the same runs "
+               "it labels is in-sample"]
+    if settings.get("source") == "embedded":
+        caveats.append(f"the tiny embedded task and model, {settings['rl']['steps']} optimizer steps per run")
+    return answer, caveats
+
+
+def _notes(rows: list[dict[str, Any]], picks: dict[str, dict[str, Any] | None], base: dict[str, Any],
+           thresholds: OutcomeThresholds, settings: dict[str, Any]) -> str:
     missing = [label for label, r in picks.items() if r is None]
-    notes = [note] if note else []
-    notes += [
-        f"Labels by outcomes.label_run against base reward {base['p1']:.3f} (the base model's held-out P@1 at the "
-        f"training temperature). Thresholds {thresholds.version} (outcomes' docstring says when each rule set was "
-        f"fixed): {dataclasses.asdict(thresholds)}. "
-        "collapsed = last-window H1 < max(entropy_floor, collapse_ratio x first-window H1) and reward gained <= "
-        "min_reward_gain; exploded = last-window H1 > max(explode_ratio x first-window H1, explode_min) and "
-        "last-window reward < base - reward_drop; "
-        + ("degraded = last-window reward < base - reward_drop, neither of those; stable = none of these. "
-           if thresholds.degraded else "stable = neither. ")
-        + "Windows shrink to half the run when it has fewer than 2 x window logged steps. A run "
-        f"whose weights went non-finite (sampling failed) counts as exploded with P@1 = P@4 = 0: "
+    notes = [
+        f"Each run is labelled from its logged curves against the base model's reward {base['p1']:.3f} (its "
+        f"held-out P@1 at the training temperature), by the outcome rules {thresholds.version} "
+        "(ictrl.experiments.outcomes says when each rule set was fixed):",
+        *describe_thresholds(thresholds),
+        "The windows shrink to half the run when it has fewer than twice the window of logged steps. A run whose "
+        "weights went non-finite (sampling failed) counts as exploded with P@1 = P@4 = 0: "
         f"{sum(r['diverged'] for r in rows)} such run(s).",
-        "Stability table: stable seeds / seeds per cell (C = collapsed, E = exploded, D = degraded). Widest "
-        "stable range: the widest contiguous lr range in which every seed is stable. Second table: mean held-out "
-        "P@1 / P@4 (%).",
-        "Example curves: " + ", ".join(f"{k}: {v['method']} lr={v['lr']:g} seed {v['seed']}"
+        "Stability table: stable seeds / seeds per cell, the other outcomes in brackets (C = collapsed, "
+        "E = exploded, D = degraded). Widest stable range: the widest contiguous learning-rate range in which every "
+        "seed is stable.",
+        "Example curves: " + ", ".join(f"{k}: {v['method']}, lr {v['lr']:g}, seed {v['seed']}"
                                        for k, v in picks.items() if v is not None)
         + (f". No run was labelled {' or '.join(missing)}." if missing else "."),
-        "prob_vs_purity: each point one logged step of one run after the selection warm-up (all lrs pooled); "
-        "X = per-method mean; the dashed line is pi = beta.",
+        "Probability against purity: one point per logged step of one run after the selection warm-up (all "
+        "learning rates pooled).",
     ]
     if settings.get("source") == "embedded":
         rl = settings["rl"]
-        notes.append(f"Embedded task: base {settings['base']}; {rl['steps']} optimizer steps per run, "
-                     f"{rl['prompts_per_step']} prompts x {rl['num_generations']} samples, {rl['num_iterations']} "
-                     f"optimizer steps per generation batch, selection warm-up Θ = "
-                     f"{10 if rl.get('selection_warmup') is None else rl['selection_warmup']} steps (ict/random10), "
-                     f"{rl['eval_problems']} held-out problems, n = {rl['eval_n']}.")
-    return report.render_report("ictrl sweep: learning-rate stability", list(tables), images, "\n\n".join(notes),
-                                out / "report.html")
+        notes.append(f"Embedded task: base model {Path(settings['base']).name} (the embedded warm-start recipe); "
+                     f"{rl['steps']} optimizer steps per run, {rl['prompts_per_step']} prompts x "
+                     f"{rl['num_generations']} samples, {rl['num_iterations']} optimizer steps per generation batch, "
+                     f"selection warm-up Θ = {10 if rl.get('selection_warmup') is None else rl['selection_warmup']} "
+                     f"steps (ict/random10), {rl['eval_problems']} held-out problems, n = {rl['eval_n']}.")
+    return "\n\n".join(notes)

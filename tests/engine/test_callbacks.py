@@ -1,0 +1,48 @@
+"""metrics.jsonl rows: a wall-clock timestamp on every row, non-finite values as null, resume trimming."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from datetime import datetime
+from pathlib import Path
+from types import SimpleNamespace
+
+from ictrl.engine.callbacks import MetricsJSONL
+
+
+def _state(step: int) -> SimpleNamespace:
+    return SimpleNamespace(global_step=step, is_world_process_zero=True)
+
+
+def test_every_row_has_iso_utc_and_unix_time(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    cb = MetricsJSONL(path, accuracy_reward="acc")
+    cb.on_train_begin(None, _state(0), None)
+    before = time.time()
+    cb.on_log(None, _state(1), None, logs={"reward": 0.5, "rewards/acc/mean": 0.25, "loss": math.nan})
+    cb.on_log(None, _state(2), None, logs={"reward": 0.75})
+    after = time.time()
+    cb.on_log(None, _state(2), None, logs={"train_runtime": 3.0})  # the end-of-training summary is not a step
+    cb.on_train_end(None, _state(2), None)
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    for row in rows:
+        assert row["time"].endswith("Z")
+        parsed = datetime.fromisoformat(row["time"].replace("Z", "+00:00"))
+        assert abs(parsed.timestamp() - row["unix_time"]) < 1e-3
+        assert before - 1e-3 <= row["unix_time"] <= after + 1e-3
+    assert rows[0]["accuracy"] == 0.25
+    assert rows[0]["loss"] is None and rows[0]["nonfinite"] == ["loss"]
+
+
+def test_resume_keeps_rows_up_to_the_checkpoint(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps({"step": s, "reward": s}) + "\n" for s in (1, 2, 3)) + '{"step": 4, "rew')
+    cb = MetricsJSONL(path)
+    cb.on_train_begin(None, _state(2), None)
+    cb.on_log(None, _state(3), None, logs={"reward": 30.0})
+    cb.on_train_end(None, _state(3), None)
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [(r["step"], r["reward"]) for r in rows] == [(1, 1), (2, 2), (3, 30.0)]
