@@ -130,6 +130,20 @@ class ICTGRPOConfig(GRPOConfig):
         default=None,
         metadata={"help": "Seed of the random selector (combined with the optimizer step). None: `seed`."},
     )
+    dynamic_sampling: bool = field(
+        default=False,
+        metadata={"help": "DAPO dynamic sampling: drop groups whose rewards are all equal (zero advantage, no "
+                  "gradient) and generate for more prompts until every optimizer step again has its full count of "
+                  "groups (generation_batch_size / num_generations), all informative. Extra prompts are drawn with a "
+                  "seed of (seed, step, round), so the data order and resume stay exact (ictrl.engine."
+                  "dynamic_sampling)."},
+    )
+    dynamic_sampling_max_rounds: int = field(
+        default=9,
+        metadata={"help": "Most extra generation rounds per generation batch under dynamic_sampling (9: at most 10 "
+                  "generation batches, DAPO's max_num_gen_batches). A batch still short afterwards is filled with "
+                  "uniform groups and a warning is logged."},
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -192,6 +206,12 @@ class ICTGRPOConfig(GRPOConfig):
             self.selection_seed = self.seed
         if isinstance(self.selection_seed, bool) or not isinstance(self.selection_seed, int) or self.selection_seed < 0:
             raise ValueError(f"selection_seed must be an int >= 0, got {self.selection_seed!r}")
+
+        if not isinstance(self.dynamic_sampling, bool):
+            raise ValueError(f"dynamic_sampling must be a bool, got {self.dynamic_sampling!r}")
+        if isinstance(self.dynamic_sampling_max_rounds, bool) or not isinstance(self.dynamic_sampling_max_rounds, int) \
+                or self.dynamic_sampling_max_rounds < 0:
+            raise ValueError(f"dynamic_sampling_max_rounds must be an int >= 0, got {self.dynamic_sampling_max_rounds!r}")
 
         # TRL options that the ictrl loss path replaces or cannot honour: reject rather than silently ignore.
         if self.top_entropy_quantile < 1.0:

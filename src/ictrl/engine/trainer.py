@@ -33,6 +33,7 @@ from torch import Tensor
 from trl import GRPOTrainer
 
 from ictrl.engine.config import ICTGRPOConfig
+from ictrl.engine.dynamic_sampling import DynamicSamplingMixin
 from ictrl.logprobs import selected_token_logprobs
 from ictrl.loss import policy_loss
 from ictrl.metrics import step_metrics
@@ -42,7 +43,7 @@ from ictrl.stats import TokenStats, group_js_divergence_topk, token_stats, topk_
 _STAT_FIELDS = ("entropy", "renyi2", "purity", "logprob", "prob")
 
 
-class ICTGRPOTrainer(GRPOTrainer):
+class ICTGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
     """``GRPOTrainer(model, reward_funcs, args, train_dataset, eval_dataset, processing_class, ...)`` with
     ``args`` an :class:`ICTGRPOConfig`. Logs ``ictrl/*`` metrics next to TRL's."""
 
