@@ -29,13 +29,14 @@ from typing import Any
 
 import numpy as np
 
+from ictrl.errors import UserError
 from ictrl.eval.harness import RESULTS_JSON, _json_safe
 from ictrl.files import atomic_write_text
 
 TABLE_MD, TABLE_JSON, TABLE_HTML = "table.md", "table.json", "table.html"
 
 
-class TableError(ValueError):
+class TableError(UserError):
     """Bad or inconsistent inputs; the message names the file and field."""
 
 
@@ -322,13 +323,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        runs = [load_run(p) for p in find_results(args.runs)]
-        table = build_table(runs, target=args.target, methods=args.methods, benchmarks=args.benchmarks,
-                            ks=[str(k) for k in args.k] if args.k else None, ci=args.ci)
-    except TableError as err:
-        print(f"ictrl table: error: {err}", file=sys.stderr)
-        return 2
+    """Bad inputs raise :class:`TableError` (a UserError: ``ictrl.cli`` prints one line, exit 2)."""
+    runs = [load_run(p) for p in find_results(args.runs)]
+    table = build_table(runs, target=args.target, methods=args.methods, benchmarks=args.benchmarks,
+                        ks=[str(k) for k in args.k] if args.k else None, ci=args.ci)
     print(format_markdown(table), end="")
     if args.output_dir is not None:
         paths = write_table(table, args.output_dir)
