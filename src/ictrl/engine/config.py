@@ -138,6 +138,25 @@ class ICTGRPOConfig(GRPOConfig):
                   "seed of (seed, step, round), so the data order and resume stay exact (ictrl.engine."
                   "dynamic_sampling)."},
     )
+    eval_benchmarks: list[str] | None = field(
+        default=None,
+        metadata={"help": "Benchmarks (ictrl.data specs, e.g. ['math500', 'gsm8k']) evaluated with pass@k every "
+                  "eval_steps optimizer steps during training, on fixed problems with a fixed sampling seed; logged "
+                  "as eval/<benchmark>/pass@k, eval/avg/pass@k and eval/total beside the training metrics. "
+                  "metric_for_best_model='eval/total' (or another of these keys) keeps the best checkpoint. None: "
+                  "no evaluation during training (ictrl.engine.eval_callback)."},
+    )
+    eval_limit: int | None = field(
+        default=None, metadata={"help": "Evaluate the first eval_limit problems of each benchmark; None: all."})
+    eval_num_samples: int = field(default=4, metadata={"help": "Samples per problem for pass@k (>= max eval_ks)."})
+    eval_ks: list[int] = field(default_factory=lambda: [1, 4], metadata={"help": "k values of pass@k."})
+    eval_seed: int = field(default=0, metadata={"help": "Sampling seed of every evaluation during training."})
+    eval_max_new_tokens: int | None = field(
+        default=None, metadata={"help": "Generation budget of the evaluation; None: each benchmark's default "
+                                "(ictrl.data registry: 4096 for MATH-500/AIME, 1024 for GSM8K)."})
+    eval_temperature: float | None = field(
+        default=None, metadata={"help": "Evaluation sampling temperature (0: greedy); None: each benchmark's "
+                                "default (0.6)."})
     dynamic_sampling_max_rounds: int = field(
         default=9,
         metadata={"help": "Most extra generation rounds per generation batch under dynamic_sampling (9: at most 10 "
@@ -213,6 +232,8 @@ class ICTGRPOConfig(GRPOConfig):
                 or self.dynamic_sampling_max_rounds < 0:
             raise ValueError(f"dynamic_sampling_max_rounds must be an int >= 0, got {self.dynamic_sampling_max_rounds!r}")
 
+        self._check_eval_during_training()
+
         # TRL options that the ictrl loss path replaces or cannot honour: reject rather than silently ignore.
         if self.top_entropy_quantile < 1.0:
             raise ValueError("top_entropy_quantile < 1 conflicts with token_selector (ictrl replaces it): use "
@@ -231,3 +252,25 @@ class ICTGRPOConfig(GRPOConfig):
         if self.use_vllm and self.vllm_importance_sampling_correction:
             raise ValueError("vllm_importance_sampling_correction is not supported by ICTGRPOTrainer's loss; "
                              "set it to False when use_vllm=True")
+
+    def _check_eval_during_training(self) -> None:
+        if self.eval_benchmarks is None:
+            return
+        if isinstance(self.eval_benchmarks, str) or not self.eval_benchmarks:
+            raise ValueError(f"eval_benchmarks must be a non-empty list of benchmark specs, got {self.eval_benchmarks!r}")
+        steps = self.eval_steps
+        if steps is None or isinstance(steps, bool) or float(steps) != int(steps) or int(steps) < 1:
+            raise ValueError(f"eval_benchmarks needs eval_steps, an int >= 1 (optimizer steps between evaluations), "
+                             f"got {steps!r}")
+        self.eval_steps = int(steps)
+        buffer = self.steps_per_generation * self.num_iterations
+        if (self.eval_steps * self.gradient_accumulation_steps) % buffer:
+            raise ValueError(f"eval_steps={self.eval_steps} x gradient_accumulation_steps="
+                             f"{self.gradient_accumulation_steps} must be a multiple of steps_per_generation="
+                             f"{self.steps_per_generation} x num_iterations={self.num_iterations}: a best checkpoint "
+                             "inside a generation buffer could not resume exactly")
+        if self.eval_limit is not None and (isinstance(self.eval_limit, bool) or self.eval_limit < 1):
+            raise ValueError(f"eval_limit must be None or an int >= 1, got {self.eval_limit!r}")
+        if not self.eval_ks or max(self.eval_ks) > self.eval_num_samples or min(self.eval_ks) < 1:
+            raise ValueError(f"eval_ks={self.eval_ks} must be non-empty ints in [1, eval_num_samples="
+                             f"{self.eval_num_samples}]")
