@@ -210,3 +210,39 @@ def test_the_trl_hook_is_the_pinned_one() -> None:
     assert "self._tokenizer = " in inspect.getsource(GRPOTrainer.__init__)
     mro = ICTGRPOTrainer.__mro__
     assert mro.index(ICTGRPOTrainer) < [c.__name__ for c in mro].index("DynamicSamplingMixin") < mro.index(GRPOTrainer)
+
+
+@pytest.mark.integration
+def test_two_processes_keep_whole_informative_groups(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """torchrun, 2 CPU processes (gloo): each process's final batch is 2 whole groups, all informative; both
+    processes run the same rounds and log the same global counts."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = int(sock.getsockname()[1])
+    worker = Path(__file__).with_name("ds_worker.py")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+           "--master_port", str(port), str(worker), str(tmp_path), str(tiny_model_dir)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
+    assert [r["world"] for r in ranks] == [2, 2]
+    for r in ranks:
+        assert len(r["batches"]) == 2
+        for batch in r["batches"]:
+            prompts = _group_prompts(batch, tokenizer)
+            assert len(prompts) == 2 and all(p % 2 == 1 for p in prompts), prompts
+            assert bool((batch["advantages"].view(-1, G).std(dim=1) > 0).all())
+    logs = [[row for row in r["log"] if "ictrl/informative_groups" in row] for r in ranks]
+    for key in ("ictrl/informative_groups", "ictrl/dynamic_sampling_rounds", "ictrl/informative_groups_first_round"):
+        assert [row[key] for row in logs[0]] == [row[key] for row in logs[1]], key
+    assert [row["ictrl/informative_groups"] for row in logs[0]] == [4.0, 4.0]
