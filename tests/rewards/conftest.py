@@ -9,6 +9,6 @@ from ictrl import rewards
 
 @pytest.fixture(autouse=True)
 def _default_config():
-    rewards.configure(guard="process", timeout=3.0, workers=1, cache_size=65536)
+    rewards.configure(guard="process", timeout=3.0, wall_timeout=60.0, workers=1, cache_size=65536)
     yield
-    rewards.configure(guard="process", timeout=3.0, workers=1, cache_size=65536)
+    rewards.configure(guard="process", timeout=3.0, wall_timeout=60.0, workers=1, cache_size=65536)

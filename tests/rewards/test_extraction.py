@@ -2,9 +2,23 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+
 import pytest
 
-from ictrl.rewards import MathExtractor, extract_choice, last_boxed
+from ictrl.rewards import (
+    DEFAULT_EXTRACTOR,
+    MathExtractor,
+    choice_reward,
+    extract_choice,
+    format_reward,
+    gsm8k_reward,
+    last_boxed,
+    math_reward,
+)
+from ictrl.rewards.normalize import numeric
+from ictrl.rewards.verify import _explosive
 
 
 
@@ -60,3 +74,45 @@ def test_extractor_order_and_fallbacks() -> None:
 def test_extract_choice(completion: str, letter: str | None) -> None:
     assert extract_choice(completion) == letter
 
+
+
+# ------------------------------------------------------------------------------------ issue 17: linear time
+
+
+def _best_time(fn: Callable[[str], object], text: str, repeats: int = 3) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn(text)
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+SPACES = {  # name -> (function of the text, text with n spaces where a backtracking pattern would re-split them)
+    "choice_reward: box of spaces": (lambda t: choice_reward(t, "B"), lambda n: "\\boxed{" + " " * n + "x}"),
+    "extract_choice: answer then spaces": (extract_choice, lambda n: "answer is" + " " * n + "?"),
+    "extract_choice: spaces only": (extract_choice, lambda n: " " * n + "?"),
+    "math extractor: answer then spaces": (DEFAULT_EXTRACTOR.extract, lambda n: "answer" + " " * n + "x"),
+    "math_reward: box of spaces": (lambda t: math_reward(t, "5"), lambda n: "\\boxed{" + " " * n + "x^ }"),
+    "gsm8k_reward: box of spaces": (lambda t: gsm8k_reward(t, "5"), lambda n: "\\boxed{" + " " * n + "x}"),
+    "format_reward: box then spaces": (format_reward, lambda n: "\\boxed{5}" + " " * n + "x"),
+    "numeric: unit then spaces": (numeric, lambda n: "5\\text{ cm}" + " " * n + "x"),
+    "numeric: spaces then unit": (numeric, lambda n: "5" + " " * n + "\\text{ cm}x"),
+    "explosive: power then spaces": (lambda t: _explosive(t, "1"), lambda n: "9^" + " " * n + "x"),
+    "explosive: digits": (lambda t: _explosive(t, "1"), lambda n: "1" * n + "x"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SPACES))
+def test_extraction_is_linear(name: str) -> None:
+    # Issue 17: choice_reward took 65 s on a box of 50k spaces (quadratic backtracking). Time at n and 8n: a
+    # linear function grows ~8x, a quadratic one ~64x; the bound 24 leaves room for noise on a loaded machine.
+    fn, make = SPACES[name]
+    small, large = _best_time(fn, make(1000)), _best_time(fn, make(8000))
+    assert large < 24 * max(small, 2e-5), f"{name}: {small * 1e3:.2f} ms -> {large * 1e3:.2f} ms"
+
+
+def test_choice_in_a_box_of_50k_spaces() -> None:
+    assert choice_reward("\\boxed{" + " " * 50000 + "B}", "B") == 1.0
+    assert choice_reward("\\boxed{" + " " * 50000 + "(C) }", "C") == 1.0
+    assert extract_choice("The answer is" + " " * 50000 + "(D)") == "D"

@@ -156,3 +156,96 @@ def test_gold_roundtrip_real_data(spec: str, shared_data) -> None:
 @pytest.mark.parametrize(("spec", "sample"), [("math500", None), ("math_train", 1000)])
 def test_gold_roundtrip_real_data_math(spec: str, sample: int | None, shared_data) -> None:
     _check_roundtrip(spec, shared_data, sample)
+
+
+# ------------------------------------------------------------------------------ issue 17: forms and refusals
+
+SCI = [  # (gold, completion): every written form of one number, both ways round
+    ("8.7e8", "\\boxed{8.7 \\times 10^{8}}"),
+    ("8.7e8", "\\boxed{870000000}"),
+    ("8.7e8", "\\boxed{870,000,000}"),
+    ("8.7e8", "\\boxed{870{,}000{,}000}"),
+    ("8.7e8", "\\boxed{8.7\\cdot10^8}"),
+    ("8.7 \\times 10^{8}", "\\boxed{8.7e8}"),
+    ("870000000", "\\boxed{8.7e8}"),
+    ("870\\,000\\,000", "The answer is $8.7 \\times 10^{8}$."),
+    ("1.6 \\times 10^{-19}\\text{ C}", "\\boxed{1.6e-19}"),
+    ("3 \\times 10^{8}\\ \\mathrm{m/s}", "\\boxed{3.0 \\times 10^{8}}"),
+    ("10^{6}", "\\boxed{1000000}"),
+    ("\\$1,080", "\\boxed{1.08 \\times 10^{3}}"),
+    ("45^\\circ", "\\boxed{45}"),
+    ("2e3 + x", "\\boxed{x + 2000}"),  # e-notation inside an expression reaches math-verify as 2 \times 10^{3}
+]
+SCI_WRONG = [
+    ("8.7e8", "\\boxed{8.7 \\times 10^{9}}"),
+    ("8.7e8", "\\boxed{87}"),
+    ("1e-30", "\\boxed{2 \\times 10^{-30}}"),  # math-verify's 6-decimal rounding would call these equal
+    ("8.7e8", "\\boxed{8.7e}"),
+    ("2", "\\boxed{2\\mathrm{i}}"),  # \mathrm{i} is the imaginary unit, not a unit
+]
+
+
+@pytest.mark.parametrize(("gold", "completion"), SCI)
+def test_scientific_notation_and_separators(gold: str, completion: str) -> None:
+    assert math_reward(completion, gold) == 1.0
+
+
+@pytest.mark.parametrize(("gold", "completion"), SCI_WRONG)
+def test_scientific_notation_wrong_answers(gold: str, completion: str) -> None:
+    assert math_reward(completion, gold) == 0.0
+
+
+def test_gsm8k_reads_scientific_notation() -> None:
+    assert gsm8k_reward("\\boxed{1.08 \\times 10^{3}}", "#### 1080") == 1.0
+    assert gsm8k_reward("\\boxed{1.08e3}", "#### 1080") == 1.0
+    assert gsm8k_reward("\\boxed{1.08e4}", "#### 1080") == 0.0
+
+
+EQUIVALENT_FORMS = [  # (gold, completion, expected)
+    ("\\frac{t}{m}", "\\boxed{\\frac{1}{m} t}", 1.0),  # math-verify alone read " t" as a unit (tonnes)
+    ("\\frac{t}{m}", "\\boxed{t \\cdot \\frac{1}{m}}", 1.0),
+    ("\\frac{1}{m} t", "\\boxed{\\frac{t}{m}}", 1.0),
+    ("\\frac{t}{m}", "\\boxed{\\frac{1}{m}}", 0.0),
+    ("E_1, E_2", "\\boxed{E_{1},E_{2}}", 1.0),  # E is Euler's number to latex2sympy: no parse, string compare
+    ("E_{1},E_{2}", "\\boxed{E_1, E_2}", 1.0),
+    ("E_1, E_2", "\\boxed{E_{1},E_{3}}", 0.0),
+    ("x^{2}+y_{1}", "\\boxed{y_1 + x^2}", 1.0),
+]
+
+
+def test_equivalence_survives_commutation_and_braces() -> None:
+    expected = [e for _, _, e in EQUIVALENT_FORMS]
+    for guard in ("process", "inline"):  # both guards make the same math-verify calls
+        rewards.configure(guard=guard)
+        assert [math_reward(c, g) for g, c, _ in EQUIVALENT_FORMS] == expected, guard
+
+
+def test_refused_box_scores_zero() -> None:
+    # Issue 17: "\boxed{\sqrt{\sqrt{...2}}} (12 levels) scores 1.0 against gold 2": the box is refused for its
+    # nesting, and the old extractor fell back to the last number inside it.
+    deep = "\\boxed{" + "\\sqrt{" * 12 + "2" + "}" * 12 + "}"
+    assert math_reward(deep, "2") == 0.0
+    assert math_reward("First \\boxed{2}, finally " + deep, "2") == 0.0  # nor back to an earlier box
+    assert math_reward("The answer is 2. " + deep, "2") == 0.0  # nor to "the answer is"
+    assert math_reward("\\boxed{" + "\\sqrt{" * 11 + "2" + "}" * 11 + "}", "\\sqrt{" * 11 + "2" + "}" * 11) == 1.0
+
+
+def test_last_number_fallback_ignores_random_bytes() -> None:
+    # Issue 17: "the last-number fallback credited 13 of 650 random-byte strings". Graded against the very number
+    # the fallback would find in each string, so every credit is a false one.
+    rng = random.Random(17)
+    number = re.compile(r"-?\d+(?:,\d{3})*(?:\.\d+)?(?:/\d+)?")
+    credited, tried = [], 0
+    for i in range(650):
+        raw = bytes(rng.randrange(256) for _ in range(rng.randrange(32, 2048)))
+        text = raw.decode("utf-8", errors=("replace", "surrogateescape", "ignore")[i % 3])
+        found = number.findall(text)
+        if not found:
+            continue
+        tried += 1
+        gold = found[-1].replace(",", "")
+        if math_reward(text, gold) or gsm8k_reward(text, gold):
+            credited.append(i)
+    assert tried > 500
+    assert not credited, f"{len(credited)} random-byte strings credited: {credited[:10]}"
+    assert math_reward("we get 3, then 1,024 apples", "1024") == 1.0  # prose keeps its fallback

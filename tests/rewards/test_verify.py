@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import json
 import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import threading
 import time
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
 from fixtures.grader_adversarial import adversarial_cases
 from ictrl import rewards
 from ictrl.rewards import choice_reward, format_reward, gsm8k_reward, math_reward, reward_stats
-from ictrl.rewards.verify import _explosive
+from ictrl.rewards.verify import _explosive, _get_pool
 
 
 def test_math_reward_guards_agree_and_count() -> None:
@@ -33,34 +40,151 @@ def test_math_reward_cache_hits() -> None:
 
 
 
+_WARM = ("\\boxed{x^2+2x+1}", "(x+1)^2")  # reaches the worker: no fast path decides it
+
+
 @pytest.mark.parametrize("name", sorted(adversarial_cases()))
 def test_adversarial_inputs_bounded(name: str) -> None:
+    # Bounded in CPU time, which load does not stretch: this process's own work (extraction, pre-checks) and the
+    # worker's budget; no call may reach the wall-clock backstop.
     completion = adversarial_cases()[name]
-    math_reward("\\boxed{1}", "\\frac{1}{2}")  # worker started outside the timing
-    t0 = time.perf_counter()
-    result = math_reward(completion, "\\frac{1}{2}")
-    elapsed = time.perf_counter() - t0
-    assert result in (0.0, 1.0)
-    assert elapsed < 5.0, f"{name}: {elapsed:.2f}s"
+    rewards.configure(timeout=1.0)
+    math_reward(*_WARM)  # worker started outside the measurement
+    rewards.reset_reward_stats()
+    cpu = time.process_time()
+    assert math_reward(completion, "\\frac{1}{2}") in (0.0, 1.0)
     assert gsm8k_reward(completion, "5") in (0.0, 1.0)
     assert choice_reward(completion, "A") in (0.0, 1.0)
     assert format_reward(completion) in (0.0, 1.0)
+    assert time.process_time() - cpu < 2.0, name
+    stats = reward_stats()
+    assert stats["stalls"] == 0 and stats["errors"] == 0
 
 
 def test_timeout_kills_worker_and_counts() -> None:
-    # Not caught by the pre-checks: sympy evaluates (9^9)^(9^9) exactly, so only the deadline stops it.
+    # Not caught by the pre-checks: sympy evaluates (9^9)^(9^9) exactly, so only the CPU budget stops it.
     slow = "\\boxed{(9^9)^{(9^9)}}"
     assert not _explosive(slow[7:-1], "5")
-    rewards.configure(timeout=1.0)
-    math_reward("\\boxed{1}", "\\frac{1}{2}")
+    rewards.configure(timeout=0.5)
+    math_reward(*_WARM)
     rewards.reset_reward_stats()
-    t0 = time.perf_counter()
     assert math_reward(slow, "\\frac{1}{2}") == 0.0
-    assert time.perf_counter() - t0 < 3.0
     stats = reward_stats()
-    assert stats["timeouts"] == 1 and stats["worker_starts"] >= 1
+    assert stats["timeouts"] == 1 and stats["errors"] == 0 and stats["worker_starts"] >= 1
     # the replacement worker grades correctly
-    assert math_reward("\\boxed{\\frac{2}{4}}", "\\frac{1}{2}") == 1.0
+    assert math_reward("\\boxed{\\sqrt{2}/2}", "\\frac{\\sqrt2}{2}") == 1.0
+
+
+def test_timeouts_are_cached() -> None:
+    # Issue 17: "timeouts are not cached (the same bomb costs 3 s every time)".
+    slow = "\\boxed{(9^9)^{(9^9)}}"
+    rewards.configure(timeout=0.5, cache_size=0)
+    math_reward(*_WARM)
+    rewards.reset_reward_stats()
+    assert math_reward(slow, "5") == 0.0
+    starts = reward_stats()["worker_starts"]
+    assert math_reward(slow, "5") == 0.0
+    stats = reward_stats()
+    assert stats["timeouts"] == 1 and stats["cached_timeouts"] == 1 and stats["worker_starts"] == starts
+    assert math_reward(slow, "6") == 0.0  # another gold: another pair, graded afresh
+    assert reward_stats()["timeouts"] == 2
+
+
+def test_budget_is_cpu_time_not_wall_time() -> None:
+    # Issue 17: "correct answers score 0 under load: the deadline is wall-clock". A stopped worker is the extreme
+    # of a loaded machine: it gets no CPU for 2 s, longer than the 1 s budget, and the verdict must not change.
+    rewards.configure(timeout=1.0, cache_size=0)
+    math_reward(*_WARM)
+    pid = _get_pool().all[0].proc.pid
+    os.kill(pid, signal.SIGSTOP)
+    resume = threading.Timer(2.0, os.kill, (pid, signal.SIGCONT))
+    resume.start()
+    try:
+        rewards.reset_reward_stats()
+        t0 = time.monotonic()
+        assert math_reward("\\boxed{\\sqrt{2}/2}", "\\frac{\\sqrt2}{2}") == 1.0
+        assert time.monotonic() - t0 >= 1.5  # it did wait out the stop
+        assert reward_stats()["timeouts"] == 0
+    finally:
+        resume.join()
+        os.kill(pid, signal.SIGCONT)
+
+
+def test_wall_backstop_covers_the_wait_for_a_worker() -> None:
+    # Issue 17: "waiting for a spare worker is outside the deadline". One worker, stopped for good: the call on it
+    # and a second call queued behind it both end at the wall-clock backstop, count stalls, and the pool recovers.
+    rewards.configure(timeout=1.0, wall_timeout=2.0, workers=1, cache_size=0)
+    math_reward(*_WARM)
+    os.kill(_get_pool().all[0].proc.pid, signal.SIGSTOP)
+    rewards.reset_reward_stats()
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        stuck = [pool.submit(math_reward, "\\boxed{\\sqrt{2}/2}", "\\frac{\\sqrt2}{2}") for _ in range(2)]
+        assert [f.result(timeout=60) for f in stuck] == [0.0, 0.0]
+    assert reward_stats()["stalls"] == 2
+    assert math_reward("\\boxed{\\sqrt{2}/2}", "\\frac{\\sqrt2}{2}") == 1.0
+
+
+def _cpu_limit(pid: int) -> str:
+    line = next(x for x in Path(f"/proc/{pid}/limits").read_text().splitlines() if x.startswith("Max cpu time"))
+    return line.split()[3]  # the soft limit, seconds
+
+
+@pytest.mark.skipif(not Path("/proc/self/limits").exists(), reason="reads /proc")
+def test_worker_has_a_cpu_limit() -> None:
+    math_reward(*_WARM)
+    assert _cpu_limit(_get_pool().all[0].proc.pid) != "unlimited"
+
+
+_ORPHAN_CHILD = """
+import json, sys, time
+from ictrl import rewards
+from ictrl.rewards.verify import _get_pool
+rewards.configure(timeout=600.0, cache_size=0)  # the budget must not be what ends the worker
+rewards.math_reward("\\\\boxed{x^2+2x+1}", "(x+1)^2")
+while _get_pool().spare is None:
+    time.sleep(0.05)
+pool = _get_pool()
+print(json.dumps([w.proc.pid for w in pool.all] + [pool.spare.proc.pid]), flush=True)
+rewards.math_reward("\\\\boxed{(9^9)^{(9^9)}}", "5")  # busy for minutes
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state not in ("Z", "X")
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+def test_workers_die_with_their_parent() -> None:
+    # Issue 17: "kill -9 of the parent while a verify worker is busy leaves it running at ~60% CPU for minutes".
+    child = subprocess.Popen([sys.executable, "-c", _ORPHAN_CHILD], stdout=subprocess.PIPE, text=True,
+                             env=os.environ.copy())
+    try:
+        pids = json.loads(child.stdout.readline())  # type: ignore[union-attr]
+        assert len(pids) == 2  # a busy worker and its warm spare
+        busy_since = time.monotonic()
+        while _cpu_seconds(pids[0]) < 0.5 and time.monotonic() - busy_since < 60:
+            time.sleep(0.05)  # the worker is inside the bomb
+        child.kill()
+        child.wait()
+        gone_by = time.monotonic() + 10.0
+        while any(_alive(p) for p in pids) and time.monotonic() < gone_by:
+            time.sleep(0.1)
+        survivors = [p for p in pids if _alive(p)]
+    finally:
+        child.kill()
+    for p in survivors:
+        os.kill(p, signal.SIGKILL)
+    assert not survivors, f"workers {survivors} outlived their parent"
 
 
 _PAIRS = [

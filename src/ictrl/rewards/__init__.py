@@ -10,30 +10,38 @@ that writes ``9^{9^{9^9}}`` or a 100k-character box). math-verify's own timeouts
 outside the main thread and is unsafe inside libraries, so they are always disabled here
 (``parsing_timeout=None``, ``timeout_seconds=None``) and replaced by the pipeline below:
 
-1. **Extraction** (in-process, linear time): the last ``\\boxed{...}``/``\\fbox{...}`` with balanced braces
-   (only the last 8 boxes are tried, nesting deeper than ``max_brace_depth`` is refused), else the last
-   "The answer is X" / "answer: X", else the last number; the order is a :class:`MathExtractor` option.
+1. **Extraction** (:mod:`~ictrl.rewards.extraction`, in-process, linear time): the last ``\\boxed{...}`` /
+   ``\\fbox{...}`` with balanced braces (a truncated last box falls back to the one before; only the last 8
+   are tried), else the last "The answer is X" / "answer: X", else the last number in a text that reads as text
+   (not in binary junk); the order is a :class:`MathExtractor` option. A box nested deeper than
+   ``max_brace_depth`` is refused and the completion has no answer: nothing falls back past it.
 2. **Pre-checks**: an extracted answer longer than ``max_answer_chars`` (default 1000; the longest gold in
    MATH train is 159 characters), or holding a numeric power tower (``9^{9^9}``), a 7+-digit exponent, a
    5+-digit factorial or three bare nested braces ``{{{`` (unless the gold has the same shape), scores 0.0
-   without being parsed. Golds in MATH/MATH-500 nest braces at most 2 deep; boxes deeper than 12 are refused.
-3. **Fast path** (microseconds): equal after light LaTeX normalisation -> 1.0; both plain integers -> exact
-   comparison decides; both plain decimals and equal -> 1.0. Anything else goes to math-verify.
-4. **Cache**: a bounded LRU over ``(answer, gold)`` (a group of G samples often repeats answers).
-5. **math-verify in a persistent worker process** with a hard per-call deadline (default 3 s). The worker is a
-   plain ``python -c`` subprocess (not ``multiprocessing``), so it works from threads, from forked or
-   daemonic pool workers (which may not have ``multiprocessing`` children) and under any start method. On
-   overrun the worker is killed (SIGKILL: a big-integer power cannot be interrupted in-process) and a warm
-   spare takes its place (a new spare starts); the call returns 0.0 and counts a timeout. The worker's address
-   space is capped (``RLIMIT_AS``, 4 GiB) so a memory bomb dies as a MemoryError. One pool per process,
-   re-created after ``fork``; ``configure(workers=N)`` lets N threads verify in parallel.
+   without being parsed. Golds in MATH/MATH-500 nest braces at most 2 deep.
+3. **Fast path** (:mod:`~ictrl.rewards.normalize`, microseconds): equal after light LaTeX normalisation (brace
+   styles ``E_{1}`` = ``E_1`` included) -> 1.0; two single numbers are read exactly in every written form
+   (``8.7e8``, ``8.7 \\times 10^{8}``, ``870{,}000{,}000``, a trailing ``\\text{ unit}``) and equal -> 1.0;
+   both integers, or either with a power of ten -> unequal is 0.0. Anything else goes to math-verify, with
+   e-notation rewritten (math-verify reads ``8.7e8`` as 8.7 * e * 8) and a trailing unit removed.
+4. **Caches**: a bounded LRU over ``(answer, gold)`` (a group of G samples often repeats answers), and one of
+   pairs that timed out, so the same bomb costs its budget once.
+5. **math-verify in a persistent worker process** (:mod:`~ictrl.rewards.verify`, :mod:`~ictrl.rewards.worker`)
+   with a budget of CPU time per call (default 3 s), enforced by the kernel in the worker (``ITIMER_PROF``,
+   backed by ``RLIMIT_CPU``): a loaded machine stretches the wall time of a call but not its verdict. A call
+   over budget ends its worker, a warm spare takes its place (a new spare starts), and the call returns 0.0 and
+   counts a timeout. A wall-clock backstop (``wall_timeout``, default 60 s) bounds the whole call, waiting for a
+   free worker and a fresh worker's start included (counted as a stall). Workers die with their parent
+   (``PR_SET_PDEATHSIG``, or a watchdog thread off Linux) and their address space is capped (``RLIMIT_AS``,
+   4 GiB). The worker is a plain ``python -c`` subprocess (not ``multiprocessing``), so it works from threads,
+   from forked or daemonic pool workers and under any start method. One pool per process, re-created after
+   ``fork``; ``configure(workers=N)`` lets N threads verify in parallel. math-verify's unit stripping is off
+   (its unit list holds single letters, so ``\\frac{1}{m} t`` lost its ``t``); ictrl strips units itself.
 
-Measured on the 2-core dev machine: a worker round trip costs ~0.13 ms median (0.02 ms inline) on a cached
-parse when idle; under heavy load (load average ~12) math-verify calls on MATH-500 wrong answers took p50 1.7 ms
-guarded vs 0.7 ms inline, p99 324 vs 230 ms -- sympy, not the guard, dominates the tail. About 70% of MATH-500
-gradings never reach math-verify (fast path). A call that overruns costs the timeout; the next call finds a warm
-spare worker. ``configure(guard="inline")`` runs math-verify in-process with no timeout, for
-trusted inputs only. Counters: :func:`reward_stats` (per process).
+Figures for the grader corpus (10k+ adversarial inputs, at idle and under a CPU hog): bench/README.md.
+``configure(guard="inline")`` runs math-verify in-process with no limit, for trusted inputs only. Counters:
+:func:`reward_stats` (per process). :mod:`~ictrl.rewards.graders` holds the rewards, :mod:`~ictrl.rewards.trl`
+the TRL adapters.
 """
 
 

@@ -1,5 +1,6 @@
-"""math-verify behind a guard: per-process counters, configuration, a result cache and a pool of worker processes
-with a hard per-call deadline (see the package docstring for the design)."""
+"""math-verify behind a guard: per-process counters, configuration, result caches and a pool of worker processes
+with a per-call budget of CPU time (the package docstring gives the design; :mod:`ictrl.rewards.worker` the
+worker's side)."""
 
 from __future__ import annotations
 
@@ -10,27 +11,31 @@ import os
 import queue
 import re
 import select
+import signal
 import subprocess
 import sys
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
-from ictrl.rewards.normalize import _fast_compare
+from ictrl.rewards.normalize import _fast_compare, verify_form
 
 logger = logging.getLogger(__name__)
 
 # Numeric power towers (9^{9^9}), exponents of 7+ digits and factorials of 5+ digits make sympy evaluate
 # astronomically large integers, and "{{{1}}}" makes latex2sympy's parse time grow by ~0.2 s per level
-# (measured); refusing them up front saves a full timeout. Not applied when the gold
-# itself has the same shape. The worker deadline remains the backstop for everything this misses.
+# (measured); refusing them up front saves a full timeout. Not applied when the gold itself has the same shape.
+# The worker's CPU budget remains the backstop for everything this misses. Written so that no two unbounded
+# quantifiers over the same characters meet (linear time; see extraction.py).
 _EXPLOSIVE = re.compile(
-    r"\d\s*(?:\^|\*\*)\s*[{(]?\s*\d+\s*(?:\^|\*\*)"  # 9^9^9, 9^{9^9}
+    r"\d\s*(?:\^|\*\*)\s*(?:[{(]\s*)?\d+\s*(?:\^|\*\*)"  # 9^9^9, 9^{9^9}
     r"|(?:\^|\*\*)\s*[{(]\s*\d+\s*(?:\^|\*\*)"  # (9^9)^(9^9)
-    r"|(?:\^|\*\*)\s*[{(]?\s*\d{7,}"  # 2^{1234567}
-    r"|\d{5,}\s*!"  # 99999!
+    r"|(?:\^|\*\*)\s*(?:[{(]\s*)?\d{7,}"  # 2^{1234567}
+    r"|(?<!\d)\d{5,}\s*!"  # 99999!
     r"|\{\s*\{\s*\{"  # bare nested braces: latex2sympy's cost grows steeply with their depth
 )
 
@@ -39,7 +44,9 @@ def _explosive(answer: str, gold: str) -> bool:
     return _EXPLOSIVE.search(answer) is not None and _EXPLOSIVE.search(gold) is None
 
 
-
+# ----------------------------------------------------------------------------------------------------------
+# Statistics and configuration
+# ----------------------------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -47,12 +54,14 @@ class RewardStats:
     """Per-process counters of :func:`math_reward` (thread-safe increments)."""
 
     calls: int = 0
-    no_answer: int = 0  # nothing extracted
-    rejected: int = 0  # extracted answer over max_answer_chars
+    no_answer: int = 0  # nothing extracted (or a refused box)
+    rejected: int = 0  # extracted answer over max_answer_chars, or explosive
     fast_path: int = 0
     cache_hits: int = 0
     verify_calls: int = 0  # math-verify invocations
-    timeouts: int = 0
+    timeouts: int = 0  # over the CPU budget
+    cached_timeouts: int = 0  # a pair that timed out before: 0.0 at once
+    stalls: int = 0  # over the wall-clock backstop (waiting for a worker, its start, or a stopped worker)
     errors: int = 0  # worker crashed or failed to start
     worker_starts: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
@@ -85,9 +94,9 @@ def reset_reward_stats() -> None:
 @dataclass
 class _Config:
     guard: Literal["process", "inline"] = "process"
-    timeout: float = 3.0
+    timeout: float = 3.0  # CPU seconds of the worker per math-verify call
+    wall_timeout: float = 60.0  # wall seconds per call, waiting for a worker and its start included
     workers: int = 1
-    startup_timeout: float = 120.0
     cache_size: int = 65536
 
 
@@ -98,37 +107,47 @@ def configure(
     *,
     guard: Literal["process", "inline"] | None = None,
     timeout: float | None = None,
+    wall_timeout: float | None = None,
     workers: int | None = None,
     cache_size: int | None = None,
 ) -> None:
     """Set how math-verify is guarded (process-wide). Changing ``guard`` or ``workers`` restarts the pool.
 
     Args:
-        guard: "process" (hard deadline in a worker process; default) or "inline" (no timeout; trusted input).
-        timeout: seconds allowed per math-verify call before it scores 0.0 and counts a timeout.
+        guard: "process" (budgeted worker process; default) or "inline" (no limit; trusted input).
+        timeout: CPU seconds a worker may spend on one math-verify call before it scores 0.0 and counts a timeout.
+            CPU time, not wall time, so a loaded machine does not change a verdict.
+        wall_timeout: wall-clock backstop for a whole call (waiting for a free worker, a fresh worker's start, the
+            check); a call past it scores 0.0 and counts a stall. Generous: only a machine so overloaded that a
+            worker makes no progress reaches it.
         workers: worker processes (parallel verification for callers that use threads).
-        cache_size: entries in the (answer, gold) -> result LRU; 0 disables it.
+        cache_size: entries in the (answer, gold) -> result LRU; 0 disables it. Timeouts are always remembered
+            (4096 pairs), so the same bomb costs its budget once.
     """
     if guard is not None and guard not in ("process", "inline"):
         raise ValueError(f"guard: expected 'process' or 'inline', got {guard!r}")
-    if timeout is not None and not timeout > 0:
-        raise ValueError(f"timeout: must be > 0, got {timeout!r}")
+    for name, value in (("timeout", timeout), ("wall_timeout", wall_timeout)):
+        if value is not None and not value > 0:
+            raise ValueError(f"{name}: must be > 0, got {value!r}")
     if workers is not None and workers < 1:
         raise ValueError(f"workers: must be >= 1, got {workers!r}")
     if cache_size is not None and cache_size < 0:
         raise ValueError(f"cache_size: must be >= 0, got {cache_size!r}")
     restart = (guard is not None and guard != _CONFIG.guard) or (workers is not None and workers != _CONFIG.workers)
-    for name, value in (("guard", guard), ("timeout", timeout), ("workers", workers), ("cache_size", cache_size)):
+    for name, value in (("guard", guard), ("timeout", timeout), ("wall_timeout", wall_timeout),
+                        ("workers", workers), ("cache_size", cache_size)):
         if value is not None:
             setattr(_CONFIG, name, value)
     if restart:
         shutdown_workers()
     _CACHE.clear()
+    _TIMED_OUT.clear()
 
 
 class _LRU:
-    def __init__(self) -> None:
+    def __init__(self, size: Callable[[], int]) -> None:
         self._data: OrderedDict[tuple[str, str], bool] = OrderedDict()
+        self._size = size
         self._lock = threading.Lock()
 
     def get(self, key: tuple[str, str]) -> bool | None:
@@ -139,11 +158,12 @@ class _LRU:
             return hit
 
     def put(self, key: tuple[str, str], value: bool) -> None:
-        if _CONFIG.cache_size == 0:
+        size = self._size()
+        if size == 0:
             return
         with self._lock:
             self._data[key] = value
-            while len(self._data) > _CONFIG.cache_size:
+            while len(self._data) > size:
                 self._data.popitem(last=False)
 
     def clear(self) -> None:
@@ -151,82 +171,70 @@ class _LRU:
             self._data.clear()
 
 
-_CACHE = _LRU()
+_CACHE = _LRU(lambda: _CONFIG.cache_size)
+_TIMED_OUT = _LRU(lambda: 4096)
+
+# ----------------------------------------------------------------------------------------------------------
+# Worker processes
+# ----------------------------------------------------------------------------------------------------------
+
+_WORKER_SOURCE = Path(__file__).with_name("worker.py").read_text(encoding="utf-8")
+_BUDGET_SIGNALS = {-signal.SIGPROF, -getattr(signal, "SIGXCPU", signal.SIGPROF)}
 
 
-_MEMORY_LIMIT = 4 << 30
+class _Spawner:
+    """Starts every worker of this process from one long-lived thread: ``PR_SET_PDEATHSIG`` fires when the
+    *thread* that forked the child ends, so a worker started from a short-lived caller thread (a
+    ThreadPoolExecutor's) would be killed with it while the process lives on."""
 
-# The worker imports only math_verify, so it does not depend on how ictrl itself was made importable.
-_WORKER_SOURCE = f"""
-import json, logging, sys
-try:
-    import resource
-    resource.setrlimit(resource.RLIMIT_AS, ({_MEMORY_LIMIT}, {_MEMORY_LIMIT}))
-except Exception:
-    pass
-logging.disable(logging.CRITICAL)
-from functools import lru_cache
-from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
-CFG = [LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig()]
-@lru_cache(maxsize=4096)
-def P(s):
-    return parse("\\\\boxed{{" + s + "}}", extraction_config=CFG, parsing_timeout=None)
-out, inp = sys.stdout.buffer, sys.stdin.buffer
-out.write(b"ready\\n"); out.flush()
-for line in inp:
-    try:
-        req = json.loads(line)
-        ok = verify(P(req["g"]), P(req["a"]), timeout_seconds=None)
-        out.write(b"1\\n" if ok else b"0\\n")
-    except BaseException:
-        out.write(b"0\\n")
-    out.flush()
-"""
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self._jobs: queue.Queue[queue.Queue[Any]] = queue.Queue()
+        threading.Thread(target=self._run, name="ictrl-verify-spawner", daemon=True).start()
 
-_inline_lock = threading.Lock()
-_inline_parse: Callable[[str], Any] | None = None
+    def _run(self) -> None:
+        while True:
+            reply = self._jobs.get()
+            try:
+                reply.put(subprocess.Popen(
+                    [sys.executable, "-c", _WORKER_SOURCE, str(os.getpid())],
+                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, bufsize=0,
+                ))
+            except BaseException as e:  # handed to the caller
+                reply.put(e)
+
+    def popen(self) -> subprocess.Popen[bytes]:
+        reply: queue.Queue[Any] = queue.Queue(maxsize=1)
+        self._jobs.put(reply)
+        proc = reply.get()
+        if isinstance(proc, BaseException):
+            raise proc
+        return proc
 
 
-def _verify_inline(answer: str, gold: str) -> bool:
-    """math-verify in this process, no timeout. The same parse/verify calls as the worker."""
-    global _inline_parse
-    with _inline_lock:
-        if _inline_parse is None:
-            from functools import lru_cache
+_spawner: _Spawner | None = None
+_spawner_lock = threading.Lock()
 
-            from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse
 
-            logging.getLogger("math_verify").setLevel(logging.ERROR)
-            cfg = [LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig()]
-            _inline_parse = lru_cache(maxsize=4096)(
-                lambda s: parse("\\boxed{" + s + "}", extraction_config=cfg, parsing_timeout=None)
-            )
-    from math_verify import verify
-
-    try:
-        return bool(verify(_inline_parse(gold), _inline_parse(answer), timeout_seconds=None))
-    except Exception:
-        return False
+def _spawn() -> subprocess.Popen[bytes]:
+    global _spawner
+    with _spawner_lock:
+        if _spawner is None or _spawner.pid != os.getpid():  # threads do not survive fork
+            _spawner = _Spawner()
+    return _spawner.popen()
 
 
 class _Worker:
-    """One ``python -c`` subprocess answering JSON-line requests with "1"/"0"."""
+    """One worker process answering JSON-line requests with "1"/"0" (protocol in :mod:`ictrl.rewards.worker`)."""
 
     def __init__(self) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", _WORKER_SOURCE],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            bufsize=0,
-        )
+        self.proc = _spawn()
         self.ready = False
         self._buf = b""
         _STATS.add(worker_starts=1)
 
     def _readline(self, deadline: float) -> bytes | None:
-        import time
-
+        """The next line; None past ``deadline`` (wall clock); BrokenPipeError when the worker has exited."""
         fd = self.proc.stdout.fileno()  # type: ignore[union-attr]
         while b"\n" not in self._buf:
             remaining = deadline - time.monotonic()
@@ -236,25 +244,29 @@ class _Worker:
             if not ready:
                 return None
             chunk = os.read(fd, 4096)
-            if not chunk:  # worker died
+            if not chunk:
                 raise BrokenPipeError("verify worker exited")
             self._buf += chunk
         line, self._buf = self._buf.split(b"\n", 1)
         return line
 
-    def verify(self, answer: str, gold: str, timeout: float) -> bool | None:
-        """True/False, or None on timeout (the caller then replaces this worker)."""
-        import time
-
+    def verify(self, answer: str, gold: str, budget: float, deadline: float) -> bool | str:
+        """True/False; "timeout" (over the CPU budget: the worker is gone) or "stall" (past the wall deadline)."""
         if not self.ready:
-            if self._readline(time.monotonic() + _CONFIG.startup_timeout) != b"ready":
+            line = self._readline(deadline)
+            if line is None:
+                return "stall"
+            if line != b"ready":
                 raise BrokenPipeError("verify worker failed to start")
             self.ready = True
-        self.proc.stdin.write(json.dumps({"g": gold, "a": answer}).encode() + b"\n")  # type: ignore[union-attr]
-        line = self._readline(time.monotonic() + timeout)
-        if line is None:
-            return None
-        return line == b"1"
+        try:
+            self.proc.stdin.write(json.dumps({"a": answer, "g": gold, "t": budget}).encode() + b"\n")  # type: ignore[union-attr]
+            line = self._readline(deadline)
+        except BrokenPipeError:
+            if self.proc.wait(timeout=5) in _BUDGET_SIGNALS:
+                return "timeout"
+            raise
+        return "stall" if line is None else line == b"1"
 
     def kill(self) -> None:
         try:
@@ -266,7 +278,7 @@ class _Worker:
 
 class _Pool:
     """``size`` workers plus one warm spare, so a call after a timeout does not wait for a fresh worker's
-    imports (about 1 s, more under load)."""
+    imports (about 1 s of CPU)."""
 
     def __init__(self, size: int) -> None:
         self.pid = os.getpid()
@@ -279,16 +291,20 @@ class _Pool:
             self.all.append(w)
             self.idle.put(w)
 
-    def verify(self, answer: str, gold: str) -> bool | None:
-        w = self.idle.get()
+    def verify(self, answer: str, gold: str) -> bool | str:
+        deadline = time.monotonic() + _CONFIG.wall_timeout
         try:
-            result = w.verify(answer, gold, _CONFIG.timeout)
-        except (BrokenPipeError, OSError, ValueError):
+            w = self.idle.get(timeout=_CONFIG.wall_timeout)
+        except queue.Empty:
+            return "stall"
+        try:
+            result = w.verify(answer, gold, _CONFIG.timeout, deadline)
+        except (BrokenPipeError, OSError, ValueError, subprocess.TimeoutExpired):
             result = False
             _STATS.add(errors=1)
             w = self._replace(w)
         else:
-            if result is None:
+            if isinstance(result, str):
                 w = self._replace(w)
             elif self.spare is None:
                 with self._lock:  # start the spare once the pool has proved it works
@@ -303,6 +319,11 @@ class _Pool:
             new, self.spare = (self.spare or _Worker()), _Worker()
             self.all = [new if x is w else x for x in self.all]
         return new
+
+    def pids(self) -> list[int]:
+        """Process ids of this pool's workers and spare."""
+        with self._lock:
+            return [w.proc.pid for w in self.all + ([self.spare] if self.spare else [])]
 
     def close(self) -> None:
         if self.pid == os.getpid():  # never kill a parent's workers from a forked child
@@ -335,7 +356,7 @@ atexit.register(shutdown_workers)
 
 
 def verify_answer(answer: str, gold: str) -> bool:
-    """Whether an already extracted ``answer`` equals ``gold`` (fast path, cache, then guarded math-verify)."""
+    """Whether an already extracted ``answer`` equals ``gold`` (fast path, caches, then guarded math-verify)."""
     decided = _fast_compare(answer, gold)
     if decided is not None:
         _STATS.add(fast_path=1)
@@ -345,15 +366,31 @@ def verify_answer(answer: str, gold: str) -> bool:
     if hit is not None:
         _STATS.add(cache_hits=1)
         return hit
-    _STATS.add(verify_calls=1)
-    if _CONFIG.guard == "inline":
-        result: bool | None = _verify_inline(answer, gold)
-    else:
-        result = _get_pool().verify(answer, gold)
-    if result is None:
-        _STATS.add(timeouts=1)
-        logger.warning("math-verify timed out after %.1fs on an answer of %d chars", _CONFIG.timeout, len(answer))
+    if _TIMED_OUT.get(key) is not None:
+        _STATS.add(cached_timeouts=1)
         return False
+    _STATS.add(verify_calls=1)
+    a, g = verify_form(answer), verify_form(gold)
+    if _CONFIG.guard == "inline":
+        from ictrl.rewards.worker import equivalent
+
+        logging.getLogger("math_verify").setLevel(logging.ERROR)
+        try:
+            result: bool | str = equivalent(a, g)
+        except Exception:
+            result = False
+    else:
+        result = _get_pool().verify(a, g)
+    if result == "timeout":
+        _STATS.add(timeouts=1)
+        _TIMED_OUT.put(key, True)
+        logger.warning("math-verify used its %.1f s of CPU on an answer of %d chars", _CONFIG.timeout, len(answer))
+        return False
+    if result == "stall":
+        _STATS.add(stalls=1)
+        logger.warning("math-verify: no verdict within the %.0f s wall-clock backstop (machine overloaded?)",
+                       _CONFIG.wall_timeout)
+        return False
+    assert isinstance(result, bool)
     _CACHE.put(key, result)
     return result
-
