@@ -34,11 +34,12 @@ def test_eval_metrics_flatten_a_summary() -> None:
         ({"eval_steps": 1, "gradient_accumulation_steps": 1, "steps_per_generation": 2}, "must be a multiple of"),
         ({"eval_steps": 1, "eval_ks": [1, 8]}, "eval_ks"),
         ({"eval_steps": 1, "eval_limit": 0}, "eval_limit"),
+        ({"eval_steps": 1, "eval_benchmarks": ["gsm8k", "math5000"]}, r"eval_benchmarks\[1\]: .*unknown name 'math5000'"),
     ],
 )
 def test_config_checks(tmp_path: Path, overrides: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        w.make_config(tmp_path, eval_benchmarks=["gsm8k"], **overrides)
+        w.make_config(tmp_path, **{"eval_benchmarks": ["gsm8k"], **overrides})
 
 
 @pytest.mark.integration

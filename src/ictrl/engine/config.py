@@ -258,6 +258,13 @@ class ICTGRPOConfig(GRPOConfig):
             return
         if isinstance(self.eval_benchmarks, str) or not self.eval_benchmarks:
             raise ValueError(f"eval_benchmarks must be a non-empty list of benchmark specs, got {self.eval_benchmarks!r}")
+        from ictrl.data import parse_spec
+
+        for i, spec in enumerate(self.eval_benchmarks):
+            try:
+                parse_spec(spec)
+            except ValueError as err:
+                raise ValueError(f"eval_benchmarks[{i}]: {err}") from None
         steps = self.eval_steps
         if steps is None or isinstance(steps, bool) or float(steps) != int(steps) or int(steps) < 1:
             raise ValueError(f"eval_benchmarks needs eval_steps, an int >= 1 (optimizer steps between evaluations), "
