@@ -84,7 +84,7 @@ def curve_pngs(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
 
 
 def test_plot_curves_writes_pngs_and_skips_missing_keys(curve_pngs: list[Path], tmp_path: Path) -> None:
-    assert len(curve_pngs) == len(DEFAULT_CURVE_KEYS) - 1
+    assert len(curve_pngs) == len(DEFAULT_CURVE_KEYS) - 2  # no synthetic run logs h1/selected or eval/*
     assert [p.name for p in curve_pngs] == [
         "curve_reward.png", "curve_h1_entropy_all_tokens_nats.png", "curve_h2_renyi_entropy_all_tokens_nats.png",
         "curve_purity_beta_all_tokens.png", "curve_selected_fraction.png",

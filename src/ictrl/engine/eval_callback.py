@@ -73,6 +73,11 @@ class PassAtKCallback(TrainerCallback):
 
     def bind(self, trainer: Any) -> PassAtKCallback:
         """The trainer whose log carries the metrics (TRL merges ``trainer._metrics`` into the step's log)."""
+        plugin = getattr(trainer.accelerator.state, "deepspeed_plugin", None)
+        if getattr(trainer, "is_fsdp_enabled", False) or (plugin is not None and plugin.zero_stage == 3):
+            raise ValueError("evaluation during training generates on process 0 with the whole model: it does not "
+                             "support FSDP or DeepSpeed ZeRO-3 (sharded parameters); evaluate checkpoints with "
+                             "`ictrl eval` instead")
         self.trainer = trainer
         return self
 

@@ -32,6 +32,7 @@ DEFAULT_CURVE_KEYS: dict[str, str] = {
     "H2 Renyi entropy, all tokens (nats)": "ictrl/h2/all",
     "purity beta, all tokens": "ictrl/purity/all",
     "selected fraction": "ictrl/selected_frac",
+    "held-out pass@1 (evaluated during training)": "eval/avg/pass@1",
 }
 LINESTYLES = ("-", "--", "-.", ":")
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")

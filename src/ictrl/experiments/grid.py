@@ -217,6 +217,10 @@ class TinyRL:
     selection_warmup: int | None = field(default=None, metadata={"help": "Θ for ict/random/frequent; None: 10"})
     eval_problems: int = field(default=200, metadata={"help": "held-out problems (test split)"})
     eval_n: int = field(default=4, metadata={"help": "samples per held-out problem (>= 4 for P@4)"})
+    eval_every: int = field(default=0, metadata={"help": "optimizer steps between held-out pass@k evaluations "
+                                                 "during training (the eval/* curves); 0: only after training"})
+    curve_problems: int = field(default=64, metadata={"help": "held-out problems (the first of the test split) "
+                                                      "evaluated during training"})
 
     def __post_init__(self) -> None:
         for name in ("steps", "prompts_per_step", "num_iterations", "eval_problems"):
@@ -224,6 +228,9 @@ class TinyRL:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.num_generations < 2:
             raise ValueError(f"num_generations must be at least 2, got {self.num_generations}")
+        if self.eval_every < 0 or self.curve_problems < 1:
+            raise ValueError(f"eval_every must be >= 0 and curve_problems >= 1, got {self.eval_every}, "
+                             f"{self.curve_problems}")
         if self.eval_n < 4:
             raise ValueError(f"eval_n must be at least 4 (P@4 needs n >= 4), got {self.eval_n}")
         if not (self.lr > 0 and self.temperature > 0):
@@ -304,6 +311,8 @@ def train_tiny(settings: TinyRL, base: Path, spec: RunSpec, run_dir: Path) -> di
         trainer.remove_callback(cb)
     metrics_path = run_dir / "metrics.jsonl"
     trainer.add_callback(MetricsJSONL(metrics_path, accuracy_reward=tinytask.tinyarith_reward.__name__))
+    if settings.eval_every:
+        trainer.add_callback(curve_callback(settings, base, spec).bind(trainer))
     try:
         trainer.train()
     except RuntimeError as exc:
@@ -318,6 +327,22 @@ def train_tiny(settings: TinyRL, base: Path, spec: RunSpec, run_dir: Path) -> di
     scores = evaluate_model(trainer.model, tokenizer, tasks, run_dir / EVAL_DIR, f"{spec.relpath}", settings.eval_n,
                             max_new_tokens(_base_difficulty(base)), settings.temperature, 1.0)
     return {**scores, "final_reward": final_reward(load_metrics(metrics_path)), "steps": trainer.state.global_step}
+
+
+def curve_callback(settings: TinyRL, base: Path, spec: RunSpec) -> Any:
+    """Held-out pass@k every ``settings.eval_every`` steps on the first ``curve_problems`` test problems, with the
+    end-of-run evaluation's sampling settings and seed: the ``eval/avg/pass@1`` curves of compare/sweep."""
+    from ictrl.engine.eval_callback import PassAtKCallback
+    from ictrl.eval.harness import EvalConfig, EvalTask
+    from ictrl.experiments.tinymodel import max_new_tokens
+
+    (task,) = tiny_eval_tasks(settings, base)
+    subset = EvalTask(task.name, list(task.problems)[:settings.curve_problems], task.prompt_fn, task.reward_fn,
+                      task.extract_fn)
+    config = EvalConfig(model=spec.relpath, n=settings.eval_n, ks=(1, 4),
+                        max_new_tokens=max_new_tokens(_base_difficulty(base)), temperature=settings.temperature,
+                        top_p=1.0, seeds=(0,), n_bootstrap=1)
+    return PassAtKCallback([subset], config, every=settings.eval_every, batch_size=256)
 
 
 def is_divergence(exc: BaseException) -> bool:
@@ -420,6 +445,9 @@ def add_common_arguments(parser: Any, default_output: str) -> None:
     parser.add_argument("--selection-warmup", type=int, default=None,
                         help="embedded task: Θ, steps of full GRPO before ict/random10 select (default 10); "
                              "scale it down with --steps")
+    parser.add_argument("--eval-every", type=int, default=None,
+                        help="embedded task: held-out pass@k every N optimizer steps during training (the "
+                             "eval/avg/pass@1 curve); default: only after training")
     parser.add_argument("--jobs", type=int, default=1, help="runs in parallel, one torch thread each")
 
 
@@ -463,6 +491,8 @@ def make_experiment(args: Any, log: Callable[[str], None] = print) -> Experiment
         rl_kw["eval_problems"] = args.eval_problems
     if args.prompts_per_step is not None:
         rl_kw["prompts_per_step"] = args.prompts_per_step
+    if getattr(args, "eval_every", None) is not None:
+        rl_kw["eval_every"] = args.eval_every
     if args.selection_warmup is not None:
         if args.selection_warmup < 0:
             raise ValueError(f"--selection-warmup must be >= 0, got {args.selection_warmup}")

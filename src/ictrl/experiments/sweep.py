@@ -36,8 +36,10 @@ from ictrl.experiments.outcomes import (
 )
 
 DEFAULT_LRS = (1e-4, 2e-4, 5e-4, 1e-3, 2e-3)
-# The example runs' curves: reward and the all-token entropies (the labels are read from these).
-EXAMPLE_KEYS = {name: key for name, key in report.DEFAULT_CURVE_KEYS.items() if key == "reward" or key.endswith("/all")}
+# The example runs' curves: reward, the all-token entropies (the labels are read from these) and, when
+# evaluated during training (--eval-every), held-out pass@1 (last, so a run without it drops only that plot).
+EXAMPLE_KEYS = {name: key for name, key in report.DEFAULT_CURVE_KEYS.items() if key == "reward" or key.endswith("/all")
+                or key.startswith("eval/")}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
