@@ -67,9 +67,11 @@ class MetricsJSONL(TrainerCallback):
                **kwargs: Any) -> None:
         if self._fh is None or not logs or any(k in logs for k in SUMMARY_KEYS):
             return
-        now = time.time()
-        stamp = datetime.fromtimestamp(now, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-        row: dict[str, Any] = {"step": state.global_step, "time": stamp, "unix_time": round(now, 3), **logs}
+        # One integer millisecond clock for both fields, so the ISO stamp and unix_time name the same instant.
+        ms = time.time_ns() // 1_000_000
+        when = datetime.fromtimestamp(ms // 1000, timezone.utc).replace(microsecond=ms % 1000 * 1000)
+        stamp = when.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+        row: dict[str, Any] = {"step": state.global_step, "time": stamp, "unix_time": ms / 1000, **logs}
         if self.accuracy_key and self.accuracy_key in logs:
             row["accuracy"] = logs[self.accuracy_key]
         self._fh.write(json.dumps(_finite_row(row)) + "\n")
