@@ -28,6 +28,9 @@ CHAT_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
+# Plain-prompt mode: the messages' text with no role markers, so a conversational dataset row renders as the
+# bare prompt a model was trained on (the embedded tiny model saw "Q:3+4*5=A:" and nothing else).
+PLAIN_CHAT_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
 
 
 def _bytes_to_unicode() -> dict[int, str]:

@@ -6,6 +6,11 @@ It is cached under ``$ICTRL_CACHE_DIR`` (default ``~/.cache/ictrl``) in
 ``tiny-base-<hash of recipe>``, written to a temporary directory and renamed into
 place, so an interrupted build never leaves a half cache.
 
+``ictrl tiny-model OUTPUT_DIR`` (:func:`export_tiny_model`) copies it to a directory any command takes as
+``--model`` / ``model.name_or_path``, with a plain-prompt chat template (``ictrl.models.PLAIN_CHAT_TEMPLATE``: the
+user's text, no role markers, as the model was trained) and ``train.jsonl`` of tiny-task problems for
+``data.train: [jsonl:OUTPUT_DIR/train.jsonl]`` (``configs/tiny/ict.yaml``).
+
 The warm start stops on a dev-set score, not a step count, because these models
 learn in sudden jumps (environment.md): it stops once sampled pass@1 on the dev
 split reaches ``recipe.target_dev`` (or after ``recipe.patience`` evaluations
@@ -35,7 +40,8 @@ import torch
 
 from ictrl.data import Problem
 from ictrl.experiments import tinytask
-from ictrl.models import build_byte_tokenizer, build_tiny_qwen2
+from ictrl.files import atomic_write_text
+from ictrl.models import PLAIN_CHAT_TEMPLATE, build_byte_tokenizer, build_tiny_qwen2
 
 # Bump when the training code changes in a way that changes the weights for a recipe.
 RECIPE_VERSION = 1
@@ -222,3 +228,59 @@ def load_tiny_base(path: str | os.PathLike[str]) -> tuple[Any, Any]:
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     model.eval()
     return model, tokenizer
+
+
+def export_tiny_model(output_dir: str | os.PathLike[str], recipe: TinyRecipe | None = None, untrained: bool = False,
+                      problems: int = 256, cache_dir: str | os.PathLike[str] | None = None, log: Any = print) -> Path:
+    """Write the embedded tiny model (model, tokenizer with a plain-prompt chat template) and ``train.jsonl``
+    (``problems`` train-split tiny-task rows: ``id``, ``question``, ``answer``) to ``output_dir``.
+
+    ``untrained``: a randomly initialised model of the recipe's shape (instant; for plumbing checks) instead of
+    the warm-started base (built once and cached, minutes on CPU). Returns ``output_dir``.
+    """
+    recipe = recipe or TinyRecipe()
+    out = Path(output_dir)
+    if out.exists() and any(out.iterdir()):
+        raise FileExistsError(f"{out}: directory is not empty; choose a new OUTPUT_DIR")
+    if untrained:
+        tokenizer = build_byte_tokenizer(chat_template=None)
+        model = build_tiny_qwen2(tokenizer, hidden_size=recipe.hidden_size, num_hidden_layers=recipe.num_hidden_layers,
+                                 num_attention_heads=recipe.num_attention_heads,
+                                 num_key_value_heads=max(1, recipe.num_attention_heads // 2),
+                                 max_position_embeddings=256, seed=recipe.seed)
+    else:
+        model, tokenizer = load_tiny_base(build_tiny_base(recipe, cache_dir=cache_dir, log=log))
+    tokenizer.chat_template = PLAIN_CHAT_TEMPLATE
+    model.generation_config.max_new_tokens = max_new_tokens(recipe.difficulty)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    rows = tinytask.generate_problems(problems, "train", recipe.difficulty, seed=recipe.seed)
+    atomic_write_text(out / "train.jsonl", "".join(
+        json.dumps({"id": p.id, "question": p.question, "answer": p.gold}) + "\n" for p in rows))
+    return out
+
+
+def add_arguments(parser: Any) -> None:
+    parser.add_argument("output_dir", help="new directory for the model, its tokenizer and train.jsonl")
+    parser.add_argument("--untrained", action="store_true",
+                        help="random weights of the same shape (instant) instead of the warm-started base")
+    parser.add_argument("--problems", type=int, default=256, help="tiny-task rows written to train.jsonl")
+    parser.add_argument("--cache-dir", default=None, help="where the warm-started base is cached "
+                                                         "(default $ICTRL_CACHE_DIR or ~/.cache/ictrl)")
+
+
+def run(args: Any) -> int:
+    import sys
+
+    if args.problems < 1:
+        print(f"ictrl tiny-model: error: --problems must be at least 1, got {args.problems}", file=sys.stderr)
+        return 2
+    try:
+        out = export_tiny_model(args.output_dir, untrained=args.untrained, problems=args.problems,
+                                cache_dir=args.cache_dir)
+    except FileExistsError as exc:
+        print(f"ictrl tiny-model: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote the tiny model and {out / 'train.jsonl'} to {out}; train it with "
+          f"`ictrl train configs/tiny/ict.yaml --model.name_or_path={out}`")
+    return 0

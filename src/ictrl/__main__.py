@@ -1,0 +1,5 @@
+"""`python -m ictrl ...` is the `ictrl` command; `accelerate launch ... -m ictrl train CONFIG.yaml` uses it."""
+
+from ictrl.cli import main
+
+raise SystemExit(main())
