@@ -1,10 +1,9 @@
 """Helpers for the engine tests, and the worker script of the 2-process run.
 
-As a script (``torchrun --nproc_per_node 2 tests/engine/mp_worker.py OUT MODEL SELECTORS PER_DEVICE GRAD_ACCUM``,
-SELECTORS comma-separated) it trains, for each selector, one optimizer step with deterministic generations and
-writes, per rank, ``{selector}_rank{r}.pt`` holding the generation batches it built (rows, masks), the micro-batch
-losses and the parameters after the step. (``accelerate launch --cpu --num_processes 2`` started one process here,
-so the test uses torchrun; accelerate picks up its environment and uses gloo on CPU.)
+As a script (``accelerate launch --config_file configs/accelerate/ddp.yaml --num_processes 2 --mixed_precision no
+tests/engine/mp_worker.py OUT MODEL ENGINE PHASE [SELECTORS]``: two CPU processes on gloo where there is no GPU) it
+runs one phase of :func:`main` under ENGINE ``ddp`` (accelerate's own DDP) or ``fsdp2`` (accelerate's FSDP2
+preparation driven on CPU, :func:`cpu_fsdp2`) and writes per-rank ``.pt`` files the tests compare with one process.
 
 Generation is replaced by a deterministic stub (``StubGenerationTrainer``): a completion is a function of its prompt
 and its index within the prompt's group, so a 1-process and a 2-process run see the same data whatever the
@@ -126,22 +125,85 @@ def naive_group_js(logits: torch.Tensor, mask: torch.Tensor, group_ids: torch.Te
 
 # -------------------------------------------------------------------------------------- 2-process worker
 
+# FSDP2 as accelerate's FSDP2 path builds it (TRL's fsdp2.yaml): each decoder layer a unit, then the tail
+# [final norm, tied embedding + LM head] and the root (accelerate.utils.fsdp2_prepare_model); sharded
+# (torch.distributed.checkpoint) checkpoints.
+FSDP2_ARGS: dict[str, Any] = dict(
+    fsdp=True,
+    fsdp_config={"version": 2, "auto_wrap_policy": "TRANSFORMER_BASED_WRAP", "reshard_after_forward": True,
+                 "state_dict_type": "SHARDED_STATE_DICT", "cpu_ram_efficient_loading": False},
+)
+# One optimizer step of 2 prompts x 4 completions, the 2-process runs in micro-batches of 2 with 2 accumulation
+# steps (one whole group per process), the 1-process run in one micro-batch of 8.
+SPLIT = {1: (8, 1), 2: (2, 2)}
 
-def run_one_step(out_dir: Path, model_dir: str, selector: str, per_device: int, grad_accum: int = 1,
-                 **overrides: Any) -> dict[str, Any]:
-    """Train one optimizer step with the stub trainer; return what the comparison needs."""
+
+def cpu_fsdp2(cls: type) -> type:
+    """``cls`` whose accelerator runs FSDP2 on CPU processes.
+
+    accelerate 1.15 turns only GPU-like distributed types into FSDP (a CPU launch with an FSDP config trains
+    unsharded), so after the Trainer builds its accelerator from ``args.fsdp_plugin_args`` this flips the shared
+    AcceleratorState to FSDP with that plugin: from there on ``accelerator.prepare`` (``fsdp2_prepare_model``:
+    ``fully_shard`` on gloo), the Trainer's FSDP checkpointing (``save_fsdp_model`` / ``load_fsdp_model``, DCP)
+    and ``get_state_dict`` are the code a GPU launch runs.
+    """
+
+    class CpuFSDP2(cls):  # type: ignore[misc, valid-type]
+        def create_accelerator_and_postprocess(self) -> None:
+            from accelerate.state import PartialState
+            from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
+
+            super().create_accelerator_and_postprocess()
+            state = self.accelerator.state
+            assert state.distributed_type in (DistributedType.MULTI_CPU, DistributedType.FSDP), state.distributed_type
+            state.fsdp_plugin = FullyShardedDataParallelPlugin(**self.args.fsdp_plugin_args)
+            # Both shared states: every later AcceleratorState() copies PartialState's fields over its own.
+            PartialState._shared_state["distributed_type"] = DistributedType.FSDP
+            state.distributed_type = DistributedType.FSDP
+            self.is_fsdp_enabled = True
+
+    return CpuFSDP2
+
+
+def full_params(trainer: Any) -> dict[str, torch.Tensor]:
+    """Parameters after training, gathered whole (DTensor.full_tensor is a collective: every rank calls it)."""
+    from torch.distributed.tensor import DTensor
+
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    return {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().clone() for k, v in model.named_parameters()}
+
+
+def build_trainer(out_dir: Path, model_dir: str, selector: str, engine: str = "ddp", world: int = 1,
+                  **overrides: Any) -> Any:
+    """The stub-generation trainer (with ictrl's atomic checkpoints) for one comparison run."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from ictrl.engine.run import make_trainer_class
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     tokenizer.padding_side = "left"
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    # Plain SGD without clipping: the parameter change is lr × gradient, so a gradient scale error shows (Adam's
+    per_device, grad_accum = SPLIT[world]
+    # Plain SGD without clipping: the parameter change is lr x gradient, so a gradient scale error shows (Adam's
     # first step and norm clipping would hide it).
-    config = make_config(out_dir, token_selector=selector, per_device_train_batch_size=per_device,
-                         gradient_accumulation_steps=grad_accum, max_steps=1, optim="sgd", learning_rate=0.1,
-                         max_grad_norm=0.0, **overrides)
-    trainer = stub_trainer_class()(model=model, reward_funcs=digit_reward, args=config,
-                                   train_dataset=make_dataset(), processing_class=tokenizer)
+    kwargs: dict[str, Any] = dict(token_selector=selector, per_device_train_batch_size=per_device,
+                                  gradient_accumulation_steps=grad_accum, max_steps=1, optim="sgd", learning_rate=0.1,
+                                  max_grad_norm=0.0,
+                                  # ict takes the sparse LM-head path (ictrl.logprobs), the others TRL's fused one
+                                  sparse_backward=selector == "ict")
+    cls = make_trainer_class(stub_trainer_class())
+    if engine == "fsdp2":
+        kwargs.update(FSDP2_ARGS)
+        cls = cpu_fsdp2(cls)
+    kwargs.update(overrides)
+    return cls(model=model, reward_funcs=digit_reward, args=make_config(out_dir, **kwargs),
+               train_dataset=make_dataset(), processing_class=tokenizer)
+
+
+def run_one_step(out_dir: Path, model_dir: str, selector: str, engine: str = "ddp", world: int = 1,
+                 **overrides: Any) -> dict[str, Any]:
+    """Train one optimizer step with the stub trainer; return what the comparison needs."""
+    trainer = build_trainer(out_dir, model_dir, selector, engine, world, **overrides)
     losses: list[float] = []
     original = trainer._compute_loss
 
@@ -152,19 +214,147 @@ def run_one_step(out_dir: Path, model_dir: str, selector: str, per_device: int, 
 
     trainer._compute_loss = recording_loss  # type: ignore[method-assign]
     trainer.train()
-    params = {k: v.detach().clone() for k, v in trainer.accelerator.unwrap_model(trainer.model).named_parameters()}
-    return {"batches": trainer.recorded, "losses": losses, "params": params,
-            "rank": trainer.accelerator.process_index, "world": trainer.accelerator.num_processes}
+    return {"batches": trainer.recorded, "losses": losses, "params": full_params(trainer),
+            "rank": trainer.accelerator.process_index, "world": trainer.accelerator.num_processes,
+            "engine": type(trainer.model).__name__}
+
+
+RESUME_ARGS: dict[str, Any] = dict(max_steps=2, save_strategy="steps", save_steps=1, optim_args="momentum=0.9")
+
+
+def _save(result: dict[str, Any], path: Path) -> None:
+    tmp = path.with_suffix(".tmp")
+    torch.save(result, tmp)
+    os.replace(tmp, path)
 
 
 def main(argv: list[str]) -> None:
-    out, model_dir, selectors, per_device, grad_accum = Path(argv[0]), argv[1], argv[2], int(argv[3]), int(argv[4])
-    for selector in selectors.split(","):
-        result = run_one_step(out / f"trainer_{selector}", model_dir, selector, per_device, grad_accum)
-        path = out / f"{selector}_rank{result['rank']}.pt"
-        tmp = path.with_suffix(".tmp")
-        torch.save(result, tmp)
-        os.replace(tmp, path)
+    """``OUT MODEL ENGINE PHASES [SELECTORS]``, PHASES joined by ``+``: ``step`` (one step per selector), ``kill``
+    (2 steps with a checkpoint each; every process exits abruptly right after checkpoint-1: last) or ``resume``
+    (from checkpoint-1 to step 2)."""
+    from transformers import TrainerCallback
+
+    out, model_dir, engine, phases = Path(argv[0]), argv[1], argv[2], argv[3].split("+")
+    if "step" in phases:
+        for selector in argv[4].split(","):
+            result = run_one_step(out / f"trainer_{engine}_{selector}", model_dir, selector, engine, world=2)
+            _save(result, out / f"{engine}_{selector}_rank{result['rank']}.pt")
+    run_dir = out / f"run_{engine}"
+    if "resume" in phases:
+        trainer = build_trainer(run_dir, model_dir, "ict", engine, world=2, **RESUME_ARGS)
+        trainer.train(resume_from_checkpoint=str(run_dir / "checkpoint-1"))
+        rank = trainer.accelerator.process_index
+        _save({"params": full_params(trainer), "step": trainer.state.global_step, "rank": rank},
+              out / f"{engine}_resume_rank{rank}.pt")
+    if "kill" in phases:
+        class Kill(TrainerCallback):
+            def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+                if state.global_step == 1:
+                    os._exit(0)  # no cleanup, no further step: as a SIGKILL right after the checkpoint
+
+        trainer = build_trainer(run_dir, model_dir, "ict", engine, world=2, **RESUME_ARGS)
+        trainer.add_callback(Kill())
+        trainer.train()
+        raise AssertionError("the run should have been killed after checkpoint-1")
+
+
+# ------------------------------------------------------------------------------ launching and comparing (tests)
+
+SELECTORS = ("ict", "entropy", "random")  # group JS, a batch-scope threshold + token mean, a seeded draw
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    import socket
+
+    # The static rendezvous hangs on port 0, so hand it a port that was free a moment ago.
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def launch(args: list[str], timeout: int = 300, **env: str) -> Any:
+    """``accelerate launch --config_file configs/accelerate/ddp.yaml --num_processes 2 --mixed_precision no ARGS``:
+    two CPU processes on gloo on a machine without GPUs. Returns the CompletedProcess."""
+    import subprocess
+
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+           str(REPO_ROOT / "configs" / "accelerate" / "ddp.yaml"), "--num_processes", "2", "--mixed_precision", "no",
+           "--main_process_port", str(free_port()), *args]
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **env}
+    return subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=timeout)
+
+
+_SINGLE: dict[tuple[str, str], dict[str, Any]] = {}
+
+
+def single_process(out: Path, model_dir: str, selector: str) -> dict[str, Any]:
+    """The 1-process reference (``resume``: 2 uninterrupted steps with RESUME_ARGS), computed once per session."""
+    key = (model_dir, selector)
+    if key not in _SINGLE:
+        if selector == "resume":
+            trainer = build_trainer(out / "single_resume", model_dir, "ict", **{**RESUME_ARGS, "save_strategy": "no"})
+            trainer.train()
+            _SINGLE[key] = {"params": full_params(trainer), "step": trainer.state.global_step}
+        else:
+            _SINGLE[key] = run_one_step(out / f"single_{selector}", model_dir, selector)
+    return _SINGLE[key]
+
+
+def initial_params(model_dir: str) -> dict[str, torch.Tensor]:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    return {k: v.detach() for k, v in model.named_parameters()}
+
+
+def _pad(x: torch.Tensor, T: int, value: int | bool) -> torch.Tensor:
+    return torch.nn.functional.pad(x, (0, T - x.size(1)), value=value)
+
+
+def max_param_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys()
+    return max(float((a[k].double() - b[k].double()).abs().max()) for k in a)
+
+
+def compare_step(out: Path, model_dir: str, engine: str, selector: str, tol: float = 1e-5) -> dict[str, float]:
+    """Assert the 2-process run of ``selector`` under ``engine`` matches one process: rows, advantages, masks,
+    losses, parameters after the step. Returns the max abs differences (advantages, loss, parameters)."""
+    ranks = [torch.load(out / f"{engine}_{selector}_rank{r}.pt", weights_only=False) for r in (0, 1)]
+    single = single_process(out, model_dir, selector)
+    assert [r["world"] for r in ranks] == [2, 2] and single["world"] == 1
+    ref = single["batches"][0]
+    T = ref["completion_ids"].size(1)
+    padding = ref["completion_mask"] == 0
+    pad_id = int(ref["completion_ids"][padding][0]) if bool(padding.any()) else 0
+    parts = [r["batches"][0] for r in ranks]
+    assert all(p["completion_ids"].size(0) == 4 for p in parts)  # one whole group per process
+    assert torch.equal(torch.cat([_pad(p["completion_ids"], T, pad_id) for p in parts]), ref["completion_ids"])
+    adv = float((torch.cat([p["advantages"] for p in parts]) - ref["advantages"]).abs().max())
+    assert adv <= tol, (engine, selector, adv)
+    mask_2p = torch.cat([_pad(p["ictrl_selected"], T, False) for p in parts])
+    assert torch.equal(mask_2p, ref["ictrl_selected"]), (engine, selector)
+    assert 0 < int(ref["ictrl_selected"].sum()) < int(ref["completion_mask"].sum())
+    # Gradients are averaged over processes: the single loss is the mean over processes of their summed
+    # micro-batch losses.
+    assert [len(r["losses"]) for r in ranks] == [2, 2] and len(single["losses"]) == 1
+    loss = abs(sum(sum(r["losses"]) for r in ranks) / 2 - single["losses"][0])
+    assert loss <= tol, (engine, selector, loss)
+    params = max(max_param_diff(r["params"], single["params"]) for r in ranks)
+    assert params <= tol, (engine, selector, params)
+    moved = max_param_diff(single["params"], initial_params(model_dir))
+    assert moved > 1e-3, (selector, moved)
+    return {"advantages": adv, "loss": loss, "params": params}
+
+
+def compare_resume(out: Path, model_dir: str, engine: str, tol: float = 1e-5) -> float:
+    """Killed after checkpoint-1 and resumed to step 2 on 2 processes = 2 uninterrupted steps on one process."""
+    ranks = [torch.load(out / f"{engine}_resume_rank{r}.pt", weights_only=False) for r in (0, 1)]
+    single = single_process(out, model_dir, "resume")
+    assert [r["step"] for r in ranks] == [2, 2] and single["step"] == 2
+    diff = max(max_param_diff(r["params"], single["params"]) for r in ranks)
+    assert diff <= tol, (engine, diff)
+    return diff
 
 
 if __name__ == "__main__":

@@ -232,6 +232,16 @@ class EpochRepeatSampler:
         return iter(self.inner)
 
 
+def _restore_cpu_index(storage: Any, location: str) -> Any:
+    """torch.load location handler for "cpu:N". Trainer maps optimizer states to ``args.device`` when
+    world_size > 1, which on CPU processes (gloo) is "cpu:0", a location torch's own CPU handler refuses
+    ("don't know how to restore data location"): without this, --resume fails on several CPU processes."""
+    return storage if re.fullmatch(r"cpu:\d+", location) else None
+
+
+torch.serialization.register_package(11, lambda obj: None, _restore_cpu_index)
+
+
 class ResumableMixin:
     """Atomic checkpoint directories and epoch-exact prompt order; mixed in front of the trainer class."""
 
@@ -404,10 +414,21 @@ def train(cfg: RunConfig, resume: bool = False, source: str = "<config>",
                         resume_from.name, step, args.max_steps, final)
     trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
 
+    save_final(trainer, out / f"{STAGING_PREFIX}final", final)
+    return TrainResult(out, trainer.state.global_step, resume_from, final)
+
+
+def save_final(trainer: Any, staging: Path, final: Path) -> None:
+    """The HF-format model in ``final``, written to ``staging`` then renamed. ``save_model`` runs on every
+    process: under ZeRO-3 and FSDP it gathers the full weights (a collective; on the main process alone it would
+    hang), and only the main process writes."""
+    barrier = trainer.accelerator.wait_for_everyone
     if trainer.args.should_save:
-        staging = out / f"{STAGING_PREFIX}final"
         shutil.rmtree(staging, ignore_errors=True)
-        trainer.save_model(str(staging))
+    barrier()
+    trainer.save_model(str(staging))
+    barrier()
+    if trainer.args.should_save:
         trainer.state.save_to_json(str(staging / "trainer_state.json"))  # its step: finished_run reads it
         publish_dir(staging, final)
-    return TrainResult(out, trainer.state.global_step, resume_from, final)
+    barrier()

@@ -26,10 +26,12 @@ computes the same global mask as a single process would.
 from __future__ import annotations
 
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import torch
-from torch import Tensor
+import torch.nn.functional as F
+from torch import Tensor, nn
 from trl import GRPOTrainer
 
 from ictrl.engine.config import ICTGRPOConfig
@@ -41,6 +43,85 @@ from ictrl.selection import SelectionInputs, get_selector, select
 from ictrl.stats import TokenStats, group_js_divergence_topk, token_stats, topk_log_softmax
 
 _STAT_FIELDS = ("entropy", "renyi2", "purity", "logprob", "prob")
+_R = TypeVar("_R")
+
+
+def call_head(head: nn.Module, fn: Callable[..., _R], *inputs: Tensor) -> _R:
+    """``fn(lm, *inputs)`` with ``lm`` the LM head's whole weight, gathered by the engine that shards it.
+
+    ``lm`` is what ``selected_token_logprobs`` takes: the weight [V, H] of a bias-free linear head, an
+    ``nn.Linear`` shell around the weight and bias, or (any other head, e.g. a PEFT-wrapped one) the head's own
+    forward. Reading ``head.weight`` as it lies would see a shard under a sharded engine:
+
+    - FSDP2 (``fully_shard``; accelerate puts the head in one unit with the final norm and the embedding, not
+      resharded after forward): the unit is unsharded (``FSDPModule.unshard``, a no-op when the model's forward
+      left it so) and ``lm`` is its unsharded parameter, so the gradient accumulates where FSDP2's post-backward
+      reduce-scatters it. Calling the head module itself outside the root's forward crashes FSDP2's backward
+      hooks on CPU (torch 2.13, SIGSEGV), hence the parameter.
+    - ZeRO-3 (parameters carry ``ds_id``): ``fn`` runs as the head module's forward, so DeepSpeed's module hooks
+      gather the weight for it and again for its backward, and reduce its gradient.
+    - Otherwise (DDP, one process, ZeRO-1/2): the plain parameter.
+
+    Called once per process per pass, so every rank makes the same collectives whatever its number of rows or
+    selected positions.
+    """
+    if not hasattr(getattr(head, "weight", None), "ds_id"):
+        return fn(_head_operand(head), *inputs)
+    own = head.__dict__.get("forward")
+    head.forward = lambda *args: fn(_head_operand(head), *args)
+    try:
+        return head(*inputs)
+    finally:
+        if own is None:
+            del head.forward
+        else:
+            head.forward = own
+
+
+def _head_operand(head: nn.Module) -> nn.Module | Tensor:
+    from torch.distributed.fsdp import FSDPModule
+
+    if not isinstance(head, nn.Linear):
+        return _Unhooked(head)
+    if _is_dtensor(head.weight) and isinstance(head, FSDPModule):
+        head.unshard()  # swaps the module's parameters for the unsharded ones (all-gather of this unit only)
+    weight, bias = head.weight, head.bias
+    if _is_dtensor(weight):
+        if torch.is_grad_enabled():
+            raise RuntimeError("the LM head's weight is a shard outside any FSDP unit that could unshard it, so its "
+                               "gradient would skip the reduce-scatter; shard the model with accelerate's FSDP2 "
+                               "preparation (fsdp2_prepare_model)")
+        weight = weight.full_tensor()
+        bias = bias.full_tensor() if _is_dtensor(bias) else bias
+    return linear_head(weight, bias)
+
+
+def _is_dtensor(x: Any) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(x, DTensor)
+
+
+def linear_head(weight: Tensor, bias: Tensor | None) -> nn.Module | Tensor:
+    """What ``selected_token_logprobs`` takes for ``F.linear(·, weight, bias)``: the weight itself, or an
+    ``nn.Linear`` shell holding these very tensors (no copy) when there is a bias."""
+    if bias is None:
+        return weight
+    shell = nn.Linear(1, 1, device="meta")
+    del shell.weight, shell.bias  # plain attributes: the engine's gathered tensors need not be Parameters
+    shell.weight, shell.bias = weight, bias
+    return shell
+
+
+class _Unhooked(nn.Module):
+    """``head``'s class forward, bypassing the instance forward that :func:`call_head` installs."""
+
+    def __init__(self, head: nn.Module) -> None:
+        super().__init__()
+        object.__setattr__(self, "head", head)  # not a submodule: no second registration of its parameters
+
+    def forward(self, x: Tensor) -> Tensor:
+        return type(self.head).forward(self.head, x)
 
 
 class ICTGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
@@ -73,53 +154,48 @@ class ICTGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
                          ) -> tuple[TokenStats, Tensor | None]:
         """Statistics of the sampling policy at every completion position, from one no-grad pass.
 
-        The backbone runs once over prompt+completion in row chunks; the LM head then runs over blocks of
-        positions so at most ``stats_chunk_size`` rows of [V] logits exist at once, with every group intact
-        (JS at position t needs only the group's distributions at t). With ``selection_topk`` = K the group JS
-        comes from each position's top-K log-probs (``group_js_divergence_topk``) instead of the full sweep.
+        The model runs through its engine (``self.model``: FSDP2 / ZeRO-3 hooks gather each layer) over
+        prompt+completion in row chunks, keeping the final-norm hidden states; the LM head then sweeps blocks of
+        positions inside one call of the head module (:func:`call_head`: the engine gathers the head's weight
+        once) so at most ``stats_chunk_size`` rows of [V] logits exist at once, with every group intact (JS at
+        position t needs only the group's distributions at t). With ``selection_topk`` = K the group JS comes
+        from each position's top-K log-probs (``group_js_divergence_topk``) instead of the full sweep.
 
         Returns TokenStats with [B, T] fields and the [B, T] group JS (None when ``group_ids`` is None).
         """
         args = self.args
-        model = self.accelerator.unwrap_model(self.model)
-        if hasattr(model, "get_base_model"):  # PEFT: adapters live inside the base model's modules
-            model = model.get_base_model()
-        backbone, head = model.base_model, model.get_output_embeddings()
         prompt_ids, completion_ids = batch["prompt_ids"], batch["completion_ids"]
         input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
         attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
-        P, T = prompt_ids.size(1), completion_ids.size(1)
+        T = completion_ids.size(1)
         B = input_ids.size(0)
-        rows = args.per_device_train_batch_size if model.training else args.per_device_eval_batch_size
-        hidden = []
-        for r0 in range(0, B, rows):
-            with self.accelerator.autocast():
-                out = backbone(input_ids=input_ids[r0:r0 + rows], attention_mask=attention_mask[r0:r0 + rows])
-            hidden.append(out.last_hidden_state[:, P - 1:P + T - 1])  # position P-1+t predicts completion token t
-        hidden_all = torch.cat(hidden)
+        # B is the same on every process, so every process makes the same number of (collective) forwards.
+        rows = args.per_device_train_batch_size if self.model.training else args.per_device_eval_batch_size
+        hidden = [self._final_hidden(self.model, input_ids[r0:r0 + rows], attention_mask[r0:r0 + rows], T)
+                  for r0 in range(0, B, rows)]
         tau = args.selection_temperature
         topk = args.selection_topk if group_ids is not None else None
         block = max(1, args.stats_chunk_size // B)
-        parts: list[TokenStats] = []
-        js_parts: list[Tensor] = []
-        topk_lp: list[Tensor] = []
-        topk_ids: list[Tensor] = []
-        for t0 in range(0, T, block):
-            # Under bf16 the head's output is bf16 unless TRL's cast_lm_head_to_fp32=True made the head fp32.
-            logits = head(hidden_all[:, t0:t0 + block]).float()
-            m = mask[:, t0:t0 + block]
-            # One sweep gives the token statistics and, with group_ids (exact score), the group JS; its internal
-            # chunking is left at ictrl.stats' cache-sized default.
-            st = token_stats(logits, m, tokens=completion_ids[:, t0:t0 + block], temperature=tau,
-                             group_ids=group_ids if topk is None else None)
-            parts.append(st)
-            if st.ict_score is not None:
-                js_parts.append(st.ict_score)
-            if topk is not None:
-                lp, ids = topk_log_softmax(logits, topk, tau)
-                topk_lp.append(lp)
-                topk_ids.append(ids)
-            del logits
+
+        def sweep(lm: nn.Module | Tensor, hidden_all: Tensor) -> tuple[list[TokenStats], list[tuple[Tensor, Tensor]]]:
+            parts: list[TokenStats] = []
+            topk_parts: list[tuple[Tensor, Tensor]] = []
+            for t0 in range(0, T, block):
+                h = hidden_all[:, t0:t0 + block]
+                # Under bf16 the head's output is bf16 unless TRL's cast_lm_head_to_fp32=True made the head fp32.
+                logits = (lm(h) if isinstance(lm, nn.Module) else F.linear(h.to(lm.dtype), lm)).float()
+                m = mask[:, t0:t0 + block]
+                # One sweep gives the token statistics and, with group_ids (exact score), the group JS; its
+                # internal chunking is left at ictrl.stats' cache-sized default.
+                parts.append(token_stats(logits, m, tokens=completion_ids[:, t0:t0 + block], temperature=tau,
+                                         group_ids=group_ids if topk is None else None))
+                if topk is not None:
+                    topk_parts.append(topk_log_softmax(logits, topk, tau))
+                del logits
+            return parts, topk_parts
+
+        with self.accelerator.autocast():
+            parts, topk_parts = call_head(self._output_head(self.model), sweep, torch.cat(hidden))
         stats = TokenStats(**{f: torch.cat([getattr(p, f) for p in parts], dim=1) for f in _STAT_FIELDS})
         if group_ids is None:
             return stats, None
@@ -127,9 +203,24 @@ class ICTGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
             # The hook for a rollout engine that returns top-K log-probs at sampling time (vLLM's `logprobs=K`):
             # its [B, T, K] log-probs and ids would go here directly, and the head sweep above would only be
             # needed for the token statistics. Not wired up yet.
-            js = group_js_divergence_topk(torch.cat(topk_lp, dim=1), torch.cat(topk_ids, dim=1), mask, group_ids)
+            js = group_js_divergence_topk(torch.cat([lp for lp, _ in topk_parts], dim=1),
+                                          torch.cat([ids for _, ids in topk_parts], dim=1), mask, group_ids)
             return stats, js
-        return stats, torch.cat(js_parts, dim=1)
+        return stats, torch.cat([p.ict_score for p in parts], dim=1)
+
+    def _final_hidden(self, model: Any, input_ids: Tensor, attention_mask: Tensor, T: int) -> Tensor:
+        """[B, T, H] final-norm hidden states that predict the last T tokens (the LM head's input), from the
+        model's own forward (engine hooks run; ``logits_to_keep=1`` keeps its head to one position)."""
+        with self.accelerator.autocast():
+            out = model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True,
+                        logits_to_keep=1, use_cache=False)
+        return out.hidden_states[-1][:, -T - 1:-1]  # position P-1+t predicts completion token t
+
+    def _output_head(self, model: Any) -> nn.Module:
+        unwrapped = self.accelerator.unwrap_model(model)
+        if hasattr(unwrapped, "get_base_model"):  # PEFT: adapters live inside the base model's modules
+            unwrapped = unwrapped.get_base_model()
+        return unwrapped.get_output_embeddings()
 
     def _gather_rows(self, x: Tensor, pad: float | int = 0) -> Tensor:
         """[B_local, T_local] → [B_global, T_max]: the generation batch of all processes, in TRL's row order."""
@@ -256,20 +347,18 @@ class ICTGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
                         selected: Tensor) -> Tensor:
         """[B, T] log π_θ of the completion tokens with the LM head applied only where ``selected`` (0 elsewhere).
 
-        The call goes through ``model`` (possibly DDP-wrapped) so gradient-sync hooks run; ``logits_to_keep=1``
-        limits the model's own head to one position, and ``hidden_states[-1]`` is the final-norm output (the LM
-        head's input). ``sparse_backward`` docs: ICTGRPOConfig.
+        The backbone runs through ``model`` (DDP / FSDP2 / ZeRO-3 hooks run); ``hidden_states[-1]`` is the
+        final-norm output (the LM head's input). The sparse head then runs as one call of the head module
+        (:func:`call_head`), so a sharded engine gathers the head's weight for it and reduces its gradient as it
+        does for the model's own head. ``sparse_backward`` docs: ICTGRPOConfig.
         """
-        T = completion_ids.size(1)
+        hidden = self._final_hidden(model, input_ids, attention_mask, completion_ids.size(1))
+
+        def sparse_head(lm: nn.Module | Tensor, h: Tensor) -> Tensor:
+            return selected_token_logprobs(h, lm, completion_ids, selected, temperature=self.temperature)
+
         with self.accelerator.autocast():
-            out = model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True,
-                        logits_to_keep=1, use_cache=False)
-        hidden = out.hidden_states[-1][:, -T - 1:-1]  # position P-1+t predicts completion token t
-        unwrapped = self.accelerator.unwrap_model(model)
-        if hasattr(unwrapped, "get_base_model"):  # PEFT
-            unwrapped = unwrapped.get_base_model()
-        return selected_token_logprobs(hidden, unwrapped.get_output_embeddings(), completion_ids, selected,
-                                       temperature=self.temperature)
+            return call_head(self._output_head(model), sparse_head, hidden)
 
     def _compute_loss(self, model: Any, inputs: dict[str, Any]) -> Tensor:
         prompt_ids, completion_ids = inputs["prompt_ids"], inputs["completion_ids"]
