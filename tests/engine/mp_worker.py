@@ -273,7 +273,7 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def launch(args: list[str], timeout: int = 300, **env: str) -> Any:
+def launch(args: list[str], timeout: int = 300, cwd: Path | None = None) -> Any:
     """``accelerate launch --config_file configs/accelerate/ddp.yaml --num_processes 2 --mixed_precision no ARGS``:
     two CPU processes on gloo on a machine without GPUs. Returns the CompletedProcess."""
     import subprocess
@@ -281,8 +281,8 @@ def launch(args: list[str], timeout: int = 300, **env: str) -> Any:
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
            str(REPO_ROOT / "configs" / "accelerate" / "ddp.yaml"), "--num_processes", "2", "--mixed_precision", "no",
            "--main_process_port", str(free_port()), *args]
-    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **env}
-    return subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=timeout)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=cwd)
 
 
 _SINGLE: dict[tuple[str, str], dict[str, Any]] = {}
