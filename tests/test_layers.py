@@ -13,7 +13,7 @@ LAYERS: dict[str, int] = {
     "rewards": 1, "data": 1, "models": 1, "eval": 1, "preflight": 1,
     "engine": 2,
     "experiments": 3,
-    "cli": 4,
+    "cli": 4, "__main__": 4,
 }
 CORE_THIRD_PARTY = {"torch", "math", "dataclasses", "typing", "collections", "__future__", "hashlib", "inspect",
                     "json", "os", "uuid", "pathlib"}

@@ -174,7 +174,7 @@ def full_params(trainer: Any) -> dict[str, torch.Tensor]:
 
 
 def build_trainer(out_dir: Path, model_dir: str, selector: str, engine: str = "ddp", world: int = 1,
-                  **overrides: Any) -> Any:
+                  per_device: int | None = None, grad_accum: int | None = None, **overrides: Any) -> Any:
     """The stub-generation trainer (with ictrl's atomic checkpoints) for one comparison run."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -183,7 +183,7 @@ def build_trainer(out_dir: Path, model_dir: str, selector: str, engine: str = "d
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     tokenizer.padding_side = "left"
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    per_device, grad_accum = SPLIT[world]
+    per_device, grad_accum = per_device or SPLIT[world][0], grad_accum or SPLIT[world][1]
     # Plain SGD without clipping: the parameter change is lr x gradient, so a gradient scale error shows (Adam's
     # first step and norm clipping would hide it).
     kwargs: dict[str, Any] = dict(token_selector=selector, per_device_train_batch_size=per_device,
@@ -200,10 +200,10 @@ def build_trainer(out_dir: Path, model_dir: str, selector: str, engine: str = "d
                train_dataset=make_dataset(), processing_class=tokenizer)
 
 
-def run_one_step(out_dir: Path, model_dir: str, selector: str, engine: str = "ddp", world: int = 1,
-                 **overrides: Any) -> dict[str, Any]:
+def run_one_step(out_dir: Path, model_dir: str, selector: str, per_device: int | None = None,
+                 grad_accum: int | None = None, engine: str = "ddp", world: int = 1, **overrides: Any) -> dict[str, Any]:
     """Train one optimizer step with the stub trainer; return what the comparison needs."""
-    trainer = build_trainer(out_dir, model_dir, selector, engine, world, **overrides)
+    trainer = build_trainer(out_dir, model_dir, selector, engine, world, per_device, grad_accum, **overrides)
     losses: list[float] = []
     original = trainer._compute_loss
 
@@ -237,7 +237,7 @@ def main(argv: list[str]) -> None:
     out, model_dir, engine, phases = Path(argv[0]), argv[1], argv[2], argv[3].split("+")
     if "step" in phases:
         for selector in argv[4].split(","):
-            result = run_one_step(out / f"trainer_{engine}_{selector}", model_dir, selector, engine, world=2)
+            result = run_one_step(out / f"trainer_{engine}_{selector}", model_dir, selector, engine=engine, world=2)
             _save(result, out / f"{engine}_{selector}_rank{result['rank']}.pt")
     run_dir = out / f"run_{engine}"
     if "resume" in phases:
