@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from trl import GRPOConfig
 
-from ictrl.loss import NORM_MODES
+from ictrl.loss import IS_MODES, NORM_MODES
 from ictrl.selection import SCOPES, SELECTORS
 
 BUILTIN_SELECTORS = ("all", "ict", "entropy", "stapo", "random", "frequent")
@@ -75,10 +75,11 @@ class ICTGRPOConfig(GRPOConfig):
         default=None,
         metadata={
             "help": "Loss normaliser, one of 'per_response_selected' (Sparse-GRPO), 'token_mean_selected' (80/20, "
-            "STAPO), 'token_mean_all' (TRL's top_entropy_quantile), 'per_response_all' (original GRPO). None: "
-            "per_response_selected for ict/random/frequent, token_mean_selected for entropy/stapo, "
-            "per_response_all for all. Denominators are global over the optimizer step (all micro-batches and "
-            "processes). Replaces TRL's loss_type normalisation."
+            "STAPO), 'token_mean_all' (TRL's top_entropy_quantile), 'per_response_all' (original GRPO), 'dr_grpo' "
+            "(Dr.GRPO: sum over the selected tokens / (responses * max_completion_length)). None: 'dr_grpo' when "
+            "loss_type='dr_grpo', else per_response_selected for ict/random/frequent, token_mean_selected for "
+            "entropy/stapo, per_response_all for all. Denominators are global over the optimizer step (all "
+            "micro-batches and processes). Replaces TRL's loss_type normalisation."
         },
     )
     stapo_tau_p: float = field(
@@ -112,6 +113,16 @@ class ICTGRPOConfig(GRPOConfig):
                   "synthetic logits): precision 0.88-0.90 on Zipf-like rows (entropy ~2.5 nats), ~0.98 on "
                   "Student-t rows (~0.6 nats), flat over K = 8..128. Saves the full-vocabulary JS sweep (bench/"
                   "README.md). None: the exact score."},
+    )
+    selection_topk_source: str = field(
+        default="auto",
+        metadata={"help": "Where the top-K log-probs of selection_topk come from. 'sampler': recorded at generation "
+                  "time (vLLM: logprobs=K per position; transformers generate: a logits processor recording the top-K "
+                  "of log_softmax(scores / selection_temperature) at each step, i.e. after repetition/constraint "
+                  "processors and before temperature/top-k/top-p warping), so the statistics pass skips its top-K "
+                  "sweep over the LM head; an error at init if the sampler's distribution is not the one the "
+                  "statistics pass scores (docs/vllm.md). 'head': from the statistics pass's LM-head logits. 'auto': "
+                  "the sampler when it qualifies, else the head."},
     )
     selection_options: dict | None = field(
         default=None,
@@ -199,9 +210,13 @@ class ICTGRPOConfig(GRPOConfig):
                 or self.selection_warmup_steps < 0:
             raise ValueError(f"selection_warmup_steps must be an int >= 0, got {self.selection_warmup_steps!r}")
 
+        if self.loss_type == "dr_grpo" and self.loss_normalization not in (None, "dr_grpo"):
+            raise ValueError(f"loss_type='dr_grpo' asks for Dr.GRPO's constant normaliser, but loss_normalization="
+                             f"{self.loss_normalization!r}: leave loss_normalization unset or set it to 'dr_grpo'")
         if self.loss_normalization is None:
             # A custom selector defaults to the Sparse-GRPO normaliser, the one ICT uses.
-            self.loss_normalization = DEFAULT_NORM.get(name, "per_response_selected")
+            self.loss_normalization = "dr_grpo" if self.loss_type == "dr_grpo" else DEFAULT_NORM.get(
+                name, "per_response_selected")
         if self.loss_normalization not in NORM_MODES:
             raise ValueError(f"loss_normalization must be one of {list(NORM_MODES)}, got {self.loss_normalization!r}")
 
@@ -219,6 +234,9 @@ class ICTGRPOConfig(GRPOConfig):
         if self.selection_topk is not None and (isinstance(self.selection_topk, bool)
                                                 or not isinstance(self.selection_topk, int) or self.selection_topk < 1):
             raise ValueError(f"selection_topk must be None or an int >= 1, got {self.selection_topk!r}")
+        if self.selection_topk_source not in ("auto", "sampler", "head"):
+            raise ValueError(f"selection_topk_source must be 'auto', 'sampler' or 'head', got "
+                             f"{self.selection_topk_source!r}")
         if not isinstance(self.sparse_backward, bool):
             raise ValueError(f"sparse_backward must be a bool, got {self.sparse_backward!r}")
         if self.selection_seed is None:
@@ -249,9 +267,13 @@ class ICTGRPOConfig(GRPOConfig):
             raise ValueError("off_policy_mask_threshold is not supported by ICTGRPOTrainer's loss")
         if self.delta is not None:
             raise ValueError("delta (two-sided clipping) is not supported by ICTGRPOTrainer's loss")
-        if self.use_vllm and self.vllm_importance_sampling_correction:
-            raise ValueError("vllm_importance_sampling_correction is not supported by ICTGRPOTrainer's loss; "
-                             "set it to False when use_vllm=True")
+        if self.vllm_importance_sampling_mode not in IS_MODES:
+            raise ValueError(f"vllm_importance_sampling_mode must be one of {list(IS_MODES)}, got "
+                             f"{self.vllm_importance_sampling_mode!r}")
+        for bound in ("vllm_importance_sampling_clip_min", "vllm_importance_sampling_clip_max"):
+            value = getattr(self, bound)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0):
+                raise ValueError(f"{bound} must be None or a number >= 0, got {value!r}")
 
     def _check_eval_during_training(self) -> None:
         if self.eval_benchmarks is None:

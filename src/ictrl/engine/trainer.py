@@ -10,10 +10,17 @@ Override points (all checked against trl 1.16.0 by ``tests/engine/test_trainer.p
   other [B, ...] tensors.
 - ``_prepare_inputs``: when TRL has just buffered a new generation batch, attach the global normalisers of each
   optimizer step (responses, tokens summed over its micro-batches and all processes) as 0-d tensors.
+- ``_generate_single_turn`` (only with ``selection_topk`` taken from the sampler, ``ictrl.engine.sampler_topk``):
+  transformers ``generate`` runs with a logits processor that records each step's top-K log-probs; with vLLM the
+  rollout asks for ``logprobs=K`` and the sampled token's own log-prob is handed on to TRL. The statistics pass then
+  skips its top-K sweep over the LM head.
 - ``_compute_loss``: TRL's fused per-token log-probs (or, with ``sparse_backward``, the LM head over the selected
   positions only: ``ictrl.logprobs``), then ``ictrl.loss.policy_loss`` with the mask, the chosen
   normalisation and the global normalisers divided by the process count (DDP averages gradients), so any split
-  of one optimizer batch over micro-batches and processes gives the one-big-batch gradient.
+  of one optimizer batch over micro-batches and processes gives the one-big-batch gradient. When the rollout
+  engine reported its own log-probs (``sampling_per_token_logps``: vLLM, or a ``rollout_func``) and
+  ``vllm_importance_sampling_correction`` is on, the loss carries TRL's sampler/trainer importance weight
+  (``vllm_importance_sampling_mode`` / ``_clip_min`` / ``_clip_max``), with every selector and normaliser.
 
 Groups and processes: TRL's sampler places each prompt's G completions contiguously in the global generation
 batch, and process p holds rows [p·n, (p+1)·n). Group JS needs each group's full distributions, so for ict and
@@ -36,6 +43,7 @@ from trl import GRPOTrainer
 
 from ictrl.engine.config import ICTGRPOConfig
 from ictrl.engine.dynamic_sampling import DynamicSamplingMixin
+from ictrl.engine.sampler_topk import TopKRecorder, TopKRows, pad_rows, recording_generate, split_vllm_logprobs
 from ictrl.logprobs import selected_token_logprobs
 from ictrl.loss import policy_loss
 from ictrl.metrics import step_metrics
@@ -141,6 +149,11 @@ class ICTGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
                 f"num_generations={self.num_generations} completions must sit on one process: "
                 f"per_device_train_batch_size * steps_per_generation = {per_process} must be a multiple of it"
             )
+        self._sampler_topk = self._resolve_topk_source()
+        self._rollout_topk: TopKRows | None = None
+        self._rollout_calls = 0
+        if self._sampler_topk is not None and self.use_vllm:
+            self._install_vllm_topk()
         text_config = self.model.config.get_text_config()
         for attr in ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier"):
             if getattr(text_config, attr, None) not in (None, 1, 1.0):
@@ -150,8 +163,8 @@ class ICTGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
     # ------------------------------------------------------------------------------------- statistics pass
 
     @torch.no_grad()
-    def _selection_stats(self, batch: dict[str, Any], mask: Tensor, group_ids: Tensor | None
-                         ) -> tuple[TokenStats, Tensor | None]:
+    def _selection_stats(self, batch: dict[str, Any], mask: Tensor, group_ids: Tensor | None,
+                         sampler_topk: tuple[Tensor, Tensor] | None = None) -> tuple[TokenStats, Tensor | None]:
         """Statistics of the sampling policy at every completion position, from one no-grad pass.
 
         The model runs through its engine (``self.model``: FSDP2 / ZeRO-3 hooks gather each layer) over
@@ -159,7 +172,8 @@ class ICTGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
         positions inside one call of the head module (:func:`call_head`: the engine gathers the head's weight
         once) so at most ``stats_chunk_size`` rows of [V] logits exist at once, with every group intact (JS at
         position t needs only the group's distributions at t). With ``selection_topk`` = K the group JS comes
-        from each position's top-K log-probs (``group_js_divergence_topk``) instead of the full sweep.
+        from each position's top-K log-probs (``group_js_divergence_topk``) instead of the full sweep:
+        ``sampler_topk`` ([B, T, K] log-probs and ids recorded at generation) when given, else the head's logits.
 
         Returns TokenStats with [B, T] fields and the [B, T] group JS (None when ``group_ids`` is None).
         """
@@ -175,6 +189,7 @@ class ICTGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
                   for r0 in range(0, B, rows)]
         tau = args.selection_temperature
         topk = args.selection_topk if group_ids is not None else None
+        head_topk = topk is not None and sampler_topk is None
         block = max(1, args.stats_chunk_size // B)
 
         def sweep(lm: nn.Module | Tensor, hidden_all: Tensor) -> tuple[list[TokenStats], list[tuple[Tensor, Tensor]]]:
@@ -189,7 +204,7 @@ class ICTGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
                 # internal chunking is left at ictrl.stats' cache-sized default.
                 parts.append(token_stats(logits, m, tokens=completion_ids[:, t0:t0 + block], temperature=tau,
                                          group_ids=group_ids if topk is None else None))
-                if topk is not None:
+                if head_topk:
                     topk_parts.append(topk_log_softmax(logits, topk, tau))
                 del logits
             return parts, topk_parts
@@ -200,12 +215,10 @@ class ICTGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
         if group_ids is None:
             return stats, None
         if topk is not None:
-            # The hook for a rollout engine that returns top-K log-probs at sampling time (vLLM's `logprobs=K`):
-            # its [B, T, K] log-probs and ids would go here directly, and the head sweep above would only be
-            # needed for the token statistics. Not wired up yet.
-            js = group_js_divergence_topk(torch.cat([lp for lp, _ in topk_parts], dim=1),
-                                          torch.cat([ids for _, ids in topk_parts], dim=1), mask, group_ids)
-            return stats, js
+            if sampler_topk is None:
+                sampler_topk = (torch.cat([lp for lp, _ in topk_parts], dim=1),
+                                torch.cat([ids for _, ids in topk_parts], dim=1))
+            return stats, group_js_divergence_topk(*sampler_topk, mask, group_ids)
         return stats, torch.cat([p.ict_score for p in parts], dim=1)
 
     def _final_hidden(self, model: Any, input_ids: Tensor, attention_mask: Tensor, T: int) -> Tensor:
@@ -238,7 +251,9 @@ class ICTGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
                                "one prompt: TRL's sampler layout changed, so groups cannot be kept local")
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+        self._rollout_topk, self._rollout_calls = None, 0
         batch = super()._generate_and_score_completions(inputs)
+        rollout_topk, self._rollout_topk = self._rollout_topk, None
         if "pixel_values" in batch:
             raise ValueError("ICTGRPOTrainer supports text-only models (its statistics pass has no image inputs)")
         args = self.args
@@ -257,7 +272,15 @@ class ICTGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
         if need_js:
             self._check_local_groups(batch, G)
             local_groups = (rank * B + torch.arange(B, device=mask.device)) // G
-        stats, js = self._selection_stats(batch, mask, local_groups)
+        sampler_topk = None
+        if need_js and self._sampler_topk is not None:
+            if rollout_topk is None or len(rollout_topk) != B or self._rollout_calls != 1:
+                raise RuntimeError(f"selection_topk_source: the sampler's top-K log-probs cover "
+                                   f"{0 if rollout_topk is None else len(rollout_topk)} rows in "
+                                   f"{self._rollout_calls} generation calls, expected {B} rows in one call")
+            sampler_topk = pad_rows(rollout_topk, T, mask.device)
+        stats, js = self._selection_stats(batch, mask, local_groups, sampler_topk)
+        self._ensure_old_logps(batch)
 
         # Selection on the global generation batch: identical on every process and to a single-process run.
         g_mask = self._gather_rows(mask.to(torch.uint8)).bool()
@@ -281,6 +304,7 @@ class ICTGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
                 if bool(where.any()):
                     metrics[f"ictrl/ict_score/{name}"].append(float(g_js[where].double().mean()))
         metrics["ictrl/warmup"].append(float(warm))
+        metrics["ictrl/topk_from_sampler"].append(float(sampler_topk is not None))
         metrics["ictrl/stats_time"].append(time.perf_counter() - start)
         return batch
 
@@ -376,19 +400,101 @@ class ICTGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
         old = inputs.get("old_per_token_logps")
         old = logps.detach() if old is None else old
         ref = inputs.get("ref_per_token_logps") if self.beta != 0.0 else None
+        args = self.args
         # DDP averages the processes' gradients, so each process divides by (global count / processes).
         world = self.accelerator.num_processes
         loss, m = policy_loss(
             logps, old, inputs["advantages"], mask, inputs["ictrl_selected"],
-            eps_low=self.epsilon_low, eps_high=self.epsilon_high, norm=self.args.loss_normalization,
+            eps_low=self.epsilon_low, eps_high=self.epsilon_high, norm=args.loss_normalization,
             ref_logprobs=ref, kl_coef=self.beta,
             num_responses=inputs["ictrl_num_responses"] / world, num_tokens=inputs["ictrl_num_tokens"] / world,
+            max_completion_length=args.max_completion_length,
+            sampler_logprobs=inputs.get("sampling_per_token_logps") if self._importance_correction(inputs) else None,
+            is_mode=args.vllm_importance_sampling_mode, is_clip_min=args.vllm_importance_sampling_clip_min,
+            is_clip_max=args.vllm_importance_sampling_clip_max,
         )
         mode = "train" if self.model.training else "eval"
         active = (inputs["ictrl_selected"] & mask).sum().float()
-        keys = [k for k in ("clip_frac", "clip_frac_low", "clip_frac_high", "kl", "mean_prob_selected") if k in m]
+        keys = [k for k in ("clip_frac", "clip_frac_low", "clip_frac_high", "kl", "mean_prob_selected",
+                            "is_ratio_mean", "is_clipped_frac") if k in m]
         local = torch.stack([m[k].float() * active for k in keys] + [active])
         total = self.accelerator.reduce(local, reduction="sum")  # token-weighted means over all processes
         for k, v in zip(keys, total[:-1]):
             self._metrics[mode][f"ictrl/{k}"].append(float(v / total[-1].clamp(min=1.0)))
         return loss
+
+    # ------------------------------------------------------------------ sampler top-K and importance weights
+
+    def _resolve_topk_source(self) -> int | None:
+        """K when the ICT score's top-K log-probs are recorded by the sampler, else None (the head's logits)."""
+        args = self.args
+        if args.selection_topk is None or not self._needs_js or args.selection_topk_source == "head":
+            return None
+        why = self._sampler_topk_obstacle()
+        if why is None:
+            return args.selection_topk
+        if args.selection_topk_source == "sampler":
+            raise ValueError(f"selection_topk_source='sampler': {why}; use 'auto' or 'head' to score from the LM head")
+        return None
+
+    def _sampler_topk_obstacle(self) -> str | None:
+        """Why the sampler cannot record the distribution the statistics pass scores (None: it can)."""
+        args = self.args
+        if self.rollout_func is not None or self.tools or self.use_transformers_continuous_batching:
+            return "a rollout_func, tools or continuous batching generate outside the hooked call"
+        if getattr(args, "dynamic_sampling", False):
+            return "dynamic sampling regenerates and regroups rows after the hooked call"
+        if self.repetition_penalty != 1.0 or args.generation_kwargs:
+            return "repetition_penalty != 1 or generation_kwargs change the sampler's logits"
+        if not self.use_vllm:
+            return None
+        if args.selection_temperature != self.temperature:
+            return "vLLM reports log-probs at the sampling temperature, and selection_temperature differs"
+        if self.top_p != 1.0 or self.top_k not in (None, 0, -1) or self.min_p not in (None, 0.0):
+            return "vLLM reports log-probs after top_p/top_k/min_p truncation, which the statistics pass does not apply"
+        if args.vllm_mode == "colocate" and args.selection_topk > 20:
+            return "colocated vLLM caps logprobs at its default max_logprobs=20 (server mode lifts it)"
+        return None
+
+    def _generate_single_turn(self, prompt_ids: Any, images: Any, multimodal_fields: Any, num_generations: int,
+                              has_tool_images: bool = False) -> Any:
+        self._rollout_calls += 1
+        K = self._sampler_topk
+        if K is None or self.use_vllm:  # vLLM records through _vllm_generate_recording_topk
+            return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations,
+                                                 has_tool_images)
+        recorder = TopKRecorder(K, self.args.selection_temperature)
+        with recording_generate(self.accelerator.unwrap_model(self.model_wrapped), recorder):
+            out = super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations,
+                                                has_tool_images)
+        self._rollout_topk = recorder.rows()
+        return out
+
+    def _install_vllm_topk(self) -> None:
+        """Ask vLLM for K log-probs per position and route its answers through _vllm_generate_recording_topk."""
+        self.vllm_generation.logprobs = self._sampler_topk
+        self._vllm_generate = self.vllm_generation.generate
+        self.vllm_generation.generate = self._vllm_generate_recording_topk
+
+    def _vllm_generate_recording_topk(self, *args: Any, **kwargs: Any) -> Any:
+        """``VLLMGeneration.generate`` with logprobs=K: keep the top-K, hand TRL the sampled tokens' log-probs."""
+        prompt_ids, completion_ids, logprobs, token_ids = self._vllm_generate(*args, **kwargs)
+        if logprobs is None or token_ids is None:
+            raise RuntimeError("vLLM returned no top-K log-probs (selection_topk_source)")
+        sampled, self._rollout_topk = split_vllm_logprobs(logprobs, token_ids, completion_ids, self._sampler_topk)
+        return prompt_ids, completion_ids, sampled, None
+
+    def _importance_correction(self, batch: dict[str, Any]) -> bool:
+        return bool(self.args.vllm_importance_sampling_correction) and "sampling_per_token_logps" in batch
+
+    @torch.no_grad()
+    def _ensure_old_logps(self, batch: dict[str, Any]) -> None:
+        """The importance weight compares the sampler with the trainer's π_old at every response token; TRL
+        computes ``old_per_token_logps`` itself for vLLM, not for a ``rollout_func`` that reports log-probs."""
+        if not self._importance_correction(batch) or "old_per_token_logps" in batch:
+            return
+        input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+        attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+        rows = self.args.per_device_train_batch_size if self.model.training else self.args.per_device_eval_batch_size
+        batch["old_per_token_logps"], _, _ = self._get_per_token_logps_and_entropies(
+            self.model, input_ids, attention_mask, batch["completion_ids"].size(1), batch_size=rows)
