@@ -86,6 +86,21 @@ def _check_finite(checks: list[tuple[str, Tensor, Tensor]]) -> None:
             require_finite(name, x, w)
 
 
+def _check_inputs_finite(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, ref_logprobs: Tensor | None,
+                         sampler_logprobs: Tensor | None, mask: Tensor, active: Tensor, seq_is: bool) -> None:
+    """Every value read must be finite: at the active tokens, and on the whole mask where the sequence importance
+    weight sums over it."""
+    read = mask if seq_is else active
+    checks = [("logprobs", logprobs.detach(), active), ("old_logprobs", old_logprobs.detach(), read),
+              ("advantages", advantages.detach(), active if advantages.dim() == 2 else active.any(dim=1))]
+    if ref_logprobs is not None:
+        checks.append(("ref_logprobs", ref_logprobs.detach(), active))
+    if sampler_logprobs is not None:  # NaN = not scored (r = 1); ±inf is no log-probability of a sampled token
+        smp = sampler_logprobs.detach()
+        checks.append(("sampler_logprobs", torch.where(torch.isnan(smp), 0.0, smp), read))
+    _check_finite(checks)
+
+
 def _denominator(override: int | float | Tensor | None, local: Tensor) -> Tensor:
     den = local if override is None else torch.as_tensor(override, dtype=local.dtype, device=local.device)
     return torch.where(den > 0, den, torch.ones_like(den))
@@ -212,16 +227,8 @@ def policy_loss(
     B = shape[0]
     mask = as_bool_mask(mask, "mask")
     active = mask if selected is None else as_bool_mask(selected, "selected") & mask
-    seq_is = sampler_logprobs is not None and is_mode.startswith("sequence")
-    adv_where = active if advantages.dim() == 2 else active.any(dim=1)
-    checks = [("logprobs", logprobs.detach(), active), ("old_logprobs", old_logprobs.detach(), mask if seq_is else active),
-              ("advantages", advantages.detach(), adv_where)]
-    if ref_logprobs is not None:
-        checks.append(("ref_logprobs", ref_logprobs.detach(), active))
-    if sampler_logprobs is not None:  # NaN = not scored (r = 1); ±inf is no log-probability of a sampled token
-        smp = sampler_logprobs.detach()
-        checks.append(("sampler_logprobs", torch.where(torch.isnan(smp), 0.0, smp), mask if seq_is else active))
-    _check_finite(checks)
+    _check_inputs_finite(logprobs, old_logprobs, advantages, ref_logprobs, sampler_logprobs, mask, active,
+                         sampler_logprobs is not None and is_mode.startswith("sequence"))
 
     # Zero the inactive positions first: padding may hold -inf, and 0·inf in backward would be NaN.
     lp = torch.where(active, logprobs, 0.0)
@@ -251,20 +258,15 @@ def policy_loss(
     with torch.no_grad():
         low = (ratio < 1.0 - eps_low) & (adv < 0) & active
         high = (ratio > 1.0 + eps_high) & (adv > 0) & active
+        extra = {"mean_entropy_selected": entropy, "kl": kl, "is_ratio_mean": weight, "is_clipped_frac": is_clipped}
         metrics = {
             "clip_frac": _masked_mean((low | high).to(ratio.dtype), active),
             "clip_frac_low": _masked_mean(low.to(ratio.dtype), active),
             "clip_frac_high": _masked_mean(high.to(ratio.dtype), active),
             "selected_frac": (n_active.sum() / n_mask.sum().clamp(min=1)).detach(),
             "mean_prob_selected": _masked_mean(torch.exp(old), active),
+            **{k: _masked_mean(v.to(ratio.dtype), active) for k, v in extra.items() if v is not None},
         }
-        if entropy is not None:
-            metrics["mean_entropy_selected"] = _masked_mean(entropy.to(ratio.dtype), active)
-        if kl is not None:
-            metrics["kl"] = _masked_mean(kl, active)
-        if weight is not None:
-            metrics["is_ratio_mean"] = _masked_mean(weight.to(ratio.dtype), active)
-            metrics["is_clipped_frac"] = _masked_mean(is_clipped.to(ratio.dtype), active)
     return loss, metrics
 
 

@@ -273,8 +273,10 @@ class ICTGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
             self._check_local_groups(batch, G)
             local_groups = (rank * B + torch.arange(B, device=mask.device)) // G
         sampler_topk = None
-        if need_js and self._sampler_topk is not None:
-            if rollout_topk is None or len(rollout_topk) != B or self._rollout_calls != 1:
+        recorded = rollout_topk is not None and len(rollout_topk) == B and self._rollout_calls == 1
+        if need_js and self._sampler_topk is not None and (recorded or args.selection_topk_source == "sampler"):
+            # 'auto' falls back to the head when a subclass's generation bypassed the hook (logged below)
+            if not recorded:
                 raise RuntimeError(f"selection_topk_source: the sampler's top-K log-probs cover "
                                    f"{0 if rollout_topk is None else len(rollout_topk)} rows in "
                                    f"{self._rollout_calls} generation calls, expected {B} rows in one call")

@@ -1,0 +1,166 @@
+"""The ICT score from the sampler's top-K log-probs on the embedded task's real rollouts (issue 11).
+
+The warm-started tiny model (``ictrl.experiments.tinymodel``, the demo's base, byte vocabulary V = 259) samples real
+completions of tiny-task prompts inside ``ICTGRPOTrainer._generate_and_score_completions``, with the generation
+recorder on at K = V (``selection_topk_source="sampler"``): the recorded rows, sorted, hold every top-K prefix. Per
+batch and K in --ks the score from the first K columns (``group_js_divergence_topk``) is compared with the exact
+score of the same batch (``token_stats`` group JS over the statistics pass's full logits): precision of the
+top-10%-per-response selection (equal counts, so also recall), Spearman correlation and mean |du| over active
+tokens.
+
+Time: on the same batches, the statistics pass with the top-K taken from the sampler (no top-K sweep over the LM
+head) against the head top-K path (``topk_log_softmax`` on the head's logits), alternating, medians; and the cost of
+recording during generation (``generate`` with and without the recorder, alternating).
+
+    .venv/bin/python bench/bench_topk_rollouts.py            # 4 batches of 16 prompts x 8 completions
+
+Writes bench/results/topk_rollouts.json atomically.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ictrl.files import atomic_write_json
+
+RESULTS = Path(__file__).resolve().parent / "results" / "topk_rollouts.json"
+
+
+def spearman(a: torch.Tensor, b: torch.Tensor) -> float:
+    ra, rb = a.argsort().argsort().double(), b.argsort().argsort().double()
+    ra, rb = ra - ra.mean(), rb - rb.mean()
+    return float((ra * rb).sum() / (ra.norm() * rb.norm()).clamp(min=1e-300))
+
+
+def select_top(score: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    from ictrl.selection import SelectionInputs, select
+
+    return select("ict", SelectionInputs(mask=mask, step=100, ict_score=score), ratio=0.1, scope="response")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--batches", type=int, default=4)
+    ap.add_argument("--prompts", type=int, default=16, help="prompts per batch")
+    ap.add_argument("--g", type=int, default=8, help="completions per prompt")
+    ap.add_argument("--ks", type=int, nargs="+", default=[8, 16, 32, 64, 128])
+    ap.add_argument("--repeats", type=int, default=5, help="timing repeats per batch")
+    ap.add_argument("--out", type=Path, default=RESULTS)
+    a = ap.parse_args()
+
+    from ictrl.engine.config import ICTGRPOConfig
+    from ictrl.engine.trainer import ICTGRPOTrainer
+    from ictrl.experiments import tinytask
+    from ictrl.experiments.tinymodel import TinyRecipe, build_tiny_base, load_tiny_base, max_new_tokens
+    from ictrl.stats import group_js_divergence_topk
+
+    recipe = TinyRecipe()
+    base = build_tiny_base(recipe)
+    model, tokenizer = load_tiny_base(base)
+    V = model.get_output_embeddings().weight.shape[0]
+    B = a.prompts * a.g
+    dataset = tinytask.train_dataset(a.prompts, a.batches, recipe.difficulty, seed=1)
+    captured: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as out_dir:
+        args = ICTGRPOConfig(
+            output_dir=out_dir, use_cpu=True, bf16=False, report_to="none", save_strategy="no", seed=0,
+            per_device_train_batch_size=B, num_generations=a.g, max_completion_length=max_new_tokens(
+                recipe.difficulty), temperature=1.0, top_k=0, top_p=1.0, token_selector="ict",
+            selection_warmup_steps=0, selection_topk=V, selection_topk_source="sampler", disable_tqdm=True)
+        trainer = ICTGRPOTrainer(model=model, reward_funcs=tinytask.tinyarith_reward, args=args,
+                                 train_dataset=dataset, processing_class=tokenizer)
+        original = trainer._selection_stats
+
+        def capture(batch: Any, mask: Any, group_ids: Any, sampler_topk: Any = None) -> Any:
+            stats, js = original(batch, mask, group_ids, sampler_topk)
+            captured.append({"batch": batch, "mask": mask, "groups": group_ids, "topk": sampler_topk, "js": js})
+            return stats, js
+
+        trainer._selection_stats = capture
+        trainer.model.train()
+        rows = dataset.to_list()
+        for i in range(a.batches):
+            inputs = [r for r in rows[i * a.prompts:(i + 1) * a.prompts] for _ in range(a.g)]
+            trainer._generate_and_score_completions(inputs)
+        trainer._selection_stats = original
+
+        per_k: dict[int, dict[str, list[float]]] = {k: {"precision": [], "spearman": [], "mad": []} for k in a.ks}
+        exact_rows = []
+        for c in captured:
+            mask, groups, (lp, ids) = c["mask"], c["groups"], c["topk"]
+            args.selection_topk = None  # the exact score: token_stats' group JS over the head's logits
+            _, exact = original(c["batch"], mask, groups)
+            args.selection_topk = V
+            # At K = V the sampler's score is the exact one (tests/engine/test_topk_sampler.py); checked here too.
+            exact_rows.append(float((c["js"] - exact)[mask].abs().max()))
+            sel_exact = select_top(exact, mask)
+            for k in a.ks:
+                u = group_js_divergence_topk(lp[..., :k].contiguous(), ids[..., :k].contiguous(), mask, groups)
+                sel = select_top(u, mask)
+                per_k[k]["precision"].append(float((sel & sel_exact).sum() / sel.sum().clamp(min=1)))
+                per_k[k]["spearman"].append(spearman(u[mask].double(), exact[mask].double()))
+                per_k[k]["mad"].append(float((u - exact)[mask].abs().mean()))
+
+        # Time: the statistics pass with the sampler's top-K vs the head's top-K (same K, same batch).
+        k_time = 64
+        args.selection_topk = k_time
+        t_sampler, t_head = [], []
+        for c in captured:
+            topk = (c["topk"][0][..., :k_time].contiguous(), c["topk"][1][..., :k_time].contiguous())
+            original(c["batch"], c["mask"], c["groups"], topk)  # warm-up
+            original(c["batch"], c["mask"], c["groups"])
+            for _ in range(a.repeats):
+                t0 = time.perf_counter()
+                original(c["batch"], c["mask"], c["groups"], topk)
+                t1 = time.perf_counter()
+                original(c["batch"], c["mask"], c["groups"])
+                t2 = time.perf_counter()
+                t_sampler.append(t1 - t0)
+                t_head.append(t2 - t1)
+        # Recording cost inside generate: the same prompts with and without the recorder, alternating.
+        g_plain, g_rec = [], []
+        prompt_ids = [tokenizer(r["prompt"])["input_ids"] for r in rows[:a.prompts] for _ in range(a.g)]
+        for _ in range(a.repeats):
+            t0 = time.perf_counter()
+            trainer._generate_single_turn(prompt_ids, None, {}, a.g)  # records (K = 64 now)
+            t1 = time.perf_counter()
+            trainer._sampler_topk, saved = None, trainer._sampler_topk
+            trainer._generate_single_turn(prompt_ids, None, {}, a.g)  # plain
+            trainer._sampler_topk = saved
+            t2 = time.perf_counter()
+            g_rec.append(t1 - t0)
+            g_plain.append(t2 - t1)
+
+    med = statistics.median
+    result = {
+        "vocab": V, "batches": a.batches, "responses_per_batch": B, "tokens": [int(c["mask"].sum()) for c in captured],
+        "max_abs_diff_sampler_k_eq_v_vs_exact": max(exact_rows),
+        "agreement": {k: {m: statistics.mean(v) for m, v in d.items()} for k, d in per_k.items()},
+        "time_k": k_time,
+        "stats_pass_s": {"sampler_topk": med(t_sampler), "head_topk": med(t_head),
+                         "ratio": med(t_sampler) / med(t_head)},
+        "generate_s": {"with_recorder": med(g_rec), "plain": med(g_plain), "ratio": med(g_rec) / med(g_plain)},
+    }
+    atomic_write_json(a.out, result)
+    print(f"V {V}, {a.batches} batches x {B} responses, active tokens {result['tokens']}")
+    print(f"K = V: max |u_sampler - u_exact| = {result['max_abs_diff_sampler_k_eq_v_vs_exact']:.2e}")
+    print("| K | precision | Spearman | mean abs du |")
+    print("|---|---|---|---|")
+    for k, d in result["agreement"].items():
+        print(f"| {k} | {d['precision']:.3f} | {d['spearman']:.4f} | {d['mad']:.5f} |")
+    s, g = result["stats_pass_s"], result["generate_s"]
+    print(f"stats pass (K {k_time}): sampler {s['sampler_topk']:.4f} s, head {s['head_topk']:.4f} s, "
+          f"ratio {s['ratio']:.3f}")
+    print(f"generate: with recorder {g['with_recorder']:.3f} s, plain {g['plain']:.3f} s, ratio {g['ratio']:.3f}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
