@@ -167,7 +167,7 @@ def test_report_page_reads_at_a_glance_without_local_paths(tmp_path: Path) -> No
                                  note="NOTE-AT-TOP")
     page = paths["report"].read_text()
     assert str(tmp_path) not in page and "tiny-base-0123" in page
-    assert page.index("NOTE-AT-TOP") < page.index("Best method by Total") < page.index("<table>")
+    assert page.index("NOTE-AT-TOP") < page.index("Highest mean Total") < page.index("<table>")
     assert "ict − random10 on Total" in page and "3 seeds per method" in page
     assert "<figcaption>reward per training step: mean over 3 seeds" in page
 

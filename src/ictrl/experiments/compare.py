@@ -79,9 +79,11 @@ def write_report(out: Path, methods: list[str], specs: list[grid.RunSpec], resul
 def _answer(table: report.ResultsTable, methods: list[str], settings: dict[str, Any], specs: list[grid.RunSpec]
             ) -> tuple[str, list[str]]:
     """The study's answer in two sentences, and what limits it."""
-    best = max(methods, key=lambda m: table.rows[m]["Total"].mean)
-    lines = [f"Best method by Total (mean of P@1 and P@4): {best}, {table.rows[best]['Total'].mean:.1f}% "
-             f"(base model {table.rows['base']['Total'].mean:.1f}%)."]
+    totals = {m: table.rows[m]["Total"].mean for m in methods}
+    best = max(totals, key=lambda m: totals[m])
+    spread = f"; all methods {min(totals.values()):.1f}–{max(totals.values()):.1f}%" if len(totals) > 1 else ""
+    lines = [f"Highest mean Total (mean of P@1 and P@4): {best}, {totals[best]:.1f}%{spread} (base model "
+             f"{table.rows['base']['Total'].mean:.1f}%)."]
     if table.diff is not None and table.diff_name is not None:
         d = table.diff["Total"]
         if d.lo is None:

@@ -183,6 +183,7 @@ def plot_curves(runs: Runs, keys: Mapping[str, str] | None = None, out_dir: str 
 
     keys = DEFAULT_CURVE_KEYS if keys is None else keys
     styles = method_styles(list(runs))
+    alpha = max(0.06, 0.3 / len(runs))  # overlapping bands of many methods stay light, the lines stay visible
     paths = []
     for name, key in keys.items():
         data = aggregate_curves(runs, key, band)
@@ -196,7 +197,7 @@ def plot_curves(runs: Runs, keys: Mapping[str, str] | None = None, out_dir: str 
             ax.plot(c.steps, c.mean, color=st["color"], ls=st["ls"], marker=st["marker"], ms=4,
                     markevery=max(1, len(c.steps) // 12), label=label, lw=1.6)
             if n >= 2:
-                ax.fill_between(c.steps, c.lo, c.hi, color=st["color"], alpha=0.15, lw=0)
+                ax.fill_between(c.steps, c.lo, c.hi, color=st["color"], alpha=alpha, lw=0)
         ax.set_xlabel("training step")
         ax.set_ylabel(name)
         _plain_axes(ax, integer_x=True)
