@@ -1,5 +1,10 @@
 """Time and peak extra memory of ictrl.stats against one torch.log_softmax pass over the same logits.
 
+Group JS backends side by side (ictrl.kernels.group_js): ``group_js`` / ``stats_and_js`` run the default
+(``auto``); ``:plain`` and ``:compiled`` force one path; ``group_js:compiled_cold`` runs the compiled path with an
+empty inductor cache (a fresh TORCHINDUCTOR_CACHE_DIR), so its ``first_s`` (the warm-up call) is the cold compile,
+while ``group_js:compiled``'s ``first_s`` is a new process's cost with the machine's cache already filled.
+
 Each (case, method) runs in a fresh subprocess so its peak RSS growth (VmHWM after - before, baseline taken
 once the logits exist; not ru_maxrss, which a child inherits from its parent) is that method's own peak extra memory. Times are the median of --repeats runs after a
 warm-up on a small slice. The batch is B = 16 responses in groups of 8, T = N / 16 positions, every position
@@ -17,15 +22,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 from ictrl.files import atomic_write_json  # no torch: the parent stays small
 
-METHODS = ("log_softmax", "token_stats", "group_js", "stats_and_js")
+METHODS = ("log_softmax", "token_stats", "group_js:plain", "group_js:compiled_cold", "group_js:compiled",
+           "group_js", "stats_and_js:plain", "stats_and_js")
 GROUP = 8
 RESPONSES = 16
 
@@ -70,16 +79,29 @@ def worker(n: int, v: int, dtype: str, method: str, repeats: int, chunk_size: in
     tokens = torch.randint(0, v, (RESPONSES, T))
     groups = torch.arange(RESPONSES) // GROUP
 
-    def run(lg, mk, tk):
+    kind, _, backend = kind.partition(":")
+    backend = {"": "auto", "compiled_cold": "compiled"}.get(backend, backend)
+    bk = {} if use_base else {"backend": backend}  # a baseline stats.py predates backends
+
+    def run(lg, mk, tk, bk=bk):
         if kind == "log_softmax":
             return torch.log_softmax(lg, dim=-1)
         if kind == "token_stats":
             return token_stats(lg, mk, tk, chunk_size=chunk_size)
         if kind == "group_js":
-            return group_js_divergence(lg, mk, groups, chunk_size=chunk_size)
-        return token_stats(lg, mk, tk, chunk_size=chunk_size, group_ids=groups)
+            return group_js_divergence(lg, mk, groups, chunk_size=chunk_size, **bk)
+        return token_stats(lg, mk, tk, chunk_size=chunk_size, group_ids=groups, **bk)
 
-    run(logits[:, :2], mask[:, :2], tokens[:, :2])  # warm-up: kernels, thread pool
+    ran = "-" if kind in ("log_softmax", "token_stats") else backend
+    if ran == "auto" and not use_base:
+        from ictrl.kernels.group_js import resolve_backend
+
+        # Warm up (and, for a fused path, compile) on the path the full-size call will take; a 2-position slice
+        # alone would stay under auto's size threshold and leave the compile inside the timed runs.
+        ran = resolve_backend("auto", logits.device, int(mask.sum()) * v)[0]
+    t0 = time.perf_counter()
+    run(logits[:, :2], mask[:, :2], tokens[:, :2], {"backend": ran} if bk else {})  # warm-up: kernels, compile
+    first_s = time.perf_counter() - t0
     before = _peak_rss_bytes()
     times = []
     for _ in range(repeats):
@@ -89,10 +111,10 @@ def worker(n: int, v: int, dtype: str, method: str, repeats: int, chunk_size: in
         del out
     after = _peak_rss_bytes()
     return {
-        "n": n, "v": v, "dtype": dtype, "method": method, "chunk_size": chunk_size,
-        "times_s": times, "median_s": statistics.median(times),
+        "n": n, "v": v, "dtype": dtype, "method": method, "chunk_size": chunk_size, "path": ran,
+        "first_s": first_s, "times_s": times, "median_s": statistics.median(times),
         "peak_extra_gb": (after - before) / 1e9, "logits_gb": logits.numel() * logits.element_size() / 1e9,
-        "threads": torch.get_num_threads(),
+        "threads": torch.get_num_threads(), "load1": os.getloadavg()[0],
     }
 
 
@@ -137,14 +159,21 @@ def main() -> None:
                             cmd += ["--chunk-size", str(args.chunk_size)]
                         if args.baseline is not None:
                             cmd += ["--baseline", str(args.baseline)]
-                        res = subprocess.run(cmd, capture_output=True, text=True)
+                        env = None
+                        if method.endswith(":compiled_cold"):  # an empty inductor cache: the compile is paid here
+                            env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=tempfile.mkdtemp(prefix="ictrl_cold_"))
+                        res = subprocess.run(cmd, capture_output=True, text=True, env=env)
+                        if env is not None:
+                            shutil.rmtree(env["TORCHINDUCTOR_CACHE_DIR"], ignore_errors=True)
                         if res.returncode != 0:
                             sys.exit(f"worker failed for {n} {v} {dtype} {method}:\n{res.stderr}")
                         r = json.loads(res.stdout.strip().splitlines()[-1])
-                        print(f"  done N={n} V={v} {dtype} {method}: {r['median_s']:.3f} s", file=sys.stderr)
+                        print(f"  done N={n} V={v} {dtype} {method}: {r['median_s']:.3f} s (load {r['load1']:.1f})",
+                              file=sys.stderr)
                         if method in pooled:
                             p = pooled[method]
                             p["times_s"] += r["times_s"]
+                            p["first_s"] = max(p["first_s"], r["first_s"])
                             p["peak_extra_gb"] = max(p["peak_extra_gb"], r["peak_extra_gb"])
                         else:
                             pooled[method] = r
@@ -153,13 +182,14 @@ def main() -> None:
                     results.append(r)
 
     atomic_write_json(args.out, {"argv": sys.argv[1:], "results": results})
-    print(f"{'N':>5} {'V':>7} {'dtype':>5} {'method':>18} {'median s':>9} {'x log_softmax':>13} {'extra GB':>9}")
+    print(f"{'N':>5} {'V':>7} {'dtype':>5} {'method':>24} {'path':>8} {'median s':>9} {'x log_softmax':>13} "
+          f"{'extra GB':>9} {'first s':>8}")
     base = {(r["n"], r["v"], r["dtype"]): r["median_s"] for r in results if r["method"] == "log_softmax"}
     for r in results:
         b = base.get((r["n"], r["v"], r["dtype"]))
         ratio = f"{r['median_s'] / b:.2f}" if b else "-"
-        print(f"{r['n']:>5} {r['v']:>7} {r['dtype']:>5} {r['method']:>18} {r['median_s']:>9.3f} {ratio:>13} "
-              f"{r['peak_extra_gb']:>9.3f}")
+        print(f"{r['n']:>5} {r['v']:>7} {r['dtype']:>5} {r['method']:>24} {r['path']:>8} {r['median_s']:>9.3f} "
+              f"{ratio:>13} {r['peak_extra_gb']:>9.3f} {r['first_s']:>8.1f}")
     print(f"wrote {args.out}")
 
 

@@ -9,14 +9,16 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "ictrl"
 
 # Lower number = lower layer. A module may import ictrl modules of its own layer or below.
 LAYERS: dict[str, int] = {
-    "files": 0, "checks": 0, "errors": 0, "stats": 0, "selection": 0, "loss": 0, "metrics": 0, "logprobs": 0,
+    "files": 0, "checks": 0, "errors": 0, "stats": 0, "kernels": 0, "selection": 0, "loss": 0, "metrics": 0,
+    "logprobs": 0,
     "rewards": 1, "data": 1, "models": 1, "eval": 1, "preflight": 1,
     "engine": 2,
     "experiments": 3,
     "cli": 4, "__main__": 4,
 }
 CORE_THIRD_PARTY = {"torch", "math", "dataclasses", "typing", "collections", "__future__", "hashlib", "inspect",
-                    "json", "os", "uuid", "pathlib"}
+                    "json", "os", "uuid", "pathlib",
+                    "logging", "triton"}  # triton: only ictrl.kernels.group_js_triton, imported when triton is
 
 
 def _layer_of(module: str) -> int:

@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 from ictrl.checks import require_finite
+from ictrl.kernels import group_js as _fused
 
 __all__ = [
     "TokenStats",
@@ -245,6 +246,7 @@ def token_stats(
     temperature: float = 1.0,
     chunk_size: int | None = None,
     group_ids: Tensor | None = None,
+    backend: str = "auto",
 ) -> TokenStats:
     """Per-token statistics of p = softmax(logits / temperature), streamed over the active rows.
 
@@ -252,6 +254,8 @@ def token_stats(
     (only masked-in positions are checked and used); group_ids: [B] integer prompt labels or None.
     With group_ids the ICT score is computed in the same sweep and returned as ``ict_score`` (see
     :func:`group_js_divergence`). Returns :class:`TokenStats`, each field [B, T] float32, zeros at masked positions.
+    backend: how the group sweep runs, "auto" | "plain" | "compiled" | "triton" (see :mod:`ictrl.kernels.group_js`;
+    without group_ids the plain row sweep always runs).
     -inf logits are allowed (probability 0); a NaN or +inf logit, or a row whose logits are all -inf (no
     distribution), at a masked-in position raises ValueError naming its (row, position); masked-out rows may hold
     anything.
@@ -264,7 +268,7 @@ def token_stats(
            for k in ("entropy", "renyi2", "purity", "logprob", "prob")}
     tok_flat = tokens.reshape(-1) if tokens is not None else None
     if group_ids is not None:
-        ict = _group_sweep(flat, mask, tok_flat, group_ids, temperature, rows, out)
+        ict = _dispatch_group_sweep(flat, mask, tok_flat, group_ids, temperature, rows, out, backend)
     else:
         ict = None
         active = mask.reshape(-1).nonzero().squeeze(1)
@@ -290,6 +294,7 @@ def group_js_divergence(
     group_ids: Tensor,
     temperature: float = 1.0,
     chunk_size: int | None = None,
+    backend: str = "auto",
 ) -> Tensor:
     """ICT uniqueness u[i, t] = JS(p_i,t || mean of p_j,t over the active responses j of i's group), in nats.
 
@@ -300,9 +305,44 @@ def group_js_divergence(
     """
     if group_ids is None:
         raise ValueError("group_ids must be a 1-D integer tensor of length B, got None")
-    st = token_stats(logits, mask, None, temperature, chunk_size, group_ids=group_ids)
+    st = token_stats(logits, mask, None, temperature, chunk_size, group_ids=group_ids, backend=backend)
     assert st.ict_score is not None
     return st.ict_score
+
+
+def _dispatch_group_sweep(
+    flat: Tensor,
+    mask: Tensor,
+    tok_flat: Tensor | None,
+    group_ids: Tensor,
+    temperature: float,
+    rows: int,
+    out: dict[str, Tensor],
+    backend: str,
+) -> Tensor:
+    """The group sweep on the chosen backend; rows a fused backend leaves undone (or all rows, if it fails under
+    "auto") go through the plain :func:`_group_sweep`. Returns u [B*T] float32 and fills ``out``."""
+    chosen, named = _fused.resolve_backend(backend, flat.device, int(mask.sum()) * flat.shape[1])
+    rest = mask
+    ict = None
+    if chosen != "plain":
+        try:
+            res = _fused.fused_group_sweep(chosen, flat, mask, group_ids, temperature, rows)
+        except Exception as err:  # no compiler, an inductor/triton error: fall back unless asked for by name
+            if named:
+                raise
+            _fused.disable(chosen, err)
+        else:
+            _fused.announce(chosen)
+            ict = torch.zeros(flat.shape[0], dtype=torch.float32, device=flat.device)
+            _fused.fill_token_stats(res, flat, tok_flat, temperature, out, ict)
+            rest = mask & ~res["done"].view(mask.shape)
+    if ict is None:
+        _fused.announce("plain")
+        return _group_sweep(flat, mask, tok_flat, group_ids, temperature, rows, out)
+    if bool(rest.any()):
+        ict += _group_sweep(flat, rest, tok_flat, group_ids, temperature, rows, out)  # disjoint rows
+    return ict
 
 
 def _group_sweep(
