@@ -59,7 +59,7 @@ def _load_stats_module(baseline: Path | None):
 
 
 def worker(n: int, v: int, dtype: str, method: str, repeats: int, chunk_size: int | None,
-           baseline: Path | None = None) -> dict:
+           baseline: Path | None = None, device: str = "cpu") -> dict:
     import torch
 
     use_base = method.startswith("base:")
@@ -78,6 +78,9 @@ def worker(n: int, v: int, dtype: str, method: str, repeats: int, chunk_size: in
     mask = torch.ones(RESPONSES, T, dtype=torch.bool)
     tokens = torch.randint(0, v, (RESPONSES, T))
     groups = torch.arange(RESPONSES) // GROUP
+    cuda = device == "cuda"
+    if cuda:  # on the GPU, memory is the allocator's peak and times wait for the kernels
+        logits, mask, tokens, groups = (x.cuda() for x in (logits, mask, tokens, groups))
 
     kind, _, backend = kind.partition(":")
     backend = {"": "auto", "compiled_cold": "compiled"}.get(backend, backend)
@@ -102,19 +105,26 @@ def worker(n: int, v: int, dtype: str, method: str, repeats: int, chunk_size: in
     t0 = time.perf_counter()
     run(logits[:, :2], mask[:, :2], tokens[:, :2], {"backend": ran} if bk else {})  # warm-up: kernels, compile
     first_s = time.perf_counter() - t0
-    before = _peak_rss_bytes()
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.max_memory_allocated() if cuda else _peak_rss_bytes()
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
         out = run(logits, mask, tokens)
+        if cuda:
+            torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
         del out
-    after = _peak_rss_bytes()
+    after = torch.cuda.max_memory_allocated() if cuda else _peak_rss_bytes()
     return {
         "n": n, "v": v, "dtype": dtype, "method": method, "chunk_size": chunk_size, "path": ran,
         "first_s": first_s, "times_s": times, "median_s": statistics.median(times),
         "peak_extra_gb": (after - before) / 1e9, "logits_gb": logits.numel() * logits.element_size() / 1e9,
-        "threads": torch.get_num_threads(), "load1": os.getloadavg()[0],
+        "threads": torch.get_num_threads(), "load1": os.getloadavg()[0], "device": device,
+        # The fused kernels' least traffic is two reads of the logits; log_softmax's is a read and a write.
+        "gb_per_s": 2 * logits.numel() * logits.element_size() / 1e9 / statistics.median(times),
     }
 
 
@@ -132,13 +142,16 @@ def main() -> None:
     ap.add_argument("--baseline", type=Path, default=None,
                     help="a saved copy of stats.py to time side by side (methods prefixed 'base:')")
     ap.add_argument("--chunk-size", type=int, default=None, help="rows per chunk (default: the module's budget)")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                    help="cuda: the Triton path; add --methods log_softmax group_js stats_and_js")
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "stats.json")
     ap.add_argument("--worker", nargs=4, metavar=("N", "V", "DTYPE", "METHOD"), help=argparse.SUPPRESS)
     args = ap.parse_args()
 
     if args.worker:
         n, v, dtype, method = args.worker
-        print(json.dumps(worker(int(n), int(v), dtype, method, args.repeats, args.chunk_size, args.baseline)))
+        print(json.dumps(worker(int(n), int(v), dtype, method, args.repeats, args.chunk_size, args.baseline,
+                                args.device)))
         return
     if args.quick:
         args.n, args.v, args.dtype = [2048], [151936], ["fp32"]
@@ -157,6 +170,7 @@ def main() -> None:
                                "--repeats", str(args.repeats)]
                         if args.chunk_size is not None:
                             cmd += ["--chunk-size", str(args.chunk_size)]
+                        cmd += ["--device", args.device]
                         if args.baseline is not None:
                             cmd += ["--baseline", str(args.baseline)]
                         env = None

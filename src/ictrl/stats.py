@@ -268,7 +268,7 @@ def token_stats(
            for k in ("entropy", "renyi2", "purity", "logprob", "prob")}
     tok_flat = tokens.reshape(-1) if tokens is not None else None
     if group_ids is not None:
-        ict = _dispatch_group_sweep(flat, mask, tok_flat, group_ids, temperature, rows, out, backend)
+        ict = _dispatch_group_sweep(flat, mask, tok_flat, group_ids, temperature, rows, out, backend, chunk_size)
     else:
         ict = None
         active = mask.reshape(-1).nonzero().squeeze(1)
@@ -319,6 +319,7 @@ def _dispatch_group_sweep(
     rows: int,
     out: dict[str, Tensor],
     backend: str,
+    chunk_size: int | None,
 ) -> Tensor:
     """The group sweep on the chosen backend; rows a fused backend leaves undone (or all rows, if it fails under
     "auto") go through the plain :func:`_group_sweep`. Returns u [B*T] float32 and fills ``out``."""
@@ -327,7 +328,9 @@ def _dispatch_group_sweep(
     ict = None
     if chosen != "plain":
         try:
-            res = _fused.fused_group_sweep(chosen, flat, mask, group_ids, temperature, rows)
+            # A fused block holds no [rows, V] buffer, so its default is larger than the plain path's chunk.
+            fused_rows = chunk_size if chunk_size is not None else _fused.FUSED_ROWS
+            res = _fused.fused_group_sweep(chosen, flat, mask, group_ids, temperature, fused_rows)
         except Exception as err:  # no compiler, an inductor/triton error: fall back unless asked for by name
             if named:
                 raise

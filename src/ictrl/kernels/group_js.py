@@ -38,6 +38,9 @@ log = logging.getLogger(__name__)
 BACKENDS = ("auto", "plain", "compiled", "triton")
 BUCKETS = (2, 4, 8, 16)  # padded group sizes the compiled path unrolls; larger groups take the plain path
 AUTO_MIN_LOGITS = 2**25  # ~34M active logits (e.g. 224 rows at V = 151,936): below this auto stays plain
+# (member, position) rows per compiled block when the caller gives no chunk_size: 64 positions of a group of 8.
+# Each call is one parallel region, whose barrier costs milliseconds on a loaded machine: few, large blocks.
+FUSED_ROWS = 512
 FIELDS = ("max", "lse", "entropy", "purity", "ict")
 _LOG2 = math.log(2.0)
 
@@ -90,43 +93,55 @@ def announce(backend: str) -> None:
 # ----------------------------------------------------------------------------------------------- compiled (CPU)
 
 
-def _block_fn(flat: Tensor, idx: Tensor, act: Tensor, inv_temp: Tensor) -> Tensor:
-    """Fused statistics of the rows flat[idx] of one group block.
+def _block_fn(flat: Tensor, idx: Tensor, act: Tensor, inv_n: Tensor, inv_temp: Tensor) -> tuple[Tensor, ...]:
+    """Raw per-row sums of one group block, for :func:`_finish`.
 
     flat: [N, V] logits (any float dtype); idx: [G, tb] int64 rows (G static: unrolled); act: [G, tb] bool, the
-    (member, position) pairs that take part (others may hold anything, e.g. padding rows or NaN); inv_temp: 0-d
-    float32 1 / temperature. Returns [5, G, tb] float32: row max and log sum exp(x - max) of x = flat[idx] * inv_temp,
-    entropy, sum p^2, JS(p || mean of the active p at that position) (0 where fewer than two members are
-    active; garbage where act is False: the caller masks it).
+    (member, position) pairs that take part (others may hold anything, e.g. padding rows or NaN); inv_n: [tb, 1]
+    float32 1 / max(1, active members at t); inv_temp: 0-d float32 1 / temperature.
+    Returns 5G + 1 tensors: per member [tb] the max m of x = flat[idx] * inv_temp, s = sum exp(x - m),
+    sum p (x - m), sum p^2, sum r log r (r = p + q, q the mean of the active p), then [tb] sum q log q.
+    Only reductions happen here: every finishing step on [tb] vectors is left to plain torch, because each small
+    op inductor emits is one more parallel region and barrier, which costs milliseconds on a loaded machine.
     """
     G = idx.shape[0]
-    n_act = act.sum(0)  # [tb]
-    n = n_act.clamp(min=1).to(torch.float32)
-    mx, lse, ent, pur, ps = [], [], [], [], []
+    mx, sums, pz, pp, ps = [], [], [], [], []
     q = None
     for j in range(G):  # unrolled: every per-member tensor is [tb, V], so inductor fuses the whole block
         x = flat[idx[j]].float() * inv_temp
         m = x.amax(-1, keepdim=True)
         z = x - m  # <= 0: no cancellation in the entropy of a peaked row
-        s = torch.log(torch.exp(z).sum(-1, keepdim=True))
-        p = torch.where(act[j].unsqueeze(-1), torch.exp(z - s), 0.0)
+        e = torch.exp(z)
+        s = e.sum(-1, keepdim=True)
+        p = torch.where(act[j].unsqueeze(-1), e * s.reciprocal(), 0.0)  # one divide per row, not per element
         # p = 0 where z = -inf; the where keeps 0 * -inf out of the sum (0 log 0 = 0).
-        ent.append(s.squeeze(-1) - torch.where(p > 0, p * z, 0.0).sum(-1))
-        pur.append((p * p).sum(-1))
+        pz.append(torch.where(p > 0, p * z, 0.0).sum(-1))
+        pp.append((p * p).sum(-1))
         mx.append(m.squeeze(-1))
-        lse.append(s.squeeze(-1))
+        sums.append(s.squeeze(-1))
         ps.append(p)
         q = p if q is None else q + p
     assert q is not None
-    q = q / n.unsqueeze(-1)
+    q = q * inv_n
     qlogq = torch.where(q > 0, q * torch.log(q), 0.0).sum(-1)
-    js = []
+    rlogr = []
     for j in range(G):
         r = ps[j] + q  # 2m; H(m) = log 2 - (1/2) sum r log r
-        rlogr = torch.where(r > 0, r * torch.log(r), 0.0).sum(-1)
-        u = (_LOG2 - 0.5 * rlogr - 0.5 * ent[j] + 0.5 * qlogq).clamp(0.0, _LOG2)
-        js.append(torch.where(n_act >= 2, u, 0.0))  # one active member: u = 0 exactly, not rounding noise
-    return torch.stack([torch.stack(v) for v in (mx, lse, ent, pur, js)])
+        rlogr.append(torch.where(r > 0, r * torch.log(r), 0.0).sum(-1))
+    return (*mx, *sums, *pz, *pp, *rlogr, qlogq)
+
+
+def _finish(raw: tuple[Tensor, ...], act: Tensor) -> Tensor:
+    """[5, G, tb] float32 from :func:`_block_fn`'s sums: row max, log-normaliser lse = log s, entropy
+    lse - sum p (x - m), sum p^2, JS = H(m) - H(p)/2 - H(q)/2 (0 where fewer than two members are active)."""
+    G = act.shape[0]
+    mx, s, pz, pp, rlogr = (torch.stack(raw[k * G:(k + 1) * G]) for k in range(5))
+    qlogq = raw[-1]
+    lse = s.log()
+    ent = lse - pz
+    js = (_LOG2 - 0.5 * rlogr - 0.5 * ent + 0.5 * qlogq).clamp_(0.0, _LOG2)
+    js = torch.where(act.sum(0) >= 2, js, 0.0)  # one active member: u = 0 exactly, not rounding noise
+    return torch.stack([mx, lse, ent, pp, js])
 
 
 def _compiled_fn() -> Callable[..., Tensor]:
@@ -185,7 +200,8 @@ def _run_block(fn: Callable[..., Tensor], flat: Tensor, res: dict[str, Tensor], 
     pad_idx = torch.empty(bucket, width, dtype=torch.long)
     pad_idx[:J] = idx
     pad_idx[J:] = idx[:1]  # any valid row; masked out by pad_act
-    out = fn(flat, pad_idx, pad_act, inv)  # [5, bucket, width]
+    inv_n = 1.0 / pad_act.sum(0, keepdim=True).clamp_(min=1).t().to(torch.float32)  # [width, 1]
+    out = _finish(fn(flat, pad_idx, pad_act, inv_n, inv), pad_act)  # [5, bucket, width]
     sel = pad_act.nonzero(as_tuple=True)
     rows_done = pad_idx[sel]
     for k, field in enumerate(FIELDS):
