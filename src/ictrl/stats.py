@@ -324,12 +324,10 @@ def _dispatch_group_sweep(
     """The group sweep on the chosen backend; rows a fused backend leaves undone (or all rows, if it fails under
     "auto") go through the plain :func:`_group_sweep`. Returns u [B*T] float32 and fills ``out``."""
     chosen, named = _fused.resolve_backend(backend, flat.device, int(mask.sum()) * flat.shape[1])
-    rest = mask
-    ict = None
+    rest, ict = mask, None
     if chosen != "plain":
         try:
-            # A fused block holds no [rows, V] buffer, so its default is larger than the plain path's chunk.
-            fused_rows = chunk_size if chunk_size is not None else _fused.FUSED_ROWS
+            fused_rows = chunk_size if chunk_size is not None else _fused.FUSED_ROWS  # no [rows, V] buffer there
             res = _fused.fused_group_sweep(chosen, flat, mask, group_ids, temperature, fused_rows)
         except Exception as err:  # no compiler, an inductor/triton error: fall back unless asked for by name
             if named:

@@ -1,25 +1,29 @@
-"""The group JS sweep fused into one loop over the vocabulary per block, with a clean fallback to plain torch.
+"""The group JS sweep fused into one loop nest per block, with a clean fallback to plain torch.
 
 Per row of a group's block it returns the row max and log-normaliser of x = logits / temperature, the entropy, sum
-p^2 and the JS divergence to the group mean, reading the logits twice (the normaliser, then everything else) and
-keeping p, the mean and r = p + mean in registers: no [rows, V] buffer at all. ``ictrl.stats`` derives log p[token]
-from the max and normaliser, and runs its plain sweep over whatever a fused backend leaves (see ``done``).
+p^2 and the JS divergence to the group mean; ``ictrl.stats`` derives log p[token] from the max and normaliser and
+runs its plain sweep over whatever a fused backend leaves (see ``done``). No [rows, V] buffer is allocated.
 
 Backends (argument ``backend`` of ``token_stats`` / ``group_js_divergence``; ``auto`` can be overridden with the
 environment variable ``ICTRL_STATS_BACKEND``):
 
 - ``plain``: ``ictrl.stats``' chunked torch ops (~4x one log_softmax pass; the reference path);
-- ``compiled``: :func:`_block_fn` under ``torch.compile(dynamic=True)``. The group's members are unrolled, so there is
-  one graph per padded group size (2, 4, 8, 16; inactive members are masked out) and per logits dtype; block length,
-  vocabulary and batch are dynamic. Compiled code lands in inductor's FX graph cache (``TORCHINDUCTOR_CACHE_DIR``,
-  set to ``~/.cache/ictrl/inductor`` unless already set), so the C++ compile (~20 s per graph) is paid once per
-  machine; a new process still pays ~4 s of tracing per graph. Groups larger than 16 go to the plain path.
-- ``triton``: :mod:`ictrl.kernels.group_js_triton`, one launch for the whole batch (CUDA tensors; the same kernel
-  runs on CPU tensors under ``TRITON_INTERPRET=1``, which is how it is tested without a GPU).
+- ``compiled`` (CPU): :func:`_block_fn` under ``torch.compile(dynamic=True)``; inductor emits one C++ loop nest per
+  block, parallel over positions: per row a max pass and a sum-of-exp pass (exp kept in a per-thread [V] buffer),
+  then one pass for p, the mean q, r = p + q and all the sums. The group's members are unrolled: one graph per
+  padded group size (2, 4, 8, 16; members that have ended are masked out, and still computed), per logits dtype,
+  and per side of V = 4096 (inductor's cascade sum above it); block length, vocabulary and batch are otherwise
+  dynamic. Compiled code lands in inductor's FX graph cache (``TORCHINDUCTOR_CACHE_DIR``, set to
+  ``~/.cache/ictrl/inductor`` unless already set), so the C++ compile (20-90 s per graph on the 2-core machines,
+  by load) is paid once per machine; a new process still pays 4-20 s of tracing per graph and ~0.27 GB of resident
+  memory for inductor itself. Groups larger than 16 go to the plain path.
+- ``triton`` (CUDA): :mod:`ictrl.kernels.group_js_triton`, one launch for the whole batch, two reads of the logits
+  (an online max and normaliser, then everything else in registers). The same kernel runs on CPU tensors under
+  ``TRITON_INTERPRET=1``, which is how it is tested without a GPU.
 - ``auto``: ``triton`` on CUDA when triton imports; ``compiled`` on CPU for sweeps of at least ``AUTO_MIN_LOGITS``
   active logits (smaller ones do not repay the per-process tracing); otherwise ``plain``. A fused backend that fails
   (no C++ compiler, an inductor or triton error) is logged once and ``plain`` is used from then on in the process.
-  An explicitly named backend raises instead, so a test of it cannot silently run the plain path.
+  An explicitly named backend (argument or environment) raises instead, so a test of it cannot silently run plain.
 """
 
 from __future__ import annotations
