@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -54,7 +55,8 @@ def test_kernel_under_the_interpreter() -> None:
                          cwd=Path(__file__).parent, timeout=600)
     tail = res.stdout[-3000:] + res.stderr[-2000:]
     assert res.returncode == 0, tail
-    assert " passed" in res.stdout and "failed" not in res.stdout, tail
+    passed = re.search(r"(\d+) passed", res.stdout)
+    assert passed and int(passed.group(1)) >= 7 and "failed" not in res.stdout, tail  # every CPU case ran
 
 
 @cases
