@@ -146,3 +146,15 @@ def test_check_file_and_data_errors_are_user_errors(tmp_path: Path) -> None:
 
     with pytest.raises(UserError, match=r"rows\.jsonl: line 1: field 'answer' missing"):
         load_problems("math500", path=bad)
+
+
+def test_eval_model_that_fails_to_load_is_one_line(monkeypatch: pytest.MonkeyPatch, tiny_model_dir: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    import ictrl.eval.generate as generate
+
+    def gated(*args: object, **kwargs: object) -> None:
+        raise OSError("You are trying to access a gated repo.\nMake sure to have access to it at https://...")
+
+    monkeypatch.setattr(generate, "build_backend", gated)
+    assert main(["eval", "--model", str(tiny_model_dir), "--benchmarks", "gsm8k"]) == 2
+    assert one_error_line(capsys, "eval").endswith("cannot load: You are trying to access a gated repo.")

@@ -96,7 +96,10 @@ def run(args: argparse.Namespace) -> int:
     from ictrl.eval.generate import BackendUnavailableError, build_backend
 
     try:
-        backend = build_backend(args.backend, args.model, batch_size=args.batch_size, dtype=args.dtype)
+        try:
+            backend = build_backend(args.backend, args.model, batch_size=args.batch_size, dtype=args.dtype)
+        except OSError as err:  # not on the hub, gated, or the connection dropped: transformers says which
+            raise UserError(f"--model: {args.model}: cannot load: {str(err).splitlines()[0]}") from err
         if args.backend == "hf":
             tokenizer = backend.tokenizer  # type: ignore[attr-defined]
         else:
