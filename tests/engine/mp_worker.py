@@ -165,12 +165,28 @@ def cpu_fsdp2(cls: type) -> type:
     return CpuFSDP2
 
 
+def zero_args(stage: int) -> dict[str, Any]:
+    """DeepSpeed ZeRO-``stage`` through the Trainer's own ``deepspeed=`` config (as accelerate's zero2/zero3.yaml
+    give it). ``use_cpu=False``: accelerate only turns DeepSpeed on for a non-``cpu`` Accelerator; with no GPU the
+    processes still run on CPU (DeepSpeed's CPU accelerator, gloo)."""
+    return dict(use_cpu=False, deepspeed={
+        "zero_optimization": {"stage": stage}, "train_micro_batch_size_per_gpu": "auto",
+        "gradient_accumulation_steps": "auto", "gradient_clipping": "auto", "zero_allow_untested_optimizer": True,
+        "bf16": {"enabled": False}, "fp16": {"enabled": False}})
+
+
 def full_params(trainer: Any) -> dict[str, torch.Tensor]:
     """Parameters after training, gathered whole (DTensor.full_tensor is a collective: every rank calls it)."""
     from torch.distributed.tensor import DTensor
 
     model = trainer.accelerator.unwrap_model(trainer.model)
-    return {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().clone() for k, v in model.named_parameters()}
+    params = dict(model.named_parameters())
+    if any(hasattr(v, "ds_id") for v in params.values()):  # ZeRO-3: gather every partition (a collective)
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters(list(params.values())):
+            return {k: v.detach().clone() for k, v in params.items()}
+    return {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().clone() for k, v in params.items()}
 
 
 def build_trainer(out_dir: Path, model_dir: str, selector: str, engine: str = "ddp", world: int = 1,
@@ -195,6 +211,8 @@ def build_trainer(out_dir: Path, model_dir: str, selector: str, engine: str = "d
     if engine == "fsdp2":
         kwargs.update(FSDP2_ARGS)
         cls = cpu_fsdp2(cls)
+    elif engine.startswith("zero"):
+        kwargs.update(zero_args(int(engine[-1])))
     kwargs.update(overrides)
     return cls(model=model, reward_funcs=digit_reward, args=make_config(out_dir, **kwargs),
                train_dataset=make_dataset(), processing_class=tokenizer)
