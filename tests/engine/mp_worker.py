@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -257,6 +258,9 @@ def main(argv: list[str]) -> None:
         for selector in argv[4].split(","):
             result = run_one_step(out / f"trainer_{engine}_{selector}", model_dir, selector, engine=engine, world=2)
             _save(result, out / f"{engine}_{selector}_rank{result['rank']}.pt")
+    if "bench" in phases:
+        bench_steps(out, model_dir, engine, int(argv[4]))
+        return
     run_dir = out / f"run_{engine}"
     if "resume" in phases:
         trainer = build_trainer(run_dir, model_dir, "ict", engine, world=2, **RESUME_ARGS)
@@ -274,6 +278,29 @@ def main(argv: list[str]) -> None:
         trainer.add_callback(Kill())
         trainer.train()
         raise AssertionError("the run should have been killed after checkpoint-1")
+
+
+def bench_steps(out: Path, model_dir: str, engine: str, steps: int) -> None:
+    """``steps`` optimizer steps of ict (sparse head) under ``engine``; rank 0 writes each step's wall time
+    (bench/bench_scale.py)."""
+    from transformers import TrainerCallback
+
+    class Clock(TrainerCallback):
+        def __init__(self) -> None:
+            self.times: list[float] = []
+
+        def on_step_begin(self, *args: Any, **kwargs: Any) -> None:
+            self.start = time.perf_counter()
+
+        def on_step_end(self, *args: Any, **kwargs: Any) -> None:
+            self.times.append(time.perf_counter() - self.start)
+
+    trainer = build_trainer(out / f"bench_{engine}", model_dir, "ict", engine, world=2, max_steps=steps)
+    clock = Clock()
+    trainer.add_callback(clock)
+    trainer.train()
+    if trainer.accelerator.is_main_process:
+        _save({"engine": engine, "step_times": clock.times}, out / f"bench_{engine}.pt")
 
 
 # ------------------------------------------------------------------------------ launching and comparing (tests)

@@ -169,8 +169,7 @@ class ICTGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
 
         The model runs through its engine (``self.model``: FSDP2 / ZeRO-3 hooks gather each layer) over
         prompt+completion in row chunks, keeping the final-norm hidden states; the LM head then sweeps blocks of
-        positions inside one call of the head module (:func:`call_head`: the engine gathers the head's weight
-        once) so at most ``stats_chunk_size`` rows of [V] logits exist at once, with every group intact (JS at
+        positions with the head's whole weight, gathered once by the engine (:func:`call_head`), so at most ``stats_chunk_size`` rows of [V] logits exist at once, with every group intact (JS at
         position t needs only the group's distributions at t). With ``selection_topk`` = K the group JS comes
         from each position's top-K log-probs (``group_js_divergence_topk``) instead of the full sweep:
         ``sampler_topk`` ([B, T, K] log-probs and ids recorded at generation) when given, else the head's logits.
@@ -374,9 +373,8 @@ class ICTGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
         """[B, T] log π_θ of the completion tokens with the LM head applied only where ``selected`` (0 elsewhere).
 
         The backbone runs through ``model`` (DDP / FSDP2 / ZeRO-3 hooks run); ``hidden_states[-1]`` is the
-        final-norm output (the LM head's input). The sparse head then runs as one call of the head module
-        (:func:`call_head`), so a sharded engine gathers the head's weight for it and reduces its gradient as it
-        does for the model's own head. ``sparse_backward`` docs: ICTGRPOConfig.
+        final-norm output (the LM head's input). The sparse head then gets the head's whole weight from
+        :func:`call_head`, so a sharded engine gathers it and reduces its gradient as for the model's own head. ``sparse_backward`` docs: ICTGRPOConfig.
         """
         hidden = self._final_hidden(model, input_ids, attention_mask, completion_ids.size(1))
 
