@@ -118,6 +118,7 @@ def linear_head(weight: Tensor, bias: Tensor | None) -> nn.Module | Tensor:
     shell = nn.Linear(1, 1, device="meta")
     del shell.weight, shell.bias  # plain attributes: the engine's gathered tensors need not be Parameters
     shell.weight, shell.bias = weight, bias
+    shell.out_features, shell.in_features = weight.shape
     return shell
 
 
