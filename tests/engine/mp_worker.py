@@ -220,8 +220,10 @@ def build_trainer(out_dir: Path, model_dir: str, selector: str, engine: str = "d
 
 
 def run_one_step(out_dir: Path, model_dir: str, selector: str, per_device: int | None = None,
-                 grad_accum: int | None = None, engine: str = "ddp", world: int = 1, **overrides: Any) -> dict[str, Any]:
-    """Train one optimizer step with the stub trainer; return what the comparison needs."""
+                 grad_accum: int | None = None, engine: str = "ddp", world: int = 1, final_dir: Path | None = None,
+                 **overrides: Any) -> dict[str, Any]:
+    """Train one optimizer step with the stub trainer; return what the comparison needs. With ``final_dir``, also
+    write the final HF-format model there as ``ictrl train`` does (``run.save_final``, every rank)."""
     trainer = build_trainer(out_dir, model_dir, selector, engine, world, per_device, grad_accum, **overrides)
     losses: list[float] = []
     original = trainer._compute_loss
@@ -233,6 +235,10 @@ def run_one_step(out_dir: Path, model_dir: str, selector: str, per_device: int |
 
     trainer._compute_loss = recording_loss  # type: ignore[method-assign]
     trainer.train()
+    if final_dir is not None:
+        from ictrl.engine.run import STAGING_PREFIX, save_final
+
+        save_final(trainer, final_dir.with_name(STAGING_PREFIX + final_dir.name), final_dir)
     return {"batches": trainer.recorded, "losses": losses, "params": full_params(trainer),
             "rank": trainer.accelerator.process_index, "world": trainer.accelerator.num_processes,
             "engine": type(trainer.model).__name__}
@@ -256,7 +262,8 @@ def main(argv: list[str]) -> None:
     out, model_dir, engine, phases = Path(argv[0]), argv[1], argv[2], argv[3].split("+")
     if "step" in phases:
         for selector in argv[4].split(","):
-            result = run_one_step(out / f"trainer_{engine}_{selector}", model_dir, selector, engine=engine, world=2)
+            result = run_one_step(out / f"trainer_{engine}_{selector}", model_dir, selector, engine=engine, world=2,
+                                  final_dir=out / f"final_{engine}_{selector}")
             _save(result, out / f"{engine}_{selector}_rank{result['rank']}.pt")
     if "bench" in phases:
         bench_steps(out, model_dir, engine, int(argv[4]))

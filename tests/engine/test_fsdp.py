@@ -37,6 +37,10 @@ def test_fsdp2_two_processes_match_one(fsdp_runs: Path, tiny_model_dir: Path, se
     assert result["engine"].startswith("FSDP"), result["engine"]  # really sharded, not a DDP fallback
     diffs = w.compare_step(fsdp_runs, str(tiny_model_dir), "fsdp2", selector)
     print(f"fsdp2 {selector} max abs diff: {diffs}")
+    # The final save (run.save_final on every rank) gathers a full HF-format model from the sharded one, though
+    # checkpoints are SHARDED_STATE_DICT.
+    final = w.initial_params(str(fsdp_runs / f"final_fsdp2_{selector}"))
+    assert w.max_param_diff(final, result["params"]) == 0.0
 
 
 @pytest.mark.integration

@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 import mp_worker as w
 
@@ -33,6 +34,9 @@ def ddp_runs(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
 def test_ddp_two_processes_match_one(ddp_runs: Path, tiny_model_dir: Path, selector: str) -> None:
     diffs = w.compare_step(ddp_runs, str(tiny_model_dir), "ddp", selector)
     print(f"ddp {selector} max abs diff: {diffs}")
+    result = torch.load(ddp_runs / f"ddp_{selector}_rank0.pt", weights_only=False)
+    final = w.initial_params(str(ddp_runs / f"final_ddp_{selector}"))  # run.save_final, called on every rank
+    assert w.max_param_diff(final, result["params"]) == 0.0
 
 
 @pytest.mark.integration

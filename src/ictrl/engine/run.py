@@ -421,12 +421,21 @@ def train(cfg: RunConfig, resume: bool = False, source: str = "<config>",
 def save_final(trainer: Any, staging: Path, final: Path) -> None:
     """The HF-format model in ``final``, written to ``staging`` then renamed. ``save_model`` runs on every
     process: under ZeRO-3 and FSDP it gathers the full weights (a collective; on the main process alone it would
-    hang), and only the main process writes."""
+    hang), and only the main process writes. FSDP checkpoints may be sharded (SHARDED_STATE_DICT), for which
+    ``save_model`` writes no weights: the final save switches the plugin to a full state dict for its duration."""
     barrier = trainer.accelerator.wait_for_everyone
     if trainer.args.should_save:
         shutil.rmtree(staging, ignore_errors=True)
     barrier()
-    trainer.save_model(str(staging))
+    plugin = getattr(trainer.accelerator.state, "fsdp_plugin", None) if trainer.is_fsdp_enabled else None
+    previous = plugin.state_dict_type if plugin is not None else None
+    if plugin is not None and "FULL_STATE_DICT" not in str(previous):
+        plugin.set_state_dict_type("FULL_STATE_DICT")
+    try:
+        trainer.save_model(str(staging))
+    finally:
+        if plugin is not None:
+            plugin.state_dict_type = previous
     barrier()
     if trainer.args.should_save:
         trainer.state.save_to_json(str(staging / "trainer_state.json"))  # its step: finished_run reads it
