@@ -75,16 +75,25 @@ def method_section(name: str, warmup_steps: int | None = None) -> dict[str, Any]
 
 @dataclass(frozen=True)
 class RunSpec:
-    """One cell of the grid; ``lr`` None means the recipe's learning rate."""
+    """One cell of the grid; ``lr`` None means the recipe's learning rate. ``ratio`` / ``norm`` override the
+    method's selected fraction / loss normaliser (``ictrl compare --tune``'s variants); None keeps its default."""
 
     method: str
     seed: int
     lr: float | None = None
+    ratio: float | None = None
+    norm: str | None = None
+
+    @property
+    def variant(self) -> str:
+        """The method with its overrides, e.g. ``ict``, ``ict-r0.2``, ``random10-per_response_all``."""
+        return (self.method + (f"-r{self.ratio:g}" if self.ratio is not None else "")
+                + (f"-{self.norm}" if self.norm is not None else ""))
 
     @property
     def relpath(self) -> str:
         head = f"lr{self.lr:g}/" if self.lr is not None else ""
-        return f"{head}{self.method}/seed{self.seed}"
+        return f"{head}{self.variant}/seed{self.seed}"
 
 
 def grid_specs(methods: Sequence[str], seeds: int, lrs: Sequence[float] | None = None) -> list[RunSpec]:
@@ -217,6 +226,8 @@ class TinyRL:
     selection_warmup: int | None = field(default=None, metadata={"help": "Θ for ict/random/frequent; None: 10"})
     eval_problems: int = field(default=200, metadata={"help": "held-out problems (test split)"})
     eval_n: int = field(default=4, metadata={"help": "samples per held-out problem (>= 4 for P@4)"})
+    eval_split: str = field(default="test", metadata={"help": "split evaluated after training: test, or dev "
+                                                      "for tuning runs (ictrl compare --tune)"})
     eval_every: int = field(default=0, metadata={"help": "optimizer steps between held-out pass@k evaluations "
                                                  "during training (the eval/* curves); 0: only after training"})
     curve_problems: int = field(default=64, metadata={"help": "held-out problems (the first of the test split) "
@@ -233,6 +244,8 @@ class TinyRL:
                              f"{self.curve_problems}")
         if self.eval_n < 4:
             raise ValueError(f"eval_n must be at least 4 (P@4 needs n >= 4), got {self.eval_n}")
+        if self.eval_split not in ("dev", "test"):
+            raise ValueError(f"eval_split must be 'dev' or 'test', got {self.eval_split!r}")
         if not (self.lr > 0 and self.temperature > 0):
             raise ValueError(f"lr and temperature must be > 0, got {self.lr}, {self.temperature}")
 
@@ -244,12 +257,17 @@ def tiny_run_config(settings: TinyRL, base: Path, spec: RunSpec, run_dir: Path) 
 
     difficulty = _base_difficulty(base)
     batch = settings.prompts_per_step * settings.num_generations
+    method = method_section(spec.method, settings.selection_warmup)
+    if spec.ratio is not None:
+        method["ratio"] = spec.ratio
+    if spec.norm is not None:
+        method["normalization"] = spec.norm
     data = {
         "model": {"name_or_path": str(base), "dtype": "float32"},
         "output_dir": str(run_dir),
-        "method": method_section(spec.method, settings.selection_warmup),
+        "method": method,
         "sampling": {"num_generations": settings.num_generations, "temperature": settings.temperature,
-                     "max_completion_length": max_new_tokens(difficulty)},
+                     "max_completion_length": max_new_tokens(difficulty, base_task(base))},
         "optim": {"learning_rate": spec.lr if spec.lr is not None else settings.lr,
                   "warmup_steps": settings.lr_warmup_steps, "epsilon": settings.epsilon,
                   "epsilon_high": settings.epsilon_high, "beta": 0.0, "num_iterations": settings.num_iterations,
@@ -266,12 +284,24 @@ def _base_difficulty(base: Path) -> tuple[int, ...]:
     return tuple(info["recipe"]["difficulty"])
 
 
-def tiny_eval_tasks(settings: TinyRL, base: Path) -> list[Any]:
-    from ictrl.experiments import tinytask
+def base_task(base: Path) -> str:
+    """The embedded task a cached base was warm-started on (bases from before the task field: tinyarith)."""
+    return str(json.loads((base / "warm_start.json").read_text())["recipe"].get("task", "tinyarith"))
 
+
+def _max_new(base: Path) -> int:
+    from ictrl.experiments.tinymodel import max_new_tokens
+
+    return max_new_tokens(_base_difficulty(base), base_task(base))
+
+
+def tiny_eval_tasks(settings: TinyRL, base: Path) -> list[Any]:
+    from ictrl.experiments.tasks import get_task
+
+    task = get_task(base_task(base))
     # seed 0 as ictrl demo: the held-out set depends only on the task, never on a run's seed.
-    problems = tinytask.generate_problems(settings.eval_problems, "test", _base_difficulty(base), seed=0)
-    return [tinytask.eval_task(problems)]
+    problems = task.generate_problems(settings.eval_problems, settings.eval_split, _base_difficulty(base), seed=0)
+    return [task.eval_task(problems)]
 
 
 def evaluate_model(model: Any, tokenizer: Any, tasks: list[Any], out_dir: Path, label: str, n: int,
@@ -294,23 +324,26 @@ def train_tiny(settings: TinyRL, base: Path, spec: RunSpec, run_dir: Path) -> di
 
     from ictrl.engine.callbacks import MetricsJSONL
     from ictrl.engine.run import build_trainer_args, make_trainer_class, trainer_classes
-    from ictrl.experiments import tinytask
     from ictrl.experiments.report import load_metrics
-    from ictrl.experiments.tinymodel import load_tiny_base, max_new_tokens
+    from ictrl.experiments.tasks import get_task
+    from ictrl.experiments.tinymodel import load_tiny_base
+    from ictrl.experiments.update_norm import UpdateNorm
 
     for stale in list(run_dir.iterdir()):  # an unfinished attempt: start over
         shutil.rmtree(stale) if stale.is_dir() else stale.unlink()
     cfg = tiny_run_config(settings, base, spec, run_dir)
     args = build_trainer_args(cfg, cfg.output_dir)
     model, tokenizer = load_tiny_base(base)
-    dataset = tinytask.train_dataset(settings.prompts_per_step, settings.steps, _base_difficulty(base), spec.seed)
+    task = get_task(base_task(base))
+    dataset = task.train_dataset(settings.prompts_per_step, settings.steps, _base_difficulty(base), spec.seed)
     _, trainer_cls = trainer_classes()
-    trainer = make_trainer_class(trainer_cls)(model=model, reward_funcs=[tinytask.tinyarith_reward], args=args,
+    trainer = make_trainer_class(trainer_cls)(model=model, reward_funcs=[task.reward], args=args,
                                               train_dataset=dataset, processing_class=tokenizer)
     for cb in (PrinterCallback, ProgressCallback):
         trainer.remove_callback(cb)
     metrics_path = run_dir / "metrics.jsonl"
-    trainer.add_callback(MetricsJSONL(metrics_path, accuracy_reward=tinytask.tinyarith_reward.__name__))
+    trainer.add_callback(UpdateNorm())  # before MetricsJSONL: it adds ictrl/update_norm to the row that one writes
+    trainer.add_callback(MetricsJSONL(metrics_path, accuracy_reward=task.reward.__name__))
     if settings.eval_every:
         trainer.add_callback(curve_callback(settings, base, spec).bind(trainer))
     try:
@@ -325,7 +358,7 @@ def train_tiny(settings: TinyRL, base: Path, spec: RunSpec, run_dir: Path) -> di
                 "diverged": str(exc)[:300]}
     tasks = tiny_eval_tasks(settings, base)
     scores = evaluate_model(trainer.model, tokenizer, tasks, run_dir / EVAL_DIR, f"{spec.relpath}", settings.eval_n,
-                            max_new_tokens(_base_difficulty(base)), settings.temperature, 1.0)
+                            _max_new(base), settings.temperature, 1.0)
     return {**scores, "final_reward": final_reward(load_metrics(metrics_path)), "steps": trainer.state.global_step}
 
 
@@ -334,13 +367,12 @@ def curve_callback(settings: TinyRL, base: Path, spec: RunSpec) -> Any:
     end-of-run evaluation's sampling settings and seed: the ``eval/avg/pass@1`` curves of compare/sweep."""
     from ictrl.engine.eval_callback import PassAtKCallback
     from ictrl.eval.harness import EvalConfig, EvalTask
-    from ictrl.experiments.tinymodel import max_new_tokens
 
     (task,) = tiny_eval_tasks(settings, base)
     subset = EvalTask(task.name, list(task.problems)[:settings.curve_problems], task.prompt_fn, task.reward_fn,
                       task.extract_fn)
     config = EvalConfig(model=spec.relpath, n=settings.eval_n, ks=(1, 4),
-                        max_new_tokens=max_new_tokens(_base_difficulty(base)), temperature=settings.temperature,
+                        max_new_tokens=_max_new(base), temperature=settings.temperature,
                         top_p=1.0, seeds=(0,), n_bootstrap=1)
     return PassAtKCallback([subset], config, every=settings.eval_every, batch_size=256)
 
@@ -352,11 +384,11 @@ def is_divergence(exc: BaseException) -> bool:
 
 
 def eval_tiny_base(settings: TinyRL, base: Path, out_dir: Path) -> dict[str, Any]:
-    from ictrl.experiments.tinymodel import load_tiny_base, max_new_tokens
+    from ictrl.experiments.tinymodel import load_tiny_base
 
     model, tokenizer = load_tiny_base(base)
     return evaluate_model(model, tokenizer, tiny_eval_tasks(settings, base), out_dir, str(base), settings.eval_n,
-                          max_new_tokens(_base_difficulty(base)), settings.temperature, 1.0)
+                          _max_new(base), settings.temperature, 1.0)
 
 
 # ------------------------------------------------------------------------------------------ a run config
@@ -420,6 +452,11 @@ def eval_config_base(config_path: Path, out_dir: Path, eval_limit: int | None) -
 
 
 # ------------------------------------------------------------------------------------------ the command lines
+
+# Warm-start noise per task beyond the shared recipe: countdown's demonstrations err mostly by choice (a correct
+# chain to another value), rarely by an arithmetic slip.
+TASK_RECIPES: dict[str, dict[str, Any]] = {"countdown": {"order_error": 0.5, "digit_error": 0.1,
+                                                           "train_problems": 1300}}
 
 # --quick: ictrl demo's quick base model and an RL budget small enough for tests (seconds per run).
 QUICK_RL = dict(steps=2, prompts_per_step=4, num_generations=4, num_iterations=1, selection_warmup=0,
@@ -485,6 +522,11 @@ def make_experiment(args: Any, log: Callable[[str], None] = print) -> Experiment
     from ictrl.experiments.tinymodel import TinyRecipe, build_tiny_base
 
     recipe_kw, rl_kw = default_tiny_settings(args.quick)
+    task = getattr(args, "task", None) or "tinyarith"
+    if task != "tinyarith":
+        from ictrl.experiments.tasks import DEFAULT_DIFFICULTY
+
+        recipe_kw.update(task=task, difficulty=DEFAULT_DIFFICULTY[task], **TASK_RECIPES.get(task, {}))
     if args.steps is not None:
         rl_kw["steps"] = args.steps
     if args.eval_problems is not None:

@@ -39,7 +39,7 @@ from typing import Any
 import torch
 
 from ictrl.data import Problem
-from ictrl.experiments import tinytask
+from ictrl.experiments.tasks import get_task
 from ictrl.files import atomic_write_text
 from ictrl.models import PLAIN_CHAT_TEMPLATE, build_byte_tokenizer, build_tiny_qwen2
 
@@ -52,11 +52,14 @@ class TinyRecipe:
     """Everything that determines the cached base model."""
 
     seed: int = field(default=0, metadata={"help": "seed for init, data order, noise and dev sampling"})
+    task: str = field(default="tinyarith", metadata={"help": "embedded task (ictrl.experiments.tasks): tinyarith "
+                                                             "or countdown"})
     hidden_size: int = field(default=64, metadata={"help": "model width"})
     num_hidden_layers: int = field(default=2, metadata={"help": "transformer blocks"})
     num_attention_heads: int = field(default=4, metadata={"help": "attention heads"})
     difficulty: tuple[int, ...] = field(default=(2,), metadata={"help": "operator counts mixed in the task"})
-    order_error: float = field(default=0.5, metadata={"help": "share of demonstrations evaluated left to right"})
+    order_error: float = field(default=0.5, metadata={"help": "share of demonstrations with a choice error "
+                                                      "(tinyarith: left to right; countdown: a chain to another value)"})
     digit_error: float = field(default=0.5, metadata={"help": "share of demonstrations with one corrupted digit"})
     train_problems: int = field(default=2000, metadata={"help": "size of the supervised problem pool"})
     batch_size: int = field(default=32, metadata={"help": "sequences per supervised step"})
@@ -81,9 +84,13 @@ class TinyRecipe:
         if self.lr <= 0:
             raise ValueError(f"lr must be positive, got {self.lr}")
         object.__setattr__(self, "difficulty", tuple(self.difficulty))
+        get_task(self.task)
 
     def key(self) -> str:
-        blob = json.dumps({"version": RECIPE_VERSION, **asdict(self)}, sort_keys=True)
+        fields = asdict(self)
+        if fields["task"] == "tinyarith":
+            del fields["task"]  # keys (cached bases) from before the task field stay valid
+        blob = json.dumps({"version": RECIPE_VERSION, **fields}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -91,17 +98,17 @@ def cache_root() -> Path:
     return Path(os.environ.get("ICTRL_CACHE_DIR", Path.home() / ".cache" / "ictrl"))
 
 
-def max_new_tokens(difficulty: tuple[int, ...]) -> int:
-    """Room for the longest left-to-right chain (products up to 4 digits) plus the answer and EOS."""
-    return 14 * max(difficulty) + 16
+def max_new_tokens(difficulty: tuple[int, ...], task: str = "tinyarith") -> int:
+    """The completion budget of ``task`` at ``difficulty`` (the task module's ``max_new_tokens``)."""
+    return int(get_task(task).max_new_tokens(difficulty))
 
 
 @torch.no_grad()
 def sample_correct(
     model: Any, tokenizer: Any, problems: list[Problem], n: int, temperature: float = 1.0,
-    seed: int = 0, batch_prompts: int = 64,
+    seed: int = 0, batch_prompts: int = 64, task: str = "tinyarith",
 ) -> list[int]:
-    """Correct-sample counts per problem from ``n`` samples each (pure sampling: no top-k / top-p).
+    """Correct-sample counts per problem of ``task`` from ``n`` samples each (pure sampling: no top-k / top-p).
 
     Sampling runs under a forked RNG seeded with ``seed``, so callers' random streams are untouched.
     """
@@ -119,12 +126,12 @@ def sample_correct(
             enc = tokenizer([p.question for p in chunk], return_tensors="pt", padding=True)
             out = model.generate(
                 **enc, do_sample=True, temperature=temperature, top_k=0, top_p=1.0, num_return_sequences=n,
-                max_new_tokens=max_new_tokens(difficulty), pad_token_id=tokenizer.pad_token_id,
+                max_new_tokens=max_new_tokens(difficulty, task), pad_token_id=tokenizer.pad_token_id,
                 eos_token_id=tokenizer.eos_token_id,
             )
             texts = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
             for i, p in enumerate(chunk):
-                counts.append(int(sum(tinytask.grade(t, p.gold) for t in texts[i * n : (i + 1) * n])))
+                counts.append(int(sum(get_task(task).grade(t, p.gold) for t in texts[i * n : (i + 1) * n])))
     model.train(was_training)
     return counts
 
@@ -153,8 +160,9 @@ def warm_start(recipe: TinyRecipe, log: Any = print) -> tuple[Any, Any, dict[str
         num_attention_heads=recipe.num_attention_heads, num_key_value_heads=max(1, recipe.num_attention_heads // 2),
         max_position_embeddings=256, seed=recipe.seed,
     )
-    train = tinytask.generate_problems(recipe.train_problems, "train", recipe.difficulty, seed=recipe.seed)
-    dev = tinytask.generate_problems(recipe.dev_problems, "dev", recipe.difficulty, seed=recipe.seed)
+    task = get_task(recipe.task)
+    train = task.generate_problems(recipe.train_problems, "train", recipe.difficulty, seed=recipe.seed)
+    dev = task.generate_problems(recipe.dev_problems, "dev", recipe.difficulty, seed=recipe.seed)
     rng = random.Random(f"warm-start:{recipe.seed}")
     opt = torch.optim.AdamW(model.parameters(), lr=recipe.lr, weight_decay=0.0, betas=(0.9, 0.98))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 50))
@@ -164,7 +172,7 @@ def warm_start(recipe: TinyRecipe, log: Any = print) -> tuple[Any, Any, dict[str
     model.train()
     for step in range(1, recipe.max_steps + 1):
         batch = [train[rng.randrange(len(train))] for _ in range(recipe.batch_size)]
-        demos = [tinytask.demonstration(p, rng, recipe.order_error, recipe.digit_error) for p in batch]
+        demos = [task.demonstration(p, rng, recipe.order_error, recipe.digit_error) for p in batch]
         ids, attn, labels = _encode_batch(tokenizer, [p.question for p in batch], demos)
         loss = model(input_ids=ids, attention_mask=attn, labels=labels).loss
         opt.zero_grad(set_to_none=True)
@@ -174,7 +182,7 @@ def warm_start(recipe: TinyRecipe, log: Any = print) -> tuple[Any, Any, dict[str
         sched.step()
         if step % recipe.eval_every and step != recipe.max_steps:
             continue
-        counts = sample_correct(model, tokenizer, dev, recipe.dev_samples, seed=recipe.seed)
+        counts = sample_correct(model, tokenizer, dev, recipe.dev_samples, seed=recipe.seed, task=recipe.task)
         score = sum(counts) / (len(counts) * recipe.dev_samples)
         history.append({"step": step, "loss": loss.item(), "dev_pass1": score, "seconds": time.perf_counter() - start})
         log(f"warm start step {step}: loss {loss.item():.3f}, dev sampled pass@1 {score:.3f}")
@@ -251,10 +259,10 @@ def export_tiny_model(output_dir: str | os.PathLike[str], recipe: TinyRecipe | N
     else:
         model, tokenizer = load_tiny_base(build_tiny_base(recipe, cache_dir=cache_dir, log=log))
     tokenizer.chat_template = PLAIN_CHAT_TEMPLATE
-    model.generation_config.max_new_tokens = max_new_tokens(recipe.difficulty)
+    model.generation_config.max_new_tokens = max_new_tokens(recipe.difficulty, recipe.task)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    rows = tinytask.generate_problems(problems, "train", recipe.difficulty, seed=recipe.seed)
+    rows = get_task(recipe.task).generate_problems(problems, "train", recipe.difficulty, seed=recipe.seed)
     atomic_write_text(out / "train.jsonl", "".join(
         json.dumps({"id": p.id, "question": p.question, "answer": p.gold}) + "\n" for p in rows))
     return out

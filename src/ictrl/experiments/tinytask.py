@@ -169,6 +169,14 @@ def tinyarith_reward(prompts: list[Any], completions: list[Any], gold: list[str]
     return [grade(completion_text(c), g) for c, g in zip(completions, gold)]
 
 
+reward = tinyarith_reward  # the name ictrl.experiments.tasks looks up
+
+
+def max_new_tokens(difficulty: tuple[int, ...]) -> int:
+    """Room for the longest left-to-right chain (products up to 4 digits) plus the answer and EOS."""
+    return 14 * max(difficulty) + 16
+
+
 def train_dataset(prompts_per_step: int, steps: int, difficulty: int | tuple[int, ...], seed: int) -> Any:
     """RL prompts for a run: enough distinct train-split problems for its steps (64 to 2,000; 2,000 is most of the
     split at difficulty 2, and TRL cycles if a run needs more), drawn with the run's seed. Columns ``prompt`` and

@@ -1,0 +1,158 @@
+"""ictrl compare --tune: the tuning grid, the fixed choice rule, matched update size, the update-norm callback,
+and the whole protocol end to end with resume (--quick, countdown)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from ictrl.experiments import compare, grid, tune
+from ictrl.experiments.update_norm import KEY, UpdateNorm
+
+
+def proto(**kw) -> tune.Protocol:  # type: ignore[no-untyped-def]
+    return tune.Protocol(**{"variants": ("grpo", "ict", "random10"), "lrs": (1e-4, 2e-4),
+                            "norms": ("default", "per_response_all"), "tune_seeds": 2, "final_seeds": 5, **kw})
+
+
+def test_tuning_grid_covers_norms_for_sparse_only_and_seeds_are_disjoint() -> None:
+    p = proto()
+    specs = tune.tuning_specs(p)
+    # grpo: 1 normaliser, ict/random10: 2; x 2 lrs x 2 seeds
+    assert len(specs) == (1 + 2 + 2) * 2 * 2 == len(set(specs))
+    assert {s.norm for s in specs if s.method == "grpo"} == {None}
+    assert {s.norm for s in specs if s.method == "ict"} == {None, "per_response_all"}
+    chosen = {label: {"lr": 1e-4, "norm": None} for label in p.variants}
+    final = tune.final_rows(p, chosen, {})
+    assert {s.seed for s in specs}.isdisjoint({s.seed for row in final.values() for s in row})
+    assert [s.seed for s in final["ict"]] == [0, 1, 2, 3, 4]
+    assert tune.spec_of("ict20", 0, 1e-4, None).relpath == "lr0.0001/ict-r0.2/seed0"
+    with pytest.raises(ValueError, match="unknown variant 'ictt'"):
+        proto(variants=("ictt",))
+    with pytest.raises(ValueError, match="unknown normaliser"):
+        proto(norms=("bogus",))
+    with pytest.raises(ValueError, match="final-seeds >= 2"):
+        proto(final_seeds=1)
+
+
+def test_choice_rule_best_mean_then_smaller_lr_then_default_norm() -> None:
+    p = proto()
+    scores = {  # (label, lr, norm) -> per-seed Totals (p1 = p4 = Total)
+        ("grpo", 1e-4, None): [0.3, 0.5], ("grpo", 2e-4, None): [0.5, 0.3],  # tie at 0.4: smaller lr wins
+        ("ict", 1e-4, None): [0.2, 0.2], ("ict", 2e-4, None): [0.6, 0.0],
+        ("ict", 1e-4, "per_response_all"): [0.1, 0.1], ("ict", 2e-4, "per_response_all"): [0.35, 0.35],
+        ("random10", 1e-4, None): [0.25, 0.25], ("random10", 1e-4, "per_response_all"): [0.25, 0.25],
+        ("random10", 2e-4, None): [0.0, 0.0], ("random10", 2e-4, "per_response_all"): [0.1, 0.1],
+    }
+    results = {}
+    for (label, lr, norm), vals in scores.items():
+        for i, v in enumerate(vals):
+            results[tune.spec_of(label, tune.TUNE_SEED_START + i, lr, norm)] = {"p1": v, "p4": v}
+    chosen = tune.choose(p, results)
+    assert (chosen["grpo"]["lr"], chosen["grpo"]["norm"]) == (1e-4, None)
+    assert (chosen["ict"]["lr"], chosen["ict"]["norm"]) == (2e-4, "per_response_all")
+    assert math.isclose(chosen["ict"]["score"], 0.35)
+    assert [1e-4, None, 0.2, 0] in chosen["ict"]["scores"]
+    assert (chosen["random10"]["lr"], chosen["random10"]["norm"]) == (1e-4, None)  # tie on norm: default
+
+
+def write_metrics(path: Path, norms: list[float]) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "metrics.jsonl").write_text("".join(json.dumps({"step": i + 1, KEY: u}) + "\n" for i, u in enumerate(norms)))
+
+
+def test_matched_lr_scales_by_the_measured_update_norms(tmp_path: Path) -> None:
+    p = proto(tune_seeds=1)
+    chosen = {"grpo": {"lr": 2e-4, "norm": None}, "ict": {"lr": 1e-4, "norm": "per_response_all"},
+              "random10": {"lr": 1e-4, "norm": None}}
+    seed = tune.TUNE_SEED_START
+    # Steps <= Θ = 2 are left out of the mean: the warm-up updates every token.
+    write_metrics(tmp_path / tune.spec_of("grpo", seed, 2e-4, None).relpath, [9.0, 9.0, 1.0, 3.0])
+    write_metrics(tmp_path / tune.spec_of("ict", seed, 2e-4, "per_response_all").relpath, [9.0, 9.0, 4.0, 4.0])
+    write_metrics(tmp_path / tune.spec_of("random10", seed, 2e-4, None).relpath, [9.0, 9.0, 0.5, 0.5])
+    matched = tune.matched_lrs(p, chosen, tmp_path, theta=2)
+    assert math.isclose(matched["ict-matched"]["lr"], 2e-4 * 2.0 / 4.0)
+    assert matched["ict-matched"]["norm"] == "per_response_all"
+    assert math.isclose(matched["random10-matched"]["lr"], 2e-4 * 2.0 / 0.5)
+    rows = tune.final_rows(p, chosen, matched)
+    assert rows["ict-matched"][0] == grid.RunSpec("ict", 0, 1e-4, norm="per_response_all")
+    # No measurable update (all-zero advantages): no matched row rather than a division by zero.
+    write_metrics(tmp_path / tune.spec_of("random10", seed, 2e-4, None).relpath, [0.0, 0.0, 0.0, 0.0])
+    assert "random10-matched" not in tune.matched_lrs(p, chosen, tmp_path, theta=2)
+
+
+def test_update_norm_callback_is_the_float64_weight_distance() -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
+    model[1].bias.requires_grad_(False)  # frozen parameters are not counted
+    cb = UpdateNorm()
+    cb.on_train_begin(None, None, None, model=model)
+    deltas = []
+    for step in range(2):
+        before = [q.detach().clone().double() for q in model.parameters()]
+        with torch.no_grad():
+            for q in model.parameters():
+                q.add_(torch.randn_like(q) * (step + 1))
+        deltas.append(sum(float(((q.double() - b) ** 2).sum()) for q, b in zip(model.parameters(), before)
+                          if q.requires_grad))
+        cb.on_step_end(None, None, None, model=model)
+        if step == 0:
+            logs: dict = {}
+            cb.on_log(None, None, None, logs=logs)
+            assert math.isclose(logs[KEY], math.sqrt(deltas[0]), rel_tol=1e-12)
+    logs = {}
+    cb.on_log(None, None, None, logs=logs)
+    assert math.isclose(logs[KEY], math.sqrt(deltas[1]), rel_tol=1e-12)
+    empty: dict = {}
+    cb.on_log(None, None, None, logs=empty)  # no step since the last log: nothing added
+    assert KEY not in empty
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    compare.add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+@pytest.mark.integration
+def test_tune_quick_countdown_end_to_end_and_resume(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ICTRL_CACHE_DIR", str(tmp_path / "cache"))
+    out = tmp_path / "tune"
+    argv = ["--tune", "--quick", "--task", "countdown", "--variants", "grpo,ict,random10", "--lrs", "1e-4,1e-3",
+            "--norms", "default", "--final-seeds", "2", "--output-dir", str(out)]
+    assert compare.run(parse(argv)) == 0
+    choices = json.loads((out / "choices.json").read_text())
+    assert set(choices["chosen"]) == {"grpo", "ict", "random10"}
+    for label, c in choices["chosen"].items():
+        assert c["lr"] in (1e-4, 1e-3)
+        assert (out / "final" / tune.spec_of(label, 1, c["lr"], c["norm"]).relpath / grid.DONE_FILE).is_file()
+    assert len(list((out / "tune").glob("*/*/seed1000/done.json"))) == 3 * 2
+    records = [json.loads(x) for x in (out / "final" / tune.spec_of("ict", 0, choices["chosen"]["ict"]["lr"], None)
+                                        .relpath / "metrics.jsonl").read_text().splitlines()]
+    assert all(KEY in r and r[KEY] >= 0 for r in records)  # the update norm is logged every step
+    base = json.loads((out / "base" / "result.json").read_text())
+    assert 0 <= base["p1"] <= base["p4"] <= 1
+    text = (out / "results.md").read_text()
+    assert text.startswith("QUICK RUN") and "NOT A RESULT" in text.splitlines()[0]
+    assert "Task countdown" in text and tune.CHOICE_RULE in text
+    assert "NOT A RESULT" in (out / "report.html").read_text()
+
+    # Resume: a finished protocol trains nothing; a run without its done marker (a crash) is redone alone.
+    calls: list[str] = []
+    real = grid.train_tiny
+
+    def counting(settings, base, spec, run_dir):  # type: ignore[no-untyped-def]
+        calls.append(f"{settings.eval_split}:{spec.relpath}")
+        return real(settings, base, spec, run_dir)
+
+    monkeypatch.setattr(grid, "train_tiny", counting)
+    assert compare.run(parse(argv)) == 0
+    assert calls == []
+    lost = tune.spec_of("random10", 1, choices["chosen"]["random10"]["lr"], None)
+    (out / "final" / lost.relpath / grid.DONE_FILE).unlink()
+    assert compare.run(parse(argv)) == 0
+    assert calls == [f"test:{lost.relpath}"]
