@@ -11,6 +11,10 @@ Writes into ``--output-dir``:
 
 A rerun skips finished runs (see ``ictrl.experiments.grid``), so an interrupted compare continues where it
 stopped and a finished one only rebuilds the report.
+
+``--task countdown`` runs on the second embedded task (``ictrl.experiments.countdown``); ``--tune`` runs the tuned
+protocol instead (each method at its own tuned learning rate and normaliser, fresh seeds, matched update size:
+``ictrl.experiments.tune``).
 """
 
 from __future__ import annotations
