@@ -133,9 +133,9 @@ def answer(task: str, quick: bool, rows: dict[str, list[grid.RunSpec]], final: d
             m = welch_diff(_totals(rows, final, "ict-matched"), _totals(rows, final, "random10-matched"))
             lines.append(f"At GRPO's update size: ict-matched − random10-matched {m} points.")
         si, sr = stable.get("ict", []), stable.get("random10", [])
-        widen = ("wider" if len(si) > len(sr) else "narrower" if len(si) < len(sr) else "the same width")
-        lines.append(f"Stable range on the lr grid {', '.join(f'{x:g}' for x in lrs)}: ict {_lrs(si)}, random10 "
-                     f"{_lrs(sr)}, grpo {_lrs(stable.get('grpo', []))}: ICT's is {widen} than random10's.")
+        widen = ("wider than" if len(si) > len(sr) else "narrower than" if len(si) < len(sr) else "as wide as")
+        lines.append(f"Stable range on the lr grid {', '.join(f'{x:g}' for x in lrs)} (tuning runs): ict {_lrs(si)}, "
+                     f"random10 {_lrs(sr)}, grpo {_lrs(stable.get('grpo', []))}: ICT's is {widen} random10's.")
     if entropy:
         lines.append("End-of-run entropies (nats, mean over the last steps, 95% Welch CI): " + "; ".join(entropy) + ".")
     return "\n\n".join(lines)
