@@ -156,3 +156,51 @@ def test_tune_quick_countdown_end_to_end_and_resume(tmp_path: Path, monkeypatch:
     (out / "final" / lost.relpath / grid.DONE_FILE).unlink()
     assert compare.run(parse(argv)) == 0
     assert calls == [f"test:{lost.relpath}"]
+
+
+def test_report_answers_first_with_the_welch_ci_stable_range_and_norms(tmp_path: Path) -> None:
+    """tune_report.write on hand-made runs: the first lines carry the CI scipy gives, a diverged lr leaves the
+    stable range, the update-norm ratio is the measured one, and a full run is not called a quick one."""
+    from scipy import stats
+
+    from ictrl.experiments import tune_report
+
+    p = proto(tune_seeds=1, final_seeds=3, lrs=(1e-4, 2e-4))
+    seed = tune.TUNE_SEED_START
+    tune_results = {}
+    for s in tune.tuning_specs(p):
+        bad = s.method == "ict" and s.lr == 2e-4 and s.norm is None
+        tune_results[s] = {"p1": 0.0 if bad else 0.3, "p4": 0.0 if bad else 0.5, "seconds": 1.0,
+                           **({"diverged": "nan"} if bad else {})}
+    chosen = tune.choose(p, tune_results)
+    assert chosen["ict"]["lr"] == 1e-4
+    totals = {"grpo": [0.40, 0.42, 0.44], "ict": [0.30, 0.34, 0.32], "random10": [0.20, 0.25, 0.21]}
+    rows = tune.final_rows(p, chosen, {})
+    final = {}
+    for label, specs in rows.items():
+        for s, t in zip(specs, totals[label]):
+            final[s] = {"p1": t, "p4": t, "seconds": 2.0}
+            u = 2.0 if label == "grpo" else 1.0
+            (tmp_path / "final" / s.relpath).mkdir(parents=True)
+            (tmp_path / "final" / s.relpath / "metrics.jsonl").write_text("".join(
+                json.dumps({"step": k + 1, KEY: u, "ictrl/h1/all": 0.5, "ictrl/h2/all": 0.4,
+                            "ictrl/h1/selected": 0.9 if label == "ict" else 0.5 + 0.01 * s.seed}) + "\n"
+                for k in range(6)))
+    settings = {"rl": {"steps": 6, "prompts_per_step": 4, "num_generations": 4, "eval_problems": 8, "eval_n": 4,
+                       "temperature": 1.0}}
+    paths = tune_report.write(tmp_path, p, settings, tune_results, {"p1": 0.3, "p4": 0.5}, chosen, {}, rows, final,
+                              {"p1": 0.1, "p4": 0.2}, theta=0, seconds=1.0, quick=False, task="countdown")
+    text = paths["table"].read_text()
+    first = text.splitlines()[0]
+    assert first.startswith("Task countdown") and "QUICK" not in text
+    a, b = [100 * t for t in totals["ict"]], [100 * t for t in totals["random10"]]
+    ref = stats.ttest_ind(a, b, equal_var=False)
+    lo, hi = ref.confidence_interval(0.95)
+    assert f"[{lo:+.2f}, {hi:+.2f}]" in first and "beats random10 beyond seed noise" in first
+    # ict at 2e-4 (default normaliser, its choice) diverged: not stable; its dev Total 40 equals the base's elsewhere.
+    assert "ict {0.0001}" in text and "random10 {0.0001, 0.0002}" in text and "narrower than" in text
+    assert "| ict | 0.0001 | 1 ± 0 | 0.50 |" in text  # measured update norm and its ratio to GRPO's
+    assert "H1 selected ict − random10 +0.39" in text
+    assert "(1 diverged)" in text and tune.CHOICE_RULE in text
+    assert (tmp_path / "report.html").is_file()
+    assert any(pth.name.startswith("curve_update") for pth in tmp_path.glob("curve_*.png"))
