@@ -203,4 +203,8 @@ def test_report_answers_first_with_the_welch_ci_stable_range_and_norms(tmp_path:
     assert "H1 selected ict − random10 +0.39" in text
     assert "(1 diverged)" in text and tune.CHOICE_RULE in text
     assert (tmp_path / "report.html").is_file()
+    # A base model at 0% (nothing for RL to find) is flagged in the first line of a full run.
+    paths = tune_report.write(tmp_path, p, settings, tune_results, {"p1": 0.3, "p4": 0.5}, chosen, {}, rows, final,
+                              {"p1": 0.0, "p4": 0.0}, theta=0, seconds=1.0, quick=False, task="countdown")
+    assert paths["table"].read_text().startswith("WARNING: the base model scores P@1 0.0% / P@4 0.0%")
     assert any(pth.name.startswith("curve_update") for pth in tmp_path.glob("curve_*.png"))

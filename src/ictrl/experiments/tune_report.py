@@ -117,11 +117,17 @@ def entropy_table(rows: dict[str, list[grid.RunSpec]], metrics: dict[grid.RunSpe
 
 
 def answer(task: str, quick: bool, rows: dict[str, list[grid.RunSpec]], final: dict[grid.RunSpec, dict[str, Any]],
-           stable: dict[str, list[float]], entropy: list[str], lrs: Sequence[float]) -> str:
+           stable: dict[str, list[float]], entropy: list[str], lrs: Sequence[float],
+           base_test: dict[str, Any] | None = None) -> str:
     lines = []
     if quick:
         lines.append("QUICK RUN (--quick: a tiny base model, a few steps per run): a plumbing check of the protocol. "
                      "NOT A RESULT; the numbers below say nothing about the methods.")
+    elif base_test is not None and (base_test["p4"] == 0 or base_test["p1"] >= 0.95):
+        lines.append(f"WARNING: the base model scores P@1 {100 * base_test['p1']:.1f}% / P@4 "
+                     f"{100 * base_test['p4']:.1f}% on the test split: RL has "
+                     f"{'no reward to learn from' if base_test['p4'] == 0 else 'no room to improve'}, so the "
+                     "comparison below cannot separate the methods.")
     if "ict" in rows and "random10" in rows:
         d = welch_diff(_totals(rows, final, "ict"), _totals(rows, final, "random10"))
         verdict = ("no interval" if d.lo is None else
@@ -158,7 +164,7 @@ def write(out: Path, protocol: Protocol, settings: dict[str, Any], tune_results:
     stable = {label: stable_lrs(protocol, label, c["norm"], tune_results, base_dev_total) for label, c in chosen.items()}
     upd_md, upd = update_table(rows, metrics, theta)
     ent_md, ent_sentences = entropy_table(rows, metrics)
-    text = answer(task, quick, rows, final, stable, ent_sentences, protocol.lrs)
+    text = answer(task, quick, rows, final, stable, ent_sentences, protocol.lrs, base_test)
     chosen_md = "\n".join(["| row | lr | normaliser | dev Total (tuning) | stable lrs |", "|---|---|---|---|---|"]
                           + [f"| {k} | {c['lr']:g} | {c['norm'] or 'default'} | {100 * c['score']:.1f} | "
                              f"{_lrs(stable[k])} |" for k, c in chosen.items()]
