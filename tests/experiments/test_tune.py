@@ -97,7 +97,7 @@ def test_update_norm_callback_is_the_float64_weight_distance() -> None:
         with torch.no_grad():
             for q in model.parameters():
                 q.add_(torch.randn_like(q) * (step + 1))
-        deltas.append(sum(float(((q.double() - b) ** 2).sum()) for q, b in zip(model.parameters(), before)
+        deltas.append(sum(float(((q.detach().double() - b) ** 2).sum()) for q, b in zip(model.parameters(), before)
                           if q.requires_grad))
         cb.on_step_end(None, None, None, model=model)
         if step == 0:
