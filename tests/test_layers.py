@@ -17,6 +17,7 @@ LAYERS: dict[str, int] = {
     "cli": 4, "__main__": 4,
 }
 CORE_THIRD_PARTY = {"torch", "math", "dataclasses", "typing", "collections", "__future__", "hashlib", "inspect",
+                    "difflib", "importlib",
                     "json", "os", "uuid", "pathlib",
                     "logging", "triton"}  # triton: only ictrl.kernels.group_js_triton, imported when triton is
 

@@ -48,12 +48,12 @@ STEPS, SAVE_STEPS, BLOCK_AT = 6, 3, 5
 def command(model_dir: Path, out: Path, *extra: str) -> list[str]:
     return [
         sys.executable, "-m", "ictrl.cli", "train", str(CONFIGS / "qwen2.5-0.5b" / "ict.yaml"),
-        f"--model.name_or_path={model_dir}", f"--output_dir={out}", f"--optim.max_steps={STEPS}",
-        f"--save_steps={SAVE_STEPS}", "--optim.learning_rate=1e-3", "--optim.seed=7",
-        "--optim.per_device_train_batch_size=8", "--optim.gradient_accumulation_steps=1",
-        "--sampling.num_generations=4", "--sampling.max_completion_length=8",
+        f"--model.name_or_path={model_dir}", f"--output_dir={out}", f"--max_steps={STEPS}",
+        f"--save_steps={SAVE_STEPS}", "--learning_rate=1e-3", "--seed=7",
+        "--prompts_per_step=2", "--per_device_train_batch_size=8", "--num_generations=4",
+        "--max_completion_length=8",
         "--data.train=[gsm8k_train]", "--data.limit=4", "--data.max_prompt_length=null",
-        "--method.warmup_steps=0", "--reward.names=[ictrl_resume_reward:letters]", "--logging.progress=false",
+        "--selection_warmup_steps=0", "--reward.names=[ictrl_resume_reward:letters]", "--disable_tqdm",
         *extra,
     ]
 
@@ -236,10 +236,10 @@ def test_resume_at_max_steps_trains_no_step(tiny_model_dir: Path, shared_data: P
 
     out = tmp_path / "out"
     cfg = load_config(CONFIGS / "qwen2.5-0.5b" / "ict.yaml", [
-        f"--model.name_or_path={tiny_model_dir}", f"--output_dir={out}", "--optim.max_steps=2", "--save_steps=1",
-        "--optim.per_device_train_batch_size=8", "--optim.gradient_accumulation_steps=1",
-        "--sampling.num_generations=4", "--sampling.max_completion_length=8", "--data.train=[gsm8k_train]",
-        "--data.limit=6", "--data.max_prompt_length=null", "--method.warmup_steps=0", "--logging.progress=false",
+        f"--model.name_or_path={tiny_model_dir}", f"--output_dir={out}", "--max_steps=2", "--save_steps=1",
+        "--prompts_per_step=2", "--per_device_train_batch_size=8", "--num_generations=4",
+        "--max_completion_length=8", "--data.train=[gsm8k_train]", "--data.limit=6", "--data.max_prompt_length=null",
+        "--selection_warmup_steps=0", "--disable_tqdm",
     ])
     assert train(cfg).global_step == 2
     metrics = (out / "metrics.jsonl").read_text()

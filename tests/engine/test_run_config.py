@@ -1,15 +1,15 @@
-"""Run-config schema: every shipped config validates; overrides; errors name the key and the source."""
+"""Run-config schema: keys are ICTGRPOConfig fields by name (plus model/data/reward sections); every shipped config
+validates; overrides in both flag forms; errors name the key and the source; the global step shape."""
 
 from __future__ import annotations
 
-import dataclasses
+import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
 from ictrl.engine.run_config import (
-    FIELD_MAP,
     ConfigError,
     RunConfig,
     config_from_dict,
@@ -18,19 +18,19 @@ from ictrl.engine.run_config import (
     parse_overrides,
     read_yaml,
     save_config,
-    trainer_kwargs,
 )
+from ictrl.selection import get_selector
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
-CELLS = sorted(p for p in CONFIGS.rglob("*.yaml") if "base" not in p.relative_to(CONFIGS).parts)
-METHOD_FRAGMENTS = sorted((CONFIGS / "base" / "methods").glob("*.yaml"))
+CELLS = sorted(p for p in CONFIGS.glob("qwen2.5-*/*.yaml"))
+MINIMAL = {"model": {"name_or_path": "m"}, "output_dir": "o"}
 
 
 def test_grid_is_complete() -> None:
     names = {str(p.relative_to(CONFIGS)) for p in CELLS}
     expected = {f"qwen2.5-{s}/{m}.yaml" for s in ("0.5b", "1.5b", "7b") for m in ("grpo", "entropy20", "stapo", "ict")}
     assert names == expected
-    assert {p.stem for p in METHOD_FRAGMENTS} == {"grpo", "entropy20", "stapo", "ict", "random10", "frequent"}
+    assert not (CONFIGS / "base" / "methods").exists()  # method defaults live in the selector registry only
 
 
 @pytest.mark.parametrize("path", CELLS, ids=lambda p: str(p.relative_to(CONFIGS)))
@@ -40,87 +40,64 @@ def test_every_cell_validates_and_builds_trainer_args(path: Path) -> None:
     cfg = load_config(path)
     size, method = path.parent.name, path.stem
     assert cfg.model.name_or_path.lower() == f"qwen/{size}"
-    assert cfg.method.name == method
     assert cfg.output_dir == f"runs/{size}/{method}"
-    # published values (method.md §6) shared by the grid
-    assert (cfg.optim.learning_rate, cfg.sampling.temperature, cfg.optim.beta) == (1e-6, 1.0, 0.0)
-    assert (cfg.optim.epsilon, cfg.optim.epsilon_high) == (0.2, 0.28)
     assert cfg.data.train == ["gsm8k_train", "math_train"]
-    # 32 prompts x 8 completions per optimizer step at every size
-    assert cfg.optim.per_device_train_batch_size * cfg.optim.gradient_accumulation_steps == 256
     args = build_trainer_args(cfg, str(path), cpu=True)
-    assert args.token_selector == cfg.method.selector
-    assert args.learning_rate == 1e-6 and args.use_cpu and not args.bf16 and not args.use_vllm
+    selector = get_selector(args.token_selector)
+    assert selector.label == method
+    # published values (docs/method.md §6) shared by the grid
+    assert (args.learning_rate, args.temperature, args.beta) == (1e-6, 1.0, 0.0)
+    assert (args.epsilon, args.epsilon_high) == (0.2, 0.28)
+    assert args.use_cpu and not args.bf16 and not args.use_vllm
+    # 32 prompts x 8 completions per optimizer step on one process
+    assert args.per_device_train_batch_size * args.gradient_accumulation_steps == 256
     assert args.generation_batch_size == 256
+    # the method's defaults come from its registration, nowhere else
+    assert args.selection_warmup_steps == selector.warmup_steps
+    assert args.loss_normalization == selector.normalization
+    assert args.selector_options() == selector.resolve_options()
 
 
-@pytest.mark.parametrize("fragment", METHOD_FRAGMENTS, ids=lambda p: p.stem)
-def test_method_fragments_map_to_trainer_fields(fragment: Path, tmp_path: Path) -> None:
-    from ictrl.engine.run import build_trainer_args
-
-    cell = tmp_path / "cell.yaml"
-    cell.write_text(yaml.safe_dump({
-        "base": [str(CONFIGS / "base/train.yaml"), str(CONFIGS / "base/models/qwen2.5-0.5b.yaml"), str(fragment)],
-        "output_dir": str(tmp_path / "out"),
-    }))
-    cfg = load_config(cell)
-    raw = yaml.safe_load(fragment.read_text())["method"]
-    args = build_trainer_args(cfg, str(cell), cpu=True)
-    for key, value in raw.items():
-        if key != "name":
-            assert getattr(args, FIELD_MAP[f"method.{key}"]) == value, key
-
-
-def test_field_map_targets_exist_in_trainer_config() -> None:
-    from ictrl.engine.run import trainer_classes
-
-    fields = {f.name for f in dataclasses.fields(trainer_classes()[0])}
-    assert set(FIELD_MAP.values()) <= fields
-
-
-def test_overrides_are_yaml_scalars_and_dotted() -> None:
+def test_overrides_both_flag_forms_and_sections() -> None:
     cell = CONFIGS / "qwen2.5-0.5b/ict.yaml"
-    cfg = load_config(cell, ["--optim.learning_rate=3e-6", "--data.train=[math_train]", "--method.ratio=0.2",
-                             "--trainer.save_total_limit=1", "--sampling.use_vllm=false", "--data.limit=null",
-                             "--output_dir=/tmp/x"])
-    assert cfg.optim.learning_rate == 3e-6 and isinstance(cfg.optim.learning_rate, float)
-    assert cfg.data.train == ["math_train"]
-    assert cfg.method.ratio == 0.2 and cfg.method.selector == "ict"
-    assert cfg.trainer["save_total_limit"] == 1 and cfg.trainer["scale_rewards"] == "group"  # merged, not replaced
-    assert cfg.sampling.use_vllm is False and cfg.data.limit is None and cfg.output_dir == "/tmp/x"
-    assert parse_overrides(["--a.b=1", "c=x y"]) == {"a.b": 1, "c": "x y"}
-    with pytest.raises(ConfigError, match="expected --section.key=value"):
-        parse_overrides(["--optim.learning_rate"])
+    cfg = load_config(cell, ["--learning_rate=3e-6", "--data.train=[math_train]", "--selection_ratio", "0.2",
+                             "--save_total_limit=1", "--use_vllm=false", "--data.limit=null", "--output_dir=/tmp/x",
+                             "--sparse_backward"])
+    assert cfg.trainer["learning_rate"] == 3e-6 and isinstance(cfg.trainer["learning_rate"], float)
+    assert cfg.data.train == ["math_train"] and cfg.data.eval  # a section merges key by key
+    assert cfg.trainer["selection_ratio"] == 0.2 and cfg.trainer["token_selector"] == "ict"
+    assert cfg.trainer["save_total_limit"] == 1 and cfg.trainer["scale_rewards"] == "group"
+    assert cfg.trainer["use_vllm"] is False and cfg.data.limit is None and cfg.output_dir == "/tmp/x"
+    assert cfg.trainer["sparse_backward"] is True
+    assert parse_overrides(["--a.b=1", "--c", "x y", "--d", "--e=1e-6"]) == {"a.b": 1, "c": "x y", "d": True,
+                                                                          "e": "1e-6"}
+    with pytest.raises(ConfigError, match="expected --key=value or --key value"):
+        parse_overrides(["learning_rate=1"])
 
 
 def test_mixture_and_scalar_list() -> None:
-    cfg = config_from_dict({"model": {"name_or_path": "m"}, "output_dir": "o",
-                            "data": {"train": {"gsm8k_train": 1, "math_train": 3}}})
+    cfg = config_from_dict({**MINIMAL, "data": {"train": {"gsm8k_train": 1, "math_train": 3}}})
     assert cfg.data.train == {"gsm8k_train": 1.0, "math_train": 3.0}
-    cfg = config_from_dict({"model": {"name_or_path": "m"}, "output_dir": "o"}, overrides={"data.train": "math_train"})
+    cfg = config_from_dict(MINIMAL, overrides={"data.train": "math_train"})
     assert cfg.data.train == ["math_train"]
     with pytest.raises(ConfigError, match=r"data\.train\.math_train: mixture weight must be > 0"):
-        config_from_dict({"model": {"name_or_path": "m"}, "output_dir": "o",
-                          "data": {"train": {"math_train": 0}}})
+        config_from_dict({**MINIMAL, "data": {"train": {"math_train": 0}}})
 
 
 @pytest.mark.parametrize(
     ("override", "pattern"),
     [
-        ("--optim.learning_rat=1e-6", r"override --optim.learning_rat=1e-6: unknown key 'optim.learning_rat'; "
-                                      r"did you mean 'optim.learning_rate'\?"),
-        ("--sampling.learning_rate=1e-6", r"unknown key 'sampling.learning_rate'; did you mean 'optim.learning_rate'"),
-        ("--optim.learning_rate=abc", r"override --optim.learning_rate=abc: optim.learning_rate: expected a number"),
-        ("--optim.learning_rate=-1", r"optim.learning_rate: must be > 0"),
-        ("--method.selector=ictt", r"method.selector: must be one of .*did you mean 'ict'"),
-        ("--sampling.num_generations=1.5", r"sampling.num_generations: expected an integer"),
-        ("--sampling.use_vllm=maybe", r"sampling.use_vllm: expected true/false"),
-        ("--trainer.save_total_limt=2", r"unknown trainer field 'trainer.save_total_limt'.*'save_total_limit'"),
-        ("--trainer.learning_rate=1e-6", r"trainer.learning_rate: set it as 'optim.learning_rate'"),
-        ("--sampling.num_generations=7", r"optim.per_device_train_batch_size: .* = 256 completions per step must "
-                                         r"be a multiple of sampling.num_generations = 7"),
+        ("--learning_rat=1e-6", r"override --learning_rat=1e-6: unknown key 'learning_rat'; "
+                                r"did you mean 'learning_rate'\?"),
+        ("--data.learning_rate=1e-6", r"unknown key 'data.learning_rate'; did you mean 'learning_rate'"),
+        ("--data.trian=[x]", r"unknown key 'data.trian'; did you mean 'data.train'"),
+        ("--learning_rate=abc", r"override --learning_rate=abc: learning_rate: expected a number"),
+        ("--num_generations=1.5", r"num_generations: expected an integer"),
+        ("--use_vllm=maybe", r"use_vllm: expected true/false"),
+        ("--model.dtype=fp8", r"model.dtype: must be one of"),
         ("--model=x", r"model: expected a mapping"),
-        ("--method.topk=0", r"method.topk: must be an integer >= 1"),
+        ("--reward_weights=[1, 2]", r"reward_weights: needs exactly one weight per entry of reward.names"),
+        ("--model_init_kwargs={}", r"model_init_kwargs: ictrl train loads the model from the model: section"),
     ],
 )
 def test_bad_override_names_the_key(override: str, pattern: str) -> None:
@@ -128,53 +105,137 @@ def test_bad_override_names_the_key(override: str, pattern: str) -> None:
         load_config(CONFIGS / "qwen2.5-0.5b/ict.yaml", [override])
 
 
+@pytest.mark.parametrize(
+    ("override", "pattern"),
+    [
+        ("--token_selector=ictt", r"token_selector: unknown selector 'ictt'; did you mean 'ict'\?"),
+        ("--selection_scope=group", r"selection_scope: scope must be one of \['batch', 'response'\]"),
+        ("--selection_ratio=0", r"selection_ratio: ratio must be a number in \(0, 1\]"),
+        ("--selection_topk=0", r"selection_topk must be None or an int >= 1"),
+        ("--selection_options={tau_p: 0.1}", r"selection_options: unknown option\(s\) \['tau_p'\]"),
+        ("--per_device_train_batch_size=7", r"per_device_train_batch_size=7 must divide the 256 completions"),
+    ],
+)
+def test_trainer_config_errors_name_the_file_and_field(override: str, pattern: str) -> None:
+    from ictrl.engine.run import build_trainer_args
+
+    cell = CONFIGS / "qwen2.5-0.5b/entropy20.yaml"
+    cfg = load_config(cell, [override])
+    with pytest.raises(ConfigError, match=rf"^{cell}: {pattern}"):
+        build_trainer_args(cfg, str(cell), cpu=True)
+
+
 def test_bad_value_in_file_names_the_file(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
-    bad.write_text(f"base: {CONFIGS / 'qwen2.5-0.5b/ict.yaml'}\noptim:\n  num_iterations: two\n")
-    with pytest.raises(ConfigError, match=rf"{bad}: optim.num_iterations: expected an integer, got 'two'"):
+    bad.write_text(f"base: {CONFIGS / 'qwen2.5-0.5b/ict.yaml'}\nnum_iterations: two\n")
+    with pytest.raises(ConfigError, match=rf"{bad}: num_iterations: expected an integer, got 'two'"):
         load_config(bad)
-    bad.write_text("model: {name_or_path: m}\noutput_dir: o\nmethodd: {}\n")
-    with pytest.raises(ConfigError, match=rf"{bad}: unknown key 'methodd'; did you mean 'method'"):
+    bad.write_text("model: {name_or_path: m}\noutput_dir: o\nmodell: {}\n")
+    with pytest.raises(ConfigError, match=rf"{bad}: unknown key 'modell'; did you mean 'model"):
         load_config(bad)
     bad.write_text("output_dir: o\n")
-    with pytest.raises(ConfigError, match=r"missing required key model"):
+    with pytest.raises(ConfigError, match=r"missing required key model.name_or_path"):
+        load_config(bad)
+    bad.write_text("model: {name_or_path: m}\n")
+    with pytest.raises(ConfigError, match=r"missing required key output_dir"):
         load_config(bad)
     bad.write_text("base: bad.yaml\n")
     with pytest.raises(ConfigError, match="inheritance cycle"):
         load_config(bad)
 
 
-def test_trainer_errors_are_mapped_to_config_keys() -> None:
+def test_checkpoint_inside_a_generation_buffer_is_refused() -> None:
     from ictrl.engine.run import build_trainer_args
 
-    cfg = load_config(CONFIGS / "qwen2.5-0.5b/entropy20.yaml", ["--method.scope=group"])
-    with pytest.raises(ConfigError, match=r"entropy20.yaml: method.scope, method.selector: selection_scope must be one of"):
-        build_trainer_args(cfg, str(CONFIGS / "qwen2.5-0.5b/entropy20.yaml"), cpu=True)
-    # a checkpoint inside TRL's generation buffer could not resume exactly
-    cfg = load_config(CONFIGS / "qwen2.5-0.5b/ict.yaml", ["--optim.num_iterations=2", "--save_steps=3",
-                                                           "--optim.gradient_accumulation_steps=1"])
+    cfg = load_config(CONFIGS / "qwen2.5-0.5b/ict.yaml", ["--num_iterations=2", "--save_steps=3"])
     with pytest.raises(ConfigError, match=r"save_steps: 3 optimizer steps"):
         build_trainer_args(cfg, "x.yaml", cpu=True)
 
 
-def test_trainer_kwargs_and_roundtrip(tmp_path: Path) -> None:
-    cfg = load_config(CONFIGS / "qwen2.5-1.5b/grpo.yaml", ["--optim.epsilon_high=null", "--save_steps=0"])
-    kwargs = trainer_kwargs(cfg)
-    assert kwargs["epsilon_high"] == kwargs["epsilon"] == 0.2  # null = symmetric clip
-    assert kwargs["save_strategy"] == "no" and "save_steps" not in kwargs
-    assert kwargs["token_selector"] == "all" and "selection_ratio" not in kwargs  # None -> trainer default
-    assert kwargs["disable_tqdm"] is True
+def test_roundtrip(tmp_path: Path) -> None:
+    cfg = load_config(CONFIGS / "qwen2.5-1.5b/grpo.yaml", ["--epsilon_high=null", "--save_strategy=no"])
     save_config(cfg, tmp_path / "config.yaml")
     again = config_from_dict(read_yaml(tmp_path / "config.yaml"), "saved")
-    assert again == cfg
+    assert again == cfg and isinstance(again, RunConfig)
     assert config_to_dict(again) == config_to_dict(cfg)
-    assert isinstance(again, RunConfig)
+    from ictrl.engine.run import build_trainer_args
+
+    args = build_trainer_args(again, "saved", cpu=True)
+    assert args.epsilon_high is None and args.epsilon == 0.2  # null: TRL clips symmetrically at epsilon
+    assert args.token_selector == "all" and args.selection_ratio is None and args.loss_normalization == \
+        "per_response_all"
 
 
-def test_topk_and_sparse_backward_reach_the_trainer_config() -> None:
-    from ictrl.engine.run_config import trainer_kwargs
+# --- the global step shape ------------------------------------------------------------------------------------
 
-    cfg = load_config(CONFIGS / "qwen2.5-0.5b/ict.yaml", ["--method.topk=64", "--method.sparse_backward=true"])
-    kwargs = trainer_kwargs(cfg)
-    assert kwargs["selection_topk"] == 64 and kwargs["sparse_backward"] is True
-    assert "selection_topk" not in trainer_kwargs(load_config(CONFIGS / "qwen2.5-0.5b/ict.yaml", []))
+
+def test_step_shape_arithmetic() -> None:
+    from ictrl.engine.config import step_shape
+
+    for processes, (micro, accumulation) in {1: (16, 16), 2: (16, 8), 8: (16, 2), 16: (16, 1), 32: (8, 1)}.items():
+        assert step_shape(32, 8, processes, 16) == (micro, accumulation)
+        assert micro * accumulation * processes == 256  # the same completions per optimizer step
+        assert micro * accumulation % 8 == 0  # whole prompt groups on each process
+    assert step_shape(4, 2, 1, 8) == (8, 1)
+    with pytest.raises(ValueError, match=r"prompts_per_step=32 must be a multiple of the number of processes \(3\)"):
+        step_shape(32, 8, 3, 16)
+    with pytest.raises(ValueError, match=r"per_device_train_batch_size=12 must divide the 128 completions"):
+        step_shape(32, 8, 2, 12)
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_same_yaml_same_completions_per_step(processes: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The paper cell on 1 or 2 processes (simulated world size): 256 completions per optimizer step."""
+    import ictrl.engine.config
+    from ictrl.engine.run import build_trainer_args
+
+    monkeypatch.setattr(ictrl.engine.config, "process_count", lambda: processes)
+    args = build_trainer_args(load_config(CONFIGS / "qwen2.5-1.5b/ict.yaml"), "cell", cpu=True)
+    assert args.per_device_train_batch_size == 16
+    assert args.gradient_accumulation_steps == 16 // processes
+    assert args.per_device_train_batch_size * args.gradient_accumulation_steps * processes == 256
+    assert args.steps_per_generation == args.gradient_accumulation_steps  # one generation batch per step
+    with pytest.raises(ConfigError, match="leave gradient_accumulation_steps and generation_batch_size unset"):
+        build_trainer_args(load_config(CONFIGS / "qwen2.5-1.5b/ict.yaml", ["--gradient_accumulation_steps=2"]),
+                           "cell", cpu=True)
+
+
+def test_process_count_reads_world_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    from accelerate import PartialState
+
+    from ictrl.engine.config import process_count
+
+    monkeypatch.setattr(PartialState, "_shared_state", {})  # as before accelerate starts (restored after)
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    assert process_count() == 8
+    monkeypatch.delenv("WORLD_SIZE")
+    assert process_count() == 1
+
+
+# --- custom selectors by module:function ----------------------------------------------------------------------
+
+
+def test_custom_selector_by_module_function(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ictrl.engine.run import build_trainer_args
+    from ictrl.selection import SELECTORS
+
+    (tmp_path / "my_selectors.py").write_text(
+        "from ictrl.selection import register_selector\n\n"
+        "@register_selector('first_token_test', warmup_steps=3)\n"
+        "def first(inputs, *, count: int = 1):\n"
+        "    '''the first COUNT tokens'''\n"
+        "    return inputs.mask.cumsum(1) <= count\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        cfg = config_from_dict({**MINIMAL, "token_selector": "my_selectors:first",
+                                "selection_options": {"count": 2}})
+        args = build_trainer_args(cfg, "custom", cpu=True)
+        assert args.selection_warmup_steps == 3 and args.selector_options() == {"count": 2}
+        assert get_selector("my_selectors:first") is SELECTORS["first_token_test"]
+        with pytest.raises(ConfigError, match=r"custom: token_selector: selector 'my_selectors:nope': cannot import"):
+            build_trainer_args(config_from_dict({**MINIMAL, "token_selector": "my_selectors:nope"}), "custom",
+                               cpu=True)
+    finally:
+        SELECTORS.pop("first_token_test", None)
+        sys.modules.pop("my_selectors", None)

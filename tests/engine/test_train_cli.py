@@ -35,9 +35,10 @@ def loader_calls(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
 @pytest.mark.parametrize(
     ("override", "message"),
     [
-        ("--optim.learning_rat=1e-6", "unknown key 'optim.learning_rat'; did you mean 'optim.learning_rate'?"),
-        ("--optim.learning_rate=fast", "optim.learning_rate: expected a number, got 'fast'"),
-        ("--method.scope=group", "method.scope"),  # caught by ICTGRPOConfig, reported as the config key
+        ("--learning_rat=1e-6", "unknown key 'learning_rat'; did you mean 'learning_rate'?"),
+        ("--learning_rate=fast", "learning_rate: expected a number, got 'fast'"),
+        ("--selection_scope=group", "selection_scope: scope must be one of"),  # caught by ICTGRPOConfig
+        ("--token_selector=ictt", "token_selector: unknown selector 'ictt'; did you mean 'ict'?"),
         ("--reward.names=[math, gsm8kk]", "reward.names[1]: unknown reward 'gsm8kk'"),
         ("--data.train=[gsm8k_trian]", "data.train: 'gsm8k_trian'"),
         ("--data.train=[jsonl:/nonexistent.jsonl]", "file not found"),
@@ -51,6 +52,8 @@ def test_bad_config_fails_before_model_load(override: str, message: str, loader_
     err = capsys.readouterr().err
     assert code == 2
     assert message in err
+    assert [line for line in err.splitlines() if "error" in line] == [line for line in err.splitlines()
+                                                                    if line.startswith("ictrl train: error:")]
     assert str(cell) in err or "override" in err
     assert loader_calls == []
     assert not (tmp_path / "out").exists()
@@ -66,10 +69,15 @@ def test_refuses_to_overwrite_checkpoints_without_resume(loader_calls: list[Any]
     assert loader_calls == []
 
 
-def test_print_config(capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["train", str(CELL), "--optim.seed=3", "--print-config"]) == 0
-    printed = yaml.safe_load(capsys.readouterr().out)
-    assert printed["optim"]["seed"] == 3 and printed["method"]["selector"] == "ict"
+def test_print_config_and_config_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv in ([str(CELL), "--seed=3"], ["--config", str(CELL), "--seed", "3"], [f"--config={CELL}", "--seed=3"]):
+        assert cli.main(["train", *argv, "--print-config"]) == 0
+        printed = yaml.safe_load(capsys.readouterr().out)
+        assert printed["seed"] == 3 and printed["token_selector"] == "ict" and printed["model"]["name_or_path"]
+    assert cli.main(["train", "--seed=3"]) == 2
+    assert "no config file" in capsys.readouterr().err
+    assert cli.main(["train", str(CELL), "--config", str(CELL)]) == 2
+    assert "two config files" in capsys.readouterr().err
 
 
 def test_complete_checkpoints_ignores_partial_and_staging(tmp_path: Path) -> None:
@@ -85,26 +93,26 @@ def test_complete_checkpoints_ignores_partial_and_staging(tmp_path: Path) -> Non
 
 # --- CPU training runs ----------------------------------------------------------------------------------------
 
-METHODS = ("grpo", "entropy20", "stapo", "ict", "random10", "frequent")
+METHODS = ("grpo", "entropy20", "stapo", "ict", "random10", "frequent90")  # method labels: the registry's
 TIMING_KEYS = ("step_time", "ictrl/stats_time")
 
 
 def tiny_overrides(model_dir: Path, out: Path, steps: int = 2) -> list[str]:
     """A 2-step run of a paper config on the tiny model: 2 prompts x 4 completions of 8 tokens per step."""
     return [
-        f"--model.name_or_path={model_dir}", f"--output_dir={out}", f"--optim.max_steps={steps}",
-        "--optim.per_device_train_batch_size=8", "--optim.gradient_accumulation_steps=1",
-        "--sampling.num_generations=4", "--sampling.max_completion_length=8",
-        "--data.train=[gsm8k_train]", "--data.limit=6", "--data.max_prompt_length=null",
-        "--method.warmup_steps=0", "--save_steps=1", "--logging.progress=false",
+        f"--model.name_or_path={model_dir}", f"--output_dir={out}", f"--max_steps={steps}",
+        "--prompts_per_step=2", "--per_device_train_batch_size=8", "--num_generations=4",
+        "--max_completion_length=8", "--data.train=[gsm8k_train]", "--data.limit=6", "--data.max_prompt_length=null",
+        "--selection_warmup_steps=0", "--save_steps=1", "--disable_tqdm=true",
     ]
 
 
 def method_config(method: str, tmp_path: Path) -> Path:
+    """A paper cell with the method named by its label (grpo, random10, ...), as in ictrl compare."""
     cell = tmp_path / f"{method}.yaml"
     cell.write_text(yaml.safe_dump({"base": [str(CONFIGS / "base/train.yaml"),
-                                             str(CONFIGS / "base/models/qwen2.5-0.5b.yaml"),
-                                             str(CONFIGS / f"base/methods/{method}.yaml")]}))
+                                             str(CONFIGS / "base/models/qwen2.5-0.5b.yaml")],
+                                    "token_selector": method}))
     return cell
 
 
@@ -141,7 +149,7 @@ def test_cpu_run_of_each_method(method: str, tiny_model_dir: Path, shared_data: 
             assert n_sel == n_all
         elif method in ("ict", "random10"):
             assert n_sel == 8  # ceil(0.1 n) = 1 per response of <= 8 tokens
-        elif method == "frequent":
+        elif method == "frequent90":
             assert n_sel == n_all - 8
         elif method == "entropy20":
             assert n_sel == math.ceil(0.2 * n_all - 1e-9)
@@ -150,14 +158,14 @@ def test_cpu_run_of_each_method(method: str, tiny_model_dir: Path, shared_data: 
         assert ("ictrl/h1/selected" in row) == (n_sel > 0)
     saved = load_config(out / "config.yaml")
     assert saved == cfg
-    assert read_yaml(out / "config.yaml")["method"]["name"] == method
+    assert read_yaml(out / "config.yaml")["token_selector"] == method
 
 
 @pytest.mark.integration
 def test_cli_runs_a_paper_config(tiny_model_dir: Path, shared_data: Path, tmp_path: Path,
                                  capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "out"
-    overrides = [o for o in tiny_overrides(tiny_model_dir, out, steps=1) if "progress" not in o]
+    overrides = [o for o in tiny_overrides(tiny_model_dir, out, steps=1) if "tqdm" not in o]
     assert cli.main(["train", str(CELL), *overrides]) == 0
     err = capsys.readouterr().err
     assert "no CUDA device: training on CPU" in err or not _cpu_only()

@@ -76,8 +76,8 @@ def test_config_resolves_per_selector_defaults(tmp_path: Path, selector: str, ra
         ({"selection_scope": "sequence"}, "selection_scope"),
         ({"selection_warmup_steps": -1}, "selection_warmup_steps"),
         ({"loss_normalization": "mean"}, "loss_normalization"),
-        ({"stapo_tau_p": 0.0}, "stapo_tau_p"),
-        ({"stapo_q": 2.0}, "stapo_q"),
+        ({"token_selector": "stapo", "selection_options": {"tau_p": 0.0}}, "selection_options: tau_p"),
+        ({"token_selector": "stapo", "selection_options": {"q": 2.0}}, "selection_options: q"),
         ({"selection_temperature": 0.0}, "selection_temperature"),
         ({"stats_chunk_size": 0}, "stats_chunk_size"),
         ({"top_entropy_quantile": 0.2}, "top_entropy_quantile"),
@@ -139,7 +139,8 @@ def test_overridden_trl_methods_match_pinned_version() -> None:
 @pytest.mark.parametrize("selector", SELECTORS)
 def test_each_selector_trains_two_steps_and_logs(tiny_model_dir: Path, tmp_path: Path, selector: str) -> None:
     # tau_p = 0.01 > 1/259 so STAPO has candidates on a random model (at 0.002 it silences nothing).
-    trainer = _trainer(tiny_model_dir, tmp_path, token_selector=selector, stapo_tau_p=0.01)
+    trainer = _trainer(tiny_model_dir, tmp_path, token_selector=selector,
+                       selection_options={"tau_p": 0.01} if selector == "stapo" else None)
     before = {k: v.detach().clone() for k, v in trainer.model.named_parameters()}
     trainer.train()
     moved = max((v.detach() - before[k]).abs().max().item() for k, v in trainer.model.named_parameters())

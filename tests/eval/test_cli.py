@@ -98,7 +98,9 @@ def test_generation_defaults_come_from_the_registry_and_run_labels_from_the_trai
     (root / "gsm8k" / "test.jsonl").write_text(json.dumps({"question": "What is 2+3?", "answer": "#### 5"}) + "\n")
     run = tmp_path / "run"  # what `ictrl train` leaves: config.yaml beside final/
     shutil.copytree(tiny_model_dir, run / "final")
-    (run / "config.yaml").write_text("method:\n  name: ict\n  selector: ict\noptim:\n  seed: 3\n")
+    (run / "config.yaml").write_text("token_selector: all\nseed: 3\n")
+    assert train_run_labels(str(run / "final")) == ("grpo", 3)  # the method label of the selector
+    (run / "config.yaml").write_text("token_selector: ict\nseed: 3\n")
     assert train_run_labels(str(run / "final")) == ("ict", 3)
     assert train_run_labels("Qwen/Qwen2.5-0.5B") == (None, None)
 

@@ -46,6 +46,7 @@ class CountingRunner:
 
 def test_parse_methods_names_the_bad_method() -> None:
     assert grid.parse_methods("grpo, ict,grpo") == ["grpo", "ict"]
+    assert grid.parse_methods("all,entropy,frequent,random10") == ["grpo", "entropy20", "frequent90", "random10"]
     with pytest.raises(ValueError, match=r"unknown method 'ictt'.*did you mean 'ict'"):
         grid.parse_methods("grpo,ictt")
     with pytest.raises(ValueError, match="unknown method 'bogus'"):
@@ -64,6 +65,7 @@ def test_every_method_maps_to_a_valid_trainer_config(tmp_path: Path) -> None:
     expected = {"grpo": ("all", None), "entropy20": ("entropy", 0.2), "stapo": ("stapo", None),
                 "ict": ("ict", 0.1), "random10": ("random", 0.1), "frequent90": ("frequent", 0.1)}
     assert set(expected) == set(grid.METHODS)
+    assert grid.DEFAULT_METHODS == ("grpo", "entropy20", "stapo", "ict", "random10")
     settings = grid.TinyRL(steps=3, prompts_per_step=2, num_generations=2, selection_warmup=5)
     for name, (selector, ratio) in expected.items():
         spec = grid.RunSpec(name, seed=4, lr=3e-4)
@@ -73,7 +75,7 @@ def test_every_method_maps_to_a_valid_trainer_config(tmp_path: Path) -> None:
         assert args.learning_rate == 3e-4 and args.seed == 4 and args.max_steps == 3
         assert args.selection_warmup_steps == (5 if selector in ("ict", "random", "frequent") else 0)
     with pytest.raises(ValueError, match="unknown method 'nope'"):
-        grid.method_section("nope")
+        grid.method_keys("nope")
 
 
 def test_grid_specs_and_paths() -> None:
@@ -186,9 +188,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 
 def test_cli_errors_name_the_bad_method(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert compare.run(parse(["--methods", "grpo,entropy", "--output-dir", str(tmp_path)])) == 2
+    assert compare.run(parse(["--methods", "grpo,entropyy", "--output-dir", str(tmp_path)])) == 2
     err = capsys.readouterr().err
-    assert "unknown method 'entropy'" in err and "entropy20" in err
+    assert "unknown method 'entropyy'; did you mean 'entropy" in err and "entropy20" in err
+    assert len(err.strip().splitlines()) == 1
     assert compare.run(parse(["--seeds", "0", "--output-dir", str(tmp_path)])) == 2
     assert "seeds" in capsys.readouterr().err
 
@@ -243,9 +246,8 @@ def test_compare_from_a_run_config_resumes_from_a_checkpoint(tiny_model_dir: Pat
     config.write_text(yaml.safe_dump({
         "model": {"name_or_path": str(tiny_model_dir)}, "output_dir": "replaced-per-run",
         "data": {"train": ["gsm8k_train"], "eval": ["gsm8k"], "limit": 6, "max_prompt_length": None},
-        "sampling": {"num_generations": 4, "max_completion_length": 8},
-        "optim": {"per_device_train_batch_size": 8, "max_steps": 5, "learning_rate": 1e-5},
-        "save_steps": 1,
+        "num_generations": 4, "max_completion_length": 8, "prompts_per_step": 2, "per_device_train_batch_size": 8,
+        "max_steps": 5, "learning_rate": 1e-5, "save_steps": 1, "token_selector": "stapo",  # replaced per method
     }))
     out = tmp_path / "cmp"
     argv = ["--config", str(config), "--methods", "ict", "--seeds", "1", "--steps", "2", "--eval-problems", "2",
@@ -255,7 +257,7 @@ def test_compare_from_a_run_config_resumes_from_a_checkpoint(tiny_model_dir: Pat
     done = json.loads((run_dir / grid.DONE_FILE).read_text())
     assert done["steps"] == 2 and done["resumed"] is False  # --steps overrides the config's max_steps
     saved = yaml.safe_load((run_dir / "config.yaml").read_text())
-    assert saved["method"]["selector"] == "ict" and saved["output_dir"] == str(run_dir)
+    assert saved["token_selector"] == "ict" and saved["output_dir"] == str(run_dir)
     assert json.loads((out / "base/result.json").read_text()).keys() >= {"p1", "p4"}
 
     # A crash between checkpoint-1 and checkpoint-2: the rerun resumes from checkpoint-1 rather than step 0.

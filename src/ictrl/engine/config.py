@@ -1,38 +1,63 @@
-"""``ICTGRPOConfig``: TRL's ``GRPOConfig`` plus the token-selection options of method.md §3–5.
+"""``ICTGRPOConfig``: TRL's ``GRPOConfig`` plus the token-selection options of docs/method.md §3–5.
 
-On CPU pass ``use_cpu=True, bf16=False``: TRL's default ``bf16=True`` fails on CPU (environment.md, "Traps").
+Per-method defaults (ratio, scope, warm-up, normaliser, options) are not written here: ``None`` fields resolve
+to the selected method's registration in :mod:`ictrl.selection`. On CPU pass ``use_cpu=True, bf16=False``:
+TRL's default ``bf16=True`` fails there. Run configs (``ictrl train``) map onto these fields by name.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
+from typing import Any
 
 from trl import GRPOConfig
 
 from ictrl.loss import IS_MODES, NORM_MODES
-from ictrl.selection import SCOPES, SELECTORS
+from ictrl.selection import SELECTORS, Selector, get_selector
 
-BUILTIN_SELECTORS = ("all", "ict", "entropy", "stapo", "random", "frequent")
-
-# Per-selector defaults (method.md §3–5). Random and frequent are ICT ablations, so they share ICT's ratio,
-# scope, warm-up and Sparse-GRPO normaliser; 20-Entropy and STAPO follow their own papers (token mean over the
-# kept tokens, no warm-up); "all" is the original GRPO per-response mean.
-DEFAULT_RATIO = {"ict": 0.1, "random": 0.1, "frequent": 0.1, "entropy": 0.2}
-DEFAULT_SCOPE = {"ict": "response", "random": "response", "frequent": "response", "entropy": "batch"}
-ALLOWED_SCOPES = {"ict": SCOPES, "random": SCOPES, "frequent": SCOPES, "entropy": ("batch", "response")}
-DEFAULT_NORM = {
-    "ict": "per_response_selected",
-    "random": "per_response_selected",
-    "frequent": "per_response_selected",
-    "entropy": "token_mean_selected",
-    "stapo": "token_mean_selected",
-    "all": "per_response_all",
-}
-DEFAULT_WARMUP = {"ict": 10, "random": 10, "frequent": 10, "entropy": 0, "stapo": 0, "all": 0}
 # TRL loss types whose per-token surrogate is the clipped ratio that ``ictrl.loss.policy_loss`` computes; the
 # others (cispo, sapo, vespo, luspo) are different objectives. Only the clip form is read: the normalisation
 # always comes from ``loss_normalization``.
 CLIPPED_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
+# Selector options that have their own config field (the rest go through ``selection_options``).
+OPTION_FIELDS = {"ratio": "selection_ratio", "scope": "selection_scope", "seed": "selection_seed"}
+_METHODS_HELP = "; ".join(f"'{s.name}'" + (f" (= {s.label})" if s.label != s.name else "") + f": {s.help}"
+                          for s in SELECTORS.values())
+
+
+def process_count() -> int:
+    """Processes of the run: accelerate's when its state is initialised, else ``WORLD_SIZE`` (set by
+    ``accelerate launch`` / ``torchrun`` before the script starts), else 1."""
+    from accelerate import PartialState
+
+    if PartialState._shared_state:  # initialised: never start a process group from a config
+        return PartialState().num_processes
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def step_shape(prompts_per_step: int, num_generations: int, processes: int, max_micro_batch: int) -> tuple[int, int]:
+    """(per-device micro-batch, gradient accumulation steps) giving ``prompts_per_step x num_generations``
+    completions per optimizer step over ``processes`` processes, whole prompt groups on each process.
+
+    The micro-batch is ``min(max_micro_batch, completions per process)`` and must divide the completions per
+    process; raises ``ValueError`` naming the numbers otherwise.
+    """
+    for name, value in (("prompts_per_step", prompts_per_step), ("num_generations", num_generations),
+                        ("processes", processes), ("per_device_train_batch_size", max_micro_batch)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    if prompts_per_step % processes:
+        raise ValueError(f"prompts_per_step={prompts_per_step} must be a multiple of the number of processes "
+                         f"({processes}): each prompt's num_generations={num_generations} completions stay on one "
+                         "process")
+    per_process = prompts_per_step // processes * num_generations
+    micro = min(max_micro_batch, per_process)
+    if per_process % micro:
+        raise ValueError(f"per_device_train_batch_size={max_micro_batch} must divide the {per_process} completions "
+                         f"each of the {processes} process(es) trains on per optimizer step (prompts_per_step="
+                         f"{prompts_per_step} x num_generations={num_generations} / {processes})")
+    return micro, per_process // micro
 
 
 @dataclass
@@ -42,55 +67,45 @@ class ICTGRPOConfig(GRPOConfig):
 
     token_selector: str = field(
         default="ict",
-        metadata={
-            "help": "Which response tokens carry the policy gradient: 'all' (GRPO), 'ict' (top JS-to-group-mean "
-            "tokens, Sparse-GRPO), 'entropy' (20-Entropy), 'stapo' (silence rare spurious tokens), 'random' "
-            "(same count as ICT, uniform), 'frequent' (complement of ICT's selection)."
-        },
+        metadata={"help": "Which response tokens carry the policy gradient: a registered selector (or its method "
+                  "label), or 'module:function' naming one. " + _METHODS_HELP + "."},
     )
     selection_ratio: float | None = field(
         default=None,
-        metadata={
-            "help": "Fraction of tokens selected per scope unit (ceil(ratio * n)). None: 0.1 for ict/random/"
-            "frequent (frequent keeps the complement of ICT's top ratio), 0.2 for entropy. Not used by all/stapo."
-        },
+        metadata={"help": "Fraction of tokens selected per scope unit (ceil(ratio * n)), for selectors with a "
+                  "ratio option. None: the selector's default (ictrl.selection)."},
     )
     selection_scope: str | None = field(
         default=None,
-        metadata={
-            "help": "Unit within which the top ratio is taken: 'response', 'group' (the G responses of a prompt) or "
-            "'batch' (the whole generation batch across all processes). None: 'response' for ict/random/frequent, "
-            "'batch' for entropy (which accepts only 'batch' or 'response'). Not used by all/stapo."
-        },
+        metadata={"help": "Unit within which the top ratio is taken: 'response', 'group' (the G responses of a "
+                  "prompt) or 'batch' (the whole generation batch across all processes), for selectors with a "
+                  "scope option. None: the selector's default."},
     )
     selection_warmup_steps: int | None = field(
         default=None,
-        metadata={
-            "help": "Θ: for the first Θ optimizer steps every response token is selected. None: 10 for ict/random/"
-            "frequent, 0 for entropy/stapo/all. The paper's ablation found Θ in {10, 20, 40} behaved alike; its "
-            "main-run value is unpublished."
-        },
+        metadata={"help": "Θ: for the first Θ optimizer steps every response token is selected. None: the "
+                  "selector's default (10 for ict/random/frequent, 0 otherwise)."},
     )
     loss_normalization: str | None = field(
         default=None,
-        metadata={
-            "help": "Loss normaliser, one of 'per_response_selected' (Sparse-GRPO), 'token_mean_selected' (80/20, "
-            "STAPO), 'token_mean_all' (TRL's top_entropy_quantile), 'per_response_all' (original GRPO), 'dr_grpo' "
-            "(Dr.GRPO: sum over the selected tokens / (responses * max_completion_length)). None: 'dr_grpo' when "
-            "loss_type='dr_grpo', else per_response_selected for ict/random/frequent, token_mean_selected for "
-            "entropy/stapo, per_response_all for all. Denominators are global over the optimizer step (all "
-            "micro-batches and processes). Replaces TRL's loss_type normalisation."
-        },
+        metadata={"help": "Loss normaliser, one of 'per_response_selected' (Sparse-GRPO), 'token_mean_selected' (80/20, "
+                  "STAPO), 'token_mean_all' (TRL's top_entropy_quantile), 'per_response_all' (original GRPO), 'dr_grpo' "
+                  "(Dr.GRPO: sum over the selected tokens / (responses * max_completion_length)). None: 'dr_grpo' when "
+                  "loss_type='dr_grpo', else the selector's default. Denominators are global over the optimizer step "
+                  "(all micro-batches and processes). Replaces TRL's loss_type normalisation."},
     )
-    stapo_tau_p: float = field(
-        default=0.002,
-        metadata={"help": "STAPO: absolute probability threshold τ_p below which a positive-advantage token may be "
-                  "silenced."},
+    selection_options: dict | None = field(
+        default=None,
+        metadata={"help": "Further keyword options of the selector, checked against its signature: STAPO's "
+                  "{tau_p: 0.002, q: 0.75}, or a custom selector's own. None: its defaults."},
     )
-    stapo_q: float = field(
-        default=0.75,
-        metadata={"help": "STAPO: silence the bottom-q fraction by entropy of the low-probability positive-advantage "
-                  "tokens of the batch (0.75 in STAPO v1, 0.8 reported elsewhere)."},
+    prompts_per_step: int | None = field(
+        default=None,
+        metadata={"help": "Prompts per optimizer step over all processes (each with num_generations completions). "
+                  "When set, the per-device micro-batch and gradient_accumulation_steps are derived from the number "
+                  "of processes, so the same config trains on the same completions per step on 1 or 8 GPUs; "
+                  "per_device_train_batch_size is then the largest micro-batch a device runs. None: TRL's "
+                  "per-device batch arithmetic."},
     )
     selection_temperature: float | None = field(
         default=None,
@@ -125,11 +140,6 @@ class ICTGRPOConfig(GRPOConfig):
                   "sweep over the LM head; an error at init if the sampler's distribution is not the one the "
                   "statistics pass scores (docs/vllm.md). 'head': from the statistics pass's LM-head logits. 'auto': "
                   "the sampler when it qualifies, else the head."},
-    )
-    selection_options: dict | None = field(
-        default=None,
-        metadata={"help": "Keyword options for a selector registered with ictrl.selection.register_selector (a "
-                  "custom selector gets only these). For the built-in selectors use the dedicated fields above."},
     )
     sparse_backward: bool = field(
         default=False,
@@ -178,54 +188,14 @@ class ICTGRPOConfig(GRPOConfig):
     )
 
     def __post_init__(self) -> None:
+        if self.prompts_per_step is not None:
+            self._derive_step_shape()
         super().__post_init__()
-        name = self.token_selector
-        if name not in SELECTORS:
-            raise ValueError(f"token_selector must be a registered selector, one of {sorted(SELECTORS)}, got "
-                             f"{name!r} (register your own with ictrl.selection.register_selector)")
-        if self.selection_options is not None and name in BUILTIN_SELECTORS:
-            raise ValueError(f"selection_options is for custom selectors; token_selector={name!r} takes its "
-                             "options from the selection_* / stapo_* fields")
-        if self.selection_options is not None and not isinstance(self.selection_options, dict):
-            raise ValueError(f"selection_options must be a dict, got {type(self.selection_options).__name__}")
-
-        if name in DEFAULT_RATIO:
-            if self.selection_ratio is None:
-                self.selection_ratio = DEFAULT_RATIO[name]
-            if isinstance(self.selection_ratio, bool) or not 0.0 < float(self.selection_ratio) <= 1.0:
-                raise ValueError(f"selection_ratio must be in (0, 1], got {self.selection_ratio!r}")
-            self.selection_ratio = float(self.selection_ratio)
-            if self.selection_scope is None:
-                self.selection_scope = DEFAULT_SCOPE[name]
-            if self.selection_scope not in ALLOWED_SCOPES[name]:
-                raise ValueError(f"selection_scope must be one of {list(ALLOWED_SCOPES[name])} for "
-                                 f"token_selector={name!r}, got {self.selection_scope!r}")
-        else:
-            if self.selection_ratio is not None:
-                raise ValueError(f"selection_ratio is not used by token_selector={name!r}; leave it None")
-            if self.selection_scope is not None:
-                raise ValueError(f"selection_scope is not used by token_selector={name!r}; leave it None")
-
-        if self.selection_warmup_steps is None:
-            self.selection_warmup_steps = DEFAULT_WARMUP.get(name, 0)
-        if isinstance(self.selection_warmup_steps, bool) or not isinstance(self.selection_warmup_steps, int) \
-                or self.selection_warmup_steps < 0:
-            raise ValueError(f"selection_warmup_steps must be an int >= 0, got {self.selection_warmup_steps!r}")
-
-        if self.loss_type == "dr_grpo" and self.loss_normalization not in (None, "dr_grpo"):
-            raise ValueError(f"loss_type='dr_grpo' asks for Dr.GRPO's constant normaliser, but loss_normalization="
-                             f"{self.loss_normalization!r}: leave loss_normalization unset or set it to 'dr_grpo'")
-        if self.loss_normalization is None:
-            # A custom selector defaults to the Sparse-GRPO normaliser, the one ICT uses.
-            self.loss_normalization = "dr_grpo" if self.loss_type == "dr_grpo" else DEFAULT_NORM.get(
-                name, "per_response_selected")
-        if self.loss_normalization not in NORM_MODES:
-            raise ValueError(f"loss_normalization must be one of {list(NORM_MODES)}, got {self.loss_normalization!r}")
-
-        if not 0.0 < self.stapo_tau_p <= 1.0:
-            raise ValueError(f"stapo_tau_p must be in (0, 1], got {self.stapo_tau_p!r}")
-        if not 0.0 < self.stapo_q <= 1.0:
-            raise ValueError(f"stapo_q must be in (0, 1], got {self.stapo_q!r}")
+        try:
+            selector = get_selector(self.token_selector)
+        except ValueError as exc:
+            raise ValueError(f"token_selector: {exc}") from None
+        self._resolve_method(selector)
         if self.selection_temperature is None:
             self.selection_temperature = self.temperature
         if not self.selection_temperature > 0:
@@ -241,10 +211,6 @@ class ICTGRPOConfig(GRPOConfig):
                              f"{self.selection_topk_source!r}")
         if not isinstance(self.sparse_backward, bool):
             raise ValueError(f"sparse_backward must be a bool, got {self.sparse_backward!r}")
-        if self.selection_seed is None:
-            self.selection_seed = self.seed
-        if isinstance(self.selection_seed, bool) or not isinstance(self.selection_seed, int) or self.selection_seed < 0:
-            raise ValueError(f"selection_seed must be an int >= 0, got {self.selection_seed!r}")
 
         if not isinstance(self.dynamic_sampling, bool):
             raise ValueError(f"dynamic_sampling must be a bool, got {self.dynamic_sampling!r}")
@@ -305,3 +271,52 @@ class ICTGRPOConfig(GRPOConfig):
         if not self.eval_ks or max(self.eval_ks) > self.eval_num_samples or min(self.eval_ks) < 1:
             raise ValueError(f"eval_ks={self.eval_ks} must be non-empty ints in [1, eval_num_samples="
                              f"{self.eval_num_samples}]")
+    def _derive_step_shape(self) -> None:
+        if self.gradient_accumulation_steps != 1 or self.generation_batch_size is not None:
+            raise ValueError("prompts_per_step derives gradient_accumulation_steps from the number of processes; "
+                             "leave gradient_accumulation_steps and generation_batch_size unset")
+        self.per_device_train_batch_size, self.gradient_accumulation_steps = step_shape(
+            self.prompts_per_step, self.num_generations, process_count(), self.per_device_train_batch_size)
+
+    def _resolve_method(self, selector: Selector) -> None:
+        """Fill the ``None`` method fields from the selector's registration and check every option once."""
+        if self.selection_seed is None:
+            self.selection_seed = self.seed
+        for option, name in OPTION_FIELDS.items():
+            if getattr(self, name) is not None and option not in selector.options and option != "seed":
+                raise ValueError(f"{name} is not used by token_selector={self.token_selector!r}; leave it None")
+        if self.selection_options is not None and not isinstance(self.selection_options, dict):
+            raise ValueError(f"selection_options must be a mapping, got {type(self.selection_options).__name__}")
+        extra = dict(self.selection_options or {})
+        dedicated = sorted(set(extra) & set(OPTION_FIELDS))
+        if dedicated:
+            raise ValueError(f"selection_options: set {dedicated[0]!r} with {OPTION_FIELDS[dedicated[0]]}")
+        given = {o: getattr(self, f) for o, f in OPTION_FIELDS.items() if o in selector.options
+                 and getattr(self, f) is not None}
+        try:
+            options = selector.resolve_options({**given, **extra})
+        except ValueError as exc:
+            where = next((OPTION_FIELDS[o] for o in OPTION_FIELDS if str(exc).startswith(o)), "selection_options")
+            raise ValueError(f"{where}: {exc}") from None
+        if "ratio" in options:
+            self.selection_ratio = options["ratio"]
+        if "scope" in options:
+            self.selection_scope = options["scope"]
+        if self.selection_warmup_steps is None:
+            self.selection_warmup_steps = selector.warmup_steps
+        if isinstance(self.selection_warmup_steps, bool) or not isinstance(self.selection_warmup_steps, int) \
+                or self.selection_warmup_steps < 0:
+            raise ValueError(f"selection_warmup_steps must be an int >= 0, got {self.selection_warmup_steps!r}")
+        if self.loss_type == "dr_grpo" and self.loss_normalization not in (None, "dr_grpo"):
+            raise ValueError(f"loss_type='dr_grpo' asks for Dr.GRPO's constant normaliser, but loss_normalization="
+                             f"{self.loss_normalization!r}: leave loss_normalization unset or set it to 'dr_grpo'")
+        if self.loss_normalization is None:
+            self.loss_normalization = "dr_grpo" if self.loss_type == "dr_grpo" else selector.normalization
+        if self.loss_normalization not in NORM_MODES:
+            raise ValueError(f"loss_normalization must be one of {list(NORM_MODES)}, got {self.loss_normalization!r}")
+
+    def selector_options(self) -> dict[str, Any]:
+        """The keyword options ``ictrl.selection.select`` gets for ``token_selector`` (validated at init)."""
+        selector = get_selector(self.token_selector)
+        given = {o: getattr(self, f) for o, f in OPTION_FIELDS.items() if o in selector.options}
+        return selector.resolve_options({**given, **(self.selection_options or {})})

@@ -38,7 +38,7 @@ from typing import Any, Callable
 
 import torch
 
-from ictrl.engine.run_config import ConfigError, RunConfig, key_for_trainer_field, save_config, trainer_kwargs
+from ictrl.engine.run_config import ConfigError, RunConfig, config_to_dict, save_config
 
 log = logging.getLogger("ictrl.train")
 
@@ -58,10 +58,10 @@ def trainer_classes() -> tuple[type, type]:
 
 
 def build_trainer_args(cfg: RunConfig, source: str = "<config>", cpu: bool | None = None) -> Any:
-    """The trainer's config object. On a machine without CUDA sets ``use_cpu``, turns off bf16/fp16 and vLLM,
-    and says so in the log. Errors name the run-config key."""
+    """The trainer's config object from the run config's top-level keys. On a machine without CUDA sets
+    ``use_cpu``, turns off bf16/fp16 and vLLM, and says so in the log. Errors name the key."""
     config_cls, _ = trainer_classes()
-    kwargs = trainer_kwargs(cfg)
+    kwargs = dict(cfg.trainer)
     cpu = not torch.cuda.is_available() if cpu is None else cpu
     if cpu:
         notes = ["use_cpu=True", "bf16=False"] + (["use_vllm=False"] if kwargs.get("use_vllm") else [])
@@ -69,11 +69,8 @@ def build_trainer_args(cfg: RunConfig, source: str = "<config>", cpu: bool | Non
         log.warning("no CUDA device: training on CPU (%s)", ", ".join(notes))
     try:
         args = config_cls(**kwargs)
-    except (ValueError, TypeError) as exc:
-        msg = str(exc)
-        names = sorted({n for n in kwargs if re.search(rf"\b{re.escape(n)}\b", msg)}, key=len, reverse=True)
-        keys = ", ".join(key_for_trainer_field(n) for n in names) or "the trainer fields"
-        raise ConfigError(f"{source}: {keys}: {msg}") from None
+    except (ValueError, TypeError) as exc:  # ICTGRPOConfig / TRL messages name the field, which is the key
+        raise ConfigError(f"{source}: {exc}") from None
     check_resumable(args, source)
     return args
 
@@ -157,7 +154,7 @@ def build_dataset(cfg: RunConfig, tokenizer: Any) -> Any:
         dataset = data.to_trl_dataset(names[0], limit=cfg.data.limit)
     else:
         weights = list(train.values()) if isinstance(train, dict) else None
-        dataset = data.to_trl_dataset(names, limit=cfg.data.limit, weights=weights, seed=cfg.optim.seed)
+        dataset = data.to_trl_dataset(names, limit=cfg.data.limit, weights=weights, seed=cfg.seed)
     limit = cfg.data.max_prompt_length
     if limit is not None:
         before = len(dataset)
@@ -357,8 +354,6 @@ def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 def _warn_config_changes(path: Path, cfg: RunConfig) -> None:
     import yaml
 
-    from ictrl.engine.run_config import config_to_dict
-
     if not path.is_file():
         return
     before, now = _flatten(yaml.safe_load(path.read_text()) or {}), _flatten(config_to_dict(cfg))
@@ -402,7 +397,7 @@ def train(cfg: RunConfig, resume: bool = False, source: str = "<config>",
     for cb in (PrinterCallback, ProgressCallback):
         trainer.remove_callback(cb)
     trainer.add_callback(MetricsJSONL(out / "metrics.jsonl", accuracy_reward=accuracy))
-    if cfg.logging.progress:
+    if not args.disable_tqdm:  # the rich bar stands in for transformers' tqdm bar
         trainer.add_callback(RichProgress(accuracy_reward=accuracy))
     for cb in callbacks or []:
         trainer.add_callback(cb)

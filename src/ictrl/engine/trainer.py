@@ -47,7 +47,7 @@ from ictrl.engine.sampler_topk import TopKRecorder, TopKRows, pad_rows, recordin
 from ictrl.logprobs import selected_token_logprobs
 from ictrl.loss import policy_loss
 from ictrl.metrics import step_metrics
-from ictrl.selection import SelectionInputs, get_selector, select
+from ictrl.selection import SelectionInputs, get_selector, in_warmup, select
 from ictrl.stats import TokenStats, group_js_divergence_topk, token_stats, topk_log_softmax
 
 _STAT_FIELDS = ("entropy", "renyi2", "purity", "logprob", "prob")
@@ -266,7 +266,7 @@ class ICTGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
         B, T = mask.shape
         rank = self.accelerator.process_index
         step = int(self.state.global_step)
-        warm = step < args.selection_warmup_steps
+        warm = in_warmup(step, args.selection_warmup_steps)
         need_js = self._needs_js and not warm
         local_groups = None
         if need_js:
@@ -288,14 +288,12 @@ class ICTGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
         g_mask = self._gather_rows(mask.to(torch.uint8)).bool()
         g_stats = TokenStats(**{f: self._gather_rows(getattr(stats, f)) for f in _STAT_FIELDS})
         g_js = self._gather_rows(js) if js is not None else None
-        if warm:
-            g_selected = g_mask.clone()
-        else:
-            g_adv = self.accelerator.gather(batch["advantages"].float())
-            g_groups = torch.arange(g_mask.size(0), device=g_mask.device) // G
-            sel_inputs = SelectionInputs(mask=g_mask, step=step, ict_score=g_js, entropy=g_stats.entropy,
-                                         prob=g_stats.prob, advantages=g_adv, group_ids=g_groups)
-            g_selected = select(args.token_selector, sel_inputs, **self._selector_options())
+        g_adv = self.accelerator.gather(batch["advantages"].float())
+        g_groups = torch.arange(g_mask.size(0), device=g_mask.device) // G
+        sel_inputs = SelectionInputs(mask=g_mask, step=step, ict_score=g_js, entropy=g_stats.entropy,
+                                     prob=g_stats.prob, advantages=g_adv, group_ids=g_groups)
+        g_selected = select(args.token_selector, sel_inputs, warmup_steps=args.selection_warmup_steps,
+                            **args.selector_options())
         batch["ictrl_selected"] = g_selected[rank * B:(rank + 1) * B, :T].contiguous()
 
         metrics = self._metrics[mode]
@@ -309,20 +307,6 @@ class ICTGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
         metrics["ictrl/topk_from_sampler"].append(float(sampler_topk is not None))
         metrics["ictrl/stats_time"].append(time.perf_counter() - start)
         return batch
-
-    def _selector_options(self) -> dict[str, Any]:
-        args = self.args
-        name = args.token_selector
-        if args.selection_options is not None:
-            return dict(args.selection_options)
-        if name == "all":
-            return {}
-        if name == "stapo":
-            return {"tau_p": args.stapo_tau_p, "q": args.stapo_q}
-        options: dict[str, Any] = {"ratio": args.selection_ratio, "scope": args.selection_scope}
-        if name == "random":
-            options["seed"] = args.selection_seed
-        return options
 
     # --------------------------------------------------------------------------------- global normalisers
 

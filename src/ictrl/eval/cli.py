@@ -29,10 +29,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="0 for greedy; default: each benchmark's (0.6)")
     parser.add_argument("--top-p", type=float, default=None, help="default: each benchmark's (0.95)")
     parser.add_argument("--method", default=None,
-                        help="method label recorded for `ictrl table`; default: method.name of the config.yaml that "
+                        help="method label recorded for `ictrl table`; default: the token_selector's label in the config.yaml that "
                         "`ictrl train` saved beside the model (use 'base' for an untrained model)")
     parser.add_argument("--train-seed", type=int, default=None,
-                        help="training seed recorded for `ictrl table`; default: optim.seed of that config.yaml")
+                        help="training seed recorded for `ictrl table`; default: the seed of that config.yaml")
     parser.add_argument("--backend", choices=["hf", "vllm"], default="hf", help="vllm needs a GPU and ictrl[vllm]")
     parser.add_argument("--batch-size", type=int, default=16, help="sequences per model.generate call (hf backend)")
     parser.add_argument("--chunk-size", type=int, default=32, help="problems per backend call and per save to disk")
@@ -47,7 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def train_run_labels(model: str) -> tuple[str | None, int | None]:
-    """(method.name, optim.seed) from the ``config.yaml`` that ``ictrl train`` writes in its output directory,
+    """(method label, seed) from the ``config.yaml`` that ``ictrl train`` writes in its output directory,
     found beside a model saved in it (``final/``, ``checkpoint-N/``) or in the model directory itself; (None, None)
     for a hub id or a model not trained by ``ictrl train``."""
     import yaml
@@ -62,12 +62,21 @@ def train_run_labels(model: str) -> tuple[str | None, int | None]:
             raise ValueError(f"{candidate}: not valid YAML ({err})") from None
         if not isinstance(cfg, dict):
             continue
-        method = cfg.get("method") if isinstance(cfg.get("method"), dict) else {}
-        optim = cfg.get("optim") if isinstance(cfg.get("optim"), dict) else {}
-        name = method.get("name")
-        seed = optim.get("seed", cfg.get("seed"))
-        return (str(name) if name is not None else None), (int(seed) if isinstance(seed, int) else None)
+        name, seed = _method_label(cfg.get("token_selector")), cfg.get("seed")
+        return name, (int(seed) if isinstance(seed, int) and not isinstance(seed, bool) else None)
     return None, None
+
+
+def _method_label(selector: object) -> str | None:
+    """The method label of ``token_selector`` (``all`` -> ``grpo``); the name itself if it does not resolve."""
+    from ictrl.selection import get_selector
+
+    if not isinstance(selector, str):
+        return None
+    try:
+        return get_selector(selector).label
+    except ValueError:
+        return selector
 
 
 def run(args: argparse.Namespace) -> int:

@@ -19,7 +19,6 @@ expected training reward (the reference ``outcomes.label_run`` compares a run's 
 
 from __future__ import annotations
 
-import difflib
 import json
 import math
 import shutil
@@ -35,42 +34,48 @@ DONE_FILE = "done.json"
 EVAL_DIR = "eval"
 CONFIG_EVAL_N = 4  # samples per problem when evaluating --config runs (n >= the largest k, 4)
 
-# Method name -> the run config's ``method:`` section (ictrl.engine.run_config.MethodConfig). Unset fields take
-# the selector's defaults (ictrl.engine.config): ict/random10 10% per response with Θ = 10 warm-up steps and the
-# per-response Sparse-GRPO normaliser; entropy20 top 20% of the batch, token mean over kept tokens; stapo
-# τ_p = 0.002, q = 0.75; grpo every token, per-response mean.
-METHODS: dict[str, dict[str, Any]] = {
-    "grpo": {"selector": "all"},
-    "entropy20": {"selector": "entropy", "ratio": 0.2},
-    "stapo": {"selector": "stapo"},
-    "ict": {"selector": "ict", "ratio": 0.1},
-    "random10": {"selector": "random", "ratio": 0.1},
-    "frequent90": {"selector": "frequent", "ratio": 0.1},
-}
-DEFAULT_METHODS = ("grpo", "entropy20", "stapo", "ict", "random10")
+
+
+def _methods() -> dict[str, Any]:
+    """Method label (grpo, entropy20, ...) -> its registered selector, in registration order."""
+    from ictrl.selection import SELECTORS
+
+    return {selector.label: selector for selector in SELECTORS.values()}
+
+
+METHODS = _methods()
+DEFAULT_METHODS = tuple(label for label, selector in METHODS.items() if selector.in_default_grid)
 
 
 def parse_methods(names: str | Sequence[str]) -> list[str]:
-    """``"grpo,ict"`` or ``["grpo", "ict"]`` -> validated, de-duplicated method names (order kept)."""
+    """``"grpo,ict"`` or ``["grpo", "ict"]`` -> de-duplicated method labels, order kept. Any name the
+    selector registry accepts is allowed (``all`` = ``grpo``, ``module:function``); the label names the runs."""
+    from ictrl.selection import get_selector
+
     items = [n.strip() for n in (names.split(",") if isinstance(names, str) else names)]
     items = [n for n in items if n]
     if not items:
         raise ValueError("methods: need at least one method")
+    labels = []
     for name in items:
-        if name not in METHODS:
-            close = difflib.get_close_matches(name, list(METHODS), n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise ValueError(f"methods: unknown method {name!r}; choose from {', '.join(METHODS)}{hint}")
-    return list(dict.fromkeys(items))
+        try:
+            labels.append(get_selector(name).label)
+        except ValueError as exc:
+            raise ValueError(f"methods: {str(exc).replace('unknown selector', 'unknown method')}") from None
+    return list(dict.fromkeys(labels))
 
 
-def method_section(name: str, warmup_steps: int | None = None) -> dict[str, Any]:
-    """The ``method:`` section of a run config for method ``name`` (``warmup_steps`` overrides Θ where used)."""
-    parse_methods([name])
-    section = {"name": name, **METHODS[name]}
-    if warmup_steps is not None and section["selector"] in ("ict", "random", "frequent"):
-        section["warmup_steps"] = warmup_steps
-    return section
+def method_keys(name: str, warmup_steps: int | None = None) -> dict[str, Any]:
+    """The run-config keys that choose method ``name``: its selector and run name, plus Θ = ``warmup_steps``
+    for methods that warm up (everything else is the selector's registered default)."""
+    from ictrl.selection import get_selector
+
+    (label,) = parse_methods([name])
+    selector = get_selector(name)
+    keys: dict[str, Any] = {"token_selector": name if ":" in name else selector.name, "run_name": label}
+    if warmup_steps is not None and selector.warmup_steps > 0:
+        keys["selection_warmup_steps"] = warmup_steps
+    return keys
 
 
 @dataclass(frozen=True)
@@ -257,24 +262,24 @@ def tiny_run_config(settings: TinyRL, base: Path, spec: RunSpec, run_dir: Path) 
 
     difficulty = _base_difficulty(base)
     batch = settings.prompts_per_step * settings.num_generations
-    method = method_section(spec.method, settings.selection_warmup)
+    method = method_keys(spec.method, settings.selection_warmup)
     if spec.ratio is not None:
-        method["ratio"] = spec.ratio
+        method["selection_ratio"] = spec.ratio
     if spec.norm is not None:
-        method["normalization"] = spec.norm
+        method["loss_normalization"] = spec.norm
     data = {
         "model": {"name_or_path": str(base), "dtype": "float32"},
         "output_dir": str(run_dir),
-        "method": method,
-        "sampling": {"num_generations": settings.num_generations, "temperature": settings.temperature,
-                     "max_completion_length": max_new_tokens(difficulty, base_task(base))},
-        "optim": {"learning_rate": spec.lr if spec.lr is not None else settings.lr,
-                  "warmup_steps": settings.lr_warmup_steps, "epsilon": settings.epsilon,
-                  "epsilon_high": settings.epsilon_high, "beta": 0.0, "num_iterations": settings.num_iterations,
-                  "per_device_train_batch_size": batch, "max_steps": settings.steps, "seed": spec.seed},
-        "logging": {"progress": False},
-        "trainer": {"top_k": 0},  # pure sampling, as ictrl demo
-        "save_steps": 0,  # runs are short: a crashed run restarts rather than resumes
+        **method,
+        "num_generations": settings.num_generations, "temperature": settings.temperature,
+        "max_completion_length": max_new_tokens(difficulty, base_task(base)),
+        "learning_rate": spec.lr if spec.lr is not None else settings.lr, "lr_scheduler_type": "constant",
+        "warmup_steps": settings.lr_warmup_steps, "epsilon": settings.epsilon, "epsilon_high": settings.epsilon_high,
+        "beta": 0.0, "num_iterations": settings.num_iterations, "per_device_train_batch_size": batch,
+        "max_steps": settings.steps, "seed": spec.seed, "weight_decay": 0.0, "max_grad_norm": 1.0,
+        "report_to": "none", "logging_steps": 1, "disable_tqdm": True,
+        "top_k": 0,  # pure sampling, as ictrl demo
+        "save_strategy": "no",  # runs are short: a crashed run restarts rather than resumes
     }
     return config_from_dict(data, source=f"{spec.relpath} (embedded task)")
 
@@ -419,16 +424,14 @@ def load_run_config(config_path: Path, spec: RunSpec, run_dir: Path, steps: int 
     from ictrl.engine.run_config import config_from_dict, read_yaml
 
     data = read_yaml(config_path)
-    data["method"] = method_section(spec.method)
-    data["output_dir"] = str(run_dir)
-    optim = dict(data.get("optim") or {})
-    optim["seed"] = spec.seed
+    for key in ("token_selector", "selection_ratio", "selection_scope", "selection_warmup_steps",
+                "selection_options", "loss_normalization", "run_name"):
+        data.pop(key, None)  # the grid's method replaces the config's, defaults included
+    data.update(method_keys(spec.method), output_dir=str(run_dir), seed=spec.seed, disable_tqdm=True)
     if spec.lr is not None:
-        optim["learning_rate"] = spec.lr
+        data["learning_rate"] = spec.lr
     if steps is not None:
-        optim["max_steps"] = steps
-    data["optim"] = optim
-    data["logging"] = {**(data.get("logging") or {}), "progress": False}
+        data["max_steps"] = steps
     cfg = config_from_dict(data, source=str(config_path))
     if not cfg.data.eval:
         raise ValueError(f"{config_path}: data.eval: --config needs held-out benchmarks to evaluate on")
@@ -439,8 +442,9 @@ def config_eval(cfg: Any, model: Any, tokenizer: Any, out_dir: Path, label: str,
     from ictrl.eval.harness import benchmark_tasks
 
     tasks = benchmark_tasks(cfg.data.eval, tokenizer=tokenizer, limit=limit)
-    return evaluate_model(model, tokenizer, tasks, out_dir, label, CONFIG_EVAL_N, cfg.sampling.max_completion_length,
-                          cfg.sampling.temperature, cfg.sampling.top_p)
+    t = cfg.trainer
+    return evaluate_model(model, tokenizer, tasks, out_dir, label, CONFIG_EVAL_N, t.get("max_completion_length", 256),
+                          t.get("temperature", 1.0), t.get("top_p", 1.0))
 
 
 def eval_config_base(config_path: Path, out_dir: Path, eval_limit: int | None) -> dict[str, Any]:
@@ -468,15 +472,16 @@ QUICK_RL = dict(steps=2, prompts_per_step=4, num_generations=4, num_iterations=1
 def add_common_arguments(parser: Any, default_output: str) -> None:
     """Options shared by ``ictrl compare`` and ``ictrl sweep``."""
     parser.add_argument("--methods", default=",".join(DEFAULT_METHODS),
-                        help=f"comma-separated methods from: {', '.join(METHODS)} (default: %(default)s)")
+                        help=f"comma-separated methods from: {', '.join(METHODS)}, their selector names, or "
+                             "module:function (default: %(default)s)")
     parser.add_argument("--seeds", type=int, default=3, help="seeds per method (0..N-1; default: %(default)s)")
     parser.add_argument("--steps", type=int, default=None,
                         help="optimizer steps per run (default: the embedded recipe's, or the config's max_steps)")
     parser.add_argument("--output-dir", type=Path, default=Path(default_output),
                         help="where run directories, tables, plots and report.html go; a rerun resumes")
     parser.add_argument("--config", type=Path, default=None,
-                        help="an `ictrl train` YAML config instead of the embedded task (its method section is "
-                             "replaced per method; held-out eval on its data.eval)")
+                        help="an `ictrl train` YAML config instead of the embedded task (its token_selector and "
+                             "selection keys are replaced per method; held-out eval on its data.eval)")
     parser.add_argument("--quick", action="store_true", help="a tiny base model and 2 steps per run (tests)")
     parser.add_argument("--eval-problems", type=int, default=None,
                         help="held-out problems (embedded task; default 200) or per-benchmark limit (--config)")
@@ -516,10 +521,10 @@ def make_experiment(args: Any, log: Callable[[str], None] = print) -> Experiment
         return Experiment(
             runner=runner,
             eval_base=lambda out: eval_config_base(args.config, out, args.eval_problems),
-            settings={"source": "config", "config": str(args.config), "steps": probe.optim.max_steps,
+            settings={"source": "config", "config": str(args.config), "steps": probe.trainer.get("max_steps", -1),
                       "model": probe.model.name_or_path, "eval": list(probe.data.eval),
                       "eval_limit": args.eval_problems},
-            default_lr=probe.optim.learning_rate,
+            default_lr=probe.trainer.get("learning_rate", 1e-6),
         )
     from ictrl.experiments.tinymodel import TinyRecipe, build_tiny_base
 

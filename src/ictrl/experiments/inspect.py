@@ -6,7 +6,7 @@ Two inputs:
   ``--temperature`` with top-k and top-p off, so the sampler *is* the policy whose logits we score), run one no-grad
   forward over prompt + response to get those logits, compute per-token statistics (``ictrl.stats``) and ICT
   scores with the G responses as one group, and the selection (``--selector ict --ratio 0.1 --scope response``).
-- ``--rollouts FILE``: a saved rollouts file (schema below), e.g. written by the trainer with ``save_rollouts``.
+- ``--rollouts FILE``: a saved rollouts file (schema below), e.g. one written by ``--save-rollouts``.
 
 Rollouts file (JSONL, one object per response; ``save_rollouts`` / ``load_rollouts``)::
 
@@ -39,7 +39,30 @@ from typing import Any
 from ictrl.errors import UserError
 from ictrl.files import atomic_write_text, read_jsonl
 
-SELECTORS = ("ict", "entropy", "random", "frequent", "all")  # stapo needs advantages, which one prompt lacks
+# What one sampled group provides to a selector (no rewards, hence no advantages: stapo cannot run here).
+AVAILABLE = frozenset({"ict_score", "entropy", "prob", "group_ids"})
+
+
+def check_selector(name: str) -> Any:
+    """The registered selector ``name`` if inspect can compute what it reads; ``ValueError`` (one line) if not."""
+    from ictrl.selection import get_selector
+
+    selector = get_selector(name)
+    missing = sorted(selector.needs - AVAILABLE)
+    if missing:
+        raise ValueError(f"selector {name!r} needs {', '.join(missing)} (from rewards), which ictrl inspect does not "
+                         "compute for one prompt")
+    return selector
+
+
+def selection_options(name: str, ratio: float | None, scope: str | None) -> dict[str, Any]:
+    """``ratio`` / ``scope`` for selectors that take them (None: the selector's default)."""
+    selector = check_selector(name)
+    given = {k: v for k, v in (("ratio", ratio), ("scope", scope)) if v is not None}
+    unused = sorted(set(given) - set(selector.options))
+    if unused:
+        raise ValueError(f"--{unused[0]} is not used by selector {name!r}")
+    return selector.resolve_options(given)
 U_RGB = (230, 85, 13)  # orange: ICT score
 H_RGB = (49, 130, 189)  # blue: entropy
 
@@ -246,8 +269,8 @@ def score_group(
     mask: Any,
     temperature: float = 1.0,
     selector: str = "ict",
-    ratio: float = 0.1,
-    scope: str = "response",
+    ratio: float | None = None,
+    scope: str | None = None,
 ) -> list[Rollout]:
     """Score G responses to one prompt as one group: u, H1, pi per token and the selection.
 
@@ -260,8 +283,7 @@ def score_group(
     from ictrl.selection import SelectionInputs, select
     from ictrl.stats import group_js_divergence, token_stats
 
-    if selector not in SELECTORS:
-        raise ValueError(f"selector must be one of {SELECTORS}, got {selector!r}")
+    options = selection_options(selector, ratio, scope)
     g, p_len = response.shape[0], prompt_ids.shape[1]
     full = torch.cat([prompt_ids.expand(g, -1), response], dim=1)
     with torch.no_grad():
@@ -269,7 +291,6 @@ def score_group(
         stats = token_stats(logits, mask, tokens=response, temperature=temperature)
         group_ids = torch.zeros(g, dtype=torch.long, device=response.device)
         u = group_js_divergence(logits, mask, group_ids, temperature=temperature)
-    options: dict[str, Any] = {} if selector == "all" else {"ratio": ratio, "scope": scope}
     inputs = SelectionInputs(mask=mask, ict_score=u, entropy=stats.entropy, prob=stats.prob, group_ids=group_ids)
     selected = select(selector, inputs, **options)
     strings = token_strings(tokenizer, response.tolist())
@@ -285,12 +306,11 @@ def sample_and_score(
     temperature: float = 1.0,
     seed: int = 0,
     selector: str = "ict",
-    ratio: float = 0.1,
-    scope: str = "response",
+    ratio: float | None = None,
+    scope: str | None = None,
 ) -> list[Rollout]:
     """``generate_group`` then ``score_group``: G scored rollouts of one prompt."""
-    if selector not in SELECTORS:
-        raise ValueError(f"selector must be one of {SELECTORS}, got {selector!r}")
+    selection_options(selector, ratio, scope)  # a bad name or option fails before sampling
     prompt_ids, response, mask = generate_group(model, tokenizer, prompt, num_generations, max_new_tokens, temperature, seed)
     return score_group(model, tokenizer, prompt, prompt_ids, response, mask, temperature, selector, ratio, scope)
 
@@ -423,9 +443,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--temperature", type=float, default=1.0, help="sampling and statistics temperature")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--selector", choices=SELECTORS, default="ict")
-    parser.add_argument("--ratio", type=float, default=0.1, help="fraction of tokens selected (not for 'all')")
-    parser.add_argument("--scope", choices=("response", "group", "batch"), default="response")
+    parser.add_argument("--selector", "--method", dest="selector", default="ict",
+                        help="token selector or method label, as in ictrl train/demo (default: ict)")
+    parser.add_argument("--ratio", type=float, default=None,
+                        help="fraction of tokens selected, for selectors with a ratio (default: the selector's)")
+    parser.add_argument("--scope", default=None,
+                        help="response, group or batch, for selectors with a scope (default: the selector's)")
     parser.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
     parser.add_argument("--out", default="inspect.html", help="HTML page to write")
     parser.add_argument("--save-rollouts", default=None, help="also write the scored rollouts as JSONL (with --model)")
@@ -442,6 +465,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             if args.prompt is None:
                 raise ValueError("--prompt is required with --model")
+            options = selection_options(args.selector, args.ratio, args.scope)  # before the model loads
             preflight.check_model(args.model)
             from ictrl.models import load_model_and_tokenizer
 
@@ -450,7 +474,7 @@ def run(args: argparse.Namespace) -> int:
                 model, tokenizer, args.prompt, args.num_generations, args.max_new_tokens,
                 args.temperature, args.seed, args.selector, args.ratio, args.scope,
             )
-            opts = "" if args.selector == "all" else f"(ratio={args.ratio}, scope={args.scope})"
+            opts = f"({', '.join(f'{k}={v}' for k, v in options.items())})" if options else ""
             meta = {"model": args.model, "temperature": args.temperature, "seed": args.seed,
                     "selector": f"{args.selector}{opts}"}
             if args.save_rollouts:
