@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ast
 import math
 from fractions import Fraction
+from pathlib import Path
 
 import pytest
 import torch
@@ -290,3 +292,90 @@ def test_random_same_on_cuda_as_cpu() -> None:
     for scope in ("response", "group", "batch"):
         unit = {"response": list(range(6)), "group": base.group_ids.tolist(), "batch": [0] * 6}[scope]
         assert torch.equal(select("ict", inputs, scope=scope).cpu(), naive_top_k(base.ict_score, base.mask, unit, 0.1))
+
+
+# ------------------------------------------------------------------------ one place for methods (issue 15)
+
+_SRC = Path(__file__).resolve().parents[1] / "src" / "ictrl"
+# The study's headline pair (ICT against its random control), not a method list: the report's ICT − random10 row.
+_PAIR_ALLOWED = {("experiments/compare.py", frozenset({"ict", "random10"})),
+                 ("experiments/report.py", frozenset({"ict", "random10"}))}
+_DEFAULT_KEYS = {"ratio", "selection_ratio", "scope", "selection_scope", "selection_warmup_steps", "selection_warmup",
+                 "tau_p", "q", "normalization", "loss_normalization", "stapo_tau_p", "stapo_q"}
+# A plan's setting, not a method default: --quick trains 2 steps, so Θ = 0 lets selection run at all.
+_DEFAULT_ALLOWED = {("experiments/grid.py", "selection_warmup")}
+
+
+def _method_names() -> set[str]:
+    from ictrl.selection import method_names
+
+    return set(method_names())
+
+
+def _literal_strings(node: ast.AST) -> list[str]:
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        items = node.elts
+    elif isinstance(node, ast.Dict):
+        items = [k for k in node.keys if k is not None]
+    elif isinstance(node, ast.Compare):
+        items = node.comparators
+    else:
+        return []
+    return [e.value for e in items if isinstance(e, ast.Constant) and isinstance(e.value, str)]
+
+
+def test_selector_names_are_listed_only_by_the_registry() -> None:
+    """No module but selection.py writes a list of methods or branches on a method name: everything else reads
+    the registry (a new selector is one decorated function)."""
+    names = _method_names()
+    bad = []
+    for path in sorted(_SRC.rglob("*.py")):
+        rel = path.relative_to(_SRC).as_posix()
+        if rel == "selection.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            hits = frozenset(s for s in _literal_strings(node) if s in names)
+            compared = isinstance(node, ast.Compare) and hits and rel != "preflight.py"  # report_to: "all"
+            if (len(hits) >= 2 or compared) and (rel, hits) not in _PAIR_ALLOWED:
+                bad.append(f"{rel}:{node.lineno}: {sorted(hits)}")
+    assert not bad, "\n".join(bad)
+
+
+def test_method_defaults_are_set_only_by_the_registry() -> None:
+    """No module but selection.py gives a selection option a default value (ratio, scope, Θ, normaliser, STAPO's
+    τ_p / q): None ("the selector's default") is the only default allowed elsewhere."""
+    bad = []
+    for path in sorted(_SRC.rglob("*.py")):
+        rel = path.relative_to(_SRC).as_posix()
+        if rel == "selection.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            pairs: list[tuple[str, ast.AST]] = []
+            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None:
+                value = node.value
+                if isinstance(value, ast.Call) and getattr(value.func, "id", None) == "field":
+                    value = next((k.value for k in value.keywords if k.arg == "default"), ast.Constant(None))
+                pairs.append((node.target.id, value))
+            elif isinstance(node, ast.arguments):
+                args = node.args[len(node.args) - len(node.defaults):] if node.defaults else []
+                pairs += list(zip((a.arg for a in args), node.defaults))
+                pairs += [(a.arg, d) for a, d in zip(node.kwonlyargs, node.kw_defaults) if d is not None]
+            elif isinstance(node, ast.keyword) and node.arg is not None:
+                pairs.append((node.arg, node.value))
+            for name, value in pairs:
+                if name in _DEFAULT_KEYS and isinstance(value, ast.Constant) and value.value is not None \
+                        and (rel, name) not in _DEFAULT_ALLOWED:
+                    bad.append(f"{rel}:{getattr(node, 'lineno', '?')}: {name}={value.value!r}")
+    assert not bad, "\n".join(bad)
+
+
+def test_registry_records_each_method_once() -> None:
+    from ictrl.selection import SELECTORS, method_names
+
+    assert len(method_names()) == len(set(method_names()))
+    labels = {s.label: s.name for s in SELECTORS.values()}
+    assert labels == {"grpo": "all", "entropy20": "entropy", "stapo": "stapo", "ict": "ict", "random10": "random",
+                      "frequent90": "frequent"}
+    for selector in SELECTORS.values():
+        assert get_selector(selector.label) is selector and selector.help
+        assert selector.resolve_options() == selector.options

@@ -118,10 +118,6 @@ def _public(name: str) -> str:
     return Path(name).name if name.startswith(("/", ".", "~")) or Path(name).exists() else name
 
 
-def _theta(rl: dict[str, Any]) -> int:
-    return 10 if rl.get("selection_warmup") is None else int(rl["selection_warmup"])
-
-
 def _notes(settings: dict[str, Any], specs: list[grid.RunSpec], results: dict[grid.RunSpec, dict[str, Any]],
            diff: tuple[str, str] | None) -> str:
     seeds = sorted({s.seed for s in specs})
@@ -140,7 +136,7 @@ def _notes(settings: dict[str, Any], specs: list[grid.RunSpec], results: dict[gr
         lines.append(f"Embedded task: base model {Path(settings['base']).name} (the embedded warm-start recipe); "
                      f"{rl['steps']} optimizer steps per run, "
                      f"{rl['prompts_per_step']} prompts x {rl['num_generations']} samples, lr {rl['lr']:g}, "
-                     f"selection warm-up Θ = {_theta(rl)} steps (ict/random10), {rl['eval_problems']} held-out "
+                     f"selection warm-up Θ = {grid.theta(rl)} steps (ict/random10), {rl['eval_problems']} held-out "
                      f"problems x {rl['eval_n']} samples.")
     elif settings.get("source") == "config":
         lines.append(f"Run config {Path(settings['config']).name} (model {_public(settings['model'])}), eval on {settings['eval']} with "

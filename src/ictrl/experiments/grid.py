@@ -78,6 +78,12 @@ def method_keys(name: str, warmup_steps: int | None = None) -> dict[str, Any]:
     return keys
 
 
+def theta(rl: dict[str, Any]) -> int:
+    """Θ of an embedded-task grid whose settings are ``rl`` (``TinyRL`` as a dict): its ``selection_warmup``, or
+    ICT's registered default."""
+    return int(rl["selection_warmup"]) if rl.get("selection_warmup") is not None else METHODS["ict"].warmup_steps
+
+
 @dataclass(frozen=True)
 class RunSpec:
     """One cell of the grid; ``lr`` None means the recipe's learning rate. ``ratio`` / ``norm`` override the
@@ -228,7 +234,7 @@ class TinyRL:
     epsilon: float = field(default=0.2, metadata={"help": "lower clip"})
     epsilon_high: float = field(default=0.28, metadata={"help": "upper clip (DAPO clip-higher)"})
     temperature: float = field(default=1.0, metadata={"help": "sampling temperature (training and eval)"})
-    selection_warmup: int | None = field(default=None, metadata={"help": "Θ for ict/random/frequent; None: 10"})
+    selection_warmup: int | None = field(default=None, metadata={"help": "Θ for the methods that warm up (ict, random10, frequent90); None: their registered default"})
     eval_problems: int = field(default=200, metadata={"help": "held-out problems (test split)"})
     eval_n: int = field(default=4, metadata={"help": "samples per held-out problem (>= 4 for P@4)"})
     eval_split: str = field(default="test", metadata={"help": "split evaluated after training: test, or dev "

@@ -277,6 +277,6 @@ def _notes(rows: list[dict[str, Any]], picks: dict[str, dict[str, Any] | None], 
         notes.append(f"Embedded task: base model {Path(settings['base']).name} (the embedded warm-start recipe); "
                      f"{rl['steps']} optimizer steps per run, {rl['prompts_per_step']} prompts x "
                      f"{rl['num_generations']} samples, {rl['num_iterations']} optimizer steps per generation batch, "
-                     f"selection warm-up Θ = {10 if rl.get('selection_warmup') is None else rl['selection_warmup']} "
+                     f"selection warm-up Θ = {grid.theta(rl)} "
                      f"steps (ict/random10), {rl['eval_problems']} held-out problems, n = {rl['eval_n']}.")
     return "\n\n".join(notes)
