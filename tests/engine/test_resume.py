@@ -2,7 +2,7 @@
 
 The run crosses epoch boundaries (4 prompts, 2 per step) and resumes in the middle of an epoch, so it checks
 model/optimizer/scheduler restore, the RNG that drives sampling, the batches skipped in the resumed epoch and
-the prompt order of later epochs (ictrl.engine.run.EpochRepeatSampler).
+the prompt order of later epochs (ictrl.engine.resumable.EpochRepeatSampler).
 """
 
 from __future__ import annotations
@@ -153,7 +153,9 @@ class _FakeTrainer:
 
 
 def test_checkpoints_appear_whole_or_not_at_all(tmp_path: Path) -> None:
-    from ictrl.engine.run import complete_checkpoints, make_trainer_class, prepare_output_dir
+    from ictrl.checkpoints import complete_checkpoints
+    from ictrl.engine.resumable import make_trainer_class
+    from ictrl.engine.run import prepare_output_dir
     from ictrl.engine.run_config import config_from_dict
 
     cls = make_trainer_class(_FakeTrainer)
@@ -177,7 +179,7 @@ def test_checkpoints_appear_whole_or_not_at_all(tmp_path: Path) -> None:
 def test_epoch_sampler_matches_trl_order_per_epoch() -> None:
     from trl.trainer.utils import RepeatSampler
 
-    from ictrl.engine.run import EpochRepeatSampler
+    from ictrl.engine.resumable import EpochRepeatSampler
 
     def sampler() -> RepeatSampler:
         return RepeatSampler(list(range(10)), mini_repeat_count=2, batch_size=3, repeat_count=2, seed=5)
@@ -202,7 +204,7 @@ def _write_state(directory: Path, step: int, max_steps: int) -> None:
 
 
 def test_finished_run_needs_max_steps_and_a_final_model_of_that_step(tmp_path: Path) -> None:
-    from ictrl.engine.run import finished_run
+    from ictrl.checkpoints import finished_run
 
     ckpt = tmp_path / "checkpoint-4"
     _write_state(ckpt, 4, 4)

@@ -81,7 +81,7 @@ def test_print_config_and_config_flag(capsys: pytest.CaptureFixture[str]) -> Non
 
 
 def test_complete_checkpoints_ignores_partial_and_staging(tmp_path: Path) -> None:
-    from ictrl.engine.run import complete_checkpoints
+    from ictrl.checkpoints import complete_checkpoints
 
     for name, complete in (("checkpoint-2", True), ("checkpoint-10", True), ("checkpoint-12", False),
                            (".staging-checkpoint-14", True), ("checkpoint-x", True)):

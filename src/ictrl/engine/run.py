@@ -3,25 +3,7 @@
 Everything that can be wrong with the config is checked (``build_trainer_args``, ``build_rewards``,
 ``check_sources``) before the model loads.
 
-Checkpoints and resume (checked against transformers 5.23 / trl 1.16, see tests/engine/test_resume.py):
-
-- ``Trainer._save_checkpoint`` writes ``checkpoint-N/`` file by file, in place: a kill mid-save leaves a
-  directory that ``get_last_checkpoint`` would pick. :class:`ResumableMixin` makes it write into
-  ``.staging-checkpoint-N/``, fsyncs the files, then renames the directory into place, so every
-  ``checkpoint-N`` is complete.
-- Trainer restores model, optimizer, scheduler, ``trainer_state.json`` and the python/numpy/torch RNG states,
-  and skips the batches already consumed in the current epoch. The RNG is restored after the skip and before
-  the first resumed step, so TRL's sampling (``model.generate`` draws from the global torch RNG) continues
-  exactly.
-- One gap: TRL's ``RepeatSampler`` (the prompt order) draws each epoch's permutation from a generator seeded
-  once at construction, so a run resumed in epoch e > 0 would replay epoch 0's order. :class:`EpochRepeatSampler`
-  derives epoch e's permutation from (seed, e), the same sequence TRL produces in an uninterrupted run.
-- TRL buffers one generation batch for ``steps_per_generation x num_iterations`` micro-steps and does not save
-  the buffer, so a checkpoint must fall on a buffer boundary: ``build_trainer_args`` checks ``save_steps``.
-- Trainer stops at ``max_steps`` only after a step (``DefaultFlowCallback.on_step_end``). A run resumed from a
-  checkpoint at ``max_steps`` that falls inside an epoch re-enters that epoch and trains one step too many
-  (at an epoch boundary the epoch loop is empty). :meth:`ResumableMixin._run_epoch` skips the epoch when no
-  step is left, and ``train`` returns at once when ``final/`` already holds the last checkpoint's step.
+Checkpoints and resume: ``ictrl.engine.resumable`` (the trainer hooks) and ``ictrl.checkpoints`` (the files).
 """
 
 from __future__ import annotations
@@ -30,20 +12,17 @@ import dataclasses
 import difflib
 import importlib
 import logging
-import os
-import re
-import shutil
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
+from ictrl.checkpoints import STAGING_PREFIX, clear_staging, complete_checkpoints, finished_run, trainer_state
+from ictrl.engine.resumable import check_resumable, make_trainer_class, save_final
 from ictrl.engine.run_config import ConfigError, RunConfig, config_to_dict, save_config
 
 log = logging.getLogger("ictrl.train")
 
-CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
-STAGING_PREFIX = ".staging-"
 
 
 def trainer_classes() -> tuple[type, type]:
@@ -73,19 +52,6 @@ def build_trainer_args(cfg: RunConfig, source: str = "<config>", cpu: bool | Non
         raise ConfigError(f"{source}: {exc}") from None
     check_resumable(args, source)
     return args
-
-
-def check_resumable(args: Any, source: str = "<config>") -> None:
-    """A checkpoint must fall where TRL's generation buffer is empty (it is not saved)."""
-    if args.save_strategy != "steps":
-        return
-    micro_per_buffer = args.steps_per_generation * args.num_iterations
-    micro_per_save = int(args.save_steps) * args.gradient_accumulation_steps
-    if micro_per_save % micro_per_buffer:
-        raise ConfigError(
-            f"{source}: save_steps: {args.save_steps} optimizer steps x gradient_accumulation_steps "
-            f"{args.gradient_accumulation_steps} must be a multiple of steps_per_generation {args.steps_per_generation}"
-            f" x num_iterations {args.num_iterations}: a checkpoint inside a generation buffer cannot resume exactly")
 
 
 # --- rewards ---------------------------------------------------------------------------------------------------
@@ -173,119 +139,6 @@ def _prompt_tokens(prompt: Any, tokenizer: Any) -> int:
     return len(tokenizer(prompt, add_special_tokens=False)["input_ids"])
 
 
-# --- checkpoints -----------------------------------------------------------------------------------------------
-
-
-def complete_checkpoints(output_dir: str | os.PathLike[str]) -> list[Path]:
-    """``checkpoint-N`` directories holding a trainer state, oldest first."""
-    root = Path(output_dir)
-    if not root.is_dir():
-        return []
-    found = [(int(m.group(1)), p) for p in root.iterdir()
-             if (m := CHECKPOINT_RE.match(p.name)) and (p / "trainer_state.json").is_file()]
-    return [p for _, p in sorted(found)]
-
-
-def _fsync_tree(root: Path) -> None:
-    for path in sorted(root.rglob("*")):
-        if path.is_file():
-            with open(path, "rb") as fh:
-                os.fsync(fh.fileno())
-    fd = os.open(root, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def publish_dir(staging: Path, final: Path) -> None:
-    """Make the fully written ``staging`` directory appear as ``final`` in one rename."""
-    _fsync_tree(staging)
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(staging, final)
-
-
-class EpochRepeatSampler:
-    """Wraps TRL's ``RepeatSampler`` so epoch e's prompt order depends only on (seed, e)."""
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-        self.epoch = 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def __len__(self) -> int:
-        return len(self.inner)
-
-    def __iter__(self) -> Any:
-        if self.inner.shuffle:
-            generator = torch.Generator()
-            generator.manual_seed(self.inner.seed)
-            for _ in range(self.epoch):  # TRL draws one permutation per epoch from one generator
-                torch.randperm(self.inner.num_samples, generator=generator)
-            self.inner.generator = generator
-        return iter(self.inner)
-
-
-def _restore_cpu_index(storage: Any, location: str) -> Any:
-    """torch.load location handler for "cpu:N". Trainer maps optimizer states to ``args.device`` when
-    world_size > 1, which on CPU processes (gloo) is "cpu:0", a location torch's own CPU handler refuses
-    ("don't know how to restore data location"): without this, --resume fails on several CPU processes."""
-    return storage if re.fullmatch(r"cpu:\d+", location) else None
-
-
-torch.serialization.register_package(11, lambda obj: None, _restore_cpu_index)
-
-
-class ResumableMixin:
-    """Atomic checkpoint directories and epoch-exact prompt order; mixed in front of the trainer class."""
-
-    def _get_train_sampler(self, dataset: Any = None) -> Any:
-        sampler = super()._get_train_sampler(dataset)  # type: ignore[misc]
-        return EpochRepeatSampler(sampler) if getattr(sampler, "seed", None) is not None else sampler
-
-    def _run_epoch(self, *args: Any, **kwargs: Any) -> None:
-        state = self.state  # type: ignore[attr-defined]
-        if 0 < state.max_steps <= state.global_step:  # resumed at max_steps: the epoch would still run a step
-            self.control.should_training_stop = True  # type: ignore[attr-defined]
-            return
-        super()._run_epoch(*args, **kwargs)  # type: ignore[misc]
-
-    def _save_checkpoint(self, model: Any, trial: Any) -> None:
-        from transformers.trainer_utils import rotate_checkpoints
-
-        run_dir = Path(self._get_output_dir(trial=trial))  # type: ignore[attr-defined]
-        name = f"checkpoint-{self.state.global_step}"  # type: ignore[attr-defined]
-        staging = run_dir / f"{STAGING_PREFIX}{name}"
-        barrier = self.accelerator.wait_for_everyone  # type: ignore[attr-defined]
-        if self.args.should_save:  # type: ignore[attr-defined]
-            shutil.rmtree(staging, ignore_errors=True)
-            staging.mkdir(parents=True)
-        barrier()
-        # Trainer and TRL build the checkpoint path from _get_output_dir: point it at the staging directory.
-        self._get_output_dir = lambda trial=None: str(staging)  # type: ignore[method-assign]
-        try:
-            super()._save_checkpoint(model, trial)  # type: ignore[misc]
-        finally:
-            del self._get_output_dir
-        barrier()  # every process has written its files (per-process RNG states) before the rename
-        if self.args.should_save:  # type: ignore[attr-defined]
-            publish_dir(staging / name, run_dir / name)
-            staging.rmdir()
-            best = self.state.best_model_checkpoint  # type: ignore[attr-defined]
-            if best and str(staging) in best:
-                self.state.best_model_checkpoint = best.replace(str(staging / name), str(run_dir / name))
-            rotate_checkpoints(output_dir=str(run_dir), save_total_limit=self.args.save_total_limit,  # type: ignore
-                               best_model_checkpoint=self.state.best_model_checkpoint, use_mtime=False)
-        barrier()
-
-
-def make_trainer_class(base: type) -> type:
-    return type(f"Resumable{base.__name__}", (ResumableMixin, base), {})
-
-
 # --- the run ---------------------------------------------------------------------------------------------------
 
 
@@ -301,9 +154,7 @@ def prepare_output_dir(cfg: RunConfig, resume: bool, source: str = "<config>") -
     """The checkpoint to resume from (None: start fresh). Refuses to start over existing checkpoints."""
     out = Path(cfg.output_dir)
     checkpoints = complete_checkpoints(out)
-    if out.is_dir():
-        for stale in out.glob(f"{STAGING_PREFIX}*"):  # left by a kill during a save
-            shutil.rmtree(stale, ignore_errors=True)
+    clear_staging(out)
     if not resume:
         if checkpoints:
             raise ConfigError(f"{source}: output_dir: {out} already holds {checkpoints[-1].name}; pass --resume "
@@ -313,32 +164,6 @@ def prepare_output_dir(cfg: RunConfig, resume: bool, source: str = "<config>") -
         log.warning("--resume: no complete checkpoint in %s, starting from step 0", out)
         return None
     return checkpoints[-1]
-
-
-def trainer_state(directory: Path) -> dict[str, Any]:
-    """``directory/trainer_state.json`` (a checkpoint's, or final/'s), checked for ``global_step``."""
-    import json
-
-    path = directory / "trainer_state.json"
-    try:
-        state = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ValueError(f"{path}: cannot read the trainer state: {exc}") from None
-    if not isinstance(state, dict) or not isinstance(state.get("global_step"), int):
-        raise ValueError(f"{path}: no integer global_step")
-    return state
-
-
-def finished_run(checkpoint: Path, max_steps: int) -> bool:
-    """True when ``final/`` beside ``checkpoint`` was saved at the checkpoint's step and that step reaches
-    ``max_steps`` (-1: the ``max_steps`` the checkpoint recorded, from num_train_epochs)."""
-    state = trainer_state(checkpoint)
-    step = state["global_step"]
-    target = max_steps if max_steps > 0 else int(state.get("max_steps", 0))
-    final = checkpoint.parent / "final"
-    if step < target or not (final / "trainer_state.json").is_file():
-        return False
-    return trainer_state(final)["global_step"] == step
 
 
 def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -411,28 +236,3 @@ def train(cfg: RunConfig, resume: bool = False, source: str = "<config>",
 
     save_final(trainer, out / f"{STAGING_PREFIX}final", final)
     return TrainResult(out, trainer.state.global_step, resume_from, final)
-
-
-def save_final(trainer: Any, staging: Path, final: Path) -> None:
-    """The HF-format model in ``final``, written to ``staging`` then renamed. ``save_model`` runs on every
-    process: under ZeRO-3 and FSDP it gathers the full weights (a collective; on the main process alone it would
-    hang), and only the main process writes. FSDP checkpoints may be sharded (SHARDED_STATE_DICT), for which
-    ``save_model`` writes no weights: the final save switches the plugin to a full state dict for its duration."""
-    barrier = trainer.accelerator.wait_for_everyone
-    if trainer.args.should_save:
-        shutil.rmtree(staging, ignore_errors=True)
-    barrier()
-    plugin = getattr(trainer.accelerator.state, "fsdp_plugin", None) if trainer.is_fsdp_enabled else None
-    previous = plugin.state_dict_type if plugin is not None else None
-    if plugin is not None and "FULL_STATE_DICT" not in str(previous):
-        plugin.set_state_dict_type("FULL_STATE_DICT")
-    try:
-        trainer.save_model(str(staging))
-    finally:
-        if plugin is not None:
-            plugin.state_dict_type = previous
-    barrier()
-    if trainer.args.should_save:
-        trainer.state.save_to_json(str(staging / "trainer_state.json"))  # its step: finished_run reads it
-        publish_dir(staging, final)
-    barrier()

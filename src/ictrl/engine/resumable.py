@@ -1,0 +1,152 @@
+"""Resumable training: trainer hooks that make every checkpoint complete and a resumed run continue exactly
+(checked against transformers 5.23 / trl 1.16 by tests/engine/test_resume.py). The files themselves are handled by
+``ictrl.checkpoints``.
+
+- ``Trainer._save_checkpoint`` writes ``checkpoint-N/`` file by file, in place: a kill mid-save leaves a
+  directory that ``get_last_checkpoint`` would pick. :class:`ResumableMixin` makes it write into
+  ``.staging-checkpoint-N/``, fsyncs the files, then renames the directory into place, so every
+  ``checkpoint-N`` is complete.
+- Trainer restores model, optimizer, scheduler, ``trainer_state.json`` and the python/numpy/torch RNG states,
+  and skips the batches already consumed in the current epoch. The RNG is restored after the skip and before
+  the first resumed step, so TRL's sampling (``model.generate`` draws from the global torch RNG) continues
+  exactly.
+- One gap: TRL's ``RepeatSampler`` (the prompt order) draws each epoch's permutation from a generator seeded
+  once at construction, so a run resumed in epoch e > 0 would replay epoch 0's order. :class:`EpochRepeatSampler`
+  derives epoch e's permutation from (seed, e), the same sequence TRL produces in an uninterrupted run.
+- TRL buffers one generation batch for ``steps_per_generation x num_iterations`` micro-steps and does not save
+  the buffer, so a checkpoint must fall on a buffer boundary: ``build_trainer_args`` checks ``save_steps``.
+- Trainer stops at ``max_steps`` only after a step (``DefaultFlowCallback.on_step_end``). A run resumed from a
+  checkpoint at ``max_steps`` that falls inside an epoch re-enters that epoch and trains one step too many
+  (at an epoch boundary the epoch loop is empty). :meth:`ResumableMixin._run_epoch` skips the epoch when no
+  step is left, and ``ictrl.engine.run.train`` returns at once when ``final/`` already holds the last checkpoint's step.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ictrl.checkpoints import STAGING_PREFIX, publish_dir
+from ictrl.engine.run_config import ConfigError
+
+
+def check_resumable(args: Any, source: str = "<config>") -> None:
+    """A checkpoint must fall where TRL's generation buffer is empty (it is not saved)."""
+    if args.save_strategy != "steps":
+        return
+    micro_per_buffer = args.steps_per_generation * args.num_iterations
+    micro_per_save = int(args.save_steps) * args.gradient_accumulation_steps
+    if micro_per_save % micro_per_buffer:
+        raise ConfigError(
+            f"{source}: save_steps: {args.save_steps} optimizer steps x gradient_accumulation_steps "
+            f"{args.gradient_accumulation_steps} must be a multiple of steps_per_generation {args.steps_per_generation}"
+            f" x num_iterations {args.num_iterations}: a checkpoint inside a generation buffer cannot resume exactly")
+
+
+class EpochRepeatSampler:
+    """Wraps TRL's ``RepeatSampler`` so epoch e's prompt order depends only on (seed, e)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __iter__(self) -> Any:
+        if self.inner.shuffle:
+            generator = torch.Generator()
+            generator.manual_seed(self.inner.seed)
+            for _ in range(self.epoch):  # TRL draws one permutation per epoch from one generator
+                torch.randperm(self.inner.num_samples, generator=generator)
+            self.inner.generator = generator
+        return iter(self.inner)
+
+
+def _restore_cpu_index(storage: Any, location: str) -> Any:
+    """torch.load location handler for "cpu:N". Trainer maps optimizer states to ``args.device`` when
+    world_size > 1, which on CPU processes (gloo) is "cpu:0", a location torch's own CPU handler refuses
+    ("don't know how to restore data location"): without this, --resume fails on several CPU processes."""
+    return storage if re.fullmatch(r"cpu:\d+", location) else None
+
+
+torch.serialization.register_package(11, lambda obj: None, _restore_cpu_index)
+
+
+class ResumableMixin:
+    """Atomic checkpoint directories and epoch-exact prompt order; mixed in front of the trainer class."""
+
+    def _get_train_sampler(self, dataset: Any = None) -> Any:
+        sampler = super()._get_train_sampler(dataset)  # type: ignore[misc]
+        return EpochRepeatSampler(sampler) if getattr(sampler, "seed", None) is not None else sampler
+
+    def _run_epoch(self, *args: Any, **kwargs: Any) -> None:
+        state = self.state  # type: ignore[attr-defined]
+        if 0 < state.max_steps <= state.global_step:  # resumed at max_steps: the epoch would still run a step
+            self.control.should_training_stop = True  # type: ignore[attr-defined]
+            return
+        super()._run_epoch(*args, **kwargs)  # type: ignore[misc]
+
+    def _save_checkpoint(self, model: Any, trial: Any) -> None:
+        from transformers.trainer_utils import rotate_checkpoints
+
+        run_dir = Path(self._get_output_dir(trial=trial))  # type: ignore[attr-defined]
+        name = f"checkpoint-{self.state.global_step}"  # type: ignore[attr-defined]
+        staging = run_dir / f"{STAGING_PREFIX}{name}"
+        barrier = self.accelerator.wait_for_everyone  # type: ignore[attr-defined]
+        if self.args.should_save:  # type: ignore[attr-defined]
+            shutil.rmtree(staging, ignore_errors=True)
+            staging.mkdir(parents=True)
+        barrier()
+        # Trainer and TRL build the checkpoint path from _get_output_dir: point it at the staging directory.
+        self._get_output_dir = lambda trial=None: str(staging)  # type: ignore[method-assign]
+        try:
+            super()._save_checkpoint(model, trial)  # type: ignore[misc]
+        finally:
+            del self._get_output_dir
+        barrier()  # every process has written its files (per-process RNG states) before the rename
+        if self.args.should_save:  # type: ignore[attr-defined]
+            publish_dir(staging / name, run_dir / name)
+            staging.rmdir()
+            best = self.state.best_model_checkpoint  # type: ignore[attr-defined]
+            if best and str(staging) in best:
+                self.state.best_model_checkpoint = best.replace(str(staging / name), str(run_dir / name))
+            rotate_checkpoints(output_dir=str(run_dir), save_total_limit=self.args.save_total_limit,  # type: ignore
+                               best_model_checkpoint=self.state.best_model_checkpoint, use_mtime=False)
+        barrier()
+
+
+def make_trainer_class(base: type) -> type:
+    return type(f"Resumable{base.__name__}", (ResumableMixin, base), {})
+
+
+def save_final(trainer: Any, staging: Path, final: Path) -> None:
+    """The HF-format model in ``final``, written to ``staging`` then renamed. ``save_model`` runs on every
+    process: under ZeRO-3 and FSDP it gathers the full weights (a collective; on the main process alone it would
+    hang), and only the main process writes. FSDP checkpoints may be sharded (SHARDED_STATE_DICT), for which
+    ``save_model`` writes no weights: the final save switches the plugin to a full state dict for its duration."""
+    barrier = trainer.accelerator.wait_for_everyone
+    if trainer.args.should_save:
+        shutil.rmtree(staging, ignore_errors=True)
+    barrier()
+    plugin = getattr(trainer.accelerator.state, "fsdp_plugin", None) if trainer.is_fsdp_enabled else None
+    previous = plugin.state_dict_type if plugin is not None else None
+    if plugin is not None and "FULL_STATE_DICT" not in str(previous):
+        plugin.set_state_dict_type("FULL_STATE_DICT")
+    try:
+        trainer.save_model(str(staging))
+    finally:
+        if plugin is not None:
+            plugin.state_dict_type = previous
+    barrier()
+    if trainer.args.should_save:
+        trainer.state.save_to_json(str(staging / "trainer_state.json"))  # its step: finished_run reads it
+        publish_dir(staging, final)
+    barrier()
