@@ -9,8 +9,8 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "ictrl"
 
 # Lower number = lower layer. A module may import ictrl modules of its own layer or below.
 LAYERS: dict[str, int] = {
-    "files": 0, "checks": 0, "errors": 0, "stats": 0, "kernels": 0, "selection": 0, "loss": 0, "metrics": 0,
-    "logprobs": 0,
+    "files": 0, "checkpoints": 0, "checks": 0, "errors": 0, "stats": 0, "kernels": 0, "selection": 0, "loss": 0,
+    "metrics": 0, "logprobs": 0,
     "rewards": 1, "data": 1, "models": 1, "eval": 1, "preflight": 1,
     "engine": 2,
     "experiments": 3,
@@ -18,7 +18,7 @@ LAYERS: dict[str, int] = {
 }
 CORE_THIRD_PARTY = {"torch", "math", "dataclasses", "typing", "collections", "__future__", "hashlib", "inspect",
                     "difflib", "importlib",
-                    "json", "os", "uuid", "pathlib",
+                    "json", "os", "uuid", "pathlib", "re", "shutil",
                     "logging", "triton"}  # triton: only ictrl.kernels.group_js_triton, imported when triton is
 
 
@@ -73,4 +73,99 @@ def test_core_is_pure_torch() -> None:
             root = imported.split(".")[0]
             if root not in CORE_THIRD_PARTY and not imported.startswith("ictrl."):
                 bad.append(f"{name} imports {imported}")
+    assert not bad, "\n".join(bad)
+
+
+def _resolve(node: ast.ImportFrom | ast.Import, module: str, is_package: bool, known: set[str]) -> list[str]:
+    """The ictrl modules an import statement names (``from ictrl.x import y`` is module ictrl.x.y when that is a
+    module, else ictrl.x)."""
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names if a.name in known]
+    if node.level:
+        parts = module.split(".")[: len(module.split(".")) - node.level + (1 if is_package else 0)]
+        base = ".".join(parts + ([node.module] if node.module else []))
+    else:
+        base = node.module or ""
+    subs = [f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in known]
+    rest = [a for a in node.names if f"{base}.{a.name}" not in known]
+    return subs + ([base] if rest and base in known else [])
+
+
+def _import_graph() -> dict[str, set[str]]:
+    modules = _modules()
+    known = {name for name, _ in modules}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules:
+        package = path.name == "__init__.py"
+        edges: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                edges.update(_resolve(node, name, package, known))
+        graph[name] = edges - {name}
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One cycle per strongly connected component with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_cycles() -> None:
+    """No two ictrl modules import each other, directly or through others, counting imports inside functions and
+    under TYPE_CHECKING too (a lazy import hides a cycle, it does not remove it). A package's ``__init__`` may
+    import its own modules; a module importing its package back is a cycle."""
+    assert _cycles(_import_graph()) == []
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]  # the check checks
+
+
+# Modules and functions over the size limits that other helpers are splitting as this lands (lead: remove each
+# entry once its owner has landed).
+SIZE_ALLOWED: set[str] = {
+    "ictrl.loss.policy_loss",  # 101 lines; core loss, not in helper "config"'s files: the lead assigns its split
+}
+MAX_MODULE_LINES, MAX_FUNCTION_LINES = 500, 80
+
+
+def test_modules_and_functions_are_short() -> None:
+    bad = []
+    for name, path in _modules():
+        text = path.read_text(encoding="utf-8")
+        if len(text.splitlines()) > MAX_MODULE_LINES and name not in SIZE_ALLOWED:
+            bad.append(f"{name}: {len(text.splitlines())} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1  # type: ignore[operator]
+                key = f"{name}.{node.name}"
+                if length > MAX_FUNCTION_LINES and key not in SIZE_ALLOWED:
+                    bad.append(f"{key}: {length} lines")
     assert not bad, "\n".join(bad)

@@ -12,7 +12,7 @@ Specs accepted by :func:`load_problems`: a registry name (``"math500"``), a name
 ``answer_field``, ``choices_field``, ``id_field`` (a ``.json`` list works too).
 
 Modules: :mod:`ictrl.data.registry` (Problem, Benchmark, BENCHMARKS, specs), :mod:`ictrl.data.loading`
-(files, hub, mixtures, TRL datasets), :mod:`ictrl.data.prompts` (templates, build_prompt).
+(files, hub, mixtures, TRL datasets), :mod:`ictrl.data.prompts` (templates, the user message; ``registry.build_prompt`` adds the chat template).
 """
 
 from ictrl.data.loading import (
@@ -23,13 +23,14 @@ from ictrl.data.loading import (
     row_to_problem,
     to_trl_dataset,
 )
-from ictrl.data.prompts import CHOICE_SUFFIX, LETTERS, MATH_SUFFIX, PROMPT_TEMPLATES, build_prompt, user_message
+from ictrl.data.prompts import CHOICE_SUFFIX, LETTERS, MATH_SUFFIX, PROMPT_TEMPLATES, user_message
 from ictrl.data.registry import (
     BENCHMARKS,
     Benchmark,
     Kind,
     Problem,
     apply_options,
+    build_prompt,
     get_benchmark,
     parse_spec,
     register_benchmark,

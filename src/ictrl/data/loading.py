@@ -11,8 +11,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ictrl.data.prompts import LETTERS, build_prompt, user_message
-from ictrl.data.registry import Benchmark, Problem, apply_options, parse_spec
+from ictrl.data.prompts import LETTERS, user_message
+from ictrl.data.registry import Benchmark, Problem, apply_options, build_prompt, parse_spec
 from ictrl.errors import DataError
 from ictrl.rewards import gsm8k_gold, last_boxed
 

@@ -1,11 +1,18 @@
-"""Prompt templates and :func:`build_prompt` (chat template when the tokenizer has one, else plain text)."""
+"""Prompt templates, the user message of a problem, and the chat-template step. Imports nothing from the rest of
+``ictrl.data`` (``ictrl.data.registry.build_prompt`` resolves a benchmark name and calls these)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from ictrl.data.registry import Benchmark, Problem
+
+class _Question(Protocol):
+    question: str
+    choices: list[str] | None
+
+
+class _Templated(Protocol):
+    template: str
 
 LETTERS = "ABCDEFGHIJ"
 MATH_SUFFIX = "Please reason step by step, and put your final answer within \\boxed{}."
@@ -17,19 +24,15 @@ PROMPT_TEMPLATES: dict[str, str] = {
 }
 
 
-def user_message(problem: Problem, benchmark: Benchmark) -> str:
+def user_message(problem: _Question, benchmark: _Templated) -> str:
     """The benchmark's template filled in; choices lettered inline ("A. ...\\nB. ...")."""
     choices = "\n".join(f"{LETTERS[i]}. {c}" for i, c in enumerate(problem.choices or []))
     return benchmark.template.replace("{question}", problem.question.strip()).replace("{choices}", choices)
 
 
-def build_prompt(problem: Problem, benchmark: Benchmark | str, tokenizer: Any = None) -> str:
-    """The prompt text: the tokenizer's chat template (one user turn + generation prompt) when it has one,
-    else the plain user message followed by a newline."""
-    from ictrl.data.registry import parse_spec
-
-    bench = parse_spec(benchmark)[0] if isinstance(benchmark, str) else benchmark
-    message = user_message(problem, bench)
+def chat_prompt(message: str, tokenizer: Any = None) -> str:
+    """The prompt text: the tokenizer's chat template (one user turn + generation prompt) when it has one, else
+    ``message`` followed by a newline."""
     if tokenizer is not None and getattr(tokenizer, "chat_template", None):
         return tokenizer.apply_chat_template(
             [{"role": "user", "content": message}], tokenize=False, add_generation_prompt=True

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from ictrl.data.prompts import LETTERS, PROMPT_TEMPLATES
+from ictrl.data.prompts import LETTERS, PROMPT_TEMPLATES, chat_prompt, user_message
 from ictrl.rewards import get_reward
 
 Kind = Literal["math", "gsm8k", "choice"]
@@ -123,7 +123,7 @@ def register_benchmark(bench: Benchmark) -> Benchmark:
     return bench
 
 
-# Generation defaults (choices; the papers' evaluation sampling is unpublished, method.md §6): temperature 0.6 and
+# Generation defaults (choices; the papers' evaluation sampling is unpublished, docs/method.md §6): temperature 0.6 and
 # top_p 0.95 everywhere (the DeepSeek-R1 / Qwen reasoning-eval convention for pass@k); new-token budgets long
 # enough that a correct chain of thought is not cut: 4096 for competition math (MATH-500 solutions of Qwen2.5
 # base models run past 1024 tokens; AIME longer), 1024 for GSM8K and the short multiple-choice sets, 2048 for
@@ -217,3 +217,10 @@ def apply_options(bench: Benchmark, **options: Any) -> Benchmark:
             raise ValueError(f"benchmark option {key!r}: unknown; use kind, levels, hub_split, *_field, "
                              "max_new_tokens, temperature or top_p")
     return replace(bench, **changes) if changes else bench
+
+
+def build_prompt(problem: Problem, benchmark: Benchmark | str, tokenizer: Any = None) -> str:
+    """The prompt text of ``problem`` for ``benchmark`` (a record or a spec such as ``"math500"``): the tokenizer's
+    chat template (one user turn + generation prompt) when it has one, else the plain user message and a newline."""
+    bench = parse_spec(benchmark)[0] if isinstance(benchmark, str) else benchmark
+    return chat_prompt(user_message(problem, bench), tokenizer)
