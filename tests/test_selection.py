@@ -303,7 +303,7 @@ _PAIR_ALLOWED = {("experiments/compare.py", frozenset({"ict", "random10"})),
 _DEFAULT_KEYS = {"ratio", "selection_ratio", "scope", "selection_scope", "selection_warmup_steps", "selection_warmup",
                  "tau_p", "q", "normalization", "loss_normalization", "stapo_tau_p", "stapo_q"}
 # A plan's setting, not a method default: --quick trains 2 steps, so Θ = 0 lets selection run at all.
-_DEFAULT_ALLOWED = {("experiments/grid.py", "selection_warmup")}
+_DEFAULT_ALLOWED = {("experiments/gridcli.py", "selection_warmup")}
 
 
 def _method_names() -> set[str]:

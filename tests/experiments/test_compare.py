@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ictrl.experiments import compare, grid
+from ictrl.experiments import compare, grid, gridcli, tinyrun
 from ictrl.experiments.report import PNG_MAGIC
 
 
@@ -66,10 +66,10 @@ def test_every_method_maps_to_a_valid_trainer_config(tmp_path: Path) -> None:
                 "ict": ("ict", 0.1), "random10": ("random", 0.1), "frequent90": ("frequent", 0.1)}
     assert set(expected) == set(grid.METHODS)
     assert grid.DEFAULT_METHODS == ("grpo", "entropy20", "stapo", "ict", "random10")
-    settings = grid.TinyRL(steps=3, prompts_per_step=2, num_generations=2, selection_warmup=5)
+    settings = tinyrun.TinyRL(steps=3, prompts_per_step=2, num_generations=2, selection_warmup=5)
     for name, (selector, ratio) in expected.items():
         spec = grid.RunSpec(name, seed=4, lr=3e-4)
-        args = build_trainer_args(grid.tiny_run_config(settings, base, spec, tmp_path / name), name, cpu=True)
+        args = build_trainer_args(tinyrun.tiny_run_config(settings, base, spec, tmp_path / name), name, cpu=True)
         assert args.token_selector == selector
         assert args.selection_ratio == ratio
         assert args.learning_rate == 3e-4 and args.seed == 4 and args.max_steps == 3
@@ -214,7 +214,7 @@ def test_compare_quick_end_to_end_and_resume(tmp_path: Path, cache_dir: Path, mo
     for name in ("results.md", "results.json", "report.html", "curve_reward.png", "base/result.json"):
         assert (out / name).is_file(), name
     records = [json.loads(line) for line in (out / "ict/seed0/metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in records] == list(range(1, grid.QUICK_RL["steps"] + 1))
+    assert [r["step"] for r in records] == list(range(1, gridcli.QUICK_RL["steps"] + 1))
     assert all("ictrl/h1/all" in r and "reward" in r for r in records)
     done = json.loads((out / "ict/seed0" / grid.DONE_FILE).read_text())
     assert 0.0 <= done["p1"] <= done["p4"] <= 1.0
@@ -222,13 +222,13 @@ def test_compare_quick_end_to_end_and_resume(tmp_path: Path, cache_dir: Path, mo
 
     # A second invocation trains nothing; a run without its done marker (a crash) is trained again.
     calls: list[str] = []
-    real = grid.train_tiny
+    real = tinyrun.train_tiny
 
     def counting(settings, base, spec, run_dir):  # type: ignore[no-untyped-def]
         calls.append(spec.relpath)
         return real(settings, base, spec, run_dir)
 
-    monkeypatch.setattr(grid, "train_tiny", counting)
+    monkeypatch.setattr(tinyrun, "train_tiny", counting)
     assert compare.run(parse(argv)) == 0
     assert calls == []
     (out / "ict/seed0" / grid.DONE_FILE).unlink()

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ictrl.experiments import compare, grid
+from ictrl.experiments import compare, grid, gridcli, tinyrun
 
 
 @pytest.mark.integration
@@ -21,7 +21,7 @@ def test_compare_draws_the_held_out_curve(tmp_path: Path, monkeypatch: pytest.Mo
                               "--output-dir", str(out)])
     assert compare.run(args) == 0
     records = [json.loads(line) for line in (out / "ict/seed0/metrics.jsonl").read_text().splitlines()]
-    steps = grid.QUICK_RL["steps"]
+    steps = gridcli.QUICK_RL["steps"]
     assert [r["step"] for r in records] == list(range(1, steps + 1))
     for r in records:  # every step evaluated, beside its training metrics
         assert 0.0 <= r["eval/avg/pass@1"] <= r["eval/avg/pass@4"] <= 1.0 and "reward" in r
@@ -30,5 +30,5 @@ def test_compare_draws_the_held_out_curve(tmp_path: Path, monkeypatch: pytest.Mo
     done = json.loads((out / "ict/seed0" / grid.DONE_FILE).read_text())
     # the last in-training evaluation uses the end-of-run settings and seed on the first curve_problems problems;
     # with the quick task's 8 held-out problems (< curve_problems) it is the end-of-run evaluation itself
-    assert grid.QUICK_RL["eval_problems"] <= grid.TinyRL().curve_problems
+    assert gridcli.QUICK_RL["eval_problems"] <= tinyrun.TinyRL().curve_problems
     assert records[-1]["eval/avg/pass@1"] == pytest.approx(done["p1"], abs=1e-12)

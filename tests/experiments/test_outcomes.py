@@ -40,7 +40,7 @@ def test_collapsed_entropy_to_zero_without_reward_gain() -> None:
 
 
 def test_exploded_entropy_rises_and_reward_falls() -> None:
-    # The environment.md failure: lr 5e-4 -> near-zero reward with rising entropy.
+    # The failure seen on the embedded task: lr 5e-4 -> near-zero reward with rising entropy.
     recs = curve(ramp(0.30, 1.5), ramp(0.15, 0.01))
     assert label_run(recs, base_reward=0.15, thresholds=V1) == "exploded"
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ictrl.experiments import grid, sweep
+from ictrl.experiments import grid, sweep, tinyrun
 from ictrl.experiments.outcomes import OutcomeThresholds
 from ictrl.experiments.report import PNG_MAGIC
 
@@ -167,7 +167,7 @@ def test_sweep_quick_end_to_end(tmp_path: Path, tmp_path_factory: pytest.TempPat
     def no_training(*_: object) -> dict:
         raise AssertionError("a finished run was trained again")
 
-    monkeypatch.setattr(grid, "train_tiny", no_training)
+    monkeypatch.setattr(tinyrun, "train_tiny", no_training)
     # a rerun with other thresholds relabels and re-renders the finished runs without training them again
     assert sweep.run(parse([*argv, "--thresholds", "v1"])) == 0
     relabelled = json.loads((out / "sweep.json").read_text())
@@ -180,7 +180,7 @@ def test_a_diverged_run_is_exploded(tmp_path: Path) -> None:
 
     with pytest.raises(RuntimeError) as info:  # what TRL's sampling raises once the weights are non-finite
         torch.multinomial(torch.tensor([[float("nan"), 1.0]]), 1)
-    assert grid.is_divergence(info.value) and not grid.is_divergence(RuntimeError("shape mismatch"))
+    assert tinyrun.is_divergence(info.value) and not tinyrun.is_divergence(RuntimeError("shape mismatch"))
 
     def runner(spec: grid.RunSpec, run_dir: Path) -> dict:
         if spec.seed == 0:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ictrl.experiments import compare, grid, tune
+from ictrl.experiments import compare, grid, tinyrun, tune
 from ictrl.experiments.update_norm import KEY, UpdateNorm
 
 
@@ -143,13 +143,13 @@ def test_tune_quick_countdown_end_to_end_and_resume(tmp_path: Path, monkeypatch:
 
     # Resume: a finished protocol trains nothing; a run without its done marker (a crash) is redone alone.
     calls: list[str] = []
-    real = grid.train_tiny
+    real = tinyrun.train_tiny
 
     def counting(settings, base, spec, run_dir):  # type: ignore[no-untyped-def]
         calls.append(f"{settings.eval_split}:{spec.relpath}")
         return real(settings, base, spec, run_dir)
 
-    monkeypatch.setattr(grid, "train_tiny", counting)
+    monkeypatch.setattr(tinyrun, "train_tiny", counting)
     assert compare.run(parse(argv)) == 0
     assert calls == []
     lost = tune.spec_of("random10", 1, choices["chosen"]["random10"]["lr"], None)

@@ -26,13 +26,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ictrl.experiments import grid, report, tune
+from ictrl.experiments import configrun, grid, gridcli, report, tune
 
 CURVE_KEYS = report.DEFAULT_CURVE_KEYS  # reward, H1 (all, selected), H2, purity, selected fraction
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    grid.add_common_arguments(parser, default_output="runs/compare")
+    gridcli.add_common_arguments(parser, default_output="runs/compare")
     parser.add_argument("--lr", type=float, default=None, help="learning rate (default: the recipe's / config's)")
     parser.add_argument("--note", default="", help="a line put at the top of the report and stored in results.json")
     tune.add_arguments(parser)  # --task, --tune and the tuned protocol's grid
@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--lr must be > 0, got {args.lr}")
         specs = grid.grid_specs(methods, args.seeds, None if args.lr is None else [args.lr])
         start = time.perf_counter()
-        experiment = grid.make_experiment(args)
+        experiment = gridcli.make_experiment(args)
         out: Path = args.output_dir
         results = grid.run_grid(specs, out, experiment.runner, jobs=args.jobs)
         base = grid.cached_result(out / "base" / "result.json", lambda: experiment.eval_base(out / "base"))
@@ -140,7 +140,7 @@ def _notes(settings: dict[str, Any], specs: list[grid.RunSpec], results: dict[gr
                      f"problems x {rl['eval_n']} samples.")
     elif settings.get("source") == "config":
         lines.append(f"Run config {Path(settings['config']).name} (model {_public(settings['model'])}), eval on {settings['eval']} with "
-                     f"{grid.CONFIG_EVAL_N} samples per problem.")
+                     f"{configrun.CONFIG_EVAL_N} samples per problem.")
     curves = "mean over seeds with the min-max band" if len(seeds) >= 2 else "one run per method"
     lines.append(f"Curves: {curves}. Training time summed over runs: {run_seconds:.0f} s.")
     return "\n\n".join(lines)

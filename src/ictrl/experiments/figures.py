@@ -298,7 +298,7 @@ def plot_prob_vs_purity(runs: Runs, out_path: str | os.PathLike[str], prob_key: 
     """Scatter of the selected tokens' mean probability pi against purity beta, one colour and marker per method.
 
     Each point is one logged step of one seed. The dashed diagonal is pi = beta: by the paper's H2 argument
-    (method.md §3) updates on tokens above it push toward entropy collapse, below it toward explosion. The default
+    (docs/method.md §3) updates on tokens above it push toward entropy collapse, below it toward explosion. The default
     ``purity_key`` is the purity at the selected positions, the beta the theory compares pi with; pass
     ``"ictrl/purity/all"`` for the batch mean. Returns None when no record carries both keys.
     """

@@ -2,7 +2,7 @@
 
 Two rule sets, kept side by side (``OutcomeThresholds.v1()`` / ``.v2()``; the default is v2):
 
-**v1** was fixed before the first sweep ran, from the numbers in environment.md (a noisy tiny base sampling at
+**v1** was fixed before the first sweep ran, from the numbers measured on the embedded task before then (a noisy tiny base sampling at
 ~0.30 nats/token; the one run that learned ended at 0.08; the failed runs at lr 5e-4 / 1e-3 fell to near-zero reward
 with rising entropy). collapsed = last-window H1 < ``entropy_floor`` (0.05 nats, absolute) and reward gained at most
 ``min_reward_gain`` (0.02); exploded = last-window H1 > ``max(explode_ratio x first-window H1, explode_min)``

@@ -101,7 +101,7 @@ def results_table(
     """Aggregate per-seed pass@k into a results table.
 
     per_seed: method -> one ``{"p1": x, "p4": y}`` per seed, x and y in [0, 1]. Total = (P@1 + P@4) / 2 per seed
-    (method.md §6), then averaged. Cells are percent, "mean ± sample std". ``diff=(treatment, baseline)`` adds a
+    (docs/method.md §6), then averaged. Cells are percent, "mean ± sample std". ``diff=(treatment, baseline)`` adds a
     row "treatment − baseline" with a Welch t-interval per column (``welch_diff``); both must be in ``per_seed``.
     None leaves the row out.
     """

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ictrl.experiments import grid, report
+from ictrl.experiments import grid, gridcli, report
 from ictrl.experiments.outcomes import (
     PRESETS,
     OutcomeThresholds,
@@ -43,7 +43,7 @@ EXAMPLE_KEYS = {name: key for name, key in report.DEFAULT_CURVE_KEYS.items() if 
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    grid.add_common_arguments(parser, default_output="runs/sweep")
+    gridcli.add_common_arguments(parser, default_output="runs/sweep")
     parser.add_argument("--lrs", default=",".join(f"{lr:g}" for lr in DEFAULT_LRS),
                         help="comma-separated learning rates (default: %(default)s)")
     parser.add_argument("--thresholds", choices=PRESETS, default="v2",
@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
         specs = sweep_specs(methods, args.seeds, lrs, args.seed_start)
         thresholds = OutcomeThresholds.preset(args.thresholds)
         start = time.perf_counter()
-        experiment = grid.make_experiment(args)
+        experiment = gridcli.make_experiment(args)
         out: Path = args.output_dir
         results = grid.run_grid(specs, out, experiment.runner, jobs=args.jobs)
         base = grid.cached_result(out / "base" / "result.json", lambda: experiment.eval_base(out / "base"))

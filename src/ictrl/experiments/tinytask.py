@@ -9,7 +9,7 @@ The solution applies one operator per step (all ``*`` first, left to right, then
 ``+``), so the first choice a model makes (which operator to apply) decides the
 answer. The imperfect demonstrations used for the warm start evaluate left to right
 part of the time, a choice error that binary-reward RL can correct, unlike the
-missing-skill errors (carries) seen in the first probe (environment.md).
+missing-skill errors (carries) a first probe of the task produced.
 
 Splits are assigned by hashing the canonical expression, so train, dev and test
 never share a problem whatever the seed or difficulty.

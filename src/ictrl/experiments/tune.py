@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ictrl.experiments import grid
+from ictrl.experiments import grid, gridcli, tinyrun
 from ictrl.experiments.report import atomic_write_text, load_metrics
 
 # label -> (grid method, selected-fraction override)
@@ -213,24 +213,24 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError("--tune runs on the embedded tasks (--task); --config is not supported with it")
         protocol = protocol_from_args(args)
         start = time.perf_counter()
-        experiment = grid.make_experiment(args)
+        experiment = gridcli.make_experiment(args)
         out: Path = args.output_dir
-        settings = grid.TinyRL(**experiment.settings["rl"])
+        settings = tinyrun.TinyRL(**experiment.settings["rl"])
         base = Path(experiment.settings["base"])
         dev = dataclasses.replace(settings, eval_split="dev")
         theta = 10 if settings.selection_warmup is None else settings.selection_warmup  # the selectors' default Θ
 
         tune_results = grid.run_grid(tuning_specs(protocol), out / "tune",
-                                     functools.partial(grid.train_tiny, dev, base), jobs=args.jobs)
+                                     functools.partial(tinyrun.train_tiny, dev, base), jobs=args.jobs)
         base_dev = grid.cached_result(out / "base-dev" / "result.json",
-                                      lambda: grid.eval_tiny_base(dev, base, out / "base-dev"))
+                                      lambda: tinyrun.eval_tiny_base(dev, base, out / "base-dev"))
         chosen = choose(protocol, tune_results)
         matched = matched_lrs(protocol, chosen, out / "tune", theta)
         atomic_write_text(out / "choices.json", json.dumps({"rule": CHOICE_RULE, "chosen": chosen,
                                                             "matched": matched}, indent=1) + "\n")
         rows = final_rows(protocol, chosen, matched)
         specs = list(dict.fromkeys(s for row in rows.values() for s in row))
-        final = grid.run_grid(specs, out / "final", functools.partial(grid.train_tiny, settings, base),
+        final = grid.run_grid(specs, out / "final", functools.partial(tinyrun.train_tiny, settings, base),
                               jobs=args.jobs)
         base_test = grid.cached_result(out / "base" / "result.json", lambda: experiment.eval_base(out / "base"))
         paths = tune_report.write(out, protocol, experiment.settings, tune_results, base_dev, chosen, matched,
