@@ -1,6 +1,6 @@
 """Log-probabilities of the sampled tokens with the output layer applied only where the loss needs a gradient.
 
-The Sparse-GRPO loss (method.md §3) weights log π_θ(a_t) by M = selected & mask and gives every other position zero
+The Sparse-GRPO loss (docs/method.md §3) weights log π_θ(a_t) by M = selected & mask and gives every other position zero
 weight, so the output layer (``[n, H] @ [H, V]``) and the softmax over V only have to carry autograd history at
 the selected positions. :func:`selected_token_logprobs` gathers the backbone's hidden states at those positions and
 runs the head + log-softmax over row chunks; backward recomputes each chunk's logits, so it holds one ``[chunk, V]``

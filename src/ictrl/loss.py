@@ -1,4 +1,4 @@
-"""The clipped policy-gradient loss restricted to selected tokens, and GRPO advantages (method.md §1, §3, §5).
+"""The clipped policy-gradient loss restricted to selected tokens, and GRPO advantages (docs/method.md §1, §3, §5).
 
 Per token, with ρ = exp(logprobs − old_logprobs) and d = ref_logprobs − logprobs:
 
@@ -290,7 +290,7 @@ def _normalise(per_token: Tensor, active: Tensor, mask: Tensor, norm: str, num_r
 
 
 def grpo_advantages(rewards: Tensor, group_ids: Tensor, scale: str = "std", eps: float = 1e-4) -> Tensor:
-    """Group-relative advantages Â_i = (r_i − mean_g r) / (std_g r + eps) (method.md §1).
+    """Group-relative advantages Â_i = (r_i − mean_g r) / (std_g r + eps) (docs/method.md §1).
 
     Args:
         rewards: [B] float rewards.

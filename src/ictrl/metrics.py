@@ -1,4 +1,4 @@
-"""Per-step diagnostics of the token selection (method.md §2, §3: what the selected tokens look like).
+"""Per-step diagnostics of the token selection (docs/method.md §2, §3: what the selected tokens look like).
 
 ``step_metrics(stats, mask, selected)`` returns plain floats, computed in float64:
 

@@ -16,7 +16,7 @@ import torch
 
 # Qwen2's pre-tokenizer split pattern; reusing it means AutoTokenizer, which
 # rebuilds the pre-tokenizer for qwen2 folders, reloads our tokenizer with
-# identical ids (environment.md, "Traps already hit").
+# identical ids (another pattern would silently change the ids on reload).
 QWEN2_SPLIT_PATTERN = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )

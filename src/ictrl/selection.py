@@ -335,7 +335,7 @@ def _step_seed(seed: int, step: int) -> int:
 
 
 # --------------------------------------------------------------------------------------------- selectors
-# Defaults (method.md §3-5): random and frequent are ICT ablations, so they share ICT's ratio, scope, warm-up and
+# Defaults (docs/method.md §3-5): random and frequent are ICT ablations, so they share ICT's ratio, scope, warm-up and
 # Sparse-GRPO normaliser; 20-Entropy and STAPO follow their own papers (token mean over the kept tokens, no
 # warm-up); "all" is the original GRPO per-response mean. Θ = 10: the paper's ablation found 10/20/40 alike.
 

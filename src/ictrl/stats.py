@@ -1,5 +1,5 @@
 """Per-token statistics of next-token distributions: entropy, Rényi-2, purity, sampled-token probability, and the
-ICT score (Jensen–Shannon divergence to the group's mean distribution). Spec: method.md §2–3.
+ICT score (Jensen–Shannon divergence to the group's mean distribution). Spec: docs/method.md §2–3.
 
 Everything streams over the active (masked-in) rows of ``logits`` in chunks, so the extra memory is bounded by a
 few ``[chunk, V]`` float32 buffers and never ``[N, V]`` (at V = 151,936 and N = 2048 the logits alone are 1.2 GB).

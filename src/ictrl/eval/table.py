@@ -299,7 +299,7 @@ def format_html(table: dict[str, Any]) -> str:
 
 
 def write_table(table: dict[str, Any], output_dir: Path) -> list[Path]:
-    """table.md, table.json and table.html in ``output_dir``, each written atomically."""
+    """``table.md``, ``table.json`` and ``table.html`` in ``output_dir``, each written atomically."""
     output_dir.mkdir(parents=True, exist_ok=True)
     paths = [output_dir / TABLE_MD, output_dir / TABLE_JSON, output_dir / TABLE_HTML]
     atomic_write_text(paths[0], format_markdown(table))
