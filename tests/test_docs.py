@@ -38,8 +38,8 @@ STEP_LIMITS: dict[str, list[str]] = {
     "sweep": ["--quick", "--seeds", "1", "--lrs", "1e-4,1e-3"],
     "eval": ["--limit", "2", "--max-new-tokens", "8"],
     "inspect": ["--max-new-tokens", "8"],
-    "train": ["--optim.max_steps=1", "--optim.per_device_train_batch_size=4", "--optim.gradient_accumulation_steps=1", "--sampling.num_generations=4",
-              "--sampling.max_completion_length=8", "--data.limit=4", "--save_steps=0"],
+    "train": ["--max_steps=1", "--prompts_per_step=1", "--per_device_train_batch_size=4", "--num_generations=4",
+              "--max_completion_length=8", "--data.limit=4", "--save_strategy=no"],
 }
 
 pytestmark = pytest.mark.integration

@@ -234,12 +234,12 @@ def test_vllm_sampler_conditions(tiny_model_dir: Path, tmp_path: Path) -> None:
 @pytest.mark.integration
 def test_ictrl_train_takes_topk_from_generation(tiny_model_dir: Path, shared_data: Path, tmp_path: Path,
                                                 no_head_topk: list[int]) -> None:
-    """`ictrl train` with method.topk on CPU: 2 ICT steps whose score came from generation."""
+    """`ictrl train` with selection_topk on CPU: 2 ICT steps whose score came from generation."""
     from ictrl import cli
     from test_train_cli import CELL, read_metrics, tiny_overrides
 
     out = tmp_path / "out"
-    assert cli.main(["train", str(CELL), *tiny_overrides(tiny_model_dir, out), "--method.topk=16"]) == 0
+    assert cli.main(["train", str(CELL), *tiny_overrides(tiny_model_dir, out), "--selection_topk=16"]) == 0
     rows = read_metrics(out)
     assert [r["step"] for r in rows] == [1, 2]
     assert all(r["ictrl/topk_from_sampler"] == 1.0 and r["ictrl/ict_score/all"] > 0 for r in rows)
