@@ -74,6 +74,8 @@ def test_print_config_and_config_flag(capsys: pytest.CaptureFixture[str]) -> Non
         assert cli.main(["train", *argv, "--print-config"]) == 0
         printed = yaml.safe_load(capsys.readouterr().out)
         assert printed["seed"] == 3 and printed["token_selector"] == "ict" and printed["model"]["name_or_path"]
+    assert cli.main(["train", str(CELL), "--token_selector=ictt", "--print-config"]) == 2  # values checked first
+    assert "token_selector: unknown selector 'ictt'" in capsys.readouterr().err
     assert cli.main(["train", "--seed=3"]) == 2
     assert "no config file" in capsys.readouterr().err
     assert cli.main(["train", str(CELL), "--config", str(CELL)]) == 2

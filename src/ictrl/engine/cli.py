@@ -77,10 +77,12 @@ def run(args: argparse.Namespace) -> int:
     try:
         config, overrides, flags = split_argv(list(args.argv))
         cfg = load_config(config, overrides)
+        from ictrl.engine.run import build_trainer_args, train
+
         if "--print-config" in flags:
+            build_trainer_args(cfg, config)  # every value checked before it is shown
             sys.stdout.write(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
             return 0
-        from ictrl.engine.run import train
 
         result = train(cfg, resume="--resume" in flags, source=config)
     except (ConfigError, UsageError) as exc:

@@ -196,7 +196,7 @@ def _coerce_container(value: Any, tp: Any, key: str) -> Any:
 
 
 def _coerce(value: Any, tp: Any, key: str) -> Any:
-    """Check ``value`` against annotation ``tp``; convert int -> float, YAML's '1e-6' string -> float, and a
+    """Check ``value`` against annotation ``tp``; convert YAML's '1e-6' string -> float, and a
     scalar -> one-element list. Annotations it does not know (enums, Literal) pass the value through to the
     dataclass that owns it. Raises ValueError naming ``key``."""
     origin = typing.get_origin(tp)
@@ -218,7 +218,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
                 pass
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ValueError(f"{key}: expected a number, got {value!r}")
-        return float(value)
+        return value  # an int stays an int (save_steps: 50, not 50.0)
     elif tp is str and isinstance(value, bool):
         return "yes" if value else "no"  # YAML 1.1 reads no/off/yes/on as booleans: `save_strategy: no`
     elif tp is str and not isinstance(value, str):
