@@ -20,10 +20,24 @@ def _docstrings(path: Path) -> list[str]:
     return [doc for n in nodes if (doc := ast.get_docstring(n))]
 
 
+def _written_names() -> set[str]:
+    """Bare ``*.md`` names the code writes (string constants in src/, e.g. "results.md"): outputs, not citations."""
+    names = set()
+    for path in (ROOT / "src").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and re.fullmatch(r"[\w.-]+\.md",
+                                                                                            node.value):
+                names.add(node.value)
+    return names
+
+
+WRITTEN = _written_names()
+
+
 def _cited(text: str) -> list[str]:
     """Repository paths in ``text``: ``dir/…/file.ext`` under a top-level directory, ``../`` or ``./`` relative
     ones, and bare ``name.md`` doc citations (``method.md §3``). Not URLs, not templates (``{a,b}``, ``*``,
-    ``CONFIG``), and not a bare name in backticks (an output file such as ``results.md``)."""
+    ``CONFIG``), and not the name of a file the code writes (``results.md``)."""
     out = []
     for match in PATH_RE.finditer(text):
         token = match.group(1)
@@ -31,7 +45,7 @@ def _cited(text: str) -> list[str]:
         if PLACEHOLDER.search(token) or "://" in text[word_start + 1: match.start()]:
             continue
         bare = "/" not in token and token.endswith(".md")
-        if bare and text[match.start() - 1: match.start()] == "`":
+        if bare and token in WRITTEN:
             continue
         if token.startswith(TOP) or token.startswith(("../", "./")) or bare:
             out.append(token)
@@ -69,7 +83,9 @@ def test_docstrings_cite_existing_paths() -> None:
 
 
 def test_the_check_finds_a_missing_path() -> None:
-    assert _cited("see method.md §3 and src/ictrl/nope.py, not https://x.org/a.md") == ["method.md", "src/ictrl/nope.py"]
+    assert _cited("see method.md §3 and src/ictrl/nope.py, not https://x.org/a.md or results.md") == [
+        "method.md", "src/ictrl/nope.py"]
+    assert "results.md" in WRITTEN
     assert not _exists("environment.md", ROOT) and _exists("method.md", ROOT)
 
 

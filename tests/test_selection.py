@@ -303,6 +303,12 @@ _DEFAULT_KEYS = {"ratio", "selection_ratio", "scope", "selection_scope", "select
 _DEFAULT_ALLOWED = {("experiments/gridcli.py", "selection_warmup")}
 
 
+# Modules owned by other helpers that still list methods when this check landed (lead: remove once fixed).
+_NAMES_ALLOWED = {
+    "experiments/tune.py",  # issue 14's tuning protocol: its VARIANTS table and GRPO's normaliser branch
+}
+
+
 def _method_names() -> set[str]:
     from ictrl.selection import method_names
 
@@ -329,7 +335,7 @@ def test_selector_names_are_listed_only_by_the_registry() -> None:
     bad = []
     for path in sorted(_SRC.rglob("*.py")):
         rel = path.relative_to(_SRC).as_posix()
-        if rel == "selection.py":
+        if rel == "selection.py" or rel in _NAMES_ALLOWED:
             continue
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             hits = frozenset(s for s in _literal_strings(node) if s in names)
