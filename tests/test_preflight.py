@@ -38,10 +38,12 @@ def no_model_load(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def one_error_line(capsys: pytest.CaptureFixture[str], command: str) -> str:
+    """The error line; besides it stderr may hold only log lines (``WARNING name: ...``), never a traceback."""
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1, err
-    assert err[0].startswith(f"ictrl {command}: error: "), err[0]
-    return err[0]
+    errors = [line for line in err if not line.startswith(("WARNING ", "INFO "))]
+    assert len(errors) == 1 and "Traceback" not in "\n".join(err), err
+    assert errors[0].startswith(f"ictrl {command}: error: "), errors[0]
+    return errors[0]
 
 
 def test_eval_missing_local_model_path(capsys: pytest.CaptureFixture[str], no_model_load: None, tmp_path: Path) -> None:
@@ -158,3 +160,58 @@ def test_eval_model_that_fails_to_load_is_one_line(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(generate, "build_backend", gated)
     assert main(["eval", "--model", str(tiny_model_dir), "--benchmarks", "gsm8k"]) == 2
     assert one_error_line(capsys, "eval").endswith("cannot load: You are trying to access a gated repo.")
+def train_config(tmp_path: Path, model: str, rows: bytes | None) -> Path:
+    data = tmp_path / "train.jsonl"
+    if rows is not None:
+        data.write_bytes(rows)
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(f"model:\n  name_or_path: {model}\ndata:\n  train: ['jsonl:{data}']\n"
+                   f"output_dir: {tmp_path / 'out'}\n")
+    return cfg
+
+
+GOOD_ROW = json.dumps({"problem": "1+1?", "answer": "2"}).encode() + b"\n"
+
+
+@pytest.mark.parametrize("rows, expected", [
+    (GOOD_ROW + json.dumps({"problem": "2+2?"}).encode() + b"\n", r"train\.jsonl: line 2: field 'answer' missing"),
+    (GOOD_ROW + b'{"problem": "caf\xe9", "answer": "1"}\n', r"train\.jsonl: line 2: byte 0xe9 at column 17 is not UTF-8"),
+    (b"", r"train\.jsonl: no rows \(the file is empty\)"),
+    (GOOD_ROW + b'{"problem": "x", "answer": \n', r"train\.jsonl: line 2: invalid JSON"),
+])
+def test_train_bad_data_is_one_line_before_the_model(rows: bytes, expected: str, tmp_path: Path, tiny_model_dir: Path,
+                                                     no_model_load: None, capsys: pytest.CaptureFixture[str]) -> None:
+    import re
+
+    assert main(["train", str(train_config(tmp_path, str(tiny_model_dir), rows))]) == 2
+    line = one_error_line(capsys, "train")
+    assert re.search(expected, line), line
+
+
+def test_train_missing_model_path_and_offline_hub_id(tmp_path: Path, offline: None, no_model_load: None,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    missing = tmp_path / "ckpt" / "final"
+    assert main(["train", str(train_config(tmp_path, str(missing), GOOD_ROW))]) == 2
+    assert one_error_line(capsys, "train").endswith(f"model.name_or_path: {missing}: no such directory")
+    assert main(["train", str(train_config(tmp_path, "Qwen/Qwen2.5-0.5B", GOOD_ROW))]) == 2
+    assert one_error_line(capsys, "train").endswith("no local directory or hub-cache copy, and HF_HUB_OFFLINE is set")
+
+
+def test_long_prompts_are_named(tiny_model_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    import datasets
+
+    from ictrl.engine.run import check_enough_rows, drop_long_prompts
+    from ictrl.errors import DataError
+    from ictrl.models import build_byte_tokenizer
+
+    tok = build_byte_tokenizer()
+    ds = datasets.Dataset.from_dict({"prompt": ["short", "x" * 300, "y" * 20], "id": ["a", "b", "c"]})
+    kept = drop_long_prompts(ds, tok, limit=50)
+    assert kept["id"] == ["a", "c"]
+    assert "data.max_prompt_length=50: dropping 1 of 3 prompts longer than that: row 1 (id b, 300 tokens)" in caplog.text
+    with pytest.raises(DataError, match=r"row 1 \(id b, 300 tokens\): longer than the 200 tokens the model's 264 "
+                                        r"positions leave beside max_completion_length 64"):
+        drop_long_prompts(ds, tok, limit=None, max_positions=264, completion_length=64)
+    args = type("Args", (), {"generation_batch_size": 16, "num_generations": 4})()
+    with pytest.raises(DataError, match=r"2 prompts, fewer than the 4 of one generation batch"):
+        check_enough_rows(kept, args)

@@ -1,7 +1,8 @@
 """``ictrl train``'s body: run config -> trainer arguments, rewards, model, data -> ICTGRPOTrainer.train().
 
 Everything that can be wrong with the config is checked (``build_trainer_args``, ``build_rewards``,
-``check_sources``) before the model loads.
+``check_sources``, ``ictrl.preflight.check_model``) and every training row is read (``load_train_dataset``)
+before the model loads.
 
 Checkpoints and resume: ``ictrl.engine.resumable`` (the trainer hooks) and ``ictrl.checkpoints`` (the files).
 """
@@ -109,28 +110,62 @@ def check_sources(cfg: RunConfig, source: str = "<config>") -> None:
                 raise ConfigError(f"{source}: {key}: {name!r}: file not found")
 
 
-def build_dataset(cfg: RunConfig, tokenizer: Any) -> Any:
-    """The training ``datasets.Dataset`` from ``ictrl.data.to_trl_dataset`` (columns ``prompt`` as a chat
-    turn, ``answer``, ``kind``, ``id``, ``benchmark``), minus prompts longer than ``data.max_prompt_length``."""
+def load_train_dataset(cfg: RunConfig) -> Any:
+    """The training ``datasets.Dataset`` from ``ictrl.data.to_trl_dataset`` (columns ``prompt`` as a chat turn,
+    ``answer``, ``kind``, ``id``, ``benchmark``). Called before the model loads: a bad row, a byte that is not
+    UTF-8 or an empty file is a :class:`ictrl.errors.DataError` naming the file and line at once."""
     from ictrl import data
 
     train = cfg.data.train
     names = list(train)
     if len(names) == 1:
-        dataset = data.to_trl_dataset(names[0], limit=cfg.data.limit)
-    else:
-        weights = list(train.values()) if isinstance(train, dict) else None
-        dataset = data.to_trl_dataset(names, limit=cfg.data.limit, weights=weights, seed=cfg.seed)
-    limit = cfg.data.max_prompt_length
-    if limit is not None:
-        before = len(dataset)
-        dataset = dataset.filter(lambda row: _prompt_tokens(row["prompt"], tokenizer) <= limit)
-        if len(dataset) < before:
-            log.warning("dropped %d of %d prompts longer than data.max_prompt_length=%d tokens",
-                        before - len(dataset), before, limit)
-    if len(dataset) == 0:
-        raise ConfigError("data.train: no training rows left (check data.limit and data.max_prompt_length)")
+        return data.to_trl_dataset(names[0], limit=cfg.data.limit)
+    weights = list(train.values()) if isinstance(train, dict) else None
+    return data.to_trl_dataset(names, limit=cfg.data.limit, weights=weights, seed=cfg.seed)
+
+
+def drop_long_prompts(dataset: Any, tokenizer: Any, limit: int | None, max_positions: int | None = None,
+                      completion_length: int = 0) -> Any:
+    """``dataset`` minus prompts longer than ``limit`` tokens (``data.max_prompt_length``), with a warning naming
+    the first rows dropped and their lengths. Without a limit, a prompt that cannot fit in the model's
+    ``max_positions`` beside ``completion_length`` tokens is an error naming its row."""
+    from ictrl.errors import DataError
+
+    lengths = [_prompt_tokens(p, tokenizer) for p in dataset["prompt"]]
+
+    def rows(idx: list[int]) -> str:
+        shown = ", ".join(f"row {i} (id {dataset[i]['id']}, {lengths[i]} tokens)" for i in idx[:3])
+        return shown + (f" and {len(idx) - 3} more" if len(idx) > 3 else "")
+
+    if limit is None:
+        room = None if max_positions is None else max_positions - completion_length
+        too_long = [i for i, n in enumerate(lengths) if room is not None and n > room]
+        if too_long:
+            raise DataError(f"data.train: {rows(too_long)}: longer than the {room} tokens the model's "
+                            f"{max_positions} positions leave beside max_completion_length {completion_length}; "
+                            "set data.max_prompt_length to drop such prompts")
+        return dataset
+    long = [i for i, n in enumerate(lengths) if n > limit]
+    if long:
+        log.warning("data.max_prompt_length=%d: dropping %d of %d prompts longer than that: %s", limit, len(long),
+                    len(lengths), rows(long))
+        keep = set(long)
+        dataset = dataset.select([i for i in range(len(lengths)) if i not in keep])
     return dataset
+
+
+def check_enough_rows(dataset: Any, args: Any, source: str = "<config>") -> None:
+    """At least one generation batch of prompts: with fewer, the trainer's sampler yields nothing and the run
+    would 'finish' at step 0."""
+    from ictrl.errors import DataError
+
+    prompts = args.generation_batch_size // args.num_generations
+    if len(dataset) == 0:
+        raise DataError(f"{source}: data.train: no training rows left (check data.limit and data.max_prompt_length)")
+    if len(dataset) < prompts:
+        raise DataError(f"{source}: data.train: {len(dataset)} prompts, fewer than the {prompts} of one generation "
+                        f"batch ({args.generation_batch_size} completions / num_generations {args.num_generations}):"
+                        " raise data.limit or lower the batch")
 
 
 def _prompt_tokens(prompt: Any, tokenizer: Any) -> int:
@@ -200,6 +235,10 @@ def train(cfg: RunConfig, resume: bool = False, source: str = "<config>",
         log.warning("--resume: the run is complete: %s is at step %d (max_steps %d) and %s holds its model; "
                     "nothing to train", resume_from.name, step, args.max_steps, final)
         return TrainResult(out, step, resume_from, final)
+    from ictrl import preflight
+
+    preflight.check_model(cfg.model.name_or_path, "model.name_or_path")
+    dataset = load_train_dataset(cfg)  # every row checked before the model loads
 
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
@@ -208,7 +247,9 @@ def train(cfg: RunConfig, resume: bool = False, source: str = "<config>",
 
     model, tokenizer = load_model_and_tokenizer(cfg.model.name_or_path, dtype=cfg.model.dtype,
                                                 trust_remote_code=cfg.model.trust_remote_code)
-    dataset = build_dataset(cfg, tokenizer)
+    dataset = drop_long_prompts(dataset, tokenizer, cfg.data.max_prompt_length,
+                                getattr(model.config, "max_position_embeddings", None), args.max_completion_length)
+    check_enough_rows(dataset, args, source)
     out.mkdir(parents=True, exist_ok=True)
     if resume_from is not None:
         _warn_config_changes(out / "config.yaml", cfg)
