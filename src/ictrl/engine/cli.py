@@ -71,7 +71,7 @@ def split_argv(argv: list[str]) -> tuple[str, list[str], set[str]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ictrl.engine.run_config import ConfigError, config_to_dict, load_config
+    from ictrl.engine.run_config import config_to_dict, load_config
 
     _setup_logging()
     try:
@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
             return 0
 
         result = train(cfg, resume="--resume" in flags, source=config)
-    except (ConfigError, UsageError) as exc:
+    except UsageError as exc:  # a ConfigError (a UserError) goes to ictrl.cli: one line, --debug for the traceback
         print(f"ictrl train: error: {exc}", file=sys.stderr)
         return 2
     logging.getLogger("ictrl.train").info("finished at step %d; model in %s", result.global_step, result.final_model)

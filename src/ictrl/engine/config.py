@@ -14,6 +14,7 @@ from typing import Any
 from trl import GRPOConfig
 
 from ictrl.loss import IS_MODES, NORM_MODES
+from ictrl.preflight import check_trackers
 from ictrl.selection import SELECTORS, Selector, get_selector
 
 # TRL loss types whose per-token surrogate is the clipped ratio that ``ictrl.loss.policy_loss`` computes; the
@@ -188,6 +189,9 @@ class ICTGRPOConfig(GRPOConfig):
     )
 
     def __post_init__(self) -> None:
+        # several trackers as TRL users write them (a list, or "tensorboard,wandb"); a missing package is one
+        # line naming what to install, here rather than when the trainer builds its callbacks after the model loads
+        self.report_to = check_trackers(self.report_to, "report_to") or "none"
         if self.prompts_per_step is not None:
             self._derive_step_shape()
         super().__post_init__()

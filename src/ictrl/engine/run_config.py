@@ -26,10 +26,11 @@ from typing import Any
 
 import yaml
 
+from ictrl.errors import UserError
 from ictrl.files import atomic_write_text
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError):
     """A bad key or value in a run config; the message names the key and its source."""
 
 
