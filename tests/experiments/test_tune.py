@@ -32,6 +32,12 @@ def test_tuning_grid_covers_norms_for_sparse_only_and_seeds_are_disjoint() -> No
     assert {s.seed for s in specs}.isdisjoint({s.seed for row in final.values() for s in row})
     assert [s.seed for s in final["ict"]] == [0, 1, 2, 3, 4]
     assert tune.spec_of("ict20", 0, 1e-4, None).relpath == "lr0.0001/ict-r0.2/seed0"
+    # The default variants: every registered method plus ICT at 20% and 30%; STAPO (no ratio) keeps its normaliser.
+    from ictrl.selection import SELECTORS
+
+    assert {s.label for s in SELECTORS.values()} | {"ict20", "ict30"} == set(tune.ABLATION)
+    assert tune.VARIANTS["ict30"] == ("ict", 0.3)
+    assert tune.norms_for("stapo", p) == [None] and tune.norms_for("entropy20", p) == [None, "per_response_all"]
     with pytest.raises(ValueError, match="unknown variant 'ictt'"):
         proto(variants=("ictt",))
     with pytest.raises(ValueError, match="unknown normaliser"):

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ictrl.experiments import configrun, grid, gridcli, report, tune
+from ictrl.experiments import configrun, grid, gridcli, report, tunecli
 
 CURVE_KEYS = report.DEFAULT_CURVE_KEYS  # reward, H1 (all, selected), H2, purity, selected fraction
 
@@ -35,12 +35,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     gridcli.add_common_arguments(parser, default_output="runs/compare")
     parser.add_argument("--lr", type=float, default=None, help="learning rate (default: the recipe's / config's)")
     parser.add_argument("--note", default="", help="a line put at the top of the report and stored in results.json")
-    tune.add_arguments(parser)  # --task, --tune and the tuned protocol's grid
+    tunecli.add_arguments(parser)  # --task, --tune and the tuned protocol's grid
 
 
 def run(args: argparse.Namespace) -> int:
     if args.tune:
-        return tune.run(args)
+        return tunecli.run(args)
     try:
         methods = grid.parse_methods(args.methods)
         if args.lr is not None and not args.lr > 0:

@@ -2,9 +2,9 @@
 
 The protocol, fixed before any run (``CHOICE_RULE`` is printed into the report):
 
-1. *Tuning*: every variant (``--variants``; default the paper's ablation: GRPO, ICT at 10/20/30%, frequent90,
-   random10, entropy20) at every learning rate of ``--lrs`` and, for the sparse variants, every loss normaliser of
-   ``--norms`` (``default`` = the method's own; ``per_response_all`` divides by all response tokens as GRPO does),
+1. *Tuning*: every variant (``--variants``; default every registered method plus ICT at 20% and 30%: the paper's
+   ablation GRPO, ICT 10/20/30%, frequent90, random10, entropy20, and STAPO) at every learning rate of ``--lrs``
+   and, for the variants that keep a fraction of the tokens, every loss normaliser of ``--norms`` (``default`` = the method's own; ``per_response_all`` divides by all response tokens as GRPO does),
    on tuning seeds 1000, 1001, ... (``--tune-seeds``), evaluated on the *dev* split.
 2. *Choice*: per variant, the (lr, normaliser) with the highest mean dev Total over tuning seeds (a diverged run
    scores what it scored: 0); ties go to the smaller lr, then the default normaliser.
@@ -18,35 +18,40 @@ The protocol, fixed before any run (``CHOICE_RULE`` is printed into the report):
 Layout under ``--output-dir``: ``tune/`` and ``final/`` are two ``grid.run_grid`` trees (``done.json`` per run, so
 a rerun skips what finished and redoes what did not), ``base-dev/`` and ``base/`` the base model's evaluations,
 ``choices.json`` the choices, then ``results.md``, ``results.json`` and ``report.html`` (``tune_report``).
+The command line (``ictrl compare --tune``) is ``tunecli``.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import functools
-import json
 import math
-import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ictrl.experiments import grid, gridcli, tinyrun
-from ictrl.experiments.report import atomic_write_text, load_metrics
+from ictrl.experiments import grid
+from ictrl.experiments.report import load_metrics
 
-# label -> (grid method, selected-fraction override)
-VARIANTS: dict[str, tuple[str, float | None]] = {
-    "grpo": ("grpo", None),
-    "ict": ("ict", None),
-    "ict20": ("ict", 0.2),
-    "ict30": ("ict", 0.3),
-    "frequent90": ("frequent90", None),
-    "random10": ("random10", None),
-    "entropy20": ("entropy20", None),
-}
+ICT_RATIOS = (0.2, 0.3)  # the paper's ablation also runs ICT at 20% and 30%
+
+
+def _variants() -> dict[str, tuple[str, float | None]]:
+    """label -> (grid method, selected-fraction override): every registered method (ictrl.selection) at its
+    defaults, and ICT at each of ``ICT_RATIOS`` right after it (``ict20``, ``ict30``)."""
+    from ictrl.selection import SELECTORS, get_selector
+
+    ict = get_selector("ict").label
+    out: dict[str, tuple[str, float | None]] = {}
+    for selector in SELECTORS.values():
+        out[selector.label] = (selector.label, None)
+        if selector.label == ict:
+            out.update({f"{ict}{round(100 * r)}": (ict, r) for r in ICT_RATIOS})
+    return out
+
+
+VARIANTS = _variants()
 ABLATION = tuple(VARIANTS)
+REFERENCE = "grpo"  # the dense method whose update size the matched rows copy
 MATCHED = ("ict", "random10")  # rows re-run with GRPO's update size
 DEFAULT_LRS = (1e-4, 2e-4, 4e-4, 8e-4)
 DEFAULT_NORMS = ("default", "per_response_all")
@@ -96,8 +101,11 @@ def spec_of(label: str, seed: int, lr: float, norm: str | None) -> grid.RunSpec:
 
 
 def norms_for(label: str, protocol: Protocol) -> list[str | None]:
-    """Normalisers tuned for ``label``: GRPO keeps its own (every token is selected, so they coincide)."""
-    if label == "grpo":
+    """Normalisers tuned for ``label``: only methods that keep a fraction of the tokens (a ``ratio`` option) try
+    others; GRPO (every token) and STAPO (silences a few) keep their own."""
+    from ictrl.selection import get_selector
+
+    if "ratio" not in get_selector(VARIANTS[label][0]).options:
         return [None]
     return [None if n == "default" else n for n in protocol.norms]
 
@@ -140,17 +148,17 @@ def choose(protocol: Protocol, results: dict[grid.RunSpec, dict[str, Any]]) -> d
 def matched_lrs(protocol: Protocol, chosen: dict[str, dict[str, Any]], tune_root: Path,
                 theta: int) -> dict[str, dict[str, Any]]:
     """``ict-matched`` / ``random10-matched``: lr scaled so the tuning runs' update norm at GRPO's lr matches."""
-    if "grpo" not in chosen:
+    if REFERENCE not in chosen:
         return {}
     seeds = range(TUNE_SEED_START, TUNE_SEED_START + protocol.tune_seeds)
-    lr_g = chosen["grpo"]["lr"]
+    lr_g = chosen[REFERENCE]["lr"]
 
     def norm_at(label: str, norm: str | None) -> float:
         values = [mean_update_norm(load_metrics(tune_root / spec_of(label, s, lr_g, norm).relpath / "metrics.jsonl"),
                                    theta) for s in seeds]
         return math.fsum(values) / len(values)
 
-    u_g = norm_at("grpo", None)
+    u_g = norm_at(REFERENCE, None)
     out = {}
     for label in MATCHED:
         if label not in chosen:
@@ -171,74 +179,3 @@ def final_rows(protocol: Protocol, chosen: dict[str, dict[str, Any]],
     for row, m in matched.items():
         rows[row] = [spec_of(m["label"], s, m["lr"], m["norm"]) for s in range(protocol.final_seeds)]
     return rows
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The --tune options of ``ictrl compare`` (and --task, which plain compare also takes)."""
-    parser.add_argument("--task", default="tinyarith", choices=("tinyarith", "countdown"),
-                        help="embedded task: tinyarith (operator precedence) or countdown (reach a target from "
-                             "given numbers: choices, several valid orders)")
-    parser.add_argument("--tune", action="store_true",
-                        help="the tuned protocol: pick each method's lr (and normaliser) on tuning seeds and the "
-                             "dev split, then fresh seeds at the chosen settings on the test split, with matched-"
-                             "update-size rows (see ictrl.experiments.tune)")
-    parser.add_argument("--variants", default=",".join(ABLATION),
-                        help=f"--tune: methods, from {', '.join(VARIANTS)} (default: all)")
-    parser.add_argument("--lrs", default=",".join(f"{x:g}" for x in DEFAULT_LRS),
-                        help="--tune: learning-rate grid (default: %(default)s)")
-    parser.add_argument("--norms", default=",".join(DEFAULT_NORMS),
-                        help="--tune: normalisers tried for sparse methods (default: %(default)s)")
-    parser.add_argument("--tune-seeds", type=int, default=1, help="--tune: seeds per tuning cell (from 1000)")
-    parser.add_argument("--final-seeds", type=int, default=5, help="--tune: fresh seeds per final row (0..S-1)")
-
-
-def protocol_from_args(args: argparse.Namespace) -> Protocol:
-    def floats(text: str, name: str) -> tuple[float, ...]:
-        try:
-            return tuple(float(x) for x in text.split(",") if x.strip())
-        except ValueError:
-            raise ValueError(f"{name}: expected comma-separated numbers, got {text!r}") from None
-
-    names = tuple(dict.fromkeys(v.strip() for v in args.variants.split(",") if v.strip()))
-    return Protocol(variants=names, lrs=floats(args.lrs, "--lrs"),
-                    norms=tuple(n.strip() for n in args.norms.split(",") if n.strip()),
-                    tune_seeds=args.tune_seeds, final_seeds=args.final_seeds)
-
-
-def run(args: argparse.Namespace) -> int:
-    from ictrl.experiments import tune_report
-
-    try:
-        if args.config is not None:
-            raise ValueError("--tune runs on the embedded tasks (--task); --config is not supported with it")
-        protocol = protocol_from_args(args)
-        start = time.perf_counter()
-        experiment = gridcli.make_experiment(args)
-        out: Path = args.output_dir
-        settings = tinyrun.TinyRL(**experiment.settings["rl"])
-        base = Path(experiment.settings["base"])
-        dev = dataclasses.replace(settings, eval_split="dev")
-        theta = 10 if settings.selection_warmup is None else settings.selection_warmup  # the selectors' default Θ
-
-        tune_results = grid.run_grid(tuning_specs(protocol), out / "tune",
-                                     functools.partial(tinyrun.train_tiny, dev, base), jobs=args.jobs)
-        base_dev = grid.cached_result(out / "base-dev" / "result.json",
-                                      lambda: tinyrun.eval_tiny_base(dev, base, out / "base-dev"))
-        chosen = choose(protocol, tune_results)
-        matched = matched_lrs(protocol, chosen, out / "tune", theta)
-        atomic_write_text(out / "choices.json", json.dumps({"rule": CHOICE_RULE, "chosen": chosen,
-                                                            "matched": matched}, indent=1) + "\n")
-        rows = final_rows(protocol, chosen, matched)
-        specs = list(dict.fromkeys(s for row in rows.values() for s in row))
-        final = grid.run_grid(specs, out / "final", functools.partial(tinyrun.train_tiny, settings, base),
-                              jobs=args.jobs)
-        base_test = grid.cached_result(out / "base" / "result.json", lambda: experiment.eval_base(out / "base"))
-        paths = tune_report.write(out, protocol, experiment.settings, tune_results, base_dev, chosen, matched,
-                                  rows, final, base_test, theta, time.perf_counter() - start,
-                                  quick=bool(args.quick), task=args.task, note=args.note)
-    except ValueError as exc:
-        print(f"ictrl compare: error: {exc}", file=sys.stderr)
-        return 2
-    print(paths["table"].read_text())
-    print(f"wrote {paths['report']}", file=sys.stderr)
-    return 0
