@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -33,3 +34,22 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from ictrl.models import save_tiny_model
 
     return save_tiny_model(tmp_path_factory.mktemp("tiny_model"), seed=0)
+
+
+def _digits_only(model_dir: Path) -> None:
+    """Suppress every token but the digits and EOS in a saved model's generation config (HF generate honours it):
+    a random tiny model then answers one-digit problems right about one time in ten."""
+    from transformers import AutoTokenizer, GenerationConfig
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    config = GenerationConfig.from_pretrained(model_dir)
+    eos = config.eos_token_id
+    keep = {tokenizer.convert_tokens_to_ids(str(d)) for d in range(10)} | set([eos] if isinstance(eos, int) else eos)
+    config.suppress_tokens = [i for i in range(len(tokenizer)) if i not in keep]
+    config.save_pretrained(model_dir)
+
+
+@pytest.fixture(scope="session")
+def digits_only() -> Any:
+    """``digits_only(model_dir)``: make a saved model's generation answer only digits (see ``_digits_only``)."""
+    return _digits_only

@@ -43,7 +43,8 @@ def test_config_checks(tmp_path: Path, overrides: dict[str, Any], message: str) 
 
 
 @pytest.mark.integration
-def test_pass_at_k_every_eval_steps_logged_and_the_best_checkpoint_kept(tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_pass_at_k_every_eval_steps_logged_and_the_best_checkpoint_kept(tiny_model_dir: Path, tmp_path: Path,
+                                                                       digits_only: Any) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from ictrl.engine.callbacks import MetricsJSONL
@@ -52,12 +53,17 @@ def test_pass_at_k_every_eval_steps_logged_and_the_best_checkpoint_kept(tiny_mod
     from ictrl.eval.generate import HFBackend
     from ictrl.eval.harness import evaluate
 
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    import shutil
+
+    model_dir = tmp_path / "model"  # answers only digits at evaluation (its generation config), right ~1 in 10
+    shutil.copytree(tiny_model_dir, model_dir)
+    digits_only(model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     out = tmp_path / "run"
     args = w.make_config(out, token_selector="all", max_steps=6, learning_rate=5e-2, save_strategy="steps",
                          save_steps=2, save_total_limit=1, eval_benchmarks=[digits_benchmark(tmp_path)], eval_steps=2,
-                         eval_limit=10, eval_num_samples=8, eval_ks=[1, 4], eval_seed=5, eval_max_new_tokens=16,
+                         eval_limit=10, eval_num_samples=8, eval_ks=[1, 4], eval_seed=5, eval_max_new_tokens=1,
                          eval_temperature=1.0, metric_for_best_model="eval/total", per_device_eval_batch_size=16)
     trainer = make_trainer_class(ICTGRPOTrainer)(model=model, reward_funcs=w.digit_reward, args=args,
                                                  train_dataset=w.make_dataset(), processing_class=tokenizer)
@@ -87,7 +93,7 @@ def test_pass_at_k_every_eval_steps_logged_and_the_best_checkpoint_kept(tiny_mod
 
     # each logged number is what ictrl.eval gives for the weights of that step (fixed problems, fixed seed)
     for step, weights in snapshots.items():
-        fresh = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+        fresh = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
         fresh.load_state_dict(weights)
         summary = evaluate(callback.tasks, HFBackend(fresh, tokenizer, batch_size=16), callback.config,
                            progress=False).summary

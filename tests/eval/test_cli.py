@@ -103,6 +103,8 @@ def test_generation_defaults_come_from_the_registry_and_run_labels_from_the_trai
     (run / "config.yaml").write_text("token_selector: ict\nseed: 3\n")
     assert train_run_labels(str(run / "final")) == ("ict", 3)
     assert train_run_labels("Qwen/Qwen2.5-0.5B") == (None, None)
+    (run / "run.json").write_text('{"method": "ict", "token_selector": "ict", "seed": 3}')  # written by ictrl train
+    assert train_run_labels(str(run / "final")) == ("ict", 3)
 
     out = tmp_path / "eval"
     # the spec option sets the Benchmark record's budget (the registry route); temperature/top_p stay defaults

@@ -3,6 +3,7 @@ import math
 import shutil
 import statistics
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -150,24 +151,27 @@ def test_cli_error_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str
 
 
 @pytest.mark.integration
-def test_table_from_real_eval_outputs_of_tiny_models(tmp_path: Path, shared_data: Path,
+def test_table_from_real_eval_outputs_of_tiny_models(tmp_path: Path, shared_data: Path, digits_only: Any,
                                                      capsys: pytest.CaptureFixture[str]) -> None:
     """2 methods x 2 training seeds: tiny models saved where `ictrl train` saves them, evaluated by `ictrl eval`
-    (three real GSM8K problems + three one-digit problems a random byte model sometimes answers), tabulated."""
+    (ten real GSM8K problems + ten one-digit problems), then tabulated. The models' generation config allows
+    only digits and EOS, so one-token answers are right about one time in ten and the scores differ by seed."""
     from ictrl.models import save_tiny_model
 
     digits = tmp_path / "digits.jsonl"
     digits.write_text("".join(json.dumps({"question": f"What is {i}+0?", "answer": f"#### {i}"}) + "\n"
-                              for i in range(3)))
+                              for i in range(10)))
     benchmarks = ["gsm8k", f"jsonl:{digits}:kind=gsm8k"]
     eval_dirs = []
     for i, (method, seed) in enumerate([("grpo", 0), ("grpo", 1), ("ict", 0), ("ict", 1)]):
         run = tmp_path / "runs" / f"{method}-s{seed}"
         save_tiny_model(run / "final", seed=i)
-        (run / "config.yaml").write_text(f"method:\n  name: {method}\noptim:\n  seed: {seed}\n")
+        digits_only(run / "final")
+        # what `ictrl train` leaves beside final/: run.json with the resolved method label and seed
+        (run / "run.json").write_text(json.dumps({"method": method, "token_selector": method, "seed": seed}))
         out = tmp_path / "eval" / f"{method}-s{seed}"
-        assert main(["eval", "--model", str(run / "final"), "--benchmarks", *benchmarks, "--limit", "3",
-                     "--n", "4", "--k", "1", "4", "--max-new-tokens", "12", "--temperature", "1.0", "--top-p", "1.0",
+        assert main(["eval", "--model", str(run / "final"), "--benchmarks", *benchmarks, "--limit", "10",
+                     "--n", "8", "--k", "1", "4", "--max-new-tokens", "1", "--temperature", "1.0", "--top-p", "1.0",
                      "--output-dir", str(out), "--no-progress"]) == 0
         eval_dirs.append(out)
     capsys.readouterr()
@@ -184,7 +188,7 @@ def test_table_from_real_eval_outputs_of_tiny_models(tmp_path: Path, shared_data
 
     # every cell recomputed from the per-run results.json files
     results = {d.name: json.loads((d / RESULTS_JSON).read_text())["summary"] for d in eval_dirs}
-    assert results["ict-s1"]["benchmarks"]["gsm8k"]["num_problems"] == 3
+    assert results["ict-s1"]["benchmarks"]["gsm8k"]["num_problems"] == 10
     def run_total(name: str) -> float:
         return results[name]["total"]["mean"]  # the eval's own Total over the same two benchmarks
     for m, method in enumerate(("grpo", "ict")):

@@ -87,6 +87,28 @@ def build_rewards(cfg: RunConfig, source: str = "<config>", gold_column: str = "
     return out
 
 
+def add_overlong_penalty(cfg: RunConfig, args: Any, reward_funcs: list[Callable[..., Any]],
+                         source: str = "<config>") -> None:
+    """Append DAPO's soft overlong punishment (``trl.rewards.get_soft_overlong_punishment`` over
+    ``max_completion_length`` with ``reward.overlong_buffer_length``) after the verifier rewards, with weight
+    ``reward.overlong_penalty_factor`` appended to ``args.reward_weights`` (all 1 before it when unset)."""
+    buffer = cfg.reward.overlong_buffer_length
+    if buffer is None:
+        return
+    if buffer >= args.max_completion_length:  # DAPO's formula still holds; worth a word (a smoke-test override)
+        log.warning("%s: reward.overlong_buffer_length=%d >= max_completion_length=%d: every completion gets an "
+                    "overlong penalty", source, buffer, args.max_completion_length)
+    from trl.rewards import get_soft_overlong_punishment
+
+    weights = list(args.reward_weights) if args.reward_weights is not None else [1.0] * len(reward_funcs)
+    if len(weights) != len(reward_funcs):
+        raise ConfigError(f"{source}: reward_weights: {len(weights)} weights for {len(reward_funcs)} rewards "
+                          "(reward.names); the overlong penalty's weight is reward.overlong_penalty_factor")
+    reward_funcs.append(get_soft_overlong_punishment(max_completion_len=args.max_completion_length,
+                                                     soft_punish_cache=buffer))
+    args.reward_weights = [*weights, float(cfg.reward.overlong_penalty_factor)]
+
+
 def reward_label(fn: Callable[..., Any]) -> str:
     return getattr(fn, "__name__", type(fn).__name__)
 
@@ -222,11 +244,28 @@ def _warn_config_changes(path: Path, cfg: RunConfig) -> None:
         log.warning("--resume with a config that differs from %s in: %s", path, ", ".join(changed))
 
 
+RUN_LABELS = "run.json"
+
+
+def write_run_labels(out: Path, args: Any) -> None:
+    """``run.json``: the method label and training seed of the run, resolved (``ictrl eval`` records them for
+    ``ictrl table``; config.yaml holds the keys as written, where an unset seed or selector is a default)."""
+    import json
+
+    from ictrl.files import atomic_write_text
+    from ictrl.selection import get_selector
+
+    labels = {"method": get_selector(args.token_selector).label, "token_selector": args.token_selector,
+              "seed": int(args.seed)}
+    atomic_write_text(out / RUN_LABELS, json.dumps(labels, indent=1) + "\n")
+
+
 def train(cfg: RunConfig, resume: bool = False, source: str = "<config>",
           callbacks: list[Any] | None = None) -> TrainResult:
     """Run ``ictrl train``. Config errors surface before the model loads."""
     args = build_trainer_args(cfg, source)
     reward_funcs = build_rewards(cfg, source)
+    add_overlong_penalty(cfg, args, reward_funcs, source)
     check_sources(cfg, source)
     resume_from = prepare_output_dir(cfg, resume, source)
     out, final = Path(cfg.output_dir), Path(cfg.output_dir) / "final"
@@ -254,6 +293,7 @@ def train(cfg: RunConfig, resume: bool = False, source: str = "<config>",
     if resume_from is not None:
         _warn_config_changes(out / "config.yaml", cfg)
     save_config(cfg, out / "config.yaml")
+    write_run_labels(out, args)
 
     accuracy = reward_label(reward_funcs[0])
     _, trainer_cls = trainer_classes()
@@ -267,6 +307,10 @@ def train(cfg: RunConfig, resume: bool = False, source: str = "<config>",
         trainer.add_callback(RichProgress(accuracy_reward=accuracy))
     for cb in callbacks or []:
         trainer.add_callback(cb)
+    if args.eval_benchmarks:
+        from ictrl.engine.eval_callback import PassAtKCallback
+
+        trainer.add_callback(PassAtKCallback.from_args(args, tokenizer).bind(trainer))
     if resume_from is not None:
         step = trainer_state(resume_from)["global_step"]
         log.warning("resuming from %s", resume_from)

@@ -103,10 +103,26 @@ class RewardConfig:
                        "TRL's signature. None: ['verifiable']. The first one is reported as `accuracy`. Weights: "
                        "the trainer field reward_weights."),
     )
+    overlong_buffer_length: int | None = field(
+        default=None,
+        metadata=_help("DAPO's soft overlong penalty (Eq. 13; TRL's get_soft_overlong_punishment), added after the "
+                       "rewards above: 0 up to max_completion_length - L, then falling linearly to -1 at "
+                       "max_completion_length, times overlong_penalty_factor. L is this buffer length in tokens; "
+                       "None: no penalty. Truncation masking is the trainer field mask_truncated_completions."),
+    )
+    overlong_penalty_factor: float = field(
+        default=1.0, metadata=_help("Weight of the overlong penalty (its entry in reward_weights).")
+    )
 
     def __post_init__(self) -> None:
         if self.names is not None and not self.names:
             raise ValueError("reward.names: empty list; use null for the data's default reward")
+        buffer = self.overlong_buffer_length
+        if buffer is not None and (isinstance(buffer, bool) or not isinstance(buffer, int) or buffer < 1):
+            raise ValueError(f"reward.overlong_buffer_length: must be an int >= 1 or null, got {buffer!r}")
+        factor = self.overlong_penalty_factor
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 <= factor < float("inf"):
+            raise ValueError(f"reward.overlong_penalty_factor: must be a finite number >= 0, got {factor!r}")
 
 
 SECTIONS: dict[str, type] = {"model": ModelConfig, "data": DataConfig, "reward": RewardConfig}

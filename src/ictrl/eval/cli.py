@@ -47,13 +47,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def train_run_labels(model: str) -> tuple[str | None, int | None]:
-    """(method label, seed) from the ``config.yaml`` that ``ictrl train`` writes in its output directory,
-    found beside a model saved in it (``final/``, ``checkpoint-N/``) or in the model directory itself; (None, None)
-    for a hub id or a model not trained by ``ictrl train``."""
+    """(method label, training seed) of a model saved by ``ictrl train`` (``final/``, ``checkpoint-N/`` or the run
+    directory itself): from the ``run.json`` it writes (resolved values), else from ``config.yaml`` (the keys as
+    written: ``token_selector``'s label and ``seed``); (None, None) for a hub id or a model not trained by
+    ``ictrl train``."""
+    import json
+
     import yaml
 
     path = Path(model)
-    for candidate in (path / "config.yaml", path.parent / "config.yaml"):
+    for root in (path, path.parent):
+        labels = root / "run.json"
+        if labels.is_file():
+            try:
+                data = json.loads(labels.read_text(encoding="utf-8"))
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{labels}: not valid JSON ({err})") from None
+            seed = data.get("seed") if isinstance(data, dict) else None
+            return (data.get("method") if isinstance(data, dict) else None), (
+                seed if isinstance(seed, int) and not isinstance(seed, bool) else None)
+        candidate = root / "config.yaml"
         if not candidate.is_file():
             continue
         try:
