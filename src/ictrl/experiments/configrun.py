@@ -42,7 +42,8 @@ def load_run_config(config_path: Path, spec: RunSpec, run_dir: Path, steps: int 
     for key in ("token_selector", "selection_ratio", "selection_scope", "selection_warmup_steps",
                 "selection_options", "loss_normalization", "run_name"):
         data.pop(key, None)  # the grid's method replaces the config's, defaults included
-    data.update(method_keys(spec.method), output_dir=str(run_dir), seed=spec.seed, disable_tqdm=True)
+    # logging_steps=1: the grid's curves and final reward read every step's row of metrics.jsonl
+    data.update(method_keys(spec.method), output_dir=str(run_dir), seed=spec.seed, disable_tqdm=True, logging_steps=1)
     if spec.lr is not None:
         data["learning_rate"] = spec.lr
     if steps is not None:

@@ -42,8 +42,8 @@ def add_common_arguments(parser: Any, default_output: str) -> None:
                         help="held-out problems (embedded task; default 200) or per-benchmark limit (--config)")
     parser.add_argument("--prompts-per-step", type=int, default=None, help="embedded task: prompts per step")
     parser.add_argument("--selection-warmup", type=int, default=None,
-                        help="embedded task: Θ, steps of full GRPO before ict/random10 select (default 10); "
-                             "scale it down with --steps")
+                        help="embedded task: Θ, steps of full GRPO before ict/random10 select (default: their "
+                             f"registered Θ, {METHODS['ict'].warmup_steps}); scale it down with --steps")
     parser.add_argument("--eval-every", type=int, default=None,
                         help="embedded task: held-out pass@k every N optimizer steps during training (the "
                              "eval/avg/pass@1 curve); default: only after training")
