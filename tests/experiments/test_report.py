@@ -251,3 +251,12 @@ def test_note_answer_and_caveats_come_before_the_tables(tmp_path: Path) -> None:
     order = [page.index(x) for x in ("my note", "the answer", "one seed", "<h2>Heading</h2>", "<table>",
                                      "how it was made")]
     assert order == sorted(order)
+
+
+def test_committed_report_pages_carry_no_local_paths() -> None:
+    pages = sorted((Path(__file__).resolve().parents[2] / "docs" / "results").glob("*.html"))
+    assert pages
+    for page in pages:
+        text = page.read_text(encoding="utf-8")
+        found = re.findall(r"(?:/root|/home|/tmp|/Users)/[^\s<\"']+", text)
+        assert not found, f"{page.name}: local paths {found[:3]}"
