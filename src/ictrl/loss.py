@@ -223,13 +223,39 @@ def policy_loss(
               {"eps_low": eps_low, "eps_high": eps_high, "kl_coef": kl_coef, "num_responses": num_responses,
                "num_tokens": num_tokens, "max_completion_length": max_completion_length, "is_mode": is_mode,
                "is_clip_min": is_clip_min, "is_clip_max": is_clip_max})
-    shape = logprobs.shape
-    B = shape[0]
     mask = as_bool_mask(mask, "mask")
     active = mask if selected is None else as_bool_mask(selected, "selected") & mask
     _check_inputs_finite(logprobs, old_logprobs, advantages, ref_logprobs, sampler_logprobs, mask, active,
                          sampler_logprobs is not None and is_mode.startswith("sequence"))
 
+    psi, parts = _surrogate(logprobs, old_logprobs, advantages, mask, active, eps_low, eps_high, ref_logprobs,
+                            kl_coef, sampler_logprobs, is_mode, is_clip_min, is_clip_max)
+    per_token = torch.where(active, -psi, 0.0)
+    loss, n_active, n_mask = _normalise(per_token, active, mask, norm, num_responses, num_tokens,
+                                        max_completion_length)
+    with torch.no_grad():
+        ratio, adv, old = parts.pop("ratio"), parts.pop("adv"), parts.pop("old")
+        low = (ratio < 1.0 - eps_low) & (adv < 0) & active
+        high = (ratio > 1.0 + eps_high) & (adv > 0) & active
+        metrics = {
+            "clip_frac": _masked_mean((low | high).to(ratio.dtype), active),
+            "clip_frac_low": _masked_mean(low.to(ratio.dtype), active),
+            "clip_frac_high": _masked_mean(high.to(ratio.dtype), active),
+            "selected_frac": (n_active.sum() / n_mask.sum().clamp(min=1)).detach(),
+            "mean_prob_selected": _masked_mean(torch.exp(old), active),
+            **{k: _masked_mean(v.to(ratio.dtype), active) for k, v in
+               {"mean_entropy_selected": entropy, **parts}.items() if v is not None},
+        }
+    return loss, metrics
+
+
+def _surrogate(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, active: Tensor,
+               eps_low: float, eps_high: float, ref_logprobs: Tensor | None, kl_coef: float,
+               sampler_logprobs: Tensor | None, is_mode: str, is_clip_min: float | None, is_clip_max: float | None
+               ) -> tuple[Tensor, dict[str, Tensor | None]]:
+    """[B, T] Ψ (clipped surrogate − KL, times the importance weight), and the [B, T] pieces the metrics read:
+    ratio, adv, old, kl, is_ratio_mean (the weight), is_clipped_frac (where it was clipped)."""
+    shape = logprobs.shape
     # Zero the inactive positions first: padding may hold -inf, and 0·inf in backward would be NaN.
     lp = torch.where(active, logprobs, 0.0)
     old = torch.where(active, old_logprobs.detach(), 0.0)
@@ -242,7 +268,7 @@ def policy_loss(
     psi = torch.minimum(ratio * adv, clipped * adv)
     kl = None
     if ref_logprobs is not None:
-        d = ref_logprobs.detach() - lp  # inactive garbage here is dropped by the where below
+        d = ref_logprobs.detach() - lp  # inactive garbage here is dropped by the caller's where
         kl = torch.exp(d) - d - 1.0
         if kl_coef:
             psi = psi - kl_coef * kl
@@ -251,23 +277,8 @@ def policy_loss(
         weight, is_clipped = importance_weights(old_logprobs, sampler_logprobs, mask, is_mode, is_clip_min,
                                                 is_clip_max)
         psi = psi * torch.where(active, weight, 0.0).to(psi.dtype)
-    per_token = torch.where(active, -psi, 0.0)
-    loss, n_active, n_mask = _normalise(per_token, active, mask, norm, num_responses, num_tokens,
-                                        max_completion_length)
-
-    with torch.no_grad():
-        low = (ratio < 1.0 - eps_low) & (adv < 0) & active
-        high = (ratio > 1.0 + eps_high) & (adv > 0) & active
-        extra = {"mean_entropy_selected": entropy, "kl": kl, "is_ratio_mean": weight, "is_clipped_frac": is_clipped}
-        metrics = {
-            "clip_frac": _masked_mean((low | high).to(ratio.dtype), active),
-            "clip_frac_low": _masked_mean(low.to(ratio.dtype), active),
-            "clip_frac_high": _masked_mean(high.to(ratio.dtype), active),
-            "selected_frac": (n_active.sum() / n_mask.sum().clamp(min=1)).detach(),
-            "mean_prob_selected": _masked_mean(torch.exp(old), active),
-            **{k: _masked_mean(v.to(ratio.dtype), active) for k, v in extra.items() if v is not None},
-        }
-    return loss, metrics
+    return psi, {"ratio": ratio, "adv": adv, "old": old, "kl": kl, "is_ratio_mean": weight,
+                 "is_clipped_frac": is_clipped}
 
 
 def _normalise(per_token: Tensor, active: Tensor, mask: Tensor, norm: str, num_responses: int | float | Tensor | None,
