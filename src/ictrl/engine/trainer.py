@@ -43,11 +43,11 @@ from trl import GRPOTrainer
 
 from ictrl.engine.config import ICTGRPOConfig
 from ictrl.engine.dynamic_sampling import DynamicSamplingMixin
+from ictrl.engine.onepass import STATS_PATHS, OnePassMixin, fused_head_with_sum_sq
 from ictrl.engine.sampler_topk import TopKRecorder, TopKRows, pad_rows, recording_generate, split_vllm_logprobs
 from ictrl.logprobs import selected_token_logprobs
 from ictrl.loss import policy_loss
-from ictrl.metrics import step_metrics
-from ictrl.selection import SelectionInputs, get_selector, in_warmup, select
+from ictrl.selection import get_selector, in_warmup
 from ictrl.stats import TokenStats, group_js_divergence_topk, token_stats, topk_log_softmax
 
 _STAT_FIELDS = ("entropy", "renyi2", "purity", "logprob", "prob")
@@ -133,7 +133,7 @@ class _Unhooked(nn.Module):
         return type(self.head).forward(self.head, x)
 
 
-class ICTGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
+class ICTGRPOTrainer(OnePassMixin, DynamicSamplingMixin, GRPOTrainer):
     """``GRPOTrainer(model, reward_funcs, args, train_dataset, eval_dataset, processing_class, ...)`` with
     ``args`` an :class:`ICTGRPOConfig`. Logs ``ictrl/*`` metrics next to TRL's."""
 
@@ -141,7 +141,8 @@ class ICTGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
                  **kwargs: Any) -> None:
         if not isinstance(args, ICTGRPOConfig):
             raise ValueError(f"args must be an ICTGRPOConfig, got {type(args).__name__}")
-        super().__init__(model, reward_funcs, args, *pos, **kwargs)
+        with fused_head_with_sum_sq():
+            super().__init__(model, reward_funcs, args, *pos, **kwargs)
         per_process = args.per_device_train_batch_size * args.steps_per_generation
         self._needs_js = "ict_score" in get_selector(args.token_selector).needs
         if self._needs_js and per_process % self.num_generations != 0:
@@ -187,6 +188,14 @@ class ICTGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
         rows = args.per_device_train_batch_size if self.model.training else args.per_device_eval_batch_size
         hidden = [self._final_hidden(self.model, input_ids[r0:r0 + rows], attention_mask[r0:r0 + rows], T)
                   for r0 in range(0, B, rows)]
+        return self._hidden_stats(torch.cat(hidden), mask, completion_ids, group_ids, sampler_topk)
+
+    @torch.no_grad()
+    def _hidden_stats(self, hidden: Tensor, mask: Tensor, completion_ids: Tensor, group_ids: Tensor | None,
+                      sampler_topk: tuple[Tensor, Tensor] | None = None) -> tuple[TokenStats, Tensor | None]:
+        """The statistics sweep of :meth:`_selection_stats` over [B, T, H] final-norm hidden states (no grad)."""
+        args = self.args
+        B, T = mask.shape
         tau = args.selection_temperature
         topk = args.selection_topk if group_ids is not None else None
         head_topk = topk is not None and sampler_topk is None
@@ -210,7 +219,7 @@ class ICTGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
             return parts, topk_parts
 
         with self.accelerator.autocast():
-            parts, topk_parts = call_head(self._output_head(self.model), sweep, torch.cat(hidden))
+            parts, topk_parts = call_head(self._output_head(self.model), sweep, hidden)
         stats = TokenStats(**{f: torch.cat([getattr(p, f) for p in parts], dim=1) for f in _STAT_FIELDS})
         if group_ids is None:
             return stats, None
@@ -252,68 +261,70 @@ class ICTGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         self._rollout_topk, self._rollout_calls = None, 0
-        batch = super()._generate_and_score_completions(inputs)
-        rollout_topk, self._rollout_topk = self._rollout_topk, None
-        if "pixel_values" in batch:
-            raise ValueError("ICTGRPOTrainer supports text-only models (its statistics pass has no image inputs)")
         args = self.args
         mode = "train" if self.model.training else "eval"
         G = self.num_generations if mode == "train" else self.num_generations_eval
+        warm = in_warmup(int(self.state.global_step), args.selection_warmup_steps)
+        need_js = self._needs_js and not warm
+        path = self._plan_stats_path(need_js)
+        request = {"need_js": need_js, "G": G} if path == "shared_old_logps" else None
+        with self._serving_old_logps(request):
+            batch = super()._generate_and_score_completions(inputs)
+        rollout_topk, self._rollout_topk = self._rollout_topk, None
+        if "pixel_values" in batch:
+            raise ValueError("ICTGRPOTrainer supports text-only models (its statistics pass has no image inputs)")
         start = time.perf_counter()
         mask = batch["completion_mask"].bool()
         if "tool_mask" in batch:
             mask = mask & batch["tool_mask"].bool()
         B, T = mask.shape
         rank = self.accelerator.process_index
-        step = int(self.state.global_step)
-        warm = in_warmup(step, args.selection_warmup_steps)
-        need_js = self._needs_js and not warm
-        local_groups = None
-        if need_js:
-            self._check_local_groups(batch, G)
-            local_groups = (rank * B + torch.arange(B, device=mask.device)) // G
-        sampler_topk = None
-        recorded = rollout_topk is not None and len(rollout_topk) == B and self._rollout_calls == 1
-        if need_js and self._sampler_topk is not None and (recorded or args.selection_topk_source == "sampler"):
-            # 'auto' falls back to the head when a subclass's generation bypassed the hook (logged below)
-            if not recorded:
-                raise RuntimeError(f"selection_topk_source: the sampler's top-K log-probs cover "
-                                   f"{0 if rollout_topk is None else len(rollout_topk)} rows in "
-                                   f"{self._rollout_calls} generation calls, expected {B} rows in one call")
-            sampler_topk = pad_rows(rollout_topk, T, mask.device)
-        stats, js = self._selection_stats(batch, mask, local_groups, sampler_topk)
-        self._ensure_old_logps(batch)
-
-        # Selection on the global generation batch: identical on every process and to a single-process run.
-        g_mask = self._gather_rows(mask.to(torch.uint8)).bool()
-        g_stats = TokenStats(**{f: self._gather_rows(getattr(stats, f)) for f in _STAT_FIELDS})
-        g_js = self._gather_rows(js) if js is not None else None
-        g_adv = self.accelerator.gather(batch["advantages"].float())
-        g_groups = torch.arange(g_mask.size(0), device=g_mask.device) // G
-        sel_inputs = SelectionInputs(mask=g_mask, step=step, ict_score=g_js, entropy=g_stats.entropy,
-                                     prob=g_stats.prob, advantages=g_adv, group_ids=g_groups)
-        g_selected = select(args.token_selector, sel_inputs, warmup_steps=args.selection_warmup_steps,
-                            **args.selector_options())
-        batch["ictrl_selected"] = g_selected[rank * B:(rank + 1) * B, :T].contiguous()
-
         metrics = self._metrics[mode]
-        for key, value in step_metrics(g_stats, g_mask, g_selected).items():
-            metrics[f"ictrl/{key}"].append(value)
-        if g_js is not None:
-            for name, where in (("all", g_mask), ("selected", g_selected & g_mask)):
-                if bool(where.any()):
-                    metrics[f"ictrl/ict_score/{name}"].append(float(g_js[where].double().mean()))
-        metrics["ictrl/warmup"].append(float(warm))
-        metrics["ictrl/topk_from_sampler"].append(float(sampler_topk is not None))
+        if path == "training_forward":  # statistics and selection come with the loss's forward
+            batch["ictrl_row"] = rank * B + torch.arange(B, device=mask.device)
+            if args.token_selector == "all":
+                batch["ictrl_selected"] = mask.clone()
+            return batch
+        shared = self._shared_stats
+        self._shared_stats = None
+        if path == "shared_old_logps" and shared is not None and shared[0] == B and "tool_mask" not in batch:
+            _, stats, js = shared
+        else:
+            path = "separate"
+            local_groups = None
+            if need_js:
+                self._check_local_groups(batch, G)
+                local_groups = (rank * B + torch.arange(B, device=mask.device)) // G
+            sampler_topk = self._recorded_topk(rollout_topk, B, T, mask.device) if need_js else None
+            stats, js = self._selection_stats(batch, mask, local_groups, sampler_topk)
+            metrics["ictrl/topk_from_sampler"].append(float(sampler_topk is not None))
+        self._ensure_old_logps(batch)
+        batch["ictrl_selected"] = self._select_and_log(mask, stats, js, batch["advantages"], G, warm, mode)
+        metrics["ictrl/stats_path"].append(STATS_PATHS[path])
         metrics["ictrl/stats_time"].append(time.perf_counter() - start)
         return batch
+
+    def _recorded_topk(self, rollout_topk: TopKRows | None, B: int, T: int,
+                       device: torch.device) -> tuple[Tensor, Tensor] | None:
+        """[B, T, K] top-K log-probs and ids recorded by the sampler, or None (the statistics pass's head)."""
+        recorded = rollout_topk is not None and len(rollout_topk) == B and self._rollout_calls == 1
+        if self._sampler_topk is None or not (recorded or self.args.selection_topk_source == "sampler"):
+            return None
+        # 'auto' falls back to the head when a subclass's generation bypassed the hook (logged by the caller)
+        if not recorded:
+            raise RuntimeError(f"selection_topk_source: the sampler's top-K log-probs cover "
+                               f"{0 if rollout_topk is None else len(rollout_topk)} rows in "
+                               f"{self._rollout_calls} generation calls, expected {B} rows in one call")
+        return pad_rows(rollout_topk, T, device)
 
     # --------------------------------------------------------------------------------- global normalisers
 
     def _prepare_inputs(self, generation_batch: Any) -> dict[str, Any]:
         previous = self._buffered_inputs
         inputs = super()._prepare_inputs(generation_batch)
-        if not self.model.training:
+        if "ictrl_selected" not in inputs:
+            pass  # path training_forward: the selection, and so the normalisers, come with the loss's forward
+        elif not self.model.training:
             self._attach_normalisers([inputs], accumulation=1)
         elif self._buffered_inputs is not previous:
             self._attach_normalisers(self._buffered_inputs, self.args.gradient_accumulation_steps)
@@ -362,6 +373,10 @@ class ICTGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
         :func:`call_head`, so a sharded engine gathers it and reduces its gradient as for the model's own head. ``sparse_backward`` docs: ICTGRPOConfig.
         """
         hidden = self._final_hidden(model, input_ids, attention_mask, completion_ids.size(1))
+        return self._sparse_head(model, hidden, completion_ids, selected)
+
+    def _sparse_head(self, model: Any, hidden: Tensor, completion_ids: Tensor, selected: Tensor) -> Tensor:
+        """[B, T] log π_θ from [B, T, H] hidden states, the head with grad on ``selected`` only (0 elsewhere)."""
 
         def sparse_head(lm: nn.Module | Tensor, h: Tensor) -> Tensor:
             return selected_token_logprobs(h, lm, completion_ids, selected, temperature=self.temperature)
@@ -376,7 +391,9 @@ class ICTGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
         mask = inputs["completion_mask"].bool()
         if "tool_mask" in inputs:
             mask = mask & inputs["tool_mask"].bool()
-        if self.args.sparse_backward:
+        if "ictrl_row" in inputs:
+            logps = self._training_forward_logps(model, inputs, input_ids, attention_mask, mask)
+        elif self.args.sparse_backward:
             logps = self._selected_logps(model, input_ids, attention_mask, completion_ids,
                                          inputs["ictrl_selected"] & mask)
         else:
