@@ -1,17 +1,25 @@
 """Time per optimizer step: ictrl's ICT vs GRPO, ictrl vs TRL's stock GRPOTrainer, sparse vs dense loss head.
 
-Part 1 (trainer): a tiny Qwen2 (``ictrl.models``; vocabulary padded to --vocab, default 151,936 as Qwen2.5) trains
---steps optimizer steps per variant on CPU with real generation and a fixed deterministic reward. Variants:
+Part 1 (trainer): a tiny Qwen2 (``ictrl.models``; vocabulary padded to each of --vocabs, default 151,936 as
+Qwen2.5 and 259, the byte tokenizer's own) trains --steps optimizer steps per variant on CPU with a fixed
+deterministic reward, on the same batch for every variant (``--generation fixed``: deterministic completions of
+--completion-len ids; ``real``: TRL's sampling). Variants:
 
-    ict, all            ICTGRPOTrainer with token_selector ict (warm-up 0) / all
-    ict+sparse, ...     the same with sparse_backward=True (only when ICTGRPOConfig has that field)
-    trl_q0.2, trl_q1.0  TRL's stock GRPOTrainer with top_entropy_quantile 0.2 / 1.0
+    ict, entropy, all       ICTGRPOTrainer with that token_selector (warm-up 0), statistics by the one-pass path
+    ict+sparse              the same with sparse_backward=True
+    ict@separate, ...       one_pass = False: the separate statistics pass (the path before issue 12)
+    trl_q1.0                TRL's stock GRPOTrainer (top_entropy_quantile 1.0: plain GRPO)
 
 Each repeat runs every variant once, in a rotated order, on a freshly built model with the same seed; the first
 step of each run is dropped (warm-up). Per variant: median wall time of an optimizer step (callback from step
-begin to step end), of ``_generate_and_score_completions`` (generation, rewards, and for ictrl the statistics
-pass), of the statistics pass alone (``ictrl/stats_time``), and the rest (loss forward+backward, optimizer).
-Ratios are taken within a repeat and the median over repeats is reported (the machine is shared and noisy).
+begin to step end), of ``_generate_and_score_completions`` (generation, rewards, and for the separate/shared paths
+the statistics pass), of the statistics pass alone (``ictrl/stats_time``), the rest (loss forward+backward,
+optimizer; for the one-pass path the statistics too), and ``train`` = step − generation − rewards. Ratios are
+taken within a repeat and the median over repeats is reported (the machine is shared and noisy).
+
+Part 3 (forward passes): backbone calls outside generation per optimizer step (a forward pre-hook on the
+backbone), per selector and num_iterations 1 and 2, one pass vs the separate pass, and the ``ictrl/stats_path``
+logged (0 separate, 1 shared with TRL's old log-probs, 2 training forward).
 
 Part 2 (loss head alone): forward+backward of a selected-token policy loss from hidden states [B, T, H] through a
 [V, H] head: dense (full logits → log_softmax → gather), TRL's chunked log-prob kernel over every row (what the
@@ -19,6 +27,7 @@ trainer uses), and ``ictrl.logprobs.selected_token_logprobs`` over the selected 
 
     .venv/bin/python bench/bench_train_step.py                  # defaults below
     .venv/bin/python bench/bench_train_step.py --quick          # 1 repeat, 2 steps, smaller head bench
+    .venv/bin/python bench/bench_train_step.py --skip-head --steps 2 --repeats 2   # what bench/README.md reports
 
 Writes bench/results/train_step.json atomically and prints tables.
 """
@@ -50,8 +59,32 @@ def fixed_reward(prompts: list[Any], completions: list[str], completion_ids: lis
     return [float(sum(ids) % 2) for ids in completion_ids]
 
 
-def build_trainer(variant: str, a: argparse.Namespace, out_dir: str) -> Any:
-    """A trainer for one variant on a fresh tiny model (same seed for all variants)."""
+def fixed_completions(prompt_ids: list[list[int]], num_generations: int, length: int, vocab: int) -> list[list[int]]:
+    """Completion j of a prompt: ``length`` ids drawn from a generator seeded by (prompt, j), no EOS, so every
+    variant trains on the same batch whatever its weights."""
+    out = []
+    for i, p in enumerate(prompt_ids):
+        g = torch.Generator().manual_seed(hash((tuple(p), i % num_generations)) & ((1 << 62) - 1))
+        out.append(torch.randint(3, min(vocab, 259), (length,), generator=g).tolist())
+    return out
+
+
+def with_fixed_generation(cls: type, a: argparse.Namespace) -> type:
+    """``cls`` whose rollout returns :func:`fixed_completions` (``--generation fixed``)."""
+
+    class Fixed(cls):  # type: ignore[misc, valid-type]
+        def _generate_single_turn(self, prompt_ids: list[list[int]], *args: Any, **kwargs: Any) -> tuple[list, None]:
+            return fixed_completions(prompt_ids, a.generations, a.completion_len, a.vocab), None
+
+    return Fixed
+
+
+def build_trainer(variant: str, a: argparse.Namespace, out_dir: str, num_iterations: int = 1) -> Any:
+    """A trainer for one variant on a fresh tiny model (same seed for all variants).
+
+    Variant names: ``SELECTOR[+sparse][@separate]`` (ICTGRPOTrainer; ``@separate`` forces the separate statistics
+    pass, ``one_pass = False``), ``trl_qQ`` (TRL's stock GRPOTrainer with top_entropy_quantile Q).
+    """
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
@@ -65,16 +98,48 @@ def build_trainer(variant: str, a: argparse.Namespace, out_dir: str) -> Any:
     common = dict(output_dir=out_dir, use_cpu=True, bf16=False, report_to="none", save_strategy="no",
                   logging_steps=1, max_steps=a.steps, per_device_train_batch_size=a.batch,
                   num_generations=a.generations, max_completion_length=a.completion_len, learning_rate=1e-5,
-                  seed=0, disable_tqdm=True, dataloader_num_workers=0, temperature=1.0)
-    if variant.startswith("trl_q"):
-        cls, args = GRPOTrainer, GRPOConfig(**common, top_entropy_quantile=float(variant[5:]))
+                  seed=0, disable_tqdm=True, dataloader_num_workers=0, temperature=1.0,
+                  num_iterations=num_iterations)
+    name, _, mode = variant.partition("@")
+    if name.startswith("trl_q"):
+        cls, args = GRPOTrainer, GRPOConfig(**common, top_entropy_quantile=float(name[5:]))
     else:
-        selector, _, sparse = variant.partition("+")
+        selector, _, sparse = name.partition("+")
         extra = {"sparse_backward": True} if sparse else {}
         cls, args = ICTGRPOTrainer, ICTGRPOConfig(**common, token_selector=selector, selection_warmup_steps=0,
                                                   **extra)
+    if a.generation == "fixed":
+        cls = with_fixed_generation(cls, a)
+    if mode == "separate":
+        cls = type("SeparatePass", (cls,), {"one_pass": False})
     return cls(model=model, reward_funcs=fixed_reward, args=args,
                train_dataset=Dataset.from_dict({"prompt": PROMPTS}), processing_class=tokenizer)
+
+
+def count_forwards(variant: str, a: argparse.Namespace, num_iterations: int) -> dict[str, float]:
+    """Backbone calls outside generation per optimizer step (a forward pre-hook on the backbone), and the
+    ``ictrl/stats_path`` codes logged."""
+    from transformers import PrinterCallback
+
+    with tempfile.TemporaryDirectory() as out_dir:
+        trainer = build_trainer(variant, a, out_dir, num_iterations)
+        trainer.remove_callback(PrinterCallback)
+        model = trainer.model
+        calls, generating = [0], [False]
+        model.model.register_forward_pre_hook(lambda m, args: calls.__setitem__(0, calls[0] + (not generating[0])))
+        generate = model.generate
+
+        def flagged_generate(*args: Any, **kwargs: Any) -> Any:
+            generating[0] = True
+            try:
+                return generate(*args, **kwargs)
+            finally:
+                generating[0] = False
+
+        model.generate = flagged_generate
+        trainer.train()
+        paths = sorted({h["ictrl/stats_path"] for h in trainer.state.log_history if "ictrl/stats_path" in h})
+        return {"forwards_per_step": calls[0] / trainer.state.global_step, "stats_paths": paths}
 
 
 def run_variant(variant: str, a: argparse.Namespace) -> dict[str, float]:
@@ -157,7 +222,10 @@ def head_bench(B: int, T: int, H: int, V: int, ratio: float, repeats: int) -> di
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--vocab", type=int, default=151_936)
+    ap.add_argument("--vocabs", default="151936,259", help="comma-separated vocabulary sizes, each timed in turn")
+    ap.add_argument("--generation", choices=("fixed", "real"), default="fixed",
+                    help="fixed: every variant trains on the same deterministic completions; real: TRL's sampling")
+    ap.add_argument("--skip-counts", action="store_true")
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--batch", type=int, default=8, help="completions per optimizer step")
@@ -168,59 +236,97 @@ def main() -> None:
     ap.add_argument("--variants", default=None, help="comma-separated subset of the variants")
     ap.add_argument("--head-shape", default="8,128,64", help="B,T,H of the loss-head bench (V = --vocab)")
     ap.add_argument("--skip-trainer", action="store_true")
+    ap.add_argument("--skip-head", action="store_true")
     ap.add_argument("--quick", action="store_true", help="1 repeat, 2 steps")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     a = ap.parse_args()
+    a.vocab = 0
     if a.quick:
         a.repeats, a.steps = 1, 2
     if a.batch % a.generations:
         ap.error("--batch must be a multiple of --generations (TRL's generation batch)")
     if a.threads:
         torch.set_num_threads(a.threads)
+    variants = a.variants.split(",") if a.variants else VARIANTS
+    result: dict[str, Any] = {"config": {k: v for k, v in vars(a).items()}, "torch_threads": torch.get_num_threads(),
+                              "by_vocab": {}}
+    for vocab in (int(v) for v in a.vocabs.split(",")):
+        a.vocab = vocab
+        part: dict[str, Any] = {}
+        if not a.skip_trainer:
+            part.update(time_variants(variants, a))
+        if not a.skip_head:
+            part["loss_head"] = run_head_bench(a)
+        result["by_vocab"][str(vocab)] = part
+    if not a.skip_counts:
+        result["forward_counts"] = forward_counts(a)
+    atomic_write_json(RESULTS, result)
+    print(f"\nwrote {RESULTS}")
 
-    variants = ["ict", "ict+sparse", "all", "all+sparse", "trl_q0.2", "trl_q1.0"]
-    if a.variants:
-        variants = a.variants.split(",")
-    result: dict[str, Any] = {"config": {k: v for k, v in vars(a).items()}, "torch_threads": torch.get_num_threads()}
 
-    if not a.skip_trainer:
-        runs: dict[str, list[dict[str, float]]] = {v: [] for v in variants}
-        for r in range(a.repeats):
-            order = variants[r % len(variants):] + variants[:r % len(variants)]
-            for v in order:
-                t0 = time.perf_counter()
-                runs[v].append(run_variant(v, a))
-                print(f"repeat {r} {v:12s} step {runs[v][-1]['step_s']:.3f} s  (run {time.perf_counter() - t0:.0f} s)",
-                      file=sys.stderr, flush=True)
-        summary = {v: {k: statistics.median(run[k] for run in runs[v]) for k in runs[v][0]} for v in variants}
-        pairs = [("ict", "all"), ("all", "trl_q1.0"), ("all", "trl_q0.2"), ("trl_q0.2", "trl_q1.0"),
-                 ("ict+sparse", "ict"), ("all+sparse", "all"), ("ict+sparse", "trl_q1.0")]
-        ratios = {f"{x}/{y}": statistics.median(runs[x][i]["step_s"] / runs[y][i]["step_s"] for i in range(a.repeats))
-                  for x, y in pairs if x in runs and y in runs}
-        for v in variants:
-            summary[v]["stats_share"] = summary[v]["stats_s"] / summary[v]["step_s"]
-        result.update(trainer=summary, trainer_runs=runs, step_time_ratios=ratios)
-        print(f"\nOptimizer step, V={a.vocab}, hidden {a.hidden}x{a.layers}, {a.batch} completions x "
-              f"{a.completion_len} tokens, median of {a.repeats} repeats x {max(a.steps - 1, 1)} steps")
-        print(f"{'variant':12s} {'step s':>8s} {'generate':>9s} {'stats':>8s} {'loss+opt':>9s} {'stats %':>8s}")
-        for v, s in summary.items():
-            print(f"{v:12s} {s['step_s']:8.3f} {s['generate_s']:9.3f} {s['stats_s']:8.3f} "
-                  f"{s['loss_and_optimizer_s']:9.3f} {100 * s['stats_share']:7.1f}%")
-        for k, v in ratios.items():
-            print(f"  step ratio {k:22s} {v:.3f}")
+VARIANTS = ["ict", "ict+sparse", "entropy", "all", "ict@separate", "all@separate", "trl_q1.0"]
+PAIRS = [("ict", "all"), ("ict+sparse", "all"), ("entropy", "all"), ("all", "trl_q1.0"),
+         ("ict@separate", "all"), ("all@separate", "all"), ("ict@separate", "ict")]
 
+
+def time_variants(variants: list[str], a: argparse.Namespace) -> dict[str, Any]:
+    """Every variant once per repeat in rotated order; medians and within-repeat ratios (step, and the training
+    part of the step: statistics + loss + optimizer, generation and rewards excluded)."""
+    runs: dict[str, list[dict[str, float]]] = {v: [] for v in variants}
+    for r in range(a.repeats):
+        for v in variants[r % len(variants):] + variants[:r % len(variants)]:
+            t0 = time.perf_counter()
+            run = run_variant(v, a)
+            run["train_s"] = run["step_s"] - run["generate_s"]
+            runs[v].append(run)
+            print(f"V={a.vocab} repeat {r} {v:14s} step {run['step_s']:.3f} s  train {run['train_s']:.3f} s  "
+                  f"(run {time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
+    summary = {v: {k: statistics.median(run[k] for run in runs[v]) for k in runs[v][0]} for v in variants}
+    ratios = {}
+    for x, y in PAIRS:
+        if x in runs and y in runs:
+            for key in ("step_s", "train_s"):
+                ratios[f"{x}/{y} {key[:-2]}"] = statistics.median(runs[x][i][key] / runs[y][i][key]
+                                                                   for i in range(a.repeats))
+    print(f"\nOptimizer step, V={a.vocab}, hidden {a.hidden}x{a.layers}, {a.batch} completions x "
+          f"{a.completion_len} tokens, {a.generation} generation, median of {a.repeats} repeats x "
+          f"{max(a.steps - 1, 1)} steps")
+    print(f"{'variant':14s} {'step s':>8s} {'generate':>9s} {'stats':>8s} {'loss+opt':>9s} {'train':>8s}")
+    for v, s in summary.items():
+        print(f"{v:14s} {s['step_s']:8.3f} {s['generate_s']:9.3f} {s['stats_s']:8.3f} "
+              f"{s['loss_and_optimizer_s']:9.3f} {s['train_s']:8.3f}")
+    for k, v in ratios.items():
+        print(f"  ratio {k:28s} {v:.3f}")
+    return {"trainer": summary, "trainer_runs": runs, "ratios": ratios}
+
+
+def run_head_bench(a: argparse.Namespace) -> dict[str, Any]:
     B, T, H = (int(x) for x in a.head_shape.split(","))
     if a.quick:
         B, T = max(2, B // 2), max(16, T // 2)
     head = head_bench(B, T, H, a.vocab, 0.1, a.repeats + 2)
-    result["loss_head"] = {"shape": {"B": B, "T": T, "H": H, "V": a.vocab, "selected_frac": 0.1}, "seconds": head,
-                           "ratio_sparse_to_trl": head["ictrl_sparse"] / head["trl_chunked"],
-                           "ratio_sparse_to_dense": head["ictrl_sparse"] / head["dense"]}
     print(f"\nLoss head forward+backward, B={B} T={T} H={H} V={a.vocab}, 10% selected, median of {a.repeats + 2}")
     for k, v in head.items():
         print(f"  {k:14s} {v:8.3f} s")
-    atomic_write_json(RESULTS, result)
-    print(f"\nwrote {RESULTS}")
+    return {"shape": {"B": B, "T": T, "H": H, "V": a.vocab, "selected_frac": 0.1}, "seconds": head,
+            "ratio_sparse_to_trl": head["ictrl_sparse"] / head["trl_chunked"],
+            "ratio_sparse_to_dense": head["ictrl_sparse"] / head["dense"]}
+
+
+def forward_counts(a: argparse.Namespace) -> dict[str, Any]:
+    """Backbone passes per optimizer step, per selector and num_iterations, one pass vs the separate pass
+    (2 optimizer steps at V = 259: the count does not depend on V)."""
+    a.vocab, a.steps = 259, 2
+    out: dict[str, Any] = {}
+    print("\nBackbone passes per optimizer step (outside generation), one pass / separate pass")
+    for v in ("all", "entropy", "ict", "ict+sparse", "trl_q1.0"):
+        for mu in (1, 2):
+            one = count_forwards(v, a, mu)
+            sep = count_forwards(f"{v}@separate", a, mu) if not v.startswith("trl") else None
+            out[f"{v} mu={mu}"] = {"one_pass": one, "separate": sep}
+            print(f"  {v:12s} num_iterations={mu}: {one['forwards_per_step']:.1f} (path {one['stats_paths']})"
+                  + (f" / {sep['forwards_per_step']:.1f}" if sep else ""))
+    return out
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ the sampling temperature, so they pay no sweep at all; every metric (h1, h2, pur
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -240,11 +241,14 @@ class OnePassMixin:
         args = self.args
         mode = "train" if self.model.training else "eval"
         T = mask.size(1)
-        self._metrics[mode]["ictrl/stats_path"].append(STATS_PATHS["training_forward"])
+        metrics = self._metrics[mode]
+        metrics["ictrl/stats_path"].append(STATS_PATHS["training_forward"])
         if args.token_selector == "all":
             logps, entropy, lss, _ = self._fused_forward(model, input_ids, attention_mask, T)
+            start = time.perf_counter()
             stats = stats_from_fused(logps, entropy, lss, mask)
             self._select_and_log(mask, stats, None, inputs["advantages"], self.num_generations, False, mode)
+            metrics["ictrl/stats_time"].append(time.perf_counter() - start)
             return logps
         warm = int(self.state.global_step) < args.selection_warmup_steps
         need_js = self._needs_js and not warm
@@ -256,12 +260,14 @@ class OnePassMixin:
         logps = hidden = None
         if cheap and not sparse:
             logps, entropy, lss, _ = self._fused_forward(model, input_ids, attention_mask, T)
+            start = time.perf_counter()
             stats, js = stats_from_fused(logps, entropy, lss, mask), None
         else:
             if sparse:
                 hidden = self._final_hidden(model, input_ids, attention_mask, T)
             else:
                 logps, _, _, hidden = self._fused_forward(model, input_ids, attention_mask, T, keep_hidden=True)
+            start = time.perf_counter()
             groups = None
             if need_js:
                 G = self.num_generations
@@ -273,6 +279,7 @@ class OnePassMixin:
                                         inputs["advantages"][order], self.num_generations, warm, mode)[local]
         inputs["ictrl_selected"] = selected
         self._attach_normalisers([inputs], args.gradient_accumulation_steps)
+        metrics["ictrl/stats_time"].append(time.perf_counter() - start)  # the no-grad sweep, selection, metrics
         if logps is None:
             logps = self._sparse_head(model, hidden, inputs["completion_ids"], selected & mask)
         return logps
