@@ -47,7 +47,9 @@ def stub_completion(prompt_ids: list[int], j: int) -> list[int]:
     return ids.tolist()
 
 
-def stub_trainer_class() -> type:
+def stub_trainer_class(one_pass: bool = False) -> type:
+    """``one_pass`` False (default): the separate statistics pass, so every recorded generation batch carries its
+    ``ictrl_selected`` (with the one-pass training-forward path the selection is made in the loss)."""
     from ictrl.engine.trainer import ICTGRPOTrainer
 
     class StubGenerationTrainer(ICTGRPOTrainer):
@@ -68,6 +70,7 @@ def stub_trainer_class() -> type:
                                   for k, v in batch.items()})
             return batch
 
+    StubGenerationTrainer.one_pass = one_pass
     return StubGenerationTrainer
 
 

@@ -121,6 +121,7 @@ def test_auto_falls_back_to_the_head_and_sampler_refuses(tiny_model_dir: Path, t
                                                          no_head_topk: list[int]) -> None:
     trainer = _trainer(tiny_model_dir, tmp_path, token_selector="ict", selection_topk=8, repetition_penalty=1.2)
     assert trainer._sampler_topk is None  # a repetition penalty changes the sampler's logits
+    trainer.one_pass = False  # the statistics pass runs at generation (else in the loss, ictrl.engine.onepass)
     trainer.model.train()
     trainer._generate_and_score_completions(_inputs(trainer))
     assert no_head_topk and trainer._metrics["train"]["ictrl/topk_from_sampler"] == [0.0]
