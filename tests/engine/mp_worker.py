@@ -194,7 +194,8 @@ def full_params(trainer: Any) -> dict[str, torch.Tensor]:
 
 
 def build_trainer(out_dir: Path, model_dir: str, selector: str, engine: str = "ddp", world: int = 1,
-                  per_device: int | None = None, grad_accum: int | None = None, **overrides: Any) -> Any:
+                  per_device: int | None = None, grad_accum: int | None = None, one_pass: bool = False,
+                  **overrides: Any) -> Any:
     """The stub-generation trainer (with ictrl's atomic checkpoints) for one comparison run."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -211,7 +212,7 @@ def build_trainer(out_dir: Path, model_dir: str, selector: str, engine: str = "d
                                   max_grad_norm=0.0,
                                   # ict takes the sparse LM-head path (ictrl.logprobs), the others TRL's fused one
                                   sparse_backward=selector == "ict")
-    cls = make_trainer_class(stub_trainer_class())
+    cls = make_trainer_class(stub_trainer_class(one_pass))
     if engine == "fsdp2":
         kwargs.update(FSDP2_ARGS)
         cls = cpu_fsdp2(cls)
@@ -224,16 +225,22 @@ def build_trainer(out_dir: Path, model_dir: str, selector: str, engine: str = "d
 
 def run_one_step(out_dir: Path, model_dir: str, selector: str, per_device: int | None = None,
                  grad_accum: int | None = None, engine: str = "ddp", world: int = 1, final_dir: Path | None = None,
-                 **overrides: Any) -> dict[str, Any]:
-    """Train one optimizer step with the stub trainer; return what the comparison needs. With ``final_dir``, also
-    write the final HF-format model there as ``ictrl train`` does (``run.save_final``, every rank)."""
-    trainer = build_trainer(out_dir, model_dir, selector, engine, world, per_device, grad_accum, **overrides)
+                 one_pass: bool = False, **overrides: Any) -> dict[str, Any]:
+    """Train one optimizer step with the stub trainer; return what the comparison needs (``selected``: each loss
+    micro-batch's selection and, on the one-pass path, its rows' indices in the global generation batch). With
+    ``final_dir``, also write the final HF-format model there as ``ictrl train`` does (``run.save_final``, every
+    rank)."""
+    trainer = build_trainer(out_dir, model_dir, selector, engine, world, per_device, grad_accum, one_pass,
+                            **overrides)
     losses: list[float] = []
+    selected: list[tuple[torch.Tensor, torch.Tensor | None]] = []
     original = trainer._compute_loss
 
     def recording_loss(model: Any, inputs: dict[str, Any]) -> torch.Tensor:
         loss = original(model, inputs)
         losses.append(float(loss.detach()))
+        row = inputs.get("ictrl_row")
+        selected.append((inputs["ictrl_selected"].detach().clone(), None if row is None else row.detach().clone()))
         return loss
 
     trainer._compute_loss = recording_loss  # type: ignore[method-assign]
@@ -242,7 +249,9 @@ def run_one_step(out_dir: Path, model_dir: str, selector: str, per_device: int |
         from ictrl.engine.run import STAGING_PREFIX, save_final
 
         save_final(trainer, final_dir.with_name(STAGING_PREFIX + final_dir.name), final_dir)
-    return {"batches": trainer.recorded, "losses": losses, "params": full_params(trainer),
+    paths = sorted({h["ictrl/stats_path"] for h in trainer.state.log_history if "ictrl/stats_path" in h})
+    return {"batches": trainer.recorded, "losses": losses, "selected": selected, "paths": paths,
+            "params": full_params(trainer),
             "rank": trainer.accelerator.process_index, "world": trainer.accelerator.num_processes,
             "engine": type(trainer.model).__name__}
 
@@ -268,6 +277,11 @@ def main(argv: list[str]) -> None:
             result = run_one_step(out / f"trainer_{engine}_{selector}", model_dir, selector, engine=engine, world=2,
                                   final_dir=out / f"final_{engine}_{selector}")
             _save(result, out / f"{engine}_{selector}_rank{result['rank']}.pt")
+    if "onepass" in phases:  # one micro-batch of 4 (a whole group) per process: the training-forward path
+        for selector in argv[4].split(","):
+            result = run_one_step(out / f"onepass_{engine}_{selector}", model_dir, selector, per_device=4,
+                                  grad_accum=1, engine=engine, world=2, one_pass=True)
+            _save(result, out / f"{engine}_{selector}_onepass_rank{result['rank']}.pt")
     if "bench" in phases:
         bench_steps(out, model_dir, engine, int(argv[4]))
         return

@@ -32,6 +32,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ictrl.engine.sampler_topk import TopKRows, pad_rows
 from ictrl.metrics import step_metrics
 from ictrl.selection import SelectionInputs, select
 from ictrl.stats import TokenStats
@@ -193,6 +194,30 @@ class OnePassMixin:
             self._old_logps_request = None
 
     # ----------------------------------------------------------------------------------- selection
+
+    def _check_local_groups(self, batch: dict[str, Any], G: int) -> None:
+        B = batch["prompt_ids"].size(0)
+        if B % G != 0:
+            raise RuntimeError(f"group JS needs whole groups on each process, but this process holds {B} "
+                               f"completions, not a multiple of num_generations={G}")
+        ids = torch.where(batch["prompt_mask"].bool(), batch["prompt_ids"], -1).view(B // G, G, -1)
+        if not bool((ids == ids[:, :1]).all()):
+            raise RuntimeError("the completions in a block of num_generations rows on this process do not share "
+                               "one prompt: TRL's sampler layout changed, so groups cannot be kept local")
+
+    def _recorded_topk(self, rollout_topk: TopKRows | None, B: int, T: int,
+                       device: torch.device) -> tuple[Tensor, Tensor] | None:
+        """[B, T, K] top-K log-probs and ids recorded by the sampler, or None (the statistics pass's head)."""
+        recorded = rollout_topk is not None and len(rollout_topk) == B and self._rollout_calls == 1
+        if self._sampler_topk is None or not (recorded or self.args.selection_topk_source == "sampler"):
+            return None
+        # 'auto' falls back to the head when a subclass's generation bypassed the hook (logged by the caller)
+        if not recorded:
+            raise RuntimeError(f"selection_topk_source: the sampler's top-K log-probs cover "
+                               f"{0 if rollout_topk is None else len(rollout_topk)} rows in "
+                               f"{self._rollout_calls} generation calls, expected {B} rows in one call")
+        return pad_rows(rollout_topk, T, device)
+
 
     def _select_and_log(self, mask: Tensor, stats: TokenStats, js: Tensor | None, advantages: Tensor, G: int,
                         warm: bool, mode: str) -> Tensor:

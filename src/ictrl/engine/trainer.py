@@ -44,7 +44,7 @@ from trl import GRPOTrainer
 from ictrl.engine.config import ICTGRPOConfig
 from ictrl.engine.dynamic_sampling import DynamicSamplingMixin
 from ictrl.engine.onepass import STATS_PATHS, OnePassMixin, fused_head_with_sum_sq
-from ictrl.engine.sampler_topk import TopKRecorder, TopKRows, pad_rows, recording_generate, split_vllm_logprobs
+from ictrl.engine.sampler_topk import TopKRecorder, TopKRows, recording_generate, split_vllm_logprobs
 from ictrl.logprobs import selected_token_logprobs
 from ictrl.loss import policy_loss
 from ictrl.selection import get_selector, in_warmup
@@ -249,16 +249,6 @@ class ICTGRPOTrainer(OnePassMixin, DynamicSamplingMixin, GRPOTrainer):
         x = self.accelerator.pad_across_processes(x, dim=1, pad_index=pad)
         return self.accelerator.gather(x)
 
-    def _check_local_groups(self, batch: dict[str, Any], G: int) -> None:
-        B = batch["prompt_ids"].size(0)
-        if B % G != 0:
-            raise RuntimeError(f"group JS needs whole groups on each process, but this process holds {B} "
-                               f"completions, not a multiple of num_generations={G}")
-        ids = torch.where(batch["prompt_mask"].bool(), batch["prompt_ids"], -1).view(B // G, G, -1)
-        if not bool((ids == ids[:, :1]).all()):
-            raise RuntimeError("the completions in a block of num_generations rows on this process do not share "
-                               "one prompt: TRL's sampler layout changed, so groups cannot be kept local")
-
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         self._rollout_topk, self._rollout_calls = None, 0
         args = self.args
@@ -303,19 +293,6 @@ class ICTGRPOTrainer(OnePassMixin, DynamicSamplingMixin, GRPOTrainer):
         metrics["ictrl/stats_path"].append(STATS_PATHS[path])
         metrics["ictrl/stats_time"].append(time.perf_counter() - start)
         return batch
-
-    def _recorded_topk(self, rollout_topk: TopKRows | None, B: int, T: int,
-                       device: torch.device) -> tuple[Tensor, Tensor] | None:
-        """[B, T, K] top-K log-probs and ids recorded by the sampler, or None (the statistics pass's head)."""
-        recorded = rollout_topk is not None and len(rollout_topk) == B and self._rollout_calls == 1
-        if self._sampler_topk is None or not (recorded or self.args.selection_topk_source == "sampler"):
-            return None
-        # 'auto' falls back to the head when a subclass's generation bypassed the hook (logged by the caller)
-        if not recorded:
-            raise RuntimeError(f"selection_topk_source: the sampler's top-K log-probs cover "
-                               f"{0 if rollout_topk is None else len(rollout_topk)} rows in "
-                               f"{self._rollout_calls} generation calls, expected {B} rows in one call")
-        return pad_rows(rollout_topk, T, device)
 
     # --------------------------------------------------------------------------------- global normalisers
 
