@@ -230,6 +230,7 @@ def main() -> None:
     ap.add_argument("--generation", choices=("fixed", "real"), default="fixed",
                     help="fixed: every variant trains on the same deterministic completions; real: TRL's sampling")
     ap.add_argument("--skip-counts", action="store_true")
+    ap.add_argument("--out", type=Path, default=RESULTS, help="result JSON (written atomically)")
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--batch", type=int, default=8, help="completions per optimizer step")
@@ -264,8 +265,8 @@ def main() -> None:
         result["by_vocab"][str(vocab)] = part
     if not a.skip_counts:
         result["forward_counts"] = forward_counts(a)
-    atomic_write_json(RESULTS, result)
-    print(f"\nwrote {RESULTS}")
+    atomic_write_json(a.out, result)
+    print(f"\nwrote {a.out}")
 
 
 VARIANTS = ["ict", "ict+sparse", "entropy", "all", "ict@separate", "all@separate", "trl_q1.0"]

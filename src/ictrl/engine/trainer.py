@@ -8,6 +8,11 @@ Override points (all checked against trl 1.16.0 by ``tests/engine/test_trainer.p
   on the whole generation batch gathered from all processes, and the local rows of the bool mask are attached as
   ``batch["ictrl_selected"]`` [B, T]. TRL's shuffle/split across ``steps_per_generation`` then carries it with the
   other [B, ...] tensors.
+- Where the statistics come from (``ictrl.engine.onepass``, logged as ``ictrl/stats_path``): on-policy with one
+  micro-batch per generation batch they come from the loss's own forward (the selection is then made in
+  ``_compute_loss`` and ``ictrl_selected`` is attached there); when TRL computes old log-probs its no-grad pass is
+  the statistics pass (``_get_per_token_logps_and_entropies``); ``all`` and the selectors without group JS read
+  TRL's fused head. Otherwise the separate pass above runs (``one_pass = False`` forces it).
 - ``_prepare_inputs``: when TRL has just buffered a new generation batch, attach the global normalisers of each
   optimizer step (responses, tokens summed over its micro-batches and all processes) as 0-d tensors.
 - ``_generate_single_turn`` (only with ``selection_topk`` taken from the sampler, ``ictrl.engine.sampler_topk``):
