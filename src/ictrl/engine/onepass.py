@@ -34,7 +34,7 @@ from torch import Tensor
 
 from ictrl.engine.sampler_topk import TopKRows, pad_rows
 from ictrl.metrics import step_metrics
-from ictrl.selection import SelectionInputs, select
+from ictrl.selection import SelectionInputs, get_selector, in_warmup, select
 from ictrl.stats import TokenStats
 
 STATS_PATHS = {"separate": 0.0, "shared_old_logps": 1.0, "training_forward": 2.0}
@@ -98,11 +98,16 @@ class OnePassMixin:
         """The statistics can come from TRL's fused head: no group JS, and its temperature is the selection's."""
         return not need_js and self.args.selection_temperature == self.temperature
 
+    def _stat_free(self) -> bool:
+        """The selector reads no statistics (``all``, ``random``): it selects at generation with no pass at all,
+        and its metrics come from TRL's fused head in the loss."""
+        return not (get_selector(self.args.token_selector).needs & {"ict_score", "entropy", "prob"})
+
     def _plan_stats_path(self, need_js: bool) -> str:
         args = self.args
         if not self.one_pass or self._sampler_topk is not None or getattr(args, "dynamic_sampling", False):
             return "separate"
-        if args.token_selector == "all":
+        if self._stat_free():
             return "training_forward" if self._cheap_stats(False) else "separate"
         if not self.model.training:
             return "separate"
@@ -219,27 +224,33 @@ class OnePassMixin:
         return pad_rows(rollout_topk, T, device)
 
 
-    def _select_and_log(self, mask: Tensor, stats: TokenStats, js: Tensor | None, advantages: Tensor, G: int,
-                        warm: bool, mode: str) -> Tensor:
+    def _select_and_log(self, mask: Tensor, stats: TokenStats | None, js: Tensor | None, advantages: Tensor,
+                        G: int, warm: bool, mode: str) -> Tensor:
         """The local rows' [B, T] selection, chosen on the generation batch gathered from all processes (rows in
         TRL's order: process p holds [p·B, (p+1)·B)), identical on every process and to one process; logs the
-        ``ictrl/*`` selection metrics."""
+        ``ictrl/*`` selection metrics (not when ``stats`` is None: a selector that reads no statistics, whose
+        metrics come with the loss's forward)."""
         args = self.args
         B, T = mask.shape
         rank = self.accelerator.process_index
         g_mask = self._gather_rows(mask.to(torch.uint8)).bool()
-        g_stats = TokenStats(**{f: self._gather_rows(getattr(stats, f)) for f in _STAT_FIELDS})
+        g_stats = None if stats is None else TokenStats(**{f: self._gather_rows(getattr(stats, f))
+                                                          for f in _STAT_FIELDS})
         g_js = self._gather_rows(js) if js is not None else None
-        if warm:
-            g_selected = g_mask.clone()
-        else:
-            g_adv = self.accelerator.gather(advantages.float())
-            g_groups = torch.arange(g_mask.size(0), device=g_mask.device) // G
-            sel_inputs = SelectionInputs(mask=g_mask, step=int(self.state.global_step), ict_score=g_js,
-                                         entropy=g_stats.entropy, prob=g_stats.prob, advantages=g_adv,
-                                         group_ids=g_groups)
-            g_selected = select(args.token_selector, sel_inputs, warmup_steps=args.selection_warmup_steps,
-                                **args.selector_options())
+        g_adv = self.accelerator.gather(advantages.float())
+        g_groups = torch.arange(g_mask.size(0), device=g_mask.device) // G
+        sel_inputs = SelectionInputs(mask=g_mask, step=int(self.state.global_step), ict_score=g_js,
+                                     entropy=None if g_stats is None else g_stats.entropy,
+                                     prob=None if g_stats is None else g_stats.prob, advantages=g_adv,
+                                     group_ids=g_groups)
+        g_selected = select(args.token_selector, sel_inputs, warmup_steps=args.selection_warmup_steps,
+                            **args.selector_options())
+        if g_stats is not None:
+            self._log_selection(g_mask, g_stats, g_js, g_selected, warm, mode)
+        return g_selected[rank * B:(rank + 1) * B, :T].contiguous()
+
+    def _log_selection(self, g_mask: Tensor, g_stats: TokenStats, g_js: Tensor | None, g_selected: Tensor,
+                       warm: bool, mode: str) -> None:
         metrics = self._metrics[mode]
         for key, value in drop_nan_metrics(step_metrics(g_stats, g_mask, g_selected)).items():
             metrics[f"ictrl/{key}"].append(value)
@@ -248,7 +259,6 @@ class OnePassMixin:
                 if bool(where.any()):
                     metrics[f"ictrl/ict_score/{name}"].append(float(g_js[where].double().mean()))
         metrics["ictrl/warmup"].append(float(warm))
-        return g_selected[rank * B:(rank + 1) * B, :T].contiguous()
 
     # ------------------------------------------------------------------- statistics from the loss forward
 
@@ -256,8 +266,8 @@ class OnePassMixin:
                                 attention_mask: Tensor, mask: Tensor) -> Tensor:
         """Path ``training_forward``: [B, T] log π_θ (with grad) of the micro-batch, whose statistics select it.
 
-        ``all``: TRL's fused forward; its entropy and Σp² give the metrics, the selection is the mask (attached at
-        generation). Other selectors: the micro-batch is the whole local generation batch, shuffled by TRL
+        A selector that reads no statistics (``all``, ``random``): TRL's fused forward; its entropy and Σp² give
+        the metrics, the selection was made at generation. Other selectors: the micro-batch is the whole local generation batch, shuffled by TRL
         (``ictrl_row`` holds each row's global index), so rows are put back in TRL's generation order for the
         selection and the local mask is permuted back. The backbone runs once with grad; the statistics sweep its
         hidden states without grad (TRL's fused entropy and Σp² for selectors without group JS); then the head
@@ -268,14 +278,16 @@ class OnePassMixin:
         T = mask.size(1)
         metrics = self._metrics[mode]
         metrics["ictrl/stats_path"].append(STATS_PATHS["training_forward"])
-        if args.token_selector == "all":
+        warm = in_warmup(int(self.state.global_step), args.selection_warmup_steps)
+        if self._stat_free():  # selected at generation; the metrics of this micro-batch on all processes
             logps, entropy, lss, _ = self._fused_forward(model, input_ids, attention_mask, T)
             start = time.perf_counter()
             stats = stats_from_fused(logps, entropy, lss, mask)
-            self._select_and_log(mask, stats, None, inputs["advantages"], self.num_generations, False, mode)
+            g_stats = TokenStats(**{f: self._gather_rows(getattr(stats, f)) for f in _STAT_FIELDS})
+            self._log_selection(self._gather_rows(mask.to(torch.uint8)).bool(), g_stats, None,
+                                self._gather_rows(inputs["ictrl_selected"].to(torch.uint8)).bool(), warm, mode)
             metrics["ictrl/stats_time"].append(time.perf_counter() - start)
             return logps
-        warm = int(self.state.global_step) < args.selection_warmup_steps
         need_js = self._needs_js and not warm
         cheap = self._cheap_stats(need_js)
         sparse = bool(args.sparse_backward)

@@ -277,8 +277,8 @@ class ICTGRPOTrainer(OnePassMixin, DynamicSamplingMixin, GRPOTrainer):
         metrics = self._metrics[mode]
         if path == "training_forward":  # statistics and selection come with the loss's forward
             batch["ictrl_row"] = rank * B + torch.arange(B, device=mask.device)
-            if args.token_selector == "all":
-                batch["ictrl_selected"] = mask.clone()
+            if self._stat_free():
+                batch["ictrl_selected"] = self._select_and_log(mask, None, None, batch["advantages"], G, warm, mode)
             return batch
         shared = self._shared_stats
         self._shared_stats = None
