@@ -253,7 +253,8 @@ def main() -> None:
     if a.threads:
         torch.set_num_threads(a.threads)
     variants = a.variants.split(",") if a.variants else VARIANTS
-    result: dict[str, Any] = {"config": {k: v for k, v in vars(a).items()}, "torch_threads": torch.get_num_threads(),
+    result: dict[str, Any] = {"config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(a).items()},
+                              "torch_threads": torch.get_num_threads(),
                               "by_vocab": {}}
     for vocab in (int(v) for v in a.vocabs.split(",")):
         a.vocab = vocab
