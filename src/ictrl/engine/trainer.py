@@ -275,6 +275,8 @@ class ICTGRPOTrainer(OnePassMixin, DynamicSamplingMixin, GRPOTrainer):
         B, T = mask.shape
         rank = self.accelerator.process_index
         metrics = self._metrics[mode]
+        if path == "training_forward" and self._importance_correction(batch):
+            path = "separate"  # the sampler's log-probs need π_old at generation (_ensure_old_logps)
         if path == "training_forward":  # statistics and selection come with the loss's forward
             batch["ictrl_row"] = rank * B + torch.arange(B, device=mask.device)
             if self._stat_free():
