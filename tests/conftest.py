@@ -21,6 +21,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip_gpu)
 
 
+@pytest.fixture(autouse=True)
+def _selector_registry_isolated() -> Any:
+    """A test (or a doc snippet run in-process) that registers a selector leaves the registry as it found it."""
+    from ictrl import selection
+
+    saved = dict(selection.SELECTORS), dict(selection._ALIASES)
+    yield
+    selection.SELECTORS.clear()
+    selection.SELECTORS.update(saved[0])
+    selection._ALIASES.clear()
+    selection._ALIASES.update(saved[1])
+
+
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
     if not SHARED_DATA.exists():
