@@ -354,6 +354,12 @@ def launch(args: list[str], timeout: int = 300, cwd: Path | None = None) -> Any:
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=cwd)
 
 
+
+def run_worker(out: Path, model_dir: Path, engine: str, phases: str, selectors: tuple[str, ...] = SELECTORS) -> None:
+    """This file under :func:`launch` on 2 processes: ``phases`` of ``engine`` for each selector, results in ``out``."""
+    proc = launch([str(Path(__file__)), str(out), str(model_dir), engine, phases, ",".join(selectors)])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
 _SINGLE: dict[tuple[str, str], dict[str, Any]] = {}
 
 

@@ -18,15 +18,12 @@ import torch
 
 import mp_worker as w
 
-WORKER = str(Path(w.__file__))
-
 
 @pytest.fixture(scope="module")
 def fsdp_runs(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("fsdp2")
     for phases in ("step+kill", "resume"):
-        proc = w.launch([WORKER, str(out), str(tiny_model_dir), "fsdp2", phases, ",".join(w.SELECTORS)])
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        w.run_worker(out, tiny_model_dir, "fsdp2", phases)
     return out
 
 

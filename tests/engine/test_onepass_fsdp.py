@@ -12,7 +12,6 @@ import torch
 
 import mp_worker as w
 
-WORKER = str(Path(w.__file__))
 SELECTORS = ("ict", "entropy", "all")  # ict: group JS + sparse head; entropy: TRL's fused head; all: no selection
 
 
@@ -20,8 +19,7 @@ SELECTORS = ("ict", "entropy", "all")  # ict: group JS + sparse head; entropy: T
 def onepass_runs(request: pytest.FixtureRequest, tiny_model_dir: Path,
                  tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     out = tmp_path_factory.mktemp(f"onepass_{request.param}")
-    proc = w.launch([WORKER, str(out), str(tiny_model_dir), request.param, "onepass", ",".join(SELECTORS)])
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    w.run_worker(out, tiny_model_dir, request.param, "onepass", SELECTORS)
     return out, request.param
 
 

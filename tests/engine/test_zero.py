@@ -17,14 +17,11 @@ import pytest
 
 import mp_worker as w
 
-WORKER = str(Path(w.__file__))
-
 
 @pytest.mark.gpu
 @pytest.mark.integration
 @pytest.mark.parametrize("engine", ["zero2", "zero3"])
 def test_zero_two_processes_match_one(engine: str, tiny_model_dir: Path, tmp_path: Path) -> None:
-    proc = w.launch([WORKER, str(tmp_path), str(tiny_model_dir), engine, "step", ",".join(w.SELECTORS)])
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    w.run_worker(tmp_path, tiny_model_dir, engine, "step")
     for selector in w.SELECTORS:
         w.compare_step(tmp_path, str(tiny_model_dir), engine, selector)
