@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -184,6 +185,11 @@ def run_grid(
 def _init_worker(threads: int) -> None:
     import torch
 
+    from ictrl.rewards.worker import die_with_parent
+
+    # A killed `ictrl compare` must not leave its workers training on: they would compete with a resumed run for
+    # the same run directories (seen: SIGTERM to the parent left both spawned workers at full CPU).
+    die_with_parent(os.getppid())
     torch.set_num_threads(threads)
 
 

@@ -58,7 +58,9 @@ def equivalent(answer: str, gold: str) -> bool:
     return bool(verify(_parse(gold), _parse(answer), timeout_seconds=None))
 
 
-def _die_with_parent(parent: int) -> None:
+def die_with_parent(parent: int) -> None:
+    """End this process (SIGKILL, from the kernel on Linux) when ``parent`` dies, so a killed parent leaves no
+    orphan worker running on; the grid's run processes (``ictrl.experiments.grid``) use it too."""
     try:
         import ctypes
 
@@ -90,7 +92,7 @@ def _arm(cpu_seconds: float) -> None:
 
 def serve(parent: int) -> None:
     """The worker's main loop (see the module docstring)."""
-    _die_with_parent(parent)
+    die_with_parent(parent)
     signal.signal(signal.SIGPROF, signal.SIG_DFL)
     signal.signal(signal.SIGXCPU, signal.SIG_DFL)
     try:
