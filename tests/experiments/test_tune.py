@@ -208,9 +208,20 @@ def test_report_answers_first_with_the_welch_ci_stable_range_and_norms(tmp_path:
     assert "| ict | 0.0001 | 1 ± 0 | 0.50 |" in text  # measured update norm and its ratio to GRPO's
     assert "H1 selected ict − random10 +0.39" in text
     assert "(1 diverged)" in text and tune.CHOICE_RULE in text
+    # Every choice here is the grid's smallest lr (all tie, ties go to the smaller): the answer says so.
+    assert "Chosen at the edge of the lr grid" in text and "ict 0.0001 (smallest)" in text
     assert (tmp_path / "report.html").is_file()
     # A base model at 0% (nothing for RL to find) is flagged in the first line of a full run.
     paths = tune_report.write(tmp_path, p, settings, tune_results, {"p1": 0.3, "p4": 0.5}, chosen, {}, rows, final,
                               {"p1": 0.0, "p4": 0.0}, theta=0, seconds=1.0, quick=False, task="countdown")
     assert paths["table"].read_text().startswith("WARNING: the base model scores P@1 0.0% / P@4 0.0%")
     assert any(pth.name.startswith("curve_update") for pth in tmp_path.glob("curve_*.png"))
+
+
+def test_edge_choices_name_choices_at_either_end_of_the_grid_only() -> None:
+    from ictrl.experiments.tune_report import edge_choices
+
+    lrs = (1e-4, 2e-4, 4e-4)
+    chosen = {"grpo": {"lr": 4e-4}, "ict": {"lr": 2e-4}, "random10": {"lr": 1e-4}}
+    assert edge_choices(chosen, lrs) == ["grpo 0.0004 (largest)", "random10 0.0001 (smallest)"]
+    assert edge_choices({"ict": {"lr": 1e-4}}, (1e-4,)) == []  # one lr: nothing was tuned, no edge to report

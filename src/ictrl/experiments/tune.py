@@ -5,14 +5,14 @@ The protocol, fixed before any run (``CHOICE_RULE`` is printed into the report):
 1. *Tuning*: every variant (``--variants``; default every registered method plus ICT at 20% and 30%: the paper's
    ablation GRPO, ICT 10/20/30%, frequent90, random10, entropy20, and STAPO) at every learning rate of ``--lrs``
    and, for the variants that keep a fraction of the tokens, every loss normaliser of ``--norms`` (``default`` = the method's own; ``per_response_all`` divides by all response tokens as GRPO does),
-   on tuning seeds 1000, 1001, ... (``--tune-seeds``), evaluated on the *dev* split.
+   on tuning seeds 1000, 1001, ... (``--tune-seeds``, default 2), evaluated on the *dev* split.
 2. *Choice*: per variant, the (lr, normaliser) with the highest mean dev Total over tuning seeds (a diverged run
    scores what it scored: 0); ties go to the smaller lr, then the default normaliser.
 3. *Matched update size*: ``ict`` and ``random10`` again at their chosen normaliser with the learning rate
    ``lr_grpo × u_grpo / u_method``, where u is the mean logged ``ictrl/update_norm`` (``||θ_after − θ_before||``
    per optimizer step, after the selection warm-up Θ) of the tuning runs at GRPO's chosen lr. Rows
    ``ict-matched`` / ``random10-matched``; the final runs' measured norms are reported next to GRPO's.
-4. *Final*: each chosen setting (and the matched rows) on fresh seeds 0..S-1 (``--final-seeds``, default 5),
+4. *Final*: each chosen setting (and the matched rows) on fresh seeds 0..S-1 (``--final-seeds``, default 10),
    evaluated on the *test* split. Tuning seeds are disjoint from them by construction.
 
 Layout under ``--output-dir``: ``tune/`` and ``final/`` are two ``grid.run_grid`` trees (``done.json`` per run, so
@@ -53,7 +53,11 @@ VARIANTS = _variants()
 ABLATION = tuple(VARIANTS)
 REFERENCE = "grpo"  # the dense method whose update size the matched rows copy
 MATCHED = ("ict", "random10")  # rows re-run with GRPO's update size
-DEFAULT_LRS = (1e-4, 2e-4, 4e-4, 8e-4)
+# Factor-2 steps wide enough that, on both embedded tasks, no method's choice sits at the grid's edge: the 4-lr grid
+# of the first full run (1e-4..8e-4) put ict and random10 at its smallest lr on both tasks.
+DEFAULT_LRS = (2.5e-5, 5e-5, 1e-4, 2e-4, 4e-4, 8e-4)
+DEFAULT_TUNE_SEEDS = 2  # one tuning seed made choices between lrs ~2 dev points apart a coin toss
+DEFAULT_FINAL_SEEDS = 10
 DEFAULT_NORMS = ("default", "per_response_all")
 TUNE_SEED_START = 1000
 UPDATE_KEY = "ictrl/update_norm"
@@ -73,8 +77,8 @@ class Protocol:
     variants: tuple[str, ...] = ABLATION
     lrs: tuple[float, ...] = DEFAULT_LRS
     norms: tuple[str, ...] = DEFAULT_NORMS
-    tune_seeds: int = 1
-    final_seeds: int = 5
+    tune_seeds: int = DEFAULT_TUNE_SEEDS
+    final_seeds: int = DEFAULT_FINAL_SEEDS
 
     def __post_init__(self) -> None:
         from ictrl.loss import NORM_MODES

@@ -118,7 +118,7 @@ def entropy_table(rows: dict[str, list[grid.RunSpec]], metrics: dict[grid.RunSpe
 
 def answer(task: str, quick: bool, rows: dict[str, list[grid.RunSpec]], final: dict[grid.RunSpec, dict[str, Any]],
            stable: dict[str, list[float]], entropy: list[str], lrs: Sequence[float],
-           base_test: dict[str, Any] | None = None) -> str:
+           base_test: dict[str, Any] | None = None, chosen: dict[str, dict[str, Any]] | None = None) -> str:
     lines = []
     if quick:
         lines.append("QUICK RUN (--quick: a tiny base model, a few steps per run): a plumbing check of the protocol. "
@@ -142,9 +142,22 @@ def answer(task: str, quick: bool, rows: dict[str, list[grid.RunSpec]], final: d
         widen = ("wider than" if len(si) > len(sr) else "narrower than" if len(si) < len(sr) else "as wide as")
         lines.append(f"Stable range on the lr grid {', '.join(f'{x:g}' for x in lrs)} (tuning runs): ict {_lrs(si)}, "
                      f"random10 {_lrs(sr)}, grpo {_lrs(stable.get('grpo', []))}: ICT's is {widen} random10's.")
+    edges = edge_choices(chosen or {}, lrs)
+    if edges:
+        lines.append("Chosen at the edge of the lr grid, so the best lr may lie outside it (widen --lrs): "
+                     + ", ".join(edges) + ".")
     if entropy:
         lines.append("End-of-run entropies (nats, mean over the last steps, 95% Welch CI): " + "; ".join(entropy) + ".")
     return "\n\n".join(lines)
+
+
+def edge_choices(chosen: dict[str, dict[str, Any]], lrs: Sequence[float]) -> list[str]:
+    """'label lr (smallest|largest)' for every method whose chosen lr is the grid's smallest or largest."""
+    if len(lrs) < 2:
+        return []
+    lo, hi = min(lrs), max(lrs)
+    return [f"{label} {c['lr']:g} ({'smallest' if c['lr'] == lo else 'largest'})"
+            for label, c in chosen.items() if c["lr"] in (lo, hi)]
 
 
 def _lrs(values: Sequence[float]) -> str:
@@ -164,7 +177,7 @@ def write(out: Path, protocol: Protocol, settings: dict[str, Any], tune_results:
     stable = {label: stable_lrs(protocol, label, c["norm"], tune_results, base_dev_total) for label, c in chosen.items()}
     upd_md, upd = update_table(rows, metrics, theta)
     ent_md, ent_sentences = entropy_table(rows, metrics)
-    text = answer(task, quick, rows, final, stable, ent_sentences, protocol.lrs, base_test)
+    text = answer(task, quick, rows, final, stable, ent_sentences, protocol.lrs, base_test, chosen)
     chosen_md = "\n".join(["| row | lr | normaliser | dev Total (tuning) | stable lrs |", "|---|---|---|---|---|"]
                           + [f"| {k} | {c['lr']:g} | {c['norm'] or 'default'} | {100 * c['score']:.1f} | "
                              f"{_lrs(stable[k])} |" for k, c in chosen.items()]

@@ -14,8 +14,9 @@ from pathlib import Path
 from ictrl.experiments import grid, gridcli, tinyrun, tune_report
 from ictrl.experiments.report import atomic_write_text
 from ictrl.experiments.tasks import TASKS
-from ictrl.experiments.tune import (ABLATION, CHOICE_RULE, DEFAULT_LRS, DEFAULT_NORMS, VARIANTS, Protocol, choose,
-                                    final_rows, matched_lrs, tuning_specs)
+from ictrl.experiments.tune import (ABLATION, CHOICE_RULE, DEFAULT_FINAL_SEEDS, DEFAULT_LRS, DEFAULT_NORMS,
+                                    DEFAULT_TUNE_SEEDS, VARIANTS, Protocol, choose, final_rows, matched_lrs,
+                                    tuning_specs)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -33,8 +34,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="--tune: learning-rate grid (default: %(default)s)")
     parser.add_argument("--norms", default=",".join(DEFAULT_NORMS),
                         help="--tune: normalisers tried for sparse methods (default: %(default)s)")
-    parser.add_argument("--tune-seeds", type=int, default=1, help="--tune: seeds per tuning cell (from 1000)")
-    parser.add_argument("--final-seeds", type=int, default=5, help="--tune: fresh seeds per final row (0..S-1)")
+    parser.add_argument("--tune-seeds", type=int, default=DEFAULT_TUNE_SEEDS,
+                        help="--tune: seeds per tuning cell (from 1000; default: %(default)s)")
+    parser.add_argument("--final-seeds", type=int, default=DEFAULT_FINAL_SEEDS,
+                        help="--tune: fresh seeds per final row (0..S-1; default: %(default)s)")
 
 
 def protocol_from_args(args: argparse.Namespace) -> Protocol:
