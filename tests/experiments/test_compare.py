@@ -188,12 +188,30 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 
 def test_cli_errors_name_the_bad_method(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert compare.run(parse(["--methods", "grpo,entropyy", "--output-dir", str(tmp_path)])) == 2
+    from ictrl.cli import main
+
+    assert main(["compare", "--methods", "grpo,entropyy", "--output-dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err
-    assert "unknown method 'entropyy'; did you mean 'entropy" in err and "entropy20" in err
-    assert len(err.strip().splitlines()) == 1
-    assert compare.run(parse(["--seeds", "0", "--output-dir", str(tmp_path)])) == 2
+    assert err.startswith("ictrl compare: error: methods: unknown method 'entropyy'; did you mean 'entropy")
+    assert "entropy20" in err and len(err.strip().splitlines()) == 1
+    assert main(["compare", "--seeds", "0", "--output-dir", str(tmp_path)]) == 2
     assert "seeds" in capsys.readouterr().err
+    assert main(["compare", "--tune", "--lrs", "1e-4,x", "--output-dir", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.startswith("ictrl compare: error: --lrs: expected comma-separated numbers")
+
+
+def test_a_bug_inside_a_run_keeps_its_traceback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only a UserError becomes one line: a ValueError from inside training is a bug and must surface whole
+    (it used to be caught with the user errors and printed as 'ictrl compare: error: ...', even under --debug)."""
+    from ictrl.cli import main
+
+    def broken(spec: grid.RunSpec, run_dir: Path) -> dict[str, float]:
+        raise ValueError("shapes do not match inside the loss")
+
+    monkeypatch.setattr(gridcli, "make_experiment", lambda args: gridcli.Experiment(
+        runner=broken, eval_base=lambda out: {"p1": 0.0, "p4": 0.0}, settings={}, default_lr=None))
+    with pytest.raises(ValueError, match="shapes do not match"):
+        main(["compare", "--methods", "grpo", "--seeds", "1", "--output-dir", str(tmp_path)])
 
 
 # ------------------------------------------------------------------------------------------------ end to end

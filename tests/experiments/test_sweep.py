@@ -145,8 +145,10 @@ def test_defaults_and_bad_arguments(tmp_path: Path, capsys: pytest.CaptureFixtur
     for bad in ("1e-4,x", "0,1e-3", ""):
         with pytest.raises(ValueError, match="--lrs"):
             sweep.parse_lrs(bad)
-    assert sweep.run(parse(["--methods", "ict,stapoo", "--output-dir", str(tmp_path)])) == 2
-    assert "unknown method 'stapoo'" in capsys.readouterr().err
+    from ictrl.cli import main
+
+    assert main(["sweep", "--methods", "ict,stapoo", "--output-dir", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.startswith("ictrl sweep: error: methods: unknown method 'stapoo'")
 
 
 @pytest.mark.integration

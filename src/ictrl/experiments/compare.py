@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ictrl.errors import UserError
 from ictrl.experiments import configrun, grid, gridcli, report, tunecli
 
 CURVE_KEYS = report.DEFAULT_CURVE_KEYS  # reward, H1 (all, selected), H2, purity, selected fraction
@@ -41,21 +42,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.tune:
         return tunecli.run(args)
-    try:
-        methods = grid.parse_methods(args.methods)
-        if args.lr is not None and not args.lr > 0:
-            raise ValueError(f"--lr must be > 0, got {args.lr}")
-        specs = grid.grid_specs(methods, args.seeds, None if args.lr is None else [args.lr])
-        start = time.perf_counter()
-        experiment = gridcli.make_experiment(args)
-        out: Path = args.output_dir
-        results = grid.run_grid(specs, out, experiment.runner, jobs=args.jobs)
-        base = grid.cached_result(out / "base" / "result.json", lambda: experiment.eval_base(out / "base"))
-        paths = write_report(out, methods, specs, results, base, experiment.settings, time.perf_counter() - start,
-                             note=args.note)
-    except ValueError as exc:
-        print(f"ictrl compare: error: {exc}", file=sys.stderr)
-        return 2
+    methods = grid.parse_methods(args.methods)
+    if args.lr is not None and not args.lr > 0:
+        raise UserError(f"--lr must be > 0, got {args.lr}")
+    specs = grid.grid_specs(methods, args.seeds, None if args.lr is None else [args.lr])
+    start = time.perf_counter()
+    experiment = gridcli.make_experiment(args)
+    out: Path = args.output_dir
+    results = grid.run_grid(specs, out, experiment.runner, jobs=args.jobs)
+    base = grid.cached_result(out / "base" / "result.json", lambda: experiment.eval_base(out / "base"))
+    paths = write_report(out, methods, specs, results, base, experiment.settings, time.perf_counter() - start,
+                         note=args.note)
     print(paths["table"].read_text())
     print(f"wrote {paths['report']}", file=sys.stderr)
     return 0

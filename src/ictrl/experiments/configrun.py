@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from ictrl.errors import UserError
 from ictrl.experiments.grid import EVAL_DIR, RunSpec, final_reward, method_keys
 from ictrl.experiments.tinyrun import evaluate_model
 
@@ -50,7 +51,7 @@ def load_run_config(config_path: Path, spec: RunSpec, run_dir: Path, steps: int 
         data["max_steps"] = steps
     cfg = config_from_dict(data, source=str(config_path))
     if not cfg.data.eval:
-        raise ValueError(f"{config_path}: data.eval: --config needs held-out benchmarks to evaluate on")
+        raise UserError(f"{config_path}: data.eval: --config needs held-out benchmarks to evaluate on")
     return cfg
 
 

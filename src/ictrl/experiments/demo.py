@@ -17,6 +17,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from ictrl.errors import UserError
 from ictrl.data import Problem
 from ictrl.experiments import tinytask
 from ictrl.experiments.tinymodel import TinyRecipe, build_tiny_base, load_tiny_base, max_new_tokens
@@ -101,9 +102,9 @@ def run(args: argparse.Namespace) -> int:
     from ictrl.files import atomic_write_text
 
     if args.steps is not None and args.steps < 1:
-        raise ValueError(f"--steps must be at least 1, got {args.steps}")
+        raise UserError(f"--steps must be at least 1, got {args.steps}")
     if args.lr is not None and not args.lr > 0:
-        raise ValueError(f"--lr must be positive, got {args.lr}")
+        raise UserError(f"--lr must be positive, got {args.lr}")
     plan = dict(QUICK if args.quick else FULL)
     plan.update({k: v for k, v in (("steps", args.steps), ("lr", args.lr)) if v is not None})
     recipe = TinyRecipe(seed=args.seed, **(QUICK_RECIPE if args.quick else {}))

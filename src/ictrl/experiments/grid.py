@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from ictrl.errors import UserError
 from ictrl.experiments.report import atomic_write_text
 
 DONE_FILE = "done.json"
@@ -48,13 +49,13 @@ def parse_methods(names: str | Sequence[str]) -> list[str]:
     items = [n.strip() for n in (names.split(",") if isinstance(names, str) else names)]
     items = [n for n in items if n]
     if not items:
-        raise ValueError("methods: need at least one method")
+        raise UserError("methods: need at least one method")
     labels = []
     for name in items:
         try:
             labels.append(get_selector(name).label)
         except ValueError as exc:
-            raise ValueError(f"methods: {str(exc).replace('unknown selector', 'unknown method')}") from None
+            raise UserError(f"methods: {str(exc).replace('unknown selector', 'unknown method')}") from None
     return list(dict.fromkeys(labels))
 
 
@@ -103,13 +104,13 @@ class RunSpec:
 def grid_specs(methods: Sequence[str], seeds: int, lrs: Sequence[float] | None = None) -> list[RunSpec]:
     """Every (lr, method, seed) cell, seeds innermost so that a partial grid covers methods evenly per lr."""
     if seeds < 1:
-        raise ValueError(f"seeds: need at least 1, got {seeds}")
+        raise UserError(f"seeds: need at least 1, got {seeds}")
     methods = parse_methods(methods)
     if lrs is None:
         return [RunSpec(m, s) for s in range(seeds) for m in methods]
     for lr in lrs:
         if not (math.isfinite(lr) and lr > 0):
-            raise ValueError(f"lrs: learning rates must be finite and > 0, got {lr!r}")
+            raise UserError(f"lrs: learning rates must be finite and > 0, got {lr!r}")
     return [RunSpec(m, s, float(lr)) for lr in lrs for s in range(seeds) for m in methods]
 
 
@@ -133,7 +134,7 @@ def run_grid(
     with several threads.
     """
     if jobs < 1:
-        raise ValueError(f"jobs must be at least 1, got {jobs}")
+        raise UserError(f"jobs must be at least 1, got {jobs}")
     root = Path(root)
     results: dict[RunSpec, dict[str, Any]] = {}
     todo = []

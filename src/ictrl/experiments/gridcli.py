@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from ictrl.errors import UserError
 from ictrl.experiments import configrun, tinyrun
 from ictrl.experiments.grid import DEFAULT_METHODS, METHODS, RunSpec
 
@@ -63,12 +64,12 @@ class Experiment:
 def make_experiment(args: Any, log: Callable[[str], None] = print) -> Experiment:
     """The embedded task (building or reusing the cached base) or ``--config``, from the shared options."""
     if args.steps is not None and args.steps < 1:
-        raise ValueError(f"--steps must be at least 1, got {args.steps}")
+        raise UserError(f"--steps must be at least 1, got {args.steps}")
     if args.eval_problems is not None and args.eval_problems < 1:
-        raise ValueError(f"--eval-problems must be at least 1, got {args.eval_problems}")
+        raise UserError(f"--eval-problems must be at least 1, got {args.eval_problems}")
     if args.config is not None:
         if not args.config.is_file():
-            raise ValueError(f"--config: {args.config}: file not found")
+            raise UserError(f"--config: {args.config}: file not found")
         probe = configrun.load_run_config(args.config, RunSpec("grpo", 0), args.output_dir / "_probe", args.steps)
         runner = functools.partial(configrun.config_run, args.config, args.steps, args.eval_problems)
         return Experiment(
@@ -100,7 +101,7 @@ def make_experiment(args: Any, log: Callable[[str], None] = print) -> Experiment
         rl_kw["eval_every"] = args.eval_every
     if args.selection_warmup is not None:
         if args.selection_warmup < 0:
-            raise ValueError(f"--selection-warmup must be >= 0, got {args.selection_warmup}")
+            raise UserError(f"--selection-warmup must be >= 0, got {args.selection_warmup}")
         rl_kw["selection_warmup"] = args.selection_warmup
     recipe = TinyRecipe(**recipe_kw)
     settings = tinyrun.TinyRL(**rl_kw)

@@ -46,6 +46,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ictrl.errors import UserError
+
 LABELS = ("collapsed", "exploded", "degraded", "stable")
 
 
@@ -107,7 +109,7 @@ class OutcomeThresholds:
     def preset(cls, name: str) -> OutcomeThresholds:
         """``"v1"`` or ``"v2"``."""
         if name not in PRESETS:
-            raise ValueError(f"thresholds: unknown preset {name!r}; expected one of {sorted(PRESETS)}")
+            raise UserError(f"thresholds: unknown preset {name!r}; expected one of {sorted(PRESETS)}")
         return getattr(cls, name)()
 
     @property

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ictrl.errors import UserError
 from ictrl.experiments import grid, gridcli, report
 from ictrl.experiments.outcomes import (
     PRESETS,
@@ -60,28 +61,24 @@ def parse_lrs(text: str) -> list[float]:
     try:
         lrs = [float(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise ValueError(f"--lrs: expected comma-separated numbers, got {text!r}") from None
+        raise UserError(f"--lrs: expected comma-separated numbers, got {text!r}") from None
     if not lrs or any(not (math.isfinite(lr) and lr > 0) for lr in lrs):
-        raise ValueError(f"--lrs: need positive finite learning rates, got {text!r}")
+        raise UserError(f"--lrs: need positive finite learning rates, got {text!r}")
     return sorted(set(lrs))
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        methods = grid.parse_methods(args.methods)
-        lrs = parse_lrs(args.lrs)
-        specs = sweep_specs(methods, args.seeds, lrs, args.seed_start)
-        thresholds = OutcomeThresholds.preset(args.thresholds)
-        start = time.perf_counter()
-        experiment = gridcli.make_experiment(args)
-        out: Path = args.output_dir
-        results = grid.run_grid(specs, out, experiment.runner, jobs=args.jobs)
-        base = grid.cached_result(out / "base" / "result.json", lambda: experiment.eval_base(out / "base"))
-        page = write_report(out, methods, lrs, specs, results, base, thresholds, experiment.settings,
-                            time.perf_counter() - start, note=args.note)
-    except ValueError as exc:
-        print(f"ictrl sweep: error: {exc}", file=sys.stderr)
-        return 2
+    methods = grid.parse_methods(args.methods)
+    lrs = parse_lrs(args.lrs)
+    specs = sweep_specs(methods, args.seeds, lrs, args.seed_start)
+    thresholds = OutcomeThresholds.preset(args.thresholds)
+    start = time.perf_counter()
+    experiment = gridcli.make_experiment(args)
+    out: Path = args.output_dir
+    results = grid.run_grid(specs, out, experiment.runner, jobs=args.jobs)
+    base = grid.cached_result(out / "base" / "result.json", lambda: experiment.eval_base(out / "base"))
+    page = write_report(out, methods, lrs, specs, results, base, thresholds, experiment.settings,
+                        time.perf_counter() - start, note=args.note)
     print((out / "stability.md").read_text())
     print(f"wrote {page}", file=sys.stderr)
     return 0
@@ -90,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
 def sweep_specs(methods: list[str], seeds: int, lrs: list[float], seed_start: int = 0) -> list[grid.RunSpec]:
     """``grid.grid_specs`` with seeds ``seed_start .. seed_start + seeds - 1`` (same order: seeds innermost)."""
     if seed_start < 0:
-        raise ValueError(f"--seed-start must be >= 0, got {seed_start}")
+        raise UserError(f"--seed-start must be >= 0, got {seed_start}")
     return [s for s in grid.grid_specs(methods, seed_start + seeds, lrs) if s.seed >= seed_start]
 
 

@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ictrl.errors import UserError
 from ictrl.experiments import grid
 from ictrl.experiments.report import load_metrics
 
@@ -85,17 +86,17 @@ class Protocol:
 
         for v in self.variants:
             if v not in VARIANTS:
-                raise ValueError(f"--variants: unknown variant {v!r}; choose from {', '.join(VARIANTS)}")
+                raise UserError(f"--variants: unknown variant {v!r}; choose from {', '.join(VARIANTS)}")
         if not self.variants or not self.lrs or not self.norms:
-            raise ValueError("--variants, --lrs and --norms each need at least one value")
+            raise UserError("--variants, --lrs and --norms each need at least one value")
         for lr in self.lrs:
             if not (math.isfinite(lr) and lr > 0):
-                raise ValueError(f"--lrs: learning rates must be finite and > 0, got {lr!r}")
+                raise UserError(f"--lrs: learning rates must be finite and > 0, got {lr!r}")
         for n in self.norms:
             if n != "default" and n not in NORM_MODES:
-                raise ValueError(f"--norms: unknown normaliser {n!r}; choose from default, {', '.join(NORM_MODES)}")
+                raise UserError(f"--norms: unknown normaliser {n!r}; choose from default, {', '.join(NORM_MODES)}")
         if self.tune_seeds < 1 or self.final_seeds < 2:
-            raise ValueError(f"need --tune-seeds >= 1 and --final-seeds >= 2 (a CI needs two), got "
+            raise UserError(f"need --tune-seeds >= 1 and --final-seeds >= 2 (a CI needs two), got "
                              f"{self.tune_seeds}, {self.final_seeds}")
 
 

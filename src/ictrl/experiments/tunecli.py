@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+from ictrl.errors import UserError
 from ictrl.experiments import grid, gridcli, tinyrun, tune_report
 from ictrl.experiments.report import atomic_write_text
 from ictrl.experiments.tasks import TASKS
@@ -45,7 +46,7 @@ def protocol_from_args(args: argparse.Namespace) -> Protocol:
         try:
             return tuple(float(x) for x in text.split(",") if x.strip())
         except ValueError:
-            raise ValueError(f"{name}: expected comma-separated numbers, got {text!r}") from None
+            raise UserError(f"{name}: expected comma-separated numbers, got {text!r}") from None
 
     names = tuple(dict.fromkeys(v.strip() for v in args.variants.split(",") if v.strip()))
     return Protocol(variants=names, lrs=floats(args.lrs, "--lrs"),
@@ -54,37 +55,33 @@ def protocol_from_args(args: argparse.Namespace) -> Protocol:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        if args.config is not None:
-            raise ValueError("--tune runs on the embedded tasks (--task); --config is not supported with it")
-        protocol = protocol_from_args(args)
-        start = time.perf_counter()
-        experiment = gridcli.make_experiment(args)
-        out: Path = args.output_dir
-        settings = tinyrun.TinyRL(**experiment.settings["rl"])
-        base = Path(experiment.settings["base"])
-        dev = dataclasses.replace(settings, eval_split="dev")
-        theta = 10 if settings.selection_warmup is None else settings.selection_warmup  # the selectors' default Θ
+    if args.config is not None:
+        raise UserError("--tune runs on the embedded tasks (--task); --config is not supported with it")
+    protocol = protocol_from_args(args)
+    start = time.perf_counter()
+    experiment = gridcli.make_experiment(args)
+    out: Path = args.output_dir
+    settings = tinyrun.TinyRL(**experiment.settings["rl"])
+    base = Path(experiment.settings["base"])
+    dev = dataclasses.replace(settings, eval_split="dev")
+    theta = 10 if settings.selection_warmup is None else settings.selection_warmup  # the selectors' default Θ
 
-        tune_results = grid.run_grid(tuning_specs(protocol), out / "tune",
-                                     functools.partial(tinyrun.train_tiny, dev, base), jobs=args.jobs)
-        base_dev = grid.cached_result(out / "base-dev" / "result.json",
-                                      lambda: tinyrun.eval_tiny_base(dev, base, out / "base-dev"))
-        chosen = choose(protocol, tune_results)
-        matched = matched_lrs(protocol, chosen, out / "tune", theta)
-        atomic_write_text(out / "choices.json", json.dumps({"rule": CHOICE_RULE, "chosen": chosen,
-                                                            "matched": matched}, indent=1) + "\n")
-        rows = final_rows(protocol, chosen, matched)
-        specs = list(dict.fromkeys(s for row in rows.values() for s in row))
-        final = grid.run_grid(specs, out / "final", functools.partial(tinyrun.train_tiny, settings, base),
-                              jobs=args.jobs)
-        base_test = grid.cached_result(out / "base" / "result.json", lambda: experiment.eval_base(out / "base"))
-        paths = tune_report.write(out, protocol, experiment.settings, tune_results, base_dev, chosen, matched,
-                                  rows, final, base_test, theta, time.perf_counter() - start,
-                                  quick=bool(args.quick), task=args.task, note=args.note)
-    except ValueError as exc:
-        print(f"ictrl compare: error: {exc}", file=sys.stderr)
-        return 2
+    tune_results = grid.run_grid(tuning_specs(protocol), out / "tune",
+                                 functools.partial(tinyrun.train_tiny, dev, base), jobs=args.jobs)
+    base_dev = grid.cached_result(out / "base-dev" / "result.json",
+                                  lambda: tinyrun.eval_tiny_base(dev, base, out / "base-dev"))
+    chosen = choose(protocol, tune_results)
+    matched = matched_lrs(protocol, chosen, out / "tune", theta)
+    atomic_write_text(out / "choices.json", json.dumps({"rule": CHOICE_RULE, "chosen": chosen,
+                                                        "matched": matched}, indent=1) + "\n")
+    rows = final_rows(protocol, chosen, matched)
+    specs = list(dict.fromkeys(s for row in rows.values() for s in row))
+    final = grid.run_grid(specs, out / "final", functools.partial(tinyrun.train_tiny, settings, base),
+                          jobs=args.jobs)
+    base_test = grid.cached_result(out / "base" / "result.json", lambda: experiment.eval_base(out / "base"))
+    paths = tune_report.write(out, protocol, experiment.settings, tune_results, base_dev, chosen, matched,
+                              rows, final, base_test, theta, time.perf_counter() - start,
+                              quick=bool(args.quick), task=args.task, note=args.note)
     print(paths["table"].read_text())
     print(f"wrote {paths['report']}", file=sys.stderr)
     return 0
