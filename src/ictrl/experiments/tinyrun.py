@@ -24,7 +24,7 @@ class TinyRL:
     recipe, so compare / sweep runs are demo runs with another method, seed or lr)."""
 
     steps: int = field(default=60, metadata={"help": "optimizer steps per run"})
-    lr: float = field(default=2e-4, metadata={"help": "Adam learning rate (constant after warm-up)"})
+    lr: float = field(default=1e-4, metadata={"help": "Adam learning rate (constant after warm-up)"})
     lr_warmup_steps: int = field(default=0, metadata={"help": "linear learning-rate warm-up steps"})
     prompts_per_step: int = field(default=32, metadata={"help": "prompts per generation batch"})
     num_generations: int = field(default=8, metadata={"help": "G: samples per prompt"})
