@@ -17,8 +17,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from ictrl.errors import UserError
 from ictrl.data import Problem
+from ictrl.errors import UserError
 from ictrl.experiments import tinytask
 from ictrl.experiments.tinymodel import TinyRecipe, build_tiny_base, load_tiny_base, max_new_tokens
 from ictrl.selection import get_selector, method_names
