@@ -4,7 +4,8 @@ The protocol, fixed before any run (``CHOICE_RULE`` is printed into the report):
 
 1. *Tuning*: every variant (``--variants``; default every registered method plus ICT at 20% and 30%: the paper's
    ablation GRPO, ICT 10/20/30%, frequent90, random10, entropy20, and STAPO) at every learning rate of ``--lrs``
-   and, for the variants that keep a fraction of the tokens, every loss normaliser of ``--norms`` (``default`` = the method's own; ``per_response_all`` divides by all response tokens as GRPO does),
+   and, for the variants that keep a fraction of the tokens, every loss normaliser of ``--norms`` (``default`` =
+   the method's own; ``per_response_all`` divides by all response tokens as GRPO does),
    on tuning seeds 1000, 1001, ... (``--tune-seeds``, default 2), evaluated on the *dev* split.
 2. *Choice*: per variant, the (lr, normaliser) with the highest mean dev Total over tuning seeds (a diverged run
    scores what it scored: 0); ties go to the smaller lr, then the default normaliser.
