@@ -190,7 +190,9 @@ def test_report_answers_first_with_the_welch_ci_stable_range_and_norms(tmp_path:
             (tmp_path / "final" / s.relpath).mkdir(parents=True)
             (tmp_path / "final" / s.relpath / "metrics.jsonl").write_text("".join(
                 json.dumps({"step": k + 1, KEY: u, "ictrl/h1/all": 0.5, "ictrl/h2/all": 0.4,
-                            "ictrl/h1/selected": 0.9 if label == "ict" else 0.5 + 0.01 * s.seed}) + "\n"
+                            "ictrl/h1/selected": 0.9 if label == "ict" else 0.5 + 0.01 * s.seed,
+                            "ictrl/prob/selected": 0.2 + 0.01 * s.seed if label == "ict" else 0.8,
+                            "ictrl/selected/high_entropy_frac": 0.5}) + "\n"
                 for k in range(6)))
     settings = {"rl": {"steps": 6, "prompts_per_step": 4, "num_generations": 4, "eval_problems": 8, "eval_n": 4,
                        "temperature": 1.0}}
@@ -207,6 +209,9 @@ def test_report_answers_first_with_the_welch_ci_stable_range_and_norms(tmp_path:
     assert "ict {0.0001}" in text and "random10 {0.0001, 0.0002}" in text and "narrower than" in text
     assert "| ict | 0.0001 | 1 ± 0 | 0.50 |" in text  # measured update norm and its ratio to GRPO's
     assert "H1 selected ict − random10 +0.39" in text
+    # π of the selected tokens: ict 0.20/0.21/0.22 vs random10 0.8 -> −0.59; a key equal in both rows gives +0.00.
+    assert "π selected ict − random10 -0.59" in text and "high-H1 share of selected ict − random10 +0.00" in text
+    assert "π 0.18 ± 0.09" in text.split("\n\n|")[0]  # the paper's description sits in the answer, above the tables
     assert "(1 diverged)" in text and tune.CHOICE_RULE in text
     # Every choice here is the grid's smallest lr (all tie, ties go to the smaller): the answer says so.
     assert "Chosen at the edge of the lr grid" in text and "ict 0.0001 (smallest)" in text

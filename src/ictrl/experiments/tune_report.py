@@ -18,7 +18,11 @@ from ictrl.experiments.stats_tests import sample_std, welch_diff
 from ictrl.experiments.tune import CHOICE_RULE, TUNE_SEED_START, UPDATE_KEY, Protocol, mean_update_norm, norms_for, total
 
 CURVE_KEYS = {**report.DEFAULT_CURVE_KEYS, "update norm ||θ_after − θ_before||": UPDATE_KEY}
-ENTROPY_KEYS = {"H1 selected": "ictrl/h1/selected", "H1 all": "ictrl/h1/all", "H2 all": "ictrl/h2/all"}
+# End-of-run diagnostics of what each method trains on: entropies (nats), and the paper's two descriptions of ICT's
+# tokens (docs/method.md §3: mean probability 0.18 ± 0.09, about half at high-entropy positions).
+ENTROPY_KEYS = {"H1 selected": "ictrl/h1/selected", "H1 all": "ictrl/h1/all", "H2 all": "ictrl/h2/all",
+                "π selected": "ictrl/prob/selected", "high-H1 share of selected": "ictrl/selected/high_entropy_frac"}
+PAPER_TOKENS = "the paper's ICT tokens: π 0.18 ± 0.09, about half at high-entropy positions"
 LAST_STEPS = 5  # steps averaged for the end-of-run entropy comparison
 
 
@@ -147,7 +151,8 @@ def answer(task: str, quick: bool, rows: dict[str, list[grid.RunSpec]], final: d
         lines.append("Chosen at the edge of the lr grid, so the best lr may lie outside it (widen --lrs): "
                      + ", ".join(edges) + ".")
     if entropy:
-        lines.append("End-of-run entropies (nats, mean over the last steps, 95% Welch CI): " + "; ".join(entropy) + ".")
+        lines.append(f"End of run, mean over the last {LAST_STEPS} steps (entropies in nats; 95% Welch CI): "
+                     + "; ".join(entropy) + f" ({PAPER_TOKENS}).")
     return "\n\n".join(lines)
 
 
@@ -208,7 +213,7 @@ def write(out: Path, protocol: Protocol, settings: dict[str, Any], tune_results:
     ])
     tables = [("Final runs (test split, fresh seeds)", table.to_html()),
               ("Differences", "\n".join(diff_lines(rows, final))), ("Chosen settings", chosen_md),
-              ("Update size", upd_md), ("Entropies at the end of training", ent_md),
+              ("Update size", upd_md), ("Entropies and selected tokens at the end of training", ent_md),
               ("Tuning grid: mean dev Total (%), chosen in bold", tuning_table(protocol, chosen))]
     caveats = [f"{protocol.final_seeds} fresh seeds per row, treated as independent samples",
                f"the tiny embedded {task} task and model: not the paper's setting"]
