@@ -33,6 +33,7 @@ from ictrl.rewards.verify import _get_pool
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "fixtures"))
 from grader_adversarial import Case, grade, grader_corpus  # noqa: E402  (the corpus the tests sample)
+from procs import pid_alive  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -45,14 +46,6 @@ def _status_kb(pid: int | str, field: str) -> int:
     except (FileNotFoundError, ProcessLookupError):
         pass
     return 0
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return state not in ("Z", "X")
 
 
 class _Watcher:
@@ -106,7 +99,7 @@ def run_pass(cases: list[Case], timeout: float) -> dict[str, Any]:
     stats = rewards.reward_stats()
     rewards.shutdown_workers()
     time.sleep(2)
-    orphans = [p for p in watcher.pids if _alive(p)]
+    orphans = [p for p in watcher.pids if pid_alive(p)]
     times_sorted = sorted(times)
     mismatch = Counter(c.family for c, v in zip(cases, verdicts) if c.expected is not None and v != c.expected)
     slowest = sorted(range(len(cases)), key=times.__getitem__)[-5:]
@@ -148,9 +141,9 @@ def kill_parent_check(wait_s: float = 5.0) -> dict[str, Any]:
     child.kill()
     child.wait()
     t0 = time.monotonic()
-    while any(_alive(p) for p in pids) and time.monotonic() - t0 < wait_s:
+    while any(pid_alive(p) for p in pids) and time.monotonic() - t0 < wait_s:
         time.sleep(0.05)
-    survivors = [p for p in pids if _alive(p)]
+    survivors = [p for p in pids if pid_alive(p)]
     gone_after = time.monotonic() - t0
     for p in survivors:
         os.kill(p, 9)

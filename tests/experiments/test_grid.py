@@ -10,6 +10,8 @@ import textwrap
 import time
 from pathlib import Path
 
+from fixtures.procs import pid_alive
+
 SCRIPT = textwrap.dedent("""
     import os, sys, time
     from pathlib import Path
@@ -26,16 +28,6 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie still answers kill(0); it runs nothing.
-    stat = Path(f"/proc/{pid}/stat")
-    return not (stat.exists() and stat.read_text().split(")")[-1].split()[0] == "Z")
-
-
 def test_killing_the_parent_ends_its_workers(tmp_path: Path) -> None:
     script = tmp_path / "grid_script.py"
     script.write_text(SCRIPT)
@@ -49,13 +41,13 @@ def test_killing_the_parent_ends_its_workers(tmp_path: Path) -> None:
             assert time.monotonic() < deadline, "the workers did not start"
             time.sleep(0.2)
         workers = [int(p.stem) for p in tmp_path.glob("*.pid")]
-        assert all(_alive(w) for w in workers)
+        assert all(pid_alive(w) for w in workers)
         parent.send_signal(signal.SIGTERM)  # what `kill` or a scheduler's preemption sends
         parent.wait(timeout=30)
         deadline = time.monotonic() + 20
-        while any(_alive(w) for w in workers) and time.monotonic() < deadline:
+        while any(pid_alive(w) for w in workers) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert not any(_alive(w) for w in workers), f"orphan workers still running: {workers}"
+        assert not any(pid_alive(w) for w in workers), f"orphan workers still running: {workers}"
         assert not list((tmp_path / "grid").glob("*/*/done.json"))
     finally:
         parent.kill()

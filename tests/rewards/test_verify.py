@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from fixtures.grader_adversarial import adversarial_cases
+from fixtures.procs import pid_alive
 from ictrl import rewards
 from ictrl.rewards import choice_reward, format_reward, gsm8k_reward, math_reward, reward_stats
 from ictrl.rewards.verify import _explosive, _get_pool
@@ -129,7 +130,7 @@ def test_wall_backstop_covers_the_wait_for_a_worker() -> None:
     assert reward_stats()["stalls"] == 2
     rewards.configure(wall_timeout=60.0)
     assert math_reward("\\boxed{\\sqrt{2}/2}", "\\frac{\\sqrt2}{2}") == 1.0
-    assert not _alive(held.proc.pid)  # the stopped worker was replaced, not leaked
+    assert not pid_alive(held.proc.pid)  # the stopped worker was replaced, not leaked
 
 
 def _cpu_limit(pid: int) -> str:
@@ -157,14 +158,6 @@ rewards.math_reward("\\\\boxed{(9^9)^{(9^9)}}", "5")  # busy for minutes
 """
 
 
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return state not in ("Z", "X")
-
-
 def _cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -185,9 +178,9 @@ def test_workers_die_with_their_parent() -> None:
         child.kill()
         child.wait()
         gone_by = time.monotonic() + 10.0
-        while any(_alive(p) for p in pids) and time.monotonic() < gone_by:
+        while any(pid_alive(p) for p in pids) and time.monotonic() < gone_by:
             time.sleep(0.1)
-        survivors = [p for p in pids if _alive(p)]
+        survivors = [p for p in pids if pid_alive(p)]
     finally:
         child.kill()
     for p in survivors:
