@@ -17,7 +17,7 @@ Loss-head cases (hidden [B, T, H] → [V, H] head → selected-token loss, forwa
 
     head:dense   full logits → log_softmax → gather
     head:trl     TRL's chunked log-prob kernel over every row
-    head:sparse  ictrl.logprobs.selected_token_logprobs over the selected rows
+    head:sparse  ictrl.core.logprobs.selected_token_logprobs over the selected rows
 
     .venv/bin/python bench/bench_memory.py
     .venv/bin/python bench/bench_memory.py --cases head:dense,head:sparse
@@ -85,7 +85,7 @@ def head_case(case: str, a: argparse.Namespace) -> dict[str, float]:
     import torch
     from trl.kernels.chunked_logprob import ChunkedLogProbFunction
 
-    from ictrl.logprobs import selected_token_logprobs
+    from ictrl.core.logprobs import selected_token_logprobs
 
     B, T, H = (int(x) for x in a.head_shape.split(","))
     torch.manual_seed(0)

@@ -1,6 +1,6 @@
-"""Time and peak extra memory of ictrl.stats against one torch.log_softmax pass over the same logits.
+"""Time and peak extra memory of ictrl.core.stats against one torch.log_softmax pass over the same logits.
 
-Group JS backends side by side (ictrl.kernels.group_js): ``group_js`` / ``stats_and_js`` run the default
+Group JS backends side by side (ictrl.core.kernels.group_js): ``group_js`` / ``stats_and_js`` run the default
 (``auto``); ``:plain`` and ``:compiled`` force one path; ``group_js:compiled_cold`` runs the compiled path with an
 empty inductor cache (a fresh TORCHINDUCTOR_CACHE_DIR), so its ``first_s`` (the warm-up call) is the cold compile,
 while ``group_js:compiled``'s ``first_s`` is a new process's cost with the machine's cache already filled.
@@ -13,7 +13,7 @@ active (no row is skipped, so all methods do the same work).
     .venv/bin/python bench/bench_stats.py            # full grid: N {512, 2048} x V {32768, 151936} x {fp32, bf16}
     .venv/bin/python bench/bench_stats.py --quick    # headline only: N 2048, V 151936, fp32
     .venv/bin/python bench/bench_stats.py --quick --baseline /tmp/stats_old.py --rounds 3
-        # also time another copy of ictrl/stats.py (methods "base:..."), interleaved with the current one
+        # also time another copy of ictrl/core/stats.py (methods "base:..."), interleaved with the current one
 
 Writes bench/results/stats.json (atomically) and prints a table with ratios to log_softmax.
 """
@@ -46,9 +46,9 @@ def _peak_rss_bytes() -> int:
 
 
 def _load_stats_module(baseline: Path | None):
-    """ictrl.stats, or the module at ``baseline`` (a saved copy of stats.py) when given."""
+    """ictrl.core.stats, or the module at ``baseline`` (a saved copy of stats.py) when given."""
     if baseline is None:
-        import ictrl.stats as mod
+        import ictrl.core.stats as mod
         return mod
     import importlib.util
     spec = importlib.util.spec_from_file_location("stats_baseline", baseline)
@@ -97,7 +97,7 @@ def worker(n: int, v: int, dtype: str, method: str, repeats: int, chunk_size: in
 
     ran = "-" if kind in ("log_softmax", "token_stats") else backend
     if ran == "auto" and not use_base:
-        from ictrl.kernels.group_js import resolve_backend
+        from ictrl.core.kernels.group_js import resolve_backend
 
         # Warm up (and, for a fused path, compile) on the path the full-size call will take; a 2-position slice
         # alone would stay under auto's size threshold and leave the compile inside the timed runs.

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from ictrl.files import atomic_write_json
-from ictrl.stats import group_js_divergence, group_js_divergence_topk
+from ictrl.core.stats import group_js_divergence, group_js_divergence_topk
 
 G = 8
 

@@ -1,6 +1,6 @@
 """The ICT score from the sampler's top-K log-probs on the embedded task's real rollouts (issue 11).
 
-The warm-started tiny model (``ictrl.experiments.tinymodel``, the demo's base, byte vocabulary V = 259) samples real
+The warm-started tiny model (``ictrl.experiments.tasks.tinymodel``, the demo's base, byte vocabulary V = 259) samples real
 completions of tiny-task prompts inside ``ICTGRPOTrainer._generate_and_score_completions``, with the generation
 recorder on at K = V (``selection_topk_source="sampler"``): the recorded rows, sorted, hold every top-K prefix. Per
 batch and K in --ks the score from the first K columns (``group_js_divergence_topk``) is compared with the exact
@@ -41,7 +41,7 @@ def spearman(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def select_top(score: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    from ictrl.selection import SelectionInputs, select
+    from ictrl.core.selection import SelectionInputs, select
 
     return select("ict", SelectionInputs(mask=mask, step=100, ict_score=score), ratio=0.1, scope="response")
 
@@ -50,8 +50,8 @@ def rollouts(a: argparse.Namespace, out_dir: str) -> tuple[Any, list[dict[str, A
     """The trainer (recording at K = V) and its statistics-pass inputs for --batches real generation batches."""
     from ictrl.engine.config import ICTGRPOConfig
     from ictrl.engine.trainer import ICTGRPOTrainer
-    from ictrl.experiments import tinytask
-    from ictrl.experiments.tinymodel import TinyRecipe, build_tiny_base, load_tiny_base, max_new_tokens
+    from ictrl.experiments.tasks import tinytask
+    from ictrl.experiments.tasks.tinymodel import TinyRecipe, build_tiny_base, load_tiny_base, max_new_tokens
 
     recipe = TinyRecipe()
     model, tokenizer = load_tiny_base(build_tiny_base(recipe))
@@ -87,7 +87,7 @@ def agreement(trainer: Any, captured: list[dict[str, Any]], ks: list[int]) -> tu
                                                                                       float]:
     """Per K: mean over batches of precision, Spearman, mean |du| against the exact score; and the max |du| of the
     recorded K = V score."""
-    from ictrl.stats import group_js_divergence_topk
+    from ictrl.core.stats import group_js_divergence_topk
 
     args, V = trainer.args, trainer.args.selection_topk
     per_k: dict[int, dict[str, list[float]]] = {k: {"precision": [], "spearman": [], "mad": []} for k in ks}

@@ -48,10 +48,10 @@ def main() -> None:
 
     from ictrl.engine.config import ICTGRPOConfig
     from ictrl.engine.trainer import ICTGRPOTrainer
-    from ictrl.stats import topk_log_softmax
+    from ictrl.core.stats import topk_log_softmax
     from ictrl.models import build_byte_tokenizer, build_tiny_qwen2
-    from ictrl.selection import SelectionInputs, select
-    from ictrl.stats import group_js_divergence_topk, token_stats
+    from ictrl.core.selection import SelectionInputs, select
+    from ictrl.core.stats import group_js_divergence_topk, token_stats
 
     tok = build_byte_tokenizer()
     model = build_tiny_qwen2(tok, vocab_size=a.vocab)

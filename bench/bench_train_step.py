@@ -23,7 +23,7 @@ logged (0 separate, 1 shared with TRL's old log-probs, 2 training forward).
 
 Part 2 (loss head alone): forward+backward of a selected-token policy loss from hidden states [B, T, H] through a
 [V, H] head: dense (full logits → log_softmax → gather), TRL's chunked log-prob kernel over every row (what the
-trainer uses), and ``ictrl.logprobs.selected_token_logprobs`` over the selected rows only.
+trainer uses), and ``ictrl.core.logprobs.selected_token_logprobs`` over the selected rows only.
 
     .venv/bin/python bench/bench_train_step.py                  # defaults below
     .venv/bin/python bench/bench_train_step.py --quick          # 1 repeat, 2 steps, smaller head bench
@@ -188,7 +188,7 @@ def head_bench(B: int, T: int, H: int, V: int, ratio: float, repeats: int) -> di
     """Median seconds of forward+backward of the loss head: dense, TRL's chunked kernel, ictrl sparse."""
     from trl.kernels.chunked_logprob import ChunkedLogProbFunction
 
-    from ictrl.logprobs import selected_token_logprobs
+    from ictrl.core.logprobs import selected_token_logprobs
 
     g = torch.Generator().manual_seed(0)
     hidden = torch.randn(B, T, H, generator=g, requires_grad=True)

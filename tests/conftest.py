@@ -24,7 +24,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(autouse=True)
 def _selector_registry_isolated() -> Any:
     """A test (or a doc snippet run in-process) that registers a selector leaves the registry as it found it."""
-    from ictrl import selection
+    from ictrl.core import selection
 
     saved = dict(selection.SELECTORS), dict(selection._ALIASES)
     yield

@@ -90,7 +90,7 @@ def test_the_check_finds_a_missing_path() -> None:
 
 
 def test_architecture_states_the_stats_chunk_budget() -> None:
-    from ictrl import stats
+    from ictrl.core import stats
 
     text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
     mib = stats._CHUNK_BYTES // 2**20

@@ -9,8 +9,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "ictrl"
 
 # Lower number = lower layer. A module may import ictrl modules of its own layer or below.
 LAYERS: dict[str, int] = {
-    "files": 0, "checkpoints": 0, "checks": 0, "errors": 0, "stats": 0, "kernels": 0, "selection": 0, "loss": 0,
-    "metrics": 0, "logprobs": 0,
+    "files": 0, "checkpoints": 0, "errors": 0, "core": 0,
     "rewards": 1, "data": 1, "models": 1, "eval": 1, "preflight": 1,
     "engine": 2,
     "experiments": 3,
@@ -19,7 +18,7 @@ LAYERS: dict[str, int] = {
 CORE_THIRD_PARTY = {"torch", "math", "dataclasses", "typing", "collections", "__future__", "hashlib", "inspect",
                     "difflib", "importlib",
                     "json", "os", "uuid", "pathlib", "re", "shutil",
-                    "logging", "triton"}  # triton: only ictrl.kernels.group_js_triton, imported when triton is
+                    "logging", "triton"}  # triton: only ictrl.core.kernels.group_js_triton, imported when triton is
 
 
 def _layer_of(module: str) -> int:

@@ -2,7 +2,7 @@
 
 Layers import only downward:
 
-- core (pure torch): :mod:`ictrl.stats`, :mod:`ictrl.selection`, :mod:`ictrl.loss`, :mod:`ictrl.metrics`
+- core (pure torch): :mod:`ictrl.core.stats`, :mod:`ictrl.core.selection`, :mod:`ictrl.core.loss`, :mod:`ictrl.core.metrics`
 - tasks: :mod:`ictrl.rewards`, :mod:`ictrl.data`, :mod:`ictrl.models`, :mod:`ictrl.eval`
 - engine adapters: :mod:`ictrl.engine` (TRL trainer, rollout backends)
 - experiments and CLI: :mod:`ictrl.experiments`, :mod:`ictrl.cli`

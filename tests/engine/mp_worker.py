@@ -210,7 +210,7 @@ def build_trainer(out_dir: Path, model_dir: str, selector: str, engine: str = "d
     kwargs: dict[str, Any] = dict(token_selector=selector, per_device_train_batch_size=per_device,
                                   gradient_accumulation_steps=grad_accum, max_steps=1, optim="sgd", learning_rate=0.1,
                                   max_grad_norm=0.0,
-                                  # ict takes the sparse LM-head path (ictrl.logprobs), the others TRL's fused one
+                                  # ict takes the sparse LM-head path (ictrl.core.logprobs), the others TRL's fused one
                                   sparse_backward=selector == "ict")
     cls = make_trainer_class(stub_trainer_class(one_pass))
     if engine == "fsdp2":

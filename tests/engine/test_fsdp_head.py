@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from ictrl.engine.trainer import call_head
-from ictrl.logprobs import selected_token_logprobs
+from ictrl.core.logprobs import selected_token_logprobs
 
 
 def _case() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

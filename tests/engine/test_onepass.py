@@ -84,7 +84,7 @@ def test_one_pass_equals_separate_pass_and_counts_forwards(tiny_model_dir: Path,
     assert set(sep["paths"]) == {STATS_PATHS["separate"]}
     assert (one["calls"], sep["calls"]) == (calls_one, calls_sep)
     assert len(one["record"]) == len(sep["record"]) > 0
-    # The statistics pass keeps float32 log-probs (ictrl.stats), so old log-probs served from it carry float32
+    # The statistics pass keeps float32 log-probs (ictrl.core.stats), so old log-probs served from it carry float32
     # rounding into the ratio; the training forward's own log-probs are float64 here.
     tol = dict(rtol=1e-5, atol=1e-6) if path == "shared_old_logps" else dict(rtol=1e-9, atol=1e-12)
     for (sel_a, loss_a), (sel_b, loss_b) in zip(one["record"], sep["record"]):

@@ -19,7 +19,7 @@ from ictrl.engine.run_config import (
     read_yaml,
     save_config,
 )
-from ictrl.selection import get_selector
+from ictrl.core.selection import get_selector
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 CELLS = sorted(p for p in CONFIGS.glob("qwen2.5-*/*.yaml"))
@@ -217,10 +217,10 @@ def test_process_count_reads_world_size(monkeypatch: pytest.MonkeyPatch) -> None
 
 def test_custom_selector_by_module_function(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from ictrl.engine.run import build_trainer_args
-    from ictrl.selection import SELECTORS
+    from ictrl.core.selection import SELECTORS
 
     (tmp_path / "my_selectors.py").write_text(
-        "from ictrl.selection import register_selector\n\n"
+        "from ictrl.core.selection import register_selector\n\n"
         "@register_selector('first_token_test', warmup_steps=3)\n"
         "def first(inputs, *, count: int = 1):\n"
         "    '''the first COUNT tokens'''\n"

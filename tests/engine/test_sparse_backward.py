@@ -1,4 +1,4 @@
-"""ICTGRPOConfig.sparse_backward: the trainer's loss through ictrl.logprobs equals the dense (TRL fused) path."""
+"""ICTGRPOConfig.sparse_backward: the trainer's loss through ictrl.core.logprobs equals the dense (TRL fused) path."""
 
 from __future__ import annotations
 

@@ -13,8 +13,8 @@ import torch
 import mp_worker as w
 from ictrl.engine.config import ICTGRPOConfig
 from ictrl.engine.trainer import ICTGRPOTrainer
-from ictrl.loss import policy_loss
-from ictrl.selection import SelectionInputs, select
+from ictrl.core.loss import policy_loss
+from ictrl.core.selection import SelectionInputs, select
 
 SELECTORS = ("all", "ict", "entropy", "stapo", "random", "frequent")
 
@@ -335,7 +335,7 @@ def test_evaluate_logs_selection_metrics(tiny_model_dir: Path, tmp_path: Path) -
 def test_a_registered_selector_trains_with_its_options(tiny_model_dir: Path, tmp_path: Path) -> None:
     """The registry is open: a selector registered in user code is usable by name, gets selection_options, and
     the trainer computes the ICT score for it because it declares it in ``needs``."""
-    from ictrl.selection import SELECTORS, register_selector
+    from ictrl.core.selection import SELECTORS, register_selector
 
     seen: list[dict[str, Any]] = []
 

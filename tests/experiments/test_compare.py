@@ -10,8 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from ictrl.experiments import compare, grid, gridcli, tinyrun
-from ictrl.experiments.report import PNG_MAGIC
+from ictrl.experiments import compare
+from ictrl.experiments.grid import runner as grid
+from ictrl.experiments.grid import cli as gridcli
+from ictrl.experiments.grid import tinyrun
+from ictrl.experiments.reports.report import PNG_MAGIC
 
 
 def fake_result(spec: grid.RunSpec) -> dict:

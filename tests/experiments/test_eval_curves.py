@@ -8,7 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from ictrl.experiments import compare, grid, gridcli, tinyrun
+from ictrl.experiments import compare
+from ictrl.experiments.grid import runner as grid
+from ictrl.experiments.grid import cli as gridcli
+from ictrl.experiments.grid import tinyrun
 
 
 @pytest.mark.integration

@@ -8,9 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from ictrl.experiments import grid, sweep, tinyrun
-from ictrl.experiments.outcomes import OutcomeThresholds
-from ictrl.experiments.report import PNG_MAGIC
+from ictrl.experiments import sweep
+from ictrl.experiments.grid import runner as grid
+from ictrl.experiments.grid import tinyrun
+from ictrl.experiments.reports.outcomes import OutcomeThresholds
+from ictrl.experiments.reports.report import PNG_MAGIC
 
 LRS = [1e-4, 5e-4, 2e-3]
 

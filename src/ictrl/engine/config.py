@@ -1,7 +1,7 @@
 """``ICTGRPOConfig``: TRL's ``GRPOConfig`` plus the token-selection options of docs/method.md §3–5.
 
 Per-method defaults (ratio, scope, warm-up, normaliser, options) are not written here: ``None`` fields resolve
-to the selected method's registration in :mod:`ictrl.selection`. On CPU pass ``use_cpu=True, bf16=False``:
+to the selected method's registration in :mod:`ictrl.core.selection`. On CPU pass ``use_cpu=True, bf16=False``:
 TRL's default ``bf16=True`` fails there. Run configs (``ictrl train``) map onto these fields by name.
 """
 
@@ -13,11 +13,11 @@ from typing import Any
 
 from trl import GRPOConfig
 
-from ictrl.loss import IS_MODES, NORM_MODES
+from ictrl.core.loss import IS_MODES, NORM_MODES
 from ictrl.preflight import check_trackers
-from ictrl.selection import SELECTORS, Selector, get_selector
+from ictrl.core.selection import SELECTORS, Selector, get_selector
 
-# TRL loss types whose per-token surrogate is the clipped ratio that ``ictrl.loss.policy_loss`` computes; the
+# TRL loss types whose per-token surrogate is the clipped ratio that ``ictrl.core.loss.policy_loss`` computes; the
 # others (cispo, sapo, vespo, luspo) are different objectives. Only the clip form is read: the normalisation
 # always comes from ``loss_normalization``.
 CLIPPED_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
@@ -74,7 +74,7 @@ class ICTGRPOConfig(GRPOConfig):
     selection_ratio: float | None = field(
         default=None,
         metadata={"help": "Fraction of tokens selected per scope unit (ceil(ratio * n)), for selectors with a "
-                  "ratio option. None: the selector's default (ictrl.selection)."},
+                  "ratio option. None: the selector's default (ictrl.core.selection)."},
     )
     selection_scope: str | None = field(
         default=None,
@@ -121,7 +121,7 @@ class ICTGRPOConfig(GRPOConfig):
     selection_topk: int | None = field(
         default=None,
         metadata={"help": "ICT score from each position's top-K sampling-policy log-probs instead of the full "
-                  "distributions (ictrl.stats.group_js_divergence_topk; only for selectors that need the ICT score). "
+                  "distributions (ictrl.core.stats.group_js_divergence_topk; only for selectors that need the ICT score). "
                   "Each response becomes its top-K probabilities plus one tail bucket of the remaining mass; the "
                   "approximation treats the tail buckets of different responses as one bucket (a response puts 0 "
                   "on group ids outside its own top-K). Exact at K >= vocabulary size (K is capped there). Measured "
@@ -145,7 +145,7 @@ class ICTGRPOConfig(GRPOConfig):
     sparse_backward: bool = field(
         default=False,
         metadata={"help": "Apply the LM head (and its backward) only at the selected tokens: the backbone runs as "
-                  "usual, then ictrl.logprobs.selected_token_logprobs projects the selected positions' hidden states "
+                  "usual, then ictrl.core.logprobs.selected_token_logprobs projects the selected positions' hidden states "
                   "to the vocabulary in row chunks. Same loss and gradient as the dense path, without the head's "
                   "[tokens, V] work at the unselected positions (~90% of them for ict). Log-probs at unselected "
                   "positions are not computed (they carry zero loss weight)."},
@@ -320,7 +320,7 @@ class ICTGRPOConfig(GRPOConfig):
             raise ValueError(f"loss_normalization must be one of {list(NORM_MODES)}, got {self.loss_normalization!r}")
 
     def selector_options(self) -> dict[str, Any]:
-        """The keyword options ``ictrl.selection.select`` gets for ``token_selector`` (validated at init)."""
+        """The keyword options ``ictrl.core.selection.select`` gets for ``token_selector`` (validated at init)."""
         selector = get_selector(self.token_selector)
         given = {o: getattr(self, f) for o, f in OPTION_FIELDS.items() if o in selector.options}
         return selector.resolve_options({**given, **(self.selection_options or {})})

@@ -33,9 +33,9 @@ import torch
 from torch import Tensor
 
 from ictrl.engine.sampler_topk import TopKRows, pad_rows
-from ictrl.metrics import step_metrics
-from ictrl.selection import SelectionInputs, get_selector, in_warmup, select
-from ictrl.stats import TokenStats
+from ictrl.core.metrics import step_metrics
+from ictrl.core.selection import SelectionInputs, get_selector, in_warmup, select
+from ictrl.core.stats import TokenStats
 
 STATS_PATHS = {"separate": 0.0, "shared_old_logps": 1.0, "training_forward": 2.0}
 _STAT_FIELDS = ("entropy", "renyi2", "purity", "logprob", "prob")

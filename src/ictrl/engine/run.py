@@ -253,7 +253,7 @@ def write_run_labels(out: Path, args: Any) -> None:
     import json
 
     from ictrl.files import atomic_write_text
-    from ictrl.selection import get_selector
+    from ictrl.core.selection import get_selector
 
     labels = {"method": get_selector(args.token_selector).label, "token_selector": args.token_selector,
               "seed": int(args.seed)}

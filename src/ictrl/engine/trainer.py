@@ -3,8 +3,8 @@
 Override points (all checked against trl 1.16.0 by ``tests/engine/test_trainer.py``):
 
 - ``_generate_and_score_completions``: after TRL builds a generation batch, one no-grad pass over the
-  sampling-policy logits gives the per-token statistics (``ictrl.stats``; group JS only for ict/frequent, from
-  each position's top-K log-probs when ``selection_topk`` is set), the selection runs (``ictrl.selection.select``)
+  sampling-policy logits gives the per-token statistics (``ictrl.core.stats``; group JS only for ict/frequent, from
+  each position's top-K log-probs when ``selection_topk`` is set), the selection runs (``ictrl.core.selection.select``)
   on the whole generation batch gathered from all processes, and the local rows of the bool mask are attached as
   ``batch["ictrl_selected"]`` [B, T]. TRL's shuffle/split across ``steps_per_generation`` then carries it with the
   other [B, ...] tensors.
@@ -20,7 +20,7 @@ Override points (all checked against trl 1.16.0 by ``tests/engine/test_trainer.p
   rollout asks for ``logprobs=K`` and the sampled token's own log-prob is handed on to TRL. The statistics pass then
   skips its top-K sweep over the LM head.
 - ``_compute_loss``: TRL's fused per-token log-probs (or, with ``sparse_backward``, the LM head over the selected
-  positions only: ``ictrl.logprobs``), then ``ictrl.loss.policy_loss`` with the mask, the chosen
+  positions only: ``ictrl.core.logprobs``), then ``ictrl.core.loss.policy_loss`` with the mask, the chosen
   normalisation and the global normalisers divided by the process count (DDP averages gradients), so any split
   of one optimizer batch over micro-batches and processes gives the one-big-batch gradient. When the rollout
   engine reported its own log-probs (``sampling_per_token_logps``: vLLM, or a ``rollout_func``) and
@@ -50,10 +50,10 @@ from ictrl.engine.config import ICTGRPOConfig
 from ictrl.engine.dynamic_sampling import DynamicSamplingMixin
 from ictrl.engine.onepass import STATS_PATHS, OnePassMixin, fused_head_with_sum_sq
 from ictrl.engine.sampler_topk import TopKRecorder, TopKRows, recording_generate, split_vllm_logprobs
-from ictrl.logprobs import selected_token_logprobs
-from ictrl.loss import policy_loss
-from ictrl.selection import get_selector, in_warmup
-from ictrl.stats import TokenStats, group_js_divergence_topk, token_stats, topk_log_softmax
+from ictrl.core.logprobs import selected_token_logprobs
+from ictrl.core.loss import policy_loss
+from ictrl.core.selection import get_selector, in_warmup
+from ictrl.core.stats import TokenStats, group_js_divergence_topk, token_stats, topk_log_softmax
 
 _STAT_FIELDS = ("entropy", "renyi2", "purity", "logprob", "prob")
 _R = TypeVar("_R")
@@ -215,7 +215,7 @@ class ICTGRPOTrainer(OnePassMixin, DynamicSamplingMixin, GRPOTrainer):
                 logits = (lm(h) if isinstance(lm, nn.Module) else F.linear(h.to(lm.dtype), lm)).float()
                 m = mask[:, t0:t0 + block]
                 # One sweep gives the token statistics and, with group_ids (exact score), the group JS; its
-                # internal chunking is left at ictrl.stats' cache-sized default.
+                # internal chunking is left at ictrl.core.stats' cache-sized default.
                 parts.append(token_stats(logits, m, tokens=completion_ids[:, t0:t0 + block], temperature=tau,
                                          group_ids=group_ids if topk is None else None))
                 if head_topk:

@@ -82,7 +82,7 @@ def train_run_labels(model: str) -> tuple[str | None, int | None]:
 
 def _method_label(selector: object) -> str | None:
     """The method label of ``token_selector`` (``all`` -> ``grpo``); the name itself if it does not resolve."""
-    from ictrl.selection import get_selector
+    from ictrl.core.selection import get_selector
 
     if not isinstance(selector, str):
         return None

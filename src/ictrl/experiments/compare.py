@@ -9,12 +9,12 @@ Writes into ``--output-dir``:
 - ``curve_*.png``: reward, H1, H2, purity and the selected fraction per method over steps (mean, min-max band);
 - ``report.html``: all of it, self-contained.
 
-A rerun skips finished runs (see ``ictrl.experiments.grid``), so an interrupted compare continues where it
+A rerun skips finished runs (see ``ictrl.experiments.grid.runner``), so an interrupted compare continues where it
 stopped and a finished one only rebuilds the report.
 
-``--task countdown`` runs on the second embedded task (``ictrl.experiments.countdown``); ``--tune`` runs the tuned
+``--task countdown`` runs on the second embedded task (``ictrl.experiments.tasks.countdown``); ``--tune`` runs the tuned
 protocol instead (each method at its own tuned learning rate and normaliser, fresh seeds, matched update size:
-``ictrl.experiments.tune``).
+``ictrl.experiments.grid.tune``).
 """
 
 from __future__ import annotations
@@ -27,7 +27,11 @@ from pathlib import Path
 from typing import Any
 
 from ictrl.errors import UserError
-from ictrl.experiments import configrun, grid, gridcli, report, tunecli
+from ictrl.experiments import tunecli
+from ictrl.experiments.grid import configrun
+from ictrl.experiments.grid import runner as grid
+from ictrl.experiments.grid import cli as gridcli
+from ictrl.experiments.reports import report
 
 CURVE_KEYS = report.DEFAULT_CURVE_KEYS  # reward, H1 (all, selected), H2, purity, selected fraction
 

@@ -19,9 +19,9 @@ from typing import Any
 
 from ictrl.data import Problem
 from ictrl.errors import UserError
-from ictrl.experiments import tinytask
-from ictrl.experiments.tinymodel import TinyRecipe, build_tiny_base, load_tiny_base, max_new_tokens
-from ictrl.selection import get_selector, method_names
+from ictrl.experiments.tasks import tinytask
+from ictrl.experiments.tasks.tinymodel import TinyRecipe, build_tiny_base, load_tiny_base, max_new_tokens
+from ictrl.core.selection import get_selector, method_names
 
 REWARD_NAME = tinytask.tinyarith_reward.__name__
 

@@ -4,7 +4,7 @@ Two inputs:
 
 - ``--model PATH --prompt TEXT``: sample G responses to one prompt (HF ``generate``, plain sampling at
   ``--temperature`` with top-k and top-p off, so the sampler *is* the policy whose logits we score), run one no-grad
-  forward over prompt + response to get those logits, compute per-token statistics (``ictrl.stats``) and ICT
+  forward over prompt + response to get those logits, compute per-token statistics (``ictrl.core.stats``) and ICT
   scores with the G responses as one group, and the selection (``--selector ict --ratio 0.1 --scope response``).
 - ``--rollouts FILE``: a saved rollouts file (schema below), e.g. one written by ``--save-rollouts``.
 
@@ -45,7 +45,7 @@ AVAILABLE = frozenset({"ict_score", "entropy", "prob", "group_ids"})
 
 def check_selector(name: str) -> Any:
     """The registered selector ``name`` if inspect can compute what it reads; ``ValueError`` (one line) if not."""
-    from ictrl.selection import get_selector
+    from ictrl.core.selection import get_selector
 
     selector = get_selector(name)
     missing = sorted(selector.needs - AVAILABLE)
@@ -280,8 +280,8 @@ def score_group(
     """
     import torch
 
-    from ictrl.selection import SelectionInputs, select
-    from ictrl.stats import group_js_divergence, token_stats
+    from ictrl.core.selection import SelectionInputs, select
+    from ictrl.core.stats import group_js_divergence, token_stats
 
     options = selection_options(selector, ratio, scope)
     g, p_len = response.shape[0], prompt_ids.shape[1]

@@ -26,8 +26,10 @@ from pathlib import Path
 from typing import Any
 
 from ictrl.errors import UserError
-from ictrl.experiments import grid, gridcli, report
-from ictrl.experiments.outcomes import (
+from ictrl.experiments.grid import runner as grid
+from ictrl.experiments.grid import cli as gridcli
+from ictrl.experiments.reports import report
+from ictrl.experiments.reports.outcomes import (
     PRESETS,
     OutcomeThresholds,
     describe_thresholds,
@@ -48,7 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lrs", default=",".join(f"{lr:g}" for lr in DEFAULT_LRS),
                         help="comma-separated learning rates (default: %(default)s)")
     parser.add_argument("--thresholds", choices=PRESETS, default="v2",
-                        help="outcome rule set of ictrl.experiments.outcomes (default: %(default)s)")
+                        help="outcome rule set of ictrl.experiments.reports.outcomes (default: %(default)s)")
     parser.add_argument("--note", default="",
                         help="a line put at the top of stability.md and the report, and stored in sweep.json "
                              "(e.g. which data the thresholds were set on)")
@@ -191,7 +193,7 @@ def write_report(out: Path, methods: list[str], lrs: list[float], specs: list[gr
     rows, metrics = label_runs(out, specs, results, base["p1"], thresholds)
     stab = stability(rows, methods, lrs)
     tables = stability_markdown(rows, stab, methods, lrs)
-    head = f"Labels: outcome thresholds {thresholds.version} (ictrl.experiments.outcomes)."
+    head = f"Labels: outcome thresholds {thresholds.version} (ictrl.experiments.reports.outcomes)."
     if note:
         head = f"**{note}**\n\n{head}"
     report.atomic_write_text(out / "stability.md", "\n\n".join([head, *tables]) + "\n")
@@ -255,7 +257,7 @@ def _notes(rows: list[dict[str, Any]], picks: dict[str, dict[str, Any] | None], 
     notes = [
         f"Each run is labelled from its logged curves against the base model's reward {base['p1']:.3f} (its "
         f"held-out P@1 at the training temperature), by the outcome rules {thresholds.version} "
-        "(ictrl.experiments.outcomes says when each rule set was fixed):",
+        "(ictrl.experiments.reports.outcomes says when each rule set was fixed):",
         *describe_thresholds(thresholds),
         "The windows shrink to half the run when it has fewer than twice the window of logged steps. A run whose "
         "weights went non-finite (sampling failed) counts as exploded with P@1 = P@4 = 0: "

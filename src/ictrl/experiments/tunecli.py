@@ -12,10 +12,13 @@ import time
 from pathlib import Path
 
 from ictrl.errors import UserError
-from ictrl.experiments import grid, gridcli, tinyrun, tune_report
-from ictrl.experiments.report import atomic_write_text
-from ictrl.experiments.tasks import TASKS
-from ictrl.experiments.tune import (ABLATION, CHOICE_RULE, DEFAULT_FINAL_SEEDS, DEFAULT_LRS, DEFAULT_NORMS,
+from ictrl.experiments.grid import runner as grid
+from ictrl.experiments.grid import cli as gridcli
+from ictrl.experiments.grid import tinyrun
+from ictrl.experiments.reports import tune_report
+from ictrl.experiments.reports.report import atomic_write_text
+from ictrl.experiments.tasks.registry import TASKS
+from ictrl.experiments.grid.tune import (ABLATION, CHOICE_RULE, DEFAULT_FINAL_SEEDS, DEFAULT_LRS, DEFAULT_NORMS,
                                     DEFAULT_TUNE_SEEDS, VARIANTS, Protocol, choose, final_rows, matched_lrs,
                                     tuning_specs)
 
@@ -28,7 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tune", action="store_true",
                         help="the tuned protocol: pick each method's lr (and normaliser) on tuning seeds and the "
                              "dev split, then fresh seeds at the chosen settings on the test split, with matched-"
-                             "update-size rows (see ictrl.experiments.tune)")
+                             "update-size rows (see ictrl.experiments.grid.tune)")
     parser.add_argument("--variants", default=",".join(ABLATION),
                         help=f"--tune: methods, from {', '.join(VARIANTS)} (default: all)")
     parser.add_argument("--lrs", default=",".join(f"{x:g}" for x in DEFAULT_LRS),

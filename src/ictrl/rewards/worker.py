@@ -60,7 +60,7 @@ def equivalent(answer: str, gold: str) -> bool:
 
 def die_with_parent(parent: int) -> None:
     """End this process (SIGKILL, from the kernel on Linux) when ``parent`` dies, so a killed parent leaves no
-    orphan worker running on; the grid's run processes (``ictrl.experiments.grid``) use it too."""
+    orphan worker running on; the grid's run processes (``ictrl.experiments.grid.runner``) use it too."""
     try:
         import ctypes
 

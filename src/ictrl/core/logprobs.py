@@ -1,0 +1,235 @@
+"""Log-probabilities of the sampled tokens with the output layer applied only where the loss needs a gradient.
+
+The Sparse-GRPO loss (docs/method.md §3) weights log π_θ(a_t) by M = selected & mask and gives every other position zero
+weight, so the output layer (``[n, H] @ [H, V]``) and the softmax over V only have to carry autograd history at
+the selected positions. :func:`selected_token_logprobs` gathers the backbone's hidden states at those positions and
+runs the head + log-softmax over row chunks; backward recomputes each chunk's logits, so it holds one ``[chunk, V]``
+buffer and one ``[V, H]`` weight-gradient accumulator instead of ``[B, T, V]`` logits with their graph (at
+V = 151,936 and B·T = 8192 fp32, 5 GB per copy). Positions outside the selection get a log-prob without gradient
+(``with_unselected``) or 0. A weight tensor or a plain ``nn.Linear`` head takes the fused path (a custom autograd
+function, as TRL's chunked log-prob kernel but over the selected rows only); any other head module is called per
+chunk under activation checkpointing (one ``[V, H]`` gradient per chunk is then summed by autograd).
+
+Layout (docs/architecture.md, "Shifted layout"): ``hidden[b, t]`` is the backbone output that predicts
+``tokens[b, t]``, i.e. ``last_hidden_state[:, prompt_len - 1:-1]``. The backbone's final norm is part of the
+backbone (``model.base_model`` in transformers), so ``hidden`` is already normalised; the head is
+``model.get_output_embeddings()`` (with tied embeddings this *is* the embedding matrix, and its gradient accumulates
+into the shared parameter). Logit scaling or soft-capping that a model applies outside its head module is not
+applied here.
+
+Chunk size. ``chunk_size`` counts rows; ``None`` picks ``_CHUNK_BYTES // (4 * V)`` rows (at least 1): 55 rows at
+V = 151,936, 256 at V = 32,768. The fused backward holds one fp32 ``[chunk, V]`` buffer per chunk (the checkpointed
+path three or four); larger chunks amortise the reads of the ``[V, H]`` weight over more rows.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+from ictrl.core.checks import as_bool_mask
+
+__all__ = ["selected_token_logprobs"]
+
+_CHUNK_BYTES = 32 * 2**20
+
+
+def _vocab_size(lm_head: nn.Module | Tensor) -> int | None:
+    """V of a weight tensor [V, H] or of a module exposing ``weight`` / ``out_features``; None if unknown."""
+    if isinstance(lm_head, Tensor):
+        return int(lm_head.shape[0])
+    out = getattr(lm_head, "out_features", None)
+    if isinstance(out, int):
+        return out
+    weight = getattr(lm_head, "weight", None)
+    return int(weight.shape[0]) if isinstance(weight, Tensor) and weight.dim() == 2 else None
+
+
+def _validate(
+    hidden: Tensor,
+    lm_head: nn.Module | Tensor,
+    tokens: Tensor,
+    selected: Tensor,
+    mask: Tensor | None,
+    temperature: float,
+    chunk_size: int | None,
+) -> tuple[Tensor, Tensor, int | None]:
+    """Check arguments; return (selected bool, mask bool, V or None)."""
+    if not isinstance(hidden, Tensor) or hidden.dim() != 3 or not hidden.dtype.is_floating_point:
+        got = (tuple(hidden.shape), hidden.dtype) if isinstance(hidden, Tensor) else type(hidden).__name__
+        raise ValueError(f"hidden must be a floating 3-D tensor [B, T, H], got {got}")
+    B, T, H = hidden.shape
+    if isinstance(lm_head, Tensor):
+        if lm_head.dim() != 2 or lm_head.shape[1] != H or not lm_head.dtype.is_floating_point:
+            raise ValueError(f"lm_head as a tensor must be a floating weight [V, H={H}], got "
+                             f"{tuple(lm_head.shape)} {lm_head.dtype}")
+    elif not isinstance(lm_head, nn.Module):
+        raise ValueError(f"lm_head must be an nn.Module or a weight tensor [V, H], got {type(lm_head).__name__}")
+    for name, value in (("tokens", tokens), ("selected", selected), ("mask", mask)):
+        if value is not None and (not isinstance(value, Tensor) or tuple(value.shape) != (B, T)):
+            got = tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__
+            raise ValueError(f"{name} must have shape {(B, T)} (hidden[:2]), got {got}")
+    if tokens.dtype == torch.bool or tokens.dtype.is_floating_point or tokens.dtype.is_complex:
+        raise ValueError(f"tokens must be an integer tensor, got dtype {tokens.dtype}")
+    sel = as_bool_mask(selected, "selected").to(hidden.device)
+    full = as_bool_mask(mask, "mask").to(hidden.device) if mask is not None else None
+    if full is not None and bool((sel & ~full).any()):
+        raise ValueError("selected must be a subset of mask (a selected position lies outside the mask)")
+    if not isinstance(temperature, (int, float)) or isinstance(temperature, bool) or not math.isfinite(temperature) \
+            or temperature <= 0:
+        raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
+    if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0):
+        raise ValueError(f"chunk_size must be a positive int or None, got {chunk_size!r}")
+    V = _vocab_size(lm_head)
+    used = tokens.to(hidden.device)[sel if full is None else full]
+    if V is not None and used.numel() and (int(used.min()) < 0 or int(used.max()) >= V):
+        raise ValueError(f"tokens at the positions scored must lie in [0, {V}), got range "
+                         f"[{int(used.min())}, {int(used.max())}]")
+    return sel, (full if full is not None else torch.ones_like(sel)), V
+
+
+def _head_logprobs(h: Tensor, tok: Tensor, lm_head: Any, temperature: float) -> Tensor:
+    """log softmax(head(h) / temperature)[tok] for rows h [n, H], tok [n] → [n]; half precision is upcast to fp32."""
+    logits = lm_head(h)
+    if logits.dtype in (torch.float16, torch.bfloat16):
+        logits = logits.float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    return logits.gather(1, tok.unsqueeze(1)).squeeze(1) - torch.logsumexp(logits, dim=1)
+
+
+def _chunk_logits(h: Tensor, weight: Tensor, bias: Tensor | None, temperature: float) -> Tensor:
+    """[n, V] logits / temperature in fp32 (or fp64 for fp64 inputs); a fresh tensor the caller may overwrite."""
+    z = F.linear(h, weight, bias)
+    if z.dtype in (torch.float16, torch.bfloat16):
+        z = z.float()
+    return z.div_(temperature) if temperature != 1.0 else z
+
+
+class _LinearLogProb(torch.autograd.Function):
+    """log softmax(h @ W.T + b) / tau)[tok] over row chunks; backward recomputes each chunk's logits.
+
+    Saves only h [n, H], tok [n] and the log-partition [n]. Backward per chunk: one [rows, V] buffer that becomes
+    dL/dz = g·(onehot(tok) − p)/tau in place, then grad_h = G @ W and grad_W += Gᵀ @ h in one fp32 (fp64 for fp64
+    inputs) [V, H] accumulator, so a backward holds one [V, H] gradient rather than one per chunk.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, h: Tensor, weight: Tensor, bias: Tensor | None, tok: Tensor, temperature: float,
+                rows: int) -> Tensor:
+        acc = torch.float64 if h.dtype == torch.float64 else torch.float32
+        target = torch.empty(h.shape[0], dtype=acc, device=h.device)
+        log_z = torch.empty_like(target)
+        for s in range(0, h.shape[0], rows):
+            z = _chunk_logits(h[s:s + rows], weight, bias, temperature)
+            target[s:s + rows] = z.gather(1, tok[s:s + rows].unsqueeze(1)).squeeze(1)
+            log_z[s:s + rows] = torch.logsumexp(z, dim=1)
+        ctx.save_for_backward(h, weight, bias, tok, log_z)
+        ctx.temperature, ctx.rows = temperature, rows
+        # Backward runs outside the caller's autocast; recompute the logits under the same autocast state so p
+        # matches the forward's log-partition.
+        device = h.device.type
+        ctx.autocast = (device, torch.get_autocast_dtype(device), torch.is_autocast_enabled(device))
+        return target - log_z
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:
+        h, weight, bias, tok, log_z = ctx.saved_tensors
+        tau, rows = ctx.temperature, ctx.rows
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        acc = log_z.dtype
+        grad_h = torch.zeros_like(h) if need_h else None
+        grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_w else None
+        grad_b = torch.zeros(weight.shape[0], dtype=acc, device=weight.device) if need_b else None
+        device, dtype, enabled = ctx.autocast
+        for s in range(0, h.shape[0], rows):
+            hc, g = h[s:s + rows], grad_out[s:s + rows].to(acc) / tau
+            with torch.autocast(device, dtype=dtype, enabled=enabled):
+                z = _chunk_logits(hc, weight, bias, tau)
+            G = z.to(acc).sub_(log_z[s:s + rows].unsqueeze(1)).exp_()  # p
+            G.mul_(-g.unsqueeze(1)).scatter_add_(1, tok[s:s + rows].unsqueeze(1), g.unsqueeze(1))
+            if grad_h is not None:
+                grad_h[s:s + rows] = (G.to(weight.dtype) @ weight).to(h.dtype)
+            if grad_w is not None:
+                grad_w.addmm_(G.t(), hc.to(acc))
+            if grad_b is not None:
+                grad_b += G.sum(dim=0)
+        return (grad_h, grad_w.to(weight.dtype) if grad_w is not None else None,
+                grad_b.to(bias.dtype) if grad_b is not None else None, None, None, None)
+
+
+def selected_token_logprobs(
+    hidden: Tensor,
+    lm_head: nn.Module | Tensor,
+    tokens: Tensor,
+    selected: Tensor,
+    temperature: float = 1.0,
+    chunk_size: int | None = None,
+    with_unselected: bool = False,
+    mask: Tensor | None = None,
+) -> Tensor:
+    """log π(tokens) with autograd only at the selected positions.
+
+    Args:
+        hidden: [B, T, H] backbone output (after its final norm) in the shifted layout; carries the gradient.
+        lm_head: the output layer, an ``nn.Module`` mapping [n, H] → [n, V] (e.g. ``model.get_output_embeddings()``,
+            tied or not, with or without bias) or a weight tensor [V, H] (no bias).
+        tokens: [B, T] integer sampled ids; only the positions scored are read (padding elsewhere may be anything).
+        selected: [B, T] bool or 0/1: the positions that get a differentiable log-prob.
+        temperature: > 0; the log-probs are of softmax(logits / temperature), as the sampler used.
+        chunk_size: rows of [V] logits per chunk; None: about 32 MiB of fp32 logits per chunk.
+        with_unselected: also fill ``mask & ~selected`` with log-probs computed under ``no_grad`` (for metrics
+            or an importance ratio); False leaves them 0 and skips their head entirely.
+        mask: [B, T] bool or 0/1, the positions scored when ``with_unselected`` (default: all); must contain
+            ``selected``.
+
+    Returns:
+        [B, T] log-probs (fp32 for half-precision inputs, else hidden's dtype), 0 at positions not scored. It is
+        connected to ``hidden`` and the head's weights even when nothing is selected (zero gradients, no NaN), so
+        ``loss.backward()`` always works.
+    """
+    sel, full, V = _validate(hidden, lm_head, tokens, selected, mask, temperature, chunk_size)
+    B, T, H = hidden.shape
+    # A head module that exposes neither weight nor out_features: size chunks for a Qwen2.5-sized vocabulary.
+    rows = chunk_size if chunk_size is not None else max(1, _CHUNK_BYTES // (4 * (V or 151_936)))
+    out_dtype = torch.float32 if hidden.dtype in (torch.float16, torch.bfloat16) else hidden.dtype
+    tokens = tokens.to(hidden.device)
+    flat_h = hidden.reshape(B * T, H)
+    flat_tok = tokens.reshape(B * T)
+    fused = isinstance(lm_head, Tensor) or type(lm_head) is nn.Linear
+    if fused:
+        weight = lm_head if isinstance(lm_head, Tensor) else lm_head.weight
+        bias = None if isinstance(lm_head, Tensor) else lm_head.bias
+        if not torch.is_autocast_enabled(hidden.device.type):
+            # A head kept in fp32 under bf16 activations (TRL's cast_lm_head_to_fp32) takes fp32 inputs.
+            flat_h = flat_h.to(weight.dtype)
+
+    base = torch.zeros(B * T, dtype=out_dtype, device=hidden.device)
+    if with_unselected:
+        rest = (full & ~sel).reshape(-1).nonzero().squeeze(1)
+        head = (lambda x: F.linear(x, weight, bias)) if fused else lm_head
+        with torch.no_grad():
+            for start in range(0, rest.numel(), rows):
+                idx = rest[start:start + rows]
+                base[idx] = _head_logprobs(flat_h[idx], flat_tok[idx], head, temperature).to(out_dtype)
+
+    idx = sel.reshape(-1).nonzero().squeeze(1)
+    h_sel, tok_sel = flat_h.index_select(0, idx), flat_tok.index_select(0, idx)
+    if fused:
+        vals = _LinearLogProb.apply(h_sel, weight, bias, tok_sel, float(temperature), rows)
+    else:
+        # Any other head module (e.g. an adapter-wrapped layer): checkpoint each chunk, so backward recomputes its
+        # [rows, V] logits instead of keeping them for all n_sel rows. At least one (possibly empty) chunk keeps
+        # the output connected to the head when nothing is selected.
+        grad = torch.is_grad_enabled()
+        parts = [checkpoint(_head_logprobs, h_sel[s:s + rows], tok_sel[s:s + rows], lm_head, temperature,
+                            use_reentrant=False) if grad else
+                 _head_logprobs(h_sel[s:s + rows], tok_sel[s:s + rows], lm_head, temperature)
+                 for s in range(0, max(idx.numel(), 1), rows)]
+        vals = torch.cat(parts)
+    return base.index_put((idx,), vals.to(out_dtype)).view(B, T)

@@ -1,0 +1,387 @@
+"""Token selectors: which response tokens carry the policy gradient (docs/method.md §3, §4).
+
+A small registry in the style of verl: ``SELECTORS`` maps a name to a :class:`Selector`, which holds the rule and
+the method's defaults (ratio, scope, warm-up Θ, loss normaliser, options, label and aliases). ``select(name,
+inputs, warmup_steps=0, **options)`` returns a ``[B, T]`` bool tensor that is always a subset of ``inputs.mask``;
+while ``inputs.step < warmup_steps`` it is the whole mask (the first Θ optimizer steps update every token).
+Adding a method is one function decorated with :func:`register_selector`; it is then accepted by name (or as
+``module:function``) by ``ICTGRPOConfig``, the YAML configs and every command.
+
+Registered selectors (options in brackets; the method label follows the arrow):
+
+- ``all`` -> grpo: the response mask (GRPO).
+- ``entropy(ratio=0.2, scope="batch")`` -> entropy20: the top-k positions by ``entropy`` (20-Entropy). ``batch``
+  uses one cut-off for the batch, as in the 80/20 paper; ``response`` ranks within each row.
+- ``stapo(tau_p=0.002, q=0.75)``: returns the *kept* mask = mask minus the silenced tokens. Candidates are the
+  active tokens with ``advantages[b] > 0`` and ``prob < tau_p``; of the ``n`` candidates in the batch the
+  ``ceil(q * n)`` with the lowest entropy are silenced ("bottom q" = rank < ceil(q·n) in ascending entropy, ties
+  broken by the rule below, so exactly that many are silenced).
+- ``ict(ratio=0.1, scope="response")``: the top-k positions by ``ict_score`` within each scope unit (``response``:
+  one row; ``group``: all rows with the same ``group_ids`` value, adjacent or not; ``batch``: the whole batch).
+- ``random(ratio=0.1, scope="response", seed=0)`` -> random10: as many positions per unit as ``ict`` would pick,
+  uniformly at random. The draw comes from a CPU ``torch.Generator`` seeded from ``(seed, inputs.step)``:
+  reproducible across devices and runs, different across steps, independent of the global RNG.
+- ``frequent(ratio=0.1, scope="response")`` -> frequent90: the mask minus ``ict``'s selection.
+
+Counting and ties, shared by every ratio-based selector:
+
+- A unit with ``n`` active tokens gets ``k = ceil(ratio * n)`` of them, so ``n >= 1`` gives ``k >= 1``. The product
+  is shrunk by a relative 1e-12 before the ceiling because binary floats overshoot exact integers
+  (``0.07 * 100 == 7.000000000000001``), which would otherwise add a token.
+- Among equal scores the earlier position wins: lower flat index ``b * T + t``. Ranking is one stable descending
+  sort of the active positions (taken in flat-index order) on the score, which keeps the lower index first among
+  ties, then one sort on the unique key (unit, score rank); no Python loop over positions or units.
+
+``Selector.needs`` lists the ``SelectionInputs`` fields a selector always reads; ``scope="group"`` additionally
+reads ``group_ids``. A missing field, an unknown option, or a bad option value raises ``ValueError`` naming it;
+each option is checked once, in :meth:`Selector.resolve_options`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import importlib
+import inspect
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from torch import Tensor
+
+from ictrl.core.checks import as_bool_mask
+
+_FIELDS = ("ict_score", "entropy", "prob", "advantages", "group_ids")
+SCOPES = ("response", "group", "batch")
+
+
+@dataclass
+class SelectionInputs:
+    """Everything a selector may read. ``mask`` is required; the rest are optional per selector.
+
+    mask [B, T] bool (0/1 accepted, converted); ict_score, entropy, prob [B, T]; advantages [B];
+    group_ids [B] integer prompt labels; step: the optimizer step (warm-up and the random draw).
+    """
+
+    mask: Tensor
+    step: int = 0
+    ict_score: Tensor | None = None
+    entropy: Tensor | None = None
+    prob: Tensor | None = None
+    advantages: Tensor | None = None
+    group_ids: Tensor | None = None
+
+    def __post_init__(self) -> None:
+        self.mask = as_bool_mask(self.mask, "mask")
+        if self.mask.dim() != 2:
+            raise ValueError(f"mask must be [B, T], got shape {tuple(self.mask.shape)}")
+        if isinstance(self.step, bool) or not isinstance(self.step, int) or self.step < 0:
+            raise ValueError(f"step must be an int >= 0, got {self.step!r}")
+        B = self.mask.shape[0]
+        for name in ("ict_score", "entropy", "prob"):
+            value = getattr(self, name)
+            if value is not None and tuple(value.shape) != tuple(self.mask.shape):
+                raise ValueError(f"{name} must have the mask's shape {tuple(self.mask.shape)}, got {tuple(value.shape)}")
+            if value is not None and bool(torch.isnan(value[self.mask]).any()):
+                raise ValueError(f"{name} holds NaN at active positions")
+        for name in ("advantages", "group_ids"):
+            value = getattr(self, name)
+            if value is not None and tuple(value.shape) != (B,):
+                raise ValueError(f"{name} must be [B] = ({B},), got shape {tuple(value.shape)}")
+        if self.group_ids is not None and (self.group_ids.is_floating_point() or self.group_ids.dtype == torch.bool):
+            raise ValueError(f"group_ids must be an integer tensor, got {self.group_ids.dtype}")
+
+
+@dataclass(frozen=True)
+class Selector:
+    """A registered selection rule and the method it defines: ``fn(inputs, **options) -> [B, T] bool``.
+
+    This record is the only place a method's defaults live; ``ICTGRPOConfig``, the YAML configs, the experiment
+    grid and every command's method choices read them from here.
+
+    - ``options``: the keyword-only parameters of ``fn`` and their defaults (``ratio``, ``scope``, ``tau_p``, ...).
+    - ``scopes``: the values the ``scope`` option accepts (empty when the selector has no scope).
+    - ``warmup_steps``: the method's default Θ (``ICTGRPOConfig.selection_warmup_steps``); ``select`` itself
+      applies only the Θ it is given.
+    - ``normalization``: the method's default loss normaliser (``ictrl.core.loss.NORM_MODES``).
+    - ``label``: the method's name in papers, reports and run directories (``grpo`` for ``all``); ``aliases``
+      are further names accepted wherever a method is named. ``in_default_grid``: run by ``ictrl compare`` /
+      ``ictrl sweep`` when no ``--methods`` is given.
+    """
+
+    name: str
+    fn: Callable[..., Tensor]
+    needs: frozenset[str]
+    options: dict[str, Any]
+    scopes: tuple[str, ...] = ()
+    warmup_steps: int = 0
+    normalization: str = "per_response_selected"
+    label: str = ""
+    aliases: tuple[str, ...] = ()
+    help: str = ""
+    in_default_grid: bool = False
+
+    @property
+    def defaults(self) -> dict[str, Any]:
+        return dict(self.options)
+
+    def resolve_options(self, given: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The selector's defaults updated with ``given``, each value checked once (``ValueError`` naming it)."""
+        given = dict(given or {})
+        unknown = sorted(set(given) - set(self.options))
+        if unknown:
+            raise ValueError(f"unknown option(s) {unknown} for selector {self.name!r}; it accepts "
+                             f"{sorted(self.options)}")
+        options = {**self.options, **given}
+        for key, value in options.items():
+            if key == "scope":
+                options[key] = _check_scope(value, self.scopes)
+            elif key in _OPTION_CHECKS:
+                options[key] = _OPTION_CHECKS[key](value, key)
+        return options
+
+    def __call__(self, inputs: SelectionInputs, *, warmup_steps: int = 0, **options: Any) -> Tensor:
+        """Apply the rule; while ``in_warmup(inputs.step, warmup_steps)`` return the whole mask instead."""
+        options = self.resolve_options(options)
+        if in_warmup(inputs.step, warmup_steps):
+            return inputs.mask.clone()
+        for field in sorted(self.needs):
+            if getattr(inputs, field) is None:
+                raise ValueError(f"selector {self.name!r} needs SelectionInputs.{field}, which is None")
+        return self.fn(inputs, **options) & inputs.mask
+
+
+SELECTORS: dict[str, Selector] = {}
+_ALIASES: dict[str, str] = {}  # alias -> registered name
+
+
+def in_warmup(step: int, warmup_steps: int) -> bool:
+    """True during the first Θ = ``warmup_steps`` optimizer steps, when every response token is selected."""
+    return step < _check_nonneg_int(warmup_steps, "warmup_steps")
+
+
+def register_selector(
+    name: str | None = None,
+    needs: tuple[str, ...] = (),
+    *,
+    scopes: tuple[str, ...] | None = None,
+    warmup_steps: int = 0,
+    normalization: str = "per_response_selected",
+    label: str | None = None,
+    aliases: tuple[str, ...] = (),
+    help: str | None = None,
+    in_default_grid: bool = False,
+) -> Callable[[Callable[..., Tensor]], Callable[..., Tensor]]:
+    """Decorator registering ``fn(inputs, *, option=default, ...)`` under ``name`` (default: ``fn.__name__``),
+    with the method defaults described on :class:`Selector`. ``scopes`` defaults to every scope when ``fn`` has
+    a ``scope`` option; ``help`` defaults to the first line of ``fn``'s docstring."""
+    bad = sorted(set(needs) - set(_FIELDS))
+    if bad:
+        raise ValueError(f"needs holds unknown field(s) {bad}; valid: {list(_FIELDS)}")
+
+    def decorator(fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
+        key = name or fn.__name__
+        params = inspect.signature(fn).parameters.values()
+        options = {p.name: p.default for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY}
+        if "warmup_steps" in options:
+            raise ValueError(f"selector {key!r}: warmup_steps is applied by select(), not an option of the rule")
+        names = [key, *(a for a in (label, *aliases) if a and a != key)]
+        taken = [n for n in names if n in SELECTORS or n in _ALIASES]
+        if taken:
+            raise ValueError(f"selector {taken[0]!r} is already registered")
+        allowed = tuple(scopes) if scopes is not None else (SCOPES if "scope" in options else ())
+        doc = (fn.__doc__ or "").strip().splitlines()
+        SELECTORS[key] = Selector(key, fn, frozenset(needs), options, allowed, _check_nonneg_int(warmup_steps,
+                                  "warmup_steps"), normalization, label or key, tuple(aliases),
+                                  help if help is not None else (doc[0] if doc else ""), in_default_grid)
+        SELECTORS[key].resolve_options()  # the defaults themselves must pass the option checks
+        _ALIASES.update({alias: key for alias in names[1:]})
+        return fn
+
+    return decorator
+
+
+def method_names() -> list[str]:
+    """Every name a method may be given by: registered names, then labels and aliases."""
+    return [*SELECTORS, *(a for a, target in _ALIASES.items() if target in SELECTORS)]
+
+
+def get_selector(name: str) -> Selector:
+    """The selector registered as ``name`` or under that label/alias, or ``module:function`` (the module is
+    imported, which registers the function's selector; an undecorated function is registered as is)."""
+    if name in SELECTORS:
+        return SELECTORS[name]
+    if _ALIASES.get(name) in SELECTORS:
+        return SELECTORS[_ALIASES[name]]
+    if ":" in name:
+        return _import_selector(name)
+    close = difflib.get_close_matches(name, method_names(), n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    raise ValueError(f"unknown selector {name!r}; {hint}choose from {', '.join(method_names())} or give "
+                     "module:function (a function registered with ictrl.core.selection.register_selector)")
+
+
+def _import_selector(spec: str) -> Selector:
+    module, _, attr = spec.partition(":")
+    try:
+        fn = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise ValueError(f"selector {spec!r}: cannot import it: {exc}") from None
+    for selector in SELECTORS.values():
+        if selector.fn is fn:
+            return selector
+    if not callable(fn):
+        raise ValueError(f"selector {spec!r}: {type(fn).__name__} is not a function")
+    register_selector(spec)(fn)
+    return SELECTORS[spec]
+
+
+def select(name: str, inputs: SelectionInputs, *, warmup_steps: int = 0, **options: Any) -> Tensor:
+    """Apply selector ``name``: returns a [B, T] bool tensor, a subset of ``inputs.mask`` (the whole mask while
+    ``inputs.step < warmup_steps``)."""
+    return get_selector(name)(inputs, warmup_steps=warmup_steps, **options)
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+
+
+def _check_ratio(value: Any, name: str = "ratio") -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < float(value) <= 1.0:
+        raise ValueError(f"{name} must be a number in (0, 1], got {value!r}")
+    return float(value)
+
+
+def _check_prob(value: Any, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < float(value) <= 1.0:
+        raise ValueError(f"{name} must be a probability in (0, 1], got {value!r}")
+    return float(value)
+
+
+def _check_scope(scope: Any, allowed: tuple[str, ...]) -> str:
+    if scope not in allowed:
+        raise ValueError(f"scope must be one of {list(allowed)}, got {scope!r}")
+    return scope
+
+
+def _check_nonneg_int(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+    return value
+
+
+# Option name -> its check, shared by every selector that takes the option (a custom option is passed as given).
+_OPTION_CHECKS: dict[str, Callable[[Any, str], Any]] = {
+    "ratio": _check_ratio, "q": _check_ratio, "tau_p": _check_prob, "seed": _check_nonneg_int,
+}
+
+
+def _units(inputs: SelectionInputs, scope: str) -> Tensor:
+    """[B, T] long unit id of every position: its row, its group (0..G-1), or 0 for the batch."""
+    B, T = inputs.mask.shape
+    device = inputs.mask.device
+    if scope == "response":
+        row_unit = torch.arange(B, device=device)
+    elif scope == "group":
+        if inputs.group_ids is None:
+            raise ValueError("scope='group' needs SelectionInputs.group_ids, which is None")
+        row_unit = torch.unique(inputs.group_ids.to(device), return_inverse=True)[1]
+    else:
+        row_unit = torch.zeros(B, dtype=torch.long, device=device)
+    return row_unit[:, None].expand(B, T)
+
+
+def _ceil_count(ratio: float, n: Tensor) -> Tensor:
+    """k = ceil(ratio * n) for integer counts n, immune to float overshoot; k >= 1 wherever n >= 1."""
+    k = torch.ceil(n.double() * ratio * (1.0 - 1e-12)).long()
+    return torch.minimum(k.clamp(min=1), n) * (n > 0)
+
+
+def _top_k_per_unit(score: Tensor, mask: Tensor, units: Tensor, ratio: float) -> Tensor:
+    """[B, T] bool: in each unit, the ceil(ratio * n_active) active positions with the highest score.
+
+    Ties go to the lower flat index. Vectorised: sort the active positions by (unit, -score, index).
+    """
+    flat_mask = mask.reshape(-1)
+    idx = flat_mask.nonzero(as_tuple=True)[0]  # ascending flat index
+    out = torch.zeros_like(flat_mask)
+    if idx.numel() == 0:
+        return out.view_as(mask)
+    s = score.reshape(-1)[idx]
+    u = units.reshape(-1)[idx]
+    n = idx.numel()
+    by_score = torch.sort(s, descending=True, stable=True).indices  # ties keep the lower index first
+    n_units = int(u.max()) + 1
+    if n_units == 1:
+        order = by_score
+    else:
+        # Group by unit, keeping score order, with one sort of unique keys unit * n + score_rank. The key is
+        # float64 (exact below 2**53) because CPU torch sorts int64 about 3x slower than float64.
+        score_rank = torch.empty_like(by_score)
+        score_rank[by_score] = torch.arange(n, device=idx.device)
+        order = torch.sort(u.double() * n + score_rank.double()).indices
+    u_sorted = u[order]
+    counts = torch.bincount(u, minlength=n_units)
+    starts = torch.cumsum(counts, 0) - counts
+    rank = torch.arange(n, device=idx.device) - starts[u_sorted]
+    keep = rank < _ceil_count(ratio, counts)[u_sorted]
+    out[idx[order[keep]]] = True
+    return out.view_as(mask)
+
+
+def _step_seed(seed: int, step: int) -> int:
+    """A 63-bit seed derived from (seed, step) with a fixed hash: no collisions like seed*N + step."""
+    digest = hashlib.blake2b(f"{seed}:{step}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & ((1 << 63) - 1)
+
+
+# --------------------------------------------------------------------------------------------- selectors
+# Defaults (docs/method.md §3-5): random and frequent are ICT ablations, so they share ICT's ratio, scope, warm-up and
+# Sparse-GRPO normaliser; 20-Entropy and STAPO follow their own papers (token mean over the kept tokens, no
+# warm-up); "all" is the original GRPO per-response mean. Θ = 10: the paper's ablation found 10/20/40 alike.
+
+
+@register_selector("all", normalization="per_response_all", label="grpo", in_default_grid=True,
+                   help="GRPO: every response token carries the gradient")
+def _select_all(inputs: SelectionInputs) -> Tensor:
+    return inputs.mask.clone()
+
+
+@register_selector("entropy", needs=("entropy",), scopes=("batch", "response"),
+                   normalization="token_mean_selected", label="entropy20", in_default_grid=True,
+                   help="20-Entropy: the top 20% of tokens by entropy, one cut-off for the batch")
+def _select_entropy(inputs: SelectionInputs, *, ratio: float = 0.2, scope: str = "batch") -> Tensor:
+    assert inputs.entropy is not None
+    return _top_k_per_unit(inputs.entropy, inputs.mask, _units(inputs, scope), ratio)
+
+
+@register_selector("stapo", needs=("entropy", "prob", "advantages"), normalization="token_mean_selected",
+                   in_default_grid=True,
+                   help="STAPO: silence low-probability, low-entropy positive-advantage tokens")
+def _select_stapo(inputs: SelectionInputs, *, tau_p: float = 0.002, q: float = 0.75) -> Tensor:
+    assert inputs.entropy is not None and inputs.prob is not None and inputs.advantages is not None
+    positive = (inputs.advantages > 0).to(inputs.mask.device)[:, None]
+    candidates = inputs.mask & positive & (inputs.prob < tau_p)
+    # Bottom q by entropy = top q by negated entropy; one unit for the whole batch.
+    silenced = _top_k_per_unit(-inputs.entropy, candidates, torch.zeros_like(inputs.mask, dtype=torch.long), q)
+    return inputs.mask & ~silenced
+
+
+@register_selector("ict", needs=("ict_score",), warmup_steps=10, in_default_grid=True,
+                   help="ICT / Sparse-GRPO: the top 10% of each response by JS divergence to the group mean")
+def _select_ict(inputs: SelectionInputs, *, ratio: float = 0.1, scope: str = "response") -> Tensor:
+    assert inputs.ict_score is not None
+    return _top_k_per_unit(inputs.ict_score, inputs.mask, _units(inputs, scope), ratio)
+
+
+@register_selector("random", warmup_steps=10, label="random10", in_default_grid=True,
+                   help="ablation: as many tokens as ICT picks, uniformly at random")
+def _select_random(inputs: SelectionInputs, *, ratio: float = 0.1, scope: str = "response", seed: int = 0) -> Tensor:
+    generator = torch.Generator(device="cpu").manual_seed(_step_seed(seed, inputs.step))
+    score = torch.rand(inputs.mask.shape, generator=generator, dtype=torch.float64).to(inputs.mask.device)
+    return _top_k_per_unit(score, inputs.mask, _units(inputs, scope), ratio)
+
+
+@register_selector("frequent", needs=("ict_score",), warmup_steps=10, label="frequent90",
+                   help="ablation: the complement of ICT's selection (the frequent 90%)")
+def _select_frequent(inputs: SelectionInputs, *, ratio: float = 0.1, scope: str = "response") -> Tensor:
+    return inputs.mask & ~_select_ict(inputs, ratio=ratio, scope=scope)

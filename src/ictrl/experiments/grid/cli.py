@@ -1,0 +1,130 @@
+"""The options ``ictrl compare`` and ``ictrl sweep`` share, and the :class:`Experiment` they build from them: an
+embedded task (``tinyrun``) or a run config (``configrun``)."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from ictrl.errors import UserError
+from ictrl.experiments.grid import configrun
+from ictrl.experiments.grid import tinyrun
+from ictrl.experiments.grid.runner import DEFAULT_METHODS, METHODS, RunSpec
+
+# Warm-start noise per task beyond the shared recipe: countdown's demonstrations err mostly by choice (a correct
+# chain to another value), rarely by an arithmetic slip.
+# Its longer chains stay at 0% dev pass@1 for the first ~1,000 steps: more patience than tinyarith's 6 evaluations.
+TASK_RECIPES: dict[str, dict[str, Any]] = {"countdown": {"order_error": 0.5, "digit_error": 0.1,
+                                                           "train_problems": 1300, "patience": 12,
+                                                           "max_steps": 4000}}
+
+# --quick: ictrl demo's quick base model and an RL budget small enough for tests (seconds per run).
+QUICK_RL = dict(steps=2, prompts_per_step=4, num_generations=4, num_iterations=1, selection_warmup=0,
+                eval_problems=8)
+
+
+def add_common_arguments(parser: Any, default_output: str) -> None:
+    """Options shared by ``ictrl compare`` and ``ictrl sweep``."""
+    parser.add_argument("--methods", default=",".join(DEFAULT_METHODS),
+                        help=f"comma-separated methods from: {', '.join(METHODS)}, their selector names, or "
+                             "module:function (default: %(default)s)")
+    parser.add_argument("--seeds", type=int, default=3, help="seeds per method (0..N-1; default: %(default)s)")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="optimizer steps per run (default: the embedded recipe's, or the config's max_steps)")
+    parser.add_argument("--output-dir", type=Path, default=Path(default_output),
+                        help="where run directories, tables, plots and report.html go; a rerun resumes")
+    parser.add_argument("--config", type=Path, default=None,
+                        help="an `ictrl train` YAML config instead of the embedded task (its token_selector and "
+                             "selection keys are replaced per method; held-out eval on its data.eval)")
+    parser.add_argument("--quick", action="store_true", help="a tiny base model and 2 steps per run (tests)")
+    parser.add_argument("--eval-problems", type=int, default=None,
+                        help="held-out problems (embedded task; default 200) or per-benchmark limit (--config)")
+    parser.add_argument("--prompts-per-step", type=int, default=None, help="embedded task: prompts per step")
+    parser.add_argument("--selection-warmup", type=int, default=None,
+                        help="embedded task: Θ, steps of full GRPO before ict/random10 select (default: their "
+                             f"registered Θ, {METHODS['ict'].warmup_steps}); scale it down with --steps")
+    parser.add_argument("--eval-every", type=int, default=None,
+                        help="embedded task: held-out pass@k every N optimizer steps during training (the "
+                             "eval/avg/pass@1 curve); default: only after training")
+    parser.add_argument("--jobs", type=int, default=1, help="runs in parallel, one torch thread each")
+
+
+@dataclass
+class Experiment:
+    """What a grid command needs: how to run one cell, how to evaluate the base model, what to record."""
+
+    runner: Callable[[RunSpec, Path], dict[str, Any]]
+    eval_base: Callable[[Path], dict[str, Any]]
+    settings: dict[str, Any]
+    default_lr: float | None
+
+
+def make_experiment(args: Any, log: Callable[[str], None] = print) -> Experiment:
+    """The embedded task (building or reusing the cached base) or ``--config``, from the shared options."""
+    if args.steps is not None and args.steps < 1:
+        raise UserError(f"--steps must be at least 1, got {args.steps}")
+    if args.eval_problems is not None and args.eval_problems < 1:
+        raise UserError(f"--eval-problems must be at least 1, got {args.eval_problems}")
+    if args.config is not None:
+        if not args.config.is_file():
+            raise UserError(f"--config: {args.config}: file not found")
+        probe = configrun.load_run_config(args.config, RunSpec("grpo", 0), args.output_dir / "_probe", args.steps)
+        runner = functools.partial(configrun.config_run, args.config, args.steps, args.eval_problems)
+        return Experiment(
+            runner=runner,
+            eval_base=lambda out: configrun.eval_config_base(args.config, out, args.eval_problems),
+            settings={"source": "config", "config": str(args.config), "steps": probe.trainer.get("max_steps", -1),
+                      "model": probe.model.name_or_path, "eval": list(probe.data.eval),
+                      "eval_limit": args.eval_problems},
+            default_lr=probe.trainer.get("learning_rate", 1e-6),
+        )
+    from ictrl.experiments.tasks.tinymodel import TinyRecipe, build_tiny_base
+
+    recipe_kw, rl_kw = default_tiny_settings(args.quick)
+    task = getattr(args, "task", None) or "tinyarith"
+    if task != "tinyarith":
+        from ictrl.experiments.tasks.registry import DEFAULT_DIFFICULTY
+
+        extra = TASK_RECIPES.get(task, {})
+        if args.quick:  # the quick recipe's own budget (steps, problems) wins
+            extra = {k: v for k, v in extra.items() if k not in recipe_kw}
+        recipe_kw.update(task=task, difficulty=DEFAULT_DIFFICULTY[task], **extra)
+    if args.steps is not None:
+        rl_kw["steps"] = args.steps
+    if args.eval_problems is not None:
+        rl_kw["eval_problems"] = args.eval_problems
+    if args.prompts_per_step is not None:
+        rl_kw["prompts_per_step"] = args.prompts_per_step
+    if getattr(args, "eval_every", None) is not None:
+        rl_kw["eval_every"] = args.eval_every
+    if args.selection_warmup is not None:
+        if args.selection_warmup < 0:
+            raise UserError(f"--selection-warmup must be >= 0, got {args.selection_warmup}")
+        rl_kw["selection_warmup"] = args.selection_warmup
+    recipe = TinyRecipe(**recipe_kw)
+    settings = tinyrun.TinyRL(**rl_kw)
+    base = build_tiny_base(recipe, log=log)
+    return Experiment(
+        runner=functools.partial(tinyrun.train_tiny, settings, base),
+        eval_base=functools.partial(tinyrun.eval_tiny_base, settings, base),
+        settings={"source": "embedded", "base": str(base), "recipe": asdict(recipe), "rl": asdict(settings)},
+        default_lr=settings.lr,
+    )
+
+
+def default_tiny_settings(quick: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(TinyRecipe kwargs, TinyRL kwargs): ``ictrl demo``'s base recipe (seed 0, shared by every run) and RL plan."""
+    from ictrl.experiments import demo
+
+    if quick:
+        return dict(demo.QUICK_RECIPE), dict(QUICK_RL)
+    plan = demo.FULL
+    # ictrl demo's full run uses TinyRecipe()'s defaults (seed = its --seed); every grid run shares seed 0's base.
+    return {}, {"steps": plan["steps"], "lr": plan["lr"], "prompts_per_step": plan["prompts"],
+                "num_generations": plan["generations"], "eval_problems": plan["eval_problems"],
+                "eval_n": plan["eval_samples"]}
+
+

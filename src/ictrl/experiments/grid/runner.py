@@ -1,0 +1,222 @@
+"""The resumable (method, seed[, lr]) grid shared by ``ictrl compare`` and ``ictrl sweep``.
+
+One *run* = RL training with one method and seed (and learning rate), then a held-out pass@k evaluation. Each
+run owns a directory ``<root>/[lr<lr>/]<method>/seed<seed>/`` holding ``metrics.jsonl`` (the trainer's per-step
+log), ``eval/`` (the harness's samples and results) and, written atomically and last, ``done.json`` (the run's
+result). A rerun skips runs whose ``done.json`` exists and restarts the others from scratch; in ``--config``
+mode (the engine saves checkpoints) an unfinished run resumes from its last complete checkpoint instead.
+
+This module is the scheduler and the method names; the runs come from ``tinyrun`` (the embedded tasks, the
+default) or ``configrun`` (``--config``: ``ictrl train``'s own run), and ``gridcli`` turns the shared command-line
+options into either.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from ictrl.errors import UserError
+from ictrl.experiments.reports.report import atomic_write_text
+
+DONE_FILE = "done.json"
+EVAL_DIR = "eval"
+
+
+
+def _methods() -> dict[str, Any]:
+    """Method label (grpo, entropy20, ...) -> its registered selector, in registration order."""
+    from ictrl.core.selection import SELECTORS
+
+    return {selector.label: selector for selector in SELECTORS.values()}
+
+
+METHODS = _methods()
+DEFAULT_METHODS = tuple(label for label, selector in METHODS.items() if selector.in_default_grid)
+
+
+def parse_methods(names: str | Sequence[str]) -> list[str]:
+    """``"grpo,ict"`` or ``["grpo", "ict"]`` -> de-duplicated method labels, order kept. Any name the
+    selector registry accepts is allowed (``all`` = ``grpo``, ``module:function``); the label names the runs."""
+    from ictrl.core.selection import get_selector
+
+    items = [n.strip() for n in (names.split(",") if isinstance(names, str) else names)]
+    items = [n for n in items if n]
+    if not items:
+        raise UserError("methods: need at least one method")
+    labels = []
+    for name in items:
+        try:
+            labels.append(get_selector(name).label)
+        except ValueError as exc:
+            raise UserError(f"methods: {str(exc).replace('unknown selector', 'unknown method')}") from None
+    return list(dict.fromkeys(labels))
+
+
+def method_keys(name: str, warmup_steps: int | None = None) -> dict[str, Any]:
+    """The run-config keys that choose method ``name``: its selector and run name, plus Θ = ``warmup_steps``
+    for methods that warm up (everything else is the selector's registered default)."""
+    from ictrl.core.selection import get_selector
+
+    (label,) = parse_methods([name])
+    selector = get_selector(name)
+    keys: dict[str, Any] = {"token_selector": name if ":" in name else selector.name, "run_name": label}
+    if warmup_steps is not None and selector.warmup_steps > 0:
+        keys["selection_warmup_steps"] = warmup_steps
+    return keys
+
+
+def theta(rl: dict[str, Any]) -> int:
+    """Θ of an embedded-task grid whose settings are ``rl`` (``TinyRL`` as a dict): its ``selection_warmup``, or
+    ICT's registered default."""
+    return int(rl["selection_warmup"]) if rl.get("selection_warmup") is not None else METHODS["ict"].warmup_steps
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One cell of the grid; ``lr`` None means the recipe's learning rate. ``ratio`` / ``norm`` override the
+    method's selected fraction / loss normaliser (``ictrl compare --tune``'s variants); None keeps its default."""
+
+    method: str
+    seed: int
+    lr: float | None = None
+    ratio: float | None = None
+    norm: str | None = None
+
+    @property
+    def variant(self) -> str:
+        """The method with its overrides, e.g. ``ict``, ``ict-r0.2``, ``random10-per_response_all``."""
+        return (self.method + (f"-r{self.ratio:g}" if self.ratio is not None else "")
+                + (f"-{self.norm}" if self.norm is not None else ""))
+
+    @property
+    def relpath(self) -> str:
+        head = f"lr{self.lr:g}/" if self.lr is not None else ""
+        return f"{head}{self.variant}/seed{self.seed}"
+
+
+def grid_specs(methods: Sequence[str], seeds: int, lrs: Sequence[float] | None = None) -> list[RunSpec]:
+    """Every (lr, method, seed) cell, seeds innermost so that a partial grid covers methods evenly per lr."""
+    if seeds < 1:
+        raise UserError(f"seeds: need at least 1, got {seeds}")
+    methods = parse_methods(methods)
+    if lrs is None:
+        return [RunSpec(m, s) for s in range(seeds) for m in methods]
+    for lr in lrs:
+        if not (math.isfinite(lr) and lr > 0):
+            raise UserError(f"lrs: learning rates must be finite and > 0, got {lr!r}")
+    return [RunSpec(m, s, float(lr)) for lr in lrs for s in range(seeds) for m in methods]
+
+
+def run_grid(
+    specs: Sequence[RunSpec],
+    root: str | Path,
+    run_one: Callable[[RunSpec, Path], dict[str, Any]],
+    log: Callable[[str], None] = print,
+    jobs: int = 1,
+    threads: int | None = None,
+) -> dict[RunSpec, dict[str, Any]]:
+    """Run every spec without a done marker; returns spec -> result (the content of its ``done.json``).
+
+    ``run_one(spec, run_dir)`` trains and evaluates into ``run_dir`` (which may hold an unfinished attempt: the
+    runner decides between resuming and starting over) and returns a JSON-serialisable dict with at least
+    ``p1`` and ``p4``. The grid adds ``spec`` and ``seconds`` and writes ``done.json`` atomically, last.
+
+    jobs > 1 runs that many worker processes (spawned; ``run_one`` must be picklable, e.g. a
+    ``functools.partial`` of a module-level function), each with ``threads`` torch threads (default 1): on a
+    few CPU cores, single-threaded processes side by side get more done with tiny models than one process
+    with several threads.
+    """
+    if jobs < 1:
+        raise UserError(f"jobs must be at least 1, got {jobs}")
+    root = Path(root)
+    results: dict[RunSpec, dict[str, Any]] = {}
+    todo = []
+    for spec in specs:
+        done = root / spec.relpath / DONE_FILE
+        if done.is_file():
+            results[spec] = json.loads(done.read_text())
+        else:
+            todo.append(spec)
+    log(f"grid: {len(specs)} runs, {len(results)} already done, {len(todo)} to run"
+        + (f" in {jobs} processes" if jobs > 1 and todo else ""))
+
+    def finish(spec: RunSpec, result: dict[str, Any], seconds: float) -> None:
+        for key in ("p1", "p4"):
+            if key not in result:
+                raise ValueError(f"{spec.relpath}: the runner's result has no {key!r}")
+        result = {"spec": asdict(spec), "seconds": seconds, **result}
+        atomic_write_text(root / spec.relpath / DONE_FILE, json.dumps(result, indent=1) + "\n")
+        results[spec] = result
+        log(f"[{len(results)}/{len(specs)}] {spec.relpath}: P@1 {result['p1']:.3f} P@4 {result['p4']:.3f} "
+            f"final reward {result.get('final_reward', math.nan):.3f} ({seconds:.0f}s)")
+
+    for spec in todo:
+        run_dir = root / spec.relpath
+        if run_dir.exists():
+            log(f"{spec.relpath}: unfinished earlier attempt found (no {DONE_FILE})")
+        run_dir.mkdir(parents=True, exist_ok=True)
+    if jobs == 1 or len(todo) <= 1:
+        for spec in todo:
+            start = time.perf_counter()
+            result = run_one(spec, root / spec.relpath)
+            finish(spec, result, time.perf_counter() - start)
+    else:
+        import multiprocessing
+        from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+
+        ctx = multiprocessing.get_context("spawn")  # fork after torch/OpenMP initialisation can deadlock
+        with ProcessPoolExecutor(jobs, mp_context=ctx, initializer=_init_worker, initargs=(threads or 1,)) as pool:
+            pending = {pool.submit(_timed, run_one, spec, root / spec.relpath): spec for spec in todo}
+            while pending:
+                finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+                for future in finished:
+                    spec = pending.pop(future)
+                    result, seconds = future.result()
+                    finish(spec, result, seconds)
+    return {spec: results[spec] for spec in specs}
+
+
+def _init_worker(threads: int) -> None:
+    import torch
+
+    from ictrl.rewards.worker import die_with_parent
+
+    # A killed `ictrl compare` must not leave its workers training on: they would compete with a resumed run for
+    # the same run directories (seen: SIGTERM to the parent left both spawned workers at full CPU).
+    die_with_parent(os.getppid())
+    torch.set_num_threads(threads)
+
+
+def _timed(run_one: Callable[[RunSpec, Path], dict[str, Any]], spec: RunSpec,
+           run_dir: Path) -> tuple[dict[str, Any], float]:
+    start = time.perf_counter()
+    return run_one(spec, run_dir), time.perf_counter() - start
+
+
+def cached_result(path: Path, compute: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """``compute()`` once: its JSON result is stored atomically at ``path`` and read back on later calls."""
+    if path.is_file():
+        return json.loads(path.read_text())
+    result = compute()
+    atomic_write_text(path, json.dumps(result, indent=1) + "\n")
+    return result
+
+
+def final_reward(records: Sequence[dict[str, Any]], window: int = 5) -> float:
+    """Mean ``reward`` over the last ``window`` logged steps (NaN when none logged a reward)."""
+    rewards = [float(r["reward"]) for r in records if isinstance(r.get("reward"), (int, float))]
+    tail = rewards[-window:]
+    return math.fsum(tail) / len(tail) if tail else math.nan
+
+
+def load_grid_metrics(root: Path, specs: Sequence[RunSpec]) -> dict[RunSpec, list[dict[str, Any]]]:
+    from ictrl.experiments.reports.report import load_metrics
+
+    return {s: load_metrics(root / s.relpath / "metrics.jsonl") for s in specs}

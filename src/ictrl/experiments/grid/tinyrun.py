@@ -1,0 +1,203 @@
+"""Grid runs on an embedded task (``ictrl.experiments.tasks.registry``: tinyarith by default, countdown) on the cached
+warm-started base model of ``tinymodel.build_tiny_base``, trained with the engine's ``ICTGRPOTrainer`` (the same
+trainer class, run config and ``metrics.jsonl`` callback as ``ictrl train``) and evaluated on the task's held-out
+split.
+
+Held-out evaluation samples with the training temperature and top-p, so the base model's P@1 is also its
+expected training reward (the reference ``outcomes.label_run`` compares a run's final reward with).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ictrl.experiments.grid.runner import EVAL_DIR, RunSpec, final_reward, method_keys
+
+
+@dataclass(frozen=True)
+class TinyRL:
+    """RL and evaluation budget on the embedded task (``default_tiny_settings`` fills it from ``ictrl demo``'s
+    recipe, so compare / sweep runs are demo runs with another method, seed or lr)."""
+
+    steps: int = field(default=60, metadata={"help": "optimizer steps per run"})
+    lr: float = field(default=1e-4, metadata={"help": "Adam learning rate (constant after warm-up)"})
+    lr_warmup_steps: int = field(default=0, metadata={"help": "linear learning-rate warm-up steps"})
+    prompts_per_step: int = field(default=32, metadata={"help": "prompts per generation batch"})
+    num_generations: int = field(default=8, metadata={"help": "G: samples per prompt"})
+    num_iterations: int = field(default=2, metadata={"help": "optimizer steps per generation batch (mu)"})
+    epsilon: float = field(default=0.2, metadata={"help": "lower clip"})
+    epsilon_high: float = field(default=0.28, metadata={"help": "upper clip (DAPO clip-higher)"})
+    temperature: float = field(default=1.0, metadata={"help": "sampling temperature (training and eval)"})
+    selection_warmup: int | None = field(default=None, metadata={"help": "Θ for the methods that warm up (ict, "
+                                                                         "random10, frequent90); None: their default"})
+    eval_problems: int = field(default=200, metadata={"help": "held-out problems (test split)"})
+    eval_n: int = field(default=4, metadata={"help": "samples per held-out problem (>= 4 for P@4)"})
+    eval_split: str = field(default="test", metadata={"help": "split evaluated after training: test, or dev "
+                                                      "for tuning runs (ictrl compare --tune)"})
+    eval_every: int = field(default=0, metadata={"help": "optimizer steps between held-out pass@k evaluations "
+                                                 "during training (the eval/* curves); 0: only after training"})
+    curve_problems: int = field(default=64, metadata={"help": "held-out problems (the first of the test split) "
+                                                      "evaluated during training"})
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "prompts_per_step", "num_iterations", "eval_problems"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.num_generations < 2:
+            raise ValueError(f"num_generations must be at least 2, got {self.num_generations}")
+        if self.eval_every < 0 or self.curve_problems < 1:
+            raise ValueError(f"eval_every must be >= 0 and curve_problems >= 1, got {self.eval_every}, "
+                             f"{self.curve_problems}")
+        if self.eval_n < 4:
+            raise ValueError(f"eval_n must be at least 4 (P@4 needs n >= 4), got {self.eval_n}")
+        if self.eval_split not in ("dev", "test"):
+            raise ValueError(f"eval_split must be 'dev' or 'test', got {self.eval_split!r}")
+        if not (self.lr > 0 and self.temperature > 0):
+            raise ValueError(f"lr and temperature must be > 0, got {self.lr}, {self.temperature}")
+
+
+def tiny_run_config(settings: TinyRL, base: Path, spec: RunSpec, run_dir: Path) -> Any:
+    """The validated ``RunConfig`` of one embedded-task run (the engine maps it onto ICTGRPOConfig)."""
+    from ictrl.engine.run_config import config_from_dict
+    from ictrl.experiments.tasks.tinymodel import max_new_tokens
+
+    difficulty = _base_difficulty(base)
+    batch = settings.prompts_per_step * settings.num_generations
+    method = method_keys(spec.method, settings.selection_warmup)
+    if spec.ratio is not None:
+        method["selection_ratio"] = spec.ratio
+    if spec.norm is not None:
+        method["loss_normalization"] = spec.norm
+    data = {
+        "model": {"name_or_path": str(base), "dtype": "float32"},
+        "output_dir": str(run_dir),
+        **method,
+        "num_generations": settings.num_generations, "temperature": settings.temperature,
+        "max_completion_length": max_new_tokens(difficulty, base_task(base)),
+        "learning_rate": spec.lr if spec.lr is not None else settings.lr, "lr_scheduler_type": "constant",
+        "warmup_steps": settings.lr_warmup_steps, "epsilon": settings.epsilon, "epsilon_high": settings.epsilon_high,
+        "beta": 0.0, "num_iterations": settings.num_iterations, "per_device_train_batch_size": batch,
+        "max_steps": settings.steps, "seed": spec.seed, "weight_decay": 0.0, "max_grad_norm": 1.0,
+        "report_to": "none", "logging_steps": 1, "disable_tqdm": True,
+        "top_k": 0,  # pure sampling, as ictrl demo
+        "save_strategy": "no",  # runs are short: a crashed run restarts rather than resumes
+    }
+    return config_from_dict(data, source=f"{spec.relpath} (embedded task)")
+
+
+def _base_difficulty(base: Path) -> tuple[int, ...]:
+    info = json.loads((base / "warm_start.json").read_text())
+    return tuple(info["recipe"]["difficulty"])
+
+
+def base_task(base: Path) -> str:
+    """The embedded task a cached base was warm-started on (bases from before the task field: tinyarith)."""
+    return str(json.loads((base / "warm_start.json").read_text())["recipe"].get("task", "tinyarith"))
+
+
+def _max_new(base: Path) -> int:
+    from ictrl.experiments.tasks.tinymodel import max_new_tokens
+
+    return max_new_tokens(_base_difficulty(base), base_task(base))
+
+
+def tiny_eval_tasks(settings: TinyRL, base: Path) -> list[Any]:
+    from ictrl.experiments.tasks.registry import get_task
+
+    task = get_task(base_task(base))
+    # seed 0 as ictrl demo: the held-out set depends only on the task, never on a run's seed.
+    problems = task.generate_problems(settings.eval_problems, settings.eval_split, _base_difficulty(base), seed=0)
+    return [task.eval_task(problems)]
+
+
+def evaluate_model(model: Any, tokenizer: Any, tasks: list[Any], out_dir: Path, label: str, n: int,
+                   max_new_tokens: int, temperature: float, top_p: float) -> dict[str, float]:
+    """Held-out pass@1 / pass@4 (fractions, averaged over ``tasks``) with the HF backend, one eval seed (0)."""
+    from ictrl.eval.generate import HFBackend
+    from ictrl.eval.harness import EvalConfig, evaluate
+
+    config = EvalConfig(model=label, n=n, ks=(1, 4), max_new_tokens=max_new_tokens, temperature=temperature,
+                        top_p=top_p, seeds=(0,), chunk_size=64, n_bootstrap=200)
+    result = evaluate(tasks, HFBackend(model, tokenizer, batch_size=256), config, output_dir=out_dir,
+                      progress=False)
+    avg = result.summary["average"]["pass_at_k"]
+    return {"p1": float(avg["1"]["mean"]), "p4": float(avg["4"]["mean"])}
+
+
+def train_tiny(settings: TinyRL, base: Path, spec: RunSpec, run_dir: Path) -> dict[str, Any]:
+    """Train one run on the embedded task from scratch and evaluate it; returns p1, p4, final_reward."""
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+    from ictrl.engine.callbacks import MetricsJSONL
+    from ictrl.engine.run import build_trainer_args, make_trainer_class, trainer_classes
+    from ictrl.experiments.reports.report import load_metrics
+    from ictrl.experiments.tasks.registry import get_task
+    from ictrl.experiments.tasks.tinymodel import load_tiny_base
+    from ictrl.experiments.reports.update_norm import UpdateNorm
+
+    for stale in list(run_dir.iterdir()):  # an unfinished attempt: start over
+        shutil.rmtree(stale) if stale.is_dir() else stale.unlink()
+    cfg = tiny_run_config(settings, base, spec, run_dir)
+    args = build_trainer_args(cfg, cfg.output_dir)
+    model, tokenizer = load_tiny_base(base)
+    task = get_task(base_task(base))
+    dataset = task.train_dataset(settings.prompts_per_step, settings.steps, _base_difficulty(base), spec.seed)
+    _, trainer_cls = trainer_classes()
+    trainer = make_trainer_class(trainer_cls)(model=model, reward_funcs=[task.reward], args=args,
+                                              train_dataset=dataset, processing_class=tokenizer)
+    for cb in (PrinterCallback, ProgressCallback):
+        trainer.remove_callback(cb)
+    metrics_path = run_dir / "metrics.jsonl"
+    trainer.add_callback(UpdateNorm())  # before MetricsJSONL: it adds ictrl/update_norm to the row that one writes
+    trainer.add_callback(MetricsJSONL(metrics_path, accuracy_reward=task.reward.__name__))
+    if settings.eval_every:
+        trainer.add_callback(curve_callback(settings, base, spec).bind(trainer))
+    try:
+        trainer.train()
+    except RuntimeError as exc:
+        if not is_divergence(exc):
+            raise
+        # Weights gone non-finite (sampling from nan/inf probabilities): an outcome of the run, not a bug.
+        # The model can no longer sample, so it scores 0 on the held-out set.
+        records = load_metrics(metrics_path) if metrics_path.exists() else []
+        return {"p1": 0.0, "p4": 0.0, "final_reward": final_reward(records), "steps": trainer.state.global_step,
+                "diverged": str(exc)[:300]}
+    tasks = tiny_eval_tasks(settings, base)
+    scores = evaluate_model(trainer.model, tokenizer, tasks, run_dir / EVAL_DIR, f"{spec.relpath}", settings.eval_n,
+                            _max_new(base), settings.temperature, 1.0)
+    return {**scores, "final_reward": final_reward(load_metrics(metrics_path)), "steps": trainer.state.global_step}
+
+
+def curve_callback(settings: TinyRL, base: Path, spec: RunSpec) -> Any:
+    """Held-out pass@k every ``settings.eval_every`` steps on the first ``curve_problems`` test problems, with the
+    end-of-run evaluation's sampling settings and seed: the ``eval/avg/pass@1`` curves of compare/sweep."""
+    from ictrl.engine.eval_callback import PassAtKCallback
+    from ictrl.eval.harness import EvalConfig, EvalTask
+
+    (task,) = tiny_eval_tasks(settings, base)
+    subset = EvalTask(task.name, list(task.problems)[:settings.curve_problems], task.prompt_fn, task.reward_fn,
+                      task.extract_fn)
+    config = EvalConfig(model=spec.relpath, n=settings.eval_n, ks=(1, 4),
+                        max_new_tokens=_max_new(base), temperature=settings.temperature,
+                        top_p=1.0, seeds=(0,), n_bootstrap=1)
+    return PassAtKCallback([subset], config, every=settings.eval_every, batch_size=256)
+
+
+def is_divergence(exc: BaseException) -> bool:
+    """torch's error for sampling from a distribution with nan / inf / negative entries."""
+    text = str(exc).lower()
+    return "probability tensor contains" in text or ("nan" in text and "inf" in text)
+
+
+def eval_tiny_base(settings: TinyRL, base: Path, out_dir: Path) -> dict[str, Any]:
+    from ictrl.experiments.tasks.tinymodel import load_tiny_base
+
+    model, tokenizer = load_tiny_base(base)
+    return evaluate_model(model, tokenizer, tiny_eval_tasks(settings, base), out_dir, str(base), settings.eval_n,
+                          _max_new(base), settings.temperature, 1.0)
+
+

@@ -1,6 +1,0 @@
-"""Fused kernels for the group JS sweep of :mod:`ictrl.stats` (core layer: torch, plus triton when present).
-
-- :mod:`ictrl.kernels.group_js`: backend choice, the ``torch.compile`` path (CPU: inductor emits one vectorised C++
-  loop per block) and the Triton launch (CUDA);
-- :mod:`ictrl.kernels.group_js_triton`: the hand-written ``@triton.jit`` kernel, imported only when triton is.
-"""

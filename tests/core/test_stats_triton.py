@@ -1,0 +1,133 @@
+"""The hand-written Triton kernel of the group JS sweep against the float64 reference.
+
+Without a GPU the kernel runs on CPU tensors under Triton's interpreter. TRITON_INTERPRET must be set before the
+kernel is defined, and other tests in this process may have imported triton already, so
+``test_kernel_under_the_interpreter`` reruns this file in a subprocess with TRITON_INTERPRET=1, where the case
+tests below run (in the parent they are skipped). On a CUDA machine they run on the GPU as well (marked gpu).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from test_stats import GROUPS6, assert_matches, make_case
+
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+pytest.importorskip("triton")
+
+from ictrl.core.stats import group_js_divergence, token_stats  # noqa: E402
+
+
+def _devices() -> list:
+    devs = []
+    if INTERPRETED:
+        devs.append("cpu")
+    devs.append(pytest.param("cuda", marks=pytest.mark.gpu))
+    return devs
+
+
+cases = pytest.mark.parametrize("device", _devices())
+
+
+def _stats(logits, mask, tokens, device, **kw):
+    dev = lambda x: x.to(device) if x is not None else None  # noqa: E731
+    st = token_stats(dev(logits), dev(mask), dev(tokens), backend="triton", **{k: dev(v) if isinstance(v, torch.Tensor)
+                                                                               else v for k, v in kw.items()})
+    for f in ("entropy", "renyi2", "purity", "logprob", "prob", "ict_score"):
+        setattr(st, f, getattr(st, f).cpu())
+    return st
+
+
+@pytest.mark.skipif(INTERPRETED, reason="this is the parent: it starts the interpreter run")
+@pytest.mark.skipif(sys.platform == "win32", reason="subprocess env")
+def test_kernel_under_the_interpreter() -> None:
+    env = dict(os.environ, TRITON_INTERPRET="1")  # keeps PYTHONPATH: the worktree's code runs
+    res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-W",
+                          "ignore::RuntimeWarning", __file__], capture_output=True, text=True, env=env,
+                         cwd=Path(__file__).parent, timeout=600)
+    tail = res.stdout[-3000:] + res.stderr[-2000:]
+    assert res.returncode == 0, tail
+    passed = re.search(r"(\d+) passed", res.stdout)
+    assert passed and int(passed.group(1)) >= 7 and "failed" not in res.stdout, tail  # every CPU case ran
+
+
+@cases
+def test_random_ragged_and_non_adjacent_groups(device) -> None:
+    logits, mask, tokens = make_case(B=6, T=9, seed=8)
+    mask[:] = torch.arange(9).unsqueeze(0) < torch.tensor([9, 4, 0, 9, 6, 3]).unsqueeze(1)  # one empty response
+    st = _stats(logits, mask, tokens, device, group_ids=GROUPS6)
+    assert_matches(st, logits, mask, tokens, group_ids=GROUPS6)
+    assert (st.ict_score[0, 6:] == 0).all() and (st.ict_score[0, :6] > 0).all()  # alone at t >= 6
+    assert (st.ict_score[5] == 0).all()  # a group of one
+
+
+@cases
+@pytest.mark.parametrize("temperature", [0.7, 1.5])
+def test_temperature(device, temperature) -> None:
+    logits, mask, tokens = make_case(seed=6)
+    st = _stats(logits, mask, tokens, device, temperature=temperature, group_ids=GROUPS6)
+    assert_matches(st, logits, mask, tokens, temperature=temperature, group_ids=GROUPS6)
+
+
+@cases
+def test_ties_and_neg_inf(device) -> None:
+    g = torch.Generator().manual_seed(4)
+    logits = torch.randint(-2, 3, (6, 5, 40), generator=g).float()  # equal logits and equal maxima
+    logits[torch.rand(logits.shape, generator=g) < 0.3] = -math.inf
+    logits[1, 2] = -math.inf
+    logits[1, 2, 7] = 1.0  # one-hot row
+    mask = torch.ones(6, 5, dtype=torch.bool)
+    tokens = torch.where(torch.isfinite(logits.gather(-1, torch.zeros(6, 5, 1, dtype=torch.long))).squeeze(-1), 0,
+                         logits.argmax(-1))
+    st = _stats(logits, mask, tokens, device, group_ids=GROUPS6)
+    assert_matches(st, logits, mask, tokens, group_ids=GROUPS6)
+    assert st.entropy[1, 2] == 0 and st.purity[1, 2] == 1
+
+
+@cases
+def test_large_group_bf16_and_members_ending(device) -> None:
+    g = torch.Generator().manual_seed(19)
+    B, T, V = 20, 9, 300  # one group of 17 (padded to 32), one of 3; V spans several tiles
+    logits = (torch.randn(B, T, V, generator=g) * 3).bfloat16()
+    tokens = torch.randint(0, V, (B, T), generator=g)
+    mask = torch.arange(T).unsqueeze(0) < torch.randint(1, T + 1, (B,), generator=g).unsqueeze(1)
+    groups = torch.zeros(B, dtype=torch.long)
+    groups[::7] = 1
+    st = _stats(logits, mask, tokens, device, group_ids=groups)
+    assert_matches(st, logits.float(), mask, tokens, group_ids=groups, atol=1e-4, rtol=1e-4)
+
+
+@cases
+def test_identical_members_and_two_point_extreme(device) -> None:
+    logits = torch.full((2, 1, 4), -math.inf)
+    logits[0, 0, 0] = 0.0
+    logits[1, 0, 1] = 0.0
+    u = group_js_divergence(logits.to(device), torch.ones(2, 1, dtype=torch.bool).to(device),
+                            torch.tensor([5, 5]).to(device), backend="triton").cpu()
+    want = -(0.75 * math.log(0.75) + 0.25 * math.log(0.25)) - 0.5 * math.log(2.0)
+    torch.testing.assert_close(u, torch.full((2, 1), want))
+    same = torch.randn(1, 3, 50).expand(4, 3, 50).contiguous()
+    u2 = group_js_divergence(same.to(device), torch.ones(4, 3, dtype=torch.bool).to(device),
+                             torch.zeros(4, dtype=torch.long).to(device), backend="triton").cpu()
+    assert u2.abs().max() < 1e-6
+
+
+@cases
+def test_non_finite_active_logit_raises_masked_may_hold_anything(device) -> None:
+    logits, mask, tokens = make_case(seed=21)
+    mask[4, 2] = True
+    logits[4, 2, 11] = math.nan
+    with pytest.raises(ValueError, match=r"\(row 4, position 2\): nan"):
+        _stats(logits, mask, tokens, device, group_ids=GROUPS6)
+    mask[4, 2] = False
+    st = _stats(logits, mask, tokens, device, group_ids=GROUPS6)
+    clean = torch.where(mask.unsqueeze(-1), logits, torch.zeros(()))
+    assert_matches(st, clean, mask, tokens, group_ids=GROUPS6)
