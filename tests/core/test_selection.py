@@ -3,34 +3,14 @@
 from __future__ import annotations
 
 import ast
-import math
-from fractions import Fraction
 from pathlib import Path
 
 import pytest
 import torch
 
+from ictrl.core.reference import ceil_count
+from ictrl.core.reference import top_k_per_unit as naive_top_k
 from ictrl.core.selection import SELECTORS, SelectionInputs, get_selector, register_selector, select
-
-
-def ceil_count(ratio: str | float, n: int) -> int:
-    """Exact ceil(ratio * n) via rational arithmetic on the decimal ratio."""
-    return math.ceil(Fraction(str(ratio)) * n)
-
-
-def naive_top_k(score: torch.Tensor, mask: torch.Tensor, unit_of_row: list[int], ratio: float) -> torch.Tensor:
-    """Per unit: sort active (flat index, score) by (-score, index) and keep ceil(ratio * n)."""
-    B, T = mask.shape
-    units: dict[int, list[tuple[float, int]]] = {}
-    for b in range(B):
-        for t in range(T):
-            if mask[b, t]:
-                units.setdefault(unit_of_row[b], []).append((-float(score[b, t]), b * T + t))
-    out = torch.zeros(B * T, dtype=torch.bool)
-    for members in units.values():
-        for _, flat in sorted(members)[: ceil_count(ratio, len(members))]:
-            out[flat] = True
-    return out.view(B, T)
 
 
 def ragged_batch(seed: int = 0, B: int = 6, T: int = 13) -> SelectionInputs:

@@ -11,6 +11,7 @@ import textwrap
 import pytest
 import torch
 
+from ictrl.core import reference
 from ictrl.core.stats import (
     TokenStats,
     group_js_divergence,
@@ -60,21 +61,8 @@ def ref_token_stats(logits, mask, tokens=None, temperature=1.0) -> dict[str, tor
 
 
 def ref_js(logits, mask, group_ids, temperature=1.0, probs=None) -> torch.Tensor:
-    """Explicit loops: u[b, t] = 1/2 KL(p || m) + 1/2 KL(q || m), q = mean of the active group members at t."""
-    p = ref_probs(logits, temperature) if probs is None else probs.double()
-    B, T = mask.shape
-    u = torch.zeros(B, T, dtype=torch.float64)
-    for b in range(B):
-        for t in range(T):
-            if not mask[b, t]:
-                continue
-            members = [j for j in range(B) if int(group_ids[j]) == int(group_ids[b]) and bool(mask[j, t])]
-            if len(members) < 2:
-                continue
-            q = sum(p[j, t] for j in members) / len(members)
-            mid = 0.5 * (p[b, t] + q)
-            u[b, t] = 0.5 * ref_kl(p[b, t], mid) + 0.5 * ref_kl(q, mid)
-    return u
+    return reference.group_js(logits, mask, group_ids, temperature) if probs is None else \
+        reference.group_js_of_probs(probs, mask, group_ids)
 
 
 def assert_matches(st: TokenStats, logits, mask, tokens=None, temperature=1.0, group_ids=None, atol=2e-5, rtol=1e-5):

@@ -105,28 +105,6 @@ def naive_stats(logits: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor, 
     return {k: torch.where(mask, v, 0.0) for k, v in out.items()}
 
 
-def naive_group_js(logits: torch.Tensor, mask: torch.Tensor, group_ids: torch.Tensor, temperature: float
-                   ) -> torch.Tensor:
-    """float64 [B, T]: JS(p_bt ‖ mean of p_jt over active j of b's group), loops for clarity."""
-    p = torch.softmax(logits.double() / temperature, dim=-1)
-    B, T, _ = p.shape
-    out = torch.zeros(B, T, dtype=torch.float64)
-
-    def kl(a: torch.Tensor, b: torch.Tensor) -> float:
-        nz = a > 0
-        return float((a[nz] * (a[nz].log() - b[nz].log())).sum())
-
-    for b in range(B):
-        for t in range(T):
-            if not mask[b, t]:
-                continue
-            members = [j for j in range(B) if group_ids[j] == group_ids[b] and mask[j, t]]
-            mean = p[members, t].mean(0)
-            m = 0.5 * (p[b, t] + mean)
-            out[b, t] = 0.5 * kl(p[b, t], m) + 0.5 * kl(mean, m)
-    return out
-
-
 # -------------------------------------------------------------------------------------- 2-process worker
 
 # FSDP2 as accelerate's FSDP2 path builds it (TRL's fsdp2.yaml): each decoder layer a unit, then the tail

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import mp_worker as w
+from ictrl.core import reference as core_ref
 from ictrl.engine.sampler_topk import pad_rows, split_vllm_logprobs
 from ictrl.engine.trainer import ICTGRPOTrainer
 
@@ -98,7 +99,7 @@ def test_generation_topk_at_k_equals_v_is_the_exact_ict_score(tiny_model_dir: Pa
     reference = torch.log_softmax(logits / temperature, -1).gather(-1, ids.long())
     assert torch.allclose(lp.double()[mask], reference[mask], atol=2e-5)
     groups = torch.arange(B) // trainer.num_generations
-    exact = w.naive_group_js(logits, mask, groups, temperature)
+    exact = core_ref.group_js(logits, mask, groups, temperature)
     assert float(exact[mask].max()) > 1e-3  # groups whose responses differ
     torch.testing.assert_close(call["js"].double(), exact, atol=2e-6, rtol=1e-4)
     assert trainer._metrics["train"]["ictrl/topk_from_sampler"] == [1.0]

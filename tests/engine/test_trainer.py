@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import mp_worker as w
+from ictrl.core import reference as core_ref
 from ictrl.engine.config import ICTGRPOConfig
 from ictrl.engine.trainer import ICTGRPOTrainer
 from ictrl.core.loss import policy_loss
@@ -185,7 +186,7 @@ def test_statistics_and_ict_mask_match_naive_reference(tiny_model_dir: Path, tmp
     with torch.no_grad():
         logits = trainer.model(input_ids=ids, attention_mask=attention).logits[:, P - 1:P + T - 1]
     ref = w.naive_stats(logits, batch["completion_ids"], mask, 0.8)
-    ref_js = w.naive_group_js(logits, mask, group_ids, 0.8)
+    ref_js = core_ref.group_js(logits, mask, group_ids, 0.8)
     for name, value in ref.items():
         torch.testing.assert_close(getattr(stats, name).double(), value, atol=2e-5, rtol=1e-5, msg=name)
     torch.testing.assert_close(js.double(), ref_js, atol=1e-6, rtol=1e-4)
@@ -399,7 +400,7 @@ def test_selection_topk_full_vocab_equals_exact_and_small_k_trains(tiny_model_di
     P, T = batch["prompt_ids"].size(1), batch["completion_ids"].size(1)
     with torch.no_grad():
         logits = exact.model(input_ids=ids, attention_mask=attention).logits[:, P - 1:P + T - 1]
-    ref_js = w.naive_group_js(logits, mask, group_ids, 0.8)
+    ref_js = core_ref.group_js(logits, mask, group_ids, 0.8)
     torch.testing.assert_close(js_full.double(), ref_js, atol=1e-6, rtol=1e-4)
     torch.testing.assert_close(js_full, js_exact, atol=1e-6, rtol=1e-4)
     for name in ("entropy", "logprob"):  # the token statistics do not depend on the JS path
