@@ -16,7 +16,7 @@ LAYERS: dict[str, int] = {
     "cli": 4, "__main__": 4,
 }
 CORE_THIRD_PARTY = {"torch", "math", "dataclasses", "typing", "collections", "__future__", "hashlib", "inspect",
-                    "difflib", "importlib",
+                    "difflib", "importlib", "fractions",
                     "json", "os", "uuid", "pathlib", "re", "shutil",
                     "logging", "triton"}  # triton: only ictrl.core.kernels.group_js_triton, imported when triton is
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ictrl.engine.trainer import call_head
+from ictrl.engine.heads import call_head
 from ictrl.core.logprobs import selected_token_logprobs
 
 

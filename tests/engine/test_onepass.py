@@ -12,7 +12,7 @@ import torch
 from transformers import TrainerCallback
 
 import mp_worker as w
-from ictrl.engine.onepass import STATS_PATHS
+from ictrl.engine.stats_pass import STATS_PATHS
 
 
 class _GradRecorder(TrainerCallback):
@@ -104,7 +104,8 @@ def test_fused_head_statistics_equal_the_sweep(tiny_model_dir: Path, tmp_path: P
     """TRL's fused head (log-probs, entropy, log Σp²) gives the statistics of the sweep: float64 reference."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from ictrl.engine.onepass import stats_from_fused
+    from ictrl.engine.heads import backbone
+    from ictrl.engine.stats_pass import fused_forward, stats_from_fused
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     tokenizer.padding_side = "left"
@@ -119,7 +120,8 @@ def test_fused_head_statistics_equal_the_sweep(tiny_model_dir: Path, tmp_path: P
     mask = batch["completion_mask"].bool()
     T = mask.size(1)
     with torch.no_grad():
-        logps, ent, lss, hidden = trainer._fused_forward(trainer.model, ids, am, T, keep_hidden=True)
+        logps, ent, lss, hidden = fused_forward(trainer.model, backbone(trainer.accelerator, trainer.model), ids, am, T,
+                                                 trainer.accelerator.autocast, keep_hidden=True)
         logits = trainer.model(input_ids=ids, attention_mask=am).logits[:, -T - 1:-1]
     assert lss is not None and hidden is not None and hidden.shape[:2] == mask.shape
     got = stats_from_fused(logps, ent, lss, mask)

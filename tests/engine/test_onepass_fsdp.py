@@ -1,4 +1,4 @@
-"""The one-pass training-forward path (ictrl.engine.onepass) on 2 CPU processes, DDP and FSDP2-sharded
+"""The one-pass training-forward path (ictrl.engine.stats_pass) on 2 CPU processes, DDP and FSDP2-sharded
 (mp_worker.cpu_fsdp2: accelerate's fsdp2_prepare_model on gloo): the selection gathered across processes in the
 loss, the no-grad statistics sweep over the sharded head, TRL's fused head and the sparse head with grad give the
 masks, loss and parameters of one process running the separate statistics pass."""

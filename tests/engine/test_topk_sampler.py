@@ -56,16 +56,16 @@ def _capture_stats(trainer: Any) -> list[dict[str, Any]]:
 @pytest.fixture
 def no_head_topk(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Count the statistics pass's top-K sweeps over the LM head (there must be none with the sampler source)."""
-    import ictrl.engine.trainer as trainer_module
+    import ictrl.engine.stats_pass as stats_pass_module
 
     calls: list[int] = []
-    original = trainer_module.topk_log_softmax
+    original = stats_pass_module.topk_log_softmax
 
     def counting(*args: Any, **kwargs: Any) -> Any:
         calls.append(1)
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(trainer_module, "topk_log_softmax", counting)
+    monkeypatch.setattr(stats_pass_module, "topk_log_softmax", counting)
     return calls
 
 

@@ -13,6 +13,7 @@ import torch
 import mp_worker as w
 from ictrl.core import reference as core_ref
 from ictrl.engine.config import ICTGRPOConfig
+from ictrl.engine.stats_pass import check_local_groups
 from ictrl.engine.trainer import ICTGRPOTrainer
 from ictrl.core.loss import policy_loss
 from ictrl.core.selection import SelectionInputs, select
@@ -208,10 +209,10 @@ def test_runtime_group_check_rejects_split_groups(tiny_model_dir: Path, tmp_path
     prompt_ids = torch.tensor([[5, 6], [5, 6], [5, 6], [5, 7]])
     batch = {"prompt_ids": prompt_ids, "prompt_mask": torch.ones_like(prompt_ids)}
     with pytest.raises(RuntimeError, match="share"):
-        trainer._check_local_groups(batch, 4)
+        check_local_groups(batch, 4)
     with pytest.raises(RuntimeError, match="multiple of num_generations"):
-        trainer._check_local_groups({k: v[:3] for k, v in batch.items()}, 2)
-    trainer._check_local_groups({"prompt_ids": prompt_ids[:2], "prompt_mask": batch["prompt_mask"][:2]}, 2)
+        check_local_groups({k: v[:3] for k, v in batch.items()}, 2)
+    check_local_groups({"prompt_ids": prompt_ids[:2], "prompt_mask": batch["prompt_mask"][:2]}, 2)
 
 
 # ---------------------------------------------------------------------------------- loss normalisation

@@ -5,7 +5,7 @@ steps with gloo (``deepspeed.initialize`` + backward + step, after JIT-building 
 time), but through the Trainer accelerate 1.15 enables DeepSpeed only for a non-CPU Accelerator, and with
 ``use_cpu=False`` on CPU processes TRL's first ``accelerator.gather`` fails with ``RuntimeError:
 ProcessGroupGloo::allgather: invalid output tensor list at index 0 (expected length 2, got 1)`` (accelerate's state
-counts one process under DeepSpeed on CPU). The ZeRO-3 head path (``ictrl.engine.trainer.call_head``: the sparse
+counts one process under DeepSpeed on CPU). The ZeRO-3 head path (``ictrl.engine.heads.call_head``: the sparse
 head runs as the head module's forward so DeepSpeed's hooks gather its weight) is therefore unproven; docs/scale.md.
 """
 

@@ -142,7 +142,11 @@ class Selector:
 
     def __call__(self, inputs: SelectionInputs, *, warmup_steps: int = 0, **options: Any) -> Tensor:
         """Apply the rule; while ``in_warmup(inputs.step, warmup_steps)`` return the whole mask instead."""
-        options = self.resolve_options(options)
+        return self.apply(inputs, warmup_steps, self.resolve_options(options))
+
+    def apply(self, inputs: SelectionInputs, warmup_steps: int, options: dict[str, Any]) -> Tensor:
+        """:meth:`__call__` with ``options`` already resolved by :meth:`resolve_options` (the trainer resolves them
+        once per run, not once per batch)."""
         if in_warmup(inputs.step, warmup_steps):
             return inputs.mask.clone()
         for field in sorted(self.needs):
@@ -245,15 +249,9 @@ def select(name: str, inputs: SelectionInputs, *, warmup_steps: int = 0, **optio
 # ---------------------------------------------------------------------------------------------- helpers
 
 
-def _check_ratio(value: Any, name: str = "ratio") -> float:
+def _check_fraction(value: Any, name: str = "ratio") -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < float(value) <= 1.0:
         raise ValueError(f"{name} must be a number in (0, 1], got {value!r}")
-    return float(value)
-
-
-def _check_prob(value: Any, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < float(value) <= 1.0:
-        raise ValueError(f"{name} must be a probability in (0, 1], got {value!r}")
     return float(value)
 
 
@@ -271,7 +269,7 @@ def _check_nonneg_int(value: Any, name: str) -> int:
 
 # Option name -> its check, shared by every selector that takes the option (a custom option is passed as given).
 _OPTION_CHECKS: dict[str, Callable[[Any, str], Any]] = {
-    "ratio": _check_ratio, "q": _check_ratio, "tau_p": _check_prob, "seed": _check_nonneg_int,
+    "ratio": _check_fraction, "q": _check_fraction, "tau_p": _check_fraction, "seed": _check_nonneg_int,
 }
 
 

@@ -8,7 +8,7 @@ Override points (all checked against trl 1.16.0 by ``tests/engine/test_trainer.p
   on the whole generation batch gathered from all processes, and the local rows of the bool mask are attached as
   ``batch["ictrl_selected"]`` [B, T]. TRL's shuffle/split across ``steps_per_generation`` then carries it with the
   other [B, ...] tensors.
-- Where the statistics come from (``ictrl.engine.onepass``, logged as ``ictrl/stats_path``): on-policy with one
+- Where the statistics come from (``ictrl.engine.stats_pass``, logged as ``ictrl/stats_path``): on-policy with one
   micro-batch per generation batch they come from the loss's own forward (the selection is then made in
   ``_compute_loss`` and ``ictrl_selected`` is attached there); when TRL computes old log-probs its no-grad pass is
   the statistics pass (``_get_per_token_logps_and_entropies``); ``all`` and the selectors without group JS read
@@ -37,110 +37,48 @@ computes the same global mask as a single process would.
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable
-from typing import Any, TypeVar
+from collections.abc import Iterator
+from typing import Any
 
 import torch
-import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 from trl import GRPOTrainer
 
-from ictrl.engine.config import ICTGRPOConfig
-from ictrl.engine.dynamic_sampling import DynamicSamplingMixin
-from ictrl.engine.onepass import STATS_PATHS, OnePassMixin, fused_head_with_sum_sq
-from ictrl.engine.sampler_topk import TopKRecorder, TopKRows, recording_generate, split_vllm_logprobs
 from ictrl.core.logprobs import selected_token_logprobs
 from ictrl.core.loss import policy_loss
 from ictrl.core.selection import get_selector, in_warmup
-from ictrl.core.stats import TokenStats, group_js_divergence_topk, token_stats, topk_log_softmax
-
-_STAT_FIELDS = ("entropy", "renyi2", "purity", "logprob", "prob")
-_R = TypeVar("_R")
-
-
-def call_head(head: nn.Module, fn: Callable[..., _R], *inputs: Tensor) -> _R:
-    """``fn(lm, *inputs)`` with ``lm`` the LM head's whole weight, gathered by the engine that shards it.
-
-    ``lm`` is what ``selected_token_logprobs`` takes: the weight [V, H] of a bias-free linear head, an
-    ``nn.Linear`` shell around the weight and bias, or (any other head, e.g. a PEFT-wrapped one) the head's own
-    forward. Reading ``head.weight`` as it lies would see a shard under a sharded engine:
-
-    - FSDP2 (``fully_shard``; accelerate puts the head in one unit with the final norm and the embedding, not
-      resharded after forward): the unit is unsharded (``FSDPModule.unshard``, a no-op when the model's forward
-      left it so) and ``lm`` is its unsharded parameter, so the gradient accumulates where FSDP2's post-backward
-      reduce-scatters it. Calling the head module itself outside the root's forward crashes FSDP2's backward
-      hooks on CPU (torch 2.13, SIGSEGV), hence the parameter.
-    - ZeRO-3 (parameters carry ``ds_id``): ``fn`` runs as the head module's forward, so DeepSpeed's module hooks
-      gather the weight for it and again for its backward, and reduce its gradient.
-    - Otherwise (DDP, one process, ZeRO-1/2): the plain parameter.
-
-    Called once per process per pass, so every rank makes the same collectives whatever its number of rows or
-    selected positions.
-    """
-    if not hasattr(getattr(head, "weight", None), "ds_id"):
-        return fn(_head_operand(head), *inputs)
-    own = head.__dict__.get("forward")
-    head.forward = lambda *args: fn(_head_operand(head), *args)
-    try:
-        return head(*inputs)
-    finally:
-        if own is None:
-            del head.forward
-        else:
-            head.forward = own
+from ictrl.core.stats import TokenStats
+from ictrl.engine.config import ICTGRPOConfig
+from ictrl.engine.dynamic_sampling import DynamicSamplingMixin
+from ictrl.engine.heads import backbone, call_head, output_head
+from ictrl.engine.sampler_topk import TopKRecorder, TopKRows, pad_rows, recording_generate, split_vllm_logprobs
+from ictrl.engine.selection_step import attach_normalisers, gather_rows, gather_stats, log_selection, select_global
+from ictrl.engine.stats_pass import (
+    STAT_FIELDS,
+    STATS_PATHS,
+    PathFacts,
+    check_local_groups,
+    final_hidden,
+    fused_forward,
+    fused_head_with_sum_sq,
+    hidden_stats,
+    local_groups,
+    model_inputs,
+    model_stats,
+    plan_stats_path,
+    response_mask,
+    stats_from_fused,
+)
 
 
-def _head_operand(head: nn.Module) -> nn.Module | Tensor:
-    from torch.distributed.fsdp import FSDPModule
-
-    if not isinstance(head, nn.Linear):
-        return _Unhooked(head)
-    if _is_dtensor(head.weight) and isinstance(head, FSDPModule):
-        head.unshard()  # swaps the module's parameters for the unsharded ones (all-gather of this unit only)
-    weight, bias = head.weight, head.bias
-    if _is_dtensor(weight):
-        if torch.is_grad_enabled():
-            raise RuntimeError("the LM head's weight is a shard outside any FSDP unit that could unshard it, so its "
-                               "gradient would skip the reduce-scatter; shard the model with accelerate's FSDP2 "
-                               "preparation (fsdp2_prepare_model)")
-        weight = weight.full_tensor()
-        bias = bias.full_tensor() if _is_dtensor(bias) else bias
-    return linear_head(weight, bias)
-
-
-def _is_dtensor(x: Any) -> bool:
-    from torch.distributed.tensor import DTensor
-
-    return isinstance(x, DTensor)
-
-
-def linear_head(weight: Tensor, bias: Tensor | None) -> nn.Module | Tensor:
-    """What ``selected_token_logprobs`` takes for ``F.linear(·, weight, bias)``: the weight itself, or an
-    ``nn.Linear`` shell holding these very tensors (no copy) when there is a bias."""
-    if bias is None:
-        return weight
-    shell = nn.Linear(1, 1, device="meta")
-    del shell.weight, shell.bias  # plain attributes: the engine's gathered tensors need not be Parameters
-    shell.weight, shell.bias = weight, bias
-    shell.out_features, shell.in_features = weight.shape
-    return shell
-
-
-class _Unhooked(nn.Module):
-    """``head``'s class forward, bypassing the instance forward that :func:`call_head` installs."""
-
-    def __init__(self, head: nn.Module) -> None:
-        super().__init__()
-        object.__setattr__(self, "head", head)  # not a submodule: no second registration of its parameters
-
-    def forward(self, x: Tensor) -> Tensor:
-        return type(self.head).forward(self.head, x)
-
-
-class ICTGRPOTrainer(OnePassMixin, DynamicSamplingMixin, GRPOTrainer):
+class ICTGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
     """``GRPOTrainer(model, reward_funcs, args, train_dataset, eval_dataset, processing_class, ...)`` with
     ``args`` an :class:`ICTGRPOConfig`. Logs ``ictrl/*`` metrics next to TRL's."""
+
+    #: False: always the separate statistics pass (the reference the one-pass paths are tested against).
+    one_pass: bool = True
 
     def __init__(self, model: Any, reward_funcs: Any, args: ICTGRPOConfig | None = None, *pos: Any,
                  **kwargs: Any) -> None:
@@ -148,8 +86,12 @@ class ICTGRPOTrainer(OnePassMixin, DynamicSamplingMixin, GRPOTrainer):
             raise ValueError(f"args must be an ICTGRPOConfig, got {type(args).__name__}")
         with fused_head_with_sum_sq():
             super().__init__(model, reward_funcs, args, *pos, **kwargs)
+        # The method is resolved once per run: the rule, its validated options, what it reads.
+        self._selector = get_selector(args.token_selector)
+        self._selector_options = args.selector_options()
+        self._needs_js = "ict_score" in self._selector.needs
+        self._stat_free = not (self._selector.needs & {"ict_score", "entropy", "prob"})
         per_process = args.per_device_train_batch_size * args.steps_per_generation
-        self._needs_js = "ict_score" in get_selector(args.token_selector).needs
         if self._needs_js and per_process % self.num_generations != 0:
             raise ValueError(
                 f"token_selector={args.token_selector!r} computes group JS on each process, so each prompt's "
@@ -159,6 +101,8 @@ class ICTGRPOTrainer(OnePassMixin, DynamicSamplingMixin, GRPOTrainer):
         self._sampler_topk = self._resolve_topk_source()
         self._rollout_topk: TopKRows | None = None
         self._rollout_calls = 0
+        self._old_logps_request: dict[str, Any] | None = None
+        self._shared_stats: tuple[int, TokenStats, Tensor | None] | None = None
         if self._sampler_topk is not None and self.use_vllm:
             self._install_vllm_topk()
         text_config = self.model.config.get_text_config()
@@ -167,101 +111,60 @@ class ICTGRPOTrainer(OnePassMixin, DynamicSamplingMixin, GRPOTrainer):
                 raise ValueError(f"model config sets {attr}; the statistics pass reads raw LM-head logits and "
                                  "does not apply it")
 
-    # ------------------------------------------------------------------------------------- statistics pass
+    # --------------------------------------------------------------------- what the statistics pass reads
 
-    @torch.no_grad()
+    def _mode(self) -> str:
+        return "train" if self.model.training else "eval"
+
+    def _cheap_stats(self, need_js: bool) -> bool:
+        """The statistics can come from TRL's fused head: no group JS, and its temperature is the selection's."""
+        return not need_js and self.args.selection_temperature == self.temperature
+
+    def _trl_computes_old_logps(self) -> bool:
+        args = self.args
+        generate_every = args.steps_per_generation * self.num_iterations
+        return args.gradient_accumulation_steps % generate_every != 0 or bool(
+            self.use_vllm and args.vllm_importance_sampling_correction)
+
+    def _plan_stats_path(self) -> str:
+        args = self.args
+        return plan_stats_path(PathFacts(
+            one_pass=self.one_pass, sampler_topk=self._sampler_topk is not None,
+            dynamic_sampling=bool(getattr(args, "dynamic_sampling", False)), stat_free=self._stat_free,
+            same_temperature=self._cheap_stats(False), training=self.model.training,
+            trl_computes_old_logps=self._trl_computes_old_logps(), tools=bool(self.tools),
+            on_policy_single_micro_batch=self.num_iterations == 1 and args.steps_per_generation == 1))
+
     def _selection_stats(self, batch: dict[str, Any], mask: Tensor, group_ids: Tensor | None,
                          sampler_topk: tuple[Tensor, Tensor] | None = None) -> tuple[TokenStats, Tensor | None]:
-        """Statistics of the sampling policy at every completion position, from one no-grad pass.
-
-        The model runs through its engine (``self.model``: FSDP2 / ZeRO-3 hooks gather each layer) over
-        prompt+completion in row chunks, keeping the final-norm hidden states; the LM head then sweeps blocks of
-        positions with the head's whole weight, gathered once by the engine (:func:`call_head`), so at most ``stats_chunk_size`` rows of [V] logits exist at once, with every group intact (JS at
-        position t needs only the group's distributions at t). With ``selection_topk`` = K the group JS comes
-        from each position's top-K log-probs (``group_js_divergence_topk``) instead of the full sweep:
-        ``sampler_topk`` ([B, T, K] log-probs and ids recorded at generation) when given, else the head's logits.
-
-        Returns TokenStats with [B, T] fields and the [B, T] group JS (None when ``group_ids`` is None).
-        """
+        """Statistics of the sampling policy at every completion position of ``batch`` ([B, T] fields) and the
+        [B, T] group JS (None when ``group_ids`` is None), from one no-grad pass (:func:`model_stats`)."""
         args = self.args
-        prompt_ids, completion_ids = batch["prompt_ids"], batch["completion_ids"]
-        input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
-        attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
-        T = completion_ids.size(1)
-        B = input_ids.size(0)
-        # B is the same on every process, so every process makes the same number of (collective) forwards.
         rows = args.per_device_train_batch_size if self.model.training else args.per_device_eval_batch_size
-        hidden = [self._final_hidden(self.model, input_ids[r0:r0 + rows], attention_mask[r0:r0 + rows], T)
-                  for r0 in range(0, B, rows)]
-        return self._hidden_stats(torch.cat(hidden), mask, completion_ids, group_ids, sampler_topk)
+        return model_stats(self.model, output_head(self.accelerator, self.model), batch, mask, group_ids,
+                           rows=rows, temperature=args.selection_temperature, topk=args.selection_topk,
+                           chunk_size=args.stats_chunk_size, autocast=self.accelerator.autocast,
+                           sampler_topk=sampler_topk)
 
-    @torch.no_grad()
-    def _hidden_stats(self, hidden: Tensor, mask: Tensor, completion_ids: Tensor, group_ids: Tensor | None,
-                      sampler_topk: tuple[Tensor, Tensor] | None = None) -> tuple[TokenStats, Tensor | None]:
-        """The statistics sweep of :meth:`_selection_stats` over [B, T, H] final-norm hidden states (no grad)."""
-        args = self.args
-        B, T = mask.shape
-        tau = args.selection_temperature
-        topk = args.selection_topk if group_ids is not None else None
-        head_topk = topk is not None and sampler_topk is None
-        block = max(1, args.stats_chunk_size // B)
+    def _select(self, mask: Tensor, stats: TokenStats | None, js: Tensor | None, advantages: Tensor, G: int,
+                warm: bool) -> Tensor:
+        """The local rows' [B, T] selection (the same on every process as on one), with its metrics logged."""
+        local, view = select_global(self.accelerator, self._selector, self._selector_options,
+                                    self.args.selection_warmup_steps, int(self.state.global_step), mask, stats, js,
+                                    advantages, G)
+        log_selection(self._metrics[self._mode()], *view, warm)
+        return local
 
-        def sweep(lm: nn.Module | Tensor, hidden_all: Tensor) -> tuple[list[TokenStats], list[tuple[Tensor, Tensor]]]:
-            parts: list[TokenStats] = []
-            topk_parts: list[tuple[Tensor, Tensor]] = []
-            for t0 in range(0, T, block):
-                h = hidden_all[:, t0:t0 + block]
-                # Under bf16 the head's output is bf16 unless TRL's cast_lm_head_to_fp32=True made the head fp32.
-                logits = (lm(h) if isinstance(lm, nn.Module) else F.linear(h.to(lm.dtype), lm)).float()
-                m = mask[:, t0:t0 + block]
-                # One sweep gives the token statistics and, with group_ids (exact score), the group JS; its
-                # internal chunking is left at ictrl.core.stats' cache-sized default.
-                parts.append(token_stats(logits, m, tokens=completion_ids[:, t0:t0 + block], temperature=tau,
-                                         group_ids=group_ids if topk is None else None))
-                if head_topk:
-                    topk_parts.append(topk_log_softmax(logits, topk, tau))
-                del logits
-            return parts, topk_parts
-
-        with self.accelerator.autocast():
-            parts, topk_parts = call_head(self._output_head(self.model), sweep, hidden)
-        stats = TokenStats(**{f: torch.cat([getattr(p, f) for p in parts], dim=1) for f in _STAT_FIELDS})
-        if group_ids is None:
-            return stats, None
-        if topk is not None:
-            if sampler_topk is None:
-                sampler_topk = (torch.cat([lp for lp, _ in topk_parts], dim=1),
-                                torch.cat([ids for _, ids in topk_parts], dim=1))
-            return stats, group_js_divergence_topk(*sampler_topk, mask, group_ids)
-        return stats, torch.cat([p.ict_score for p in parts], dim=1)
-
-    def _final_hidden(self, model: Any, input_ids: Tensor, attention_mask: Tensor, T: int) -> Tensor:
-        """[B, T, H] final-norm hidden states that predict the last T tokens (the LM head's input), from the
-        model's own forward (engine hooks run; ``logits_to_keep=1`` keeps its head to one position)."""
-        with self.accelerator.autocast():
-            out = model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True,
-                        logits_to_keep=1, use_cache=False)
-        return out.hidden_states[-1][:, -T - 1:-1]  # position P-1+t predicts completion token t
-
-    def _output_head(self, model: Any) -> nn.Module:
-        unwrapped = self.accelerator.unwrap_model(model)
-        if hasattr(unwrapped, "get_base_model"):  # PEFT: adapters live inside the base model's modules
-            unwrapped = unwrapped.get_base_model()
-        return unwrapped.get_output_embeddings()
-
-    def _gather_rows(self, x: Tensor, pad: float | int = 0) -> Tensor:
-        """[B_local, T_local] → [B_global, T_max]: the generation batch of all processes, in TRL's row order."""
-        x = self.accelerator.pad_across_processes(x, dim=1, pad_index=pad)
-        return self.accelerator.gather(x)
+    # ------------------------------------------------------------------------------------- generation
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         self._rollout_topk, self._rollout_calls = None, 0
         args = self.args
-        mode = "train" if self.model.training else "eval"
+        mode = self._mode()
         G = self.num_generations if mode == "train" else self.num_generations_eval
         warm = in_warmup(int(self.state.global_step), args.selection_warmup_steps)
         need_js = self._needs_js and not warm
-        path = self._plan_stats_path(need_js)
+        path = self._plan_stats_path()
         request = {"need_js": need_js, "G": G} if path == "shared_old_logps" else None
         with self._serving_old_logps(request):
             batch = super()._generate_and_score_completions(inputs)
@@ -269,9 +172,7 @@ class ICTGRPOTrainer(OnePassMixin, DynamicSamplingMixin, GRPOTrainer):
         if "pixel_values" in batch:
             raise ValueError("ICTGRPOTrainer supports text-only models (its statistics pass has no image inputs)")
         start = time.perf_counter()
-        mask = batch["completion_mask"].bool()
-        if "tool_mask" in batch:
-            mask = mask & batch["tool_mask"].bool()
+        mask = response_mask(batch)
         B, T = mask.shape
         rank = self.accelerator.process_index
         metrics = self._metrics[mode]
@@ -279,27 +180,65 @@ class ICTGRPOTrainer(OnePassMixin, DynamicSamplingMixin, GRPOTrainer):
             path = "separate"  # the sampler's log-probs need π_old at generation (_ensure_old_logps)
         if path == "training_forward":  # statistics and selection come with the loss's forward
             batch["ictrl_row"] = rank * B + torch.arange(B, device=mask.device)
-            if self._stat_free():
-                batch["ictrl_selected"] = self._select_and_log(mask, None, None, batch["advantages"], G, warm, mode)
+            if self._stat_free:
+                batch["ictrl_selected"] = self._select(mask, None, None, batch["advantages"], G, warm)
             return batch
-        shared = self._shared_stats
-        self._shared_stats = None
+        shared, self._shared_stats = self._shared_stats, None
         if path == "shared_old_logps" and shared is not None and shared[0] == B and "tool_mask" not in batch:
             _, stats, js = shared
         else:
             path = "separate"
-            local_groups = None
+            groups = None
             if need_js:
-                self._check_local_groups(batch, G)
-                local_groups = (rank * B + torch.arange(B, device=mask.device)) // G
+                check_local_groups(batch, G)
+                groups = local_groups(rank, B, G, mask.device)
             sampler_topk = self._recorded_topk(rollout_topk, B, T, mask.device) if need_js else None
-            stats, js = self._selection_stats(batch, mask, local_groups, sampler_topk)
+            stats, js = self._selection_stats(batch, mask, groups, sampler_topk)
             metrics["ictrl/topk_from_sampler"].append(float(sampler_topk is not None))
         self._ensure_old_logps(batch)
-        batch["ictrl_selected"] = self._select_and_log(mask, stats, js, batch["advantages"], G, warm, mode)
+        batch["ictrl_selected"] = self._select(mask, stats, js, batch["advantages"], G, warm)
         metrics["ictrl/stats_path"].append(STATS_PATHS[path])
         metrics["ictrl/stats_time"].append(time.perf_counter() - start)
         return batch
+
+    def _get_per_token_logps_and_entropies(self, model: Any, input_ids: Tensor, attention_mask: Tensor,
+                                           logits_to_keep: int, batch_size: int | None = None,
+                                           compute_entropy: bool = False, compute_aux_loss: bool = False,
+                                           **kwargs: Any) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        """TRL's method; while ``_old_logps_request`` is armed (inside generation, path ``shared_old_logps``) its
+        one no-grad call on the policy is served by the statistics pass, whose results are kept for the trainer."""
+        request = self._old_logps_request
+        if (request is None or model is not self.model or torch.is_grad_enabled() or compute_entropy
+                or compute_aux_loss or any(v is not None for v in kwargs.values())):
+            return super()._get_per_token_logps_and_entropies(
+                model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size,
+                compute_entropy=compute_entropy, compute_aux_loss=compute_aux_loss, **kwargs)
+        self._old_logps_request = None
+        T = logits_to_keep
+        mask = attention_mask[:, -T:].bool()
+        if not request["need_js"] and self._cheap_stats(False):
+            logps, entropy, lss, _ = fused_forward(model, backbone(self.accelerator, model), input_ids,
+                                                   attention_mask, T, self.accelerator.autocast, batch_size)
+            stats, js = stats_from_fused(logps, entropy, lss, mask), None
+        else:
+            batch = {"prompt_ids": input_ids[:, :-T], "completion_ids": input_ids[:, -T:],
+                     "prompt_mask": attention_mask[:, :-T], "completion_mask": attention_mask[:, -T:]}
+            groups = None
+            if request["need_js"]:
+                check_local_groups(batch, request["G"])
+                groups = local_groups(self.accelerator.process_index, mask.size(0), request["G"], mask.device)
+            stats, js = self._selection_stats(batch, mask, groups)
+            logps = stats.logprob
+        self._shared_stats = (input_ids.size(0), stats, js)
+        return logps, None, None
+
+    @contextlib.contextmanager
+    def _serving_old_logps(self, request: dict[str, Any] | None) -> Iterator[None]:
+        self._old_logps_request, self._shared_stats = request, None
+        try:
+            yield
+        finally:
+            self._old_logps_request = None
 
     # --------------------------------------------------------------------------------- global normalisers
 
@@ -315,74 +254,35 @@ class ICTGRPOTrainer(OnePassMixin, DynamicSamplingMixin, GRPOTrainer):
         return inputs
 
     def _attach_normalisers(self, batches: list[dict[str, Any]], accumulation: int) -> None:
-        """Attach ``ictrl_num_responses`` / ``ictrl_num_tokens`` (0-d): totals over each optimizer step's
-        micro-batches on all processes.
-
-        Exact when the buffered micro-batches split into whole optimizer steps (steps_per_generation a multiple
-        of gradient_accumulation_steps, TRL's default); otherwise an optimizer step spans several generation
-        batches not yet generated, and the buffer's totals are scaled by accumulation / len(batches), as TRL's
-        'dapo' normaliser does.
-        """
-        counts = []
-        for b in batches:
-            mask = b["completion_mask"].bool()
-            if "tool_mask" in b:
-                mask = mask & b["tool_mask"].bool()
-            selected = b["ictrl_selected"] & mask
-            counts.append(torch.stack([torch.tensor(float(mask.size(0))), selected.sum().double().cpu(),
-                                       mask.sum().double().cpu()]))
-        local = torch.stack(counts).double()  # [n, 3]
-        n = local.size(0)
-        if n % accumulation == 0:
-            windows = local.view(n // accumulation, accumulation, 3).sum(dim=1)
-            index = [i // accumulation for i in range(n)]
-        else:
-            windows = local.sum(dim=0, keepdim=True) * (accumulation / n)
-            index = [0] * n
-        device = self.accelerator.device
-        windows = self.accelerator.reduce(windows.to(device), reduction="sum")
-        token_col = 1 if self.args.loss_normalization == "token_mean_selected" else 2
-        for b, w in zip(batches, index):
-            b["ictrl_num_responses"] = windows[w, 0].clone()
-            b["ictrl_num_tokens"] = windows[w, token_col].clone()
+        attach_normalisers(self.accelerator, batches, accumulation,
+                           count_selected=self.args.loss_normalization == "token_mean_selected")
 
     # -------------------------------------------------------------------------------------------- loss
 
-    def _selected_logps(self, model: Any, input_ids: Tensor, attention_mask: Tensor, completion_ids: Tensor,
-                        selected: Tensor) -> Tensor:
-        """[B, T] log π_θ of the completion tokens with the LM head applied only where ``selected`` (0 elsewhere).
-
-        The backbone runs through ``model`` (DDP / FSDP2 / ZeRO-3 hooks run); ``hidden_states[-1]`` is the
-        final-norm output (the LM head's input). The sparse head then gets the head's whole weight from
-        :func:`call_head`, so a sharded engine gathers it and reduces its gradient as for the model's own head. ``sparse_backward`` docs: ICTGRPOConfig.
-        """
-        hidden = self._final_hidden(model, input_ids, attention_mask, completion_ids.size(1))
-        return self._sparse_head(model, hidden, completion_ids, selected)
-
     def _sparse_head(self, model: Any, hidden: Tensor, completion_ids: Tensor, selected: Tensor) -> Tensor:
-        """[B, T] log π_θ from [B, T, H] hidden states, the head with grad on ``selected`` only (0 elsewhere)."""
+        """[B, T] log π_θ from [B, T, H] hidden states, the head with grad on ``selected`` only (0 elsewhere).
 
-        def sparse_head(lm: nn.Module | Tensor, h: Tensor) -> Tensor:
+        The head's whole weight comes from :func:`call_head`, so a sharded engine gathers it and reduces its
+        gradient as for the model's own head (``sparse_backward``: ICTGRPOConfig).
+        """
+        def sparse_head(lm: torch.nn.Module | Tensor, h: Tensor) -> Tensor:
             return selected_token_logprobs(h, lm, completion_ids, selected, temperature=self.temperature)
 
         with self.accelerator.autocast():
-            return call_head(self._output_head(model), sparse_head, hidden)
+            return call_head(output_head(self.accelerator, model), sparse_head, hidden)
 
     def _compute_loss(self, model: Any, inputs: dict[str, Any]) -> Tensor:
-        prompt_ids, completion_ids = inputs["prompt_ids"], inputs["completion_ids"]
-        input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
-        attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
-        mask = inputs["completion_mask"].bool()
-        if "tool_mask" in inputs:
-            mask = mask & inputs["tool_mask"].bool()
+        completion_ids = inputs["completion_ids"]
+        input_ids, attention_mask = model_inputs(inputs)
+        mask = response_mask(inputs)
+        T = completion_ids.size(1)
         if "ictrl_row" in inputs:
             logps = self._training_forward_logps(model, inputs, input_ids, attention_mask, mask)
         elif self.args.sparse_backward:
-            logps = self._selected_logps(model, input_ids, attention_mask, completion_ids,
-                                         inputs["ictrl_selected"] & mask)
+            hidden = final_hidden(model, input_ids, attention_mask, T, self.accelerator.autocast)
+            logps = self._sparse_head(model, hidden, completion_ids, inputs["ictrl_selected"] & mask)
         else:
-            logps, _, _ = self._get_per_token_logps_and_entropies(model, input_ids, attention_mask,
-                                                                  completion_ids.size(1))
+            logps, _, _ = self._get_per_token_logps_and_entropies(model, input_ids, attention_mask, T)
         old = inputs.get("old_per_token_logps")
         old = logps.detach() if old is None else old
         ref = inputs.get("ref_per_token_logps") if self.beta != 0.0 else None
@@ -399,15 +299,76 @@ class ICTGRPOTrainer(OnePassMixin, DynamicSamplingMixin, GRPOTrainer):
             is_mode=args.vllm_importance_sampling_mode, is_clip_min=args.vllm_importance_sampling_clip_min,
             is_clip_max=args.vllm_importance_sampling_clip_max,
         )
-        mode = "train" if self.model.training else "eval"
         active = (inputs["ictrl_selected"] & mask).sum().float()
         keys = [k for k in ("clip_frac", "clip_frac_low", "clip_frac_high", "kl", "mean_prob_selected",
                             "is_ratio_mean", "is_clipped_frac") if k in m]
         local = torch.stack([m[k].float() * active for k in keys] + [active])
         total = self.accelerator.reduce(local, reduction="sum")  # token-weighted means over all processes
         for k, v in zip(keys, total[:-1]):
-            self._metrics[mode][f"ictrl/{k}"].append(float(v / total[-1].clamp(min=1.0)))
+            self._metrics[self._mode()][f"ictrl/{k}"].append(float(v / total[-1].clamp(min=1.0)))
         return loss
+
+    def _training_forward_logps(self, model: Any, inputs: dict[str, Any], input_ids: Tensor,
+                                attention_mask: Tensor, mask: Tensor) -> Tensor:
+        """Path ``training_forward``: [B, T] log π_θ (with grad) of the micro-batch, whose statistics select it.
+
+        A selector that reads no statistics (``all``, ``random``): TRL's fused forward; its entropy and Σp² give
+        the metrics, the selection was made at generation. Other selectors: the micro-batch is the whole local
+        generation batch, shuffled by TRL (``ictrl_row`` holds each row's global index), so rows are put back in
+        TRL's generation order for the selection and the local mask is permuted back. The backbone runs once with
+        grad; the statistics sweep its hidden states without grad (TRL's fused entropy and Σp² for selectors
+        without group JS); then the head with grad (``sparse_backward``: the selected positions only).
+        """
+        args = self.args
+        acc = self.accelerator
+        T = mask.size(1)
+        metrics = self._metrics[self._mode()]
+        metrics["ictrl/stats_path"].append(STATS_PATHS["training_forward"])
+        warm = in_warmup(int(self.state.global_step), args.selection_warmup_steps)
+        if self._stat_free:  # selected at generation; the metrics of this micro-batch on all processes
+            logps, entropy, lss, _ = fused_forward(model, backbone(acc, model), input_ids, attention_mask, T,
+                                                   acc.autocast)
+            start = time.perf_counter()
+            g_stats = gather_stats(acc, stats_from_fused(logps, entropy, lss, mask))
+            log_selection(metrics, gather_rows(acc, mask.to(torch.uint8)).bool(), g_stats, None,
+                          gather_rows(acc, inputs["ictrl_selected"].to(torch.uint8)).bool(), warm)
+            metrics["ictrl/stats_time"].append(time.perf_counter() - start)
+            return logps
+        need_js = self._needs_js and not warm
+        sparse = bool(args.sparse_backward)
+        rank, B = acc.process_index, mask.size(0)
+        local = inputs["ictrl_row"] - rank * B  # each micro-batch row's index in TRL's generation order
+        order = torch.argsort(local)
+        logps = hidden = None
+        if self._cheap_stats(need_js) and not sparse:
+            logps, entropy, lss, _ = fused_forward(model, backbone(acc, model), input_ids, attention_mask, T,
+                                                   acc.autocast)
+            start = time.perf_counter()
+            stats, js = stats_from_fused(logps, entropy, lss, mask), None
+        else:
+            if sparse:
+                hidden = final_hidden(model, input_ids, attention_mask, T, acc.autocast)
+            else:
+                logps, _, _, hidden = fused_forward(model, backbone(acc, model), input_ids, attention_mask, T,
+                                                    acc.autocast, keep_hidden=True)
+            start = time.perf_counter()
+            groups = None
+            if need_js:
+                G = self.num_generations
+                check_local_groups({k: inputs[k][order] for k in ("prompt_ids", "prompt_mask")}, G)
+                groups = inputs["ictrl_row"] // G
+            stats, js = hidden_stats(output_head(acc, model), hidden.detach(), mask, inputs["completion_ids"],
+                                     groups, temperature=args.selection_temperature, topk=args.selection_topk,
+                                     chunk_size=args.stats_chunk_size, autocast=acc.autocast)
+        ordered = TokenStats(**{f: getattr(stats, f)[order] for f in STAT_FIELDS})
+        selected = self._select(mask[order], ordered, None if js is None else js[order], inputs["advantages"][order],
+                                self.num_generations, warm)[local]
+        inputs["ictrl_selected"] = selected
+        self._attach_normalisers([inputs], args.gradient_accumulation_steps)
+        metrics["ictrl/stats_time"].append(time.perf_counter() - start)  # the no-grad sweep, selection, metrics
+        if logps is None:
+            logps = self._sparse_head(model, hidden, inputs["completion_ids"], selected & mask)
+        return logps
 
     # ------------------------------------------------------------------ sampler top-K and importance weights
 
@@ -470,6 +431,19 @@ class ICTGRPOTrainer(OnePassMixin, DynamicSamplingMixin, GRPOTrainer):
         sampled, self._rollout_topk = split_vllm_logprobs(logprobs, token_ids, completion_ids, self._sampler_topk)
         return prompt_ids, completion_ids, sampled, None
 
+    def _recorded_topk(self, rollout_topk: TopKRows | None, B: int, T: int,
+                       device: torch.device) -> tuple[Tensor, Tensor] | None:
+        """[B, T, K] top-K log-probs and ids recorded by the sampler, or None (the statistics pass's head)."""
+        recorded = rollout_topk is not None and len(rollout_topk) == B and self._rollout_calls == 1
+        if self._sampler_topk is None or not (recorded or self.args.selection_topk_source == "sampler"):
+            return None
+        # 'auto' falls back to the head when a subclass's generation bypassed the hook (logged by the caller)
+        if not recorded:
+            raise RuntimeError(f"selection_topk_source: the sampler's top-K log-probs cover "
+                               f"{0 if rollout_topk is None else len(rollout_topk)} rows in "
+                               f"{self._rollout_calls} generation calls, expected {B} rows in one call")
+        return pad_rows(rollout_topk, T, device)
+
     def _importance_correction(self, batch: dict[str, Any]) -> bool:
         return bool(self.args.vllm_importance_sampling_correction) and "sampling_per_token_logps" in batch
 
@@ -479,8 +453,7 @@ class ICTGRPOTrainer(OnePassMixin, DynamicSamplingMixin, GRPOTrainer):
         computes ``old_per_token_logps`` itself for vLLM, not for a ``rollout_func`` that reports log-probs."""
         if not self._importance_correction(batch) or "old_per_token_logps" in batch:
             return
-        input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
-        attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+        input_ids, attention_mask = model_inputs(batch)
         rows = self.args.per_device_train_batch_size if self.model.training else self.args.per_device_eval_batch_size
         batch["old_per_token_logps"], _, _ = self._get_per_token_logps_and_entropies(
             self.model, input_ids, attention_mask, batch["completion_ids"].size(1), batch_size=rows)

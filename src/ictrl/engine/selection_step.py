@@ -1,0 +1,100 @@
+"""The selection step: one mask for the whole generation batch, the same on every process, and its normalisers.
+
+TRL's sampler places each prompt's G completions contiguously in the global generation batch, and process p holds
+rows [p·B, (p+1)·B). The selection runs on the [B_global, T] tensors gathered from all processes, so every process
+computes the mask one process would, and keeps its own rows. The loss's normalisers are totals over each optimizer
+step's micro-batches on all processes, so any split of one optimizer batch gives the one-big-batch gradient.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ictrl.core.metrics import step_metrics
+from ictrl.core.selection import SelectionInputs, Selector
+from ictrl.core.stats import TokenStats
+from ictrl.engine.stats_pass import STAT_FIELDS, response_mask
+
+
+def gather_rows(accelerator: Any, x: Tensor, pad: float | int = 0) -> Tensor:
+    """[B_local, T_local] → [B_global, T_max]: the generation batch of all processes, in TRL's row order."""
+    return accelerator.gather(accelerator.pad_across_processes(x, dim=1, pad_index=pad))
+
+
+def gather_stats(accelerator: Any, stats: TokenStats) -> TokenStats:
+    return TokenStats(**{f: gather_rows(accelerator, getattr(stats, f)) for f in STAT_FIELDS})
+
+
+def select_global(accelerator: Any, selector: Selector, options: dict[str, Any], warmup_steps: int, step: int,
+                  mask: Tensor, stats: TokenStats | None, js: Tensor | None, advantages: Tensor, G: int
+                  ) -> tuple[Tensor, tuple[Tensor, TokenStats | None, Tensor | None, Tensor]]:
+    """The local rows' [B, T] selection, chosen on the generation batch gathered from all processes.
+
+    ``options`` are the selector's options as ``Selector.resolve_options`` returned them (resolved once per run).
+    Also returns the global view :func:`log_selection` reads: mask, statistics, group JS and selection, each
+    [B_global, T_max].
+    """
+    B, T = mask.shape
+    rank = accelerator.process_index
+    g_mask = gather_rows(accelerator, mask.to(torch.uint8)).bool()
+    g_stats = None if stats is None else gather_stats(accelerator, stats)
+    inputs = SelectionInputs(
+        mask=g_mask, step=step, ict_score=None if js is None else gather_rows(accelerator, js),
+        entropy=None if g_stats is None else g_stats.entropy, prob=None if g_stats is None else g_stats.prob,
+        advantages=accelerator.gather(advantages.float()),
+        group_ids=torch.arange(g_mask.size(0), device=g_mask.device) // G)
+    g_selected = selector.apply(inputs, warmup_steps, options)
+    return g_selected[rank * B:(rank + 1) * B, :T].contiguous(), (g_mask, g_stats, inputs.ict_score, g_selected)
+
+
+def drop_nan_metrics(metrics: dict[str, float]) -> dict[str, float]:
+    return {k: v for k, v in metrics.items() if v == v}
+
+
+def log_selection(metrics: dict[str, list[float]], g_mask: Tensor, g_stats: TokenStats | None,
+                  g_js: Tensor | None, g_selected: Tensor, warm: bool) -> None:
+    """Append the ``ictrl/*`` selection metrics of one generation batch (all processes) to TRL's metric lists
+    (none without statistics: a selector that reads none gets its metrics with the loss's forward)."""
+    if g_stats is None:
+        return
+    for key, value in drop_nan_metrics(step_metrics(g_stats, g_mask, g_selected)).items():
+        metrics[f"ictrl/{key}"].append(value)
+    if g_js is not None:
+        for name, where in (("all", g_mask), ("selected", g_selected & g_mask)):
+            if bool(where.any()):
+                metrics[f"ictrl/ict_score/{name}"].append(float(g_js[where].double().mean()))
+    metrics["ictrl/warmup"].append(float(warm))
+
+
+def attach_normalisers(accelerator: Any, batches: list[dict[str, Any]], accumulation: int,
+                       count_selected: bool) -> None:
+    """Attach ``ictrl_num_responses`` / ``ictrl_num_tokens`` (0-d): totals over each optimizer step's
+    micro-batches on all processes (tokens: the selected ones when ``count_selected``, else every response token).
+
+    Exact when the buffered micro-batches split into whole optimizer steps (steps_per_generation a multiple
+    of gradient_accumulation_steps, TRL's default); otherwise an optimizer step spans several generation
+    batches not yet generated, and the buffer's totals are scaled by accumulation / len(batches), as TRL's
+    'dapo' normaliser does.
+    """
+    counts = []
+    for b in batches:
+        mask = response_mask(b)
+        selected = b["ictrl_selected"] & mask
+        counts.append(torch.stack([torch.tensor(float(mask.size(0))), selected.sum().double().cpu(),
+                                   mask.sum().double().cpu()]))
+    local = torch.stack(counts).double()  # [n, 3]
+    n = local.size(0)
+    if n % accumulation == 0:
+        windows = local.view(n // accumulation, accumulation, 3).sum(dim=1)
+        index = [i // accumulation for i in range(n)]
+    else:
+        windows = local.sum(dim=0, keepdim=True) * (accumulation / n)
+        index = [0] * n
+    windows = accelerator.reduce(windows.to(accelerator.device), reduction="sum")
+    token_col = 1 if count_selected else 2
+    for b, w in zip(batches, index):
+        b["ictrl_num_responses"] = windows[w, 0].clone()
+        b["ictrl_num_tokens"] = windows[w, token_col].clone()

@@ -1,0 +1,250 @@
+"""The statistics pass: per-token statistics and the group JS score of the sampling policy, and where they come from.
+
+Three paths, chosen per generation batch by :func:`plan_stats_path` and logged as ``ictrl/stats_path``
+(:data:`STATS_PATHS`):
+
+- ``training_forward`` (2): the statistics come from the loss's own forward. Used for ``all`` (its selection is the
+  response mask, so only the metrics need statistics: TRL's fused head returns log-probs, entropy and Σp² in the
+  same kernel), and, for every other selector, when the run is on-policy and one micro-batch holds the whole local
+  generation batch (``num_iterations`` = 1, ``steps_per_generation`` = 1, TRL computes no old log-probs): the
+  backbone runs once with grad, the statistics sweep over its hidden states is no-grad, the selection runs on the
+  whole generation batch gathered from all processes, and then the head with grad runs (on the selected positions
+  only with ``sparse_backward``; TRL's fused head over every position otherwise).
+- ``shared_old_logps`` (1): TRL computes old-policy log-probs (``num_iterations`` > 1, or generation batches split
+  over several optimizer steps, or vLLM importance sampling). Its no-grad pass is replaced by the statistics pass,
+  whose ``logprob`` (same rows, same temperature) is returned as TRL's old log-probs: one pass instead of two.
+- ``separate`` (0): the statistics pass of its own (eval, a micro-batch that cannot hold a scope unit, top-K from
+  the sampler, dynamic sampling, tools, a selection temperature other than the sampling one where the path would
+  need it, or ``one_pass = False``).
+
+Selectors that need no group JS (``all``, ``entropy``, ``stapo``, ``random``, a warm-up step) take their statistics
+from TRL's fused head (``log_probs``, ``entropy``, ``log_sum_sq_probs``: Σp²) when the selection temperature is
+the sampling temperature, so they pay no sweep at all; every metric (h1, h2, purity, prob) is still there.
+
+Every function takes what it reads as arguments (the model, its head, the engine's ``autocast``), so the trainer
+composes them and nothing here calls back into it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ictrl.core.stats import TokenStats, group_js_divergence_topk, token_stats, topk_log_softmax
+from ictrl.engine.heads import call_head
+
+STATS_PATHS = {"separate": 0.0, "shared_old_logps": 1.0, "training_forward": 2.0}
+STAT_FIELDS = ("entropy", "renyi2", "purity", "logprob", "prob")
+FUSED_OUTPUTS = ("log_probs", "entropy", "log_sum_sq_probs")
+Autocast = Callable[[], contextlib.AbstractContextManager[Any]]
+
+
+# --------------------------------------------------------------------------------------------- batch views
+
+
+def response_mask(batch: dict[str, Any]) -> Tensor:
+    """[B, T] bool: the completion tokens the loss and the statistics count (tool output excluded)."""
+    mask = batch["completion_mask"].bool()
+    return mask & batch["tool_mask"].bool() if "tool_mask" in batch else mask
+
+
+def model_inputs(batch: dict[str, Any]) -> tuple[Tensor, Tensor]:
+    """[B, P + T] input ids and attention mask of prompt and completion, as the model sees them."""
+    return (torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1),
+            torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1))
+
+
+def local_groups(rank: int, B: int, G: int, device: torch.device) -> Tensor:
+    """[B] group ids of this process's rows: TRL places each prompt's G completions contiguously."""
+    return (rank * B + torch.arange(B, device=device)) // G
+
+
+def check_local_groups(batch: dict[str, Any], G: int) -> None:
+    """Group JS needs each group whole on one process: B a multiple of G, and each block of G rows one prompt."""
+    B = batch["prompt_ids"].size(0)
+    if B % G != 0:
+        raise RuntimeError(f"group JS needs whole groups on each process, but this process holds {B} "
+                           f"completions, not a multiple of num_generations={G}")
+    ids = torch.where(batch["prompt_mask"].bool(), batch["prompt_ids"], -1).view(B // G, G, -1)
+    if not bool((ids == ids[:, :1]).all()):
+        raise RuntimeError("the completions in a block of num_generations rows on this process do not share "
+                           "one prompt: TRL's sampler layout changed, so groups cannot be kept local")
+
+
+# ---------------------------------------------------------------------------------------------- the path
+
+
+@dataclass(frozen=True)
+class PathFacts:
+    """What decides the statistics path of one generation batch (see the module docstring)."""
+
+    one_pass: bool                # False forces the separate pass (the reference the others are tested against)
+    sampler_topk: bool            # the ICT score's top-K log-probs come from the sampler
+    dynamic_sampling: bool
+    stat_free: bool               # the selector reads no statistics (all, random)
+    same_temperature: bool        # selection temperature == sampling temperature
+    training: bool
+    trl_computes_old_logps: bool
+    tools: bool
+    on_policy_single_micro_batch: bool  # num_iterations == 1 and steps_per_generation == 1
+
+
+def plan_stats_path(f: PathFacts) -> str:
+    if not f.one_pass or f.sampler_topk or f.dynamic_sampling:
+        return "separate"
+    if f.stat_free:
+        return "training_forward" if f.same_temperature else "separate"
+    if not f.training:
+        return "separate"
+    if f.trl_computes_old_logps:
+        return "shared_old_logps" if not f.tools and f.same_temperature else "separate"
+    return "training_forward" if f.on_policy_single_micro_batch else "separate"
+
+
+# ------------------------------------------------------------------------------------- the full sweep
+
+
+def final_hidden(model: Any, input_ids: Tensor, attention_mask: Tensor, T: int, autocast: Autocast) -> Tensor:
+    """[B, T, H] final-norm hidden states that predict the last T tokens (the LM head's input), from the
+    model's own forward (engine hooks run; ``logits_to_keep=1`` keeps its head to one position)."""
+    with autocast():
+        out = model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True,
+                    logits_to_keep=1, use_cache=False)
+    return out.hidden_states[-1][:, -T - 1:-1]  # position P-1+t predicts completion token t
+
+
+@torch.no_grad()
+def hidden_stats(head: nn.Module, hidden: Tensor, mask: Tensor, completion_ids: Tensor, group_ids: Tensor | None,
+                 *, temperature: float, topk: int | None, chunk_size: int, autocast: Autocast,
+                 sampler_topk: tuple[Tensor, Tensor] | None = None) -> tuple[TokenStats, Tensor | None]:
+    """TokenStats ([B, T] fields) and the [B, T] group JS (None without ``group_ids``) from [B, T, H] hidden states.
+
+    The LM head sweeps blocks of positions with its whole weight, gathered once by the engine (:func:`call_head`),
+    so at most ``chunk_size`` rows of [V] logits exist at once, with every group intact (JS at position t needs only
+    the group's distributions at t). With ``topk`` = K the group JS comes from each position's top-K log-probs
+    (``group_js_divergence_topk``): ``sampler_topk`` ([B, T, K] log-probs and ids recorded at generation) when
+    given, else the head's logits.
+    """
+    B, T = mask.shape
+    topk = topk if group_ids is not None else None
+    head_topk = topk is not None and sampler_topk is None
+    block = max(1, chunk_size // B)
+
+    def sweep(lm: nn.Module | Tensor, hidden_all: Tensor) -> tuple[list[TokenStats], list[tuple[Tensor, Tensor]]]:
+        parts: list[TokenStats] = []
+        topk_parts: list[tuple[Tensor, Tensor]] = []
+        for t0 in range(0, T, block):
+            h = hidden_all[:, t0:t0 + block]
+            # Under bf16 the head's output is bf16 unless TRL's cast_lm_head_to_fp32=True made the head fp32.
+            logits = (lm(h) if isinstance(lm, nn.Module) else F.linear(h.to(lm.dtype), lm)).float()
+            m = mask[:, t0:t0 + block]
+            parts.append(token_stats(logits, m, tokens=completion_ids[:, t0:t0 + block], temperature=temperature,
+                                     group_ids=group_ids if topk is None else None))
+            if head_topk:
+                topk_parts.append(topk_log_softmax(logits, topk, temperature))
+            del logits
+        return parts, topk_parts
+
+    with autocast():
+        parts, topk_parts = call_head(head, sweep, hidden)
+    stats = TokenStats(**{f: torch.cat([getattr(p, f) for p in parts], dim=1) for f in STAT_FIELDS})
+    if group_ids is None:
+        return stats, None
+    if topk is not None:
+        if sampler_topk is None:
+            sampler_topk = (torch.cat([lp for lp, _ in topk_parts], dim=1),
+                            torch.cat([ids for _, ids in topk_parts], dim=1))
+        return stats, group_js_divergence_topk(*sampler_topk, mask, group_ids)
+    return stats, torch.cat([p.ict_score for p in parts], dim=1)
+
+
+@torch.no_grad()
+def model_stats(model: Any, head: nn.Module, batch: dict[str, Any], mask: Tensor, group_ids: Tensor | None, *,
+                rows: int, temperature: float, topk: int | None, chunk_size: int, autocast: Autocast,
+                sampler_topk: tuple[Tensor, Tensor] | None = None) -> tuple[TokenStats, Tensor | None]:
+    """:func:`hidden_stats` of a batch: the model runs through its engine (FSDP2 / ZeRO-3 hooks gather each layer)
+    over prompt+completion in chunks of ``rows``, keeping the final-norm hidden states. ``rows`` must be the same
+    on every process, so every process makes the same number of (collective) forwards."""
+    input_ids, attention_mask = model_inputs(batch)
+    T = batch["completion_ids"].size(1)
+    hidden = [final_hidden(model, input_ids[r0:r0 + rows], attention_mask[r0:r0 + rows], T, autocast)
+              for r0 in range(0, input_ids.size(0), rows)]
+    return hidden_stats(head, torch.cat(hidden), mask, batch["completion_ids"], group_ids, temperature=temperature,
+                        topk=topk, chunk_size=chunk_size, autocast=autocast, sampler_topk=sampler_topk)
+
+
+# ------------------------------------------------------------------------------------- TRL's fused head
+
+
+@contextlib.contextmanager
+def fused_head_with_sum_sq() -> Iterator[None]:
+    """While TRL's ``GRPOTrainer.__init__`` runs: its fused LM head on the policy also returns log Σp² (the kernel
+    computes it from the same tiles; TRL's own calls ignore it)."""
+    import trl.trainer.grpo_trainer as grpo
+
+    original = grpo.add_fused_lm_head
+
+    def patched(model: Any, *args: Any, outputs: tuple[str, ...] = ("log_probs",), **kwargs: Any) -> None:
+        if "entropy" in outputs:  # the policy's head (the reference model's asks for log-probs only)
+            outputs = FUSED_OUTPUTS
+        original(model, *args, outputs=outputs, **kwargs)
+
+    grpo.add_fused_lm_head = patched
+    try:
+        yield
+    finally:
+        grpo.add_fused_lm_head = original
+
+
+def fused_forward(model: Any, backbone: nn.Module, input_ids: Tensor, attention_mask: Tensor, T: int,
+                  autocast: Autocast, rows: int | None = None, keep_hidden: bool = False
+                  ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
+    """TRL's fused forward (its ``_get_per_token_logps_and_entropies`` for text) in chunks of ``rows``.
+
+    Returns [B, T] log-probs (with grad when enabled), entropy and log Σp² (None if the head does not return
+    it), and with ``keep_hidden`` the [B, T, H] final-norm hidden states (the LM head's input) captured from
+    ``backbone``'s output by a forward hook.
+    """
+    rows = rows or input_ids.size(0)
+    captured: list[Tensor] = []
+    hook = backbone.register_forward_hook(lambda m, a, out: captured.append(out[0])) if keep_hidden else None
+    parts: list[tuple[Tensor, Tensor, Tensor | None]] = []
+    try:
+        for r0 in range(0, input_ids.size(0), rows):
+            ids, am = input_ids[r0:r0 + rows], attention_mask[r0:r0 + rows]
+            labels = ids.masked_fill(am == 0, -100)
+            labels[:, :-T] = -100
+            with autocast():
+                out = model(input_ids=ids, attention_mask=am, labels=labels, fused_lm_head=True)
+            parts.append((out.log_probs[:, -T:], out.entropy[:, -T:],
+                          None if out.log_sum_sq_probs is None else out.log_sum_sq_probs[:, -T:]))
+    finally:
+        if hook is not None:
+            hook.remove()
+    logps = torch.cat([p[0] for p in parts])
+    entropy = torch.cat([p[1] for p in parts])
+    lss = None if any(p[2] is None for p in parts) else torch.cat([p[2] for p in parts])
+    hidden = torch.cat([h[:, -T - 1:-1] for h in captured]) if keep_hidden else None
+    return logps, entropy, lss, hidden
+
+
+def stats_from_fused(logps: Tensor, entropy: Tensor, log_sum_sq: Tensor | None, mask: Tensor) -> TokenStats:
+    """TokenStats ([B, T] float32, zeros off the mask) from TRL's fused-head outputs at the sampling temperature.
+
+    Without log Σp² (a model whose head was patched elsewhere), renyi2 and purity are NaN: their metrics drop out.
+    """
+    def on(x: Tensor) -> Tensor:
+        return torch.where(mask, x.detach().float(), 0.0)
+
+    if log_sum_sq is None:
+        nan = torch.full(mask.shape, float("nan"), device=mask.device)
+        renyi2, purity = nan, nan
+    else:
+        renyi2, purity = on(-log_sum_sq), on(log_sum_sq.exp())
+    return TokenStats(entropy=on(entropy), renyi2=renyi2, purity=purity, logprob=on(logps), prob=on(logps.exp()))
