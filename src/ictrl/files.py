@@ -61,3 +61,8 @@ def read_jsonl(path: str | os.PathLike[str]) -> Iterator[tuple[str, dict[str, An
             if not isinstance(obj, dict):
                 raise ValueError(f"{where}: expected a JSON object, got {type(obj).__name__}")
             yield where, obj
+
+
+def load_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """Read a run's ``metrics.jsonl``: one JSON object per line (blank lines skipped)."""
+    return [obj for _, obj in read_jsonl(path)]

@@ -204,8 +204,7 @@ def test_statistics_and_ict_mask_match_naive_reference(tiny_model_dir: Path, tmp
     assert torch.equal(batch["ictrl_selected"].sum(1), torch.tensor([math.ceil(0.1 * int(k)) for k in n]))
 
 
-def test_runtime_group_check_rejects_split_groups(tiny_model_dir: Path, tmp_path: Path) -> None:
-    trainer = _trainer(tiny_model_dir, tmp_path, token_selector="ict")
+def test_runtime_group_check_rejects_split_groups() -> None:
     prompt_ids = torch.tensor([[5, 6], [5, 6], [5, 6], [5, 7]])
     batch = {"prompt_ids": prompt_ids, "prompt_mask": torch.ones_like(prompt_ids)}
     with pytest.raises(RuntimeError, match="share"):

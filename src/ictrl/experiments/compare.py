@@ -32,8 +32,10 @@ from ictrl.experiments.grid import configrun
 from ictrl.experiments.grid import runner as grid
 from ictrl.experiments.grid import cli as gridcli
 from ictrl.experiments.reports import report
+from ictrl.experiments.reports import figures
+from ictrl.files import atomic_write_text
 
-CURVE_KEYS = report.DEFAULT_CURVE_KEYS  # reward, H1 (all, selected), H2, purity, selected fraction
+CURVE_KEYS = figures.DEFAULT_CURVE_KEYS  # reward, H1 (all, selected), H2, purity, selected fraction
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -72,11 +74,11 @@ def write_report(out: Path, methods: list[str], specs: list[grid.RunSpec], resul
     table = report.results_table(per_seed, diff=diff)
     metrics = grid.load_grid_metrics(out, specs)
     runs = {m: [metrics[s] for s in specs if s.method == m] for m in methods}
-    images = report.plot_curves(runs, CURVE_KEYS, out_dir=out)
-    table_path = report.atomic_write_text(out / "results.md", table.to_markdown() + "\n")
+    images = figures.plot_curves(runs, CURVE_KEYS, out_dir=out)
+    table_path = atomic_write_text(out / "results.md", table.to_markdown() + "\n")
     summary = {"settings": settings, "methods": methods, "note": note, "base": base, "wall_seconds_this_invocation": seconds,
                "runs": [results[s] for s in specs]}
-    report.atomic_write_text(out / "results.json", json.dumps(summary, indent=1) + "\n")
+    atomic_write_text(out / "results.json", json.dumps(summary, indent=1) + "\n")
     notes = _notes(settings, specs, results, diff)
     answer, caveats = _answer(table, methods, settings, specs)
     page = report.render_report("ictrl compare: held-out pass@k per method", [table.to_html()], images, notes,

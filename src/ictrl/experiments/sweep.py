@@ -29,6 +29,8 @@ from ictrl.errors import UserError
 from ictrl.experiments.grid import runner as grid
 from ictrl.experiments.grid import cli as gridcli
 from ictrl.experiments.reports import report
+from ictrl.experiments.reports import figures
+from ictrl.files import atomic_write_text
 from ictrl.experiments.reports.outcomes import (
     PRESETS,
     OutcomeThresholds,
@@ -41,7 +43,7 @@ from ictrl.experiments.reports.outcomes import (
 DEFAULT_LRS = (1e-4, 2e-4, 5e-4, 1e-3, 2e-3)
 # The example runs' curves: reward, the all-token entropies (the labels are read from these) and, when
 # evaluated during training (--eval-every), held-out pass@1 (last, so a run without it drops only that plot).
-EXAMPLE_KEYS = {name: key for name, key in report.DEFAULT_CURVE_KEYS.items() if key == "reward" or key.endswith("/all")
+EXAMPLE_KEYS = {name: key for name, key in figures.DEFAULT_CURVE_KEYS.items() if key == "reward" or key.endswith("/all")
                 or key.startswith("eval/")}
 
 
@@ -196,11 +198,11 @@ def write_report(out: Path, methods: list[str], lrs: list[float], specs: list[gr
     head = f"Labels: outcome thresholds {thresholds.version} (ictrl.experiments.reports.outcomes)."
     if note:
         head = f"**{note}**\n\n{head}"
-    report.atomic_write_text(out / "stability.md", "\n\n".join([head, *tables]) + "\n")
+    atomic_write_text(out / "stability.md", "\n\n".join([head, *tables]) + "\n")
     heat_labels = {m: {lr: [r["label"] for r in rows if r["method"] == m and r["lr"] == lr] for lr in lrs}
                    for m in methods}
     heat_labels = {m: {lr: seq for lr, seq in cells.items() if seq} for m, cells in heat_labels.items()}
-    images: list[Any] = [report.plot_stability_heatmap(
+    images: list[Any] = [figures.plot_stability_heatmap(
         heat_labels, out / "stability_heatmap.png",
         title=f"Stable fraction per method and learning rate (outcome rules {thresholds.version})")]
 
@@ -210,11 +212,11 @@ def write_report(out: Path, methods: list[str], lrs: list[float], specs: list[gr
                     [metrics[spec_of[(r["method"], r["lr"], r["seed"])]]]
                     for label, r in picks.items() if r is not None}
     if example_runs:
-        for name, path in zip(EXAMPLE_KEYS, report.plot_curves(example_runs, EXAMPLE_KEYS, out_dir=out / "examples")):
+        for name, path in zip(EXAMPLE_KEYS, figures.plot_curves(example_runs, EXAMPLE_KEYS, out_dir=out / "examples")):
             images.append((path, f"{name} per training step of one example run per outcome label "
                                  "(the legend names each run)"))
     purity_runs = {m: [after_warmup(metrics[s]) for s in specs if s.method == m] for m in methods}
-    scatter = report.plot_prob_vs_purity(purity_runs, out / "prob_vs_purity.png")
+    scatter = figures.plot_prob_vs_purity(purity_runs, out / "prob_vs_purity.png")
     if scatter is not None:
         images.append(scatter)
 
@@ -223,7 +225,7 @@ def write_report(out: Path, methods: list[str], lrs: list[float], specs: list[gr
                "examples": {k: (None if v is None else {x: v[x] for x in ("method", "lr", "seed")})
                             for k, v in picks.items()},
                "wall_seconds_this_invocation": seconds, "runs": rows}
-    report.atomic_write_text(out / "sweep.json", json.dumps(summary, indent=1) + "\n")
+    atomic_write_text(out / "sweep.json", json.dumps(summary, indent=1) + "\n")
     answer, caveats = _answer(stab, methods, specs, thresholds, settings)
     return report.render_report(
         "ictrl sweep: learning-rate stability",

@@ -16,7 +16,7 @@ from ictrl.experiments.grid import runner as grid
 from ictrl.experiments.grid import cli as gridcli
 from ictrl.experiments.grid import tinyrun
 from ictrl.experiments.reports import tune_report
-from ictrl.experiments.reports.report import atomic_write_text
+from ictrl.files import atomic_write_text
 from ictrl.experiments.tasks.registry import TASKS
 from ictrl.experiments.grid.tune import (ABLATION, CHOICE_RULE, DEFAULT_FINAL_SEEDS, DEFAULT_LRS, DEFAULT_NORMS,
                                     DEFAULT_TUNE_SEEDS, VARIANTS, Protocol, choose, final_rows, matched_lrs,

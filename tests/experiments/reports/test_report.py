@@ -12,19 +12,16 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from ictrl.experiments.reports.report import (
+from ictrl.experiments.reports.figures import (
     DEFAULT_CURVE_KEYS,
-    PNG_MAGIC,
     aggregate_curves,
-    load_metrics,
-    markdown_table_to_html,
     plot_curves,
     plot_prob_vs_purity,
     plot_stability_heatmap,
-    render_report,
-    results_table,
-    welch_diff,
 )
+from ictrl.experiments.reports.report import PNG_MAGIC, markdown_table_to_html, render_report, results_table
+from ictrl.experiments.reports.stats_tests import welch_diff
+from ictrl.files import load_metrics
 
 
 def synthetic_runs(seeds: int = 3, steps: int = 30) -> dict[str, list[list[dict]]]:

@@ -20,7 +20,7 @@ def config_run(config_path: Path, steps: int | None, eval_limit: int | None, spe
     """One run of ``ictrl train`` from ``config_path`` with the grid's method / seed / lr / steps, resumed from
     its last complete checkpoint when there is one, then evaluated on the config's ``data.eval``."""
     from ictrl.engine.run import complete_checkpoints, train
-    from ictrl.experiments.reports.report import load_metrics
+    from ictrl.files import load_metrics
     from ictrl.models import load_model_and_tokenizer
 
     cfg = load_run_config(config_path, spec, run_dir, steps)

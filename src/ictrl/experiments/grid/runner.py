@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ictrl.errors import UserError
-from ictrl.experiments.reports.report import atomic_write_text
+from ictrl.files import atomic_write_text
 
 DONE_FILE = "done.json"
 EVAL_DIR = "eval"
@@ -217,6 +217,6 @@ def final_reward(records: Sequence[dict[str, Any]], window: int = 5) -> float:
 
 
 def load_grid_metrics(root: Path, specs: Sequence[RunSpec]) -> dict[RunSpec, list[dict[str, Any]]]:
-    from ictrl.experiments.reports.report import load_metrics
+    from ictrl.files import load_metrics
 
     return {s: load_metrics(root / s.relpath / "metrics.jsonl") for s in specs}

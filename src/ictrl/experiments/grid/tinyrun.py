@@ -134,7 +134,7 @@ def train_tiny(settings: TinyRL, base: Path, spec: RunSpec, run_dir: Path) -> di
 
     from ictrl.engine.callbacks import MetricsJSONL
     from ictrl.engine.run import build_trainer_args, make_trainer_class, trainer_classes
-    from ictrl.experiments.reports.report import load_metrics
+    from ictrl.files import load_metrics
     from ictrl.experiments.tasks.registry import get_task
     from ictrl.experiments.tasks.tinymodel import load_tiny_base
     from ictrl.experiments.reports.update_norm import UpdateNorm

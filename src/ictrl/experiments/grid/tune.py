@@ -32,7 +32,7 @@ from typing import Any
 
 from ictrl.errors import UserError
 from ictrl.experiments.grid import runner as grid
-from ictrl.experiments.reports.report import load_metrics
+from ictrl.files import load_metrics
 
 ICT_RATIOS = (0.2, 0.3)  # the paper's ablation also runs ICT at 20% and 30%
 

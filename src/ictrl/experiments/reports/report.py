@@ -1,15 +1,15 @@
-"""Results tables and a self-contained report.html for compare / sweep (issues #5, #7, #16).
+"""Results tables and a self-contained report.html for compare / sweep.
 
 Inputs are plain Python data so that compare.py and sweep.py can call these functions directly:
 
-- a *run* is the list of records of one ``metrics.jsonl`` (``load_metrics``): dicts with ``"step"`` and any of the
+- a *run* is the list of records of one ``metrics.jsonl`` (``ictrl.files.load_metrics``): dicts with ``"step"`` and any of the
   keys named in a curve mapping (display name -> metrics key, ``DEFAULT_CURVE_KEYS``). Missing keys are tolerated:
   a curve no run logged is not drawn.
 - ``runs``: method -> list of runs (one per seed).
 - per-seed results for the table: method -> list of ``{"p1": float, "p4": float}`` with values in [0, 1].
 
 The figures live in ``ictrl.experiments.reports.figures`` and the significance tests (scipy) in
-``ictrl.experiments.reports.stats_tests``; both are re-exported here. The page puts what a reader wants first: the
+``ictrl.experiments.reports.stats_tests``. The page puts what a reader wants first: the
 ``--note``, the study's answer and its caveats, then the tables and figures with human captions, then how the
 numbers were made. Every file is written atomically.
 """
@@ -24,31 +24,14 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from ictrl.experiments.reports.figures import (  # noqa: F401  (re-exported)
-    DEFAULT_CURVE_KEYS,
-    CurveBand,
-    aggregate_curves,
-    plot_curves,
-    plot_prob_vs_purity,
-    plot_stability_heatmap,
-    png_caption,
-)
 from ictrl.experiments.reports.figures import number as _number
-from ictrl.experiments.reports.stats_tests import DiffCI, sample_std, welch_diff  # noqa: F401  (re-exported)
-from ictrl.files import atomic_write_bytes, atomic_write_text, read_jsonl  # noqa: F401  (re-exported)
+from ictrl.experiments.reports.figures import png_caption
+from ictrl.experiments.reports.stats_tests import DiffCI, sample_std, welch_diff
+from ictrl.files import atomic_write_text
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 TABLE_COLUMNS = ("P@1", "P@4", "Total")
-
-
-# ---------------------------------------------------------------------------------------------------- files
-
-
-def load_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """Read a ``metrics.jsonl``: one JSON object per line (blank lines skipped)."""
-    return [obj for _, obj in read_jsonl(path)]
 
 
 # ---------------------------------------------------------------------------------------------------- tables

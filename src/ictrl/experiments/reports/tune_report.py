@@ -15,10 +15,12 @@ from typing import Any
 
 from ictrl.experiments.grid import runner as grid
 from ictrl.experiments.reports import report
+from ictrl.experiments.reports import figures
+from ictrl.files import atomic_write_text
 from ictrl.experiments.reports.stats_tests import sample_std, welch_diff
 from ictrl.experiments.grid.tune import CHOICE_RULE, TUNE_SEED_START, UPDATE_KEY, Protocol, mean_update_norm, norms_for, total
 
-CURVE_KEYS = {**report.DEFAULT_CURVE_KEYS, "update norm ||θ_after − θ_before||": UPDATE_KEY}
+CURVE_KEYS = {**figures.DEFAULT_CURVE_KEYS, "update norm ||θ_after − θ_before||": UPDATE_KEY}
 # End-of-run diagnostics of what each method trains on: entropies (nats), and the paper's two descriptions of ICT's
 # tokens (docs/method.md §3: mean probability 0.18 ± 0.09, about half at high-entropy positions).
 ENTROPY_KEYS = {"H1 selected": "ictrl/h1/selected", "H1 all": "ictrl/h1/all", "H2 all": "ictrl/h2/all",
@@ -190,9 +192,9 @@ def write(out: Path, protocol: Protocol, settings: dict[str, Any], tune_results:
                           + [f"| {k} | {m['lr']:.3g} | {m['norm'] or 'default'} | (matched) | |" for k, m in matched.items()])
     results_md = "\n\n".join([text, table.to_markdown(), "\n".join(diff_lines(rows, final)), chosen_md, upd_md,
                               ent_md, tuning_table(protocol, chosen), CHOICE_RULE])
-    table_path = report.atomic_write_text(out / "results.md", results_md + "\n")
+    table_path = atomic_write_text(out / "results.md", results_md + "\n")
     runs = {row: [metrics[s] for s in specs] for row, specs in rows.items()}
-    images = report.plot_curves(runs, CURVE_KEYS, out_dir=out)
+    images = figures.plot_curves(runs, CURVE_KEYS, out_dir=out)
     summary = {"task": task, "quick": quick, "note": note, "protocol": protocol.__dict__, "rule": CHOICE_RULE,
                "settings": settings, "base_dev": base_dev, "base_test": base_test, "chosen": chosen,
                "matched": matched, "stable_lrs": stable, "update_norms": upd, "answer": text,
@@ -200,7 +202,7 @@ def write(out: Path, protocol: Protocol, settings: dict[str, Any], tune_results:
                "final": {row: [final[s] for s in specs] for row, specs in rows.items()},
                "run_seconds": {"tune": math.fsum(r["seconds"] for r in tune_results.values()),
                                "final": math.fsum(final[s]["seconds"] for s in dict.fromkeys(all_specs))}}
-    report.atomic_write_text(out / "results.json", json.dumps(summary, indent=1, default=str) + "\n")
+    atomic_write_text(out / "results.json", json.dumps(summary, indent=1, default=str) + "\n")
     rl = settings["rl"]
     notes = "\n\n".join([
         CHOICE_RULE,
