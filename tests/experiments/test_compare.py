@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from ictrl.errors import UserError
 from ictrl.experiments import compare
 from ictrl.experiments.grid import runner as grid
 from ictrl.experiments.grid import cli as gridcli
@@ -77,8 +78,8 @@ def test_every_method_maps_to_a_valid_trainer_config(tmp_path: Path) -> None:
         assert args.selection_ratio == ratio
         assert args.learning_rate == 3e-4 and args.seed == 4 and args.max_steps == 3
         assert args.selection_warmup_steps == (5 if selector in ("ict", "random", "frequent") else 0)
-    with pytest.raises(ValueError, match="unknown method 'nope'"):
-        grid.method_keys("nope")
+    with pytest.raises(UserError, match="unknown method 'nope'"):
+        grid.parse_methods(["nope"])
 
 
 def test_grid_specs_and_paths() -> None:

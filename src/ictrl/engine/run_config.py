@@ -422,3 +422,23 @@ def config_to_dict(cfg: RunConfig) -> dict[str, Any]:
 def save_config(cfg: RunConfig, path: str | os.PathLike[str]) -> None:
     """Write the resolved config as YAML, atomically."""
     atomic_write_text(path, yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+
+
+# -------------------------------------------------------------------------------------- a method's keys
+
+# Every trainer key that belongs to the method: a grid replaces them all when it sets its own method.
+METHOD_FIELDS = ("token_selector", "selection_ratio", "selection_scope", "selection_warmup_steps",
+                 "selection_options", "loss_normalization", "run_name")
+
+
+def method_config(name: str, warmup_steps: int | None = None) -> dict[str, Any]:
+    """The trainer keys that choose method ``name`` (a selector name, label or ``module:function``): its selector
+    and run name (the method's label), plus Θ = ``warmup_steps`` for a method that warms up. Everything else is
+    the selector's registered default, resolved by ``ICTGRPOConfig``."""
+    from ictrl.core.selection import get_selector
+
+    selector = get_selector(name)
+    keys: dict[str, Any] = {"token_selector": name if ":" in name else selector.name, "run_name": selector.label}
+    if warmup_steps is not None and selector.warmup_steps > 0:
+        keys["selection_warmup_steps"] = warmup_steps
+    return keys

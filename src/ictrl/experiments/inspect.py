@@ -55,8 +55,8 @@ def check_selector(name: str) -> Any:
     return selector
 
 
-def selection_options(name: str, ratio: float | None, scope: str | None) -> dict[str, Any]:
-    """``ratio`` / ``scope`` for selectors that take them (None: the selector's default)."""
+def flag_options(name: str, ratio: float | None, scope: str | None) -> dict[str, Any]:
+    """The selector's options with the ``--ratio`` / ``--scope`` flags applied, for selectors that take them (None: the selector's default)."""
     selector = check_selector(name)
     given = {k: v for k, v in (("ratio", ratio), ("scope", scope)) if v is not None}
     unused = sorted(set(given) - set(selector.options))
@@ -283,7 +283,7 @@ def score_group(
     from ictrl.core.selection import SelectionInputs, select
     from ictrl.core.stats import group_js_divergence, token_stats
 
-    options = selection_options(selector, ratio, scope)
+    options = flag_options(selector, ratio, scope)
     g, p_len = response.shape[0], prompt_ids.shape[1]
     full = torch.cat([prompt_ids.expand(g, -1), response], dim=1)
     with torch.no_grad():
@@ -310,7 +310,7 @@ def sample_and_score(
     scope: str | None = None,
 ) -> list[Rollout]:
     """``generate_group`` then ``score_group``: G scored rollouts of one prompt."""
-    selection_options(selector, ratio, scope)  # a bad name or option fails before sampling
+    flag_options(selector, ratio, scope)  # a bad name or option fails before sampling
     prompt_ids, response, mask = generate_group(model, tokenizer, prompt, num_generations, max_new_tokens, temperature, seed)
     return score_group(model, tokenizer, prompt, prompt_ids, response, mask, temperature, selector, ratio, scope)
 
@@ -465,7 +465,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             if args.prompt is None:
                 raise ValueError("--prompt is required with --model")
-            options = selection_options(args.selector, args.ratio, args.scope)  # before the model loads
+            options = flag_options(args.selector, args.ratio, args.scope)  # before the model loads
             preflight.check_model(args.model)
             from ictrl.models import load_model_and_tokenizer
 

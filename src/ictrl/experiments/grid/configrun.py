@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ictrl.errors import UserError
-from ictrl.experiments.grid.runner import EVAL_DIR, RunSpec, final_reward, method_keys
+from ictrl.experiments.grid.runner import EVAL_DIR, RunSpec, final_reward
 from ictrl.experiments.grid.tinyrun import evaluate_model
 
 CONFIG_EVAL_N = 4  # samples per problem when evaluating --config runs (n >= the largest k, 4)
@@ -37,14 +37,13 @@ def config_run(config_path: Path, steps: int | None, eval_limit: int | None, spe
 
 def load_run_config(config_path: Path, spec: RunSpec, run_dir: Path, steps: int | None) -> Any:
     """The config file with the method section replaced and output_dir / seed / lr / max_steps set."""
-    from ictrl.engine.run_config import config_from_dict, read_yaml
+    from ictrl.engine.run_config import METHOD_FIELDS, config_from_dict, method_config, read_yaml
 
     data = read_yaml(config_path)
-    for key in ("token_selector", "selection_ratio", "selection_scope", "selection_warmup_steps",
-                "selection_options", "loss_normalization", "run_name"):
+    for key in METHOD_FIELDS:
         data.pop(key, None)  # the grid's method replaces the config's, defaults included
     # logging_steps=1: the grid's curves and final reward read every step's row of metrics.jsonl
-    data.update(method_keys(spec.method), output_dir=str(run_dir), seed=spec.seed, disable_tqdm=True, logging_steps=1)
+    data.update(method_config(spec.method), output_dir=str(run_dir), seed=spec.seed, disable_tqdm=True, logging_steps=1)
     if spec.lr is not None:
         data["learning_rate"] = spec.lr
     if steps is not None:

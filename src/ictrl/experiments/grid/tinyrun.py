@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ictrl.experiments.grid.runner import EVAL_DIR, RunSpec, final_reward, method_keys
+from ictrl.experiments.grid.runner import EVAL_DIR, RunSpec, final_reward
 
 
 @dataclass(frozen=True)
@@ -62,12 +62,12 @@ class TinyRL:
 
 def tiny_run_config(settings: TinyRL, base: Path, spec: RunSpec, run_dir: Path) -> Any:
     """The validated ``RunConfig`` of one embedded-task run (the engine maps it onto ICTGRPOConfig)."""
-    from ictrl.engine.run_config import config_from_dict
+    from ictrl.engine.run_config import config_from_dict, method_config
     from ictrl.experiments.tasks.tinymodel import max_new_tokens
 
     difficulty = _base_difficulty(base)
     batch = settings.prompts_per_step * settings.num_generations
-    method = method_keys(spec.method, settings.selection_warmup)
+    method = method_config(spec.method, settings.selection_warmup)
     if spec.ratio is not None:
         method["selection_ratio"] = spec.ratio
     if spec.norm is not None:
