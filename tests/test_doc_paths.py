@@ -1,4 +1,4 @@
-"""Every repository path that a doc or a docstring cites exists (issue 15: docs that match the code)."""
+"""Every repository path that a doc or a docstring cites exists (docs that match the code)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Every command and Python snippet in README.md and docs/*.md runs as written (issue #16).
+"""Every command and Python snippet in README.md and docs/*.md runs as written.
 
 A fenced block's info string is its language, then optional flags: ``install`` (sets up packages: CI runs
 scripts/setup.sh itself), ``gpu`` (needs CUDA), ``network`` (needs the hub) skip the block with that reason;

@@ -1,4 +1,4 @@
-"""Every user mistake is one line on stderr and exit status 2, before a model loads (issues #16, #17).
+"""Every user mistake is one line on stderr and exit status 2, before a model loads.
 
 The commands run in-process through ``ictrl.cli.main``; loading a model is patched to fail the test, so a check
 that came too late shows up as that failure rather than as a slow pass.

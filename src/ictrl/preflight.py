@@ -1,4 +1,4 @@
-"""Checks every command runs first, before torch, transformers or a model loads (issues #16, #17).
+"""Checks every command runs first, before torch, transformers or a model loads.
 
 Each check raises a :class:`ictrl.errors.UserError` whose message is one line naming the option, file or field
 that is wrong; ``ictrl.cli.main`` prints it and exits 2. Nothing here imports torch or transformers: a mistake

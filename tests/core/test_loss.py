@@ -373,7 +373,7 @@ def test_importance_weights_with_split_batches_are_exact(norm: str) -> None:
 @pytest.mark.parametrize("field", ["logprobs", "old_logprobs", "advantages", "token_advantages", "ref_logprobs"])
 @pytest.mark.parametrize("value", [-math.inf, math.nan, math.inf])
 def test_non_finite_at_an_active_token_names_row_and_position(field: str, value: float) -> None:
-    """Issue 17: a -inf old log-prob gave a finite loss and a NaN gradient, a NaN advantage a NaN loss."""
+    """A -inf old log-prob gave a finite loss and a NaN gradient, a NaN advantage a NaN loss."""
     lp, old, adv, mask, sel, ref = random_batch(12)
     args = {"logprobs": lp.detach().clone(), "old_logprobs": old.clone(), "advantages": adv.clone(),
             "ref_logprobs": ref.clone()}
@@ -417,7 +417,7 @@ def test_non_finite_sampler_logprob_raises_nan_means_unscored() -> None:
 
 @pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
 def test_grpo_advantages_non_finite_reward_names_row_and_group(value: float) -> None:
-    """Issue 17: a NaN reward silently gave its whole group advantage 0."""
+    """A NaN reward silently gave its whole group advantage 0."""
     rewards = torch.tensor([1.0, 0.0, 1.0, 0.0, 1.0, 1.0])
     rewards[4] = value
     with pytest.raises(ValueError, match=r"rewards is not finite at row 4 \(group 7\)"):

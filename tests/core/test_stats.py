@@ -500,7 +500,7 @@ def test_topk_log_softmax_matches_float64_log_softmax() -> None:
 
 @pytest.mark.parametrize("bad, shown", [(math.nan, "nan"), (math.inf, "inf")])
 def test_non_finite_logit_at_an_active_position_names_row_and_position(bad, shown):
-    # Issue 17: one NaN logit made the ICT score NaN for its whole group at that position, silently.
+    # One NaN logit made the ICT score NaN for its whole group at that position, silently.
     logits, mask, tokens = make_case(seed=21)
     mask[1, 3] = mask[4, 2] = True
     logits[4, 2, 11] = bad

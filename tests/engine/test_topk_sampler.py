@@ -1,4 +1,4 @@
-"""selection_topk from the sampler: the top-K log-probs recorded at generation feed the ICT score (issue 11).
+"""selection_topk from the sampler: the top-K log-probs recorded at generation feed the ICT score.
 
 Real transformers generation on the tiny Qwen2 (tests/conftest.py ``tiny_model_dir``); the vLLM path is driven by a
 fake ``VLLMGeneration`` that samples with the same model and answers in vLLM's format (entries sorted by rank, the

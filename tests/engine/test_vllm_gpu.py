@@ -1,4 +1,4 @@
-"""vLLM colocate and server modes on a GPU (issue 11): bench/gpu_smoke.sh run as is, 3 ICT steps each with the ICT
+"""vLLM colocate and server modes on a GPU: bench/gpu_smoke.sh run as is, 3 ICT steps each with the ICT
 score from vLLM's top-K log-probs and TRL's truncated importance sampling. Skipped without CUDA (conftest) or vLLM;
 the server mode also needs a second GPU. Never run by the project so far: no GPU was available."""
 

@@ -1,4 +1,4 @@
-"""Sampler/trainer importance weights in ICTGRPOTrainer (issue 11): TRL's vllm_importance_sampling_* options are
+"""Sampler/trainer importance weights in ICTGRPOTrainer: TRL's vllm_importance_sampling_* options are
 honoured with every selector and normaliser. The sampler is the fake vLLM engine of test_topk_sampler (it samples
 with the training model and reports each sampled token's log-prob shifted, as a mismatched engine would), or a
 ``rollout_func`` that reports log-probs; both on CPU."""

@@ -10,11 +10,10 @@ buffers (log p and p), allocated once per call and reused by every chunk, are th
 default; a scattered bf16 chunk adds its gathered bf16 rows). Per chunk: one fused log_softmax read straight from the
 logits (a kernel per contiguous run of rows), exp, a fused sum of squares and a multiply-sum: 4 passes; the group JS
 adds a matrix-vector product for the group mean, r = p + q, log r and a multiply-sum. Why not smaller chunks: each
-pass is a separate parallel region and on the project's shared 2-core machines every region pays a scheduling cost
-of milliseconds under load; 2-8-row chunks (cache-resident, fine on an idle machine) ran 3-11x slower than 55-row
-ones, and 110-row chunks beat 55-row ones under load. The group JS sweep takes blocks of ``[|J|, t_block, V]``
-(|J| = the group's members active over the block) with ``|J| * t_block <= chunk_size`` (``t_block >= 1``: a group
-larger than the chunk gets one position per block).
+pass is a separate parallel region, and every region pays a scheduling cost that grows with the machine's load, so
+few large chunks beat many cache-resident small ones (bench/README.md, "Chunk size of the statistics sweep"). The
+group JS sweep takes blocks of ``[|J|, t_block, V]`` (|J| = the group's members active over the block) with
+``|J| * t_block <= chunk_size`` (``t_block >= 1``: a group larger than the chunk gets one position per block).
 """
 
 from __future__ import annotations

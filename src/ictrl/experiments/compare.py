@@ -1,4 +1,4 @@
-"""``ictrl compare``: methods x seeds on the embedded task (or a run config), then a comparison report (issue #5).
+"""``ictrl compare``: methods x seeds on the embedded task (or a run config), then a comparison report.
 
 Writes into ``--output-dir``:
 

@@ -1,4 +1,4 @@
-"""``ictrl sweep``: learning rate x method x seed stability study (issue #7).
+"""``ictrl sweep``: learning rate x method x seed stability study.
 
 Every run is labelled collapsed / exploded / degraded / stable by ``outcomes.summarize_run`` against the base
 model's reward (a run whose weights went non-finite, so that sampling failed, is exploded), with the rule set

@@ -14,8 +14,8 @@ environment variable ``ICTRL_STATS_BACKEND``):
   padded group size (2, 4, 8, 16; members that have ended are masked out, and still computed), per logits dtype,
   and per side of V = 4096 (inductor's cascade sum above it); block length, vocabulary and batch are otherwise
   dynamic. Compiled code lands in inductor's FX graph cache (``TORCHINDUCTOR_CACHE_DIR``, set to
-  ``~/.cache/ictrl/inductor`` unless already set), so the C++ compile (20-90 s per graph on the 2-core machines,
-  by load) is paid once per machine; a new process still pays 4-20 s of tracing per graph and ~0.27 GB of resident
+  ``~/.cache/ictrl/inductor`` unless already set), so the C++ compile (tens of seconds per graph on a small
+  CPU) is paid once per machine; a new process still pays 4-20 s of tracing per graph and ~0.27 GB of resident
   memory for inductor itself. Groups larger than 16 go to the plain path.
 - ``triton`` (CUDA): :mod:`ictrl.core.kernels.group_js_triton`, one launch for the whole batch, two reads of the logits
   (an online max and normaliser, then everything else in registers). The same kernel runs on CPU tensors under

@@ -1,4 +1,4 @@
-"""``ictrl compare --tune``: every method at its own tuned setting, then fresh seeds (issue 14).
+"""``ictrl compare --tune``: every method at its own tuned setting, then fresh seeds.
 
 The protocol, fixed before any run (``CHOICE_RULE`` is printed into the report):
 

@@ -1,4 +1,4 @@
-"""The report figures: training curves, the stability heat map and the pi-vs-beta scatter (issues #5, #7, #16).
+"""The report figures: training curves, the stability heat map and the pi-vs-beta scatter.
 
 Inputs are plain Python data (see ``ictrl.experiments.reports.report``). Every figure is drawn for a reader at a glance:
 plain axis labels with no offset notation (``1e-5+5.549`` makes a tiny difference look dramatic), a line style

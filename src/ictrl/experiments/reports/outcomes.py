@@ -1,4 +1,4 @@
-"""Label a training run "collapsed", "exploded", "degraded" or "stable" from its logged curves (issue #7).
+"""Label a training run "collapsed", "exploded", "degraded" or "stable" from its logged curves.
 
 Two rule sets, kept side by side (``OutcomeThresholds.v1()`` / ``.v2()``; the default is v2):
 

@@ -85,7 +85,7 @@ def _totals(rows: dict[str, list[grid.RunSpec]], final: dict[grid.RunSpec, dict[
 
 
 def diff_lines(rows: dict[str, list[grid.RunSpec]], final: dict[grid.RunSpec, dict[str, Any]]) -> list[str]:
-    """Markdown rows 'a − b | Total diff [CI] | p' for the pairs the issue asks about, where both rows exist."""
+    """Markdown rows 'a − b | Total diff [CI] | p' for the pairs the study asks about (ICT against random10 and GRPO), where both rows exist."""
     pairs = [("ict", "random10"), ("ict-matched", "random10-matched"), ("ict", "grpo"), ("random10", "grpo")]
     out = ["| comparison (Total, points) | difference [95% Welch CI] | p |", "|---|---|---|"]
     for a, b in pairs:
