@@ -21,6 +21,16 @@ def as_bool_mask(mask: Tensor, name: str = "mask") -> Tensor:
     return mask != 0
 
 
+def check_group_ids(group_ids: object, B: int) -> Tensor:
+    """``group_ids`` must be a [B] integer tensor (one prompt label per response); returns it."""
+    if not isinstance(group_ids, Tensor) or tuple(group_ids.shape) != (B,):
+        got = tuple(group_ids.shape) if isinstance(group_ids, Tensor) else type(group_ids).__name__
+        raise ValueError(f"group_ids must be a [B] = ({B},) tensor, got {got}")
+    if group_ids.dtype == torch.bool or group_ids.is_floating_point() or group_ids.is_complex():
+        raise ValueError(f"group_ids must be an integer tensor, got dtype {group_ids.dtype}")
+    return group_ids
+
+
 def require_finite(name: str, x: Tensor, where: Tensor | None = None) -> None:
     """Raise if ``x`` holds NaN or ±inf where it matters.
 

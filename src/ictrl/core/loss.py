@@ -43,7 +43,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ictrl.core.checks import as_bool_mask, require_finite
+from ictrl.core.checks import as_bool_mask, check_group_ids, require_finite
 
 NORM_MODES = ("per_response_selected", "token_mean_selected", "token_mean_all", "per_response_all", "dr_grpo")
 IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
@@ -316,10 +316,7 @@ def grpo_advantages(rewards: Tensor, group_ids: Tensor, scale: str = "std", eps:
     """
     if not isinstance(rewards, Tensor) or rewards.dim() != 1:
         raise ValueError(f"rewards must be a [B] tensor, got {getattr(rewards, 'shape', type(rewards))}")
-    if not isinstance(group_ids, Tensor) or group_ids.shape != rewards.shape:
-        raise ValueError(f"group_ids must be [B] = {tuple(rewards.shape)}, got {getattr(group_ids, 'shape', None)}")
-    if group_ids.is_floating_point() or group_ids.dtype == torch.bool:
-        raise ValueError(f"group_ids must be an integer tensor, got {group_ids.dtype}")
+    check_group_ids(group_ids, rewards.shape[0])
     if scale not in ("std", "none"):
         raise ValueError(f"scale must be 'std' or 'none', got {scale!r}")
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0:

@@ -49,7 +49,7 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
-from ictrl.core.checks import as_bool_mask
+from ictrl.core.checks import as_bool_mask, check_group_ids
 
 _FIELDS = ("ict_score", "entropy", "prob", "advantages", "group_ids")
 SCOPES = ("response", "group", "batch")
@@ -84,12 +84,10 @@ class SelectionInputs:
                 raise ValueError(f"{name} must have the mask's shape {tuple(self.mask.shape)}, got {tuple(value.shape)}")
             if value is not None and bool(torch.isnan(value[self.mask]).any()):
                 raise ValueError(f"{name} holds NaN at active positions")
-        for name in ("advantages", "group_ids"):
-            value = getattr(self, name)
-            if value is not None and tuple(value.shape) != (B,):
-                raise ValueError(f"{name} must be [B] = ({B},), got shape {tuple(value.shape)}")
-        if self.group_ids is not None and (self.group_ids.is_floating_point() or self.group_ids.dtype == torch.bool):
-            raise ValueError(f"group_ids must be an integer tensor, got {self.group_ids.dtype}")
+        if self.advantages is not None and tuple(self.advantages.shape) != (B,):
+            raise ValueError(f"advantages must be [B] = ({B},), got shape {tuple(self.advantages.shape)}")
+        if self.group_ids is not None:
+            check_group_ids(self.group_ids, B)
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ictrl.core.checks import require_finite
+from ictrl.core.checks import as_bool_mask, check_group_ids, require_finite
 from ictrl.core.kernels import group_js as _fused
 
 __all__ = [
@@ -89,7 +89,7 @@ def _validate(
             raise ValueError(f"tokens at masked-in positions must lie in [0, {V}), got range "
                              f"[{int(active.min())}, {int(active.max())}]")
     if group_ids is not None:
-        group_ids = _check_group_ids(group_ids, B, logits.device)
+        group_ids = check_group_ids(group_ids, B).to(logits.device)
     _check_temperature_chunk(temperature, chunk_size)
     return mask, tokens, group_ids
 
@@ -98,19 +98,7 @@ def _check_mask(mask: Tensor, shape: tuple[int, int], device: torch.device) -> T
     if not isinstance(mask, Tensor) or tuple(mask.shape) != shape:
         got = tuple(mask.shape) if isinstance(mask, Tensor) else type(mask).__name__
         raise ValueError(f"mask must have shape {shape} (logits[:2]), got {got}")
-    if mask.dtype != torch.bool:
-        if mask.dtype.is_complex or not bool(((mask == 0) | (mask == 1)).all()):
-            raise ValueError(f"mask must be bool or hold only 0/1, got dtype {mask.dtype} with other values")
-        mask = mask != 0
-    return mask.to(device)
-
-
-def _check_group_ids(group_ids: Tensor, B: int, device: torch.device) -> Tensor:
-    if not isinstance(group_ids, Tensor) or group_ids.dim() != 1 or group_ids.shape[0] != B:
-        got = tuple(group_ids.shape) if isinstance(group_ids, Tensor) else type(group_ids).__name__
-        raise ValueError(f"group_ids must be a 1-D tensor of length B={B}, got {got}")
-    _check_int("group_ids", group_ids)
-    return group_ids.to(device)
+    return as_bool_mask(mask).to(device)
 
 
 def _check_temperature_chunk(temperature: float, chunk_size: int | None) -> None:
@@ -456,7 +444,7 @@ def group_js_divergence_topk(
     _check_int("topk_ids", topk_ids)
     device = topk_logprobs.device
     mask = _check_mask(mask, (B, T), device)
-    group_ids = _check_group_ids(group_ids, B, device)
+    group_ids = check_group_ids(group_ids, B).to(device)
     u = torch.zeros(B, T, dtype=torch.float32, device=device)
     _, inverse = torch.unique(group_ids, return_inverse=True)
     t_block = max(1, 2**16 // max(1, K))  # bounds [G, t_block, G*K] to a few MB per group of 8
