@@ -135,12 +135,7 @@ def _notes(settings: dict[str, Any], specs: list[grid.RunSpec], results: dict[gr
         lines.append(f"{diff[0]} − {diff[1]}: difference of means with a 95% Welch t-interval over seeds "
                      "(seeds treated as independent). An interval that contains 0 is no evidence of a difference.")
     if settings.get("source") == "embedded":
-        rl = settings["rl"]
-        lines.append(f"Embedded task: base model {Path(settings['base']).name} (the embedded warm-start recipe); "
-                     f"{rl['steps']} optimizer steps per run, "
-                     f"{rl['prompts_per_step']} prompts x {rl['num_generations']} samples, lr {rl['lr']:g}, "
-                     f"selection warm-up Θ = {grid.theta(rl)} steps (ict/random10), {rl['eval_problems']} held-out "
-                     f"problems x {rl['eval_n']} samples.")
+        lines.append(gridcli.embedded_task_note(settings))
     elif settings.get("source") == "config":
         lines.append(f"Run config {Path(settings['config']).name} (model {_public(settings['model'])}), eval on {settings['eval']} with "
                      f"{configrun.CONFIG_EVAL_N} samples per problem.")

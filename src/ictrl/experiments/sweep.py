@@ -274,10 +274,5 @@ def _notes(rows: list[dict[str, Any]], picks: dict[str, dict[str, Any] | None], 
         "learning rates pooled).",
     ]
     if settings.get("source") == "embedded":
-        rl = settings["rl"]
-        notes.append(f"Embedded task: base model {Path(settings['base']).name} (the embedded warm-start recipe); "
-                     f"{rl['steps']} optimizer steps per run, {rl['prompts_per_step']} prompts x "
-                     f"{rl['num_generations']} samples, {rl['num_iterations']} optimizer steps per generation batch, "
-                     f"selection warm-up Θ = {grid.theta(rl)} "
-                     f"steps (ict/random10), {rl['eval_problems']} held-out problems, n = {rl['eval_n']}.")
+        notes.append(gridcli.embedded_task_note(settings, lr=False))
     return "\n\n".join(notes)

@@ -128,3 +128,15 @@ def default_tiny_settings(quick: bool = False) -> tuple[dict[str, Any], dict[str
                 "eval_n": plan["eval_samples"]}
 
 
+def embedded_task_note(settings: dict[str, Any], lr: bool = True) -> str:
+    """The report's note on an embedded-task grid's settings (``lr``: name the learning rate, for a grid that has
+    one)."""
+    from ictrl.experiments.grid.runner import theta
+
+    rl = settings["rl"]
+    return (f"Embedded task: base model {Path(settings['base']).name} (the embedded warm-start recipe); "
+            f"{rl['steps']} optimizer steps per run, {rl['prompts_per_step']} prompts x {rl['num_generations']} "
+            f"samples, {rl['num_iterations']} optimizer steps per generation batch"
+            + (f", lr {rl['lr']:g}" if lr else "")
+            + f", selection warm-up Θ = {theta(rl)} steps (ict/random10), {rl['eval_problems']} held-out problems "
+            f"x {rl['eval_n']} samples.")
