@@ -46,6 +46,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from trl import GRPOTrainer
 
+from ictrl.engine import vllm_server
 from ictrl.engine.config import ICTGRPOConfig
 from ictrl.engine.dynamic_sampling import DynamicSamplingMixin
 from ictrl.engine.onepass import STATS_PATHS, OnePassMixin, fused_head_with_sum_sq
@@ -54,6 +55,7 @@ from ictrl.core.logprobs import selected_token_logprobs
 from ictrl.core.loss import policy_loss
 from ictrl.core.selection import get_selector, in_warmup
 from ictrl.core.stats import TokenStats, group_js_divergence_topk, token_stats, topk_log_softmax
+from ictrl.errors import UserError
 
 _STAT_FIELDS = ("entropy", "renyi2", "purity", "logprob", "prob")
 _R = TypeVar("_R")
@@ -156,11 +158,13 @@ class ICTGRPOTrainer(OnePassMixin, DynamicSamplingMixin, GRPOTrainer):
                 f"num_generations={self.num_generations} completions must sit on one process: "
                 f"per_device_train_batch_size * steps_per_generation = {per_process} must be a multiple of it"
             )
+        self._server = vllm_server.server_settings(self)  # None unless vllm_mode='server'
         self._sampler_topk = self._resolve_topk_source()
         self._rollout_topk: TopKRows | None = None
         self._rollout_calls = 0
         if self._sampler_topk is not None and self.use_vllm:
             self._install_vllm_topk()
+        vllm_server.check_logprobs_mode(self._server, args, self._sampler_topk)
         text_config = self.model.config.get_text_config()
         for attr in ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier"):
             if getattr(text_config, attr, None) not in (None, 1, 1.0):
@@ -420,7 +424,7 @@ class ICTGRPOTrainer(OnePassMixin, DynamicSamplingMixin, GRPOTrainer):
         if why is None:
             return args.selection_topk
         if args.selection_topk_source == "sampler":
-            raise ValueError(f"selection_topk_source='sampler': {why}; use 'auto' or 'head' to score from the LM head")
+            raise UserError(f"selection_topk_source='sampler': {why}; use 'auto' or 'head' to score from the LM head")
         return None
 
     def _sampler_topk_obstacle(self) -> str | None:
@@ -440,6 +444,8 @@ class ICTGRPOTrainer(OnePassMixin, DynamicSamplingMixin, GRPOTrainer):
             return "vLLM reports log-probs after top_p/top_k/min_p truncation, which the statistics pass does not apply"
         if args.vllm_mode == "colocate" and args.selection_topk > 20:
             return "colocated vLLM caps logprobs at its default max_logprobs=20 (server mode lifts it)"
+        if self._server is not None:
+            return vllm_server.topk_obstacle(self._server, args.selection_topk)
         return None
 
     def _generate_single_turn(self, prompt_ids: Any, images: Any, multimodal_fields: Any, num_generations: int,
