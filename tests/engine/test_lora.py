@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import importlib.util
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -185,11 +186,13 @@ def test_lora_trains_saves_and_resumes_from_a_yaml_peft_section(tiny_model_dir: 
     assert any(not torch.equal(a[k], two[k]) for k in a)  # the resumed step trained
 
 
-def test_statistics_pass_scores_the_adapted_model(tiny_model_dir: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("path", ["separate", "training_forward"])
+def test_statistics_pass_scores_the_adapted_model(tiny_model_dir: Path, tmp_path: Path, path: str) -> None:
     """The group JS the trainer computes equals a float64 reference from the merged model's logits, and differs
-    from the base model's: the adapter is in the statistics pass."""
+    from the base model's: the adapter is in the statistics pass, on its own pass and in the loss's forward."""
     from peft import LoraConfig
 
+    from ictrl.engine.onepass import STATS_PATHS
     from ictrl.engine.trainer import ICTGRPOTrainer
 
     model, tokenizer = _load(tiny_model_dir)
@@ -199,17 +202,30 @@ def test_statistics_pass_scores_the_adapted_model(tiny_model_dir: Path, tmp_path
     trainer = ICTGRPOTrainer(model=model, reward_funcs=w.digit_reward, train_dataset=w.make_dataset(),
                              processing_class=tokenizer, peft_config=lora,
                              args=w.make_config(tmp_path, token_selector="ict", temperature=0.8, sparse_backward=True))
-    trainer.one_pass = False  # the statistics pass runs at generation (else in the loss, ictrl.engine.onepass)
-    calls = _capture_stats(trainer)
+    trainer.one_pass = path == "training_forward"
+    calls = _capture_stats(trainer)  # the separate pass: the batch in generation order
+    seen: list[tuple[Any, Any, Any]] = []
+    original = trainer._hidden_stats
+
+    def recording(hidden: Any, mask: Any, completion_ids: Any, group_ids: Any, sampler_topk: Any = None) -> Any:
+        stats, js = original(hidden, mask, completion_ids, group_ids, sampler_topk)
+        seen.append((mask, group_ids, js))
+        return stats, js
+
+    trainer._hidden_stats = recording
     trainer.model.train()
-    trainer._generate_and_score_completions(_inputs(trainer))
-    (call,) = calls
-    mask, batch = call["mask"], call["batch"]
-    groups = torch.arange(mask.size(0)) // trainer.num_generations
-    merged = copy.deepcopy(trainer.model).merge_and_unload()
-    merged.eval()
-    exact = w.naive_group_js(_full_logits(type("T", (), {"model": merged})(), batch), mask, groups, 0.8)
-    torch.testing.assert_close(call["js"].double(), exact, atol=2e-6, rtol=1e-4)
+    inputs = trainer._prepare_inputs(_inputs(trainer))
+    if path == "training_forward":
+        trainer._compute_loss(trainer.model, inputs)
+        batch = inputs  # the loss's micro-batch, in its own row order
+    else:
+        (call,) = calls
+        batch = call["batch"]
+    assert trainer._metrics["train"]["ictrl/stats_path"] == [STATS_PATHS[path]]
+    ((mask, groups, js),) = seen
+    merged = copy.deepcopy(trainer.model).merge_and_unload().eval()
+    exact = w.naive_group_js(_full_logits(SimpleNamespace(model=merged), batch), mask, groups, 0.8)
+    torch.testing.assert_close(js.double(), exact, atol=2e-6, rtol=1e-4)
     with trainer.model.disable_adapter():
         base = w.naive_group_js(_full_logits(trainer, batch), mask, groups, 0.8)
     assert float((base - exact)[mask].abs().max()) > 1e-3
