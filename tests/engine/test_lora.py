@@ -88,6 +88,14 @@ def test_model_init_kwargs_and_model_section_merge(tiny_model_dir: Path) -> None
     with pytest.raises(ConfigError, match="model_init_kwargs.dtype: 'float16' contradicts model.dtype 'bfloat16'"):
         load_kwargs(config_from_dict({**base, "model": {**base["model"], "dtype": "bfloat16"},
                                       "model_init_kwargs": {"dtype": "float16"}}))
+    assert load_kwargs(config_from_dict({**base, "trust_remote_code": True}))["trust_remote_code"] is True
+
+    from ictrl.models import load_model_and_tokenizer
+
+    kwargs = load_kwargs(config_from_dict({**base, "model_init_kwargs": {"dtype": "bfloat16",
+                                                                         "attn_implementation": "eager"}}))
+    model, _ = load_model_and_tokenizer(str(tiny_model_dir), **kwargs)
+    assert model.dtype == torch.bfloat16 and model.config._attn_implementation == "eager"
 
 
 def test_peft_section_round_trips_and_turns_off(tiny_model_dir: Path, tmp_path: Path) -> None:
@@ -229,3 +237,29 @@ def test_statistics_pass_scores_the_adapted_model(tiny_model_dir: Path, tmp_path
     with trainer.model.disable_adapter():
         base = w.naive_group_js(_full_logits(trainer, batch), mask, groups, 0.8)
     assert float((base - exact)[mask].abs().max()) > 1e-3
+
+
+def test_vllm_gets_the_merged_adapter(tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """TRL's colocated weight sync of a LoRA model (merge, strip peft's names, unmerge), run over the fake vLLM
+    0.31 engine: the engine then holds the merged weights and the trainer's model is unmerged again."""
+    from peft import LoraConfig
+
+    from fixtures import fake_vllm
+    from ictrl.engine.trainer import ICTGRPOTrainer
+
+    fake_vllm.install(monkeypatch)
+    model, tokenizer = _load(tiny_model_dir)
+    lora = LoraConfig(task_type="CAUSAL_LM", r=4, lora_alpha=16, target_modules=["q_proj", "v_proj"],
+                      init_lora_weights=False)
+    trainer = ICTGRPOTrainer(model=model, reward_funcs=w.digit_reward, train_dataset=w.make_dataset(),
+                             processing_class=tokenizer, peft_config=lora,
+                             args=w.make_config(tmp_path, token_selector="ict", use_vllm=True, vllm_mode="colocate"))
+    trainer.model.train()
+    trainer._generate_and_score_completions(_inputs(trainer))
+    engine = dict(trainer.vllm_generation.llm.model.named_parameters())
+    merged = dict(copy.deepcopy(trainer.model).merge_and_unload().named_parameters())
+    assert engine.keys() == merged.keys() and trainer.vllm_generation.llm.weights.loaded == set(engine)
+    assert all(torch.allclose(engine[n], merged[n], atol=1e-6) for n in engine)
+    base = dict(trainer.model.get_base_model().named_parameters())
+    q = "model.layers.0.self_attn.q_proj"
+    assert not torch.allclose(base[f"{q}.base_layer.weight"], engine[f"{q}.weight"], atol=1e-4)  # adapter merged
