@@ -155,8 +155,8 @@ def load_model_and_tokenizer(
     local = Path(name_or_path)
     if local.exists() and not (local / "config.json").exists():
         raise FileNotFoundError(f"{name_or_path}: directory has no config.json, so it is not a model checkpoint")
-    tokenizer = AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=trust_remote_code,
-                                              revision=init_kwargs.get("revision"))
+    revision = {"revision": init_kwargs["revision"]} if init_kwargs.get("revision") else {}
+    tokenizer = AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=trust_remote_code, **revision)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"

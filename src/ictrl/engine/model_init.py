@@ -96,6 +96,8 @@ def check_architecture(cfg: RunConfig, kwargs: dict[str, Any], source: str = "<c
             model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust,
                                                      attn_implementation=kwargs.get("attn_implementation"))
     except (ImportError, ValueError) as exc:
+        if kwargs.get("attn_implementation") is None:
+            raise
         raise ConfigError(f"{source}: {KEY}.attn_implementation: {_first_line(exc)}") from None
     if cfg.peft is None or cfg.peft.target_modules in (None, ["all-linear"]):
         return
