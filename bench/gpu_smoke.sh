@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
 # GPU smoke test of ictrl with vLLM rollouts: a tiny Qwen2 built locally (no download), 3 ICT optimizer steps with
-# vLLM colocated on the training GPU, then the same with a separate `trl vllm-serve` server (needs a second GPU).
+# vLLM colocated on the training GPU, then the same with a separate `vllm serve` server started by hand with the
+# flags TRL's client needs (docs/vllm.md; needs a second GPU).
 # Each run takes its ICT score from vLLM's top-K log-probs (selection_topk_source=sampler) and applies TRL's
 # token-level truncated importance sampling; it checks both happened and prints the per-step metrics.
 #
 #   bash bench/gpu_smoke.sh                  # both modes, results under a fresh temp dir
 #   bash bench/gpu_smoke.sh colocate OUT     # one mode ("colocate" | "server" | "both"), results under OUT
+#   ICTRL_SMOKE_PORT=8123 bash bench/gpu_smoke.sh server   # the server's HTTP port (default 8011)
+#
+# The port has its own variable: vLLM itself reads VLLM_PORT (for its internal ports), so setting that would change
+# the server's internals as well.
 #
 # Needs: CUDA, and ictrl installed with the vllm extra (pip install -e ".[vllm]" -c constraints.txt).
 # Writes OUT/<mode>/log_history.json. Exit status 0 only if every requested mode ran its 3 steps and passed the
@@ -15,7 +20,7 @@ set -euo pipefail
 MODE=${1:-both}
 OUT=${2:-$(mktemp -d -t ictrl-gpu-smoke-XXXX)}
 PY=${PYTHON:-python}
-PORT=${VLLM_PORT:-8011}
+PORT=${ICTRL_SMOKE_PORT:-8011}
 mkdir -p "$OUT"
 echo "gpu_smoke: mode=$MODE out=$OUT"
 
@@ -94,13 +99,16 @@ run_server() {
     return 0
   fi
   mkdir -p "$OUT/server"
-  CUDA_VISIBLE_DEVICES=1 trl vllm-serve --model "$OUT/model" --port "$PORT" --gpu_memory_utilization 0.3 \
-    --max_model_len 256 > "$OUT/server/vllm_serve.log" 2>&1 &
+  # The command of docs/vllm.md: dev mode and the NCCL weight-transfer engine for TRL's weight sync, processed
+  # log-probs for the importance weight and the top-K, no cap on their number.
+  CUDA_VISIBLE_DEVICES=1 VLLM_SERVER_DEV_MODE=1 vllm serve "$OUT/model" --port "$PORT" \
+    --gpu-memory-utilization 0.3 --max-model-len 256 --weight-transfer-config '{"backend": "nccl"}' \
+    --logprobs-mode processed_logprobs --max-logprobs -1 > "$OUT/server/vllm_serve.log" 2>&1 &
   SERVER_PID=$!
   for _ in $(seq 1 120); do  # up to 10 minutes for the server to come up
     if curl -sf "http://localhost:$PORT/health" > /dev/null 2>&1 || curl -sf "http://localhost:$PORT/health/" \
         > /dev/null 2>&1; then break; fi
-    if ! kill -0 "$SERVER_PID" 2>/dev/null; then echo "vllm-serve exited:"; tail -40 "$OUT/server/vllm_serve.log"; return 1; fi
+    if ! kill -0 "$SERVER_PID" 2>/dev/null; then echo "vllm serve exited:"; tail -40 "$OUT/server/vllm_serve.log"; return 1; fi
     sleep 5
   done
   CUDA_VISIBLE_DEVICES=0 "$PY" "$OUT/smoke_train.py" "$OUT/model" "$OUT/server" server "$PORT"

@@ -139,19 +139,24 @@ def load_model_and_tokenizer(
     dtype: str | torch.dtype = "auto",
     device: str | torch.device | None = None,
     trust_remote_code: bool = False,
+    **init_kwargs: Any,
 ) -> tuple[Any, Any]:
     """Load a causal LM and its tokenizer from a hub id or a local directory.
 
     The tokenizer gets left padding (generation) and a pad token if it has none.
     ``dtype="auto"`` keeps the checkpoint's dtype on GPU and uses float32 on CPU,
-    where bf16 is about twice as slow.
+    where bf16 is about twice as slow. ``init_kwargs`` go to ``from_pretrained`` as
+    they are (TRL's ``model_init_kwargs``: ``attn_implementation``, ``quantization_config``,
+    ``device_map``, ``revision``, ...); with a ``device_map`` or a quantization the
+    model stays where ``from_pretrained`` placed it.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     local = Path(name_or_path)
     if local.exists() and not (local / "config.json").exists():
         raise FileNotFoundError(f"{name_or_path}: directory has no config.json, so it is not a model checkpoint")
-    tokenizer = AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
+    revision = {"revision": init_kwargs["revision"]} if init_kwargs.get("revision") else {}
+    tokenizer = AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=trust_remote_code, **revision)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
@@ -160,6 +165,8 @@ def load_model_and_tokenizer(
         dtype = getattr(torch, dtype)
     if dtype == "auto" and target.type == "cpu":
         dtype = torch.float32
-    model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype, trust_remote_code=trust_remote_code)
-    model.to(target)
+    model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype, trust_remote_code=trust_remote_code,
+                                                 **init_kwargs)
+    if init_kwargs.get("device_map") is None and getattr(model, "hf_quantizer", None) is None:
+        model.to(target)  # a quantized model is placed at load and refuses .to()
     return model, tokenizer

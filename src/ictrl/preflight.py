@@ -163,3 +163,12 @@ def check_trackers(value: str | Sequence[str] | None, option: str = "report_to")
         if importlib.util.find_spec(module) is None:
             raise MissingExtraError(f"{option}: {name} needs the {module!r} package, which is not installed: {hint}")
     return names
+
+
+def check_liger(enabled: bool, option: str = "use_liger_kernel") -> None:
+    """``use_liger_kernel`` in TRL 1.16's GRPOTrainer swaps in Liger's layer kernels (RMSNorm, RoPE, SwiGLU; its
+    fused cross-entropy is refused by TRL), the same step up to kernel numerics; transformers imports the package
+    only when training starts, after the model loaded. Checked here instead."""
+    if enabled and importlib.util.find_spec("liger_kernel") is None:
+        raise MissingExtraError(f"{option}: needs the liger-kernel package, which is not installed: "
+                                "pip install liger-kernel (or trl's liger extra)")

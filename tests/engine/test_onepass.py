@@ -1,4 +1,4 @@
-"""One pass serves all (ictrl.engine.onepass): the statistics taken from the loss's forward, or from the pass that
+"""One pass serves all (ictrl.engine.stats_pass): the statistics taken from the loss's forward, or from the pass that
 gives TRL its old log-probs, give the same masks, losses and gradients as the separate statistics pass (float64,
 tiny Qwen2), and the backbone runs the counted number of times per optimizer step."""
 

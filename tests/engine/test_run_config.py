@@ -97,7 +97,9 @@ def test_mixture_and_scalar_list() -> None:
         ("--model.dtype=fp8", r"model.dtype: must be one of"),
         ("--model=x", r"model: expected a mapping"),
         ("--reward_weights=[1, 2]", r"reward_weights: needs exactly one weight per entry of reward.names"),
-        ("--model_init_kwargs={}", r"model_init_kwargs: ictrl train loads the model from the model: section"),
+        ("--model_init_kwargs=[1]", r"model_init_kwargs: expected dict or str"),
+        ("--peft.rr=4", r"unknown key 'peft.rr'; did you mean 'peft.r'"),
+        ("--peft.target_modules={a: 1}", r"peft.target_modules: expected a list"),
     ],
 )
 def test_bad_override_names_the_key(override: str, pattern: str) -> None:

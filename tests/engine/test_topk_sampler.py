@@ -1,8 +1,8 @@
 """selection_topk from the sampler: the top-K log-probs recorded at generation feed the ICT score.
 
-Real transformers generation on the tiny Qwen2 (tests/conftest.py ``tiny_model_dir``); the vLLM path is driven by a
-fake ``VLLMGeneration`` that samples with the same model and answers in vLLM's format (entries sorted by rank, the
-sampled token appended when outside the top K), so TRL's own vLLM branch of ``_generate_single_turn`` runs.
+Real transformers generation on the tiny Qwen2 (tests/conftest.py ``tiny_model_dir``); the vLLM path runs TRL's own
+``VLLMGeneration`` (colocate mode: weight sync, ``SamplingParams``, ``extract_logprobs``) over the fake vLLM 0.31
+engine of tests/fixtures/fake_vllm.py, which samples with a copy of the model and answers ``RequestOutput``s.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import torch
 import mp_worker as w
 from ictrl.core import reference as core_ref
 from ictrl.engine.sampler_topk import pad_rows, split_vllm_logprobs
+from fixtures import fake_vllm
 from ictrl.engine.trainer import ICTGRPOTrainer
 
 
@@ -122,7 +123,7 @@ def test_auto_falls_back_to_the_head_and_sampler_refuses(tiny_model_dir: Path, t
                                                          no_head_topk: list[int]) -> None:
     trainer = _trainer(tiny_model_dir, tmp_path, token_selector="ict", selection_topk=8, repetition_penalty=1.2)
     assert trainer._sampler_topk is None  # a repetition penalty changes the sampler's logits
-    trainer.one_pass = False  # the statistics pass runs at generation (else in the loss, ictrl.engine.onepass)
+    trainer.one_pass = False  # the statistics pass runs at generation (else in the loss, ictrl.engine.stats_pass)
     trainer.model.train()
     trainer._generate_and_score_completions(_inputs(trainer))
     assert no_head_topk and trainer._metrics["train"]["ictrl/topk_from_sampler"] == [0.0]
@@ -148,69 +149,31 @@ def test_split_vllm_logprobs_picks_the_sampled_token() -> None:
         split_vllm_logprobs([[[-0.1], [-0.2]]], [[[1], [2]]], [[1]], k=1)
 
 
-class FakeVLLM:
-    """VLLMGeneration's generate() contract, sampling with the training model itself (CPU). Reports the top
-    ``logprobs`` entries by rank plus the sampled token when outside them; ``shift`` + ``jitter`` · N(0, 1) is added
-    to the sampled token's reported log-prob to mimic a sampler whose numerics differ from the trainer's."""
-
-    def __init__(self, model: Any, tokenizer: Any, temperature: float, max_tokens: int, shift: float = 0.0,
-                 jitter: float = 0.0) -> None:
-        self.model, self.tokenizer, self.temperature, self.max_tokens = model, tokenizer, temperature, max_tokens
-        self.shift, self.jitter = shift, jitter
-        self.logprobs = 0
-        self.synced = 0
-
-    def sync_weights(self) -> None:
-        self.synced += 1
-
-    @torch.no_grad()
-    def generate(self, prompts: list[list[int]], images: Any, num_generations: int, profiler: Any = None) -> Any:
-        g = torch.Generator().manual_seed(len(prompts) + self.synced)
-        completions, logprobs, token_ids = [], [], []
-        for prompt in prompts:
-            ids, seq_lp, seq_ids = list(prompt), [], []
-            for _ in range(self.max_tokens):
-                logits = self.model(input_ids=torch.tensor([ids])).logits[0, -1].double()
-                lp = torch.log_softmax(logits / self.temperature, -1)
-                tok = int(torch.multinomial(lp.exp(), 1, generator=g))
-                order = lp.argsort(descending=True)
-                keep = order[:self.logprobs].tolist() if self.logprobs else []
-                keep = keep + ([tok] if tok not in keep else [])
-                seq_ids.append(keep)
-                off = self.shift + self.jitter * float(torch.randn(1, generator=g))
-                seq_lp.append([float(lp[i]) + (off if i == tok else 0.0) for i in keep])
-                ids.append(tok)
-                if tok == self.tokenizer.eos_token_id:
-                    break
-            completions.append(ids[len(prompt):])
-            logprobs.append(seq_lp)
-            token_ids.append(seq_ids)
-        return prompts, completions, logprobs, token_ids
-
-
-def _vllm_trainer(model_dir: Path, tmp_path: Path, shift: float = 0.0, jitter: float = 0.0,
-                  **overrides: Any) -> ICTGRPOTrainer:
-    """A trainer built without vLLM, then switched onto the fake engine as TRL's init would have done."""
-    trainer = _trainer(model_dir, tmp_path, **overrides)
-    trainer.use_vllm = trainer.args.use_vllm = True
-    trainer._last_loaded_step = -1
-    trainer.vllm_generation = FakeVLLM(trainer.model, trainer.processing_class, trainer.temperature,
-                                       trainer.max_completion_length, shift, jitter)
-    trainer._sampler_topk = trainer._resolve_topk_source()
-    if trainer._sampler_topk is not None:
-        trainer._install_vllm_topk()
+def _vllm_trainer(monkeypatch: pytest.MonkeyPatch, model_dir: Path, tmp_path: Path, shift: float = 0.0,
+                  jitter: float = 0.0, **overrides: Any) -> ICTGRPOTrainer:
+    """A trainer with ``use_vllm=True`` (colocate): TRL builds its own ``VLLMGeneration``, over the fake vLLM 0.31
+    engine of tests/fixtures/fake_vllm.py (its own copy of the checkpoint, TRL's weight sync, ``RequestOutput``s
+    read by TRL's ``extract_logprobs``). ``shift``/``jitter``: the engine's reported log-prob error."""
+    fake_vllm.install(monkeypatch)
+    trainer = _trainer(model_dir, tmp_path, use_vllm=True, vllm_mode="colocate", **overrides)
+    trainer.vllm_generation.llm.shift, trainer.vllm_generation.llm.jitter = shift, jitter
     return trainer
 
 
 def test_vllm_path_feeds_topk_and_the_sampled_logprob(tiny_model_dir: Path, tmp_path: Path,
-                                                      no_head_topk: list[int]) -> None:
-    trainer = _vllm_trainer(tiny_model_dir, tmp_path, token_selector="ict", selection_topk=4, temperature=0.9)
+                                                      no_head_topk: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
+    trainer = _vllm_trainer(monkeypatch, tiny_model_dir, tmp_path, token_selector="ict", selection_topk=4,
+                            temperature=0.9)
     assert trainer.vllm_generation.logprobs == 4
+    llm = trainer.vllm_generation.llm
+    assert llm.kwargs["logprobs_mode"] == "processed_logprobs"  # what TRL asks the colocated engine for
     calls = _capture_stats(trainer)
     trainer.model.train()
     batch = trainer._generate_and_score_completions(_inputs(trainer))
     (call,) = calls
     assert no_head_topk == []
+    assert llm.weights.loaded == set(dict(llm.model.named_parameters()))  # TRL's weight sync reached the engine
+    assert [(p.n, p.logprobs, p.temperature) for p in llm.calls] == [(1, 4, 0.9)]
     mask = call["mask"]
     lp, ids = call["sampler_topk"]
     logits = _full_logits(trainer, batch)
@@ -223,13 +186,13 @@ def test_vllm_path_feeds_topk_and_the_sampled_logprob(tiny_model_dir: Path, tmp_
     assert not torch.allclose(sampled[mask], reference.max(-1).values[mask])
 
 
-def test_vllm_sampler_conditions(tiny_model_dir: Path, tmp_path: Path) -> None:
-    ok = _vllm_trainer(tiny_model_dir, tmp_path, token_selector="ict", selection_topk=4)
+def test_vllm_sampler_conditions(tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ok = _vllm_trainer(monkeypatch, tiny_model_dir, tmp_path, token_selector="ict", selection_topk=4)
     assert ok._sampler_topk == 4
     for overrides, reason in [({"top_p": 0.9}, "top_p"), ({"selection_temperature": 0.5}, "selection_temperature"),
                               ({"selection_topk": 64}, "max_logprobs")]:
         with pytest.raises(ValueError, match=reason):
-            _vllm_trainer(tiny_model_dir, tmp_path, token_selector="ict", selection_topk_source="sampler",
+            _vllm_trainer(monkeypatch, tiny_model_dir, tmp_path, token_selector="ict", selection_topk_source="sampler",
                           **{"selection_topk": 4, **overrides})
 
 

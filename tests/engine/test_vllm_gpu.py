@@ -43,7 +43,7 @@ def test_vllm_server_three_ict_steps(tmp_path: Path) -> None:
     import torch
 
     if torch.cuda.device_count() < 2:
-        pytest.skip("server mode needs 2 GPUs (one for trl vllm-serve, one for training)")
+        pytest.skip("server mode needs 2 GPUs (one for vllm serve, one for training)")
     steps = _run("server", tmp_path)
     assert len(steps) == 3 and steps[-1]["ictrl/topk_from_sampler"] == 1.0
     assert all("ictrl/is_ratio_mean" in h for h in steps)

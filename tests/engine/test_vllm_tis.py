@@ -1,7 +1,7 @@
 """Sampler/trainer importance weights in ICTGRPOTrainer: TRL's vllm_importance_sampling_* options are
-honoured with every selector and normaliser. The sampler is the fake vLLM engine of test_topk_sampler (it samples
-with the training model and reports each sampled token's log-prob shifted, as a mismatched engine would), or a
-``rollout_func`` that reports log-probs; both on CPU."""
+honoured with every selector and normaliser. The sampler is TRL's own ``VLLMGeneration`` over the fake vLLM 0.31
+engine of tests/fixtures/fake_vllm.py (it samples with a synced copy of the model and reports each sampled token's
+log-prob shifted, as a mismatched engine would), or a ``rollout_func`` that reports log-probs; both on CPU."""
 
 from __future__ import annotations
 
@@ -52,12 +52,12 @@ def _reference(trainer: Any, inputs: dict[str, Any], mode: str, lo: float | None
 
 @pytest.mark.parametrize(("selector", "norm", "mode"), CASES)
 def test_importance_weighted_loss_with_every_selector(tiny_model_dir: Path, tmp_path: Path, selector: str,
-                                                      norm: str, mode: str) -> None:
+                                                      norm: str, mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
     # token modes: the sampler reports 0.15 + 0.1·N(0, 1) above the trainer, ratios exp(-0.15 ± 0.1) on both sides
     # of 0.86; sequence modes: 0.1·N(0, 1) per token, a sequence's ratio exp(N(0, 0.1²·length)) on both sides of 1
     token = mode.startswith("token")
     lo, hi = (0.86, 1.2) if token else (0.55, 1.1)
-    trainer = _vllm_trainer(tiny_model_dir, tmp_path, shift=0.15 if token else 0.0, jitter=0.1,
+    trainer = _vllm_trainer(monkeypatch, tiny_model_dir, tmp_path, shift=0.15 if token else 0.0, jitter=0.1,
                             token_selector=selector, loss_normalization=norm,
                             epsilon_high=0.28, vllm_importance_sampling_mode=mode,
                             vllm_importance_sampling_clip_min=lo, vllm_importance_sampling_clip_max=hi)
@@ -82,8 +82,8 @@ def test_importance_weighted_loss_with_every_selector(tiny_model_dir: Path, tmp_
     assert abs(float(plain.detach()) - float(got)) > 1e-6  # the weight changed the loss
 
 
-def test_trains_two_steps_with_vllm_tis(tiny_model_dir: Path, tmp_path: Path) -> None:
-    trainer = _vllm_trainer(tiny_model_dir, tmp_path, shift=0.4, token_selector="ict", selection_topk=4,
+def test_trains_two_steps_with_vllm_tis(tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    trainer = _vllm_trainer(monkeypatch, tiny_model_dir, tmp_path, shift=0.4, token_selector="ict", selection_topk=4,
                             vllm_importance_sampling_mode="token_truncate", vllm_importance_sampling_clip_max=2.0)
     trainer.train()
     steps = [h for h in trainer.state.log_history if "loss" in h]

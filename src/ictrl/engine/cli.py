@@ -80,7 +80,11 @@ def run(args: argparse.Namespace) -> int:
         from ictrl.engine.run import build_trainer_args, train
 
         if "--print-config" in flags:
+            from ictrl.engine import model_init
+
             build_trainer_args(cfg, config)  # every value checked before it is shown
+            model_init.load_kwargs(cfg, config)
+            model_init.peft_config(cfg, config)
             sys.stdout.write(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
             return 0
 

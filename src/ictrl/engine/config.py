@@ -14,7 +14,7 @@ from typing import Any
 from trl import GRPOConfig
 
 from ictrl.core.loss import IS_MODES, NORM_MODES
-from ictrl.preflight import check_trackers
+from ictrl.preflight import check_liger, check_trackers
 from ictrl.core.selection import SELECTORS, Selector, get_selector
 
 # TRL loss types whose per-token surrogate is the clipped ratio that ``ictrl.core.loss.policy_loss`` computes; the
@@ -192,6 +192,7 @@ class ICTGRPOConfig(GRPOConfig):
         # several trackers as TRL users write them (a list, or "tensorboard,wandb"); a missing package is one
         # line naming what to install, here rather than when the trainer builds its callbacks after the model loads
         self.report_to = check_trackers(self.report_to, "report_to") or "none"
+        check_liger(self.use_liger_kernel)
         if self.prompts_per_step is not None:
             self._derive_step_shape()
         super().__post_init__()

@@ -131,7 +131,8 @@ def save_final(trainer: Any, staging: Path, final: Path) -> None:
     """The HF-format model in ``final``, written to ``staging`` then renamed. ``save_model`` runs on every
     process: under ZeRO-3 and FSDP it gathers the full weights (a collective; on the main process alone it would
     hang), and only the main process writes. FSDP checkpoints may be sharded (SHARDED_STATE_DICT), for which
-    ``save_model`` writes no weights: the final save switches the plugin to a full state dict for its duration."""
+    ``save_model`` writes no weights: the final save switches the plugin to a full state dict for its duration.
+    A LoRA run writes the merged model there and its adapter in ``final/adapter`` (:func:`_save_lora`)."""
     barrier = trainer.accelerator.wait_for_everyone
     if trainer.args.should_save:
         shutil.rmtree(staging, ignore_errors=True)
@@ -141,7 +142,10 @@ def save_final(trainer: Any, staging: Path, final: Path) -> None:
     if plugin is not None and "FULL_STATE_DICT" not in str(previous):
         plugin.set_state_dict_type("FULL_STATE_DICT")
     try:
-        trainer.save_model(str(staging))
+        if _is_peft(trainer.model):
+            _save_lora(trainer, staging)
+        else:
+            trainer.save_model(str(staging))
     finally:
         if plugin is not None:
             plugin.state_dict_type = previous
@@ -150,3 +154,29 @@ def save_final(trainer: Any, staging: Path, final: Path) -> None:
         trainer.state.save_to_json(str(staging / "trainer_state.json"))  # its step: finished_run reads it
         publish_dir(staging, final)
     barrier()
+
+
+def _is_peft(model: Any) -> bool:
+    from accelerate.utils import is_peft_model
+
+    return is_peft_model(model)
+
+
+def _save_lora(trainer: Any, staging: Path) -> None:
+    """``staging/adapter``: the adapter as TRL saves it; ``staging``: the base model with the adapter merged in and
+    the tokenizer, so ``ictrl eval`` and vLLM read ``final/`` as any checkpoint. The merge changes the trainer's
+    model in place (training is over). Under ZeRO-3 or FSDP the weights are shards on each process: only the
+    adapter is written, with a warning."""
+    import logging
+
+    trainer.save_model(str(staging / "adapter"))  # a collective under the sharded engines
+    deepspeed = getattr(trainer.accelerator.state, "deepspeed_plugin", None)
+    if trainer.is_fsdp_enabled or (deepspeed is not None and deepspeed.zero_stage == 3):
+        logging.getLogger("ictrl.train").warning(
+            "final/: the LoRA weights are sharded across processes, so only the adapter is saved (final/adapter); "
+            "merge it into the base model with peft's merge_and_unload before ictrl eval")
+        return
+    if trainer.args.should_save:
+        merged = trainer.accelerator.unwrap_model(trainer.model).merge_and_unload()
+        merged.save_pretrained(str(staging))
+        trainer.processing_class.save_pretrained(str(staging))

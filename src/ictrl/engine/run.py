@@ -42,6 +42,9 @@ def build_trainer_args(cfg: RunConfig, source: str = "<config>", cpu: bool | Non
     ``use_cpu``, turns off bf16/fp16 and vLLM, and says so in the log. Errors name the key."""
     config_cls, _ = trainer_classes()
     kwargs = dict(cfg.trainer)
+    # ictrl train loads the model with model_init_kwargs itself (ictrl.engine.model_init); TRL would only warn
+    # that they are ignored for a model passed in loaded.
+    kwargs.pop("model_init_kwargs", None)
     cpu = not torch.cuda.is_available() if cpu is None else cpu
     if cpu:
         notes = ["use_cpu=True", "bf16=False"] + (["use_vllm=False"] if kwargs.get("use_vllm") else [])
@@ -263,7 +266,11 @@ def write_run_labels(out: Path, args: Any) -> None:
 def train(cfg: RunConfig, resume: bool = False, source: str = "<config>",
           callbacks: list[Any] | None = None) -> TrainResult:
     """Run ``ictrl train``. Config errors surface before the model loads."""
+    from ictrl.engine import model_init
+
     args = build_trainer_args(cfg, source)
+    init_kwargs = model_init.load_kwargs(cfg, source)
+    lora = model_init.peft_config(cfg, source)
     reward_funcs = build_rewards(cfg, source)
     add_overlong_penalty(cfg, args, reward_funcs, source)
     check_sources(cfg, source)
@@ -277,6 +284,7 @@ def train(cfg: RunConfig, resume: bool = False, source: str = "<config>",
     from ictrl import preflight
 
     preflight.check_model(cfg.model.name_or_path, "model.name_or_path")
+    model_init.check_architecture(cfg, init_kwargs, source)
     dataset = load_train_dataset(cfg)  # every row checked before the model loads
 
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
@@ -284,8 +292,7 @@ def train(cfg: RunConfig, resume: bool = False, source: str = "<config>",
     from ictrl.engine.callbacks import MetricsJSONL, RichProgress
     from ictrl.models import load_model_and_tokenizer
 
-    model, tokenizer = load_model_and_tokenizer(cfg.model.name_or_path, dtype=cfg.model.dtype,
-                                                trust_remote_code=cfg.model.trust_remote_code)
+    model, tokenizer = load_model_and_tokenizer(cfg.model.name_or_path, **init_kwargs)
     dataset = drop_long_prompts(dataset, tokenizer, cfg.data.max_prompt_length,
                                 getattr(model.config, "max_position_embeddings", None), args.max_completion_length)
     check_enough_rows(dataset, args, source)
@@ -299,6 +306,7 @@ def train(cfg: RunConfig, resume: bool = False, source: str = "<config>",
     _, trainer_cls = trainer_classes()
     trainer = make_trainer_class(trainer_cls)(
         model=model, reward_funcs=reward_funcs, args=args, train_dataset=dataset, processing_class=tokenizer,
+        peft_config=lora,
     )
     for cb in (PrinterCallback, ProgressCallback):
         trainer.remove_callback(cb)

@@ -2,9 +2,10 @@
 
 The schema is the trainer's own, as with TRL's ``--config``: every top-level key is an
 :class:`ictrl.engine.config.ICTGRPOConfig` field by its exact name (``learning_rate``, ``num_generations``,
-``token_selector``, ...), validated by that dataclass with its help text. Three small sections hold what the
-trainer config does not: ``model:`` (:class:`ModelConfig`), ``data:`` (:class:`DataConfig`) and ``reward:``
-(:class:`RewardConfig`), whose keys are their field names. ``base:`` (a path or a list, relative to the file)
+``token_selector``, ...), validated by that dataclass with its help text. Small sections hold what the
+trainer config does not: ``model:`` (:class:`ModelConfig`), ``data:`` (:class:`DataConfig`), ``reward:``
+(:class:`RewardConfig`) and the optional ``peft:`` (:class:`PeftSection`, LoRA), whose keys are their field
+names. ``base:`` (a path or a list, relative to the file)
 names files merged first. Command-line flags override any key: ``--learning_rate=2e-6``, ``--learning_rate
 2e-6``, ``--data.train=[math_train]``.
 
@@ -125,19 +126,47 @@ class RewardConfig:
             raise ValueError(f"reward.overlong_penalty_factor: must be a finite number >= 0, got {factor!r}")
 
 
-SECTIONS: dict[str, type] = {"model": ModelConfig, "data": DataConfig, "reward": RewardConfig}
+@dataclass
+class PeftSection:
+    """LoRA through TRL's ``peft_config`` (``ictrl.engine.model_init.peft_config``); the defaults are TRL's
+    command line's (``trl grpo --use_peft``). Present means on; ``peft: null`` turns a base file's LoRA off."""
+
+    r: int = field(default=16, metadata=_help("LoRA rank."))
+    lora_alpha: int = field(default=32, metadata=_help("LoRA scaling numerator (the update is alpha / r · BA)."))
+    lora_dropout: float = field(default=0.05, metadata=_help("Dropout on the LoRA branch's input."))
+    target_modules: list[str] | None = field(
+        default=None,
+        metadata=_help("Module names to adapt (q_proj, v_proj, ...), or 'all-linear'. None: peft's default for "
+                       "the architecture (q_proj and v_proj for Qwen2 and Llama)."),
+    )
+
+    def __post_init__(self) -> None:
+        if isinstance(self.r, bool) or not isinstance(self.r, int) or self.r < 1:
+            raise ValueError(f"peft.r: must be an int >= 1, got {self.r!r}")
+        if isinstance(self.lora_alpha, bool) or not isinstance(self.lora_alpha, int) or self.lora_alpha < 1:
+            raise ValueError(f"peft.lora_alpha: must be an int >= 1, got {self.lora_alpha!r}")
+        if not 0.0 <= self.lora_dropout < 1.0:
+            raise ValueError(f"peft.lora_dropout: must be in [0, 1), got {self.lora_dropout!r}")
+        if self.target_modules is not None and not self.target_modules:
+            raise ValueError("peft.target_modules: empty list; use null for peft's default")
+
+
+SECTIONS: dict[str, type] = {"model": ModelConfig, "data": DataConfig, "reward": RewardConfig, "peft": PeftSection}
+# Sections whose absence (or null) means "off" rather than "defaults".
+OPTIONAL_SECTIONS = ("peft",)
 
 
 @dataclass
 class RunConfig:
-    """A validated run config: the three ictrl sections plus ``trainer``, the top-level ``ICTGRPOConfig`` keys
-    as written (type-checked; their values are checked when :func:`ictrl.engine.run.build_trainer_args` builds
-    the trainer config)."""
+    """A validated run config: the ictrl sections (``peft`` None when LoRA is off) plus ``trainer``, the top-level
+    ``ICTGRPOConfig`` keys as written (type-checked; their values are checked when
+    :func:`ictrl.engine.run.build_trainer_args` builds the trainer config)."""
 
     model: ModelConfig
     data: DataConfig = field(default_factory=DataConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     trainer: dict[str, Any] = field(default_factory=dict)
+    peft: PeftSection | None = None
 
     @property
     def output_dir(self) -> str:
@@ -286,9 +315,6 @@ def _check_trainer_keys(data: dict[str, Any], source_of: Any) -> dict[str, Any]:
     for key, value in data.items():
         if key not in fields:
             raise ConfigError(f"{source_of(key)}: unknown key {key!r}{_suggest(key, valid_keys())}")
-        if key == "model_init_kwargs":  # ictrl train loads the model itself, from model:
-            raise ConfigError(f"{source_of(key)}: model_init_kwargs: ictrl train loads the model from the model: "
-                              "section; set model.dtype / model.trust_remote_code there")
         try:
             out[key] = _coerce(value, hints[key], key) if key in hints else value
         except ValueError as exc:
@@ -395,7 +421,8 @@ def config_from_dict(data: dict[str, Any], source: str = "<dict>",
         return source
 
     sections = {name: _build_section(cls, data[name] or {}, name, source_of)
-                for name, cls in SECTIONS.items() if name in data}
+                for name, cls in SECTIONS.items()
+                if name in data and not (name in OPTIONAL_SECTIONS and data[name] is None)}
     if "model" not in sections:
         raise ConfigError(f"{source}: missing required key model.name_or_path")
     if not data.get("output_dir"):
@@ -414,8 +441,9 @@ def load_config(path: str | os.PathLike[str], overrides: list[str] | None = None
 
 
 def config_to_dict(cfg: RunConfig) -> dict[str, Any]:
-    """The YAML form: the three sections in full, then the trainer keys as given."""
-    out: dict[str, Any] = {name: dataclasses.asdict(getattr(cfg, name)) for name in SECTIONS}
+    """The YAML form: the sections in full (an optional one only when on), then the trainer keys as given."""
+    out: dict[str, Any] = {name: dataclasses.asdict(getattr(cfg, name)) for name in SECTIONS
+                           if getattr(cfg, name) is not None}
     return {**out, **cfg.trainer}
 
 

@@ -50,6 +50,7 @@ from ictrl.core.logprobs import selected_token_logprobs
 from ictrl.core.loss import policy_loss
 from ictrl.core.selection import get_selector, in_warmup
 from ictrl.core.stats import TokenStats
+from ictrl.engine import vllm_server
 from ictrl.engine.config import ICTGRPOConfig
 from ictrl.engine.dynamic_sampling import DynamicSamplingMixin
 from ictrl.engine.heads import backbone, call_head, output_head
@@ -71,6 +72,7 @@ from ictrl.engine.stats_pass import (
     response_mask,
     stats_from_fused,
 )
+from ictrl.errors import UserError
 
 
 class ICTGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
@@ -98,6 +100,7 @@ class ICTGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
                 f"num_generations={self.num_generations} completions must sit on one process: "
                 f"per_device_train_batch_size * steps_per_generation = {per_process} must be a multiple of it"
             )
+        self._server = vllm_server.server_settings(self)  # None unless vllm_mode='server'
         self._sampler_topk = self._resolve_topk_source()
         self._rollout_topk: TopKRows | None = None
         self._rollout_calls = 0
@@ -105,6 +108,7 @@ class ICTGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
         self._shared_stats: tuple[int, TokenStats, Tensor | None] | None = None
         if self._sampler_topk is not None and self.use_vllm:
             self._install_vllm_topk()
+        vllm_server.check_logprobs_mode(self._server, args, self._sampler_topk)
         text_config = self.model.config.get_text_config()
         for attr in ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier"):
             if getattr(text_config, attr, None) not in (None, 1, 1.0):
@@ -381,7 +385,7 @@ class ICTGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
         if why is None:
             return args.selection_topk
         if args.selection_topk_source == "sampler":
-            raise ValueError(f"selection_topk_source='sampler': {why}; use 'auto' or 'head' to score from the LM head")
+            raise UserError(f"selection_topk_source='sampler': {why}; use 'auto' or 'head' to score from the LM head")
         return None
 
     def _sampler_topk_obstacle(self) -> str | None:
@@ -401,6 +405,8 @@ class ICTGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
             return "vLLM reports log-probs after top_p/top_k/min_p truncation, which the statistics pass does not apply"
         if args.vllm_mode == "colocate" and args.selection_topk > 20:
             return "colocated vLLM caps logprobs at its default max_logprobs=20 (server mode lifts it)"
+        if self._server is not None:
+            return vllm_server.topk_obstacle(self._server, args.selection_topk)
         return None
 
     def _generate_single_turn(self, prompt_ids: Any, images: Any, multimodal_fields: Any, num_generations: int,

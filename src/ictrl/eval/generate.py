@@ -141,12 +141,13 @@ class VLLMBackend:
         from vllm import SamplingParams
 
         _check_sampling(prompts, n, max_new_tokens, temperature, top_p)
+        greedy = temperature == 0  # vLLM refuses n > 1 with greedy sampling: decode once and copy, as HFBackend
         params = SamplingParams(
-            n=n, temperature=temperature, top_p=top_p if temperature > 0 else 1.0,
+            n=1 if greedy else n, temperature=temperature, top_p=1.0 if greedy else top_p,
             max_tokens=max_new_tokens, seed=seed, skip_special_tokens=True,
         )
         outputs = self.llm.generate(list(prompts), params, use_tqdm=False)
-        return [[c.text for c in out.outputs] for out in outputs]
+        return [[c.text for c in out.outputs] * (n if greedy else 1) for out in outputs]
 
 
 BACKENDS = ("hf", "vllm")
