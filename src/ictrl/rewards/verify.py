@@ -181,6 +181,9 @@ _TIMED_OUT = _LRU(lambda: 4096)
 # ----------------------------------------------------------------------------------------------------------
 
 _WORKER_SOURCE = Path(__file__).with_name("worker.py").read_text(encoding="utf-8")
+# Wall seconds each worker sleeps before a check with its budget armed (0: never). Tests set it to stand in for a
+# machine that gives the worker no CPU, which must change no verdict, and for a worker that never answers in time.
+_IDLE_BEFORE_CHECK = 0.0
 _BUDGET_SIGNALS = {-signal.SIGPROF, -getattr(signal, "SIGXCPU", signal.SIGPROF)}
 
 
@@ -262,7 +265,10 @@ class _Worker:
                 raise BrokenPipeError("verify worker failed to start")
             self.ready = True
         try:
-            self.proc.stdin.write(json.dumps({"a": answer, "g": gold, "t": budget}).encode() + b"\n")  # type: ignore[union-attr]
+            request: dict[str, Any] = {"a": answer, "g": gold, "t": budget}
+            if _IDLE_BEFORE_CHECK:
+                request["idle"] = _IDLE_BEFORE_CHECK
+            self.proc.stdin.write(json.dumps(request).encode() + b"\n")  # type: ignore[union-attr]
             line = self._readline(deadline)
         except BrokenPipeError:
             if self.proc.wait(timeout=5) in _BUDGET_SIGNALS:

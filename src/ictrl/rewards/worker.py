@@ -4,8 +4,8 @@
 the standard library and math_verify, however ictrl itself was made importable), and the inline guard imports
 :func:`equivalent` from it, so both guards make the same calls.
 
-Protocol: one JSON request per stdin line, ``{"a": answer, "g": gold, "t": cpu_seconds}``; one reply line, ``1`` or
-``0``. Limits, all enforced by the kernel, so they hold while sympy holds the GIL inside one long C call:
+Protocol: one JSON request per stdin line, ``{"a": answer, "g": gold, "t": cpu_seconds}`` (tests add ``"idle": s``,
+seconds to sleep before the check); one reply line, ``1`` or ``0``. Limits, all enforced by the kernel, so they hold while sympy holds the GIL inside one long C call:
 
 - CPU time per request: ``ITIMER_PROF`` armed for ``t`` seconds of this process's CPU time; its signal, SIGPROF,
   keeps its default action (terminate), so a request over budget ends the worker, and the parent reads that as a
@@ -146,6 +146,8 @@ def serve(parent: int) -> None:
         try:
             req = json.loads(line)
             _arm(float(req["t"]))
+            if "idle" in req:  # wall seconds with no CPU used, the budget armed: how tests stand in for a machine
+                time.sleep(float(req["idle"]))  # that gives the worker no CPU (no signals, no wall-clock asserts)
             ok = equivalent(req["a"], req["g"])
         except Exception:  # MemoryError, RecursionError, sympy's own errors: not equivalent
             ok = False
