@@ -16,9 +16,9 @@ outside the main thread and is unsafe inside libraries, so they are always disab
    (not in binary junk); the order is a :class:`MathExtractor` option. A box nested deeper than
    ``max_brace_depth`` is refused and the completion has no answer: nothing falls back past it.
 2. **Pre-checks**: an extracted answer longer than ``max_answer_chars`` (default 1000; the longest gold in
-   MATH train is 159 characters), or holding a numeric power tower (``9^{9^9}``), a 7+-digit exponent, a
-   5+-digit factorial or three bare nested braces ``{{{`` (unless the gold has the same shape), scores 0.0
-   without being parsed. Golds in MATH/MATH-500 nest braces at most 2 deep.
+   MATH train is 159 characters), or holding a numeric power tower (``9^{9^9}``), a 7+-digit exponent
+   (``1e1234567`` too), a 5+-digit factorial or three bare nested braces ``{{{`` (unless the gold has the same
+   shape), scores 0.0 without being parsed. Golds in MATH/MATH-500 nest braces at most 2 deep.
 3. **Fast path** (:mod:`~ictrl.rewards.normalize`, microseconds): bold dropped (``\\mathbf{0.5}`` is ``0.5``);
    equal after light LaTeX normalisation (brace styles ``E_{1}`` = ``E_1`` included) -> 1.0; two single numbers
    are read exactly in every written form (``8.7e8``, ``8.7 \\times 10^{8}``, ``870{,}000{,}000``, a trailing

@@ -58,8 +58,8 @@ class Numeric:
 
     def key(self) -> tuple[Fraction, int]:
         """``(m, e)`` with value ``m * 10**e``, unique for the value: ``m``'s denominator has no factor 2 or 5 and
-        its numerator no factor 10. Two numbers are equal exactly when their keys are, however long the exponents;
-        the loops run once per digit of the mantissa, never per unit of the exponent."""
+        its numerator no factor 10. Two numbers are equal exactly when their keys are, however long the exponents:
+        the loops run a few times per digit of the mantissa, never per unit of the exponent."""
         m, e = self.mantissa, self.exponent
         if m == 0:
             return Fraction(0), 0
