@@ -197,8 +197,8 @@ _FRAC_RE = re.compile(r"\\[dt]?frac\{(-?\d+)\}\{(\d+)\}")
 
 def parse_number(text: str) -> Fraction | None:
     """The number in ``text``: the whole text when it is one number in any form :func:`numeric` reads (so
-    ``8.7e8`` is 870000000; None past 400 digits of exponent), else the first number, tolerating $ signs, thousands commas, units, "\\frac{a}{b}"
-    and "a/b"."""
+    ``8.7e8`` is 870000000; None past 400 digits of exponent), else the first number, tolerating $ signs,
+    thousands commas, units, "\\frac{a}{b}" and "a/b"."""
     whole = numeric(text.strip())
     if whole is not None:
         return whole.value  # None for an exponent too long to write out: no GSM8K gold is such a number

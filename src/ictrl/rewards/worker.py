@@ -5,7 +5,8 @@ the standard library and math_verify, however ictrl itself was made importable),
 :func:`equivalent` from it, so both guards make the same calls.
 
 Protocol: one JSON request per stdin line, ``{"a": answer, "g": gold, "t": cpu_seconds}`` (tests add ``"idle": s``,
-seconds to sleep before the check); one reply line, ``1`` or ``0``. Limits, all enforced by the kernel, so they hold while sympy holds the GIL inside one long C call:
+seconds to sleep before the check); one reply line, ``1`` or ``0``. Limits, all enforced by the kernel, so they
+hold while sympy holds the GIL inside one long C call:
 
 - CPU time per request: ``ITIMER_PROF`` armed for ``t`` seconds of this process's CPU time; its signal, SIGPROF,
   keeps its default action (terminate), so a request over budget ends the worker, and the parent reads that as a
