@@ -7,7 +7,8 @@ written form, wrong answers, refused boxes, truncation, random bytes, power towe
 boxes). Each pass grades every case once with the result cache off (timeouts are still remembered within a pass,
 as in training) and reports crashes (exceptions), p50/p99/max latency, timeouts, stalls, peak memory of this
 process and of the workers, verdicts that differ from the expected ones, and orphans (workers alive after the pool
-shut down). The hog pass runs ``--hogs`` busy-loop processes beside the grader. Then the verdicts of the two passes
+shut down). The last 40 cases are ``EXACT_CASES`` (decimals decided exactly, bold wrappers, exponents of any
+length). The hog pass runs ``--hogs`` busy-loop processes beside the grader. Then the verdicts of the two passes
 are compared, and a child process is killed with SIGKILL while its worker is busy (its workers must not outlive it).
 Results go to ``--out`` (JSON, written atomically) and a table on stdout.
 """
@@ -174,6 +175,7 @@ def main() -> int:
             h.kill()
             h.wait()
     idle_v, hog_v = results["idle"].pop("verdicts"), results["hog"].pop("verdicts")
+    results["verdicts_idle"] = idle_v  # per case, in corpus order: a later run's decisions compare case by case
     differ = [i for i, (a, b) in enumerate(zip(idle_v, hog_v)) if a != b]
     results["verdicts_identical"] = not differ
     results["verdict_differences"] = [(cases[i].family, idle_v[i], hog_v[i]) for i in differ[:20]]

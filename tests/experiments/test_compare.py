@@ -221,15 +221,10 @@ def test_a_bug_inside_a_run_keeps_its_traceback(tmp_path: Path, monkeypatch: pyt
 # ------------------------------------------------------------------------------------------------ end to end
 
 
-@pytest.fixture
-def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One quick base model per test session (test_sweep.py uses the same directory)."""
-    return tmp_path_factory.getbasetemp() / "ictrl_quick_cache"
-
-
 @pytest.mark.integration
-def test_compare_quick_end_to_end_and_resume(tmp_path: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("ICTRL_CACHE_DIR", str(cache_dir))
+def test_compare_quick_end_to_end_and_resume(tmp_path: Path, quick_cache_dir: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ICTRL_CACHE_DIR", str(quick_cache_dir))
     out = tmp_path / "cmp"
     argv = ["--quick", "--methods", "ict", "--seeds", "1", "--output-dir", str(out)]
     assert compare.run(parse(argv)) == 0

@@ -15,8 +15,9 @@ from ictrl.experiments.grid import tinyrun
 
 
 @pytest.mark.integration
-def test_compare_draws_the_held_out_curve(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("ICTRL_CACHE_DIR", str(tmp_path.parent / "ictrl_quick_cache"))  # shared with test_compare
+def test_compare_draws_the_held_out_curve(tmp_path: Path, quick_cache_dir: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ICTRL_CACHE_DIR", str(quick_cache_dir))
     out = tmp_path / "cmp"
     parser = argparse.ArgumentParser()
     compare.add_arguments(parser)

@@ -154,10 +154,8 @@ def test_defaults_and_bad_arguments(tmp_path: Path, capsys: pytest.CaptureFixtur
 
 
 @pytest.mark.integration
-def test_sweep_quick_end_to_end(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory,
-                                monkeypatch: pytest.MonkeyPatch) -> None:
-    # the quick base model is shared with test_compare.py's end-to-end test in one session
-    monkeypatch.setenv("ICTRL_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "ictrl_quick_cache"))
+def test_sweep_quick_end_to_end(tmp_path: Path, quick_cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ICTRL_CACHE_DIR", str(quick_cache_dir))
     out = tmp_path / "sweep"
     argv = ["--quick", "--methods", "ict", "--seeds", "1", "--lrs", "1e-4,1e-3", "--output-dir", str(out)]
     assert sweep.run(parse(argv)) == 0

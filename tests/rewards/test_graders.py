@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import random
 import re
+from fractions import Fraction
 
 import pytest
 
+from fixtures.grader_adversarial import EXACT_CASES
 from ictrl import rewards
-from ictrl.rewards import choice_reward, format_reward, gsm8k_reward, math_reward
+from ictrl.rewards import choice_reward, format_reward, gsm8k_reward, math_reward, reward_stats
+from ictrl.rewards.normalize import numeric, parse_number, strip_bold
+from ictrl.rewards.worker import ROUNDED_GOLD_DECIMALS
 
 # ------------------------------------------------------------------------------------------- math_reward
 
@@ -249,3 +253,63 @@ def test_last_number_fallback_ignores_random_bytes() -> None:
     assert tried > 500
     assert not credited, f"{len(credited)} random-byte strings credited: {credited[:10]}"
     assert math_reward("we get 3, then 1,024 apples", "1024") == 1.0  # prose keeps its fallback
+
+
+# ------------------------------------------------------------------ decimals decided exactly, bold, long exponents
+
+
+@pytest.mark.parametrize(("family", "answer", "gold", "expected"), EXACT_CASES)
+def test_exact_cases(family: str, answer: str, gold: str, expected: float) -> None:
+    # the same cases close the corpus benchmark (bench/bench_grader.py)
+    assert math_reward(f"so \\boxed{{{answer}}}", gold) == expected, family
+
+
+def test_exact_cases_agree_between_guards() -> None:
+    inline_needed = [(a, g, e) for _, a, g, e in EXACT_CASES if numeric(strip_bold(a)) is None]
+    assert len(inline_needed) > 10  # cases math-verify decides, not the fast path
+    rewards.configure(guard="inline")
+    assert [math_reward(f"\\boxed{{{a}}}", g) for a, g, _ in inline_needed] == [e for _, _, e in inline_needed]
+
+
+def test_rounded_gold_needs_six_decimals_and_an_answer_without_one() -> None:
+    assert ROUNDED_GOLD_DECIMALS == 6
+    assert math_reward("\\boxed{\\frac{1}{3}}", "0.333333") == 1.0  # 6 decimals: rounded
+    assert math_reward("\\boxed{\\frac{1}{3}}", "0.33333") == 0.0  # 5: exact
+    assert math_reward("\\boxed{\\frac{1}{3}}", "0.3333333333333333333333") == 1.0  # every decimal counts
+    assert math_reward("\\boxed{\\frac{1}{3}}", "0.3333333333333333333334") == 0.0
+    assert math_reward("\\boxed{\\frac{1}{3}+0}", "0.333333") == 1.0
+    assert math_reward("\\boxed{0.3333333+0}", "0.333333") == 0.0  # a decimal in the answer: exact
+
+
+def test_long_exponents_are_compared_without_writing_the_number_out() -> None:
+    # 10^(10^18) has 10^18 digits: only a comparison of (mantissa, exponent) can decide these
+    huge = "9" * 18
+    rewards.reset_reward_stats()
+    assert math_reward(f"\\boxed{{1e{huge}}}", f"10^{{{huge}}}") == 1.0
+    assert math_reward(f"\\boxed{{2.5e-{huge}}}", f"25 \\times 10^{{-{int(huge) + 1}}}") == 1.0
+    assert math_reward(f"\\boxed{{1e{huge}}}", f"10^{{{int(huge) - 1}}}") == 0.0
+    assert reward_stats()["fast_path"] == 3 and reward_stats()["verify_calls"] == 0
+    assert numeric(f"1e{huge}").value is None  # never materialised
+    assert parse_number(f"1e{huge}") is None and gsm8k_reward(f"\\boxed{{1e{huge}}}", "1") == 0.0
+    # a 7-digit exponent against a gold of another shape is refused before math-verify (it would write it out)
+    assert math_reward("\\boxed{1e1234567}", "\\infty") == 0.0 and reward_stats()["rejected"] == 1
+
+
+@pytest.mark.parametrize(("forms", "key"), [
+    (["0.125", "1.25e-1", "125 \\times 10^{-3}", ".125"], (Fraction(125), -3)),
+    (["1000", "10^{3}", "0.001e6", "1{,}000", "1e3"], (Fraction(1), 3)),
+    (["-0.5", "-5e-1", "-0.50"], (Fraction(-5), -1)),
+    (["0", "0.0e5", "0 \\times 10^{-99999}"], (Fraction(0), 0)),
+    (["1e99999", "10^{99999}", "0.1e100000"], (Fraction(1), 99999)),
+])
+def test_numeric_key_is_one_per_value(forms: list[str], key: tuple[Fraction, int]) -> None:
+    assert [numeric(f).key() for f in forms] == [key] * len(forms)  # type: ignore[union-attr]
+
+
+def test_bold_is_dropped() -> None:
+    assert strip_bold("\\mathbf{\\boldsymbol{0.5}}") == "0.5"
+    assert strip_bold("\\textbf {x+1}") == "x+1"
+    assert strip_bold("2\\bm{x}+\\mathbf{y}") == "2{x}+{y}"  # a group inside an expression stays a group
+    assert strip_bold("\\mathbf{a}+\\mathbf{b}") == "{a}+{b}"  # two groups, not one
+    assert strip_bold("\\mathrm{x}") == "\\mathrm{x}"
+    assert math_reward("\\boxed{2\\mathbf{x}+1}", "2x+1") == 1.0

@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
@@ -19,6 +18,7 @@ from fixtures.grader_adversarial import adversarial_cases
 from fixtures.procs import pid_alive
 from ictrl import rewards
 from ictrl.rewards import choice_reward, format_reward, gsm8k_reward, math_reward, reward_stats
+from ictrl.rewards import verify
 from ictrl.rewards.verify import _explosive, _get_pool
 
 
@@ -46,19 +46,19 @@ _WARM = ("\\boxed{x^2+2x+1}", "(x+1)^2")  # reaches the worker: no fast path dec
 
 @pytest.mark.parametrize("name", sorted(adversarial_cases()))
 def test_adversarial_inputs_bounded(name: str) -> None:
-    # Bounded in CPU time, which load does not stretch: this process's own work (extraction, pre-checks) and the
-    # worker's budget; no call may reach the wall-clock backstop.
+    # Bounded by construction, counted rather than timed: extraction and the pre-checks are linear in the text
+    # (test_extraction.test_extraction_is_linear), and each math_reward call makes at most one math-verify call,
+    # which the worker's CPU budget ends; no call may reach the wall-clock backstop.
     completion = adversarial_cases()[name]
     rewards.configure(timeout=1.0)
-    math_reward(*_WARM)  # worker started outside the measurement
+    math_reward(*_WARM)  # worker started outside the count
     rewards.reset_reward_stats()
-    cpu = time.process_time()
     assert math_reward(completion, "\\frac{1}{2}") in (0.0, 1.0)
     assert gsm8k_reward(completion, "5") in (0.0, 1.0)
     assert choice_reward(completion, "A") in (0.0, 1.0)
     assert format_reward(completion) in (0.0, 1.0)
-    assert time.process_time() - cpu < 2.0, name
     stats = reward_stats()
+    assert stats["calls"] == 1 and stats["verify_calls"] <= 1 and stats["timeouts"] <= stats["verify_calls"], name
     assert stats["stalls"] == 0 and stats["errors"] == 0
 
 
@@ -91,29 +91,24 @@ def test_timeouts_are_cached() -> None:
     assert reward_stats()["timeouts"] == 2
 
 
-def test_budget_is_cpu_time_not_wall_time() -> None:
-    # Issue 17: "correct answers score 0 under load: the deadline is wall-clock". A stopped worker is the extreme
-    # of a loaded machine: it gets no CPU for 2 s, longer than the 1 s budget, and the verdict must not change.
+def test_budget_is_cpu_time_not_wall_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Issue 17: "correct answers score 0 under load: the deadline is wall-clock". A worker that gets no CPU for 2 s
+    # is the extreme of a loaded machine; it sleeps that long with its 1 s budget armed, and the verdict must not
+    # change (a wall-clock budget would have ended it at 1 s).
     rewards.configure(timeout=1.0, cache_size=0)
     math_reward(*_WARM)
-    pid = _get_pool().all[0].proc.pid
-    os.kill(pid, signal.SIGSTOP)
-    resume = threading.Timer(2.0, os.kill, (pid, signal.SIGCONT))
-    resume.start()
-    try:
-        rewards.reset_reward_stats()
-        t0 = time.monotonic()
-        assert math_reward("\\boxed{\\sqrt{2}/2}", "\\frac{\\sqrt2}{2}") == 1.0
-        assert time.monotonic() - t0 >= 1.5  # it did wait out the stop
-        assert reward_stats()["timeouts"] == 0
-    finally:
-        resume.join()
-        os.kill(pid, signal.SIGCONT)
+    monkeypatch.setattr(verify, "_IDLE_BEFORE_CHECK", 2.0)
+    rewards.reset_reward_stats()
+    assert math_reward("\\boxed{\\sqrt{2}/2}", "\\frac{\\sqrt2}{2}") == 1.0
+    stats = reward_stats()
+    assert stats["verify_calls"] == 1 and stats["timeouts"] == 0 and stats["stalls"] == 0
+    assert stats["worker_starts"] == 0  # the same worker answered: nothing ended it
 
 
-def test_wall_backstop_covers_the_wait_for_a_worker() -> None:
+def test_wall_backstop_covers_the_wait_for_a_worker(monkeypatch: pytest.MonkeyPatch) -> None:
     # Issue 17: "waiting for a spare worker is outside the deadline". (1) No worker ever frees up: the call ends at
-    # the backstop. (2) The worker is stopped mid-call: the same. Both count stalls, and the pool recovers.
+    # the backstop. (2) The worker does not answer before the backstop (it sleeps 600 s): the same. Both count
+    # stalls, and the pool recovers.
     rewards.configure(timeout=1.0, workers=1, cache_size=0)
     math_reward(*_WARM)  # started under the default backstop: a loaded machine may take seconds to start one
     pool = _get_pool()
@@ -125,12 +120,13 @@ def test_wall_backstop_covers_the_wait_for_a_worker() -> None:
         assert reward_stats()["stalls"] == 1
     finally:
         pool.idle.put(held)
-    os.kill(held.proc.pid, signal.SIGSTOP)
+    monkeypatch.setattr(verify, "_IDLE_BEFORE_CHECK", 600.0)
     assert math_reward("\\boxed{\\sqrt{2}/2}", "\\frac{\\sqrt2}{2}") == 0.0
     assert reward_stats()["stalls"] == 2
+    monkeypatch.setattr(verify, "_IDLE_BEFORE_CHECK", 0.0)
     rewards.configure(wall_timeout=60.0)
     assert math_reward("\\boxed{\\sqrt{2}/2}", "\\frac{\\sqrt2}{2}") == 1.0
-    assert not pid_alive(held.proc.pid)  # the stopped worker was replaced, not leaked
+    assert not pid_alive(held.proc.pid)  # the silent worker was replaced, not leaked
 
 
 def _cpu_limit(pid: int) -> str:

@@ -16,14 +16,17 @@ outside the main thread and is unsafe inside libraries, so they are always disab
    (not in binary junk); the order is a :class:`MathExtractor` option. A box nested deeper than
    ``max_brace_depth`` is refused and the completion has no answer: nothing falls back past it.
 2. **Pre-checks**: an extracted answer longer than ``max_answer_chars`` (default 1000; the longest gold in
-   MATH train is 159 characters), or holding a numeric power tower (``9^{9^9}``), a 7+-digit exponent, a
-   5+-digit factorial or three bare nested braces ``{{{`` (unless the gold has the same shape), scores 0.0
-   without being parsed. Golds in MATH/MATH-500 nest braces at most 2 deep.
-3. **Fast path** (:mod:`~ictrl.rewards.normalize`, microseconds): equal after light LaTeX normalisation (brace
-   styles ``E_{1}`` = ``E_1`` included) -> 1.0; two single numbers are read exactly in every written form
-   (``8.7e8``, ``8.7 \\times 10^{8}``, ``870{,}000{,}000``, a trailing ``\\text{ unit}``) and equal -> 1.0;
-   both integers, or either with a power of ten -> unequal is 0.0. Anything else goes to math-verify, with
-   e-notation rewritten (math-verify reads ``8.7e8`` as 8.7 * e * 8) and a trailing unit removed.
+   MATH train is 159 characters), or holding a numeric power tower (``9^{9^9}``), a 7+-digit exponent
+   (``1e1234567`` too), a 5+-digit factorial or three bare nested braces ``{{{`` (unless the gold has the same
+   shape), scores 0.0 without being parsed. Golds in MATH/MATH-500 nest braces at most 2 deep.
+3. **Fast path** (:mod:`~ictrl.rewards.normalize`, microseconds): bold dropped (``\\mathbf{0.5}`` is ``0.5``);
+   equal after light LaTeX normalisation (brace styles ``E_{1}`` = ``E_1`` included) -> 1.0; two single numbers
+   are read exactly in every written form (``8.7e8``, ``8.7 \\times 10^{8}``, ``870{,}000{,}000``, a trailing
+   ``\\text{ unit}``, exponents of any length without writing the number out) and decided: equal -> 1.0, else 0.0
+   (math-verify would round both to 6 decimals). Anything else goes to math-verify, with e-notation rewritten
+   (math-verify reads ``8.7e8`` as 8.7 * e * 8), a trailing unit removed, and every decimal read exactly in the
+   worker; the one tolerance is a gold of 6+ decimals against an answer with no decimal (``\\frac{1}{3}`` vs
+   ``0.333333``), which scores 1.0 when the answer rounds to the gold (docs/method-choices.md, "Grading").
 4. **Caches**: a bounded LRU over ``(answer, gold)`` (a group of G samples often repeats answers), and one of
    pairs that timed out, so the same bomb costs its budget once.
 5. **math-verify in a persistent worker process** (:mod:`~ictrl.rewards.verify`, :mod:`~ictrl.rewards.worker`)

@@ -1,10 +1,11 @@
 """Normalisation of extracted answers and the fast path that decides most comparisons without math-verify.
 
-Numbers are read exactly (:class:`fractions.Fraction`) in every written form a benchmark uses: thousands separators
-(``870,000,000``, ``870{,}000``, ``870\\,000``), e-notation (``8.7e8``), ``8.7 \\times 10^{8}`` /
-``8.7 \\cdot 10^{8}`` / ``10^{8}``, a currency sign, and a trailing unit in ``\\text{}``/``\\mathrm{}``/``\\mbox{}``
-or degrees (MATH and Minerva strip units before comparing). math-verify reads ``8.7e8`` as ``8.7 * e * 8`` (Euler's
-number), so e-notation is rewritten before it sees an answer.
+Numbers are read exactly (:class:`fractions.Fraction` times a power of ten, never materialised when the exponent is
+long) in every written form a benchmark uses: thousands separators (``870,000,000``, ``870{,}000``, ``870\\,000``),
+e-notation (``8.7e8``), ``8.7 \\times 10^{8}`` / ``8.7 \\cdot 10^{8}`` / ``10^{8}``, a currency sign, and a trailing
+unit in ``\\text{}``/``\\mathrm{}``/``\\mbox{}`` or degrees (MATH and Minerva strip units before comparing).
+math-verify reads ``8.7e8`` as ``8.7 * e * 8`` (Euler's number), so e-notation is rewritten before it sees an answer.
+Bold (``\\mathbf``, ``\\textbf``, ``\\boldsymbol``, ``\\bm``) is typography and is dropped.
 """
 
 from __future__ import annotations
@@ -30,21 +31,48 @@ _DIGIT_GROUP_SEP = re.compile(r"(?<=\d)(?:,|\{,\}|\\,|\\ |\\;|~|\s)(?=\d{3}(?!\d
 _NUMBER = re.compile(
     r"(?P<sign>[-+]?)(?:"
     r"(?P<mant>\d+(?:\.\d*)?|\.\d+)"
-    r"(?:[eE](?P<e>[-+]?\d{1,4})|(?:\\times|\\cdot|\*|×|·|x)10\^(?:\{(?P<b1>[-+]?\d{1,4})\}|(?P<d1>\d)))?"
-    r"|10\^(?:\{(?P<b2>[-+]?\d{1,4})\}|(?P<d2>\d)))"
+    r"(?:[eE](?P<e>[-+]?\d+)|(?:\\times|\\cdot|\*|×|·|x)10\^(?:\{(?P<b1>[-+]?\d+)\}|(?P<d1>\d)))?"
+    r"|10\^(?:\{(?P<b2>[-+]?\d+)\}|(?P<d2>\d)))"
 )
-_E_NOTATION = re.compile(r"(?<![\w\\.])(\d+(?:\.\d+)?|\.\d+)[eE]([-+]?\d{1,4})(?![\w.])")
-_MAX_EXPONENT = 400  # 10^400 is a 401-digit integer: exact and cheap; beyond that leave the answer to the guard
+_E_NOTATION = re.compile(r"(?<![\w\\.])(\d+(?:\.\d+)?|\.\d+)[eE]([-+]?\d+)(?![\w.])")
+_MAX_EXPONENT = 400  # 10^400 is a 401-digit integer: exact and cheap to write out; longer ones stay a power
+_BOLD = re.compile(r"\\(?:mathbf|textbf|boldsymbol|bm)\s*(?=\{)")
 
 
 @dataclass(frozen=True)
 class Numeric:
-    """An answer that is one number: its exact value, and whether it was written as an integer or with a power
-    of ten (both make an exact comparison the benchmark's verdict)."""
+    """An answer that is one number, ``mantissa * 10**exponent`` exactly, and how it was written: ``decimals`` is
+    the count of digits after the point of a number written without a power of ten (0 for an integer), None for
+    one written with a power of ten."""
 
-    value: Fraction
-    integer: bool
-    exponent: bool
+    mantissa: Fraction
+    exponent: int
+    decimals: int | None
+
+    @property
+    def value(self) -> Fraction | None:
+        """The value as one fraction; None when the exponent is too long to write out (over 400 digits)."""
+        if abs(self.exponent) > _MAX_EXPONENT:
+            return None
+        return self.mantissa * Fraction(10) ** self.exponent
+
+    def key(self) -> tuple[Fraction, int]:
+        """``(m, e)`` with value ``m * 10**e``, unique for the value: ``m``'s denominator has no factor 2 or 5 and
+        its numerator no factor 10. Two numbers are equal exactly when their keys are, however long the exponents:
+        the loops run a few times per digit of the mantissa, never per unit of the exponent."""
+        m, e = self.mantissa, self.exponent
+        if m == 0:
+            return Fraction(0), 0
+        d, shift = m.denominator, 0
+        while d % 2 == 0 or d % 5 == 0:  # 1/8 = 125 * 10^-3
+            d //= 2 if d % 2 == 0 else 5
+            shift += 1
+        m, e = m * 10**shift, e - shift
+        n = m.numerator
+        while n % 10 == 0:
+            n //= 10
+            e += 1
+        return Fraction(n, m.denominator), e
 
 
 def _strip_spacing(s: str) -> str:
@@ -80,14 +108,43 @@ def numeric(s: str) -> Numeric | None:
     if m is None:
         return None
     exp_text = next((m[k] for k in ("e", "b1", "d1", "b2", "d2") if m[k] is not None), None)
-    exponent = int(exp_text) if exp_text is not None else 0
-    if abs(exponent) > _MAX_EXPONENT:
+    try:
+        mantissa = Fraction(m["mant"] or "1")
+        exponent = int(exp_text) if exp_text is not None else 0
+    except ValueError:  # over int()'s 4300-digit limit for a string: not an answer anyone graded
         return None
-    value = Fraction(m["mant"] or "1") * Fraction(10) ** exponent
     if m["sign"] == "-":
-        value = -value
-    integer = exp_text is None and "." not in (m["mant"] or "")
-    return Numeric(value, integer, exp_text is not None)
+        mantissa = -mantissa
+    mant = m["mant"] or ""
+    decimals = None if exp_text is not None else len(mant) - mant.index(".") - 1 if "." in mant else 0
+    return Numeric(mantissa, exponent, decimals)
+
+
+def strip_bold(s: str) -> str:
+    """``s`` without bold commands: ``\\mathbf{X}`` becomes the group ``{X}``, and a group that is the whole
+    answer becomes ``X`` (math-verify reads a lone ``{0.5}`` as a set, ``\\mathbf{0.5}`` as a symbol)."""
+    t = _BOLD.sub("", s)
+    if t == s:
+        return s
+    for _ in range(4):  # \mathbf{\boldsymbol{x}}; a bounded number of passes keeps this linear
+        t = t.strip()
+        if not (t.startswith("{") and _group_end(t) == len(t) - 1):
+            break
+        t = t[1:-1]
+    return t
+
+
+def _group_end(s: str) -> int:
+    """Index of the brace that closes the group opened at ``s[0]``; -1 when it never closes."""
+    depth = 0
+    for i, c in enumerate(s):
+        if c == "{" and (i == 0 or s[i - 1] != "\\"):
+            depth += 1
+        elif c == "}" and s[i - 1] != "\\":
+            depth -= 1
+            if depth == 0:
+                return i
+    return -1
 
 
 def _normalize(s: str) -> str:
@@ -98,30 +155,39 @@ def _normalize(s: str) -> str:
 def _fast_compare(answer: str, gold: str) -> bool | None:
     """True/False when the answer is decided without math-verify; None when math-verify must decide.
 
-    Two numbers decide exactly when they are equal, when both are integers, or when either has a power of ten
-    (math-verify rounds to 6 decimals, so it would call 1e-30 and 2e-30 equal). Unequal plain decimals
-    (3.14 vs 3.14159) go on to math-verify, as before.
+    Two single numbers are decided here, exactly, in every written form: math-verify rounds both to 6 decimals,
+    so it would call 0.0000002 and 0.0000001, or 0.5000001 and 0.5, equal. A decimal states its digits; a gold that
+    is itself rounded is a matter for an answer that is not a decimal (:func:`ictrl.rewards.worker.equivalent`).
     """
     if _normalize(answer) == _normalize(gold):
         return True
     a, g = numeric(answer), numeric(gold)
     if a is None or g is None:
         return None
-    if a.value == g.value:
-        return True
-    if (a.integer and g.integer) or a.exponent or g.exponent:
-        return False
-    return None
+    return a.key() == g.key()
+
+
+def _fraction_text(v: Fraction) -> str:
+    sign = "-" if v < 0 else ""
+    return str(v.numerator) if v.denominator == 1 else f"{sign}\\frac{{{abs(v.numerator)}}}{{{v.denominator}}}"
 
 
 def verify_form(s: str) -> str:
     """``s`` as math-verify should read it: a single number in its exact form (``870000000``,
-    ``\\frac{87}{10000}``), e-notation inside an expression as ``\\times 10^{n}``, a trailing unit removed."""
+    ``\\frac{87}{10000}``, ``3\\times 10^{99999}`` past 400 digits of exponent), a plain decimal as its digits
+    (``0.50``; the worker reads it exactly), e-notation inside an expression as ``\\times 10^{n}``, a trailing unit
+    removed."""
     n = numeric(s)
-    if n is not None and (n.integer or n.exponent):  # a plain decimal keeps math-verify's own reading
+    if n is not None and n.decimals:  # the worker tells a gold's decimals from the text
+        scaled = abs(n.mantissa) * 10**n.decimals
+        whole, frac = divmod(scaled.numerator, 10**n.decimals)
+        return f"{'-' if n.mantissa < 0 else ''}{whole}.{frac:0{n.decimals}d}"
+    if n is not None:
         v = n.value
-        sign = "-" if v < 0 else ""
-        return str(v.numerator) if v.denominator == 1 else f"{sign}\\frac{{{abs(v.numerator)}}}{{{v.denominator}}}"
+        if v is not None:
+            return _fraction_text(v)
+        m, e = n.key()
+        return f"{_fraction_text(m)}\\times 10^{{{e}}}"
     return _E_NOTATION.sub(r"\1\\times 10^{\2}", strip_units(s))
 
 
@@ -131,11 +197,11 @@ _FRAC_RE = re.compile(r"\\[dt]?frac\{(-?\d+)\}\{(\d+)\}")
 
 def parse_number(text: str) -> Fraction | None:
     """The number in ``text``: the whole text when it is one number in any form :func:`numeric` reads (so
-    ``8.7e8`` is 870000000), else the first number, tolerating $ signs, thousands commas, units, "\\frac{a}{b}"
-    and "a/b"."""
+    ``8.7e8`` is 870000000; None past 400 digits of exponent), else the first number, tolerating $ signs,
+    thousands commas, units, "\\frac{a}{b}" and "a/b"."""
     whole = numeric(text.strip())
     if whole is not None:
-        return whole.value
+        return whole.value  # None for an exponent too long to write out: no GSM8K gold is such a number
     s = text.replace("\u2212", "-").replace("\\$", "").replace("$", "").replace("{,}", ",").replace("\\,", "")
     s = _FRAC_RE.sub(r"\1/\2", s)
     s = _THOUSANDS.sub("", s)

@@ -22,11 +22,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from ictrl.rewards.normalize import _fast_compare, verify_form
+from ictrl.rewards.normalize import _fast_compare, strip_bold, verify_form
 
 logger = logging.getLogger(__name__)
 
-# Numeric power towers (9^{9^9}), exponents of 7+ digits and factorials of 5+ digits make sympy evaluate
+# Numeric power towers (9^{9^9}), exponents of 7+ digits (also in e-notation, which verify_form rewrites as a
+# power of ten) and factorials of 5+ digits make sympy evaluate
 # astronomically large integers, and "{{{1}}}" makes latex2sympy's parse time grow by ~0.2 s per level
 # (measured); refusing them up front saves a full timeout. Not applied when the gold itself has the same shape.
 # The worker's CPU budget remains the backstop for everything this misses. Written so that no two unbounded
@@ -34,7 +35,8 @@ logger = logging.getLogger(__name__)
 _EXPLOSIVE = re.compile(
     r"\d\s*(?:\^|\*\*)\s*(?:[{(]\s*)?\d+\s*(?:\^|\*\*)"  # 9^9^9, 9^{9^9}
     r"|(?:\^|\*\*)\s*[{(]\s*\d+\s*(?:\^|\*\*)"  # (9^9)^(9^9)
-    r"|(?:\^|\*\*)\s*(?:[{(]\s*)?\d{7,}"  # 2^{1234567}
+    r"|(?:\^|\*\*)\s*(?:[{(]\s*)?[-+]?\d{7,}"  # 2^{1234567}
+    r"|\d[eE][-+]?\d{7,}"  # 1e1234567
     r"|(?<!\d)\d{5,}\s*!"  # 99999!
     r"|\{\s*\{\s*\{"  # bare nested braces: latex2sympy's cost grows steeply with their depth
 )
@@ -179,6 +181,9 @@ _TIMED_OUT = _LRU(lambda: 4096)
 # ----------------------------------------------------------------------------------------------------------
 
 _WORKER_SOURCE = Path(__file__).with_name("worker.py").read_text(encoding="utf-8")
+# Wall seconds each worker sleeps before a check with its budget armed (0: never). Tests set it to stand in for a
+# machine that gives the worker no CPU, which must change no verdict, and for a worker that never answers in time.
+_IDLE_BEFORE_CHECK = 0.0
 _BUDGET_SIGNALS = {-signal.SIGPROF, -getattr(signal, "SIGXCPU", signal.SIGPROF)}
 
 
@@ -260,7 +265,10 @@ class _Worker:
                 raise BrokenPipeError("verify worker failed to start")
             self.ready = True
         try:
-            self.proc.stdin.write(json.dumps({"a": answer, "g": gold, "t": budget}).encode() + b"\n")  # type: ignore[union-attr]
+            request: dict[str, Any] = {"a": answer, "g": gold, "t": budget}
+            if _IDLE_BEFORE_CHECK:
+                request["idle"] = _IDLE_BEFORE_CHECK
+            self.proc.stdin.write(json.dumps(request).encode() + b"\n")  # type: ignore[union-attr]
             line = self._readline(deadline)
         except BrokenPipeError:
             if self.proc.wait(timeout=5) in _BUDGET_SIGNALS:
@@ -357,6 +365,7 @@ atexit.register(shutdown_workers)
 
 def verify_answer(answer: str, gold: str) -> bool:
     """Whether an already extracted ``answer`` equals ``gold`` (fast path, caches, then guarded math-verify)."""
+    answer, gold = strip_bold(answer), strip_bold(gold)
     decided = _fast_compare(answer, gold)
     if decided is not None:
         _STATS.add(fast_path=1)

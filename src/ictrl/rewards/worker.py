@@ -4,8 +4,9 @@
 the standard library and math_verify, however ictrl itself was made importable), and the inline guard imports
 :func:`equivalent` from it, so both guards make the same calls.
 
-Protocol: one JSON request per stdin line, ``{"a": answer, "g": gold, "t": cpu_seconds}``; one reply line, ``1`` or
-``0``. Limits, all enforced by the kernel, so they hold while sympy holds the GIL inside one long C call:
+Protocol: one JSON request per stdin line, ``{"a": answer, "g": gold, "t": cpu_seconds}`` (tests add ``"idle": s``,
+seconds to sleep before the check); one reply line, ``1`` or ``0``. Limits, all enforced by the kernel, so they
+hold while sympy holds the GIL inside one long C call:
 
 - CPU time per request: ``ITIMER_PROF`` armed for ``t`` seconds of this process's CPU time; its signal, SIGPROF,
   keeps its default action (terminate), so a request over budget ends the worker, and the parent reads that as a
@@ -23,6 +24,7 @@ import json
 import logging
 import math
 import os
+import re
 import signal
 import sys
 import threading
@@ -32,6 +34,10 @@ from typing import Any
 
 MEMORY_LIMIT = 4 << 30
 _PR_SET_PDEATHSIG = 1
+# A gold written as a plain decimal with at least this many decimals is read as a rounded value against an answer
+# with no decimal in it (docs/method-choices.md, "Decimals").
+ROUNDED_GOLD_DECIMALS = 6
+_PLAIN_DECIMAL = re.compile(r"-?\d*\.(\d+)")
 
 
 @lru_cache(maxsize=1)
@@ -51,11 +57,42 @@ def _parse(s: str) -> Any:
     return parse("\\boxed{" + s + "}", extraction_config=_extraction_config(), parsing_timeout=None)
 
 
+def _exact(parsed: list[Any]) -> list[Any]:
+    """``parsed`` with every float read as the exact decimal it was written as: math-verify compares a float by
+    rounding both sides to 6 decimals, which calls 0.0000002 and 0.0000001 equal. A float's ``str`` gives back the
+    digits written (latex2sympy keeps 15 significant digits, or every digit of a longer literal)."""
+    from sympy import Basic, Float, MatrixBase, Rational
+    from sympy.core.parameters import evaluate
+
+    def fix(e: Any) -> Any:
+        floats = e.atoms(Float) if isinstance(e, Basic) else ()
+        if not floats:
+            return e
+        with evaluate(False):  # as latex2sympy built it: rebuilt evaluated, Eq(x, [1/2, 1]) would become False
+            return e.xreplace({f: Rational(str(f)) for f in floats})
+
+    return [x.applyfunc(fix) if isinstance(x, MatrixBase) else fix(x) for x in parsed]
+
+
+def _has_float(parsed: list[Any]) -> bool:
+    from sympy import Basic, Float, MatrixBase
+
+    return any(isinstance(y, Basic) and y.has(Float)
+               for x in parsed for y in (x if isinstance(x, MatrixBase) else [x]))
+
+
 def equivalent(answer: str, gold: str) -> bool:
-    """math-verify's verdict on two extracted answers (no timeout here: the caller bounds it)."""
+    """math-verify's verdict on two extracted answers, every decimal read exactly (no timeout here: the caller
+    bounds it). One tolerance: a gold written as a plain decimal with :data:`ROUNDED_GOLD_DECIMALS` or more
+    decimals, against an answer with no decimal in it (``\\frac{1}{3}`` vs ``0.333333``, ``\\pi`` vs ``3.141593``),
+    is the answer's value rounded to the gold's decimals; they match when the answer rounds to the gold."""
     from math_verify import verify
 
-    return bool(verify(_parse(gold), _parse(answer), timeout_seconds=None))
+    parsed_answer, parsed_gold = _parse(answer), _parse(gold)
+    m = _PLAIN_DECIMAL.fullmatch(gold)
+    if m and len(m[1]) >= ROUNDED_GOLD_DECIMALS and not _has_float(parsed_answer):
+        return bool(verify(parsed_gold, parsed_answer, float_rounding=len(m[1]), timeout_seconds=None))
+    return bool(verify(_exact(parsed_gold), _exact(parsed_answer), timeout_seconds=None))
 
 
 def die_with_parent(parent: int) -> None:
@@ -110,6 +147,8 @@ def serve(parent: int) -> None:
         try:
             req = json.loads(line)
             _arm(float(req["t"]))
+            if "idle" in req:  # wall seconds with no CPU used, the budget armed: how tests stand in for a machine
+                time.sleep(float(req["idle"]))  # that gives the worker no CPU (no signals, no wall-clock asserts)
             ok = equivalent(req["a"], req["g"])
         except Exception:  # MemoryError, RecursionError, sympy's own errors: not equivalent
             ok = False
