@@ -1,4 +1,4 @@
-"""The grader corpus (issue 17): 10k+ adversarial gradings at idle and under a concurrent CPU hog, in one run.
+"""The grader corpus: 10k+ adversarial gradings at idle and under a concurrent CPU hog, in one run.
 
     .venv/bin/python bench/bench_grader.py [--timeout 3] [--hogs 2] [--sample N] [--out bench/results/grader.json]
 

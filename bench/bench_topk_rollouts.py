@@ -1,4 +1,4 @@
-"""The ICT score from the sampler's top-K log-probs on the embedded task's real rollouts (issue 11).
+"""The ICT score from the sampler's top-K log-probs on the embedded task's real rollouts.
 
 The warm-started tiny model (``ictrl.experiments.tasks.tinymodel``, the demo's base, byte vocabulary V = 259) samples real
 completions of tiny-task prompts inside ``ICTGRPOTrainer._generate_and_score_completions``, with the generation

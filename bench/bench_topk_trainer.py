@@ -1,4 +1,4 @@
-"""Statistics-pass time of ICTGRPOTrainer with the exact ICT score vs ``selection_topk`` (issue #6 part 3).
+"""Statistics-pass time of ICTGRPOTrainer with the exact ICT score vs ``selection_topk``.
 
 A tiny Qwen2 (``ictrl.models``) with its vocabulary padded to --vocab (151,936 as Qwen2.5) and a fixed random batch
 of --groups x --g completions of --t tokens (every position active, prompts of 16 tokens). The same trainer calls

@@ -7,7 +7,7 @@ deterministic reward, on the same batch for every variant (``--generation fixed`
 
     ict, entropy, all       ICTGRPOTrainer with that token_selector (warm-up 0), statistics by the one-pass path
     ict+sparse              the same with sparse_backward=True
-    ict@separate, ...       one_pass = False: the separate statistics pass (the path before issue 12)
+    ict@separate, ...       one_pass = False: the separate statistics pass (the only path before the one-pass paths)
     trl_q1.0                TRL's stock GRPOTrainer (top_entropy_quantile 1.0: plain GRPO)
 
 Each repeat runs every variant once, in a rotated order, on a freshly built model with the same seed; the first

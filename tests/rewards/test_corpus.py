@@ -1,4 +1,4 @@
-"""A small sample of the issue-17 grader corpus (bench/bench_grader.py grades all 10k+ cases, at idle and under a
+"""A small sample of the grader corpus (bench/bench_grader.py grades all 10k+ cases, at idle and under a
 CPU hog): no crash, no stall, every certain verdict right, and a repeated bomb costs its budget once."""
 
 from __future__ import annotations

@@ -76,7 +76,7 @@ def test_extract_choice(completion: str, letter: str | None) -> None:
 
 
 
-# ------------------------------------------------------------------------------------ issue 17: linear time
+# ------------------------------------------------------------------------------------------------ linear time
 
 
 def _best_time(fn: Callable[[str], object], text: str, repeats: int = 3) -> float:
@@ -106,7 +106,7 @@ SPACES = {  # name -> (function of the text, text with n spaces where a backtrac
 
 @pytest.mark.parametrize("name", sorted(SPACES))
 def test_extraction_is_linear(name: str) -> None:
-    # Issue 17: choice_reward took 65 s on a box of 50k spaces (quadratic backtracking). Time at n and 8n: a
+    # A quadratic backtracking regex once took 65 s on a box of 50k spaces. Time at n and 8n: a
     # linear function grows ~8x, a quadratic one ~64x; the bound 24 leaves room for noise on a loaded machine.
     fn, make = SPACES[name]
     small, large = _best_time(fn, make(1000)), _best_time(fn, make(8000))

@@ -162,7 +162,7 @@ def test_gold_roundtrip_real_data_math(spec: str, sample: int | None, shared_dat
     _check_roundtrip(spec, shared_data, sample)
 
 
-# ------------------------------------------------------------------------------ issue 17: forms and refusals
+# ------------------------------------------------------------------------------------------ forms and refusals
 
 SCI = [  # (gold, completion): every written form of one number, both ways round
     ("8.7e8", "\\boxed{8.7 \\times 10^{8}}"),
@@ -225,7 +225,7 @@ def test_equivalence_survives_commutation_and_braces() -> None:
 
 
 def test_refused_box_scores_zero() -> None:
-    # Issue 17: "\boxed{\sqrt{\sqrt{...2}}} (12 levels) scores 1.0 against gold 2": the box is refused for its
+    # "\boxed{\sqrt{\sqrt{...2}}}" (12 levels) must not score 1.0 against gold 2: the box is refused for its
     # nesting, and the old extractor fell back to the last number inside it.
     deep = "\\boxed{" + "\\sqrt{" * 12 + "2" + "}" * 12 + "}"
     assert math_reward(deep, "2") == 0.0
@@ -235,7 +235,7 @@ def test_refused_box_scores_zero() -> None:
 
 
 def test_last_number_fallback_ignores_random_bytes() -> None:
-    # Issue 17: "the last-number fallback credited 13 of 650 random-byte strings". Graded against the very number
+    # The last-number fallback must not credit random bytes. Graded against the very number
     # the fallback would find in each string, so every credit is a false one.
     rng = random.Random(17)
     number = re.compile(r"-?\d+(?:,\d{3})*(?:\.\d+)?(?:/\d+)?")

@@ -77,7 +77,7 @@ def test_timeout_kills_worker_and_counts() -> None:
 
 
 def test_timeouts_are_cached() -> None:
-    # Issue 17: "timeouts are not cached (the same bomb costs 3 s every time)".
+    # Timeouts are cached: the same bomb must not cost its full budget every time.
     slow = "\\boxed{(9^9)^{(9^9)}}"
     rewards.configure(timeout=0.5, cache_size=0)
     math_reward(*_WARM)
@@ -92,7 +92,7 @@ def test_timeouts_are_cached() -> None:
 
 
 def test_budget_is_cpu_time_not_wall_time(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Issue 17: "correct answers score 0 under load: the deadline is wall-clock". A worker that gets no CPU for 2 s
+    # The deadline is CPU time, so a correct answer does not score 0 on a loaded machine. A worker that gets no CPU for 2 s
     # is the extreme of a loaded machine; it sleeps that long with its 1 s budget armed, and the verdict must not
     # change (a wall-clock budget would have ended it at 1 s).
     rewards.configure(timeout=1.0, cache_size=0)
@@ -106,7 +106,7 @@ def test_budget_is_cpu_time_not_wall_time(monkeypatch: pytest.MonkeyPatch) -> No
 
 
 def test_wall_backstop_covers_the_wait_for_a_worker(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Issue 17: "waiting for a spare worker is outside the deadline". (1) No worker ever frees up: the call ends at
+    # Waiting for a spare worker counts against the deadline. (1) No worker ever frees up: the call ends at
     # the backstop. (2) The worker does not answer before the backstop (it sleeps 600 s): the same. Both count
     # stalls, and the pool recovers.
     rewards.configure(timeout=1.0, workers=1, cache_size=0)
@@ -162,7 +162,7 @@ def _cpu_seconds(pid: int) -> float:
 @pytest.mark.integration
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
 def test_workers_die_with_their_parent() -> None:
-    # Issue 17: "kill -9 of the parent while a verify worker is busy leaves it running at ~60% CPU for minutes".
+    # kill -9 of the parent while a verify worker is busy must not leave the worker running.
     child = subprocess.Popen([sys.executable, "-c", _ORPHAN_CHILD], stdout=subprocess.PIPE, text=True,
                              env=os.environ.copy())
     try:
