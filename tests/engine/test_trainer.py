@@ -48,7 +48,7 @@ def _response_mask(batch: dict[str, Any]) -> torch.Tensor:
 @pytest.mark.parametrize(
     ("selector", "ratio", "scope", "norm", "warmup"),
     [
-        ("all", None, None, "per_response_all", 0),
+        ("all", None, None, "token_mean_all", 0),  # TRL's default loss_type dapo
         ("ict", 0.1, "response", "per_response_selected", 10),
         ("entropy", 0.2, "batch", "token_mean_selected", 0),
         ("stapo", None, None, "token_mean_selected", 0),
@@ -81,8 +81,14 @@ def test_config_resolves_per_selector_defaults(tmp_path: Path, selector: str, ra
         ({"selection_temperature": 0.0}, "selection_temperature"),
         ({"stats_chunk_size": 0}, "stats_chunk_size"),
         ({"top_entropy_quantile": 0.2}, "top_entropy_quantile"),
-        ({"loss_type": "cispo"}, "loss_type"),
-        ({"importance_sampling_level": "sequence"}, "importance_sampling_level"),
+        ({"loss_type": "ppo"}, "loss_type"),
+        ({"importance_sampling_level": "response"}, "importance_sampling_level"),
+        ({"token_selector": "ict", "loss_type": "vespo"}, "loss_type='vespo'"),
+        ({"use_adaptive_entropy": True}, "use_adaptive_entropy"),
+        ({"sparse_backward": True, "entropy_coef": 0.01}, "entropy_coef"),
+        ({"sparse_backward": True, "kl_scope": "all", "beta": 0.1}, "kl_scope"),
+        ({"kl_scope": "tokens"}, "kl_scope"),
+        ({"delta": 0.0}, "delta"),
     ],
 )
 def test_config_rejects_bad_values_naming_the_field(tmp_path: Path, overrides: dict[str, Any], field: str) -> None:

@@ -105,7 +105,8 @@ class OnePassMixin:
 
     def _plan_stats_path(self, need_js: bool) -> str:
         args = self.args
-        if not self.one_pass or self._sampler_topk is not None or getattr(args, "dynamic_sampling", False):
+        if not self.one_pass or self._sampler_topk is not None or getattr(args, "dynamic_sampling", False) \
+                or self._dense_trl_forward():
             return "separate"
         if self._stat_free():
             return "training_forward" if self._cheap_stats(False) else "separate"

@@ -38,8 +38,7 @@ computes the same global mask as a single process would.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -48,6 +47,7 @@ from trl import GRPOTrainer
 
 from ictrl.engine.config import ICTGRPOConfig
 from ictrl.engine.dynamic_sampling import DynamicSamplingMixin
+from ictrl.engine.head import call_head
 from ictrl.engine.onepass import STATS_PATHS, OnePassMixin, fused_head_with_sum_sq
 from ictrl.engine.sampler_topk import TopKRecorder, TopKRows, recording_generate, split_vllm_logprobs
 from ictrl.core.logprobs import selected_token_logprobs
@@ -56,86 +56,6 @@ from ictrl.core.selection import get_selector, in_warmup
 from ictrl.core.stats import TokenStats, group_js_divergence_topk, token_stats, topk_log_softmax
 
 _STAT_FIELDS = ("entropy", "renyi2", "purity", "logprob", "prob")
-_R = TypeVar("_R")
-
-
-def call_head(head: nn.Module, fn: Callable[..., _R], *inputs: Tensor) -> _R:
-    """``fn(lm, *inputs)`` with ``lm`` the LM head's whole weight, gathered by the engine that shards it.
-
-    ``lm`` is what ``selected_token_logprobs`` takes: the weight [V, H] of a bias-free linear head, an
-    ``nn.Linear`` shell around the weight and bias, or (any other head, e.g. a PEFT-wrapped one) the head's own
-    forward. Reading ``head.weight`` as it lies would see a shard under a sharded engine:
-
-    - FSDP2 (``fully_shard``; accelerate puts the head in one unit with the final norm and the embedding, not
-      resharded after forward): the unit is unsharded (``FSDPModule.unshard``, a no-op when the model's forward
-      left it so) and ``lm`` is its unsharded parameter, so the gradient accumulates where FSDP2's post-backward
-      reduce-scatters it. Calling the head module itself outside the root's forward crashes FSDP2's backward
-      hooks on CPU (torch 2.13, SIGSEGV), hence the parameter.
-    - ZeRO-3 (parameters carry ``ds_id``): ``fn`` runs as the head module's forward, so DeepSpeed's module hooks
-      gather the weight for it and again for its backward, and reduce its gradient.
-    - Otherwise (DDP, one process, ZeRO-1/2): the plain parameter.
-
-    Called once per process per pass, so every rank makes the same collectives whatever its number of rows or
-    selected positions.
-    """
-    if not hasattr(getattr(head, "weight", None), "ds_id"):
-        return fn(_head_operand(head), *inputs)
-    own = head.__dict__.get("forward")
-    head.forward = lambda *args: fn(_head_operand(head), *args)
-    try:
-        return head(*inputs)
-    finally:
-        if own is None:
-            del head.forward
-        else:
-            head.forward = own
-
-
-def _head_operand(head: nn.Module) -> nn.Module | Tensor:
-    from torch.distributed.fsdp import FSDPModule
-
-    if not isinstance(head, nn.Linear):
-        return _Unhooked(head)
-    if _is_dtensor(head.weight) and isinstance(head, FSDPModule):
-        head.unshard()  # swaps the module's parameters for the unsharded ones (all-gather of this unit only)
-    weight, bias = head.weight, head.bias
-    if _is_dtensor(weight):
-        if torch.is_grad_enabled():
-            raise RuntimeError("the LM head's weight is a shard outside any FSDP unit that could unshard it, so its "
-                               "gradient would skip the reduce-scatter; shard the model with accelerate's FSDP2 "
-                               "preparation (fsdp2_prepare_model)")
-        weight = weight.full_tensor()
-        bias = bias.full_tensor() if _is_dtensor(bias) else bias
-    return linear_head(weight, bias)
-
-
-def _is_dtensor(x: Any) -> bool:
-    from torch.distributed.tensor import DTensor
-
-    return isinstance(x, DTensor)
-
-
-def linear_head(weight: Tensor, bias: Tensor | None) -> nn.Module | Tensor:
-    """What ``selected_token_logprobs`` takes for ``F.linear(·, weight, bias)``: the weight itself, or an
-    ``nn.Linear`` shell holding these very tensors (no copy) when there is a bias."""
-    if bias is None:
-        return weight
-    shell = nn.Linear(1, 1, device="meta")
-    del shell.weight, shell.bias  # plain attributes: the engine's gathered tensors need not be Parameters
-    shell.weight, shell.bias = weight, bias
-    shell.out_features, shell.in_features = weight.shape
-    return shell
-
-
-class _Unhooked(nn.Module):
-    """``head``'s class forward, bypassing the instance forward that :func:`call_head` installs."""
-
-    def __init__(self, head: nn.Module) -> None:
-        super().__init__()
-        object.__setattr__(self, "head", head)  # not a submodule: no second registration of its parameters
-
-    def forward(self, x: Tensor) -> Tensor:
-        return type(self.head).forward(self.head, x)
 
 
 class ICTGRPOTrainer(OnePassMixin, DynamicSamplingMixin, GRPOTrainer):
@@ -156,6 +76,10 @@ class ICTGRPOTrainer(OnePassMixin, DynamicSamplingMixin, GRPOTrainer):
                 f"num_generations={self.num_generations} completions must sit on one process: "
                 f"per_device_train_batch_size * steps_per_generation = {per_process} must be a multiple of it"
             )
+        self._objective = args.loss_objective()
+        if args.sparse_backward and self.aux_loss_enabled:
+            raise ValueError("router_aux_loss_coef: the MoE router loss comes with TRL's dense forward, which "
+                             "sparse_backward replaces; set router_aux_loss_coef=0 or turn sparse_backward off")
         self._sampler_topk = self._resolve_topk_source()
         self._rollout_topk: TopKRows | None = None
         self._rollout_calls = 0
@@ -345,6 +269,7 @@ class ICTGRPOTrainer(OnePassMixin, DynamicSamplingMixin, GRPOTrainer):
         for b, w in zip(batches, index):
             b["ictrl_num_responses"] = windows[w, 0].clone()
             b["ictrl_num_tokens"] = windows[w, token_col].clone()
+            b["ictrl_num_mask_tokens"] = windows[w, 2].clone()
 
     # -------------------------------------------------------------------------------------------- loss
 
@@ -375,7 +300,12 @@ class ICTGRPOTrainer(OnePassMixin, DynamicSamplingMixin, GRPOTrainer):
         mask = inputs["completion_mask"].bool()
         if "tool_mask" in inputs:
             mask = mask & inputs["tool_mask"].bool()
-        if "ictrl_row" in inputs:
+        entropy = aux = None
+        if self._dense_trl_forward():  # the entropy bonus / MoE router loss come with TRL's own forward
+            logps, entropy, aux = self._get_per_token_logps_and_entropies(
+                model, input_ids, attention_mask, completion_ids.size(1), compute_entropy=self._entropy_bonus_enabled,
+                compute_aux_loss=self.aux_loss_enabled)
+        elif "ictrl_row" in inputs:
             logps = self._training_forward_logps(model, inputs, input_ids, attention_mask, mask)
         elif self.args.sparse_backward:
             logps = self._selected_logps(model, input_ids, attention_mask, completion_ids,
@@ -387,27 +317,49 @@ class ICTGRPOTrainer(OnePassMixin, DynamicSamplingMixin, GRPOTrainer):
         old = logps.detach() if old is None else old
         ref = inputs.get("ref_per_token_logps") if self.beta != 0.0 else None
         args = self.args
-        # DDP averages the processes' gradients, so each process divides by (global count / processes).
+        selected = inputs["ictrl_selected"]
+        training = self.model.training
+        # set by the Trainer's loop (its last window may be shorter); outside it, the configured value
+        accumulation = getattr(self, "current_gradient_accumulation_steps", args.gradient_accumulation_steps) \
+            if training else 1
+        # DDP averages the processes' gradients, so each process divides by (global count / processes); TRL's
+        # bnpo token mean is the micro-batch's own count, scaled for accumulation only.
         world = self.accelerator.num_processes
+        num_tokens = inputs["ictrl_num_tokens"] / world
+        if args.loss_type == "bnpo":
+            count = selected & mask if args.loss_normalization == "token_mean_selected" else mask
+            num_tokens = count.sum().to(logps.dtype) * accumulation
         loss, m = policy_loss(
-            logps, old, inputs["advantages"], mask, inputs["ictrl_selected"],
+            logps, old, inputs["advantages"], mask, selected,
             eps_low=self.epsilon_low, eps_high=self.epsilon_high, norm=args.loss_normalization,
             ref_logprobs=ref, kl_coef=self.beta,
-            num_responses=inputs["ictrl_num_responses"] / world, num_tokens=inputs["ictrl_num_tokens"] / world,
+            num_responses=inputs["ictrl_num_responses"] / world, num_tokens=num_tokens,
+            num_mask_tokens=inputs["ictrl_num_mask_tokens"] / world,
             max_completion_length=args.max_completion_length,
             sampler_logprobs=inputs.get("sampling_per_token_logps") if self._importance_correction(inputs) else None,
             is_mode=args.vllm_importance_sampling_mode, is_clip_min=args.vllm_importance_sampling_clip_min,
-            is_clip_max=args.vllm_importance_sampling_clip_max,
+            is_clip_max=args.vllm_importance_sampling_clip_max, objective=self._objective,
+            behaviour_logprobs=inputs.get("sampling_per_token_logps"),
         )
+        if entropy is not None:  # TRL's bonus: the micro-batch's mean entropy over the tokens that carry the loss
+            where = (selected & mask).to(entropy.dtype)
+            loss = loss - self.entropy_coef * (entropy * where).sum() / where.sum().clamp(min=1.0) / accumulation
+        if aux is not None:
+            loss = loss + self.router_aux_loss_coef * aux / accumulation
+        self._log_loss_metrics(m, (selected & mask).sum().float())
+        return loss
+
+    def _dense_trl_forward(self) -> bool:
+        return bool(self._entropy_bonus_enabled or self.aux_loss_enabled)
+
+    def _log_loss_metrics(self, m: dict[str, Tensor], active: Tensor) -> None:
         mode = "train" if self.model.training else "eval"
-        active = (inputs["ictrl_selected"] & mask).sum().float()
         keys = [k for k in ("clip_frac", "clip_frac_low", "clip_frac_high", "kl", "mean_prob_selected",
                             "is_ratio_mean", "is_clipped_frac") if k in m]
         local = torch.stack([m[k].float() * active for k in keys] + [active])
         total = self.accelerator.reduce(local, reduction="sum")  # token-weighted means over all processes
         for k, v in zip(keys, total[:-1]):
             self._metrics[mode][f"ictrl/{k}"].append(float(v / total[-1].clamp(min=1.0)))
-        return loss
 
     # ------------------------------------------------------------------ sampler top-K and importance weights
 

@@ -60,13 +60,15 @@ def parse_methods(names: str | Sequence[str]) -> list[str]:
 
 
 def method_keys(name: str, warmup_steps: int | None = None) -> dict[str, Any]:
-    """The run-config keys that choose method ``name``: its selector and run name, plus Θ = ``warmup_steps``
-    for methods that warm up (everything else is the selector's registered default)."""
+    """The run-config keys that choose method ``name``: its selector, registered loss normaliser (for ``all`` it
+    would otherwise follow TRL's ``loss_type``) and run name, plus Θ = ``warmup_steps`` for methods that warm up
+    (everything else is the selector's registered default)."""
     from ictrl.core.selection import get_selector
 
     (label,) = parse_methods([name])
     selector = get_selector(name)
-    keys: dict[str, Any] = {"token_selector": name if ":" in name else selector.name, "run_name": label}
+    keys: dict[str, Any] = {"token_selector": name if ":" in name else selector.name, "run_name": label,
+                            "loss_normalization": selector.normalization}
     if warmup_steps is not None and selector.warmup_steps > 0:
         keys["selection_warmup_steps"] = warmup_steps
     return keys

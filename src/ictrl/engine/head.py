@@ -1,0 +1,90 @@
+"""The LM head's whole weight for the statistics sweep and the sparse head, under every engine (:func:`call_head`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import torch
+from torch import Tensor, nn
+
+_R = TypeVar("_R")
+
+
+def call_head(head: nn.Module, fn: Callable[..., _R], *inputs: Tensor) -> _R:
+    """``fn(lm, *inputs)`` with ``lm`` the LM head's whole weight, gathered by the engine that shards it.
+
+    ``lm`` is what ``selected_token_logprobs`` takes: the weight [V, H] of a bias-free linear head, an
+    ``nn.Linear`` shell around the weight and bias, or (any other head, e.g. a PEFT-wrapped one) the head's own
+    forward. Reading ``head.weight`` as it lies would see a shard under a sharded engine:
+
+    - FSDP2 (``fully_shard``; accelerate puts the head in one unit with the final norm and the embedding, not
+      resharded after forward): the unit is unsharded (``FSDPModule.unshard``, a no-op when the model's forward
+      left it so) and ``lm`` is its unsharded parameter, so the gradient accumulates where FSDP2's post-backward
+      reduce-scatters it. Calling the head module itself outside the root's forward crashes FSDP2's backward
+      hooks on CPU (torch 2.13, SIGSEGV), hence the parameter.
+    - ZeRO-3 (parameters carry ``ds_id``): ``fn`` runs as the head module's forward, so DeepSpeed's module hooks
+      gather the weight for it and again for its backward, and reduce its gradient.
+    - Otherwise (DDP, one process, ZeRO-1/2): the plain parameter.
+
+    Called once per process per pass, so every rank makes the same collectives whatever its number of rows or
+    selected positions.
+    """
+    if not hasattr(getattr(head, "weight", None), "ds_id"):
+        return fn(_head_operand(head), *inputs)
+    own = head.__dict__.get("forward")
+    head.forward = lambda *args: fn(_head_operand(head), *args)
+    try:
+        return head(*inputs)
+    finally:
+        if own is None:
+            del head.forward
+        else:
+            head.forward = own
+
+
+def _head_operand(head: nn.Module) -> nn.Module | Tensor:
+    from torch.distributed.fsdp import FSDPModule
+
+    if not isinstance(head, nn.Linear):
+        return _Unhooked(head)
+    if _is_dtensor(head.weight) and isinstance(head, FSDPModule):
+        head.unshard()  # swaps the module's parameters for the unsharded ones (all-gather of this unit only)
+    weight, bias = head.weight, head.bias
+    if _is_dtensor(weight):
+        if torch.is_grad_enabled():
+            raise RuntimeError("the LM head's weight is a shard outside any FSDP unit that could unshard it, so its "
+                               "gradient would skip the reduce-scatter; shard the model with accelerate's FSDP2 "
+                               "preparation (fsdp2_prepare_model)")
+        weight = weight.full_tensor()
+        bias = bias.full_tensor() if _is_dtensor(bias) else bias
+    return linear_head(weight, bias)
+
+
+def _is_dtensor(x: Any) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(x, DTensor)
+
+
+def linear_head(weight: Tensor, bias: Tensor | None) -> nn.Module | Tensor:
+    """What ``selected_token_logprobs`` takes for ``F.linear(·, weight, bias)``: the weight itself, or an
+    ``nn.Linear`` shell holding these very tensors (no copy) when there is a bias."""
+    if bias is None:
+        return weight
+    shell = nn.Linear(1, 1, device="meta")
+    del shell.weight, shell.bias  # plain attributes: the engine's gathered tensors need not be Parameters
+    shell.weight, shell.bias = weight, bias
+    shell.out_features, shell.in_features = weight.shape
+    return shell
+
+
+class _Unhooked(nn.Module):
+    """``head``'s class forward, bypassing the instance forward that :func:`call_head` installs."""
+
+    def __init__(self, head: nn.Module) -> None:
+        super().__init__()
+        object.__setattr__(self, "head", head)  # not a submodule: no second registration of its parameters
+
+    def forward(self, x: Tensor) -> Tensor:
+        return type(self.head).forward(self.head, x)
