@@ -86,7 +86,7 @@ def test_config_resolves_per_selector_defaults(tmp_path: Path, selector: str, ra
         ({"token_selector": "ict", "loss_type": "vespo"}, "loss_type='vespo'"),
         ({"use_adaptive_entropy": True}, "use_adaptive_entropy"),
         ({"sparse_backward": True, "entropy_coef": 0.01}, "entropy_coef"),
-        ({"sparse_backward": True, "kl_scope": "all", "beta": 0.1}, "kl_scope"),
+        ({"sparse_backward": True, "kl_scope": "all_tokens", "beta": 0.1}, "kl_scope"),
         ({"kl_scope": "tokens"}, "kl_scope"),
         ({"delta": 0.0}, "delta"),
     ],

@@ -179,3 +179,42 @@ def test_one_sgd_step_with_trl_defaults_equals_stock_trainer(tiny_model_dir: Pat
     assert max(float((params[0][k] - start[k]).abs().max()) for k in start) > 1e-4
     for k in start:
         torch.testing.assert_close(params[1][k], params[0][k], rtol=1e-4, atol=1e-7, msg=k)
+
+
+@pytest.mark.parametrize("option", [
+    {},
+    {"beta": 0.1, "entropy_coef": 0.05},  # KL over every token, the bonus over TRL's entropy mask
+    {"loss_type": "grpo", "gradient_accumulation_steps": 2},
+])
+def test_top_entropy_quantile_equals_trl(tiny_model_dir: Path, tmp_path: Path, option: dict[str, Any]) -> None:
+    trainer, inputs = _batch(tiny_model_dir, tmp_path, top_entropy_quantile=0.2, **option)
+    assert trainer.args.kl_scope == "all_tokens"
+    grads = _assert_same_step(trainer, inputs)
+    trainer.top_entropy_quantile = 1.0  # the mask bites: without it the step differs
+    _, plain = _step(trainer, inputs, trl=False)
+    assert _max_diff(grads, plain) > 1e-6
+
+
+def test_entropy20_equals_trl_top_entropy_quantile_where_the_masks_agree(tiny_model_dir: Path,
+                                                                        tmp_path: Path) -> None:
+    """One micro-batch per generation batch: 20-Entropy with TRL's all-token denominator and ties kept whole
+    selects TRL's mask (every token whose entropy reaches the ceil(0.2 N)-th highest = entropy >= TRL's 0.8
+    quantile) and gives TRL's step. The first position of a group's completions has the same context, so its G
+    entropies tie: this batch has ties."""
+    trainer, inputs = _batch(tiny_model_dir, tmp_path, token_selector="entropy", loss_normalization="token_mean_all",
+                             selection_options={"ties": "include"})
+    trainer.current_gradient_accumulation_steps = 1
+    ours, g_ours = _step(trainer, inputs, trl=False)
+    trainer.top_entropy_quantile = 0.2  # TRL's own switch, read by its _compute_loss
+    theirs, g_trl = _step(trainer, inputs, trl=True)
+    assert ours == pytest.approx(theirs, rel=1e-5, abs=1e-7)
+    for name in g_trl:
+        torch.testing.assert_close(g_ours[name], g_trl[name], rtol=1e-4, atol=1e-7, msg=name)
+    assert 0.15 < trainer._metrics["train"]["ictrl/selected_frac"][0] < 0.3  # ictrl's selection: a fifth
+    # ictrl's default keeps exactly ceil(0.2 N), the earlier position winning a tie: on this batch another step
+    default, default_inputs = _batch(tiny_model_dir, tmp_path / "position", token_selector="entropy",
+                                     loss_normalization="token_mean_all")
+    default_inputs["old_per_token_logps"] = inputs["old_per_token_logps"]
+    default.current_gradient_accumulation_steps = 1
+    _, g_default = _step(default, default_inputs, trl=False)
+    assert _max_diff(g_default, g_trl) > 1e-6

@@ -18,7 +18,7 @@ is ``aggregate(w·P, M) + β·aggregate(KL, K)``:
   all its tokens. w multiplies the policy term only, never the KL term (as TRL). vespo folds w into W instead. A NaN
   sampler log-prob means "not scored" (vLLM's None) and gives r = 1.
 - KL, the k3 estimator exp(d) − d − 1 with d = ref_logprobs − logprobs, times ρ when ``bias_correction_kl`` (TRL's
-  ``use_bias_correction_kl``), over K = M (``kl_scope="selected"``) or K = mask (``"all"``).
+  ``use_bias_correction_kl``), over K = M (``kl_scope="selected"``) or K = mask (``"all_tokens"``).
 
 :func:`aggregate` is the one normaliser of every term (``norm``, L a [B, T] term over the tokens W it covers):
 
@@ -63,7 +63,7 @@ TRL_NORMALISER = {"grpo": "per_response_all", "sapo": "per_response_all", "bnpo"
                   "dr_grpo": "dr_grpo", "luspo": "sequence_sum"}
 LOSS_TYPES = tuple(TRL_NORMALISER)
 CLIPPED_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")
-KL_SCOPES = ("selected", "all")
+KL_SCOPES = ("selected", "all_tokens")
 _VESPO_LOG_MIN = math.log(1e-8)
 
 
@@ -74,7 +74,7 @@ class Objective:
     ``loss_type``: one of :data:`LOSS_TYPES` (only its per-token term: the normaliser is ``norm``); ``level``:
     ``"token"`` or ``"sequence"`` (GSPO: one ratio per response over its selected tokens); ``delta``: the cap of
     the unclipped ratio (two-sided clipping), None for none; ``sapo_temperature_*``, ``vespo_*``: those loss types'
-    constants (TRL's defaults); ``bias_correction_kl``: KL times ρ; ``kl_scope``: ``"selected"`` or ``"all"``;
+    constants (TRL's defaults); ``bias_correction_kl``: KL times ρ; ``kl_scope``: ``"selected"`` or ``"all_tokens"``;
     ``off_policy_threshold``: the off-policy sequence mask's threshold, None for no mask.
     """
 
@@ -290,7 +290,7 @@ def policy_loss(
         is_clip_min=is_clip_min, is_clip_max=is_clip_max), obj)
     mask = as_bool_mask(mask, "mask")
     active = mask if selected is None else as_bool_mask(selected, "selected") & mask
-    kl_where = mask if obj.kl_scope == "all" and ref_logprobs is not None else active
+    kl_where = mask if obj.kl_scope == "all_tokens" and ref_logprobs is not None else active
     # vespo's sequence ratio and the off-policy mask read the whole response; the KL term its scope
     whole = obj.loss_type == "vespo" or obj.off_policy_threshold is not None
     read = mask if whole else active | kl_where

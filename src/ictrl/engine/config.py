@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from trl import GRPOConfig
 
 from ictrl.core.loss import IS_MODES, LOSS_TYPES, NORM_MODES, TRL_NORMALISER, Objective
+from ictrl.engine.trl_fields import refused_field_errors
 from ictrl.preflight import check_trackers
 from ictrl.core.selection import SELECTORS, Selector, get_selector
 
@@ -97,11 +98,12 @@ class ICTGRPOConfig(GRPOConfig):
                   "global over the optimizer step (all micro-batches and processes), except loss_type='bnpo', whose "
                   "token mean is local to each micro-batch as in TRL."},
     )
-    kl_scope: str = field(
-        default="selected",
+    kl_scope: str | None = field(
+        default=None,
         metadata={"help": "Tokens the KL penalty (beta > 0) covers under a token selector: 'selected' (the tokens that "
-                  "carry the policy gradient, the Sparse-GRPO objective of docs/method.md §3) or 'all' (every "
-                  "response token, as TRL's top_entropy_quantile). The same for token_selector 'all'."},
+                  "carry the policy gradient, the Sparse-GRPO objective of docs/method.md §3) or 'all_tokens' (every "
+                  "response token, as TRL's top_entropy_quantile). None: 'all_tokens' with top_entropy_quantile < 1 (as "
+                  "TRL), else 'selected'. The same for token_selector 'all'."},
     )
     selection_options: dict | None = field(
         default=None,
@@ -243,22 +245,40 @@ class ICTGRPOConfig(GRPOConfig):
 
     def _check_trl_loss_options(self) -> None:
         """TRL's loss options: each honoured as TRL does, or refused here with one line saying why."""
+        refused = refused_field_errors(self, {f.name: f.default for f in fields(GRPOConfig)})
+        if refused:
+            raise ValueError(refused[0])
+        dense = get_selector(self.token_selector).trl_loss
+        if self.kl_scope is None:  # TRL's entropy mask leaves the KL term on every token
+            self.kl_scope = "all_tokens" if self.top_entropy_quantile < 1.0 else "selected"
         if self.top_entropy_quantile < 1.0:
-            raise ValueError("top_entropy_quantile < 1 conflicts with token_selector (ictrl replaces it): use "
-                             "token_selector='entropy', loss_normalization='token_mean_all' for TRL's behaviour")
-        if self.use_adaptive_entropy:
-            raise ValueError("use_adaptive_entropy is not supported by ICTGRPOTrainer: its controller lives in TRL's "
-                             "loss, which ictrl replaces; set a fixed entropy_coef")
-        if get_selector(self.token_selector).name != "all" and self.loss_type == "vespo":
+            self._check_top_entropy_quantile(dense)
+        if not dense and self.loss_type == "vespo":
             raise ValueError(f"loss_type='vespo' does not combine with token_selector={self.token_selector!r}: its "
                              "gamma weight is a function of the whole response's ratio, not of selected tokens")
         if self.sparse_backward and self.entropy_coef != 0.0:
             raise ValueError("entropy_coef needs the entropy at every selected position with gradient, which "
                              "sparse_backward does not compute; turn one of them off")
-        if self.sparse_backward and self.kl_scope == "all" and self.beta != 0.0:
-            raise ValueError("kl_scope='all' needs log-probs at every response token, which sparse_backward "
+        if self.sparse_backward and self.kl_scope == "all_tokens" and self.beta != 0.0:
+            raise ValueError("kl_scope='all_tokens' needs log-probs at every response token, which sparse_backward "
                              "computes only at the selected ones; use kl_scope='selected' or turn sparse_backward off")
         self.loss_objective().check()
+
+    def _check_top_entropy_quantile(self, dense: bool) -> None:
+        q = self.top_entropy_quantile
+        if not dense:
+            raise ValueError(f"top_entropy_quantile={q} is TRL's own token selection; with token_selector="
+                             f"{self.token_selector!r} there would be two: use token_selector='all' for TRL's "
+                             "entropy mask, or 'entropy' for 20-Entropy (docs/method-choices.md)")
+        if self.importance_sampling_level == "sequence":
+            raise ValueError("importance_sampling_level='sequence' with top_entropy_quantile: TRL's sequence ratio "
+                             "spans every response token, ictrl's the selected ones; use one of them")
+        if self.sparse_backward:
+            raise ValueError("top_entropy_quantile needs the entropy of every response token from the loss's "
+                             "forward, which sparse_backward skips; turn sparse_backward off")
+        if self.loss_normalization == "token_mean_selected":
+            raise ValueError("loss_normalization='token_mean_selected' with top_entropy_quantile: TRL's entropy mask "
+                             "is made per micro-batch, after the optimizer step's token count; use token_mean_all")
 
     def loss_objective(self) -> Objective:
         """The per-token policy term and KL options of ``ictrl.core.loss.policy_loss`` this config asks for."""
@@ -345,7 +365,7 @@ class ICTGRPOConfig(GRPOConfig):
 
     def _default_normaliser(self, selector: Selector) -> str:
         """TRL's normaliser for ``loss_type`` under ``all``; a sparse method's registered one otherwise."""
-        if selector.name == "all":
+        if selector.trl_loss:
             return TRL_NORMALISER[self.loss_type]
         if self.loss_type == "dr_grpo":
             return "dr_grpo"

@@ -301,10 +301,14 @@ class ICTGRPOTrainer(OnePassMixin, DynamicSamplingMixin, GRPOTrainer):
         if "tool_mask" in inputs:
             mask = mask & inputs["tool_mask"].bool()
         entropy = aux = None
-        if self._dense_trl_forward():  # the entropy bonus / MoE router loss come with TRL's own forward
+        quantile = self.top_entropy_quantile < 1.0
+        if self._dense_trl_forward():  # entropy mask, entropy bonus, MoE router loss: TRL's own forward
             logps, entropy, aux = self._get_per_token_logps_and_entropies(
-                model, input_ids, attention_mask, completion_ids.size(1), compute_entropy=self._entropy_bonus_enabled,
-                compute_aux_loss=self.aux_loss_enabled)
+                model, input_ids, attention_mask, completion_ids.size(1),
+                compute_entropy=self._entropy_bonus_enabled or quantile, compute_aux_loss=self.aux_loss_enabled)
+            if quantile:  # TRL's own mask over this micro-batch on all processes
+                inputs = {**inputs, "ictrl_selected": inputs["ictrl_selected"] & self.get_high_entropy_mask(
+                    entropy, mask, 1.0 - self.top_entropy_quantile)}
         elif "ictrl_row" in inputs:
             logps = self._training_forward_logps(model, inputs, input_ids, attention_mask, mask)
         elif self.args.sparse_backward:
@@ -317,7 +321,7 @@ class ICTGRPOTrainer(OnePassMixin, DynamicSamplingMixin, GRPOTrainer):
         old = logps.detach() if old is None else old
         ref = inputs.get("ref_per_token_logps") if self.beta != 0.0 else None
         args = self.args
-        selected = inputs["ictrl_selected"]
+        selected = inputs["ictrl_selected"]  # on the training_forward path, made by its forward above
         training = self.model.training
         # set by the Trainer's loop (its last window may be shorter); outside it, the configured value
         accumulation = getattr(self, "current_gradient_accumulation_steps", args.gradient_accumulation_steps) \
@@ -341,7 +345,8 @@ class ICTGRPOTrainer(OnePassMixin, DynamicSamplingMixin, GRPOTrainer):
             is_clip_max=args.vllm_importance_sampling_clip_max, objective=self._objective,
             behaviour_logprobs=inputs.get("sampling_per_token_logps"),
         )
-        if entropy is not None:  # TRL's bonus: the micro-batch's mean entropy over the tokens that carry the loss
+        if self._entropy_bonus_enabled and entropy is not None:
+            # TRL's bonus: the micro-batch's mean entropy over the tokens that carry the loss
             where = (selected & mask).to(entropy.dtype)
             loss = loss - self.entropy_coef * (entropy * where).sum() / where.sum().clamp(min=1.0) / accumulation
         if aux is not None:
@@ -350,7 +355,7 @@ class ICTGRPOTrainer(OnePassMixin, DynamicSamplingMixin, GRPOTrainer):
         return loss
 
     def _dense_trl_forward(self) -> bool:
-        return bool(self._entropy_bonus_enabled or self.aux_loss_enabled)
+        return bool(self._entropy_bonus_enabled or self.aux_loss_enabled or self.top_entropy_quantile < 1.0)
 
     def _log_loss_metrics(self, m: dict[str, Tensor], active: Tensor) -> None:
         mode = "train" if self.model.training else "eval"
