@@ -387,7 +387,8 @@ def _policy_term(obj: Objective, lp: Tensor, log_ratio: Tensor, ratio: Tensor, a
     if obj.loss_type == "cispo":
         return -torch.clamp(ratio, max=eps_high).detach() * adv * lp
     if obj.loss_type == "sapo":
-        tau = torch.where(adv > 0, obj.sapo_temperature_pos, obj.sapo_temperature_neg).to(ratio.dtype)
+        tau = torch.where(adv > 0, ratio.new_tensor(obj.sapo_temperature_pos),
+                          ratio.new_tensor(obj.sapo_temperature_neg))
         return -torch.sigmoid(tau * (ratio - 1.0)) * 4.0 / tau * adv
     if obj.loss_type == "vespo":
         return -_vespo_phi(obj, log_ratio, adv, mask, weight) * adv * lp
@@ -406,8 +407,9 @@ def _vespo_phi(obj: Objective, log_ratio: Tensor, adv: Tensor, mask: Tensor, wei
         seq = seq + torch.where(mask, log_w, 0.0).sum(dim=1, keepdim=True)
     log_w_seq = seq.clamp(_VESPO_LOG_MIN, 20.0)
     nonneg = adv >= 0
-    k = torch.where(nonneg, obj.vespo_k_pos, obj.vespo_k_neg).to(log_ratio.dtype)
-    lam = torch.where(nonneg, obj.vespo_lambda_pos, obj.vespo_lambda_neg).to(log_ratio.dtype).clamp(min=1e-4)
+    k = torch.where(nonneg, log_ratio.new_tensor(obj.vespo_k_pos), log_ratio.new_tensor(obj.vespo_k_neg))
+    lam = torch.where(nonneg, log_ratio.new_tensor(obj.vespo_lambda_pos),
+                      log_ratio.new_tensor(obj.vespo_lambda_neg)).clamp(min=1e-4)
     phi = torch.exp(lam + k * log_w_seq - lam * torch.exp(log_w_seq))
     return phi.nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
 

@@ -100,10 +100,11 @@ class ICTGRPOConfig(GRPOConfig):
     )
     kl_scope: str | None = field(
         default=None,
-        metadata={"help": "Tokens the KL penalty (beta > 0) covers under a token selector: 'selected' (the tokens that "
-                  "carry the policy gradient, the Sparse-GRPO objective of docs/method.md §3) or 'all_tokens' (every "
-                  "response token, as TRL's top_entropy_quantile). None: 'all_tokens' with top_entropy_quantile < 1 (as "
-                  "TRL), else 'selected'. The same for token_selector 'all'."},
+        metadata={"help": "Tokens the KL penalty (beta > 0) covers under a token selector: 'selected' (the tokens "
+                  "that carry the policy gradient, the Sparse-GRPO objective of docs/method.md §3) or 'all_tokens' "
+                  "(every response token, as TRL's top_entropy_quantile). None: 'all_tokens' with "
+                  "top_entropy_quantile < 1 (as TRL), else 'selected' (docs/method-choices.md). The same for "
+                  "token_selector 'all'."},
     )
     selection_options: dict | None = field(
         default=None,
