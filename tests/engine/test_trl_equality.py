@@ -93,12 +93,18 @@ def test_every_loss_type_and_level_equals_trl(tiny_model_dir: Path, tmp_path: Pa
     {"entropy_coef": 0.05},
     {"off_policy_mask_threshold": 0.0},
     {"loss_type": "bnpo", "gradient_accumulation_steps": 2},
+    {"per_device_train_batch_size": 4, "steps_per_generation": 2},  # dapo's count: the buffer's average
 ])
 def test_each_loss_option_equals_trl_and_changes_the_step(tiny_model_dir: Path, tmp_path: Path,
                                                          option: dict[str, Any]) -> None:
     trainer, inputs = _batch(tiny_model_dir, tmp_path, **option)
     grads = _assert_same_step(trainer, inputs)
-    if "gradient_accumulation_steps" in option:
+    if "gradient_accumulation_steps" in option or "steps_per_generation" in option:
+        halves = trainer._buffered_inputs
+        second = _off_policy(trainer, dict(halves[1]))  # the generation batch's other half
+        _assert_same_step(trainer, second)
+        # the halves differ in token count, so a per-half count and the buffer's average differ too
+        assert int(halves[0]["completion_mask"].sum()) != int(halves[1]["completion_mask"].sum())
         return
     # the option is not a no-op on this batch: without it ictrl's step differs
     plain = {k: v for k, v in option.items() if k in ("loss_type", "importance_sampling_level", "beta")}

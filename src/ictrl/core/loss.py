@@ -62,6 +62,8 @@ TRL_NORMALISER = {"grpo": "per_response_all", "sapo": "per_response_all", "bnpo"
                   "dapo": "token_mean_all", "cispo": "token_mean_all", "vespo": "token_mean_all",
                   "dr_grpo": "dr_grpo", "luspo": "sequence_sum"}
 LOSS_TYPES = tuple(TRL_NORMALISER)
+# TRL's token means whose count is the generation batch's, averaged over its optimizer steps
+TRL_BUFFER_MEAN = ("dapo", "cispo", "vespo")
 CLIPPED_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")
 KL_SCOPES = ("selected", "all_tokens")
 _VESPO_LOG_MIN = math.log(1e-8)

@@ -51,7 +51,7 @@ from ictrl.engine.head import call_head
 from ictrl.engine.onepass import STATS_PATHS, OnePassMixin, fused_head_with_sum_sq
 from ictrl.engine.sampler_topk import TopKRecorder, TopKRows, recording_generate, split_vllm_logprobs
 from ictrl.core.logprobs import selected_token_logprobs
-from ictrl.core.loss import policy_loss
+from ictrl.core.loss import TRL_BUFFER_MEAN, policy_loss
 from ictrl.core.selection import get_selector, in_warmup
 from ictrl.core.stats import TokenStats, group_js_divergence_topk, token_stats, topk_log_softmax
 
@@ -245,7 +245,8 @@ class ICTGRPOTrainer(OnePassMixin, DynamicSamplingMixin, GRPOTrainer):
         Exact when the buffered micro-batches split into whole optimizer steps (steps_per_generation a multiple
         of gradient_accumulation_steps, TRL's default); otherwise an optimizer step spans several generation
         batches not yet generated, and the buffer's totals are scaled by accumulation / len(batches), as TRL's
-        'dapo' normaliser does.
+        'dapo' normaliser does. TRL's own token-mean loss types (dapo, cispo, vespo under ``all``) always take that
+        buffer average, as TRL does.
         """
         counts = []
         for b in batches:
@@ -257,7 +258,8 @@ class ICTGRPOTrainer(OnePassMixin, DynamicSamplingMixin, GRPOTrainer):
                                        mask.sum().double().cpu()]))
         local = torch.stack(counts).double()  # [n, 3]
         n = local.size(0)
-        if n % accumulation == 0:
+        trl_average = get_selector(self.args.token_selector).trl_loss and self.args.loss_type in TRL_BUFFER_MEAN
+        if n % accumulation == 0 and not trl_average:
             windows = local.view(n // accumulation, accumulation, 3).sum(dim=1)
             index = [i // accumulation for i in range(n)]
         else:
