@@ -224,3 +224,27 @@ def test_entropy20_equals_trl_top_entropy_quantile_where_the_masks_agree(tiny_mo
     default.current_gradient_accumulation_steps = 1
     _, g_default = _step(default, default_inputs, trl=False)
     assert _max_diff(g_default, g_trl) > 1e-6
+
+
+def test_moe_router_aux_loss_equals_trl(tmp_path: Path) -> None:
+    """A Mixture-of-Experts model: TRL adds router_aux_loss_coef x the router's load-balancing loss; so does ictrl."""
+    from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
+
+    from ictrl.models import build_byte_tokenizer
+
+    tokenizer = build_byte_tokenizer()
+    torch.manual_seed(0)
+    config = Qwen2MoeConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, moe_intermediate_size=32,
+                            shared_expert_intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
+                            num_key_value_heads=2, num_experts=4, num_experts_per_tok=2, router_aux_loss_coef=0.5,
+                            bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                            pad_token_id=tokenizer.pad_token_id)
+    model_dir = tmp_path / "moe"
+    Qwen2MoeForCausalLM(config).save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    trainer, inputs = _batch(model_dir, tmp_path / "out")
+    assert trainer.aux_loss_enabled and trainer.router_aux_loss_coef == 0.5
+    grads = _assert_same_step(trainer, inputs)
+    trainer.aux_loss_enabled = False  # the router loss moves the step
+    _, plain = _step(trainer, inputs, trl=False)
+    assert _max_diff(grads, plain) > 1e-6
