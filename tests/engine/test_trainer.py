@@ -431,3 +431,16 @@ def test_selection_topk_full_vocab_equals_exact_and_small_k_trains(tiny_model_di
     assert all("ictrl/ict_score/selected" in h and 0.1 <= h["ictrl/selected_frac"] < 0.3 for h in steps)
     assert max((v.detach() - before[k]).abs().max().item() for k, v in trainer.model.named_parameters()) > 0
 
+
+
+@pytest.mark.parametrize("overrides", [
+    {"loss_type": "cispo", "epsilon_high": 4.0, "importance_sampling_level": "sequence"},
+    {"loss_type": "sapo", "beta": 0.05, "kl_scope": "all_tokens", "use_bias_correction_kl": True},
+    {"loss_type": "luspo", "importance_sampling_level": "sequence", "sparse_backward": True, "beta": 0.05},
+])
+def test_trl_loss_types_train_with_a_selector(tiny_model_dir: Path, tmp_path: Path, overrides: dict[str, Any]) -> None:
+    trainer = _trainer(tiny_model_dir, tmp_path, w.stub_trainer_class(), token_selector="ict", **overrides)
+    trainer.train()
+    steps = [h for h in trainer.state.log_history if "loss" in h]
+    assert len(steps) == 2 and all(math.isfinite(h["loss"]) for h in steps)
+    assert 0.1 <= steps[-1]["ictrl/selected_frac"] < 0.3
