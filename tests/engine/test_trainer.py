@@ -129,6 +129,12 @@ def test_overridden_trl_methods_match_pinned_version() -> None:
     assert params("_generate_single_turn")[:5] == [  # the test stub of generation overrides it
         "self", "prompt_ids", "images", "multimodal_fields", "num_generations"]
     assert GRPOTrainer.loss_is_scaled_for_ga is True  # our loss is backpropagated as returned
+    # what the loss reuses from TRL: its entropy mask, its dense forward's entropy / router loss, its switches
+    assert params("get_high_entropy_mask") == ["self", "entropies", "mask", "threshold"]
+    assert {"compute_entropy", "compute_aux_loss"} <= set(params("_get_per_token_logps_and_entropies"))
+    init = inspect.getsource(GRPOTrainer.__init__)
+    for attr in ("_entropy_bonus_enabled", "aux_loss_enabled", "router_aux_loss_coef", "top_entropy_quantile"):
+        assert f"self.{attr} = " in init
     for name in ("_generate_and_score_completions", "_prepare_inputs", "_compute_loss"):
         assert getattr(ICTGRPOTrainer, name) is not getattr(GRPOTrainer, name)
     # How TRL carries our tensors through the buffer: [B, ...] rows shuffled/split together, 0-d kept whole.
