@@ -158,8 +158,16 @@ def test_vllm_importance_sampling_modes_equal_trl(tiny_model_dir: Path, tmp_path
     _assert_same_step(trainer, inputs)
 
 
-def test_one_sgd_step_with_trl_defaults_equals_stock_trainer(tiny_model_dir: Path, tmp_path: Path) -> None:
-    """TRL's defaults (loss_type dapo) and the class swapped: the same weights after one SGD step."""
+@pytest.mark.parametrize(("trl_args", "ictrl_args"), [
+    # TRL's defaults (loss_type dapo), the class swapped; two micro-batches per step
+    ({"per_device_train_batch_size": 4, "gradient_accumulation_steps": 2, "max_steps": 1}, {"token_selector": "all"}),
+    # 20-Entropy with TRL's denominator and ties kept whole against TRL's own 80/20 switch, step for step
+    ({"per_device_train_batch_size": 8, "max_steps": 2, "top_entropy_quantile": 0.2},
+     {"token_selector": "entropy", "loss_normalization": "token_mean_all", "selection_options": {"ties": "include"}}),
+])
+def test_sgd_steps_equal_the_stock_trainer(tiny_model_dir: Path, tmp_path: Path, trl_args: dict[str, Any],
+                                          ictrl_args: dict[str, Any]) -> None:
+    """The same weights after training with TRL's GRPOTrainer and with ICTGRPOTrainer (plain SGD)."""
 
     class StockStub(GRPOTrainer):
         def _generate_single_turn(self, prompt_ids: Any, images: Any, multimodal_fields: Any, num_generations: int,
@@ -168,14 +176,14 @@ def test_one_sgd_step_with_trl_defaults_equals_stock_trainer(tiny_model_dir: Pat
 
     from trl import GRPOConfig
 
-    common = dict(use_cpu=True, bf16=False, report_to="none", save_strategy="no", max_steps=1,
-                  per_device_train_batch_size=4, gradient_accumulation_steps=2, num_generations=4,
+    common = dict(use_cpu=True, bf16=False, report_to="none", save_strategy="no", num_generations=4,
                   max_completion_length=12, optim="sgd", learning_rate=0.1, max_grad_norm=0.0, seed=0,
                   disable_tqdm=True, dataloader_num_workers=0)
+    stock = {**common, **trl_args}
+    ours = {**common, **{k: v for k, v in trl_args.items() if k != "top_entropy_quantile"}, **ictrl_args}
     params = []
-    for cls, args in ((StockStub, GRPOConfig(output_dir=str(tmp_path / "trl"), **common)),
-                      (w.stub_trainer_class(one_pass=True),
-                       w.make_config(tmp_path / "ictrl", token_selector="all", **common))):
+    for cls, args in ((StockStub, GRPOConfig(output_dir=str(tmp_path / "trl"), **stock)),
+                      (w.stub_trainer_class(one_pass=True), w.make_config(tmp_path / "ictrl", **ours))):
         model, tokenizer = _load(tiny_model_dir)
         trainer = cls(model=model, reward_funcs=w.digit_reward, args=args, train_dataset=w.make_dataset(),
                       processing_class=tokenizer)
