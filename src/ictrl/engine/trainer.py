@@ -21,11 +21,15 @@ Override points (all checked against trl 1.16.0 by ``tests/engine/test_trainer.p
   skips its top-K sweep over the LM head.
 - ``_compute_loss``: TRL's fused per-token log-probs (or, with ``sparse_backward``, the LM head over the selected
   positions only: ``ictrl.core.logprobs``), then ``ictrl.core.loss.policy_loss`` with the mask, the chosen
-  normalisation and the global normalisers divided by the process count (DDP averages gradients), so any split
-  of one optimizer batch over micro-batches and processes gives the one-big-batch gradient. When the rollout
-  engine reported its own log-probs (``sampling_per_token_logps``: vLLM, or a ``rollout_func``) and
-  ``vllm_importance_sampling_correction`` is on, the loss carries TRL's sampler/trainer importance weight
-  (``vllm_importance_sampling_mode`` / ``_clip_min`` / ``_clip_max``), with every selector and normaliser.
+  normalisation, TRL's per-token objective (``loss_type``, ``importance_sampling_level``, ``delta``, KL options,
+  ``off_policy_mask_threshold``: ``ICTGRPOConfig.loss_objective``) and the global normalisers divided by the process
+  count (DDP averages gradients), so any split of one optimizer batch over micro-batches and processes gives the
+  one-big-batch gradient. TRL's entropy bonus, its ``top_entropy_quantile`` mask and a MoE model's router loss come
+  from TRL's own dense forward, as in TRL. When the rollout engine reported its own log-probs
+  (``sampling_per_token_logps``: vLLM, or a ``rollout_func``) and ``vllm_importance_sampling_correction`` is on,
+  the policy term carries TRL's sampler/trainer importance weight (``vllm_importance_sampling_mode`` /
+  ``_clip_min`` / ``_clip_max``), with every selector and normaliser. docs/trl-contract.md lists every
+  ``GRPOConfig`` field.
 
 Groups and processes: TRL's sampler places each prompt's G completions contiguously in the global generation
 batch, and process p holds rows [p·n, (p+1)·n). Group JS needs each group's full distributions, so for ict and
