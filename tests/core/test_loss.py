@@ -48,6 +48,8 @@ HAND_EXPECTED = {
     "per_response_all": 0.5 / 3,
     # (-1.5 + 2.0) / (B · L_MAX) = 0.5 / 48
     "dr_grpo": 0.5 / (3 * L_MAX),
+    # (-1.5 + 2.0 + 0) / 3: each response's sum, then the mean over responses (TRL's luspo)
+    "sequence_sum": 0.5 / 3,
 }
 
 
@@ -89,6 +91,8 @@ def naive_terms(lp, old, adv, mask, sel, eps_low, eps_high, ref=None, kl_coef=0.
 def naive_loss(terms, mask, norm, B):
     if norm == "dr_grpo":
         return sum(v[0] for v in terms.values()) / (B * L_MAX)
+    if norm == "sequence_sum":
+        return sum(v[0] for v in terms.values()) / B
     if norm == "token_mean_selected":
         return sum(v[0] for v in terms.values()) / max(len(terms), 1)
     if norm == "token_mean_all":
@@ -301,13 +305,16 @@ def reference_loss(lp, old, adv, mask, sel, w, norm, ref=None, kl_coef=0.0, eps_
             a = float(adv[b])
             rho = torch.exp(lp[b, t] - float(old[b, t]))
             psi = torch.minimum(rho * a, rho.clamp(1 - eps_low, 1 + eps_high) * a)
+            term = -psi * w[(b, t)][0]  # the weight multiplies the policy term only, as TRL
             if ref is not None:
                 d = float(ref[b, t]) - lp[b, t]
-                psi = psi - kl_coef * (torch.exp(d) - d - 1)
-            terms.append(-psi * w[(b, t)][0])
+                term = term + kl_coef * (torch.exp(d) - d - 1)
+            terms.append(term)
         rows.append((sum(terms) if terms else lp.sum() * 0.0, len(terms), int(mask[b].sum())))
     if norm == "dr_grpo":
         return sum(r[0] for r in rows) / (B * L_MAX)
+    if norm == "sequence_sum":
+        return sum(r[0] for r in rows) / B
     if norm.startswith("per_response"):
         return sum(r[0] / max(r[1] if norm == "per_response_selected" else r[2], 1) for r in rows) / B
     den = sum(r[1] for r in rows) if norm == "token_mean_selected" else int(mask.sum())

@@ -118,6 +118,32 @@ def test_entropy_batch_vs_response_scope() -> None:
     assert response[1].nonzero().flatten().tolist() == [8, 9]
 
 
+@pytest.mark.parametrize("scope", ["batch", "response"])
+def test_entropy_ties_include_equals_trl_quantile_rule(scope: str) -> None:
+    """ties='include' keeps every token whose entropy reaches the k-th highest of its unit, k = ceil(0.2 n): for
+    the batch scope TRL's rule, entropy >= torch.quantile(entropies, 0.8); 'position' keeps exactly k."""
+    g = torch.Generator().manual_seed(5)
+    entropy = torch.randint(0, 4, (4, 9), generator=g).double() / 4  # four values only: ties everywhere
+    mask = torch.rand(4, 9, generator=g) < 0.8
+    mask[3] = False  # an empty response
+    inputs = SelectionInputs(mask=mask, entropy=entropy)
+    got = select("entropy", inputs, scope=scope, ties="include")
+    exact = select("entropy", inputs, scope=scope)
+    units = [list(range(4))] if scope == "batch" else [[b] for b in range(4)]
+    for rows in units:
+        values = sorted((float(entropy[b, t]) for b in rows for t in range(9) if mask[b, t]), reverse=True)
+        k = ceil_count(0.2, len(values))
+        for b in rows:
+            for t in range(9):
+                assert bool(got[b, t]) == bool(mask[b, t] and k and entropy[b, t] >= values[k - 1])
+        assert int(exact[rows].sum()) == k
+        if scope == "batch":  # TRL's top_entropy_quantile=0.2 rule on the same tokens
+            assert torch.equal(got, mask & (entropy >= torch.quantile(entropy[mask], 0.8)))
+    assert int(got.sum()) > int(exact.sum())  # this batch has ties at the cut
+    with pytest.raises(ValueError, match="ties"):
+        select("entropy", inputs, ties="all")
+
+
 def naive_stapo(inputs: SelectionInputs, tau_p: float, q: float) -> torch.Tensor:
     B, T = inputs.mask.shape
     candidates = [

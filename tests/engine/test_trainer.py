@@ -50,7 +50,7 @@ def _response_mask(batch: dict[str, Any]) -> torch.Tensor:
 @pytest.mark.parametrize(
     ("selector", "ratio", "scope", "norm", "warmup"),
     [
-        ("all", None, None, "per_response_all", 0),
+        ("all", None, None, "token_mean_all", 0),  # TRL's default loss_type dapo
         ("ict", 0.1, "response", "per_response_selected", 10),
         ("entropy", 0.2, "batch", "token_mean_selected", 0),
         ("stapo", None, None, "token_mean_selected", 0),
@@ -83,8 +83,14 @@ def test_config_resolves_per_selector_defaults(tmp_path: Path, selector: str, ra
         ({"selection_temperature": 0.0}, "selection_temperature"),
         ({"stats_chunk_size": 0}, "stats_chunk_size"),
         ({"top_entropy_quantile": 0.2}, "top_entropy_quantile"),
-        ({"loss_type": "cispo"}, "loss_type"),
-        ({"importance_sampling_level": "sequence"}, "importance_sampling_level"),
+        ({"loss_type": "ppo"}, "loss_type"),
+        ({"importance_sampling_level": "response"}, "importance_sampling_level"),
+        ({"token_selector": "ict", "loss_type": "vespo"}, "loss_type='vespo'"),
+        ({"use_adaptive_entropy": True}, "use_adaptive_entropy"),
+        ({"sparse_backward": True, "entropy_coef": 0.01}, "entropy_coef"),
+        ({"sparse_backward": True, "kl_scope": "all_tokens", "beta": 0.1}, "kl_scope"),
+        ({"kl_scope": "tokens"}, "kl_scope"),
+        ({"delta": 0.0}, "delta"),
     ],
 )
 def test_config_rejects_bad_values_naming_the_field(tmp_path: Path, overrides: dict[str, Any], field: str) -> None:
@@ -125,6 +131,12 @@ def test_overridden_trl_methods_match_pinned_version() -> None:
     assert params("_generate_single_turn")[:5] == [  # the test stub of generation overrides it
         "self", "prompt_ids", "images", "multimodal_fields", "num_generations"]
     assert GRPOTrainer.loss_is_scaled_for_ga is True  # our loss is backpropagated as returned
+    # what the loss reuses from TRL: its entropy mask, its dense forward's entropy / router loss, its switches
+    assert params("get_high_entropy_mask") == ["self", "entropies", "mask", "threshold"]
+    assert {"compute_entropy", "compute_aux_loss"} <= set(params("_get_per_token_logps_and_entropies"))
+    init = inspect.getsource(GRPOTrainer.__init__)
+    for attr in ("_entropy_bonus_enabled", "aux_loss_enabled", "router_aux_loss_coef", "top_entropy_quantile"):
+        assert f"self.{attr} = " in init
     for name in ("_generate_and_score_completions", "_prepare_inputs", "_compute_loss"):
         assert getattr(ICTGRPOTrainer, name) is not getattr(GRPOTrainer, name)
     # How TRL carries our tensors through the buffer: [B, ...] rows shuffled/split together, 0-d kept whole.
@@ -426,3 +438,16 @@ def test_selection_topk_full_vocab_equals_exact_and_small_k_trains(tiny_model_di
     assert all("ictrl/ict_score/selected" in h and 0.1 <= h["ictrl/selected_frac"] < 0.3 for h in steps)
     assert max((v.detach() - before[k]).abs().max().item() for k, v in trainer.model.named_parameters()) > 0
 
+
+
+@pytest.mark.parametrize("overrides", [
+    {"loss_type": "cispo", "epsilon_high": 4.0, "importance_sampling_level": "sequence"},
+    {"loss_type": "sapo", "beta": 0.05, "kl_scope": "all_tokens", "use_bias_correction_kl": True},
+    {"loss_type": "luspo", "importance_sampling_level": "sequence", "sparse_backward": True, "beta": 0.05},
+])
+def test_trl_loss_types_train_with_a_selector(tiny_model_dir: Path, tmp_path: Path, overrides: dict[str, Any]) -> None:
+    trainer = _trainer(tiny_model_dir, tmp_path, w.stub_trainer_class(), token_selector="ict", **overrides)
+    trainer.train()
+    steps = [h for h in trainer.state.log_history if "loss" in h]
+    assert len(steps) == 2 and all(math.isfinite(h["loss"]) for h in steps)
+    assert 0.1 <= steps[-1]["ictrl/selected_frac"] < 0.3

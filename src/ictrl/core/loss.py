@@ -1,52 +1,109 @@
-"""The clipped policy-gradient loss restricted to selected tokens, and GRPO advantages (docs/method.md §1, §3, §5).
+"""The policy-gradient loss restricted to selected tokens, and GRPO advantages (docs/method.md §1, §3, §5, §7).
 
-Per token, with ρ = exp(logprobs − old_logprobs) and d = ref_logprobs − logprobs:
+Per token, with M = selected & mask, log-ratio ℓ = logprobs − old_logprobs and ρ = exp(ℓ) (``level="token"``) or
+ρ_i = exp(Σ_t M ℓ / Σ_t M), one ratio per response over its selected tokens (``level="sequence"``, GSPO), the loss
+is ``aggregate(w·P, M) + β·aggregate(KL, K)``:
 
-    Ψ = min(ρ·Â, clip(ρ, 1 − eps_low, 1 + eps_high)·Â) − kl_coef·(exp(d) − d − 1),   loss token = −w·Ψ
+- P, the per-token policy term of TRL's ``loss_type`` (:data:`LOSS_TYPES`): the clipped surrogate
+  −min(ρ̃·Â, clip(ρ, 1 − eps_low, 1 + eps_high)·Â) with ρ̃ = min(ρ, delta) when ``delta`` is set (grpo, bnpo,
+  dr_grpo, dapo, luspo); cispo −sg(min(ρ, eps_high))·Â·logprobs; sapo −(4/τ)·σ(τ(ρ − 1))·Â with τ = τ_pos if Â > 0
+  else τ_neg; vespo −sg(φ(W))·Â·logprobs with W the response's whole-sequence ratio (every mask token) and
+  φ(W) = exp(λ + k log W − λW). An off-policy sequence mask (DeepSeek-V3.2, TRL's ``off_policy_mask_threshold``)
+  multiplies P by 0 for a response with Â < 0 whose mean of (behaviour − logprobs) over its mask exceeds the
+  threshold.
+- w, the sampler/trainer importance weight (TRL's ``vllm_importance_sampling_*``, TIS/MIS): when the rollouts come
+  from another engine whose log-probs ``sampler_logprobs`` differ from the trainer's ``old_logprobs``, r =
+  exp(old − sampler), detached: ``token_truncate`` w = clamp(r, is_clip_min, is_clip_max); ``token_mask`` w = r
+  inside the bounds, else 0; ``sequence_*`` the same with one r per response, exp(Σ_t mask·(old − sampler)) over
+  all its tokens. w multiplies the policy term only, never the KL term (as TRL). vespo folds w into W instead. A NaN
+  sampler log-prob means "not scored" (vLLM's None) and gives r = 1.
+- KL, the k3 estimator exp(d) − d − 1 with d = ref_logprobs − logprobs, times ρ when ``bias_correction_kl`` (TRL's
+  ``use_bias_correction_kl``), over K = M (``kl_scope="selected"``) or K = mask (``"all_tokens"``).
 
-with w = 1, or the sampler/trainer importance weight below. Only M = selected & mask carries the loss.
-Normalisation modes (``norm``), L = −w·Ψ:
+:func:`aggregate` is the one normaliser of every term (``norm``, L a [B, T] term over the tokens W it covers):
 
-- ``per_response_selected`` (ICT's Sparse-GRPO): (1/B)·Σ_i [Σ_t M·L / Σ_t M]. A response with Σ_t M = 0 contributes
-  0 but still counts in B.
-- ``per_response_all`` (original GRPO): (1/B)·Σ_i [Σ_t M·L / Σ_t mask]. A response with Σ_t mask = 0 contributes 0.
-- ``token_mean_selected`` (80/20 official code, STAPO): Σ M·L / Σ M.
-- ``token_mean_all`` (TRL's ``top_entropy_quantile``): Σ M·L / Σ mask.
-- ``dr_grpo`` (Dr.GRPO, Liu et al. 2025, and TRL's ``loss_type="dr_grpo"``): Σ M·L / (B · max_completion_length),
-  a constant denominator, so neither response length nor the selected count rescales a token's gradient.
+- ``per_response_selected`` (ICT's Sparse-GRPO): (1/B)·Σ_i [Σ_t W·L / Σ_t W]; a response with Σ_t W = 0
+  contributes 0 but still counts in B.
+- ``per_response_all`` (original GRPO, TRL's grpo and sapo): (1/B)·Σ_i [Σ_t W·L / Σ_t mask].
+- ``token_mean_selected`` (80/20 official code, STAPO): Σ W·L / Σ W.
+- ``token_mean_all`` (TRL's dapo, bnpo, cispo, vespo and ``top_entropy_quantile``): Σ W·L / Σ mask.
+- ``dr_grpo`` (Dr.GRPO, TRL's dr_grpo): Σ W·L / (B · max_completion_length).
+- ``sequence_sum`` (TRL's luspo): (1/B)·Σ_i Σ_t W·L.
 
-Global normalisers, for gradient accumulation and multi-process training: ``num_responses`` replaces B in the two
-per-response modes and in ``dr_grpo`` (the per-response denominators Σ_t M / Σ_t mask are row-local and never change);
-``num_tokens`` replaces Σ M in ``token_mean_selected`` and Σ mask in ``token_mean_all``. Passing the totals over
-all micro-batches / processes makes the sum of the micro-batch losses equal the full-batch loss. An override is
-ignored by the modes it does not apply to. A count of 0 is read as 1 (the numerator is then 0 too).
-
-Sampler/trainer mismatch (TRL's ``vllm_importance_sampling_*`` options, the TIS/MIS corrections of TRL and verl):
-when the rollouts come from another engine (vLLM) whose log-probs ``sampler_logprobs`` differ from the trainer's
-``old_logprobs`` for the same policy, each token's loss is weighted by r = π_old/π_sampler = exp(old − sampler),
-detached: ``token_truncate`` w = clamp(r, is_clip_min, is_clip_max) (TIS); ``token_mask`` w = r inside
-[is_clip_min, is_clip_max], else 0 (MIS); ``sequence_*`` the same with one r per response, exp(Σ_t mask·(old −
-sampler)) over all its response tokens (selected or not: the ratio belongs to the sampled sequence). The weight
-multiplies the whole per-token term, KL included, as TRL does. A NaN sampler log-prob means "not scored" (vLLM's
-None) and gives r = 1 for that token, as in TRL.
+Global normalisers, for gradient accumulation and multi-process training: ``num_responses`` replaces B;
+``num_tokens`` replaces the policy term's Σ W (``token_mean_selected``) or Σ mask (``token_mean_all``), and
+``num_mask_tokens`` the KL term's Σ mask when K = mask under ``token_mean_selected``. Passing the totals over all
+micro-batches / processes makes the sum of the micro-batch losses equal the full-batch loss. An override is ignored
+by the modes it does not apply to. A count of 0 is read as 1 (the numerator is then 0 too).
 
 Non-finite input: ``logprobs``, ``old_logprobs``, ``advantages`` and ``ref_logprobs`` must be finite wherever they
-are read (at M; ``old_logprobs`` and ``sampler_logprobs`` on the whole mask for the ``sequence_*`` weights), else a
-ValueError names the (row, position). Masked positions may hold anything: they are replaced by 0 before any
-arithmetic and inactive per-token losses are dropped with ``torch.where``, so ±inf/NaN padding never reaches the
-loss or the gradient. The loss is never NaN: empty denominators give a finite 0 that keeps a grad_fn to
-``logprobs`` (zero gradients).
+are read (at M, or on the mask where a term covers it), else a ValueError names the (row, position). Masked
+positions may hold anything: they are replaced by 0 before any arithmetic and inactive per-token terms are dropped
+with ``torch.where``, so ±inf/NaN padding never reaches the loss or the gradient. The loss is never NaN: empty
+denominators give a finite 0 that keeps a grad_fn to ``logprobs`` (zero gradients).
 """
 
 from __future__ import annotations
+
+import math
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from ictrl.core.checks import as_bool_mask, check_group_ids, require_finite
 
-NORM_MODES = ("per_response_selected", "token_mean_selected", "token_mean_all", "per_response_all", "dr_grpo")
+NORM_MODES = ("per_response_selected", "token_mean_selected", "token_mean_all", "per_response_all", "dr_grpo",
+              "sequence_sum")
 IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+# TRL 1.16's loss types, each with the normaliser TRL aggregates it with (bnpo's token mean is local to TRL's
+# micro-batch: the trainer passes that count as ``num_tokens``).
+TRL_NORMALISER = {"grpo": "per_response_all", "sapo": "per_response_all", "bnpo": "token_mean_all",
+                  "dapo": "token_mean_all", "cispo": "token_mean_all", "vespo": "token_mean_all",
+                  "dr_grpo": "dr_grpo", "luspo": "sequence_sum"}
+LOSS_TYPES = tuple(TRL_NORMALISER)
+# TRL's token means whose count is the generation batch's, averaged over its optimizer steps
+TRL_BUFFER_MEAN = ("dapo", "cispo", "vespo")
+CLIPPED_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")
+KL_SCOPES = ("selected", "all_tokens")
+_VESPO_LOG_MIN = math.log(1e-8)
+
+
+@dataclass(frozen=True)
+class Objective:
+    """The per-token policy term and KL options (module docstring); the defaults are the plain clipped surrogate.
+
+    ``loss_type``: one of :data:`LOSS_TYPES` (only its per-token term: the normaliser is ``norm``); ``level``:
+    ``"token"`` or ``"sequence"`` (GSPO: one ratio per response over its selected tokens); ``delta``: the cap of
+    the unclipped ratio (two-sided clipping), None for none; ``sapo_temperature_*``, ``vespo_*``: those loss types'
+    constants (TRL's defaults); ``bias_correction_kl``: KL times ρ; ``kl_scope``: ``"selected"`` or ``"all_tokens"``;
+    ``off_policy_threshold``: the off-policy sequence mask's threshold, None for no mask.
+    """
+
+    loss_type: str = "grpo"
+    level: str = "token"
+    delta: float | None = None
+    sapo_temperature_pos: float = 1.0
+    sapo_temperature_neg: float = 1.05
+    vespo_k_pos: float = 2.0
+    vespo_lambda_pos: float = 3.0
+    vespo_k_neg: float = 3.0
+    vespo_lambda_neg: float = 2.0
+    bias_correction_kl: bool = False
+    kl_scope: str = "selected"
+    off_policy_threshold: float | None = None
+
+    def check(self) -> None:
+        if self.loss_type not in LOSS_TYPES:
+            raise ValueError(f"loss_type must be one of {list(LOSS_TYPES)}, got {self.loss_type!r}")
+        if self.level not in ("token", "sequence"):
+            raise ValueError(f"importance_sampling_level must be 'token' or 'sequence', got {self.level!r}")
+        if self.kl_scope not in KL_SCOPES:
+            raise ValueError(f"kl_scope must be one of {list(KL_SCOPES)}, got {self.kl_scope!r}")
+        _check_number("delta", self.delta, optional=True, positive=True)
+        for name in ("sapo_temperature_pos", "sapo_temperature_neg"):
+            _check_number(name, getattr(self, name), positive=True)
+        _check_number("off_policy_mask_threshold", self.off_policy_threshold, optional=True)
 
 
 def _check_same_shape(name: str, value: Tensor | None, shape: torch.Size) -> None:
@@ -86,21 +143,6 @@ def _check_finite(checks: list[tuple[str, Tensor, Tensor]]) -> None:
             require_finite(name, x, w)
 
 
-def _check_inputs_finite(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, ref_logprobs: Tensor | None,
-                         sampler_logprobs: Tensor | None, mask: Tensor, active: Tensor, seq_is: bool) -> None:
-    """Every value read must be finite: at the active tokens, and on the whole mask where the sequence importance
-    weight sums over it."""
-    read = mask if seq_is else active
-    checks = [("logprobs", logprobs.detach(), active), ("old_logprobs", old_logprobs.detach(), read),
-              ("advantages", advantages.detach(), active if advantages.dim() == 2 else active.any(dim=1))]
-    if ref_logprobs is not None:
-        checks.append(("ref_logprobs", ref_logprobs.detach(), active))
-    if sampler_logprobs is not None:  # NaN = not scored (r = 1); ±inf is no log-probability of a sampled token
-        smp = sampler_logprobs.detach()
-        checks.append(("sampler_logprobs", torch.where(torch.isnan(smp), 0.0, smp), read))
-    _check_finite(checks)
-
-
 def _denominator(override: int | float | Tensor | None, local: Tensor) -> Tensor:
     den = local if override is None else torch.as_tensor(override, dtype=local.dtype, device=local.device)
     return torch.where(den > 0, den, torch.ones_like(den))
@@ -110,6 +152,25 @@ def _masked_mean(values: Tensor, where: Tensor) -> Tensor:
     """Mean of ``values`` over ``where`` (0 when empty), detached."""
     n = where.sum()
     return (torch.where(where, values, 0.0).sum() / n.clamp(min=1)).detach()
+
+
+def aggregate(per_token: Tensor, where: Tensor, mask: Tensor, norm: str,
+              num_responses: int | float | Tensor | None = None, num_tokens: int | float | Tensor | None = None,
+              max_completion_length: int | None = None) -> Tensor:
+    """The 0-d loss of a [B, T] per-token term over the bool [B, T] tokens ``where`` (within ``mask``) under
+    ``norm`` (module docstring; overrides: global normalisers). Entries outside ``where`` are dropped."""
+    dtype, device = per_token.dtype, per_token.device
+    per_token = torch.where(where, per_token, 0.0)
+    responses = _denominator(num_responses, torch.tensor(float(per_token.size(0)), dtype=dtype, device=device))
+    if norm in ("per_response_selected", "per_response_all"):
+        row_den = (where if norm == "per_response_selected" else mask).sum(dim=1).to(dtype)
+        return (per_token.sum(dim=1) / row_den.clamp(min=1)).sum() / responses
+    if norm == "dr_grpo":
+        return per_token.sum() / (responses * float(max_completion_length))  # type: ignore[arg-type]
+    if norm == "sequence_sum":
+        return per_token.sum() / responses
+    local = (where if norm == "token_mean_selected" else mask).sum().to(dtype)
+    return per_token.sum() / _denominator(num_tokens, local)
 
 
 def importance_weights(old_logprobs: Tensor, sampler_logprobs: Tensor, mask: Tensor, mode: str = "token_truncate",
@@ -143,7 +204,7 @@ def importance_weights(old_logprobs: Tensor, sampler_logprobs: Tensor, mask: Ten
 
 
 def _validate(logprobs: Tensor, advantages: Tensor, named: dict[str, Tensor | None], norm: str,
-              numbers: dict[str, object]) -> None:
+              numbers: dict[str, object], objective: Objective) -> None:
     if not isinstance(logprobs, Tensor) or logprobs.dim() != 2:
         raise ValueError(f"logprobs must be a [B, T] tensor, got {getattr(logprobs, 'shape', type(logprobs))}")
     shape = logprobs.shape
@@ -154,10 +215,11 @@ def _validate(logprobs: Tensor, advantages: Tensor, named: dict[str, Tensor | No
                          f"got {tuple(getattr(advantages, 'shape', ()))}")
     if norm not in NORM_MODES:
         raise ValueError(f"norm must be one of {list(NORM_MODES)}, got {norm!r}")
+    objective.check()
     for name in ("eps_low", "eps_high", "kl_coef"):
         _check_number(name, numbers[name])
-    _check_count("num_responses", numbers["num_responses"])
-    _check_count("num_tokens", numbers["num_tokens"])
+    for name in ("num_responses", "num_tokens", "num_mask_tokens"):
+        _check_count(name, numbers[name])  # type: ignore[arg-type]
     length = numbers["max_completion_length"]
     if norm == "dr_grpo" and (isinstance(length, bool) or not isinstance(length, int) or length < 1):
         raise ValueError(f"max_completion_length must be an int >= 1 with norm='dr_grpo' (the constant "
@@ -167,7 +229,7 @@ def _validate(logprobs: Tensor, advantages: Tensor, named: dict[str, Tensor | No
     _check_number("is_clip_min", numbers["is_clip_min"], optional=True)
     _check_number("is_clip_max", numbers["is_clip_max"], optional=True, positive=True)
     lo, hi = numbers["is_clip_min"], numbers["is_clip_max"]
-    if lo is not None and hi is not None and not lo < hi:
+    if lo is not None and hi is not None and not lo < hi:  # type: ignore[operator]
         raise ValueError(f"is_clip_min ({lo}) must be < is_clip_max ({hi})")
 
 
@@ -186,13 +248,16 @@ def policy_loss(
     entropy: Tensor | None = None,
     num_responses: int | float | Tensor | None = None,
     num_tokens: int | float | Tensor | None = None,
+    num_mask_tokens: int | float | Tensor | None = None,
     max_completion_length: int | None = None,
     sampler_logprobs: Tensor | None = None,
     is_mode: str = "token_truncate",
     is_clip_min: float | None = None,
     is_clip_max: float | None = 3.0,
+    objective: Objective | None = None,
+    behaviour_logprobs: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """Clipped surrogate loss over the selected tokens.
+    """The loss over the selected tokens (module docstring).
 
     Args:
         logprobs: [B, T] log π_θ of the sampled tokens (carries the gradient).
@@ -200,104 +265,155 @@ def policy_loss(
         advantages: [B] per response, or [B, T] per token.
         mask: [B, T] response mask, bool or 0/1.
         selected: [B, T] tokens that carry gradient, bool or 0/1; None means all of ``mask``.
-        eps_low, eps_high: clip range [1 − eps_low, 1 + eps_high]; both >= 0.
-        norm: one of ``NORM_MODES`` (module docstring).
+        eps_low, eps_high: clip range [1 − eps_low, 1 + eps_high], >= 0 (cispo: eps_high caps the ratio).
+        norm: one of ``NORM_MODES`` (:func:`aggregate`).
         ref_logprobs: [B, T] log π_ref for the k3 KL penalty; ``kl_coef`` >= 0 weights it.
         entropy: [B, T] optional, only for the ``mean_entropy_selected`` metric.
-        num_responses, num_tokens: global normalisers (module docstring).
+        num_responses, num_tokens, num_mask_tokens: global normalisers (module docstring).
         max_completion_length: the constant of ``norm="dr_grpo"`` (required there, ignored otherwise).
         sampler_logprobs: [B, T] log-probs the rollout engine reported for the sampled tokens; None: no correction.
         is_mode, is_clip_min, is_clip_max: the importance weight (module docstring, :func:`importance_weights`).
+        objective: the policy term and KL options (:class:`Objective`); None: the clipped surrogate.
+        behaviour_logprobs: [B, T] the sampler's log-probs for the off-policy mask (None: ``old_logprobs``).
 
     Returns:
-        (loss, metrics): a 0-d loss and 0-d detached tensors ``clip_frac``, ``clip_frac_low``, ``clip_frac_high``
-        (fractions of selected tokens where the clipped branch is the active minimum: ρ < 1 − eps_low with Â < 0,
-        resp. ρ > 1 + eps_high with Â > 0), ``selected_frac`` (Σ M / Σ mask), ``mean_prob_selected`` (mean of
-        exp(old_logprobs) over M), when given ``mean_entropy_selected`` and ``kl`` (mean k3 over M), and with
-        ``sampler_logprobs`` ``is_ratio_mean`` (mean weight w over M) and ``is_clipped_frac`` (fraction of M where w
-        was truncated or masked). Means over an empty M are 0. These are local to the batch passed in.
+        (loss, metrics): a 0-d loss and 0-d detached local metrics ``clip_frac`` / ``_low`` / ``_high`` (fractions
+        of M where the clipped branch is the minimum: ρ < 1 − eps_low with Â < 0, resp. ρ > 1 + eps_high with
+        Â > 0), ``selected_frac`` (Σ M / Σ mask), ``mean_prob_selected`` (mean exp(old_logprobs) over M), and when
+        given ``mean_entropy_selected``, ``kl`` (mean k3 over M), ``is_ratio_mean`` and ``is_clipped_frac`` (mean
+        weight w over M, fraction of M where w was truncated or masked). Means over an empty M are 0.
     """
-    _validate(logprobs, advantages, {"old_logprobs": old_logprobs, "mask": mask, "selected": selected,
-                                     "ref_logprobs": ref_logprobs, "entropy": entropy,
-                                     "sampler_logprobs": sampler_logprobs}, norm,
-              {"eps_low": eps_low, "eps_high": eps_high, "kl_coef": kl_coef, "num_responses": num_responses,
-               "num_tokens": num_tokens, "max_completion_length": max_completion_length, "is_mode": is_mode,
-               "is_clip_min": is_clip_min, "is_clip_max": is_clip_max})
+    obj = objective or Objective()
+    named = dict(old_logprobs=old_logprobs, mask=mask, selected=selected, ref_logprobs=ref_logprobs,
+                 entropy=entropy, sampler_logprobs=sampler_logprobs, behaviour_logprobs=behaviour_logprobs)
+    _validate(logprobs, advantages, named, norm, dict(
+        eps_low=eps_low, eps_high=eps_high, kl_coef=kl_coef, num_responses=num_responses, num_tokens=num_tokens,
+        num_mask_tokens=num_mask_tokens, max_completion_length=max_completion_length, is_mode=is_mode,
+        is_clip_min=is_clip_min, is_clip_max=is_clip_max), obj)
     mask = as_bool_mask(mask, "mask")
     active = mask if selected is None else as_bool_mask(selected, "selected") & mask
-    _check_inputs_finite(logprobs, old_logprobs, advantages, ref_logprobs, sampler_logprobs, mask, active,
-                         sampler_logprobs is not None and is_mode.startswith("sequence"))
+    kl_where = mask if obj.kl_scope == "all_tokens" and ref_logprobs is not None else active
+    # vespo's sequence ratio and the off-policy mask read the whole response; the KL term its scope
+    whole = obj.loss_type == "vespo" or obj.off_policy_threshold is not None
+    read = mask if whole else active | kl_where
+    seq_is = sampler_logprobs is not None and is_mode.startswith("sequence")
+    behaviour = None if obj.off_policy_threshold is None else (
+        old_logprobs if behaviour_logprobs is None else behaviour_logprobs)
+    _check_inputs_finite(logprobs, old_logprobs, advantages, ref_logprobs, sampler_logprobs, behaviour, mask, read,
+                         kl_where, seq_is)
 
-    psi, parts = _surrogate(logprobs, old_logprobs, advantages, mask, active, eps_low, eps_high, ref_logprobs,
-                            kl_coef, sampler_logprobs, is_mode, is_clip_min, is_clip_max)
-    per_token = torch.where(active, -psi, 0.0)
-    loss, n_active, n_mask = _normalise(per_token, active, mask, norm, num_responses, num_tokens,
-                                        max_completion_length)
-    with torch.no_grad():
-        ratio, adv, old = parts.pop("ratio"), parts.pop("adv"), parts.pop("old")
-        low = (ratio < 1.0 - eps_low) & (adv < 0) & active
-        high = (ratio > 1.0 + eps_high) & (adv > 0) & active
-        metrics = {
-            "clip_frac": _masked_mean((low | high).to(ratio.dtype), active),
-            "clip_frac_low": _masked_mean(low.to(ratio.dtype), active),
-            "clip_frac_high": _masked_mean(high.to(ratio.dtype), active),
-            "selected_frac": (n_active.sum() / n_mask.sum().clamp(min=1)).detach(),
-            "mean_prob_selected": _masked_mean(torch.exp(old), active),
-            **{k: _masked_mean(v.to(ratio.dtype), active) for k, v in
-               {"mean_entropy_selected": entropy, **parts}.items() if v is not None},
-        }
-    return loss, metrics
+    weight, is_clipped = (None, None) if sampler_logprobs is None else importance_weights(
+        old_logprobs, sampler_logprobs, mask, is_mode, is_clip_min, is_clip_max)
+    terms = _terms(logprobs, old_logprobs, advantages, ref_logprobs, behaviour, weight, mask, active, read, kl_where,
+                   eps_low, eps_high, obj)
+    loss = aggregate(terms["policy"], active, mask, norm, num_responses, num_tokens, max_completion_length)
+    if (kl := terms["kl"]) is not None and kl_coef:
+        kl_tokens = num_mask_tokens if kl_where is mask and norm == "token_mean_selected" else num_tokens
+        loss = loss + kl_coef * aggregate(kl, kl_where, mask, norm, num_responses, kl_tokens, max_completion_length)
+    parts = {"mean_entropy_selected": entropy, "kl": kl, "is_ratio_mean": weight, "is_clipped_frac": is_clipped}
+    return loss, _metrics(terms, active, mask, eps_low, eps_high, parts)
 
 
-def _surrogate(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, active: Tensor,
-               eps_low: float, eps_high: float, ref_logprobs: Tensor | None, kl_coef: float,
-               sampler_logprobs: Tensor | None, is_mode: str, is_clip_min: float | None, is_clip_max: float | None
-               ) -> tuple[Tensor, dict[str, Tensor | None]]:
-    """[B, T] Ψ (clipped surrogate − KL, times the importance weight), and the [B, T] pieces the metrics read:
-    ratio, adv, old, kl, is_ratio_mean (the weight), is_clipped_frac (where it was clipped)."""
+@torch.no_grad()
+def _metrics(terms: dict[str, Tensor | None], active: Tensor, mask: Tensor, eps_low: float, eps_high: float,
+             parts: dict[str, Tensor | None]) -> dict[str, Tensor]:
+    """The 0-d detached metrics of :func:`policy_loss` (its docstring)."""
+    ratio, adv, old = terms["ratio"], terms["adv"], terms["old"]
+    assert ratio is not None and adv is not None and old is not None
+    low = (ratio < 1.0 - eps_low) & (adv < 0) & active
+    high = (ratio > 1.0 + eps_high) & (adv > 0) & active
+    return {
+        "clip_frac": _masked_mean((low | high).to(ratio.dtype), active),
+        "clip_frac_low": _masked_mean(low.to(ratio.dtype), active),
+        "clip_frac_high": _masked_mean(high.to(ratio.dtype), active),
+        "selected_frac": (active.sum() / mask.sum().clamp(min=1)).to(ratio.dtype),
+        "mean_prob_selected": _masked_mean(torch.exp(old), active),
+        **{k: _masked_mean(v.to(ratio.dtype), active) for k, v in parts.items() if v is not None},
+    }
+
+
+def _check_inputs_finite(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, ref_logprobs: Tensor | None,
+                         sampler_logprobs: Tensor | None, behaviour: Tensor | None, mask: Tensor, read: Tensor,
+                         kl_where: Tensor, seq_is: bool) -> None:
+    """Every value read must be finite: log-probs where a term reads them, and on the whole mask where the
+    sequence importance weight sums over it. NaN sampler/behaviour log-probs mean "not scored"."""
+    old_read = mask if seq_is else read
+    checks = [("logprobs", logprobs.detach(), read), ("old_logprobs", old_logprobs.detach(), old_read),
+              ("advantages", advantages.detach(), read if advantages.dim() == 2 else read.any(dim=1))]
+    if ref_logprobs is not None:
+        checks.append(("ref_logprobs", ref_logprobs.detach(), kl_where))
+    for name, x in (("sampler_logprobs", sampler_logprobs), ("behaviour_logprobs", behaviour)):
+        if x is not None:  # NaN = not scored; ±inf is no log-probability of a sampled token
+            x = x.detach()
+            checks.append((name, torch.where(torch.isnan(x), 0.0, x), old_read if name[0] == "s" else mask))
+    _check_finite(checks)
+
+
+def _terms(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, ref_logprobs: Tensor | None,
+           behaviour: Tensor | None, weight: Tensor | None, mask: Tensor, active: Tensor, read: Tensor,
+           kl_where: Tensor, eps_low: float, eps_high: float, obj: Objective) -> dict[str, Tensor | None]:
+    """[B, T] terms: ``policy`` (w·P, times the off-policy mask), ``kl`` (None without ``ref_logprobs``), and for
+    the metrics ``ratio`` (ρ, per token or the response's), ``adv`` and ``old``."""
     shape = logprobs.shape
-    # Zero the inactive positions first: padding may hold -inf, and 0·inf in backward would be NaN.
-    lp = torch.where(active, logprobs, 0.0)
-    old = torch.where(active, old_logprobs.detach(), 0.0)
+    # Zero every position not read first: padding may hold -inf, and 0·inf in backward would be NaN.
+    lp = torch.where(read, logprobs, 0.0)
+    old = torch.where(read, old_logprobs.detach(), 0.0)
     adv = advantages.detach().to(logprobs.dtype)
-    adv = adv[:, None].expand(shape) if adv.dim() == 1 else adv
-    adv = torch.where(active, adv, 0.0)
-
-    ratio = torch.exp(lp - old)
-    clipped = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high)
-    psi = torch.minimum(ratio * adv, clipped * adv)
+    adv = torch.where(read, adv[:, None].expand(shape) if adv.dim() == 1 else adv, 0.0)
+    log_ratio = lp - old
+    if obj.level == "sequence":  # GSPO: the mean log-ratio over the response's selected tokens
+        n = active.sum(dim=1, keepdim=True).to(lp.dtype)
+        log_ratio_seq = torch.where(active, log_ratio, 0.0).sum(dim=1, keepdim=True) / n.clamp(min=1)
+        ratio = torch.exp(log_ratio_seq).expand(shape)
+    else:
+        ratio = torch.exp(log_ratio)
+    policy = _policy_term(obj, lp, log_ratio, ratio, adv, mask, eps_low, eps_high, weight)
+    if weight is not None and obj.loss_type != "vespo":
+        policy = policy * torch.where(active, weight, 0.0).to(policy.dtype)
+    if behaviour is not None:  # the off-policy sequence mask
+        gap = torch.nan_to_num(torch.where(mask, behaviour.detach().to(lp.dtype), 0.0) - lp.detach(), nan=0.0)
+        mean_gap = gap.sum(dim=1, keepdim=True) / mask.sum(dim=1, keepdim=True).clamp(min=1)
+        policy = policy * ((adv >= 0) | (mean_gap <= obj.off_policy_threshold)).to(policy.dtype)
     kl = None
     if ref_logprobs is not None:
-        d = ref_logprobs.detach() - lp  # inactive garbage here is dropped by the caller's where
+        d = torch.where(kl_where, ref_logprobs.detach(), 0.0) - torch.where(kl_where, lp, 0.0)
         kl = torch.exp(d) - d - 1.0
-        if kl_coef:
-            psi = psi - kl_coef * kl
-    weight = is_clipped = None
-    if sampler_logprobs is not None:
-        weight, is_clipped = importance_weights(old_logprobs, sampler_logprobs, mask, is_mode, is_clip_min,
-                                                is_clip_max)
-        psi = psi * torch.where(active, weight, 0.0).to(psi.dtype)
-    return psi, {"ratio": ratio, "adv": adv, "old": old, "kl": kl, "is_ratio_mean": weight,
-                 "is_clipped_frac": is_clipped}
+        if obj.bias_correction_kl:
+            kl = kl * ratio
+    return {"policy": policy, "kl": kl, "ratio": ratio, "adv": adv, "old": old}
 
 
-def _normalise(per_token: Tensor, active: Tensor, mask: Tensor, norm: str, num_responses: int | float | Tensor | None,
-               num_tokens: int | float | Tensor | None, max_completion_length: int | None
-               ) -> tuple[Tensor, Tensor, Tensor]:
-    """The loss of [B, T] per-token terms under ``norm``; also returns the rows' Σ M and Σ mask [B]."""
-    dtype, device = per_token.dtype, per_token.device
-    n_active = active.sum(dim=1).to(dtype)
-    n_mask = mask.sum(dim=1).to(dtype)
-    responses = _denominator(num_responses, torch.tensor(float(per_token.size(0)), dtype=dtype, device=device))
-    if norm in ("per_response_selected", "per_response_all"):
-        row_den = n_active if norm == "per_response_selected" else n_mask
-        loss = (per_token.sum(dim=1) / row_den.clamp(min=1)).sum() / responses
-    elif norm == "dr_grpo":
-        loss = per_token.sum() / (responses * float(max_completion_length))
-    else:
-        local = n_active.sum() if norm == "token_mean_selected" else n_mask.sum()
-        loss = per_token.sum() / _denominator(num_tokens, local)
-    return loss, n_active, n_mask
+def _policy_term(obj: Objective, lp: Tensor, log_ratio: Tensor, ratio: Tensor, adv: Tensor, mask: Tensor,
+                 eps_low: float, eps_high: float, weight: Tensor | None) -> Tensor:
+    """[B, T] per-token policy term P of ``obj.loss_type`` (module docstring), before the importance weight."""
+    if obj.loss_type == "cispo":
+        return -torch.clamp(ratio, max=eps_high).detach() * adv * lp
+    if obj.loss_type == "sapo":
+        tau = torch.where(adv > 0, ratio.new_tensor(obj.sapo_temperature_pos),
+                          ratio.new_tensor(obj.sapo_temperature_neg))
+        return -torch.sigmoid(tau * (ratio - 1.0)) * 4.0 / tau * adv
+    if obj.loss_type == "vespo":
+        return -_vespo_phi(obj, log_ratio, adv, mask, weight) * adv * lp
+    unclipped = ratio if obj.delta is None else torch.clamp(ratio, max=obj.delta)
+    clipped = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high)
+    return -torch.minimum(unclipped * adv, clipped * adv)
+
+
+@torch.no_grad()
+def _vespo_phi(obj: Objective, log_ratio: Tensor, adv: Tensor, mask: Tensor, weight: Tensor | None) -> Tensor:
+    """VESPO's detached gamma weight φ(W) = exp(λ + k log W − λW), W the whole response's ratio (times the sampler
+    weights), log W clamped to [log 1e-8, 20] as TRL does; [B, T]."""
+    seq = torch.where(mask, log_ratio.clamp(-20.0, 20.0), 0.0).sum(dim=1, keepdim=True)
+    if weight is not None:
+        log_w = torch.log(weight.to(log_ratio.dtype)).clamp(_VESPO_LOG_MIN, 20.0)
+        seq = seq + torch.where(mask, log_w, 0.0).sum(dim=1, keepdim=True)
+    log_w_seq = seq.clamp(_VESPO_LOG_MIN, 20.0)
+    nonneg = adv >= 0
+    k = torch.where(nonneg, log_ratio.new_tensor(obj.vespo_k_pos), log_ratio.new_tensor(obj.vespo_k_neg))
+    lam = torch.where(nonneg, log_ratio.new_tensor(obj.vespo_lambda_pos),
+                      log_ratio.new_tensor(obj.vespo_lambda_neg)).clamp(min=1e-4)
+    phi = torch.exp(lam + k * log_w_seq - lam * torch.exp(log_w_seq))
+    return phi.nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
 
 
 def grpo_advantages(rewards: Tensor, group_ids: Tensor, scale: str = "std", eps: float = 1e-4) -> Tensor:

@@ -105,6 +105,8 @@ class Selector:
     - ``label``: the method's name in papers, reports and run directories (``grpo`` for ``all``); ``aliases``
       are further names accepted wherever a method is named. ``in_default_grid``: run by ``ictrl compare`` /
       ``ictrl sweep`` when no ``--methods`` is given.
+    - ``trl_loss``: the rule is TRL's own (every response token), so with no ``loss_normalization`` the trainer
+      normalises as TRL does for its ``loss_type`` (docs/trl-contract.md), not with ``normalization``.
     """
 
     name: str
@@ -118,6 +120,7 @@ class Selector:
     aliases: tuple[str, ...] = ()
     help: str = ""
     in_default_grid: bool = False
+    trl_loss: bool = False
 
     @property
     def defaults(self) -> dict[str, Any]:
@@ -173,6 +176,7 @@ def register_selector(
     aliases: tuple[str, ...] = (),
     help: str | None = None,
     in_default_grid: bool = False,
+    trl_loss: bool = False,
 ) -> Callable[[Callable[..., Tensor]], Callable[..., Tensor]]:
     """Decorator registering ``fn(inputs, *, option=default, ...)`` under ``name`` (default: ``fn.__name__``),
     with the method defaults described on :class:`Selector`. ``scopes`` defaults to every scope when ``fn`` has
@@ -195,7 +199,7 @@ def register_selector(
         doc = (fn.__doc__ or "").strip().splitlines()
         SELECTORS[key] = Selector(key, fn, frozenset(needs), options, allowed, _check_nonneg_int(warmup_steps,
                                   "warmup_steps"), normalization, label or key, tuple(aliases),
-                                  help if help is not None else (doc[0] if doc else ""), in_default_grid)
+                                  help if help is not None else (doc[0] if doc else ""), in_default_grid, trl_loss)
         SELECTORS[key].resolve_options()  # the defaults themselves must pass the option checks
         _ALIASES.update({alias: key for alias in names[1:]})
         return fn
@@ -265,9 +269,16 @@ def _check_nonneg_int(value: Any, name: str) -> int:
     return value
 
 
+def _check_ties(value: Any, name: str) -> str:
+    if value not in ("position", "include"):
+        raise ValueError(f"{name} must be 'position' or 'include', got {value!r}")
+    return value
+
+
 # Option name -> its check, shared by every selector that takes the option (a custom option is passed as given).
 _OPTION_CHECKS: dict[str, Callable[[Any, str], Any]] = {
     "ratio": _check_fraction, "q": _check_fraction, "tau_p": _check_fraction, "seed": _check_nonneg_int,
+    "ties": _check_ties,
 }
 
 
@@ -324,6 +335,14 @@ def _top_k_per_unit(score: Tensor, mask: Tensor, units: Tensor, ratio: float) ->
     return out.view_as(mask)
 
 
+def _with_ties(chosen: Tensor, score: Tensor, mask: Tensor, units: Tensor) -> Tensor:
+    """[B, T] bool: every active position whose score reaches its unit's lowest chosen score (ties kept whole)."""
+    n_units = int(units.max()) + 1 if units.numel() else 1
+    lowest = torch.full((n_units,), torch.inf, dtype=score.dtype, device=score.device)
+    lowest.scatter_reduce_(0, units[chosen], score[chosen], reduce="amin")
+    return mask & (score >= lowest[units])
+
+
 def _step_seed(seed: int, step: int) -> int:
     """A 63-bit seed derived from (seed, step) with a fixed hash: no collisions like seed*N + step."""
     digest = hashlib.blake2b(f"{seed}:{step}".encode(), digest_size=8).digest()
@@ -336,7 +355,7 @@ def _step_seed(seed: int, step: int) -> int:
 # warm-up); "all" is the original GRPO per-response mean. Θ = 10: the paper's ablation found 10/20/40 alike.
 
 
-@register_selector("all", normalization="per_response_all", label="grpo", in_default_grid=True,
+@register_selector("all", normalization="per_response_all", label="grpo", in_default_grid=True, trl_loss=True,
                    help="GRPO: every response token carries the gradient")
 def _select_all(inputs: SelectionInputs) -> Tensor:
     return inputs.mask.clone()
@@ -345,9 +364,15 @@ def _select_all(inputs: SelectionInputs) -> Tensor:
 @register_selector("entropy", needs=("entropy",), scopes=("batch", "response"),
                    normalization="token_mean_selected", label="entropy20", in_default_grid=True,
                    help="20-Entropy: the top 20% of tokens by entropy, one cut-off for the batch")
-def _select_entropy(inputs: SelectionInputs, *, ratio: float = 0.2, scope: str = "batch") -> Tensor:
+def _select_entropy(inputs: SelectionInputs, *, ratio: float = 0.2, scope: str = "batch",
+                    ties: str = "position") -> Tensor:
+    """``ties``: ``"position"`` keeps exactly ceil(ratio·n) per unit (the earlier position wins a tie);
+    ``"include"`` keeps every token whose entropy reaches the ceil(ratio·n)-th highest, as TRL's
+    ``top_entropy_quantile`` (entropy >= its (1 − ratio) quantile) does."""
     assert inputs.entropy is not None
-    return _top_k_per_unit(inputs.entropy, inputs.mask, _units(inputs, scope), ratio)
+    units = _units(inputs, scope)
+    chosen = _top_k_per_unit(inputs.entropy, inputs.mask, units, ratio)
+    return chosen if ties == "position" else _with_ties(chosen, inputs.entropy, inputs.mask, units)
 
 
 @register_selector("stapo", needs=("entropy", "prob", "advantages"), normalization="token_mean_selected",

@@ -7,22 +7,21 @@ TRL's default ``bf16=True`` fails there. Run configs (``ictrl train``) map onto 
 
 from __future__ import annotations
 
+import logging
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from trl import GRPOConfig
 
-from ictrl.core.loss import IS_MODES, NORM_MODES
+from ictrl.core.loss import IS_MODES, LOSS_TYPES, NORM_MODES, TRL_NORMALISER, Objective
+from ictrl.engine.trl_fields import refused_field_errors
 from ictrl.preflight import check_liger, check_trackers
 from ictrl.core.selection import SELECTORS, Selector, get_selector
 
-# TRL loss types whose per-token surrogate is the clipped ratio that ``ictrl.core.loss.policy_loss`` computes; the
-# others (cispo, sapo, vespo, luspo) are different objectives. Only the clip form is read: the normalisation
-# always comes from ``loss_normalization``.
-CLIPPED_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
 # Selector options that have their own config field (the rest go through ``selection_options``).
 OPTION_FIELDS = {"ratio": "selection_ratio", "scope": "selection_scope", "seed": "selection_seed"}
+logger = logging.getLogger(__name__)
 _METHODS_HELP = "; ".join(f"'{s.name}'" + (f" (= {s.label})" if s.label != s.name else "") + f": {s.help}"
                           for s in SELECTORS.values())
 
@@ -91,9 +90,21 @@ class ICTGRPOConfig(GRPOConfig):
         default=None,
         metadata={"help": "Loss normaliser, one of 'per_response_selected' (Sparse-GRPO), 'token_mean_selected' (80/20, "
                   "STAPO), 'token_mean_all' (TRL's top_entropy_quantile), 'per_response_all' (original GRPO), 'dr_grpo' "
-                  "(Dr.GRPO: sum over the selected tokens / (responses * max_completion_length)). None: 'dr_grpo' when "
-                  "loss_type='dr_grpo', else the selector's default. Denominators are global over the optimizer step "
-                  "(all micro-batches and processes). Replaces TRL's loss_type normalisation."},
+                  "(Dr.GRPO: sum over the selected tokens / (responses * max_completion_length)), 'sequence_sum' (each "
+                  "response's sum, then the mean over responses: TRL's luspo). None: for token_selector 'all' the "
+                  "normaliser TRL uses for loss_type (dapo, bnpo, cispo, vespo: token_mean_all; grpo, sapo: "
+                  "per_response_all; dr_grpo; luspo: sequence_sum), so a TRL config gives TRL's step; for the other "
+                  "selectors their registered normaliser ('dr_grpo' when loss_type='dr_grpo'). Denominators are "
+                  "global over the optimizer step (all micro-batches and processes), except loss_type='bnpo', whose "
+                  "token mean is local to each micro-batch as in TRL."},
+    )
+    kl_scope: str | None = field(
+        default=None,
+        metadata={"help": "Tokens the KL penalty (beta > 0) covers under a token selector: 'selected' (the tokens "
+                  "that carry the policy gradient, the Sparse-GRPO objective of docs/method.md §3) or 'all_tokens' "
+                  "(every response token, as TRL's top_entropy_quantile). None: 'all_tokens' with "
+                  "top_entropy_quantile < 1 (as TRL), else 'selected' (docs/method-choices.md). The same for "
+                  "token_selector 'all'."},
     )
     selection_options: dict | None = field(
         default=None,
@@ -225,21 +236,7 @@ class ICTGRPOConfig(GRPOConfig):
 
         self._check_eval_during_training()
 
-        # TRL options that the ictrl loss path replaces or cannot honour: reject rather than silently ignore.
-        if self.top_entropy_quantile < 1.0:
-            raise ValueError("top_entropy_quantile < 1 conflicts with token_selector (ictrl replaces it): use "
-                             "token_selector='entropy', loss_normalization='token_mean_all' for TRL's behaviour")
-        if self.loss_type not in CLIPPED_LOSS_TYPES:
-            raise ValueError(f"loss_type must be one of {list(CLIPPED_LOSS_TYPES)} (the clipped surrogate; the "
-                             f"normaliser comes from loss_normalization), got {self.loss_type!r}")
-        if self.importance_sampling_level != "token":
-            raise ValueError("importance_sampling_level must be 'token' with ICTGRPOTrainer")
-        if self.entropy_coef != 0.0 or self.use_adaptive_entropy:
-            raise ValueError("entropy_coef / use_adaptive_entropy are not supported by ICTGRPOTrainer's loss")
-        if self.off_policy_mask_threshold is not None:
-            raise ValueError("off_policy_mask_threshold is not supported by ICTGRPOTrainer's loss")
-        if self.delta is not None:
-            raise ValueError("delta (two-sided clipping) is not supported by ICTGRPOTrainer's loss")
+        self._check_trl_loss_options()
         if self.vllm_importance_sampling_mode not in IS_MODES:
             raise ValueError(f"vllm_importance_sampling_mode must be one of {list(IS_MODES)}, got "
                              f"{self.vllm_importance_sampling_mode!r}")
@@ -247,6 +244,52 @@ class ICTGRPOConfig(GRPOConfig):
             value = getattr(self, bound)
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0):
                 raise ValueError(f"{bound} must be None or a number >= 0, got {value!r}")
+
+    def _check_trl_loss_options(self) -> None:
+        """TRL's loss options: each honoured as TRL does, or refused here with one line saying why."""
+        refused = refused_field_errors(self, {f.name: f.default for f in fields(GRPOConfig)})
+        if refused:
+            raise ValueError(refused[0])
+        dense = get_selector(self.token_selector).trl_loss
+        if self.kl_scope is None:  # TRL's entropy mask leaves the KL term on every token
+            self.kl_scope = "all_tokens" if self.top_entropy_quantile < 1.0 else "selected"
+        if self.top_entropy_quantile < 1.0:
+            self._check_top_entropy_quantile(dense)
+        if not dense and self.loss_type == "vespo":
+            raise ValueError(f"loss_type='vespo' does not combine with token_selector={self.token_selector!r}: its "
+                             "gamma weight is a function of the whole response's ratio, not of selected tokens")
+        if self.sparse_backward and self.entropy_coef != 0.0:
+            raise ValueError("entropy_coef needs the entropy at every selected position with gradient, which "
+                             "sparse_backward does not compute; turn one of them off")
+        if self.sparse_backward and self.kl_scope == "all_tokens" and self.beta != 0.0:
+            raise ValueError("kl_scope='all_tokens' needs log-probs at every response token, which sparse_backward "
+                             "computes only at the selected ones; use kl_scope='selected' or turn sparse_backward off")
+        self.loss_objective().check()
+
+    def _check_top_entropy_quantile(self, dense: bool) -> None:
+        q = self.top_entropy_quantile
+        if not dense:
+            raise ValueError(f"top_entropy_quantile={q} is TRL's own token selection; with token_selector="
+                             f"{self.token_selector!r} there would be two: use token_selector='all' for TRL's "
+                             "entropy mask, or 'entropy' for 20-Entropy (docs/method-choices.md)")
+        if self.importance_sampling_level == "sequence":
+            raise ValueError("importance_sampling_level='sequence' with top_entropy_quantile: TRL's sequence ratio "
+                             "spans every response token, ictrl's the selected ones; use one of them")
+        if self.sparse_backward:
+            raise ValueError("top_entropy_quantile needs the entropy of every response token from the loss's "
+                             "forward, which sparse_backward skips; turn sparse_backward off")
+        if self.loss_normalization == "token_mean_selected":
+            raise ValueError("loss_normalization='token_mean_selected' with top_entropy_quantile: TRL's entropy mask "
+                             "is made per micro-batch, after the optimizer step's token count; use token_mean_all")
+
+    def loss_objective(self) -> Objective:
+        """The per-token policy term and KL options of ``ictrl.core.loss.policy_loss`` this config asks for."""
+        return Objective(loss_type=self.loss_type, level=self.importance_sampling_level, delta=self.delta,
+                         sapo_temperature_pos=self.sapo_temperature_pos,
+                         sapo_temperature_neg=self.sapo_temperature_neg, vespo_k_pos=self.vespo_k_pos,
+                         vespo_lambda_pos=self.vespo_lambda_pos, vespo_k_neg=self.vespo_k_neg,
+                         vespo_lambda_neg=self.vespo_lambda_neg, bias_correction_kl=bool(self.use_bias_correction_kl),
+                         kl_scope=self.kl_scope, off_policy_threshold=self.off_policy_mask_threshold)
 
     def _check_eval_during_training(self) -> None:
         if self.eval_benchmarks is None:
@@ -315,10 +358,24 @@ class ICTGRPOConfig(GRPOConfig):
         if self.loss_type == "dr_grpo" and self.loss_normalization not in (None, "dr_grpo"):
             raise ValueError(f"loss_type='dr_grpo' asks for Dr.GRPO's constant normaliser, but loss_normalization="
                              f"{self.loss_normalization!r}: leave loss_normalization unset or set it to 'dr_grpo'")
+        if self.loss_type not in LOSS_TYPES:
+            raise ValueError(f"loss_type must be one of {list(LOSS_TYPES)}, got {self.loss_type!r}")
         if self.loss_normalization is None:
-            self.loss_normalization = "dr_grpo" if self.loss_type == "dr_grpo" else selector.normalization
+            self.loss_normalization = self._default_normaliser(selector)
         if self.loss_normalization not in NORM_MODES:
             raise ValueError(f"loss_normalization must be one of {list(NORM_MODES)}, got {self.loss_normalization!r}")
+
+    def _default_normaliser(self, selector: Selector) -> str:
+        """TRL's normaliser for ``loss_type`` under ``all``; a sparse method's registered one otherwise."""
+        if selector.trl_loss:
+            return TRL_NORMALISER[self.loss_type]
+        if self.loss_type == "dr_grpo":
+            return "dr_grpo"
+        if self.loss_type != "dapo":  # TRL's default carries no choice; any other is said once
+            logger.warning("loss_type=%r sets the per-token policy term; token_selector=%r normalises it with its "
+                           "registered %r (set loss_normalization to change it)", self.loss_type,
+                           self.token_selector, selector.normalization)
+        return selector.normalization
 
     def selector_options(self) -> dict[str, Any]:
         """The keyword options ``ictrl.core.selection.select`` gets for ``token_selector`` (validated at init)."""

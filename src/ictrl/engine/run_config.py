@@ -460,13 +460,15 @@ METHOD_FIELDS = ("token_selector", "selection_ratio", "selection_scope", "select
 
 
 def method_config(name: str, warmup_steps: int | None = None) -> dict[str, Any]:
-    """The trainer keys that choose method ``name`` (a selector name, label or ``module:function``): its selector
-    and run name (the method's label), plus Θ = ``warmup_steps`` for a method that warms up. Everything else is
-    the selector's registered default, resolved by ``ICTGRPOConfig``."""
+    """The trainer keys that choose method ``name`` (a selector name, label or ``module:function``): its selector,
+    its registered loss normaliser (for ``all`` it would otherwise follow TRL's ``loss_type``) and run name (the
+    method's label), plus Θ = ``warmup_steps`` for a method that warms up. Everything else is the selector's
+    registered default, resolved by ``ICTGRPOConfig``."""
     from ictrl.core.selection import get_selector
 
     selector = get_selector(name)
-    keys: dict[str, Any] = {"token_selector": name if ":" in name else selector.name, "run_name": selector.label}
+    keys: dict[str, Any] = {"token_selector": name if ":" in name else selector.name, "run_name": selector.label,
+                            "loss_normalization": selector.normalization}
     if warmup_steps is not None and selector.warmup_steps > 0:
         keys["selection_warmup_steps"] = warmup_steps
     return keys

@@ -109,3 +109,18 @@ def pad_rows(rows: TopKRows, T: int, device: torch.device) -> tuple[Tensor, Tens
         lp[i, :n] = r_lp[:n, :K].float().cpu()
         ids[i, :n] = r_ids[:n, :K].cpu()
     return lp.to(device), ids.to(device)
+
+
+def recorded_topk(rows: TopKRows | None, calls: int, K: int | None, source: str, B: int, T: int,
+                  device: torch.device) -> tuple[Tensor, Tensor] | None:
+    """[B, T, K] top-K log-probs and ids the sampler recorded over ``calls`` generation calls, or None (the
+    statistics pass's head scores instead). ``source`` ``auto`` falls back to the head when a subclass's generation
+    bypassed the hook (the caller logs which source ran); ``sampler`` makes that an error."""
+    recorded = rows is not None and len(rows) == B and calls == 1
+    if K is None or not (recorded or source == "sampler"):
+        return None
+    if not recorded:
+        raise RuntimeError(f"selection_topk_source: the sampler's top-K log-probs cover "
+                           f"{0 if rows is None else len(rows)} rows in {calls} generation calls, expected {B} "
+                           "rows in one call")
+    return pad_rows(rows, T, device)

@@ -70,14 +70,16 @@ def log_selection(metrics: dict[str, list[float]], g_mask: Tensor, g_stats: Toke
 
 
 def attach_normalisers(accelerator: Any, batches: list[dict[str, Any]], accumulation: int,
-                       count_selected: bool) -> None:
-    """Attach ``ictrl_num_responses`` / ``ictrl_num_tokens`` (0-d): totals over each optimizer step's
-    micro-batches on all processes (tokens: the selected ones when ``count_selected``, else every response token).
+                       count_selected: bool, buffer_mean: bool = False) -> None:
+    """Attach ``ictrl_num_responses`` / ``ictrl_num_tokens`` / ``ictrl_num_mask_tokens`` (0-d): totals over each
+    optimizer step's micro-batches on all processes (``ictrl_num_tokens``: the selected tokens when
+    ``count_selected``, else every response token; ``ictrl_num_mask_tokens``: every response token).
 
     Exact when the buffered micro-batches split into whole optimizer steps (steps_per_generation a multiple
     of gradient_accumulation_steps, TRL's default); otherwise an optimizer step spans several generation
     batches not yet generated, and the buffer's totals are scaled by accumulation / len(batches), as TRL's
-    'dapo' normaliser does.
+    'dapo' normaliser does. ``buffer_mean`` (TRL's own token-mean loss types, dapo, cispo and vespo under ``all``)
+    always takes that buffer average, as TRL does.
     """
     counts = []
     for b in batches:
@@ -87,7 +89,7 @@ def attach_normalisers(accelerator: Any, batches: list[dict[str, Any]], accumula
                                    mask.sum().double().cpu()]))
     local = torch.stack(counts).double()  # [n, 3]
     n = local.size(0)
-    if n % accumulation == 0:
+    if n % accumulation == 0 and not buffer_mean:
         windows = local.view(n // accumulation, accumulation, 3).sum(dim=1)
         index = [i // accumulation for i in range(n)]
     else:
@@ -98,3 +100,4 @@ def attach_normalisers(accelerator: Any, batches: list[dict[str, Any]], accumula
     for b, w in zip(batches, index):
         b["ictrl_num_responses"] = windows[w, 0].clone()
         b["ictrl_num_tokens"] = windows[w, token_col].clone()
+        b["ictrl_num_mask_tokens"] = windows[w, 2].clone()

@@ -21,11 +21,15 @@ Override points (all checked against trl 1.16.0 by ``tests/engine/test_trainer.p
   skips its top-K sweep over the LM head.
 - ``_compute_loss``: TRL's fused per-token log-probs (or, with ``sparse_backward``, the LM head over the selected
   positions only: ``ictrl.core.logprobs``), then ``ictrl.core.loss.policy_loss`` with the mask, the chosen
-  normalisation and the global normalisers divided by the process count (DDP averages gradients), so any split
-  of one optimizer batch over micro-batches and processes gives the one-big-batch gradient. When the rollout
-  engine reported its own log-probs (``sampling_per_token_logps``: vLLM, or a ``rollout_func``) and
-  ``vllm_importance_sampling_correction`` is on, the loss carries TRL's sampler/trainer importance weight
-  (``vllm_importance_sampling_mode`` / ``_clip_min`` / ``_clip_max``), with every selector and normaliser.
+  normalisation, TRL's per-token objective (``loss_type``, ``importance_sampling_level``, ``delta``, KL options,
+  ``off_policy_mask_threshold``: ``ICTGRPOConfig.loss_objective``) and the global normalisers divided by the process
+  count (DDP averages gradients), so any split of one optimizer batch over micro-batches and processes gives the
+  one-big-batch gradient. TRL's entropy bonus, its ``top_entropy_quantile`` mask and a MoE model's router loss come
+  from TRL's own dense forward, as in TRL. When the rollout engine reported its own log-probs
+  (``sampling_per_token_logps``: vLLM, or a ``rollout_func``) and ``vllm_importance_sampling_correction`` is on,
+  the policy term carries TRL's sampler/trainer importance weight (``vllm_importance_sampling_mode`` /
+  ``_clip_min`` / ``_clip_max``), with every selector and normaliser. docs/trl-contract.md lists every
+  ``GRPOConfig`` field.
 
 Groups and processes: TRL's sampler places each prompt's G completions contiguously in the global generation
 batch, and process p holds rows [p·n, (p+1)·n). Group JS needs each group's full distributions, so for ict and
@@ -47,14 +51,14 @@ from torch import Tensor
 from trl import GRPOTrainer
 
 from ictrl.core.logprobs import selected_token_logprobs
-from ictrl.core.loss import policy_loss
+from ictrl.core.loss import TRL_BUFFER_MEAN, policy_loss
 from ictrl.core.selection import get_selector, in_warmup
 from ictrl.core.stats import TokenStats
 from ictrl.engine import vllm_server
 from ictrl.engine.config import ICTGRPOConfig
 from ictrl.engine.dynamic_sampling import DynamicSamplingMixin
 from ictrl.engine.heads import backbone, call_head, output_head
-from ictrl.engine.sampler_topk import TopKRecorder, TopKRows, pad_rows, recording_generate, split_vllm_logprobs
+from ictrl.engine.sampler_topk import TopKRecorder, TopKRows, recorded_topk, recording_generate, split_vllm_logprobs
 from ictrl.engine.selection_step import attach_normalisers, gather_rows, gather_stats, log_selection, select_global
 from ictrl.engine.stats_pass import (
     STAT_FIELDS,
@@ -101,6 +105,10 @@ class ICTGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
                 f"per_device_train_batch_size * steps_per_generation = {per_process} must be a multiple of it"
             )
         self._server = vllm_server.server_settings(self)  # None unless vllm_mode='server'
+        self._objective = args.loss_objective()
+        if args.sparse_backward and self.aux_loss_enabled:
+            raise ValueError("router_aux_loss_coef: the MoE router loss comes with TRL's dense forward, which "
+                             "sparse_backward replaces; set router_aux_loss_coef=0 or turn sparse_backward off")
         self._sampler_topk = self._resolve_topk_source()
         self._rollout_topk: TopKRows | None = None
         self._rollout_calls = 0
@@ -133,7 +141,7 @@ class ICTGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
     def _plan_stats_path(self) -> str:
         args = self.args
         return plan_stats_path(PathFacts(
-            one_pass=self.one_pass, sampler_topk=self._sampler_topk is not None,
+            one_pass=self.one_pass and not self._dense_trl_forward(), sampler_topk=self._sampler_topk is not None,
             dynamic_sampling=bool(getattr(args, "dynamic_sampling", False)), stat_free=self._stat_free,
             same_temperature=self._cheap_stats(False), training=self.model.training,
             trl_computes_old_logps=self._trl_computes_old_logps(), tools=bool(self.tools),
@@ -196,7 +204,8 @@ class ICTGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
             if need_js:
                 check_local_groups(batch, G)
                 groups = local_groups(rank, B, G, mask.device)
-            sampler_topk = self._recorded_topk(rollout_topk, B, T, mask.device) if need_js else None
+            sampler_topk = recorded_topk(rollout_topk, self._rollout_calls, self._sampler_topk,
+                                         args.selection_topk_source, B, T, mask.device) if need_js else None
             stats, js = self._selection_stats(batch, mask, groups, sampler_topk)
             metrics["ictrl/topk_from_sampler"].append(float(sampler_topk is not None))
         self._ensure_old_logps(batch)
@@ -258,8 +267,10 @@ class ICTGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
         return inputs
 
     def _attach_normalisers(self, batches: list[dict[str, Any]], accumulation: int) -> None:
+        args = self.args
         attach_normalisers(self.accelerator, batches, accumulation,
-                           count_selected=self.args.loss_normalization == "token_mean_selected")
+                           count_selected=args.loss_normalization == "token_mean_selected",
+                           buffer_mean=self._selector.trl_loss and args.loss_type in TRL_BUFFER_MEAN)
 
     # -------------------------------------------------------------------------------------------- loss
 
@@ -280,7 +291,16 @@ class ICTGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
         input_ids, attention_mask = model_inputs(inputs)
         mask = response_mask(inputs)
         T = completion_ids.size(1)
-        if "ictrl_row" in inputs:
+        entropy = aux = None
+        quantile = self.top_entropy_quantile < 1.0
+        if self._dense_trl_forward():  # entropy mask, entropy bonus, MoE router loss: TRL's own forward
+            logps, entropy, aux = self._get_per_token_logps_and_entropies(
+                model, input_ids, attention_mask, T,
+                compute_entropy=self._entropy_bonus_enabled or quantile, compute_aux_loss=self.aux_loss_enabled)
+            if quantile:  # TRL's own mask over this micro-batch on all processes
+                inputs = {**inputs, "ictrl_selected": inputs["ictrl_selected"] & self.get_high_entropy_mask(
+                    entropy, mask, 1.0 - self.top_entropy_quantile)}
+        elif "ictrl_row" in inputs:
             logps = self._training_forward_logps(model, inputs, input_ids, attention_mask, mask)
         elif self.args.sparse_backward:
             hidden = final_hidden(model, input_ids, attention_mask, T, self.accelerator.autocast)
@@ -291,26 +311,49 @@ class ICTGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
         old = logps.detach() if old is None else old
         ref = inputs.get("ref_per_token_logps") if self.beta != 0.0 else None
         args = self.args
-        # DDP averages the processes' gradients, so each process divides by (global count / processes).
+        selected = inputs["ictrl_selected"]  # on the training_forward path, made by its forward above
+        training = self.model.training
+        # set by the Trainer's loop (its last window may be shorter); outside it, the configured value
+        accumulation = getattr(self, "current_gradient_accumulation_steps", args.gradient_accumulation_steps) \
+            if training else 1
+        # DDP averages the processes' gradients, so each process divides by (global count / processes); TRL's
+        # bnpo token mean is the micro-batch's own count, scaled for accumulation only.
         world = self.accelerator.num_processes
+        num_tokens = inputs["ictrl_num_tokens"] / world
+        if args.loss_type == "bnpo":
+            count = selected & mask if args.loss_normalization == "token_mean_selected" else mask
+            num_tokens = count.sum().to(logps.dtype) * accumulation
         loss, m = policy_loss(
-            logps, old, inputs["advantages"], mask, inputs["ictrl_selected"],
+            logps, old, inputs["advantages"], mask, selected,
             eps_low=self.epsilon_low, eps_high=self.epsilon_high, norm=args.loss_normalization,
             ref_logprobs=ref, kl_coef=self.beta,
-            num_responses=inputs["ictrl_num_responses"] / world, num_tokens=inputs["ictrl_num_tokens"] / world,
+            num_responses=inputs["ictrl_num_responses"] / world, num_tokens=num_tokens,
+            num_mask_tokens=inputs["ictrl_num_mask_tokens"] / world,
             max_completion_length=args.max_completion_length,
             sampler_logprobs=inputs.get("sampling_per_token_logps") if self._importance_correction(inputs) else None,
             is_mode=args.vllm_importance_sampling_mode, is_clip_min=args.vllm_importance_sampling_clip_min,
-            is_clip_max=args.vllm_importance_sampling_clip_max,
+            is_clip_max=args.vllm_importance_sampling_clip_max, objective=self._objective,
+            behaviour_logprobs=inputs.get("sampling_per_token_logps"),
         )
-        active = (inputs["ictrl_selected"] & mask).sum().float()
+        if self._entropy_bonus_enabled and entropy is not None:
+            # TRL's bonus: the micro-batch's mean entropy over the tokens that carry the loss
+            where = (selected & mask).to(entropy.dtype)
+            loss = loss - self.entropy_coef * (entropy * where).sum() / where.sum().clamp(min=1.0) / accumulation
+        if aux is not None:
+            loss = loss + self.router_aux_loss_coef * aux / accumulation
+        self._log_loss_metrics(m, (selected & mask).sum().float())
+        return loss
+
+    def _dense_trl_forward(self) -> bool:
+        return bool(self._entropy_bonus_enabled or self.aux_loss_enabled or self.top_entropy_quantile < 1.0)
+
+    def _log_loss_metrics(self, m: dict[str, Tensor], active: Tensor) -> None:
         keys = [k for k in ("clip_frac", "clip_frac_low", "clip_frac_high", "kl", "mean_prob_selected",
                             "is_ratio_mean", "is_clipped_frac") if k in m]
         local = torch.stack([m[k].float() * active for k in keys] + [active])
         total = self.accelerator.reduce(local, reduction="sum")  # token-weighted means over all processes
         for k, v in zip(keys, total[:-1]):
             self._metrics[self._mode()][f"ictrl/{k}"].append(float(v / total[-1].clamp(min=1.0)))
-        return loss
 
     def _training_forward_logps(self, model: Any, inputs: dict[str, Any], input_ids: Tensor,
                                 attention_mask: Tensor, mask: Tensor) -> Tensor:
@@ -436,19 +479,6 @@ class ICTGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
             raise RuntimeError("vLLM returned no top-K log-probs (selection_topk_source)")
         sampled, self._rollout_topk = split_vllm_logprobs(logprobs, token_ids, completion_ids, self._sampler_topk)
         return prompt_ids, completion_ids, sampled, None
-
-    def _recorded_topk(self, rollout_topk: TopKRows | None, B: int, T: int,
-                       device: torch.device) -> tuple[Tensor, Tensor] | None:
-        """[B, T, K] top-K log-probs and ids recorded by the sampler, or None (the statistics pass's head)."""
-        recorded = rollout_topk is not None and len(rollout_topk) == B and self._rollout_calls == 1
-        if self._sampler_topk is None or not (recorded or self.args.selection_topk_source == "sampler"):
-            return None
-        # 'auto' falls back to the head when a subclass's generation bypassed the hook (logged by the caller)
-        if not recorded:
-            raise RuntimeError(f"selection_topk_source: the sampler's top-K log-probs cover "
-                               f"{0 if rollout_topk is None else len(rollout_topk)} rows in "
-                               f"{self._rollout_calls} generation calls, expected {B} rows in one call")
-        return pad_rows(rollout_topk, T, device)
 
     def _importance_correction(self, batch: dict[str, Any]) -> bool:
         return bool(self.args.vllm_importance_sampling_correction) and "sampling_per_token_logps" in batch

@@ -60,6 +60,7 @@ def method_name(name: str) -> str:
 
 def _trainer_args(method: str, out: Path, seed: int, steps: int, lr: float, prompts: int, generations: int,
                   completion_len: int) -> Any:
+    from ictrl.core.selection import get_selector
     from ictrl.engine.config import ICTGRPOConfig
 
     completions = prompts * generations
@@ -72,6 +73,7 @@ def _trainer_args(method: str, out: Path, seed: int, steps: int, lr: float, prom
         num_iterations=2, num_generations=generations, max_completion_length=completion_len,
         temperature=1.0, top_k=0, top_p=1.0, beta=0.0, epsilon=0.2, epsilon_high=0.28,
         token_selector=method,  # ratio, scope, warm-up and normaliser: the selector's registered defaults
+        loss_normalization=get_selector(method).normalization,  # also for grpo (all alone follows TRL's loss_type)
     )
 
 
