@@ -21,6 +21,8 @@ import torch
 from ictrl.checkpoints import STAGING_PREFIX, clear_staging, complete_checkpoints, finished_run, trainer_state
 from ictrl.engine.resumable import check_resumable, make_trainer_class, save_final
 from ictrl.engine.run_config import ConfigError, RunConfig, config_to_dict, save_config
+from ictrl.engine.value_checks import check_output_dir, check_values
+from ictrl.errors import shorten
 
 log = logging.getLogger("ictrl.train")
 
@@ -50,7 +52,8 @@ def build_trainer_args(cfg: RunConfig, source: str = "<config>", cpu: bool | Non
     try:
         args = config_cls(**kwargs)
     except (ValueError, TypeError) as exc:  # ICTGRPOConfig / TRL messages name the field, which is the key
-        raise ConfigError(f"{source}: {exc}") from None
+        raise ConfigError(f"{source}: {shorten(str(exc))}") from None
+    check_values(args, cfg, source)
     check_resumable(args, source)
     return args
 
@@ -267,6 +270,7 @@ def train(cfg: RunConfig, resume: bool = False, source: str = "<config>",
     reward_funcs = build_rewards(cfg, source)
     add_overlong_penalty(cfg, args, reward_funcs, source)
     check_sources(cfg, source)
+    check_output_dir(cfg.output_dir, source)
     resume_from = prepare_output_dir(cfg, resume, source)
     out, final = Path(cfg.output_dir), Path(cfg.output_dir) / "final"
     if resume_from is not None and finished_run(resume_from, args.max_steps):
