@@ -22,7 +22,7 @@ from ictrl.checkpoints import STAGING_PREFIX, clear_staging, complete_checkpoint
 from ictrl.engine.resumable import check_resumable, make_trainer_class, save_final
 from ictrl.engine.run_config import ConfigError, RunConfig, config_to_dict, save_config
 from ictrl.engine.value_checks import check_output_dir, check_values
-from ictrl.errors import shorten
+from ictrl.errors import quote, shorten
 
 log = logging.getLogger("ictrl.train")
 
@@ -130,9 +130,9 @@ def check_sources(cfg: RunConfig, source: str = "<config>") -> None:
             except ValueError as exc:
                 close = difflib.get_close_matches(name.split(":", 1)[0], list(data.BENCHMARKS), n=1)
                 hint = f"; did you mean {close[0]!r}?" if close else ""
-                raise ConfigError(f"{source}: {key}: {name!r}: {exc}{hint}") from None
+                raise ConfigError(f"{source}: {key}: {quote(name)}: {shorten(str(exc), 300)}{hint}") from None
             if path is not None and not Path(path).is_file():
-                raise ConfigError(f"{source}: {key}: {name!r}: file not found")
+                raise ConfigError(f"{source}: {key}: {quote(name)}: file not found")
 
 
 def load_train_dataset(cfg: RunConfig) -> Any:
@@ -265,12 +265,21 @@ def write_run_labels(out: Path, args: Any) -> None:
 
 def train(cfg: RunConfig, resume: bool = False, source: str = "<config>",
           callbacks: list[Any] | None = None) -> TrainResult:
-    """Run ``ictrl train``. Config errors surface before the model loads."""
+    """Run ``ictrl train``. Config errors surface before the model loads; the run holds ``output_dir``'s lock
+    (:class:`ictrl.engine.run_guard.RunLock`) from before it reads a checkpoint there until it returns."""
     args = build_trainer_args(cfg, source)
     reward_funcs = build_rewards(cfg, source)
     add_overlong_penalty(cfg, args, reward_funcs, source)
     check_sources(cfg, source)
     check_output_dir(cfg.output_dir, source)
+    from ictrl.engine.run_guard import RunLock
+
+    with RunLock(cfg.output_dir, args):
+        return _train_locked(cfg, args, reward_funcs, resume, source, callbacks)
+
+
+def _train_locked(cfg: RunConfig, args: Any, reward_funcs: list[Callable[..., Any]], resume: bool, source: str,
+                  callbacks: list[Any] | None) -> TrainResult:
     resume_from = prepare_output_dir(cfg, resume, source)
     out, final = Path(cfg.output_dir), Path(cfg.output_dir) / "final"
     if resume_from is not None and finished_run(resume_from, args.max_steps):

@@ -337,9 +337,15 @@ def read_yaml(path: str | os.PathLike[str], _seen: tuple[Path, ...] = ()) -> dic
     return _deep_merge(merged, data)
 
 
-def _scalar(raw: str | None) -> Any:
+MAX_FLAG_CHARS = 1 << 16  # a value typed on a command line; PyYAML reads a megabyte in seconds
+
+
+def _scalar(key: str, raw: str | None) -> Any:
     if raw is None:
         return True  # a bare --flag
+    if len(raw) > MAX_FLAG_CHARS:
+        raise ConfigError(f"override --{shorten(key, 100)}: a value of {len(raw)} characters, more than "
+                          f"{MAX_FLAG_CHARS}; put long values in the config file")
     return load_yaml_value(raw, f"override {quote(raw)}") if raw else None
 
 
@@ -360,7 +366,7 @@ def parse_overrides(args: list[str]) -> dict[str, Any]:
             i += 1
         else:
             key, raw = body, None
-        out[key] = _scalar(raw)
+        out[key] = _scalar(key, raw)
         i += 1
     return out
 
@@ -399,7 +405,7 @@ def config_from_dict(data: dict[str, Any], source: str = "<dict>",
     def source_of(dotted: str) -> str:
         for key in overrides:
             if dotted == key or dotted.startswith(key + ".") or key.startswith(dotted + "."):
-                return f"override --{key}={_shown(overrides[key])}"
+                return f"override --{shorten(key, 100)}={_shown(overrides[key])}"
         return source
 
     sections = {name: _build_section(cls, data[name] or {}, name, source_of)

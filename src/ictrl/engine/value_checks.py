@@ -19,6 +19,7 @@ import dataclasses
 import logging
 import math
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -116,24 +117,36 @@ def max_batch_tokens() -> int:
         raise ConfigError(f"ICTRL_MAX_BATCH_TOKENS: expected an integer, got {quote(raw)}") from None
 
 
-def _bad_number(value: Any) -> str | None:
-    """Why ``value`` (a number, or a list/mapping of them) cannot be used, or None."""
+def _bad_number(key: str, value: Any) -> tuple[str, str] | None:
+    """(the key of the offending number, why) for a number in ``value`` (lists and mappings walked), or None."""
     if isinstance(value, bool):
         return None
     if isinstance(value, float) and not math.isfinite(value):
-        return "must be finite"
+        return key, "must be finite"
     if isinstance(value, int) and not -INT64 <= value < INT64:
-        return "must fit in 64 bits"
-    items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else ()
-    return next((why for why in map(_bad_number, items) if why), None)
+        return key, "must fit in 64 bits"
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, (list, tuple)) else ()
+    for sub, item in items:
+        found = _bad_number(f"{key}.{sub}" if isinstance(value, dict) else f"{key}[{sub}]", item)
+        if found:
+            return found
+    return None
 
 
 def check_finite(values: dict[str, Any], source: str) -> None:
     """Every number in ``values`` (key -> value; lists and mappings walked) finite and within int64."""
     for key, value in values.items():
-        why = _bad_number(value)
-        if why:
-            raise ConfigError(f"{source}: {key}: {why}, got {quote(value)}")
+        found = _bad_number(key, value)
+        if found:
+            where, why = found
+            raise ConfigError(f"{source}: {where}: {why}, got {quote(_at(value, where[len(key):]))}")
+
+
+def _at(value: Any, path: str) -> Any:
+    """The item of ``value`` at ``path`` (``.name`` or ``[i]`` steps, as :func:`_bad_number` writes them)."""
+    for step in re.findall(r"\.([^.\[]+)|\[(\d+)\]", path):
+        value = value[step[0]] if step[0] else value[int(step[1])]
+    return value
 
 
 def check_ranges(args: Any, source: str, ranges: dict[str, Range] = RANGES) -> None:
