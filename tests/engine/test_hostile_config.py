@@ -169,3 +169,29 @@ def test_range_table_and_the_memory_bound() -> None:
         nested = [nested] * 9
     assert len(quote(nested)) < 300  # bounded work: 9**40 leaves are never visited
     assert value_checks.max_batch_tokens() == value_checks.MAX_BATCH_TOKENS
+
+
+def test_a_megabyte_training_prompt_is_dropped_without_tokenising_it(caplog: pytest.LogCaptureFixture) -> None:
+    import time
+
+    import datasets
+
+    from ictrl.engine.run import drop_long_prompts
+    from ictrl.models import build_byte_tokenizer
+
+    tok = build_byte_tokenizer()
+    ds = datasets.Dataset.from_dict({"prompt": ["short", "z" * 2_000_000, "y" * 20], "id": ["a", "b", "c"]})
+    calls: list[int] = []
+    tokenize = type(tok).__call__
+
+    def counting(self: Any, text: Any, *args: Any, **kwargs: Any) -> Any:
+        calls.append(len(text))
+        return tokenize(self, text, *args, **kwargs)
+
+    start = time.process_time()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(type(tok), "__call__", counting)
+        kept = drop_long_prompts(ds, tok, limit=50)
+    assert kept["id"] == ["a", "c"] and max(calls) < 100  # the long row never reached the tokenizer
+    assert "row 1 (id b, at least " in caplog.text
+    assert time.process_time() - start < 20

@@ -155,15 +155,26 @@ def drop_long_prompts(dataset: Any, tokenizer: Any, limit: int | None, max_posit
     the first rows dropped and their lengths. Without a limit, a prompt that cannot fit in the model's
     ``max_positions`` beside ``completion_length`` tokens is an error naming its row."""
     from ictrl.errors import DataError
+    from ictrl.eval.precheck import longest_token
 
-    lengths = [_prompt_tokens(p, tokenizer) for p in dataset["prompt"]]
+    room = max_positions - completion_length if limit is None and max_positions is not None else None
+    cap, longest = limit if limit is not None else room, longest_token(tokenizer)
+    lengths, bounds = [], set()
+    for i, prompt in enumerate(dataset["prompt"]):
+        text = _prompt_text(prompt, tokenizer)
+        at_least = -(-len(text) // longest)  # no token is longer than the vocabulary's longest entry
+        if cap is not None and at_least > cap:  # too long without tokenising it (a megabyte takes tens of s)
+            lengths.append(at_least)
+            bounds.add(i)
+        else:
+            lengths.append(len(tokenizer(text, add_special_tokens=False)["input_ids"]))
 
     def rows(idx: list[int]) -> str:
-        shown = ", ".join(f"row {i} (id {dataset[i]['id']}, {lengths[i]} tokens)" for i in idx[:3])
+        shown = ", ".join(f"row {i} (id {shorten(str(dataset[i]['id']), 80)}, {'at least ' if i in bounds else ''}"
+                          f"{lengths[i]} tokens)" for i in idx[:3])
         return shown + (f" and {len(idx) - 3} more" if len(idx) > 3 else "")
 
     if limit is None:
-        room = None if max_positions is None else max_positions - completion_length
         too_long = [i for i, n in enumerate(lengths) if room is not None and n > room]
         if too_long:
             raise DataError(f"data.train: {rows(too_long)}: longer than the {room} tokens the model's "
@@ -193,10 +204,10 @@ def check_enough_rows(dataset: Any, args: Any, source: str = "<config>") -> None
                         " raise data.limit or lower the batch")
 
 
-def _prompt_tokens(prompt: Any, tokenizer: Any) -> int:
-    if not isinstance(prompt, str):
-        prompt = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
-    return len(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+def _prompt_text(prompt: Any, tokenizer: Any) -> str:
+    if isinstance(prompt, str):
+        return prompt
+    return str(tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True))
 
 
 # --- the run ---------------------------------------------------------------------------------------------------
