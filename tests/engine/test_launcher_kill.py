@@ -83,6 +83,12 @@ def test_kill_launcher_then_resume_matches_uninterrupted(processes: int, tiny_mo
         assert len(errors) == 1 and "is in use by another run (pid " in errors[0], errors
         holder = int(errors[0].split("(pid ", 1)[1].split()[0])
         assert holder in ranks
+        if processes > 1:  # and a launched one: rank 0's verdict reaches every rank, none hangs or writes
+            before = sorted(p.name for p in run.iterdir())
+            second = subprocess.run(launch(processes, [*train, "--resume"]), env=env, capture_output=True, text=True,
+                                    timeout=300)
+            assert second.returncode != 0 and f"is in use by another run (pid {holder} " in second.stderr
+            assert sorted(p.name for p in run.iterdir()) == before
 
         os.kill(launcher.pid, signal.SIGKILL)
         launcher.wait(timeout=60)
