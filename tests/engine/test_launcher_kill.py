@@ -21,14 +21,6 @@ from ictrl import cli
 from test_resume import BLOCK_AT, REWARD_MODULE, SAVE_STEPS, STEPS, TIMING_KEYS, command, rows
 
 
-# Resuming a 2-process run is not exact: every rank's prompts and completions of the resumed steps match the
-# uninterrupted run's, but from the first resumed step grad_norm, the ictrl statistics and num_tokens differ (e.g.
-# step 4: grad_norm 3.533 vs 3.516, num_tokens 256 fewer). Neither the kill nor the output-directory lock is the
-# cause: resuming a copy of an uninterrupted run's checkpoint shows the same numbers, with and without the lock.
-# One process resumes exactly.
-KNOWN_MULTIPROCESS_RESUME_GAP = "2-process resume differs from the uninterrupted run from the first resumed step"
-
-
 def launch(processes: int, args: list[str]) -> list[str]:
     head = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(processes),
             "--mixed_precision", "no"]
@@ -120,9 +112,4 @@ def test_kill_launcher_then_resume_matches_uninterrupted(processes: int, tiny_mo
     assert final_ref.keys() == final_run.keys()
     mismatches += [(STEPS, name, 0.0, (tensor - final_run[name]).abs().max().item()) for name, tensor in final_ref.items()
                    if (tensor - final_run[name]).abs().max().item() > 1e-6]
-    if processes == 1:
-        assert not mismatches, mismatches[:5]
-    elif mismatches:  # known: see KNOWN_MULTIPROCESS_RESUME_GAP
-        pytest.xfail(f"{KNOWN_MULTIPROCESS_RESUME_GAP}; first: {mismatches[:3]}")
-    else:
-        pytest.fail("2-process resume now matches the uninterrupted run: drop KNOWN_MULTIPROCESS_RESUME_GAP")
+    assert not mismatches, mismatches[:5]
