@@ -17,6 +17,10 @@ class DataError(UserError):
     """A data file or data row that cannot be used: the message names the file, line and field."""
 
 
+class ConfigError(UserError):
+    """A bad key or value in a run config; the message names the key and its source."""
+
+
 class ModelNotFoundError(UserError):
     """A model path or hub id with no local copy and no way to fetch one."""
 
@@ -25,7 +29,46 @@ class MissingExtraError(UserError):
     """An optional package the chosen option needs is not installed; the message names the pip extra."""
 
 
+MESSAGE_LIMIT = 2000  # a last bound; messages quote values through quote() below
+
+
 def one_line(message: object) -> str:
     """``message`` as a single line: newlines folded into "; " so a terminal shows one line per error."""
     parts = [p.strip() for p in str(message).splitlines() if p.strip()]
-    return "; ".join(parts) or type(message).__name__
+    text = "; ".join(parts) or type(message).__name__
+    return shorten(text, MESSAGE_LIMIT)
+
+
+QUOTE_LIMIT = 200
+
+
+def quote(value: object, limit: int = QUOTE_LIMIT) -> str:
+    """``repr(value)`` cut to about ``limit`` characters, built with bounded work (at most 8 items of a container,
+    3 levels deep), so an error that quotes a huge or deeply shared value (a YAML alias expansion, a megabyte
+    string) stays one short line."""
+    text = _bounded_repr(value, 3, limit)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _bounded_repr(value: object, depth: int, limit: int) -> str:
+    if isinstance(value, str):
+        return repr(value[:limit]) + ("..." if len(value) > limit else "")
+    if isinstance(value, (list, tuple, dict)):
+        if depth == 0:
+            return "[...]" if isinstance(value, list) else "(...)" if isinstance(value, tuple) else "{...}"
+        items = list(value.items())[:8] if isinstance(value, dict) else list(value[:8])
+        parts = [f"{_bounded_repr(k, depth - 1, limit)}: {_bounded_repr(v, depth - 1, limit)}" for k, v in items] \
+            if isinstance(value, dict) else [_bounded_repr(v, depth - 1, limit) for v in items]
+        if len(value) > 8:
+            parts.append("...")
+        left, right = "{}" if isinstance(value, dict) else "()" if isinstance(value, tuple) else "[]"
+        return left + ", ".join(parts) + right
+    try:
+        return repr(value)[: limit + 1]
+    except ValueError:  # an int past sys.get_int_max_str_digits() has no repr
+        return f"<{type(value).__name__} too large to show>"
+
+
+def shorten(text: str, limit: int = 600) -> str:
+    """``text`` cut to ``limit`` characters, saying how long it was."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"

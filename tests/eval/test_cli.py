@@ -125,3 +125,44 @@ def test_generation_defaults_come_from_the_registry_and_run_labels_from_the_trai
     summary = json.loads((out2 / RESULTS_JSON).read_text())["summary"]
     assert summary["benchmarks"]["gsm8k:max_new_tokens=5"]["generation"]["temperature"] == 0.0
     assert (summary["settings"]["method"], summary["settings"]["train_seed"]) == ("renamed", 9)
+
+
+@pytest.fixture
+def no_weights(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The eval backend refuses to build: a test using it must stop before the weights load."""
+    import ictrl.eval.generate
+
+    monkeypatch.setattr(ictrl.eval.generate, "build_backend", lambda *a, **k: pytest.fail("the model loaded"))
+
+
+@pytest.mark.parametrize(
+    ("rows", "message"),
+    [
+        ([{"question": "What is 2+3?"}], "line 1"),  # no answer field
+        ([{"question": "Q?", "answer": "#### 1"}, "not json"], "line 2"),
+        ([{"question": "x" * 2_000_000, "answer": "#### 1"}], "problem 'gsm8k-0': a prompt of at least"),
+        ([{"question": "y" * 1100, "answer": "#### 1"}], "problem 'gsm8k-0': a prompt of 11"),
+    ],
+    ids=["missing-field", "not-json", "2MB-prompt", "over-positions"],
+)
+def test_bad_rows_and_long_prompts_stop_before_the_model(rows: list, message: str, no_weights: None,
+                                                        tiny_model_dir: Path, tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    import time
+
+    root = tmp_path / "data"
+    (root / "gsm8k").mkdir(parents=True)
+    (root / "gsm8k" / "test.jsonl").write_text(
+        "".join((json.dumps(r) if isinstance(r, dict) else r) + "\n" for r in rows))
+    out = tmp_path / "eval"
+    start = time.process_time()
+    code = main(eval_args(tiny_model_dir, out, "--benchmarks", "gsm8k", "--data-root", str(root)))
+    spent = time.process_time() - start
+    err = capsys.readouterr().err
+    assert code == 2
+    errors = [line for line in err.splitlines() if "error" in line]
+    assert len(errors) == 1 and errors[0].startswith("ictrl eval: error:") and message in errors[0], err[-2000:]
+    assert len(errors[0]) < 600
+    assert not out.exists()  # no samples.jsonl
+    if "2MB" in message:
+        assert spent < 10  # refused by the character bound, not by tokenising two megabytes

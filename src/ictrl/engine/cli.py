@@ -72,7 +72,9 @@ def split_argv(argv: list[str]) -> tuple[str, list[str], set[str]]:
 
 def run(args: argparse.Namespace) -> int:
     from ictrl.engine.run_config import config_to_dict, load_config
+    from ictrl.engine.run_guard import die_with_launcher
 
+    die_with_launcher()  # a rank of `accelerate launch` / torchrun ends with it, not training on detached
     _setup_logging()
     try:
         config, overrides, flags = split_argv(list(args.argv))

@@ -212,6 +212,8 @@ class ICTGRPOConfig(GRPOConfig):
         except ValueError as exc:
             raise ValueError(f"token_selector: {exc}") from None
         self._resolve_method(selector)
+        if not self.temperature > 0:  # else the selection temperature it defaults to is named for it
+            raise ValueError(f"temperature must be > 0, got {self.temperature!r}")
         if self.selection_temperature is None:
             self.selection_temperature = self.temperature
         if not self.selection_temperature > 0:

@@ -12,7 +12,9 @@
   exactly.
 - One gap: TRL's ``RepeatSampler`` (the prompt order) draws each epoch's permutation from a generator seeded
   once at construction, so a run resumed in epoch e > 0 would replay epoch 0's order. :class:`EpochRepeatSampler`
-  derives epoch e's permutation from (seed, e), the same sequence TRL produces in an uninterrupted run.
+  derives epoch e's permutation from (seed, e), the same sequence TRL produces in an uninterrupted run; the
+  trainer sets e itself at the start of each epoch (accelerate's ``set_epoch`` does not reach the sampler in a
+  resumed epoch on several processes).
 - TRL buffers one generation batch for ``steps_per_generation x num_iterations`` micro-steps and does not save
   the buffer, so a checkpoint must fall on a buffer boundary: ``build_trainer_args`` checks ``save_steps``.
 - Trainer stops at ``max_steps`` only after a step (``DefaultFlowCallback.on_step_end``). A run resumed from a
@@ -85,13 +87,22 @@ class ResumableMixin:
 
     def _get_train_sampler(self, dataset: Any = None) -> Any:
         sampler = super()._get_train_sampler(dataset)  # type: ignore[misc]
-        return EpochRepeatSampler(sampler) if getattr(sampler, "seed", None) is not None else sampler
+        if getattr(sampler, "seed", None) is None:
+            return sampler
+        self._epoch_sampler = EpochRepeatSampler(sampler)
+        return self._epoch_sampler
 
     def _run_epoch(self, *args: Any, **kwargs: Any) -> None:
         state = self.state  # type: ignore[attr-defined]
         if 0 < state.max_steps <= state.global_step:  # resumed at max_steps: the epoch would still run a step
             self.control.should_training_stop = True  # type: ignore[attr-defined]
             return
+        sampler = getattr(self, "_epoch_sampler", None)
+        if sampler is not None:
+            # Trainer's set_epoch reaches the sampler through accelerate's wrappers, except in a resumed epoch on
+            # several processes: SkipBatchSampler(BatchSamplerShard(BatchSampler(sampler))) is one level deeper
+            # than it looks, so that epoch replayed epoch 0's prompt order.
+            sampler.set_epoch(int(kwargs["epoch"] if "epoch" in kwargs else args[1]))
         super()._run_epoch(*args, **kwargs)  # type: ignore[misc]
 
     def _save_checkpoint(self, model: Any, trial: Any) -> None:

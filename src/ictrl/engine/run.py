@@ -21,6 +21,8 @@ import torch
 from ictrl.checkpoints import STAGING_PREFIX, clear_staging, complete_checkpoints, finished_run, trainer_state
 from ictrl.engine.resumable import check_resumable, make_trainer_class, save_final
 from ictrl.engine.run_config import ConfigError, RunConfig, config_to_dict, save_config
+from ictrl.engine.value_checks import check_output_dir, check_values
+from ictrl.errors import quote, shorten
 
 log = logging.getLogger("ictrl.train")
 
@@ -53,7 +55,8 @@ def build_trainer_args(cfg: RunConfig, source: str = "<config>", cpu: bool | Non
     try:
         args = config_cls(**kwargs)
     except (ValueError, TypeError) as exc:  # ICTGRPOConfig / TRL messages name the field, which is the key
-        raise ConfigError(f"{source}: {exc}") from None
+        raise ConfigError(f"{source}: {shorten(str(exc))}") from None
+    check_values(args, cfg, source)
     check_resumable(args, source)
     return args
 
@@ -130,9 +133,9 @@ def check_sources(cfg: RunConfig, source: str = "<config>") -> None:
             except ValueError as exc:
                 close = difflib.get_close_matches(name.split(":", 1)[0], list(data.BENCHMARKS), n=1)
                 hint = f"; did you mean {close[0]!r}?" if close else ""
-                raise ConfigError(f"{source}: {key}: {name!r}: {exc}{hint}") from None
+                raise ConfigError(f"{source}: {key}: {quote(name)}: {shorten(str(exc), 300)}{hint}") from None
             if path is not None and not Path(path).is_file():
-                raise ConfigError(f"{source}: {key}: {name!r}: file not found")
+                raise ConfigError(f"{source}: {key}: {quote(name)}: file not found")
 
 
 def load_train_dataset(cfg: RunConfig) -> Any:
@@ -155,15 +158,26 @@ def drop_long_prompts(dataset: Any, tokenizer: Any, limit: int | None, max_posit
     the first rows dropped and their lengths. Without a limit, a prompt that cannot fit in the model's
     ``max_positions`` beside ``completion_length`` tokens is an error naming its row."""
     from ictrl.errors import DataError
+    from ictrl.eval.precheck import longest_token
 
-    lengths = [_prompt_tokens(p, tokenizer) for p in dataset["prompt"]]
+    room = max_positions - completion_length if limit is None and max_positions is not None else None
+    cap, longest = limit if limit is not None else room, longest_token(tokenizer)
+    lengths, bounds = [], set()
+    for i, prompt in enumerate(dataset["prompt"]):
+        text = _prompt_text(prompt, tokenizer)
+        at_least = -(-len(text) // longest)  # no token is longer than the vocabulary's longest entry
+        if cap is not None and at_least > cap:  # too long without tokenising it (a megabyte takes tens of s)
+            lengths.append(at_least)
+            bounds.add(i)
+        else:
+            lengths.append(len(tokenizer(text, add_special_tokens=False)["input_ids"]))
 
     def rows(idx: list[int]) -> str:
-        shown = ", ".join(f"row {i} (id {dataset[i]['id']}, {lengths[i]} tokens)" for i in idx[:3])
+        shown = ", ".join(f"row {i} (id {shorten(str(dataset[i]['id']), 80)}, {'at least ' if i in bounds else ''}"
+                          f"{lengths[i]} tokens)" for i in idx[:3])
         return shown + (f" and {len(idx) - 3} more" if len(idx) > 3 else "")
 
     if limit is None:
-        room = None if max_positions is None else max_positions - completion_length
         too_long = [i for i, n in enumerate(lengths) if room is not None and n > room]
         if too_long:
             raise DataError(f"data.train: {rows(too_long)}: longer than the {room} tokens the model's "
@@ -193,10 +207,10 @@ def check_enough_rows(dataset: Any, args: Any, source: str = "<config>") -> None
                         " raise data.limit or lower the batch")
 
 
-def _prompt_tokens(prompt: Any, tokenizer: Any) -> int:
-    if not isinstance(prompt, str):
-        prompt = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
-    return len(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+def _prompt_text(prompt: Any, tokenizer: Any) -> str:
+    if isinstance(prompt, str):
+        return prompt
+    return str(tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True))
 
 
 # --- the run ---------------------------------------------------------------------------------------------------
@@ -265,7 +279,8 @@ def write_run_labels(out: Path, args: Any) -> None:
 
 def train(cfg: RunConfig, resume: bool = False, source: str = "<config>",
           callbacks: list[Any] | None = None) -> TrainResult:
-    """Run ``ictrl train``. Config errors surface before the model loads."""
+    """Run ``ictrl train``. Config errors surface before the model loads; the run holds ``output_dir``'s lock
+    (:class:`ictrl.engine.run_guard.RunLock`) from before it reads a checkpoint there until it returns."""
     from ictrl.engine import model_init
 
     args = build_trainer_args(cfg, source)
@@ -274,6 +289,17 @@ def train(cfg: RunConfig, resume: bool = False, source: str = "<config>",
     reward_funcs = build_rewards(cfg, source)
     add_overlong_penalty(cfg, args, reward_funcs, source)
     check_sources(cfg, source)
+    check_output_dir(cfg.output_dir, source)
+    from ictrl.engine.run_guard import RunLock
+
+    with RunLock(cfg.output_dir, args):
+        return _train_locked(cfg, args, reward_funcs, resume, source, callbacks, init_kwargs, lora)
+
+
+def _train_locked(cfg: RunConfig, args: Any, reward_funcs: list[Callable[..., Any]], resume: bool, source: str,
+                  callbacks: list[Any] | None, init_kwargs: dict[str, Any], lora: Any) -> TrainResult:
+    from ictrl.engine import model_init
+
     resume_from = prepare_output_dir(cfg, resume, source)
     out, final = Path(cfg.output_dir), Path(cfg.output_dir) / "final"
     if resume_from is not None and finished_run(resume_from, args.max_steps):

@@ -27,12 +27,9 @@ from typing import Any
 
 import yaml
 
-from ictrl.errors import UserError
+from ictrl.engine.config_yaml import MAX_CONFIG_BYTES, load_yaml_text, load_yaml_value
+from ictrl.errors import QUOTE_LIMIT, ConfigError, quote, shorten
 from ictrl.files import atomic_write_text
-
-
-class ConfigError(UserError):
-    """A bad key or value in a run config; the message names the key and its source."""
 
 
 def _help(text: str, choices: tuple[str, ...] | None = None) -> dict[str, Any]:
@@ -83,13 +80,13 @@ class DataConfig:
                 raise ValueError("data.train: the mixture is empty")
             for name, weight in self.train.items():
                 if not weight > 0:
-                    raise ValueError(f"data.train.{name}: mixture weight must be > 0, got {weight!r}")
+                    raise ValueError(f"data.train.{name}: mixture weight must be > 0, got {quote(weight)}")
         elif not self.train:
             raise ValueError("data.train: at least one source is required")
         if self.max_prompt_length is not None and self.max_prompt_length < 1:
-            raise ValueError(f"data.max_prompt_length: must be >= 1 or null, got {self.max_prompt_length}")
+            raise ValueError(f"data.max_prompt_length: must be >= 1 or null, got {quote(self.max_prompt_length)}")
         if self.limit is not None and self.limit < 1:
-            raise ValueError(f"data.limit: must be >= 1 or null, got {self.limit}")
+            raise ValueError(f"data.limit: must be >= 1 or null, got {quote(self.limit)}")
 
     def source_names(self) -> list[str]:
         return list(self.train)
@@ -120,10 +117,10 @@ class RewardConfig:
             raise ValueError("reward.names: empty list; use null for the data's default reward")
         buffer = self.overlong_buffer_length
         if buffer is not None and (isinstance(buffer, bool) or not isinstance(buffer, int) or buffer < 1):
-            raise ValueError(f"reward.overlong_buffer_length: must be an int >= 1 or null, got {buffer!r}")
+            raise ValueError(f"reward.overlong_buffer_length: must be an int >= 1 or null, got {quote(buffer)}")
         factor = self.overlong_penalty_factor
         if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 <= factor < float("inf"):
-            raise ValueError(f"reward.overlong_penalty_factor: must be a finite number >= 0, got {factor!r}")
+            raise ValueError(f"reward.overlong_penalty_factor: must be a finite number >= 0, got {quote(factor)}")
 
 
 @dataclass
@@ -224,7 +221,7 @@ def _coerce_union(value: Any, tp: Any, key: str) -> Any:
             return _coerce(value, arg, key)
         except ValueError:
             pass
-    raise ValueError(f"{key}: expected {' or '.join(_type_name(a) for a in args)}, got {value!r}")
+    raise ValueError(f"{key}: expected {' or '.join(_type_name(a) for a in args)}, got {quote(value)}")
 
 
 def _coerce_container(value: Any, tp: Any, key: str) -> Any:
@@ -232,10 +229,10 @@ def _coerce_container(value: Any, tp: Any, key: str) -> Any:
     if typing.get_origin(tp) is list:
         items = value if isinstance(value, list) else [value] if isinstance(value, (str, int, float)) else None
         if items is None:
-            raise ValueError(f"{key}: expected a list, got {value!r}")
+            raise ValueError(f"{key}: expected a list, got {quote(value)}")
         return [_coerce(v, args[0], f"{key}[{i}]") for i, v in enumerate(items)] if args else items
     if not isinstance(value, dict):
-        raise ValueError(f"{key}: expected a mapping, got {value!r}")
+        raise ValueError(f"{key}: expected a mapping, got {quote(value)}")
     if not args:
         return value
     return {_coerce(k, args[0], key): _coerce(v, args[1], f"{key}.{k}") for k, v in value.items()}
@@ -252,10 +249,10 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         return _coerce_container(value, tp, key)
     if tp is bool:
         if not isinstance(value, bool):
-            raise ValueError(f"{key}: expected true/false, got {value!r}")
+            raise ValueError(f"{key}: expected true/false, got {quote(value)}")
     elif tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(f"{key}: expected an integer, got {value!r}")
+            raise ValueError(f"{key}: expected an integer, got {quote(value)}")
     elif tp is float:
         if isinstance(value, str):  # PyYAML (YAML 1.1) reads 1e-6 as a string
             try:
@@ -263,18 +260,20 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             except ValueError:
                 pass
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ValueError(f"{key}: expected a number, got {value!r}")
+            raise ValueError(f"{key}: expected a number, got {quote(value)}")
         return value  # an int stays an int (save_steps: 50, not 50.0)
     elif tp is str and isinstance(value, bool):
         return "yes" if value else "no"  # YAML 1.1 reads no/off/yes/on as booleans: `save_strategy: no`
     elif tp is str and not isinstance(value, str):
-        raise ValueError(f"{key}: expected a string, got {value!r}")
+        raise ValueError(f"{key}: expected a string, got {quote(value)}")
     elif tp is type(None) and value is not None:
-        raise ValueError(f"{key}: expected null, got {value!r}")
+        raise ValueError(f"{key}: expected null, got {quote(value)}")
     return value
 
 
 def _suggest(key: str, candidates: list[str]) -> str:
+    if len(key) > 100:  # no key is that long; difflib's work grows with it
+        return ""
     close = difflib.get_close_matches(key, candidates, n=1, cutoff=0.6)
     if not close:  # a right field in the wrong place: match the last component
         leaf = key.rsplit(".", 1)[-1]
@@ -284,21 +283,21 @@ def _suggest(key: str, candidates: list[str]) -> str:
 
 def _build_section(cls: type, data: Any, prefix: str, source_of: Any) -> Any:
     if not isinstance(data, dict):
-        raise ConfigError(f"{source_of(prefix)}: {prefix}: expected a mapping of keys, got {data!r}")
+        raise ConfigError(f"{source_of(prefix)}: {prefix}: expected a mapping of keys, got {quote(data)}")
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     kwargs: dict[str, Any] = {}
     for key, value in data.items():
         dotted = f"{prefix}.{key}"
         if key not in fields:
-            raise ConfigError(f"{source_of(dotted)}: unknown key {dotted!r}{_suggest(dotted, valid_keys())}")
+            raise ConfigError(f"{source_of(dotted)}: unknown key {quote(dotted)}{_suggest(dotted, valid_keys())}")
         try:
             value = _coerce(value, hints[key], dotted)
         except ValueError as exc:
             raise ConfigError(f"{source_of(dotted)}: {exc}") from None
         choices = fields[key].metadata.get("choices")
         if choices and value is not None and value not in choices:
-            raise ConfigError(f"{source_of(dotted)}: {dotted}: must be one of {list(choices)}, got {value!r}"
+            raise ConfigError(f"{source_of(dotted)}: {dotted}: must be one of {list(choices)}, got {quote(value)}"
                               f"{_suggest(str(value), list(choices))}")
         kwargs[key] = value
     try:
@@ -314,7 +313,7 @@ def _check_trainer_keys(data: dict[str, Any], source_of: Any) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in data.items():
         if key not in fields:
-            raise ConfigError(f"{source_of(key)}: unknown key {key!r}{_suggest(key, valid_keys())}")
+            raise ConfigError(f"{source_of(key)}: unknown key {quote(key)}{_suggest(key, valid_keys())}")
         try:
             out[key] = _coerce(value, hints[key], key) if key in hints else value
         except ValueError as exc:
@@ -346,10 +345,15 @@ def read_yaml(path: str | os.PathLike[str], _seen: tuple[Path, ...] = ()) -> dic
         raise ConfigError(f"{path}: base: inheritance cycle through {[str(p) for p in _seen]}")
     if not path.is_file():
         raise ConfigError(f"{path}: config file not found")
+    size = path.stat().st_size
+    if size > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{path}: {size} bytes, more than a run config's {MAX_CONFIG_BYTES}; is it the right file?")
+    raw = path.read_bytes()
     try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not a text file (byte {exc.start} is not UTF-8); a run config is YAML") from None
+    data = load_yaml_text(text, str(path)) or {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: top level must be a mapping of keys, got {type(data).__name__}")
     bases = data.pop("base", None) or []
@@ -359,13 +363,16 @@ def read_yaml(path: str | os.PathLike[str], _seen: tuple[Path, ...] = ()) -> dic
     return _deep_merge(merged, data)
 
 
-def _scalar(raw: str | None) -> Any:
+MAX_FLAG_CHARS = 1 << 16  # a value typed on a command line; PyYAML reads a megabyte in seconds
+
+
+def _scalar(key: str, raw: str | None) -> Any:
     if raw is None:
         return True  # a bare --flag
-    try:
-        return yaml.safe_load(raw) if raw else None
-    except yaml.YAMLError:
-        return raw
+    if len(raw) > MAX_FLAG_CHARS:
+        raise ConfigError(f"override --{shorten(key, 100)}: a value of {len(raw)} characters, more than "
+                          f"{MAX_FLAG_CHARS}; put long values in the config file")
+    return load_yaml_value(raw, f"override {quote(raw)}") if raw else None
 
 
 def parse_overrides(args: list[str]) -> dict[str, Any]:
@@ -376,7 +383,7 @@ def parse_overrides(args: list[str]) -> dict[str, Any]:
     while i < len(args):
         arg = args[i]
         if not arg.startswith("--") or not arg[2:] or arg[2:].startswith("="):
-            raise ConfigError(f"override {arg!r}: expected --key=value or --key value")
+            raise ConfigError(f"override {quote(arg)}: expected --key=value or --key value")
         body = arg[2:]
         if "=" in body:
             key, raw = body.split("=", 1)
@@ -385,7 +392,7 @@ def parse_overrides(args: list[str]) -> dict[str, Any]:
             i += 1
         else:
             key, raw = body, None
-        out[key] = _scalar(raw)
+        out[key] = _scalar(key, raw)
         i += 1
     return out
 
@@ -406,6 +413,13 @@ def apply_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str
     return data
 
 
+def _shown(value: Any) -> str:
+    """A flag's value as the user typed it (a string or number), else :func:`ictrl.errors.quote`."""
+    if isinstance(value, str):
+        return shorten(value, QUOTE_LIMIT)
+    return str(value) if value is None or isinstance(value, (bool, float)) else quote(value)
+
+
 def config_from_dict(data: dict[str, Any], source: str = "<dict>",
                      overrides: dict[str, Any] | None = None) -> RunConfig:
     """Validate a merged mapping (plus flag overrides, ``{'learning_rate': 1e-6}``) into a :class:`RunConfig`."""
@@ -417,7 +431,7 @@ def config_from_dict(data: dict[str, Any], source: str = "<dict>",
     def source_of(dotted: str) -> str:
         for key in overrides:
             if dotted == key or dotted.startswith(key + ".") or key.startswith(dotted + "."):
-                return f"override --{key}={overrides[key]!s}"
+                return f"override --{shorten(key, 100)}={_shown(overrides[key])}"
         return source
 
     sections = {name: _build_section(cls, data[name] or {}, name, source_of)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 from ictrl.eval.harness import RESULTS_JSON, RESULTS_MD, EvalConfig, ResumeMismatchError, benchmark_tasks, evaluate
 
@@ -92,6 +93,32 @@ def _method_label(selector: object) -> str | None:
         return selector
 
 
+def _checked_tasks(args: argparse.Namespace, config: EvalConfig) -> list[Any]:
+    """The benchmarks' tasks, built with the model's tokenizer alone: rows checked, prompt lengths measured."""
+    from transformers import AutoTokenizer
+
+    from ictrl.errors import UserError
+    from ictrl.eval.harness import validate_tasks
+    from ictrl.eval.precheck import check_prompt_lengths, max_positions
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(args.model)
+        positions = max_positions(args.model)
+    except OSError as err:
+        raise UserError(f"--model: {args.model}: cannot load its tokenizer: {str(err).splitlines()[0]}") from err
+    try:
+        tasks = benchmark_tasks(args.benchmarks, tokenizer=tokenizer, limit=args.limit, data_root=args.data_root)
+        validate_tasks(tasks)
+        for task in tasks:
+            task.generation(config)
+    except UserError:
+        raise
+    except ValueError as err:
+        raise UserError(str(err)) from err
+    check_prompt_lengths(tasks, tokenizer, config, positions)
+    return tasks
+
+
 def run(args: argparse.Namespace) -> int:
     from ictrl import preflight
     from ictrl.errors import UserError
@@ -114,21 +141,18 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--data-root: {args.data_root}: no such directory")
     preflight.check_benchmarks(args.benchmarks, data_root=args.data_root)
     preflight.check_model(args.model)
+    from ictrl.eval.generate import BackendUnavailableError, build_backend, check_backend
 
-    from ictrl.eval.generate import BackendUnavailableError, build_backend
-
+    try:
+        check_backend(args.backend)
+    except BackendUnavailableError as err:
+        raise UserError(str(err)) from err
+    tasks = _checked_tasks(args, config)  # every row read and every prompt measured before the weights load
     try:
         try:
             backend = build_backend(args.backend, args.model, batch_size=args.batch_size, dtype=args.dtype)
         except OSError as err:  # not on the hub, gated, or the connection dropped: transformers says which
             raise UserError(f"--model: {args.model}: cannot load: {str(err).splitlines()[0]}") from err
-        if args.backend == "hf":
-            tokenizer = backend.tokenizer  # type: ignore[attr-defined]
-        else:
-            from transformers import AutoTokenizer
-
-            tokenizer = AutoTokenizer.from_pretrained(args.model)
-        tasks = benchmark_tasks(args.benchmarks, tokenizer=tokenizer, limit=args.limit, data_root=args.data_root)
         result = evaluate(tasks, backend, config, output_dir=args.output_dir, progress=not args.no_progress)
     except UserError:
         raise

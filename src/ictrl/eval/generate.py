@@ -153,6 +153,17 @@ class VLLMBackend:
 BACKENDS = ("hf", "vllm")
 
 
+def check_backend(name: str) -> None:
+    """What :func:`build_backend` would refuse for want of a package or a device, found without loading anything."""
+    import importlib.util
+
+    if name == "vllm" and importlib.util.find_spec("vllm") is None:
+        raise BackendUnavailableError("the vllm backend needs the vllm package, which is not installed: "
+                                      "pip install 'ictrl[vllm]' on a CUDA machine, or use --backend hf")
+    if name == "vllm" and not torch.cuda.is_available():
+        raise BackendUnavailableError("the vllm backend needs a CUDA GPU and none is visible; use --backend hf")
+
+
 def build_backend(name: str, model: str, batch_size: int = 16, dtype: str = "auto", **options: Any) -> Backend:
     """Construct a backend by name ("hf" or "vllm") for a hub id or local checkpoint."""
     if name == "hf":

@@ -99,7 +99,7 @@ GENERATION_FIELDS = ("max_new_tokens", "temperature", "top_p")
 def _check_generation(max_new_tokens: int | None, temperature: float | None, top_p: float | None, where: str) -> None:
     if max_new_tokens is not None and (isinstance(max_new_tokens, bool) or max_new_tokens < 1):
         raise ValueError(f"{where}max_new_tokens must be at least 1, got {max_new_tokens}")
-    if temperature is not None and not temperature >= 0:
+    if temperature is not None and not 0 <= temperature < float("inf"):
         raise ValueError(f"{where}temperature must be >= 0, got {temperature}")
     if top_p is not None and not 0.0 < top_p <= 1.0:
         raise ValueError(f"{where}top_p must be in (0, 1], got {top_p}")
@@ -287,7 +287,7 @@ def _sample_block(
     return records
 
 
-def _validate_tasks(tasks: Sequence[EvalTask]) -> None:
+def validate_tasks(tasks: Sequence[EvalTask]) -> None:
     if not tasks:
         raise ValueError("tasks must not be empty")
     names = [t.name for t in tasks]
@@ -315,7 +315,7 @@ def evaluate(
     finished problems are not regenerated. Raises :class:`ResumeMismatchError` naming
     the fields that differ.
     """
-    _validate_tasks(tasks)
+    validate_tasks(tasks)
     for task in tasks:
         task.generation(config)  # every generation setting resolves before anything is sampled
     out = Path(output_dir) if output_dir is not None else None

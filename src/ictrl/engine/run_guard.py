@@ -1,0 +1,139 @@
+"""One writer per output directory, and no rank outliving its launcher.
+
+:class:`OutputDirLock` is an exclusive ``fcntl.flock`` on ``OUTPUT_DIR/.ictrl.lock``, which names its holder's pid.
+The kernel drops a flock when the process holding it ends, however it ends, so a lock left by a killed run is
+free: the next run takes it and says whose it was. A second writer (a ``--resume`` while the first run still goes,
+two runs given one directory) finds it held and stops with one line naming the holder.
+
+Under several processes only the main process (global rank 0) takes the lock: a flock excludes every other open
+of the file, the ranks of the same run included, and rank 0 is the process whose lifetime is the run's. Its
+verdict is broadcast before any rank touches the directory, so every rank of a refused run stops with the same
+line.
+
+:func:`die_with_launcher` ties a rank to the process that started it: ``accelerate launch`` (one process) and the
+torch elastic agent (``accelerate launch --multi_gpu``, ``torchrun``; accelerate runs the agent inside the launcher
+process) start ranks as direct children, in sessions of their own, so neither ``kill -9`` of the launcher nor a
+signal to its process group reaches them.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import socket
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from ictrl.errors import ConfigError
+
+log = logging.getLogger("ictrl.train")
+
+LOCK_NAME = ".ictrl.lock"
+
+
+class OutputDirLock:
+    """Exclusive lock of an output directory for the life of a run (``with OutputDirLock(out):``)."""
+
+    def __init__(self, out: str | os.PathLike[str]) -> None:
+        self.out = Path(out)
+        self.path = self.out / LOCK_NAME
+        self._fd: int | None = None
+        self._created = False
+
+    def acquire(self) -> None:
+        """Take the lock or raise :class:`ConfigError` naming the holder's pid; creates the directory."""
+        import fcntl
+
+        self._created = not self.out.exists()
+        self.out.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            holder = _read(fd)
+            os.close(fd)
+            if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                raise ConfigError(f"output_dir: cannot lock {self.path}: {exc.strerror}") from None
+            raise ConfigError(f"output_dir: {self.out} is in use by another run ({holder or 'pid unknown'}, lock "
+                              f"{self.path}); wait for it to end or stop it") from None
+        left = _read(fd)
+        if left:  # a holder that ended without releasing: killed
+            log.warning("output_dir: taking over the lock of %s, which is no longer running", left)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is None:
+            return
+        os.ftruncate(self._fd, 0)  # an empty file: released in order, nothing to report to the next run
+        if self._created and [p.name for p in self.out.iterdir()] == [LOCK_NAME]:
+            self.path.unlink()  # a run that stopped before writing anything leaves no directory behind
+            self.out.rmdir()
+        os.close(self._fd)  # closing the last descriptor drops the flock
+        self._fd = None
+
+    def __enter__(self) -> OutputDirLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.release()
+
+
+def _read(fd: int) -> str:
+    return os.pread(fd, 200, 0).decode("utf-8", "replace").strip()
+
+
+class RunLock:
+    """:class:`OutputDirLock` taken by the main process of a (possibly multi-process) run, its outcome shared."""
+
+    def __init__(self, out: str | os.PathLike[str], args: Any) -> None:
+        self.lock = OutputDirLock(out)
+        self.args = args
+
+    def __enter__(self) -> RunLock:
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        if world == 1:
+            self.lock.acquire()
+            return self
+        from accelerate.utils import broadcast_object_list
+
+        _ = self.args.device  # the process group, set up as the trainer sets it up (backend, timeout)
+        error = None
+        if int(os.environ.get("RANK", "0")) == 0:
+            try:
+                self.lock.acquire()
+            except ConfigError as exc:
+                error = str(exc)
+        error = broadcast_object_list([error], from_process=0)[0]
+        if error:
+            raise ConfigError(error)
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.lock.release()
+
+
+def _launched_by_accelerate(parent: int) -> bool:
+    try:
+        argv = Path(f"/proc/{parent}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return any(a.endswith(b"accelerate") or a == b"accelerate.commands.launch" for a in argv[:3]) and (
+        b"launch" in argv[:4] or b"accelerate.commands.launch" in argv[:3])
+
+
+def die_with_launcher() -> bool:
+    """Under a launcher (torch elastic's ``TORCHELASTIC_RUN_ID``, or a parent that is ``accelerate launch``), end
+    this process when the launcher ends: :func:`ictrl.rewards.worker.die_with_parent`. Returns whether it armed.
+    A process started any other way (a shell, ``nohup``) is left alone."""
+    parent = os.getppid()
+    if "TORCHELASTIC_RUN_ID" not in os.environ and not _launched_by_accelerate(parent):
+        return False
+    from ictrl.rewards.worker import die_with_parent
+
+    die_with_parent(parent)
+    return True

@@ -1,0 +1,197 @@
+"""Hostile run-config values: each is one line on stderr, exit status 2, before the model loads, nothing written."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ictrl import cli
+from ictrl.engine import value_checks
+from ictrl.errors import quote
+
+TINY = Path(__file__).resolve().parents[2] / "configs" / "tiny" / "ict.yaml"
+BIG = "x" * 10_000_000
+LONG = "x" * 50_000
+
+
+@pytest.fixture
+def loader_calls(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Replace the model loader with one that records its calls and refuses to load."""
+    import ictrl.models
+
+    calls: list[Any] = []
+
+    def fake(*args: Any, **kwargs: Any) -> Any:
+        calls.append((args, kwargs))
+        raise AssertionError("the model loader must not be reached")
+
+    monkeypatch.setattr(ictrl.models, "load_model_and_tokenizer", fake)
+    return calls
+
+
+def refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """Run ``ictrl train ARGV``; check exit 2 and exactly one short error line; return that line."""
+    code = cli.main(["train", *argv])
+    err = capsys.readouterr().err
+    assert code == 2, err[-2000:]
+    errors = [line for line in err.splitlines() if "error" in line.lower()]
+    assert len(errors) == 1 and errors[0].startswith("ictrl train: error:"), err[-2000:]
+    assert len(errors[0]) < 1000, errors[0][:2000]
+    return errors[0]
+
+
+def alias_bomb(levels: int, key: str) -> str:
+    """A YAML file whose ``key`` holds nested aliases expanding to 9**levels strings (a ~2 KB file at 11)."""
+    items = ["&l0 [x,x,x,x,x,x,x,x,x]"] + [f"&l{i} [" + ",".join([f"*l{i - 1}"] * 9) + "]" for i in range(1, levels)]
+    section, _, leaf = key.partition(".")
+    return f"model: {{name_or_path: m}}\noutput_dir: out\n{section}:\n  {leaf}: [{', '.join(items)}]\n"
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--learning_rate=-1"], "learning_rate: must be >= 0, got -1"),
+        (["--learning_rate=.nan"], "learning_rate: must be finite, got nan"),
+        (["--learning_rate=.inf"], "learning_rate: must be finite, got inf"),
+        (["--learning_rate=1e999"], "learning_rate: must be finite, got inf"),
+        (["--seed=99999999999999999999"], "seed: must be >= 0 and < 4294967296, got 99999999999999999999"),
+        (["--num_generations=1000000000"], "generation batch too large: 4000000000 completions per process"),
+        (["--num_generations=1000000", "--per_device_train_batch_size=1000000"],
+         "x (data.max_prompt_length 128 + max_completion_length 32) tokens = 640000000 tokens, over the bound of "
+         "33554432 tokens per process"),
+        (["--max_steps=-5", "--num_train_epochs=0"], "max_steps: must be >= 1, or -1 to train num_train_epochs"),
+        (["--max_steps=0"], "max_steps: must be >= 1"),
+        (["--max_steps=-1", "--num_train_epochs=0"], "num_train_epochs: must be > 0 when max_steps is -1"),
+        (["--max_steps=-1", "--num_train_epochs=.nan"], "num_train_epochs: must be finite, got nan"),
+        (["--temperature=0"], ": temperature must be > 0, got 0"),
+        (["--top_p=1.5"], "top_p: must be > 0 and <= 1, got 1.5"),
+        (["--data.train={gsm8k_train: .inf}"], "data.train.gsm8k_train: must be finite, got inf"),
+        (["--reward.overlong_penalty_factor=.nan"], "reward.overlong_penalty_factor: must be a finite number"),
+        ([f"--learning_rate={BIG}"], "override --learning_rate: a value of 10000000 characters, more than 65536"),
+        ([f"--learning_rate={LONG}"], "learning_rate: expected a number, got 'xxxx"),
+        ([f"--data.train=[{LONG}]"], "data.train: 'xxxx"),
+        ([f"--token_selector={LONG}"], "token_selector"),
+        ([f"--{BIG}=1"], "unknown key 'xxxx"),
+    ],
+    ids=lambda v: v[0][:40] if isinstance(v, list) else None,
+)
+def test_hostile_flag_is_one_line_before_the_model(flags: list[str], message: str, loader_calls: list[Any],
+                                                   tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "out"
+    line = refused([str(TINY), f"--output_dir={out}", *flags], capsys)
+    assert message in line
+    assert loader_calls == [] and not out.exists()
+
+
+@pytest.mark.parametrize("target", ["file", "/dev/null", "under_a_file"])
+def test_output_dir_that_cannot_be_a_directory(target: str, loader_calls: list[Any], tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    afile = tmp_path / "afile"
+    afile.write_text("keep")
+    out = {"file": str(afile), "/dev/null": "/dev/null", "under_a_file": str(afile / "run")}[target]
+    line = refused([str(TINY), f"--output_dir={out}", "--data.train=[gsm8k_train]"], capsys)
+    assert "output_dir:" in line and ("is a file" in line or "not a directory" in line)
+    assert afile.read_text() == "keep" and loader_calls == []
+
+
+def test_output_dir_not_writable(loader_calls: list[Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import os
+
+    locked = tmp_path / "ro"
+    locked.mkdir(mode=0o500)
+    if os.access(locked, os.W_OK):
+        pytest.skip("running as a user who can write anywhere (root)")
+    line = refused([str(TINY), f"--output_dir={locked / 'run'}", "--data.train=[gsm8k_train]"], capsys)
+    assert "output_dir:" in line and "not writable" in line
+
+
+@pytest.mark.parametrize("key", ["data.eval", "reward.names", "data.train"])
+def test_yaml_alias_bomb_is_refused_in_bounded_work(key: str, loader_calls: list[Any], tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "bomb.yaml"
+    path.write_text(alias_bomb(11, key))  # 9**11 = 3e10 strings once expanded
+    assert path.stat().st_size < 3000
+    line = refused([str(path)], capsys)
+    assert "YAML aliases expand to more than" in line and str(path) in line
+    assert not (tmp_path / "out").exists()
+
+
+def test_yaml_alias_bomb_in_a_flag_and_a_recursive_alias(loader_calls: list[Any], tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    bomb = "[" + ",".join(["&a [x,x,x,x,x,x,x,x,x,x]"] + ["*a"] * 9) + "]"
+    for level in range(5):  # each level nests the previous one ten times under a fresh anchor
+        bomb = f"[&b{level} {bomb}," + ",".join([f"*b{level}"] * 9) + "]"
+    line = refused([str(TINY), f"--output_dir={tmp_path / 'out'}", f"--data.eval={bomb}"], capsys)
+    assert "YAML aliases expand to more than" in line and "override" in line
+    path = tmp_path / "loop.yaml"
+    path.write_text("model: {name_or_path: m}\noutput_dir: out\ndata:\n  eval: &a [*a]\n")
+    assert "refers to itself" in refused([str(path)], capsys)
+
+
+def test_binary_and_oversized_config_files(loader_calls: list[Any], tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    binary = tmp_path / "model.safetensors"
+    binary.write_bytes(bytes(range(256)) * 64)
+    assert "not a text file (byte 128 is not UTF-8)" in refused([str(binary)], capsys)
+    huge = tmp_path / "huge.yaml"
+    huge.write_text("# " + "x" * (2 << 20) + "\n")
+    assert "bytes, more than a run config's" in refused([str(huge)], capsys)
+    control = tmp_path / "control.yaml"
+    control.write_text("model: {name_or_path: m}\x07\n")
+    assert "not valid YAML" in refused([str(control)], capsys)
+
+
+def test_output_dir_leaving_the_working_directory_warns_once(loader_calls: list[Any], tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    work = tmp_path / "a" / "b"
+    work.mkdir(parents=True)
+    monkeypatch.chdir(work)
+    for out, warned in (("../../x", 1), ("sub/../inside", 0)):
+        cli.main(["train", str(TINY), f"--output_dir={out}", f"--model.name_or_path={tmp_path / 'none'}",
+                  "--data.train=[gsm8k_train]"])
+        err = capsys.readouterr().err
+        warnings = [line for line in err.splitlines() if "leaves the working directory" in line]
+        assert len(warnings) == warned, err
+        assert "model.name_or_path" in err  # stopped later, at the model check
+    assert str(tmp_path / "x") in warnings[0] if warned else True
+    assert not (tmp_path / "x").exists()  # the refused run left no directory behind
+
+
+def test_range_table_and_the_memory_bound() -> None:
+    rng = value_checks.Range(0, 1, open_low=True)
+    assert 0.5 in rng and 1 in rng and 0 not in rng and 1.01 not in rng and str(rng) == "> 0 and <= 1"
+    assert quote("y" * 10_000).endswith("...") and len(quote("y" * 10_000)) < 300
+    nested: Any = ["x"]
+    for _ in range(40):
+        nested = [nested] * 9
+    assert len(quote(nested)) < 300  # bounded work: 9**40 leaves are never visited
+    assert value_checks.max_batch_tokens() == value_checks.MAX_BATCH_TOKENS
+
+
+def test_a_megabyte_training_prompt_is_dropped_without_tokenising_it(caplog: pytest.LogCaptureFixture) -> None:
+    import time
+
+    import datasets
+
+    from ictrl.engine.run import drop_long_prompts
+    from ictrl.models import build_byte_tokenizer
+
+    tok = build_byte_tokenizer()
+    ds = datasets.Dataset.from_dict({"prompt": ["short", "z" * 2_000_000, "y" * 20], "id": ["a", "b", "c"]})
+    calls: list[int] = []
+    tokenize = type(tok).__call__
+
+    def counting(self: Any, text: Any, *args: Any, **kwargs: Any) -> Any:
+        calls.append(len(text))
+        return tokenize(self, text, *args, **kwargs)
+
+    start = time.process_time()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(type(tok), "__call__", counting)
+        kept = drop_long_prompts(ds, tok, limit=50)
+    assert kept["id"] == ["a", "c"] and max(calls) < 100  # the long row never reached the tokenizer
+    assert "row 1 (id b, at least " in caplog.text
+    assert time.process_time() - start < 20
