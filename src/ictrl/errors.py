@@ -29,3 +29,10 @@ def one_line(message: object) -> str:
     """``message`` as a single line: newlines folded into "; " so a terminal shows one line per error."""
     parts = [p.strip() for p in str(message).splitlines() if p.strip()]
     return "; ".join(parts) or type(message).__name__
+
+
+class Interrupted(Exception):
+    """Ctrl-C during a run: ``ictrl.cli.main`` prints ``message`` (what was kept, how to go on) and exits 130."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)

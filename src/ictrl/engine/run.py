@@ -37,9 +37,22 @@ def trainer_classes() -> tuple[type, type]:
 # --- config -> trainer arguments ------------------------------------------------------------------------------
 
 
-def build_trainer_args(cfg: RunConfig, source: str = "<config>", cpu: bool | None = None) -> Any:
+def blame(message: str, source: str, flags: dict[str, Any] | None) -> str:
+    """Where a trainer-config error comes from: the command-line flag whose key the message names (``flag
+    --learning_rate=-1``), else ``source`` (the config file)."""
+    import re
+
+    for key, value in (flags or {}).items():
+        if re.search(rf"(?<![\w.]){re.escape(key)}(?!\w)", message):
+            return f"flag --{key}={value}"
+    return source
+
+
+def build_trainer_args(cfg: RunConfig, source: str = "<config>", cpu: bool | None = None,
+                       flags: dict[str, Any] | None = None) -> Any:
     """The trainer's config object from the run config's top-level keys. On a machine without CUDA sets
-    ``use_cpu``, turns off bf16/fp16 and vLLM, and says so in the log. Errors name the key."""
+    ``use_cpu``, turns off bf16/fp16 and vLLM, and says so in the log. Errors name the key, and the flag
+    (``flags``: the command-line overrides by key) when one set it."""
     config_cls, _ = trainer_classes()
     kwargs = dict(cfg.trainer)
     cpu = not torch.cuda.is_available() if cpu is None else cpu
@@ -50,7 +63,7 @@ def build_trainer_args(cfg: RunConfig, source: str = "<config>", cpu: bool | Non
     try:
         args = config_cls(**kwargs)
     except (ValueError, TypeError) as exc:  # ICTGRPOConfig / TRL messages name the field, which is the key
-        raise ConfigError(f"{source}: {exc}") from None
+        raise ConfigError(f"{blame(str(exc), source, flags)}: {exc}") from None
     check_resumable(args, source)
     return args
 
@@ -260,10 +273,23 @@ def write_run_labels(out: Path, args: Any) -> None:
     atomic_write_text(out / RUN_LABELS, json.dumps(labels, indent=1) + "\n")
 
 
+def interrupted(out: Path, step: int, resume_command: str | None) -> Any:
+    """The :class:`ictrl.errors.Interrupted` of a Ctrl-C at ``step``: the last complete checkpoint and the command
+    that continues from it (``--resume`` redoes the steps after that checkpoint exactly)."""
+    from ictrl.errors import Interrupted
+
+    checkpoints = complete_checkpoints(out)
+    kept = f"last complete checkpoint {checkpoints[-1]}" if checkpoints else "no checkpoint yet (save_steps)"
+    again = f"; resume with `{resume_command}`" if resume_command and checkpoints else ""
+    return Interrupted(f"interrupted at step {step}; {kept}{again}")
+
+
 def train(cfg: RunConfig, resume: bool = False, source: str = "<config>",
-          callbacks: list[Any] | None = None) -> TrainResult:
-    """Run ``ictrl train``. Config errors surface before the model loads."""
-    args = build_trainer_args(cfg, source)
+          callbacks: list[Any] | None = None, resume_command: str | None = None,
+          flags: dict[str, Any] | None = None) -> TrainResult:
+    """Run ``ictrl train``. Config errors surface before the model loads. Ctrl-C raises
+    :class:`ictrl.errors.Interrupted` naming the step, the last checkpoint and ``resume_command``."""
+    args = build_trainer_args(cfg, source, flags=flags)
     reward_funcs = build_rewards(cfg, source)
     add_overlong_penalty(cfg, args, reward_funcs, source)
     check_sources(cfg, source)
@@ -281,7 +307,7 @@ def train(cfg: RunConfig, resume: bool = False, source: str = "<config>",
 
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
-    from ictrl.engine.callbacks import MetricsJSONL, RichProgress
+    from ictrl.engine.callbacks import MetricsJSONL, NoSignalWarning, RichProgress
     from ictrl.models import load_model_and_tokenizer
 
     model, tokenizer = load_model_and_tokenizer(cfg.model.name_or_path, dtype=cfg.model.dtype,
@@ -303,6 +329,7 @@ def train(cfg: RunConfig, resume: bool = False, source: str = "<config>",
     for cb in (PrinterCallback, ProgressCallback):
         trainer.remove_callback(cb)
     trainer.add_callback(MetricsJSONL(out / "metrics.jsonl", accuracy_reward=accuracy))
+    trainer.add_callback(NoSignalWarning())
     if not args.disable_tqdm:  # the rich bar stands in for transformers' tqdm bar
         trainer.add_callback(RichProgress(accuracy_reward=accuracy))
     for cb in callbacks or []:
@@ -317,7 +344,10 @@ def train(cfg: RunConfig, resume: bool = False, source: str = "<config>",
         if 0 < args.max_steps <= step:
             log.warning("--resume: %s is at step %d, max_steps is %d: no step left to train; writing %s from it",
                         resume_from.name, step, args.max_steps, final)
-    trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+    try:
+        trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+    except KeyboardInterrupt:
+        raise interrupted(out, trainer.state.global_step, resume_command) from None
 
     save_final(trainer, out / f"{STAGING_PREFIX}final", final)
     return TrainResult(out, trainer.state.global_step, resume_from, final)

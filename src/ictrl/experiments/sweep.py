@@ -81,6 +81,8 @@ def run(args: argparse.Namespace) -> int:
     base = grid.cached_result(out / "base" / "result.json", lambda: experiment.eval_base(out / "base"))
     page = write_report(out, methods, lrs, specs, results, base, thresholds, experiment.settings,
                         time.perf_counter() - start, note=args.note)
+    if experiment.settings.get("quick"):
+        print(gridcli.PIPELINE_CHECK)
     print((out / "stability.md").read_text())
     print(f"wrote {page}", file=sys.stderr)
     return 0
@@ -144,7 +146,7 @@ def stability_markdown(rows: list[dict[str, Any]], stab: dict[str, Any], methods
             if not seq:
                 cells.append("–")
                 continue
-            counts = ", ".join(f"{seq.count(x)} {x[0].upper()}" for x in ("collapsed", "exploded", "degraded")
+            counts = ", ".join(f"{seq.count(x)} {x[0].upper()}" for x in ("collapsed", "exploded", "degraded", "unrewarded")
                                if seq.count(x))
             cells.append(f"{sum(x == 'stable' for x in seq)}/{len(seq)} stable" + (f" ({counts})" if counts else ""))
         widest = stab[m]["widest_stable_range"]
@@ -241,6 +243,8 @@ def _answer(stab: dict[str, Any], methods: list[str], specs: list[grid.RunSpec],
         widest = stab[m]["widest_stable_range"]
         ranges.append(f"{m} {'none' if widest is None else f'{widest[0]:g}–{widest[1]:g}'}")
     answer = ("Widest learning-rate range in which every seed stayed stable: " + "; ".join(ranges) + ".")
+    if settings.get("quick"):
+        answer = f"{gridcli.PIPELINE_CHECK} {answer}"
     seeds = sorted({s.seed for s in specs})
     caveats = [f"{len(seeds)} seed{'s' if len(seeds) != 1 else ''} per cell (seeds {seeds[0]}–{seeds[-1]})"
                + (": a single run decides each cell" if len(seeds) < 2 else ""),
@@ -263,7 +267,7 @@ def _notes(rows: list[dict[str, Any]], picks: dict[str, dict[str, Any] | None], 
         "weights went non-finite (sampling failed) counts as exploded with P@1 = P@4 = 0: "
         f"{sum(r['diverged'] for r in rows)} such run(s).",
         "Stability table: stable seeds / seeds per cell, the other outcomes in brackets (C = collapsed, "
-        "E = exploded, D = degraded). Widest stable range: the widest contiguous learning-rate range in which every "
+        "E = exploded, D = degraded, U = unrewarded). Widest stable range: the widest contiguous learning-rate range in which every "
         "seed is stable.",
         "Example curves: " + ", ".join(f"{k}: {v['method']}, lr {v['lr']:g}, seed {v['seed']}"
                                        for k, v in picks.items() if v is not None)

@@ -36,7 +36,7 @@ DEFAULT_CURVE_KEYS: dict[str, str] = {
 }
 LINESTYLES = ("-", "--", "-.", ":")
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
-LABEL_CODES = {"collapsed": "C", "exploded": "E", "degraded": "D"}
+LABEL_CODES = {"collapsed": "C", "exploded": "E", "degraded": "D", "unrewarded": "U"}
 
 
 def save_figure(fig: Any, path: Path, caption: str) -> Path:
@@ -233,7 +233,7 @@ def _text_colour(rgba: Sequence[float]) -> str:
 
 
 HEATMAP_LEGEND = ("cell: stable seeds / seeds at that learning rate; below it the other outcomes: "
-                  "C = collapsed, E = exploded, D = degraded; grey = not run")
+                  "C = collapsed, E = exploded, D = degraded, U = unrewarded; grey = not run")
 
 
 def plot_stability_heatmap(labels: Mapping[str, Mapping[float, Sequence[str]]], out_path: str | os.PathLike[str],
