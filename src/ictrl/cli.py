@@ -88,7 +88,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     debug = "--debug" in argv or os.environ.get("ICTRL_DEBUG", "").lower() in ("1", "true", "yes")
     verbose = "--verbose" in argv or os.environ.get("ICTRL_VERBOSE", "").lower() in ("1", "true", "yes")
     argv = [a for a in argv if a not in ("--debug", "--verbose")]
-    if not verbose:
+    if verbose:
+        os.environ["ICTRL_VERBOSE"] = "1"  # for the commands' own log setup
+    else:
         quiet()
     # `module:function` names (selectors, rewards) import from the working directory, as under `python -m`: the
     # console script puts only its own directory on the path. Last, so an installed package wins over a local file.

@@ -55,6 +55,8 @@ def test_bad_config_fails_before_model_load(override: str, message: str, loader_
     assert [line for line in err.splitlines() if "error" in line] == [line for line in err.splitlines()
                                                                     if line.startswith("ictrl train: error:")]
     assert str(cell) in err or "override" in err
+    if "=" in override and override.split("=")[0][2:] in message:  # the flag set the bad value: it is blamed
+        assert f"override {override.split('=')[0]}" in err, err
     assert loader_calls == []
     assert not (tmp_path / "out").exists()
 

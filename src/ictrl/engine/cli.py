@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import re
 import shlex
 import sys
@@ -179,6 +180,10 @@ def _setup_logging() -> None:
     else:  # one unwrapped line per message in log files and CI
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
-    logging.basicConfig(level=logging.INFO, handlers=[handler], force=True)
+    # Under `accelerate launch` every process runs this command: rank 0 logs, the others only errors (a warning
+    # printed once per process says nothing more). --verbose / ICTRL_VERBOSE=1 keeps every rank's lines.
+    verbose = os.environ.get("ICTRL_VERBOSE", "").lower() in ("1", "true", "yes")
+    first = os.environ.get("RANK", "0") in ("0", "")
+    logging.basicConfig(level=logging.INFO if first or verbose else logging.ERROR, handlers=[handler], force=True)
     for noisy in ("httpx", "urllib3", "filelock"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

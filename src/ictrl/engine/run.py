@@ -38,13 +38,13 @@ def trainer_classes() -> tuple[type, type]:
 
 
 def blame(message: str, source: str, flags: dict[str, Any] | None) -> str:
-    """Where a trainer-config error comes from: the command-line flag whose key the message names (``flag
+    """Where a trainer-config error comes from: the command-line flag whose key the message names (``override
     --learning_rate=-1``), else ``source`` (the config file)."""
     import re
 
     for key, value in (flags or {}).items():
         if re.search(rf"(?<![\w.]){re.escape(key)}(?!\w)", message):
-            return f"flag --{key}={value}"
+            return f"override --{key}={value}"
     return source
 
 
@@ -129,11 +129,13 @@ def reward_label(fn: Callable[..., Any]) -> str:
 # --- data ------------------------------------------------------------------------------------------------------
 
 
-def check_sources(cfg: RunConfig, source: str = "<config>") -> None:
-    """Every data source must be a registry spec (``math_train:levels=3,4,5``) or ``jsonl:PATH`` to a file."""
+def check_sources(cfg: RunConfig, config: str = "<config>", flags: dict[str, Any] | None = None) -> None:
+    """Every data source must be a registry spec (``math_train:levels=3,4,5``) or ``jsonl:PATH`` to a file. Errors
+    name the flag that set the key (``flags``), else ``config``."""
     from ictrl import data
 
     for key, names in (("data.train", cfg.data.source_names()), ("data.eval", cfg.data.eval)):
+        source = blame(key, config, flags)
         for name in names:
             try:
                 _, path = data.parse_spec(name)
@@ -273,6 +275,19 @@ def write_run_labels(out: Path, args: Any) -> None:
     atomic_write_text(out / RUN_LABELS, json.dumps(labels, indent=1) + "\n")
 
 
+def _not_tied_head_note(record: logging.LogRecord) -> bool:
+    return "missing keys in the checkpoint model loaded: ['lm_head.weight']" not in record.getMessage()
+
+
+def hide_tied_head_note() -> None:
+    """Drop transformers' "missing keys ... ['lm_head.weight']" warning on resume: a tied head is the embedding
+    matrix, which a checkpoint stores once, so nothing is missing (``--verbose`` keeps the warning)."""
+    import os
+
+    if os.environ.get("ICTRL_VERBOSE", "").lower() not in ("1", "true", "yes"):
+        logging.getLogger("transformers.trainer").addFilter(_not_tied_head_note)
+
+
 def interrupted(out: Path, step: int, resume_command: str | None) -> Any:
     """The :class:`ictrl.errors.Interrupted` of a Ctrl-C at ``step``: the last complete checkpoint and the command
     that continues from it (``--resume`` redoes the steps after that checkpoint exactly)."""
@@ -290,9 +305,9 @@ def train(cfg: RunConfig, resume: bool = False, source: str = "<config>",
     """Run ``ictrl train``. Config errors surface before the model loads. Ctrl-C raises
     :class:`ictrl.errors.Interrupted` naming the step, the last checkpoint and ``resume_command``."""
     args = build_trainer_args(cfg, source, flags=flags)
-    reward_funcs = build_rewards(cfg, source)
+    reward_funcs = build_rewards(cfg, blame("reward.names", source, flags))
     add_overlong_penalty(cfg, args, reward_funcs, source)
-    check_sources(cfg, source)
+    check_sources(cfg, source, flags)
     resume_from = prepare_output_dir(cfg, resume, source)
     out, final = Path(cfg.output_dir), Path(cfg.output_dir) / "final"
     if resume_from is not None and finished_run(resume_from, args.max_steps):
@@ -341,6 +356,8 @@ def train(cfg: RunConfig, resume: bool = False, source: str = "<config>",
     if resume_from is not None:
         step = trainer_state(resume_from)["global_step"]
         log.warning("resuming from %s", resume_from)
+        if getattr(model.config, "tie_word_embeddings", False):
+            hide_tied_head_note()
         if 0 < args.max_steps <= step:
             log.warning("--resume: %s is at step %d, max_steps is %d: no step left to train; writing %s from it",
                         resume_from.name, step, args.max_steps, final)

@@ -38,7 +38,8 @@ CURVE_KEYS = report.DEFAULT_CURVE_KEYS  # reward, H1 (all, selected), H2, purity
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     gridcli.add_common_arguments(parser, default_output="runs/compare")
-    parser.add_argument("--lr", type=float, default=None, help="learning rate (default: the recipe's / config's)")
+    parser.add_argument("--learning-rate", "--lr", dest="lr", type=float, default=None,
+                        help="learning rate (default: the recipe's / config's)")
     parser.add_argument("--note", default="", help="a line put at the top of the report and stored in results.json")
     tunecli.add_arguments(parser)  # --task, --tune and the tuned protocol's grid
 
@@ -48,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
         return tunecli.run(args)
     methods = grid.parse_methods(args.methods)
     if args.lr is not None and not args.lr > 0:
-        raise UserError(f"--lr must be > 0, got {args.lr}")
+        raise UserError(f"--learning-rate must be > 0, got {args.lr}")
     specs = grid.grid_specs(methods, args.seeds, None if args.lr is None else [args.lr])
     start = time.perf_counter()
     experiment = gridcli.make_experiment(args)

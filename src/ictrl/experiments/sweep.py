@@ -47,7 +47,7 @@ EXAMPLE_KEYS = {name: key for name, key in report.DEFAULT_CURVE_KEYS.items() if 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     gridcli.add_common_arguments(parser, default_output="runs/sweep")
-    parser.add_argument("--lrs", default=",".join(f"{lr:g}" for lr in DEFAULT_LRS),
+    parser.add_argument("--learning-rate", "--lrs", dest="lrs", default=",".join(f"{lr:g}" for lr in DEFAULT_LRS),
                         help="comma-separated learning rates (default: %(default)s)")
     parser.add_argument("--thresholds", choices=PRESETS, default="v2",
                         help="outcome rule set of ictrl.experiments.reports.outcomes (default: %(default)s)")
@@ -63,9 +63,9 @@ def parse_lrs(text: str) -> list[float]:
     try:
         lrs = [float(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise UserError(f"--lrs: expected comma-separated numbers, got {text!r}") from None
+        raise UserError(f"--learning-rate: expected comma-separated numbers, got {text!r}") from None
     if not lrs or any(not (math.isfinite(lr) and lr > 0) for lr in lrs):
-        raise UserError(f"--lrs: need positive finite learning rates, got {text!r}")
+        raise UserError(f"--learning-rate: need positive finite learning rates, got {text!r}")
     return sorted(set(lrs))
 
 

@@ -39,7 +39,7 @@ def add_common_arguments(parser: Any, default_output: str) -> None:
     parser.add_argument("--seeds", type=int, default=3, help="seeds per method (0..N-1; default: %(default)s)")
     parser.add_argument("--steps", type=int, default=None,
                         help="optimizer steps per run (default: the embedded recipe's, or the config's max_steps)")
-    parser.add_argument("--output-dir", type=Path, default=Path(default_output),
+    parser.add_argument("--output-dir", "--output_dir", type=Path, default=Path(default_output),
                         help="where run directories, tables, plots and report.html go; a rerun resumes")
     parser.add_argument("--config", type=Path, default=None,
                         help="an `ictrl train` YAML config instead of the embedded task (its token_selector and "
