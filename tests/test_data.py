@@ -115,7 +115,7 @@ def test_malformed_rows(tmp_path: Path, rows: list[Any], match: str) -> None:
 def test_malformed_json_and_choices(tmp_path: Path) -> None:
     f = tmp_path / "broken.jsonl"
     f.write_text('{"problem": "a", "answer": "1"}\n{"problem": "b", "answer": \n')
-    with pytest.raises(ValueError, match=r"broken\.jsonl: line 2: invalid JSON"):
+    with pytest.raises(ValueError, match=r"broken\.jsonl: line 2, column \d+: invalid JSON"):
         load_problems("math500", path=f)
     f = tmp_path / "mc.jsonl"
     f.write_text(json.dumps({"question": "q", "choices": ["x", "y"], "answer": 1}) + "\n"
