@@ -50,9 +50,10 @@ def test_tiny_model_command_writes_a_trainable_checkpoint(tmp_path: Path) -> Non
 def test_accelerate_launch_tiny_config_two_processes_and_resume(tmp_path: Path) -> None:
     assert subprocess.run([sys.executable, "-m", "ictrl", "tiny-model", "runs/tiny-model", "--untrained"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=120).returncode == 0
-    # the config's 30 steps cut to 2, at the former plumbing shape (4 prompts x 4 completions, a checkpoint a step)
+    # the config's 40 steps cut to 2, at the former plumbing shape (4 prompts x 4 completions, a checkpoint a step)
     args = ["-m", "ictrl", "train", str(TINY), "--max_steps=2", "--save_steps=1", "--prompts_per_step=4",
-            "--num_generations=4", "--per_device_train_batch_size=8", "--max_completion_length=32"]
+            "--num_generations=4", "--per_device_train_batch_size=8", "--max_completion_length=32",
+            "--num_iterations=1"]
     proc = w.launch(args, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     run = tmp_path / "runs" / "tiny" / "ict"
