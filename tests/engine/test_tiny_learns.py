@@ -10,7 +10,6 @@ core count.
 from __future__ import annotations
 
 import json
-import logging
 from pathlib import Path
 
 import pytest
@@ -19,7 +18,8 @@ import torch
 from ictrl import cli
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
-# Mean reward of the last 10 generation batches over the first 10 (256 completions each): measured RISE_MEASURED.
+# Mean reward of the last 10 generation batches over the first 10 (256 completions each): 0.291 -> 0.342 when this
+# was written (2026-11-25, one thread), so a rise of 3 points leaves room for another CPU's rounding.
 RISE = 0.03
 
 
@@ -49,7 +49,7 @@ def test_tiny_config_reward_rises(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert last > first + RISE, rewards
 
 
-def test_no_learning_signal_is_said_once(caplog: pytest.LogCaptureFixture) -> None:
+def test_no_learning_signal_is_said_once() -> None:
     from types import SimpleNamespace
 
     from ictrl.engine.callbacks import NoSignalWarning
@@ -70,13 +70,12 @@ def test_no_learning_signal_is_said_once(caplog: pytest.LogCaptureFixture) -> No
 
 @pytest.mark.integration
 def test_untrained_tiny_model_says_no_learning_signal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                       caplog: pytest.LogCaptureFixture) -> None:
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.chdir(tmp_path)
     (tmp_path / "configs").symlink_to(CONFIGS)
     assert cli.main(["tiny-model", "--untrained", "--problems", "16"]) == 0
-    with caplog.at_level(logging.WARNING, logger="ictrl.train"):
-        assert cli.main(["train", "configs/tiny/ict.yaml", "--max_steps=4", "--save_strategy=no",
-                         "--prompts_per_step=2", "--num_generations=4", "--per_device_train_batch_size=8",
-                         "--num_iterations=1"]) == 0
+    assert cli.main(["train", "configs/tiny/ict.yaml", "--max_steps=4", "--save_strategy=no",
+                     "--prompts_per_step=2", "--num_generations=4", "--per_device_train_batch_size=8",
+                     "--num_iterations=1"]) == 0
     assert set(_rewards(tmp_path / "runs" / "tiny" / "ict")) == {0.0}
-    assert sum("no learning signal" in r.getMessage() for r in caplog.records) == 1
+    assert capsys.readouterr().err.count("no learning signal: for 3 steps") == 1  # ictrl train logs to stderr

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import importlib
 import logging
 from pathlib import Path
@@ -37,6 +38,12 @@ def trainer_classes() -> tuple[type, type]:
 # --- config -> trainer arguments ------------------------------------------------------------------------------
 
 
+@functools.lru_cache(maxsize=None)
+def _note_cpu(notes: str) -> None:
+    """Log the CPU fallback once per process (a grid builds the trainer arguments once per run)."""
+    log.warning("no CUDA device: training on CPU (%s)", notes)
+
+
 def blame(message: str, source: str, flags: dict[str, Any] | None) -> str:
     """Where a trainer-config error comes from: the command-line flag whose key the message names (``override
     --learning_rate=-1``), else ``source`` (the config file)."""
@@ -59,7 +66,7 @@ def build_trainer_args(cfg: RunConfig, source: str = "<config>", cpu: bool | Non
     if cpu:
         notes = ["use_cpu=True", "bf16=False"] + (["use_vllm=False"] if kwargs.get("use_vllm") else [])
         kwargs.update(use_cpu=True, bf16=False, fp16=False, use_vllm=False)
-        log.warning("no CUDA device: training on CPU (%s)", ", ".join(notes))
+        _note_cpu(", ".join(notes))
     try:
         args = config_cls(**kwargs)
     except (ValueError, TypeError) as exc:  # ICTGRPOConfig / TRL messages name the field, which is the key
