@@ -164,7 +164,11 @@ def test_sweep_quick_end_to_end(tmp_path: Path, tmp_path_factory: pytest.TempPat
     assert sweep.run(parse(argv)) == 0
     saved = json.loads((out / "sweep.json").read_text())
     assert [(r["method"], r["lr"]) for r in saved["runs"]] == [("ict", 1e-4), ("ict", 1e-3)]
-    assert all(r["label"] in ("collapsed", "exploded", "degraded", "stable") for r in saved["runs"])
+    assert all(r["label"] in ("collapsed", "exploded", "degraded", "unrewarded", "stable") for r in saved["runs"])
+    for r in saved["runs"]:  # a run that never earned a reward tested nothing: never "stable"
+        if r["label"] == "stable":
+            assert max(r["summary"]["reward_first"], r["summary"]["reward_last"]) > 0
+    assert "PIPELINE CHECK" in (out / "report.html").read_text()
     assert saved["thresholds"]["entropy_floor"] == OutcomeThresholds().entropy_floor
     for name in ("report.html", "stability.md", "stability_heatmap.png", "lr0.001/ict/seed0/done.json"):
         assert (out / name).is_file(), name
