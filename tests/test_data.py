@@ -115,7 +115,7 @@ def test_malformed_rows(tmp_path: Path, rows: list[Any], match: str) -> None:
 def test_malformed_json_and_choices(tmp_path: Path) -> None:
     f = tmp_path / "broken.jsonl"
     f.write_text('{"problem": "a", "answer": "1"}\n{"problem": "b", "answer": \n')
-    with pytest.raises(ValueError, match=r"broken\.jsonl: line 2: invalid JSON"):
+    with pytest.raises(ValueError, match=r"broken\.jsonl: line 2, column \d+: invalid JSON"):
         load_problems("math500", path=f)
     f = tmp_path / "mc.jsonl"
     f.write_text(json.dumps({"question": "q", "choices": ["x", "y"], "answer": 1}) + "\n"
@@ -361,3 +361,15 @@ def test_benchmark_generation_defaults() -> None:
         parse_spec("math500:top_p=0")
     with pytest.raises(ValueError, match="'math500': max_new_tokens must be an int >= 1"):
         parse_spec("math500:max_new_tokens=0")
+
+
+def test_prompt_template_option_sends_the_question_alone(tmp_path: Path) -> None:
+    from ictrl.data import Problem, parse_spec, user_message
+
+    bench, path = parse_spec(f"jsonl:{tmp_path / 'train.jsonl'}:prompt_template={{question}}")
+    assert path == str(tmp_path / "train.jsonl") and bench.template == "{question}"
+    problem = Problem(id="0", question="Q:3+4*5=A:", gold="23")
+    assert user_message(problem, bench) == "Q:3+4*5=A:"  # no boxed-answer instruction appended
+    assert user_message(problem, parse_spec("jsonl:f.jsonl")[0]).endswith("within \\boxed{}.")
+    with pytest.raises(ValueError, match="prompt_template: must contain"):
+        parse_spec("jsonl:f.jsonl:prompt_template=no placeholder")

@@ -177,7 +177,7 @@ GOOD_ROW = json.dumps({"problem": "1+1?", "answer": "2"}).encode() + b"\n"
     (GOOD_ROW + json.dumps({"problem": "2+2?"}).encode() + b"\n", r"train\.jsonl: line 2: field 'answer' missing"),
     (GOOD_ROW + b'{"problem": "caf\xe9", "answer": "1"}\n', r"train\.jsonl: line 2: byte 0xe9 at column 17 is not UTF-8"),
     (b"", r"train\.jsonl: no rows \(the file is empty\)"),
-    (GOOD_ROW + b'{"problem": "x", "answer": \n', r"train\.jsonl: line 2: invalid JSON"),
+    (GOOD_ROW + b'{"problem": "x", "answer": \n', r"train\.jsonl: line 2, column \d+: invalid JSON"),
 ])
 def test_train_bad_data_is_one_line_before_the_model(rows: bytes, expected: str, tmp_path: Path, tiny_model_dir: Path,
                                                      no_model_load: None, capsys: pytest.CaptureFixture[str]) -> None:

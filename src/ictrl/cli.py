@@ -7,18 +7,22 @@ the command that needs it.
 
 Errors: a :class:`ictrl.errors.UserError` (a wrong path, name, data row, missing extra) raised anywhere in a
 command becomes one line ``ictrl COMMAND: error: MESSAGE`` on stderr and exit status 2. ``--debug`` anywhere on
-the command line (or ``ICTRL_DEBUG=1``) shows the traceback instead.
+the command line (or ``ICTRL_DEBUG=1``) shows the traceback instead. Ctrl-C is one line too (what was kept and how
+to go on, for ``ictrl train``), exit status 130; an argparse error is one line with a pointer to ``--help``. Under
+``accelerate launch`` only rank 0 prints these lines. ``--verbose`` keeps the libraries' bars and notes (``quiet``).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import os
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
-from ictrl.errors import UserError, one_line
+from ictrl.errors import Interrupted, UserError, one_line
 
 # command -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -34,23 +38,64 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """An argparse parser whose errors are one line with a pointer to ``--help`` (argparse prints the whole
+    usage first, which buries the message), exit status 2 as argparse's."""
+
+    def error(self, message: str) -> NoReturn:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {one_line(message)} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="ictrl",
         description="RLVR with ICT (Independent Combinatorial Tokens) and its baselines.",
     )
     parser.add_argument("--debug", action="store_true",
                         help="show the full traceback of an error (also: ICTRL_DEBUG=1), anywhere on the line")
+    parser.add_argument("--verbose", action="store_true",
+                        help="keep the libraries' progress bars and notes, and every process's log lines (also: "
+                             "ICTRL_VERBOSE=1), anywhere on the line")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (_, help_text) in COMMANDS.items():
         sub.add_parser(name, help=help_text, add_help=False)
     return parser
 
 
+def rank() -> int:
+    """This process's rank under ``accelerate launch`` / ``torchrun`` (0 outside one)."""
+    try:
+        return int(os.environ.get("RANK", "0"))
+    except ValueError:
+        return 0
+
+
+def _not_cpu_accelerator_note(record: logging.LogRecord) -> bool:
+    return "Setting accelerator to CPU" not in record.getMessage()
+
+
+def quiet() -> None:
+    """The libraries' noise off (``--verbose`` keeps it): the weight loading / shard writing bars of transformers
+    and huggingface_hub (read from the environment when they are first imported), and DeepSpeed's "Setting
+    accelerator to CPU" warning, which it logs whenever it is imported on a machine without a GPU: accelerate
+    imports it to unwrap a model on every save when it is installed, ZeRO config or not."""
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    logging.getLogger("DeepSpeed").addFilter(_not_cpu_accelerator_note)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv or os.environ.get("ICTRL_DEBUG", "").lower() in ("1", "true", "yes")
-    argv = [a for a in argv if a != "--debug"]
+    verbose = "--verbose" in argv or os.environ.get("ICTRL_VERBOSE", "").lower() in ("1", "true", "yes")
+    argv = [a for a in argv if a not in ("--debug", "--verbose")]
+    if verbose:
+        os.environ["ICTRL_VERBOSE"] = "1"  # for the commands' own log setup
+    else:
+        quiet()
+    # `module:function` names (selectors, rewards) import from the working directory, as under `python -m`: the
+    # console script puts only its own directory on the path. Last, so an installed package wins over a local file.
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.append(os.getcwd())
     parser = build_parser()
     if not argv or argv[0] in ("-h", "--help"):
         parser.print_help()
@@ -60,15 +105,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     name = argv[0]
     try:
         module = importlib.import_module(COMMANDS[name][0])
-        sub_parser = argparse.ArgumentParser(prog=f"ictrl {name}", description=COMMANDS[name][1])
+        sub_parser = OneLineParser(prog=f"ictrl {name}", description=COMMANDS[name][1])
         module.add_arguments(sub_parser)
         args = sub_parser.parse_args(argv[1:])
         return int(module.run(args) or 0)
     except UserError as err:
         if debug:
             raise
-        print(f"ictrl {name}: error: {one_line(err)}", file=sys.stderr)
+        if rank() == 0:  # every process of a launch hits the same config error: one line, from rank 0
+            print(f"ictrl {name}: error: {one_line(err)}", file=sys.stderr)
         return 2
+    except (Interrupted, KeyboardInterrupt) as err:
+        if debug:
+            raise
+        what = one_line(err) if isinstance(err, Interrupted) else "interrupted"
+        if rank() == 0:
+            print(f"\nictrl {name}: {what}", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -72,3 +72,10 @@ def _bounded_repr(value: object, depth: int, limit: int) -> str:
 def shorten(text: str, limit: int = 600) -> str:
     """``text`` cut to ``limit`` characters, saying how long it was."""
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+class Interrupted(Exception):
+    """Ctrl-C during a run: ``ictrl.cli.main`` prints ``message`` (what was kept, how to go on) and exits 130."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)

@@ -57,7 +57,7 @@ def read_jsonl(path: str | os.PathLike[str]) -> Iterator[tuple[str, dict[str, An
             try:
                 obj = json.loads(line)
             except json.JSONDecodeError as e:
-                raise ValueError(f"{where}: not valid JSON ({e.msg})") from None
+                raise ValueError(f"{where}, column {e.colno}: not valid JSON ({e.msg})") from None
             if not isinstance(obj, dict):
                 raise ValueError(f"{where}: expected a JSON object, got {type(obj).__name__}")
             yield where, obj

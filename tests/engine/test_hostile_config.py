@@ -57,10 +57,10 @@ def alias_bomb(levels: int, key: str) -> str:
         (["--learning_rate=.inf"], "learning_rate: must be finite, got inf"),
         (["--learning_rate=1e999"], "learning_rate: must be finite, got inf"),
         (["--seed=99999999999999999999"], "seed: must be >= 0 and < 4294967296, got 99999999999999999999"),
-        (["--num_generations=1000000000"], "generation batch too large: 4000000000 completions per process"),
+        (["--num_generations=1000000000"], "generation batch too large: 32000000000 completions per process"),
         (["--num_generations=1000000", "--per_device_train_batch_size=1000000"],
-         "x (data.max_prompt_length 128 + max_completion_length 32) tokens = 640000000 tokens, over the bound of "
-         "33554432 tokens per process"),
+         "generation batch too large: 32000000 completions per process"),
+        (["--max_completion_length=1000000"], "+ max_completion_length 1000000) tokens = "),
         (["--max_steps=-5", "--num_train_epochs=0"], "max_steps: must be >= 1, or -1 to train num_train_epochs"),
         (["--max_steps=0"], "max_steps: must be >= 1"),
         (["--max_steps=-1", "--num_train_epochs=0"], "num_train_epochs: must be > 0 when max_steps is -1"),

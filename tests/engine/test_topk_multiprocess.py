@@ -22,7 +22,9 @@ TINY = w.REPO_ROOT / "configs" / "tiny" / "ict.yaml"
 def test_two_processes_take_topk_from_generation(tmp_path: Path) -> None:
     assert subprocess.run([sys.executable, "-m", "ictrl", "tiny-model", "runs/tiny-model", "--untrained"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=120).returncode == 0
-    proc = w.launch(["-m", "ictrl", "train", str(TINY), "--selection_topk=8", "--save_strategy=no"], cwd=tmp_path)
+    proc = w.launch(["-m", "ictrl", "train", str(TINY), "--selection_topk=8", "--save_strategy=no", "--max_steps=2",
+                     "--prompts_per_step=4", "--num_generations=4", "--per_device_train_batch_size=8",
+                     "--max_completion_length=32", "--num_iterations=1"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = [json.loads(line) for line in (tmp_path / "runs" / "tiny" / "ict" / "metrics.jsonl").read_text()
             .splitlines()]

@@ -55,6 +55,8 @@ def test_bad_config_fails_before_model_load(override: str, message: str, loader_
     assert [line for line in err.splitlines() if "error" in line] == [line for line in err.splitlines()
                                                                     if line.startswith("ictrl train: error:")]
     assert str(cell) in err or "override" in err
+    if "=" in override and override.split("=")[0][2:] in message:  # the flag set the bad value: it is blamed
+        assert f"override {override.split('=')[0]}" in err, err
     assert loader_calls == []
     assert not (tmp_path / "out").exists()
 
@@ -169,6 +171,9 @@ def test_cpu_run_of_each_method(method: str, tiny_model_dir: Path, shared_data: 
 @pytest.mark.integration
 def test_cli_runs_a_paper_config(tiny_model_dir: Path, shared_data: Path, tmp_path: Path,
                                  capsys: pytest.CaptureFixture[str]) -> None:
+    from ictrl.engine.run import _note_cpu
+
+    _note_cpu.cache_clear()  # said once per process: earlier tests in this one may have said it
     out = tmp_path / "out"
     overrides = [o for o in tiny_overrides(tiny_model_dir, out, steps=1) if "tqdm" not in o]
     assert cli.main(["train", str(CELL), *overrides]) == 0

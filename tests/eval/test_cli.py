@@ -12,7 +12,7 @@ def eval_args(model: Path, out: Path, *extra: str) -> list[str]:
     return [
         "eval", "--model", str(model), "--n", "4", "--k", "1", "4", "--max-new-tokens", "8",
         "--temperature", "0.6", "--top-p", "0.95", "--backend", "hf", "--batch-size", "16",
-        "--seeds", "0", "--output-dir", str(out), "--no-progress", *extra,
+        "--seeds", "1", "--output-dir", str(out), "--no-progress", *extra,
     ]
 
 

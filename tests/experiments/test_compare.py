@@ -178,6 +178,29 @@ def test_report_page_reads_at_a_glance_without_local_paths(tmp_path: Path) -> No
     assert "<figcaption>reward per training step: mean over 3 seeds" in page
 
 
+def test_quick_report_is_a_pipeline_check_and_names_no_winner_among_ties(tmp_path: Path) -> None:
+    from ictrl.experiments.grid.cli import PIPELINE_CHECK
+
+    methods = ["grpo", "ict"]
+    specs = grid.grid_specs(methods, 1)
+
+    def zeros(spec: grid.RunSpec, run_dir: Path) -> dict:
+        (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in fake_metrics(spec)))
+        return {"p1": 0.0, "p4": 0.0}
+
+    results = grid.run_grid(specs, tmp_path, zeros, log=lambda _: None)
+    settings = {"source": "embedded", "base": "tiny-base-q", "rl": EMBEDDED_RL, "quick": True}
+    page = compare.write_report(tmp_path, methods, specs, results, {"p1": 0.0, "p4": 0.0}, settings, 1.0)["report"]
+    text = page.read_text()
+    assert PIPELINE_CHECK in text and "Highest mean Total" not in text
+    assert "No highest mean Total (mean of P@1 and P@4): grpo, ict tie at 0.0%" in text
+    settings["quick"] = False
+    results[specs[1]] = {**results[specs[1]], "p1": 0.5, "p4": 0.5}
+    text = compare.write_report(tmp_path, methods, specs, results, {"p1": 0.0, "p4": 0.0}, settings,
+                                1.0)["report"].read_text()
+    assert PIPELINE_CHECK not in text and "Highest mean Total (mean of P@1 and P@4): ict, 50.0%" in text
+
+
 def test_write_report_without_the_ict_random_pair(tmp_path: Path) -> None:
     specs = grid.grid_specs(["grpo"], 2)
     results = grid.run_grid(specs, tmp_path, CountingRunner(), log=lambda _: None)

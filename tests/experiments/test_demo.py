@@ -23,8 +23,10 @@ def test_defaults_and_bad_arguments(tmp_path: Path) -> None:
     assert args.method == "ict" and args.seed == 0 and not args.quick and args.steps is None
     with pytest.raises(ValueError, match="--steps"):
         demo.run(_args(tmp_path, "--steps", "0"))
-    with pytest.raises(ValueError, match="--lr"):
-        demo.run(_args(tmp_path, "--lr", "-1"))
+    with pytest.raises(ValueError, match="--learning-rate"):
+        demo.run(_args(tmp_path, "--lr", "-1"))  # the old spelling is an alias
+    with pytest.raises(ValueError, match="--threads"):
+        demo.run(_args(tmp_path, "--threads", "0"))
     with pytest.raises(SystemExit):
         _args(tmp_path, "--method", "nonsense")
     assert not (tmp_path / "out").exists()  # argument errors surface before any work

@@ -70,8 +70,9 @@ def test_report_from_synthetic_runs(tmp_path: Path) -> None:
             assert saved["stability"][m]["stable_fraction"][f"{lr:g}"] == kinds.count("stable") / 2
     assert saved["stability"]["grpo"]["widest_stable_range"] is None  # 1e-4 has a collapsed seed
     assert saved["stability"]["ict"]["widest_stable_range"] == [1e-4, 5e-4]
-    assert {k: v["method"] for k, v in saved["examples"].items()} == {"collapsed": "grpo", "exploded": "grpo",
-                                                                     "degraded": "ict", "stable": "grpo"}
+    assert {k: v["method"] for k, v in saved["examples"].items() if v} == {"collapsed": "grpo", "exploded": "grpo",
+                                                                          "degraded": "ict", "stable": "grpo"}
+    assert saved["examples"]["unrewarded"] is None  # every synthetic run earned some reward
     md = (tmp_path / "stability.md").read_text()
     assert "| grpo | 1/2 stable (1 C) | 0/2 stable (2 E) | 0/2 stable (2 E) | none |" in md
     assert "| ict | 2/2 stable | 2/2 stable | 0/2 stable (1 E, 1 D) | 0.0001 – 0.0005 |" in md
@@ -95,7 +96,7 @@ def test_v1_relabels_the_same_runs_with_a_note(tmp_path: Path) -> None:
     for row in saved["runs"]:  # v1 has no "degraded": those runs are stable; the rest keep their label
         want = planned_kind(grid.RunSpec(row["method"], row["seed"], row["lr"]))
         assert row["label"] == ("stable" if want == "degraded" else want)
-    assert set(saved["examples"]) == {"collapsed", "exploded", "stable"}
+    assert set(saved["examples"]) == {"collapsed", "exploded", "unrewarded", "stable"}
     md = (tmp_path / "stability.md").read_text()
     assert md.startswith("**v1 labels, for comparison**\n\nLabels: outcome thresholds v1")
     assert "| ict | 2/2 stable | 2/2 stable | 1/2 stable (1 E) | 0.0001 – 0.0005 |" in md
@@ -124,7 +125,7 @@ def test_missing_label_is_reported(tmp_path: Path) -> None:
     results = grid.run_grid(specs, tmp_path, fake_runner, log=lambda _: None)
     page = sweep.write_report(tmp_path, ["ict"], [1e-4], specs, results, {"p1": 0.2, "p4": 0.4},
                               OutcomeThresholds(), {}, 0.0)
-    assert "No run was labelled collapsed or exploded or degraded." in page.read_text()
+    assert "No run was labelled collapsed or exploded or degraded or unrewarded." in page.read_text()
     assert sweep.pick_examples([])["stable"] is None
 
 
@@ -145,7 +146,7 @@ def test_defaults_and_bad_arguments(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert grid.parse_methods(args.methods) == ["grpo", "entropy20", "stapo", "ict", "random10"]
     assert sweep.parse_lrs("2e-3,1e-4,1e-4") == [1e-4, 2e-3]
     for bad in ("1e-4,x", "0,1e-3", ""):
-        with pytest.raises(ValueError, match="--lrs"):
+        with pytest.raises(ValueError, match="--learning-rate"):
             sweep.parse_lrs(bad)
     from ictrl.cli import main
 
@@ -161,7 +162,11 @@ def test_sweep_quick_end_to_end(tmp_path: Path, quick_cache_dir: Path, monkeypat
     assert sweep.run(parse(argv)) == 0
     saved = json.loads((out / "sweep.json").read_text())
     assert [(r["method"], r["lr"]) for r in saved["runs"]] == [("ict", 1e-4), ("ict", 1e-3)]
-    assert all(r["label"] in ("collapsed", "exploded", "degraded", "stable") for r in saved["runs"])
+    assert all(r["label"] in ("collapsed", "exploded", "degraded", "unrewarded", "stable") for r in saved["runs"])
+    for r in saved["runs"]:  # a run that never earned a reward tested nothing: never "stable"
+        if r["label"] == "stable":
+            assert max(r["summary"]["reward_first"], r["summary"]["reward_last"]) > 0
+    assert "PIPELINE CHECK" in (out / "report.html").read_text()
     assert saved["thresholds"]["entropy_floor"] == OutcomeThresholds().entropy_floor
     for name in ("report.html", "stability.md", "stability_heatmap.png", "lr0.001/ict/seed0/done.json"):
         assert (out / name).is_file(), name

@@ -61,7 +61,7 @@ def read_records(path: Path) -> list[tuple[int, Any]]:
             try:
                 obj, i = decoder.raw_decode(text, i)
             except json.JSONDecodeError as e:
-                raise DataError(f"{path}: line {e.lineno}: invalid JSON ({e.msg})") from None
+                raise DataError(f"{path}: line {e.lineno}, column {e.colno}: invalid JSON ({e.msg})") from None
             records.append((line, obj))
     for lineno, raw in enumerate(text.splitlines(), 1):
         if not raw.strip():
@@ -69,7 +69,7 @@ def read_records(path: Path) -> list[tuple[int, Any]]:
         try:
             records.append((lineno, json.loads(raw)))
         except json.JSONDecodeError as e:
-            raise DataError(f"{path}: line {lineno}: invalid JSON ({e.msg})") from None
+            raise DataError(f"{path}: line {lineno}, column {e.colno}: invalid JSON ({e.msg})") from None
     return records
 
 

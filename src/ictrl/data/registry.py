@@ -192,8 +192,10 @@ GENERATION_OPTIONS: dict[str, Callable[[Any], Any]] = {"max_new_tokens": int, "t
 
 
 def apply_options(bench: Benchmark, **options: Any) -> Benchmark:
-    """``bench`` with overrides: kind, levels ("3,4,5" or ints), *_field ("a" or "a,b"), hub_split and the
-    generation defaults max_new_tokens, temperature, top_p (``"math500:max_new_tokens=8192"``)."""
+    """``bench`` with overrides: kind, levels ("3,4,5" or ints), *_field ("a" or "a,b"), hub_split,
+    prompt_template (the user message, with ``{question}``: ``"jsonl:f.jsonl:prompt_template={question}"`` sends the
+    question alone, without the boxed-answer instruction) and the generation defaults max_new_tokens, temperature,
+    top_p (``"math500:max_new_tokens=8192"``)."""
     changes: dict[str, Any] = {}
     for key, value in options.items():
         if value is None:
@@ -208,6 +210,10 @@ def apply_options(bench: Benchmark, **options: Any) -> Benchmark:
             changes[key] = tuple(value.split(",")) if isinstance(value, str) else tuple(value)
         elif key in ("kind", "hub_split"):
             changes[key] = value
+        elif key == "prompt_template":
+            if "{question}" not in str(value):
+                raise ValueError(f"prompt_template: must contain {{question}}, got {value!r}")
+            changes[key] = str(value)
         elif key in GENERATION_OPTIONS:
             try:
                 changes[key] = GENERATION_OPTIONS[key](value)
@@ -215,7 +221,7 @@ def apply_options(bench: Benchmark, **options: Any) -> Benchmark:
                 raise ValueError(f"{key}: expected a number, got {value!r}") from None
         else:
             raise ValueError(f"benchmark option {key!r}: unknown; use kind, levels, hub_split, *_field, "
-                             "max_new_tokens, temperature or top_p")
+                             "prompt_template, max_new_tokens, temperature or top_p")
     return replace(bench, **changes) if changes else bench
 
 

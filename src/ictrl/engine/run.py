@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import importlib
 import logging
 from pathlib import Path
@@ -39,9 +40,28 @@ def trainer_classes() -> tuple[type, type]:
 # --- config -> trainer arguments ------------------------------------------------------------------------------
 
 
-def build_trainer_args(cfg: RunConfig, source: str = "<config>", cpu: bool | None = None) -> Any:
+@functools.lru_cache(maxsize=None)
+def _note_cpu(notes: str) -> None:
+    """Log the CPU fallback once per process (a grid builds the trainer arguments once per run)."""
+    log.warning("no CUDA device: training on CPU (%s)", notes)
+
+
+def blame(message: str, source: str, flags: dict[str, Any] | None) -> str:
+    """Where a trainer-config error comes from: the command-line flag whose key the message names (``override
+    --learning_rate=-1``), else ``source`` (the config file)."""
+    import re
+
+    for key, value in (flags or {}).items():
+        if re.search(rf"(?<![\w.]){re.escape(key)}(?!\w)", message):
+            return f"override --{key}={shorten(str(value), 100)}"
+    return source
+
+
+def build_trainer_args(cfg: RunConfig, source: str = "<config>", cpu: bool | None = None,
+                       flags: dict[str, Any] | None = None) -> Any:
     """The trainer's config object from the run config's top-level keys. On a machine without CUDA sets
-    ``use_cpu``, turns off bf16/fp16 and vLLM, and says so in the log. Errors name the key."""
+    ``use_cpu``, turns off bf16/fp16 and vLLM, and says so in the log. Errors name the key, and the flag
+    (``flags``: the command-line overrides by key) when one set it."""
     config_cls, _ = trainer_classes()
     kwargs = dict(cfg.trainer)
     # ictrl train loads the model with model_init_kwargs itself (ictrl.engine.model_init); TRL would only warn
@@ -51,11 +71,11 @@ def build_trainer_args(cfg: RunConfig, source: str = "<config>", cpu: bool | Non
     if cpu:
         notes = ["use_cpu=True", "bf16=False"] + (["use_vllm=False"] if kwargs.get("use_vllm") else [])
         kwargs.update(use_cpu=True, bf16=False, fp16=False, use_vllm=False)
-        log.warning("no CUDA device: training on CPU (%s)", ", ".join(notes))
+        _note_cpu(", ".join(notes))
     try:
         args = config_cls(**kwargs)
     except (ValueError, TypeError) as exc:  # ICTGRPOConfig / TRL messages name the field, which is the key
-        raise ConfigError(f"{source}: {shorten(str(exc))}") from None
+        raise ConfigError(f"{blame(str(exc), source, flags)}: {shorten(str(exc))}") from None
     check_values(args, cfg, source)
     check_resumable(args, source)
     return args
@@ -122,11 +142,13 @@ def reward_label(fn: Callable[..., Any]) -> str:
 # --- data ------------------------------------------------------------------------------------------------------
 
 
-def check_sources(cfg: RunConfig, source: str = "<config>") -> None:
-    """Every data source must be a registry spec (``math_train:levels=3,4,5``) or ``jsonl:PATH`` to a file."""
+def check_sources(cfg: RunConfig, config: str = "<config>", flags: dict[str, Any] | None = None) -> None:
+    """Every data source must be a registry spec (``math_train:levels=3,4,5``) or ``jsonl:PATH`` to a file. Errors
+    name the flag that set the key (``flags``), else ``config``."""
     from ictrl import data
 
     for key, names in (("data.train", cfg.data.source_names()), ("data.eval", cfg.data.eval)):
+        source = blame(key, config, flags)
         for name in names:
             try:
                 _, path = data.parse_spec(name)
@@ -277,27 +299,54 @@ def write_run_labels(out: Path, args: Any) -> None:
     atomic_write_text(out / RUN_LABELS, json.dumps(labels, indent=1) + "\n")
 
 
+def _not_tied_head_note(record: logging.LogRecord) -> bool:
+    return "missing keys in the checkpoint model loaded: ['lm_head.weight']" not in record.getMessage()
+
+
+def hide_tied_head_note() -> None:
+    """Drop transformers' "missing keys ... ['lm_head.weight']" warning on resume: a tied head is the embedding
+    matrix, which a checkpoint stores once, so nothing is missing (``--verbose`` keeps the warning)."""
+    import os
+
+    if os.environ.get("ICTRL_VERBOSE", "").lower() not in ("1", "true", "yes"):
+        logging.getLogger("transformers.trainer").addFilter(_not_tied_head_note)
+
+
+def interrupted(out: Path, step: int, resume_command: str | None) -> Any:
+    """The :class:`ictrl.errors.Interrupted` of a Ctrl-C at ``step``: the last complete checkpoint and the command
+    that continues from it (``--resume`` redoes the steps after that checkpoint exactly)."""
+    from ictrl.errors import Interrupted
+
+    checkpoints = complete_checkpoints(out)
+    kept = f"last complete checkpoint {checkpoints[-1]}" if checkpoints else "no checkpoint yet (save_steps)"
+    again = f"; resume with `{resume_command}`" if resume_command and checkpoints else ""
+    return Interrupted(f"interrupted at step {step}; {kept}{again}")
+
+
 def train(cfg: RunConfig, resume: bool = False, source: str = "<config>",
-          callbacks: list[Any] | None = None) -> TrainResult:
+          callbacks: list[Any] | None = None, resume_command: str | None = None,
+          flags: dict[str, Any] | None = None) -> TrainResult:
     """Run ``ictrl train``. Config errors surface before the model loads; the run holds ``output_dir``'s lock
-    (:class:`ictrl.engine.run_guard.RunLock`) from before it reads a checkpoint there until it returns."""
+    (:class:`ictrl.engine.run_guard.RunLock`) from before it reads a checkpoint there until it returns. Ctrl-C
+    raises :class:`ictrl.errors.Interrupted` naming the step, the last checkpoint and ``resume_command``."""
     from ictrl.engine import model_init
 
-    args = build_trainer_args(cfg, source)
+    args = build_trainer_args(cfg, source, flags=flags)
     init_kwargs = model_init.load_kwargs(cfg, source)
     lora = model_init.peft_config(cfg, source)
-    reward_funcs = build_rewards(cfg, source)
+    reward_funcs = build_rewards(cfg, blame("reward.names", source, flags))
     add_overlong_penalty(cfg, args, reward_funcs, source)
-    check_sources(cfg, source)
+    check_sources(cfg, source, flags)
     check_output_dir(cfg.output_dir, source)
     from ictrl.engine.run_guard import RunLock
 
     with RunLock(cfg.output_dir, args):
-        return _train_locked(cfg, args, reward_funcs, resume, source, callbacks, init_kwargs, lora)
+        return _train_locked(cfg, args, reward_funcs, resume, source, callbacks, init_kwargs, lora, resume_command)
 
 
 def _train_locked(cfg: RunConfig, args: Any, reward_funcs: list[Callable[..., Any]], resume: bool, source: str,
-                  callbacks: list[Any] | None, init_kwargs: dict[str, Any], lora: Any) -> TrainResult:
+                  callbacks: list[Any] | None, init_kwargs: dict[str, Any], lora: Any,
+                  resume_command: str | None) -> TrainResult:
     from ictrl.engine import model_init
 
     resume_from = prepare_output_dir(cfg, resume, source)
@@ -315,7 +364,7 @@ def _train_locked(cfg: RunConfig, args: Any, reward_funcs: list[Callable[..., An
 
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
-    from ictrl.engine.callbacks import MetricsJSONL, RichProgress
+    from ictrl.engine.callbacks import MetricsJSONL, NoSignalWarning, RichProgress
     from ictrl.models import load_model_and_tokenizer
 
     model, tokenizer = load_model_and_tokenizer(cfg.model.name_or_path, **init_kwargs)
@@ -337,6 +386,7 @@ def _train_locked(cfg: RunConfig, args: Any, reward_funcs: list[Callable[..., An
     for cb in (PrinterCallback, ProgressCallback):
         trainer.remove_callback(cb)
     trainer.add_callback(MetricsJSONL(out / "metrics.jsonl", accuracy_reward=accuracy))
+    trainer.add_callback(NoSignalWarning())
     if not args.disable_tqdm:  # the rich bar stands in for transformers' tqdm bar
         trainer.add_callback(RichProgress(accuracy_reward=accuracy))
     for cb in callbacks or []:
@@ -348,10 +398,15 @@ def _train_locked(cfg: RunConfig, args: Any, reward_funcs: list[Callable[..., An
     if resume_from is not None:
         step = trainer_state(resume_from)["global_step"]
         log.warning("resuming from %s", resume_from)
+        if getattr(model.config, "tie_word_embeddings", False):
+            hide_tied_head_note()
         if 0 < args.max_steps <= step:
             log.warning("--resume: %s is at step %d, max_steps is %d: no step left to train; writing %s from it",
                         resume_from.name, step, args.max_steps, final)
-    trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+    try:
+        trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+    except KeyboardInterrupt:
+        raise interrupted(out, trainer.state.global_step, resume_command) from None
 
     save_final(trainer, out / f"{STAGING_PREFIX}final", final)
     return TrainResult(out, trainer.state.global_step, resume_from, final)

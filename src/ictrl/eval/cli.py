@@ -13,15 +13,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ictrl.cliargs import CommaList, comma_list
 from ictrl.eval.harness import RESULTS_JSON, RESULTS_MD, EvalConfig, ResumeMismatchError, benchmark_tasks, evaluate
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="hub id or local checkpoint directory")
-    parser.add_argument("--benchmarks", nargs="+", default=["gsm8k", "math500"],
-                        help="benchmark names or specs from ictrl.data (e.g. gsm8k math500 mmlu_stem aime24)")
+    parser.add_argument("--benchmarks", nargs="+", type=comma_list(), action=CommaList, default=["gsm8k", "math500"],
+                        help="benchmark names or specs from ictrl.data, comma-separated (gsm8k,math500,aime24)")
     parser.add_argument("--n", type=int, default=4, help="samples per problem (>= max k)")
-    parser.add_argument("--k", type=int, nargs="+", default=[1, 4], help="k values of pass@k")
+    parser.add_argument("--k", nargs="+", type=comma_list(int), action=CommaList, default=[1, 4],
+                        help="k values of pass@k, comma-separated (1,4)")
     parser.add_argument("--limit", type=int, default=None, help="first LIMIT problems of each benchmark")
     parser.add_argument("--max-new-tokens", type=int, default=None,
                         help="generation budget; default: each benchmark's (ictrl.data registry: 4096 for MATH-500 "
@@ -29,16 +31,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--temperature", type=float, default=None,
                         help="0 for greedy; default: each benchmark's (0.6)")
     parser.add_argument("--top-p", type=float, default=None, help="default: each benchmark's (0.95)")
-    parser.add_argument("--method", default=None,
-                        help="method label recorded for `ictrl table`; default: the token_selector's label in the config.yaml that "
+    parser.add_argument("--method", "--method-label", dest="method", default=None,
+                        help="method label (not a selector) recorded for `ictrl table`; default: the token_selector's label in the config.yaml that "
                         "`ictrl train` saved beside the model (use 'base' for an untrained model)")
     parser.add_argument("--train-seed", type=int, default=None,
                         help="training seed recorded for `ictrl table`; default: the seed of that config.yaml")
     parser.add_argument("--backend", choices=["hf", "vllm"], default="hf", help="vllm needs a GPU and ictrl[vllm]")
     parser.add_argument("--batch-size", type=int, default=16, help="sequences per model.generate call (hf backend)")
     parser.add_argument("--chunk-size", type=int, default=32, help="problems per backend call and per save to disk")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="one full evaluation per seed")
-    parser.add_argument("--output-dir", type=Path, default=None,
+    parser.add_argument("--seeds", type=int, default=1,
+                        help="evaluation seeds 0..N-1 (as in compare and sweep), one full evaluation each")
+    parser.add_argument("--seed-start", type=int, default=0, help="first evaluation seed (default 0)")
+    parser.add_argument("--output-dir", "--output_dir", type=Path, default=None,
                         help="where samples, results.json and results.md go; a rerun resumes. Omit to only print")
     parser.add_argument("--data-root", type=Path, default=None,
                         help="benchmark files root (default $ICTRL_DATA_ROOT or ../shared/data)")
@@ -124,11 +128,15 @@ def run(args: argparse.Namespace) -> int:
     from ictrl.errors import UserError
 
     # the cheap checks first: a typo costs a fraction of a second, not a model load
+    if args.seeds < 1 or args.seed_start < 0:
+        raise UserError(f"--seeds must be at least 1 and --seed-start at least 0, got {args.seeds} and "
+                        f"{args.seed_start}")
     try:
         method, train_seed = train_run_labels(args.model)
         config = EvalConfig(
             model=args.model, n=args.n, ks=tuple(args.k), max_new_tokens=args.max_new_tokens,
-            temperature=args.temperature, top_p=args.top_p, seeds=tuple(args.seeds),
+            temperature=args.temperature, top_p=args.top_p,
+            seeds=tuple(range(args.seed_start, args.seed_start + args.seeds)),
             chunk_size=args.chunk_size, n_bootstrap=args.n_bootstrap,
             method=args.method if args.method is not None else method,
             train_seed=args.train_seed if args.train_seed is not None else train_seed,

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from ictrl.cliargs import CommaList, comma_list
 from ictrl.errors import UserError
 from ictrl.eval.harness import RESULTS_JSON, _json_safe
 from ictrl.files import atomic_write_text
@@ -50,6 +51,7 @@ class RunScores:
     scores: dict[str, dict[str, float]]
     num_problems: dict[str, int]
     generation: dict[str, Any]
+    samples: int | None = None  # samples per problem (``ictrl eval --n``)
 
 
 def find_results(paths: Sequence[str | Path]) -> list[Path]:
@@ -94,7 +96,8 @@ def load_run(path: Path) -> RunScores:
             raise TableError(f"{path}: benchmarks.{name}.pass_at_k: a mean is not a finite number")
     num = {name: int(bench.get("num_problems", -1)) for name, bench in benchmarks.items()}
     gen = settings.get("generation") or {}
-    return RunScores(path, str(method), seed, scores, num, gen)
+    n = settings.get("n")
+    return RunScores(path, str(method), seed, scores, num, gen, n if isinstance(n, int) else None)
 
 
 def _check_runs(runs: list[RunScores], benchmarks: list[str], ks: list[str]) -> None:
@@ -187,6 +190,8 @@ def build_table(runs: list[RunScores], target: str = "ict", methods: Sequence[st
     rows = {m: {r.seed: _row(r, bench_list, k_list) for r in rs} for m, rs in by_method.items()}
     table: dict[str, Any] = {
         "columns": _columns(bench_list, k_list), "benchmarks": bench_list, "ks": k_list, "target": target, "ci": ci,
+        "problems": {b: runs[0].num_problems.get(b, -1) for b in bench_list},
+        "generation": {b: runs[0].generation.get(b) for b in bench_list}, "samples": runs[0].samples,
         "methods": [{"method": m, "seeds": [r.seed for r in by_method[m]], "runs": [str(r.path) for r in by_method[m]],
                      **_spread(np.stack(list(rows[m].values())))} for m in order],
         "differences": [],
@@ -214,7 +219,9 @@ def _pct(x: float | None, signed: bool = False) -> str:
 def _cells(table: dict[str, Any]) -> tuple[list[list[str]], list[list[str]], list[list[bool]]]:
     """Text of the method rows and the difference rows, and which method cells hold a column's best mean."""
     means = np.array([m["mean"] for m in table["methods"]])
-    best = (means == means.max(axis=0)).tolist() if len(means) > 1 else [[False] * means.shape[1]]
+    # Bold marks the best mean of a column; where every method ties, nothing is best.
+    tied = means.min(axis=0) == means.max(axis=0)
+    best = ((means == means.max(axis=0)) & ~tied).tolist() if len(means) > 1 else [[False] * means.shape[1]]
     method_rows = []
     for m in table["methods"]:
         cells = [_pct(mu) + (f" ± {_pct(sd)}" if sd is not None and math.isfinite(sd) else "")
@@ -236,11 +243,26 @@ def _caption(table: dict[str, Any]) -> tuple[str, str]:
     ks = table["ks"]
     total = "(" + " + ".join(f"Avg P@{k}" for k in ks) + f") / {len(ks)}"
     main = (f"pass@k in %, mean ± std over training seeds (Seeds: runs per method); Avg: mean over the "
-            f"{len(table['benchmarks'])} benchmarks; Total = {total}. Bold: best mean in the column.")
+            f"{len(table['benchmarks'])} benchmarks; Total = {total}. Bold: best mean in the column (none where every "
+            "method ties).")
     diff = (f"Paired difference {table['target']} − baseline in points, mean over the training seeds both have "
             f"(Pairs) [{100 * table['ci']:.0f}% CI, Student t with Pairs − 1 df]; a baseline evaluated once without a "
             "training seed (the base model) pairs with every seed.")
     return main, diff
+
+
+def setup_lines(table: dict[str, Any]) -> list[str]:
+    """One line per benchmark: the problems every run evaluated and the generation settings, so a table of a
+    ``--limit 2`` evaluation does not pass for the full one."""
+    samples = table.get("samples")
+    lines = []
+    for b in table["benchmarks"]:
+        count = table.get("problems", {}).get(b, -1)
+        gen = table.get("generation", {}).get(b) or {}
+        settings = ", ".join(f"{k} {v}" for k, v in gen.items())
+        lines.append(f"{b}: {count if count >= 0 else '?'} problems"
+                     + (f", {samples} samples each" if samples else "") + (f"; {settings}" if settings else ""))
+    return lines
 
 
 def format_markdown(table: dict[str, Any]) -> str:
@@ -249,7 +271,7 @@ def format_markdown(table: dict[str, Any]) -> str:
                                   for c in table["columns"]]
     sep = "|---|---:|" + "---:|" * len(table["columns"])
     main, diff = _caption(table)
-    lines = [main, "", "| " + " | ".join(head) + " |", sep]
+    lines = [main, "", *(f"- {line}" for line in setup_lines(table)), "", "| " + " | ".join(head) + " |", sep]
     for row, flags in zip(method_rows, best):
         cells = row[:2] + [f"**{c}**" if f else c for c, f in zip(row[2:], flags)]
         lines.append("| " + " | ".join(cells) + " |")
@@ -289,7 +311,11 @@ def format_html(table: dict[str, Any]) -> str:
         "<!DOCTYPE html><html><head><meta charset='utf-8'><title>ictrl table</title><style>",
         "body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;margin:1em 0}"
         "th,td{border:1px solid #bbb;padding:3px 8px;text-align:right;white-space:nowrap}"
-        "thead th{text-align:center;background:#f2f2f2}tbody th{text-align:left}</style></head><body>",
+        "thead th{text-align:center;background:#f2f2f2}tbody th{text-align:left}caption{text-align:left;"
+        "max-width:60em;margin-bottom:.4em}ul.setup{color:#333}</style></head><body>",
+        f"<h1>ictrl table: pass@k per method over {len(table['benchmarks'])} benchmark"
+        f"{'s' if len(table['benchmarks']) != 1 else ''}</h1>",
+        "<ul class='setup'>" + "".join(f"<li>{esc(line)}</li>" for line in setup_lines(table)) + "</ul>",
         f"<table><caption>{esc(main)}</caption>{head('Method', 'Seeds')}{body(method_rows, best)}</table>",
     ]
     if diff_rows:
@@ -312,13 +338,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("runs", nargs="+", metavar="RUN_DIR",
                         help="`ictrl eval` output directories (or results.json files, or folders searched for them)")
     parser.add_argument("--target", default="ict", help="method compared against every other one (default: ict)")
-    parser.add_argument("--methods", nargs="+", default=None, help="methods to show, in this order (default: all, "
-                        "base first, the target last)")
-    parser.add_argument("--benchmarks", nargs="+", default=None,
-                        help="benchmark columns, in this order (default: the first run's)")
-    parser.add_argument("--k", nargs="+", type=int, default=None, help="k values (default: the first run's)")
+    parser.add_argument("--methods", nargs="+", type=comma_list(), action=CommaList, default=None,
+                        help="methods to show, comma-separated, in this order (default: all, base first, the target "
+                             "last)")
+    parser.add_argument("--benchmarks", nargs="+", type=comma_list(), action=CommaList, default=None,
+                        help="benchmark columns, comma-separated, in this order (default: the first run's)")
+    parser.add_argument("--k", nargs="+", type=comma_list(int), action=CommaList, default=None,
+                        help="k values, comma-separated (default: the first run's)")
     parser.add_argument("--ci", type=float, default=0.95, help="confidence level of the paired-difference CI")
-    parser.add_argument("--output-dir", type=Path, default=None,
+    parser.add_argument("--output-dir", "--output_dir", type=Path, default=None,
                         help="write table.md, table.json and table.html here (default: only print the Markdown)")
 
 

@@ -40,7 +40,8 @@ CURVE_KEYS = figures.DEFAULT_CURVE_KEYS  # reward, H1 (all, selected), H2, purit
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     gridcli.add_common_arguments(parser, default_output="runs/compare")
-    parser.add_argument("--lr", type=float, default=None, help="learning rate (default: the recipe's / config's)")
+    parser.add_argument("--learning-rate", "--lr", dest="lr", type=float, default=None,
+                        help="learning rate (default: the recipe's / config's)")
     parser.add_argument("--note", default="", help="a line put at the top of the report and stored in results.json")
     tunecli.add_arguments(parser)  # --task, --tune and the tuned protocol's grid
 
@@ -50,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
         return tunecli.run(args)
     methods = grid.parse_methods(args.methods)
     if args.lr is not None and not args.lr > 0:
-        raise UserError(f"--lr must be > 0, got {args.lr}")
+        raise UserError(f"--learning-rate must be > 0, got {args.lr}")
     specs = grid.grid_specs(methods, args.seeds, None if args.lr is None else [args.lr])
     start = time.perf_counter()
     experiment = gridcli.make_experiment(args)
@@ -59,6 +60,8 @@ def run(args: argparse.Namespace) -> int:
     base = grid.cached_result(out / "base" / "result.json", lambda: experiment.eval_base(out / "base"))
     paths = write_report(out, methods, specs, results, base, experiment.settings, time.perf_counter() - start,
                          note=args.note)
+    if experiment.settings.get("quick"):
+        print(gridcli.PIPELINE_CHECK)
     print(paths["table"].read_text())
     print(f"wrote {paths['report']}", file=sys.stderr)
     return 0
@@ -90,10 +93,18 @@ def _answer(table: report.ResultsTable, methods: list[str], settings: dict[str, 
             ) -> tuple[str, list[str]]:
     """The study's answer in two sentences, and what limits it."""
     totals = {m: table.rows[m]["Total"].mean for m in methods}
-    best = max(totals, key=lambda m: totals[m])
-    spread = f"; all methods {min(totals.values()):.1f}–{max(totals.values()):.1f}%" if len(totals) > 1 else ""
-    lines = [f"Highest mean Total (mean of P@1 and P@4): {best}, {totals[best]:.1f}%{spread} (base model "
-             f"{table.rows['base']['Total'].mean:.1f}%)."]
+    top = max(totals.values())
+    best = [m for m in methods if round(totals[m], 1) == round(top, 1)]  # equal as the table shows them
+    base = f"base model {table.rows['base']['Total'].mean:.1f}%"
+    if len(best) > 1:
+        lines = [f"No highest mean Total (mean of P@1 and P@4): {', '.join(best)} tie at {top:.1f}%"
+                 + (f", the others {min(totals.values()):.1f}–{max(v for v in totals.values() if round(v, 1) < round(top, 1)):.1f}%"
+                    if len(best) < len(methods) else "") + f" ({base})."]
+    else:
+        spread = f"; all methods {min(totals.values()):.1f}–{top:.1f}%" if len(totals) > 1 else ""
+        lines = [f"Highest mean Total (mean of P@1 and P@4): {best[0]}, {top:.1f}%{spread} ({base})."]
+    if settings.get("quick"):
+        lines.insert(0, gridcli.PIPELINE_CHECK)
     if table.diff is not None and table.diff_name is not None:
         d = table.diff["Total"]
         if d.lo is None:

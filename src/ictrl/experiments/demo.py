@@ -20,30 +20,46 @@ from typing import Any
 from ictrl.data import Problem
 from ictrl.errors import UserError
 from ictrl.experiments.tasks import tinytask
-from ictrl.experiments.tasks.tinymodel import TinyRecipe, build_tiny_base, load_tiny_base, max_new_tokens
+from ictrl.experiments.tasks.tinymodel import (
+    REPRODUCIBLE_THREADS,
+    TinyRecipe,
+    build_tiny_base,
+    load_tiny_base,
+    max_new_tokens,
+)
 from ictrl.core.selection import get_selector, method_names
 
 REWARD_NAME = tinytask.tinyarith_reward.__name__
 
-# The full plan. lr 1e-4, measured 2026-11-23 on the seed-0 base: ICT at 1e-4 x 120 steps went pass@1 21.8% ->
-# 37.4 / 39.1 / 39.5% on RL seeds 0-2 (one thread) and 36.3% with default threads; at 2e-4 it went to 30-31% with
-# one thread and collapsed to 7.4% with two, a float-rounding difference: 2e-4 sits at ICT's stability edge here
-# (`ictrl compare --tune` puts ICT's stable range at <= 2e-4 on this task). A tiny plan for tests.
+# The full plan, at one torch thread (DEMO_THREADS): pass@1 21.5% -> 30.2%, pass@4 50.5% -> 51.0% (2026-11-25, from
+# an empty cache, idle-ish and under load alike). lr 1e-4: at 2e-4 ICT sits at its stability edge on this task (it
+# collapsed to 7.4% with two threads and reached 31.2% with one on an earlier base; `ictrl compare --tune` puts ICT's
+# stable range at <= 2e-4). A tiny plan for tests.
 FULL = {"steps": 120, "lr": 1e-4, "prompts": 32, "generations": 8, "eval_problems": 200, "eval_samples": 8}
 QUICK = {"steps": 4, "lr": 2e-4, "prompts": 4, "generations": 4, "eval_problems": 16, "eval_samples": 4}
+# Torch threads of the whole demo (base build, RL, evaluation): float reductions round differently with another
+# count, and sampling turns a rounding difference into another run, so a fixed count gives every machine the
+# numbers in README (a machine's default count would give each core count its own). One thread: the tiny model
+# gains little from more. The same count as `ictrl tiny-model`'s, so the two share one cached base.
+DEMO_THREADS = REPRODUCIBLE_THREADS
 QUICK_RECIPE = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "difficulty": (2,),
                 "train_problems": 500, "max_steps": 20, "eval_every": 10, "dev_problems": 16, "dev_samples": 1,
                 "batch_size": 16}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--method", default="ict", type=method_name, metavar="METHOD",
-                        help=f"token selector or method label: {', '.join(method_names())}, or module:function "
-                             "(default: ict)")
+    parser.add_argument("--selector", "--method", dest="method", default="ict", type=method_name,
+                        metavar="SELECTOR", help=f"token selector or its method label: {', '.join(method_names())}, "
+                                                 "or module:function (default: ict)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the base model recipe and of RL")
     parser.add_argument("--steps", type=int, default=None, help=f"RL optimizer steps (default {FULL['steps']})")
-    parser.add_argument("--lr", type=float, default=None, help=f"RL learning rate (default {FULL['lr']})")
-    parser.add_argument("--output-dir", default="ictrl-demo", help="where the RL run and summary.json go")
+    parser.add_argument("--learning-rate", "--lr", dest="lr", type=float, default=None,
+                        help=f"RL learning rate (default {FULL['lr']})")
+    parser.add_argument("--output-dir", "--output_dir", default="runs/demo",
+                        help="where the RL run, the trained model (model/) and summary.json go (default: %(default)s)")
+    parser.add_argument("--threads", type=int, default=DEMO_THREADS,
+                        help="torch threads for the whole demo; the README's numbers are for the default, "
+                             "%(default)s (another count rounds differently, and the run differs)")
     parser.add_argument("--cache-dir", default=None, help="base-model cache (default $ICTRL_CACHE_DIR or "
                         "~/.cache/ictrl)")
     parser.add_argument("--quick", action="store_true", help="a much smaller run (seconds; for tests)")
@@ -103,15 +119,28 @@ def _trajectory(log_history: list[dict[str, Any]]) -> list[dict[str, float]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ictrl.files import atomic_write_text
-
     if args.steps is not None and args.steps < 1:
         raise UserError(f"--steps must be at least 1, got {args.steps}")
     if args.lr is not None and not args.lr > 0:
-        raise UserError(f"--lr must be positive, got {args.lr}")
+        raise UserError(f"--learning-rate must be positive, got {args.lr}")
+    if args.threads < 1:
+        raise UserError(f"--threads must be at least 1, got {args.threads}")
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(args.threads)
+    try:
+        return _run(args)
+    finally:  # in-process callers (tests) keep their own count
+        torch.set_num_threads(threads)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from ictrl.files import atomic_write_text
+
     plan = dict(QUICK if args.quick else FULL)
     plan.update({k: v for k, v in (("steps", args.steps), ("lr", args.lr)) if v is not None})
-    recipe = TinyRecipe(seed=args.seed, **(QUICK_RECIPE if args.quick else {}))
+    recipe = TinyRecipe(seed=args.seed, threads=args.threads, **(QUICK_RECIPE if args.quick else {}))
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     timings: dict[str, float] = {}
@@ -155,6 +184,8 @@ def run(args: argparse.Namespace) -> int:
     # On a shared machine wall time mostly measures the neighbours; this process's CPU time does not.
     timings["process_cpu"] = time.process_time() - cpu0
     trajectory = _trajectory(trainer.state.log_history)
+    trainer.save_model(str(out / "model"))  # for ictrl inspect / ictrl eval
+    tokenizer.save_pretrained(out / "model")
 
     print(f"\n{'':10}{'pass@1':>9}{'pass@4':>9}")
     for name, res in (("before", before), ("after", after)):
@@ -164,7 +195,8 @@ def run(args: argparse.Namespace) -> int:
           f"process CPU time {timings['process_cpu']:.0f}s")
 
     summary = {
-        "method": args.method, "seed": args.seed, "quick": bool(args.quick), "base_model": str(base),
+        "method": args.method, "seed": args.seed, "quick": bool(args.quick), "threads": args.threads,
+        "base_model": str(base), "model": str(out / "model"),
         "recipe": asdict(recipe), "plan": plan, "eval": {"split": "test", "problems": len(test),
                                                           "samples_per_problem": plan["eval_samples"], "temperature": 1.0},
         "before": before, "after": after,
@@ -173,4 +205,8 @@ def run(args: argparse.Namespace) -> int:
     }
     atomic_write_text(out / "summary.json", json.dumps(summary, indent=2, default=str) + "\n")
     print(f"summary: {out / 'summary.json'}")
+    example = test[0]
+    print(f"the trained model is in {out / 'model'}; see which tokens {args.method} trains on:\n  ictrl inspect "
+          f"--model {out / 'model'} --prompt '{example.question}' --answer={example.gold} "
+          f"--max-new-tokens {max_new_tokens(recipe.difficulty)} --selector {args.method}")
     return 0

@@ -26,6 +26,7 @@ page (the legend prints that maximum), because u is usually far below its bound 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import html
 import json
 import math
@@ -434,6 +435,13 @@ def render_inspect_html(
 # ---------------------------------------------------------------------------------------------------- CLI
 
 
+def score_rollouts(rollouts: list[Rollout], answer: str) -> list[Rollout]:
+    """``rollouts`` with ``reward`` set by the math reward of each response's text against ``answer``."""
+    from ictrl.rewards import math_reward
+
+    return [dataclasses.replace(r, reward=float(math_reward("".join(r.tokens), answer))) for r in rollouts]
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     src = parser.add_mutually_exclusive_group(required=True)
     src.add_argument("--model", help="model directory or hub id to sample from (needs --prompt)")
@@ -445,12 +453,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--selector", "--method", dest="selector", default="ict",
                         help="token selector or method label, as in ictrl train/demo (default: ict)")
-    parser.add_argument("--ratio", type=float, default=None,
-                        help="fraction of tokens selected, for selectors with a ratio (default: the selector's)")
-    parser.add_argument("--scope", default=None,
-                        help="response, group or batch, for selectors with a scope (default: the selector's)")
+    parser.add_argument("--ratio", type=float, help="fraction of tokens selected (default: the selector's)")
+    parser.add_argument("--scope", help="response, group or batch, for selectors with one (default: the selector's)")
     parser.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
-    parser.add_argument("--out", default="inspect.html", help="HTML page to write")
+    parser.add_argument("--answer", help="gold answer: grade each response (math reward, last \\boxed{}) and show it")
+    parser.add_argument("--output-dir", "--output_dir", default="runs/inspect", help="where inspect.html goes")
+    parser.add_argument("--out", default=None, help="the HTML file to write instead of OUTPUT_DIR/inspect.html")
     parser.add_argument("--save-rollouts", default=None, help="also write the scored rollouts as JSONL (with --model)")
 
 
@@ -479,7 +487,10 @@ def run(args: argparse.Namespace) -> int:
                     "selector": f"{args.selector}{opts}"}
             if args.save_rollouts:
                 save_rollouts(args.save_rollouts, rollouts)
-        path = render_inspect_html(rollouts, args.out, meta=meta)
+        if args.answer is not None:
+            rollouts = score_rollouts(rollouts, args.answer)
+            meta["answer"] = args.answer
+        path = render_inspect_html(rollouts, args.out or Path(args.output_dir) / "inspect.html", meta=meta)
     except UserError:
         raise
     except (ValueError, FileNotFoundError) as e:  # the CLI prints one line (--debug: the traceback)

@@ -49,7 +49,7 @@ EXAMPLE_KEYS = {name: key for name, key in figures.DEFAULT_CURVE_KEYS.items() if
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     gridcli.add_common_arguments(parser, default_output="runs/sweep")
-    parser.add_argument("--lrs", default=",".join(f"{lr:g}" for lr in DEFAULT_LRS),
+    parser.add_argument("--learning-rate", "--lrs", dest="lrs", default=",".join(f"{lr:g}" for lr in DEFAULT_LRS),
                         help="comma-separated learning rates (default: %(default)s)")
     parser.add_argument("--thresholds", choices=PRESETS, default="v2",
                         help="outcome rule set of ictrl.experiments.reports.outcomes (default: %(default)s)")
@@ -65,9 +65,9 @@ def parse_lrs(text: str) -> list[float]:
     try:
         lrs = [float(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise UserError(f"--lrs: expected comma-separated numbers, got {text!r}") from None
+        raise UserError(f"--learning-rate: expected comma-separated numbers, got {text!r}") from None
     if not lrs or any(not (math.isfinite(lr) and lr > 0) for lr in lrs):
-        raise UserError(f"--lrs: need positive finite learning rates, got {text!r}")
+        raise UserError(f"--learning-rate: need positive finite learning rates, got {text!r}")
     return sorted(set(lrs))
 
 
@@ -83,6 +83,8 @@ def run(args: argparse.Namespace) -> int:
     base = grid.cached_result(out / "base" / "result.json", lambda: experiment.eval_base(out / "base"))
     page = write_report(out, methods, lrs, specs, results, base, thresholds, experiment.settings,
                         time.perf_counter() - start, note=args.note)
+    if experiment.settings.get("quick"):
+        print(gridcli.PIPELINE_CHECK)
     print((out / "stability.md").read_text())
     print(f"wrote {page}", file=sys.stderr)
     return 0
@@ -146,7 +148,7 @@ def stability_markdown(rows: list[dict[str, Any]], stab: dict[str, Any], methods
             if not seq:
                 cells.append("–")
                 continue
-            counts = ", ".join(f"{seq.count(x)} {x[0].upper()}" for x in ("collapsed", "exploded", "degraded")
+            counts = ", ".join(f"{seq.count(x)} {x[0].upper()}" for x in ("collapsed", "exploded", "degraded", "unrewarded")
                                if seq.count(x))
             cells.append(f"{sum(x == 'stable' for x in seq)}/{len(seq)} stable" + (f" ({counts})" if counts else ""))
         widest = stab[m]["widest_stable_range"]
@@ -243,6 +245,8 @@ def _answer(stab: dict[str, Any], methods: list[str], specs: list[grid.RunSpec],
         widest = stab[m]["widest_stable_range"]
         ranges.append(f"{m} {'none' if widest is None else f'{widest[0]:g}–{widest[1]:g}'}")
     answer = ("Widest learning-rate range in which every seed stayed stable: " + "; ".join(ranges) + ".")
+    if settings.get("quick"):
+        answer = f"{gridcli.PIPELINE_CHECK} {answer}"
     seeds = sorted({s.seed for s in specs})
     caveats = [f"{len(seeds)} seed{'s' if len(seeds) != 1 else ''} per cell (seeds {seeds[0]}–{seeds[-1]})"
                + (": a single run decides each cell" if len(seeds) < 2 else ""),
@@ -265,7 +269,7 @@ def _notes(rows: list[dict[str, Any]], picks: dict[str, dict[str, Any] | None], 
         "weights went non-finite (sampling failed) counts as exploded with P@1 = P@4 = 0: "
         f"{sum(r['diverged'] for r in rows)} such run(s).",
         "Stability table: stable seeds / seeds per cell, the other outcomes in brackets (C = collapsed, "
-        "E = exploded, D = degraded). Widest stable range: the widest contiguous learning-rate range in which every "
+        "E = exploded, D = degraded, U = unrewarded). Widest stable range: the widest contiguous learning-rate range in which every "
         "seed is stable.",
         "Example curves: " + ", ".join(f"{k}: {v['method']}, lr {v['lr']:g}, seed {v['seed']}"
                                        for k, v in picks.items() if v is not None)

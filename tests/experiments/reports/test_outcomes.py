@@ -190,7 +190,19 @@ def test_presets() -> None:
     assert (V2.window, V2.min_reward_gain, V2.reward_drop, V2.degraded) == (10, 0.02, 0.05, True)
     assert OutcomeThresholds.preset("v1") == V1 and V1.version == "v1"
     assert (V1.entropy_floor, V1.collapse_ratio, V1.explode_ratio, V1.explode_min) == (0.05, 0.0, 2.0, 0.5)
-    assert V1.labels == ("collapsed", "exploded", "stable") and V2.labels == LABELS
+    assert V1.labels == ("collapsed", "exploded", "unrewarded", "stable") and V2.labels == LABELS
+
+
+@pytest.mark.parametrize("thresholds", [V1, V2], ids=["v1", "v2"])
+def test_a_run_that_never_earned_a_reward_is_unrewarded_not_stable(thresholds: OutcomeThresholds) -> None:
+    # A --quick run of an untrained model: reward 0 at every step, entropy flat.
+    flat = curve([5.5] * 10, [0.0] * 10)
+    assert label_run(flat, base_reward=0.0, thresholds=thresholds) == "unrewarded"
+    assert stable_fraction(["unrewarded", "stable"]) == 0.5
+    one = curve([5.5] * 10, [0.0] * 9 + [0.0625])  # one step with a correct completion: judged as usual
+    assert label_run(one, base_reward=0.0, thresholds=thresholds) == "stable"
+    fell = curve([0.15] * 20, [0.20] * 10 + [0.0] * 10)  # had reward and lost it: degraded (v2), not unrewarded
+    assert label_run(fell, base_reward=0.20, thresholds=V2) == "degraded"
 
 
 # Sweep 1's regime: the base samples at ~0.15 nats/token, base reward 0.20.

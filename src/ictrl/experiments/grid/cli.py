@@ -21,9 +21,14 @@ TASK_RECIPES: dict[str, dict[str, Any]] = {"countdown": {"order_error": 0.5, "di
                                                            "train_problems": 1300, "patience": 12,
                                                            "max_steps": 4000}}
 
-# --quick: ictrl demo's quick base model and an RL budget small enough for tests (seconds per run).
+# --quick: ictrl demo's quick base model and an RL budget small enough for tests (seconds per run). Its reports
+# say first that they are a pipeline check (PIPELINE_CHECK), not a result.
 QUICK_RL = dict(steps=2, prompts_per_step=4, num_generations=4, num_iterations=1, selection_warmup=0,
                 eval_problems=8)
+
+
+PIPELINE_CHECK = ("PIPELINE CHECK (--quick: a tiny base model, a few steps per run): this shows that the commands "
+                  "run end to end, not which method is better.")
 
 
 def add_common_arguments(parser: Any, default_output: str) -> None:
@@ -34,7 +39,7 @@ def add_common_arguments(parser: Any, default_output: str) -> None:
     parser.add_argument("--seeds", type=int, default=3, help="seeds per method (0..N-1; default: %(default)s)")
     parser.add_argument("--steps", type=int, default=None,
                         help="optimizer steps per run (default: the embedded recipe's, or the config's max_steps)")
-    parser.add_argument("--output-dir", type=Path, default=Path(default_output),
+    parser.add_argument("--output-dir", "--output_dir", type=Path, default=Path(default_output),
                         help="where run directories, tables, plots and report.html go; a rerun resumes")
     parser.add_argument("--config", type=Path, default=None,
                         help="an `ictrl train` YAML config instead of the embedded task (its token_selector and "
@@ -78,7 +83,7 @@ def make_experiment(args: Any, log: Callable[[str], None] = print) -> Experiment
             eval_base=lambda out: configrun.eval_config_base(args.config, out, args.eval_problems),
             settings={"source": "config", "config": str(args.config), "steps": probe.trainer.get("max_steps", -1),
                       "model": probe.model.name_or_path, "eval": list(probe.data.eval),
-                      "eval_limit": args.eval_problems},
+                      "eval_limit": args.eval_problems, "quick": bool(args.quick)},
             default_lr=probe.trainer.get("learning_rate", 1e-6),
         )
     from ictrl.experiments.tasks.tinymodel import TinyRecipe, build_tiny_base
@@ -110,7 +115,8 @@ def make_experiment(args: Any, log: Callable[[str], None] = print) -> Experiment
     return Experiment(
         runner=functools.partial(tinyrun.train_tiny, settings, base),
         eval_base=functools.partial(tinyrun.eval_tiny_base, settings, base),
-        settings={"source": "embedded", "base": str(base), "recipe": asdict(recipe), "rl": asdict(settings)},
+        settings={"source": "embedded", "base": str(base), "recipe": asdict(recipe), "rl": asdict(settings),
+                  "quick": bool(args.quick)},
         default_lr=settings.lr,
     )
 

@@ -134,6 +134,8 @@ def run_grid(
     log(f"grid: {len(specs)} runs, {len(results)} already done, {len(todo)} to run"
         + (f" in {jobs} processes" if jobs > 1 and todo else ""))
 
+    ran: list[float] = []  # seconds of the runs finished by this call, for the ETA
+
     def finish(spec: RunSpec, result: dict[str, Any], seconds: float) -> None:
         for key in ("p1", "p4"):
             if key not in result:
@@ -141,8 +143,10 @@ def run_grid(
         result = {"spec": asdict(spec), "seconds": seconds, **result}
         atomic_write_text(root / spec.relpath / DONE_FILE, json.dumps(result, indent=1) + "\n")
         results[spec] = result
-        log(f"[{len(results)}/{len(specs)}] {spec.relpath}: P@1 {result['p1']:.3f} P@4 {result['p4']:.3f} "
-            f"final reward {result.get('final_reward', math.nan):.3f} ({seconds:.0f}s)")
+        ran.append(seconds)
+        log(f"{progress_bar(len(results), len(specs))} {spec.relpath}: P@1 {result['p1']:.3f} P@4 {result['p4']:.3f} "
+            f"final reward {result.get('final_reward', math.nan):.3f} ({seconds:.0f}s)"
+            + eta(ran, len(specs) - len(results), min(jobs, len(todo))))
 
     for spec in todo:
         run_dir = root / spec.relpath
@@ -168,6 +172,21 @@ def run_grid(
                     result, seconds = future.result()
                     finish(spec, result, seconds)
     return {spec: results[spec] for spec in specs}
+
+
+def progress_bar(done: int, total: int, width: int = 20) -> str:
+    """``[#####---------------] 5/20``: a text bar that reads the same in a terminal and in a log file."""
+    filled = round(width * done / total) if total else width
+    return f"[{'#' * filled}{'-' * (width - filled)}] {done}/{total}"
+
+
+def eta(seconds: Sequence[float], left: int, parallel: int = 1) -> str:
+    """``"; ETA 4m10s"``: ``left`` more runs at the mean time of ``seconds`` (this invocation's runs), ``parallel``
+    at a time; empty when nothing is left or nothing has been timed."""
+    if left <= 0 or not seconds:
+        return ""
+    total = int(round(math.fsum(seconds) / len(seconds) * math.ceil(left / max(1, parallel))))
+    return f"; ETA {total // 3600}h{total % 3600 // 60:02d}m" if total >= 3600 else f"; ETA {total // 60}m{total % 60:02d}s"
 
 
 def _init_worker(threads: int) -> None:

@@ -36,7 +36,7 @@ DEFAULT_CURVE_KEYS: dict[str, str] = {
 }
 LINESTYLES = ("-", "--", "-.", ":")
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
-LABEL_CODES = {"collapsed": "C", "exploded": "E", "degraded": "D"}
+LABEL_CODES = {"collapsed": "C", "exploded": "E", "degraded": "D", "unrewarded": "U"}
 
 
 def save_figure(fig: Any, path: Path, caption: str) -> Path:
@@ -233,7 +233,7 @@ def _text_colour(rgba: Sequence[float]) -> str:
 
 
 HEATMAP_LEGEND = ("cell: stable seeds / seeds at that learning rate; below it the other outcomes: "
-                  "C = collapsed, E = exploded, D = degraded; grey = not run")
+                  "C = collapsed, E = exploded, D = degraded, U = unrewarded; grey = not run")
 
 
 def plot_stability_heatmap(labels: Mapping[str, Mapping[float, Sequence[str]]], out_path: str | os.PathLike[str],
@@ -293,6 +293,14 @@ def _points(runs: Runs, x_key: str, y_key: str) -> dict[str, tuple[list[float], 
     return points
 
 
+def _fitted(values: list[float], pad: float = 0.05, least: float = 0.02) -> tuple[float, float]:
+    """An axis range around ``values`` in [0, 1]: their span plus ``pad`` of it on each side, at least ``least``
+    wide."""
+    lo, hi = min(values), max(values)
+    margin = max((hi - lo) * pad, (least - (hi - lo)) / 2, 0.0)
+    return max(0.0, lo - margin), min(1.0, hi + margin)
+
+
 def plot_prob_vs_purity(runs: Runs, out_path: str | os.PathLike[str], prob_key: str = "ictrl/prob/selected",
                         purity_key: str = "ictrl/purity/selected") -> Path | None:
     """Scatter of the selected tokens' mean probability pi against purity beta, one colour and marker per method.
@@ -311,14 +319,18 @@ def plot_prob_vs_purity(runs: Runs, out_path: str | os.PathLike[str], prob_key: 
     where = "selected tokens" if purity_key.endswith("/selected") else "all tokens"
     fig = Figure(figsize=(5.2, 4.6))
     ax = fig.add_subplot()
-    ax.plot([0, 1], [0, 1], ls="--", color="grey", lw=1, label="π = β")
+    # Axes fitted to the points (both quantities live in [0, 1], but a run's steps cluster in a small corner of it).
+    xlo, xhi = _fitted([x for xs, _ in points.values() for x in xs])
+    ylo, yhi = _fitted([y for _, ys in points.values() for y in ys])
+    lo, hi = min(xlo, ylo), max(xhi, yhi)
+    ax.plot([lo, hi], [lo, hi], ls="--", color="grey", lw=1, label="π = β")
     for method, (xs, ys) in points.items():
         st = styles[method]
         ax.scatter(xs, ys, s=14, alpha=0.45, color=st["color"], marker=st["marker"], label=method)
         mx, my = math.fsum(xs) / len(xs), math.fsum(ys) / len(ys)
         ax.scatter([mx], [my], s=110, marker=st["marker"], color=st["color"], edgecolors="black", linewidths=1.2)
-    ax.set_xlim(0, 1)
-    ax.set_ylim(0, 1)
+    ax.set_xlim(xlo, xhi)
+    ax.set_ylim(ylo, yhi)
     ax.set_xlabel(f"purity β = Σ p² of the next-token distribution ({where})")
     ax.set_ylabel("mean probability π of the selected tokens")
     ax.grid(alpha=0.3)

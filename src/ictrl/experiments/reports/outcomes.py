@@ -22,7 +22,10 @@ tuned on. Its thresholds are relative to the run's own first window, plus a four
   entropy excursion);
 - stable: none of these. Only "stable" counts towards a stable fraction.
 
-The checks go collapsed, exploded, degraded, stable. Under either preset collapsed and exploded cannot hold
+Under both presets a run that would be stable but never logged a positive reward (every step's mean reward 0: no
+group had a correct completion, so there was nothing to learn from) is "unrewarded" instead: nothing was tested.
+
+The checks go collapsed, exploded, degraded, unrewarded, stable. Under either preset collapsed and exploded cannot hold
 together (the collapse floor lies below the first-window entropy or the 0.5-nat minimum ceiling, the explosion
 ceiling above it), so the order only matters for degraded, the fallback of a reward drop. In general the collapse floor is
 ``max(entropy_floor, collapse_ratio x first-window H1)`` and the explosion ceiling
@@ -48,7 +51,7 @@ from typing import Any
 
 from ictrl.errors import UserError
 
-LABELS = ("collapsed", "exploded", "degraded", "stable")
+LABELS = ("collapsed", "exploded", "degraded", "unrewarded", "stable")
 
 
 @dataclass(frozen=True)
@@ -141,6 +144,7 @@ def describe_thresholds(t: OutcomeThresholds) -> list[str]:
     if t.degraded:
         lines.append(f"Degraded: the last-window reward is more than {t.reward_drop:g} below the base model's, "
                      "without either entropy excursion.")
+    lines.append("Unrewarded: no logged step had a positive mean reward (nothing to learn from, nothing tested).")
     lines.append("Stable: none of these" + (" (only stable counts towards the stable fraction)." if t.degraded
                                              else "."))
     return lines
@@ -214,6 +218,8 @@ def summarize_run(
         label = "exploded"
     elif reward_lost and t.degraded:
         label = "degraded"
+    elif max(reward) <= 0:
+        label = "unrewarded"
     else:
         label = "stable"
     return RunSummary(label, h0, h1, r0, r1, float(base_reward), floor, ceiling, k, len(entropy))

@@ -19,7 +19,8 @@ without improvement, or at ``recipe.max_steps``), and keeps the best evaluated w
 Determinism: for a fixed recipe and thread count the build is reproducible (seeded
 init, seeded data order and noise, seeded dev sampling). Floating-point reductions
 in CPU kernels can round differently with another ``torch.get_num_threads()``, and a
-jump-prone run may then stop at a different evaluation.
+jump-prone run may then stop at a different evaluation: ``TinyRecipe.threads`` fixes the
+count for the build (and is part of the cache key when set).
 """
 
 from __future__ import annotations
@@ -45,6 +46,9 @@ from ictrl.models import PLAIN_CHAT_TEMPLATE, build_byte_tokenizer, build_tiny_q
 
 # Bump when the training code changes in a way that changes the weights for a recipe.
 RECIPE_VERSION = 1
+# The thread count of the bases `ictrl demo` and `ictrl tiny-model` build (TinyRecipe.threads): the same weights on
+# every machine, and one cached base for both commands.
+REPRODUCIBLE_THREADS = 1
 
 
 @dataclass(frozen=True)
@@ -70,6 +74,9 @@ class TinyRecipe:
     dev_samples: int = field(default=2, metadata={"help": "samples per dev problem"})
     target_dev: float = field(default=0.25, metadata={"help": "stop once dev sampled pass@1 reaches this"})
     patience: int = field(default=6, metadata={"help": "stop after this many evaluations without improvement"})
+    threads: int | None = field(default=None, metadata={"help": "torch threads for the build (None: the process's "
+                                                         "own); a fixed count makes the weights independent of the "
+                                                         "machine's core count"})
 
     def __post_init__(self) -> None:
         for name in ("order_error", "digit_error", "target_dev"):
@@ -83,6 +90,8 @@ class TinyRecipe:
             raise ValueError(f"hidden_size={self.hidden_size} must divide by num_attention_heads={self.num_attention_heads}")
         if self.lr <= 0:
             raise ValueError(f"lr must be positive, got {self.lr}")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"threads must be at least 1 or None, got {self.threads}")
         object.__setattr__(self, "difficulty", tuple(self.difficulty))
         get_task(self.task)
 
@@ -90,6 +99,8 @@ class TinyRecipe:
         fields = asdict(self)
         if fields["task"] == "tinyarith":
             del fields["task"]  # keys (cached bases) from before the task field stay valid
+        if fields["threads"] is None:
+            del fields["threads"]  # the same: a build at the process's thread count keeps its old key
         blob = json.dumps({"version": RECIPE_VERSION, **fields}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -209,7 +220,13 @@ def build_tiny_base(recipe: TinyRecipe | None = None, cache_dir: str | os.PathLi
         return final
     root.mkdir(parents=True, exist_ok=True)
     log(f"building tiny base model (recipe {recipe.key()}) into {final}")
-    model, tokenizer, info = warm_start(recipe, log=log)
+    threads = torch.get_num_threads()
+    try:
+        if recipe.threads is not None:
+            torch.set_num_threads(recipe.threads)
+        model, tokenizer, info = warm_start(recipe, log=log)
+    finally:
+        torch.set_num_threads(threads)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=root))
     try:
         model.save_pretrained(tmp)
@@ -268,8 +285,20 @@ def export_tiny_model(output_dir: str | os.PathLike[str], recipe: TinyRecipe | N
     return out
 
 
+DEFAULT_OUTPUT = "runs/tiny-model"  # configs/tiny/ict.yaml's model.name_or_path
+
+
+def train_source(out: str | os.PathLike[str]) -> str:
+    """The ``data.train`` entry for ``out/train.jsonl``: the question alone as the prompt (no boxed-answer
+    instruction), as the model saw it in its warm start."""
+    return f'"jsonl:{Path(out) / "train.jsonl"}:prompt_template={{question}}"'
+
+
 def add_arguments(parser: Any) -> None:
-    parser.add_argument("output_dir", help="new directory for the model, its tokenizer and train.jsonl")
+    parser.add_argument("output_dir", nargs="?", default=None,
+                        help=f"new directory for the model, its tokenizer and train.jsonl (default: {DEFAULT_OUTPUT})")
+    parser.add_argument("--output-dir", "--output_dir", dest="output_flag", default=None, metavar="OUTPUT_DIR",
+                        help="the same as the positional OUTPUT_DIR")
     parser.add_argument("--untrained", action="store_true",
                         help="random weights of the same shape (instant) instead of the warm-started base")
     parser.add_argument("--problems", type=int, default=256, help="tiny-task rows written to train.jsonl")
@@ -283,12 +312,21 @@ def run(args: Any) -> int:
     if args.problems < 1:
         print(f"ictrl tiny-model: error: --problems must be at least 1, got {args.problems}", file=sys.stderr)
         return 2
+    if args.output_dir and args.output_flag and args.output_dir != args.output_flag:
+        print(f"ictrl tiny-model: error: two output directories: {args.output_dir} and --output-dir "
+              f"{args.output_flag}", file=sys.stderr)
+        return 2
+    args.output_dir = args.output_dir or args.output_flag or DEFAULT_OUTPUT
     try:
-        out = export_tiny_model(args.output_dir, untrained=args.untrained, problems=args.problems,
-                                cache_dir=args.cache_dir)
+        out = export_tiny_model(args.output_dir, TinyRecipe(threads=REPRODUCIBLE_THREADS), untrained=args.untrained,
+                                problems=args.problems, cache_dir=args.cache_dir)
     except FileExistsError as exc:
         print(f"ictrl tiny-model: error: {exc}", file=sys.stderr)
         return 2
+    import shlex
+
+    where = "" if Path(out) == Path(DEFAULT_OUTPUT) else (
+        f" --model.name_or_path={shlex.quote(str(out))} {shlex.quote(f'--data.train=[{train_source(out)}]')}")
     print(f"wrote the tiny model and {out / 'train.jsonl'} to {out}; train it with "
-          f"`ictrl train configs/tiny/ict.yaml --model.name_or_path={out}`")
+          f"`ictrl train configs/tiny/ict.yaml{where}`")
     return 0
