@@ -111,6 +111,7 @@ def test_horizon_quick_end_to_end_and_resume(tmp_path: Path, monkeypatch: pytest
     text = (out / "results.md").read_text()
     assert text.startswith("QUICK RUN") and hz.DEFINITIONS in text
     assert "none within 6 steps" in text
+    assert "pass@16 − pass@1 during training" in text and "| step 2 | step 4 | step 6 |" in text
 
     # Resume: nothing trains again; a lost done marker reruns that run alone.
     calls: list[str] = []

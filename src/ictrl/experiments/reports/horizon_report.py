@@ -153,6 +153,8 @@ def write(out: Path, name: str, setting: hz.Setting, specs: list[grid.RunSpec], 
             for m in hz.METHODS}
     lrs = {s.method: (s.lr, s.norm or "default") for s in specs}
     answer, tables = _answer(name, setting, summ, stops, n, base), _tables(summ, lrs, n, base)
+    tables.insert(1, ("Held-out pass@16 − pass@1 during training (percent points, mean over seeds; the first "
+                      f"{plan['curve_problems']} test problems)", _over_time(runs)))
     images = report.plot_curves(runs, CURVES, out_dir=out)
     defs_ok = hashlib.sha256(hz.DEFINITIONS.encode()).hexdigest()[:16] == DEFINITIONS_SHA
     run_seconds = sum(float(r["seconds"]) for r in results.values())
@@ -219,6 +221,21 @@ def _answer(name: str, setting: hz.Setting, summ: dict[str, list[dict[str, Any]]
         + ("≤ 0.5: the paper's regime." if _mean([r["π sel start"] for r in ict]) <= 0.5 else
            "> 0.5: not the paper's regime."))
     return "\n\n".join(lines)
+
+
+def _over_time(runs: dict[str, list[list[dict[str, Any]]]]) -> str:
+    """method x evaluation step table of the mean pass@16 − pass@1 over seeds."""
+    per: dict[str, dict[int, list[float]]] = {m: {} for m in runs}
+    for m, seeds in runs.items():
+        for records in seeds:
+            for r in records:
+                if isinstance(r.get(GAP_KEY), (int, float)):
+                    per[m].setdefault(int(r["step"]), []).append(100 * float(r[GAP_KEY]))
+    steps = sorted({s for d in per.values() for s in d})
+    lines = ["| method | " + " | ".join(f"step {s}" for s in steps) + " |", "|---|" + "---|" * len(steps)]
+    for m, d in per.items():
+        lines.append(f"| {m} | " + " | ".join(f"{_mean(d[s]):.1f}" if s in d else "" for s in steps) + " |")
+    return "\n".join(lines)
 
 
 def _tables(summ: dict[str, list[dict[str, Any]]], lrs: dict[str, tuple[float, str]], n: int,
