@@ -14,7 +14,9 @@ stopped and a finished one only rebuilds the report.
 
 ``--task countdown`` runs on the second embedded task (``ictrl.experiments.tasks.countdown``); ``--tune`` runs the tuned
 protocol instead (each method at its own tuned learning rate and normaliser, fresh seeds, matched update size:
-``ictrl.experiments.grid.tune``).
+``ictrl.experiments.grid.tune``); ``--horizon SETTING`` runs the long-horizon protocol
+(``ictrl.experiments.grid.horizon``: collapse / explosion over at least 400 steps, held-out pass@1/4/16 along
+the way).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ictrl.errors import UserError
-from ictrl.experiments import tunecli
+from ictrl.experiments import horizoncli, tunecli
 from ictrl.experiments.grid import configrun
 from ictrl.experiments.grid import runner as grid
 from ictrl.experiments.grid import cli as gridcli
@@ -44,9 +46,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="learning rate (default: the recipe's / config's)")
     parser.add_argument("--note", default="", help="a line put at the top of the report and stored in results.json")
     tunecli.add_arguments(parser)  # --task, --tune and the tuned protocol's grid
+    horizoncli.add_arguments(parser)  # --horizon SETTING: the long-horizon protocol
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.tune and args.horizon:
+        raise UserError("--tune and --horizon are two protocols: choose one")
+    if args.horizon:
+        return horizoncli.run(args)
     if args.tune:
         return tunecli.run(args)
     methods = grid.parse_methods(args.methods)

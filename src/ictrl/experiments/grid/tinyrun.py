@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import shutil
 from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,8 @@ class TinyRL:
                                                  "during training (the eval/* curves); 0: only after training"})
     curve_problems: int = field(default=64, metadata={"help": "held-out problems (the first of the test split) "
                                                       "evaluated during training"})
+    eval_ks: tuple[int, ...] = field(default=(1, 4), metadata={"help": "pass@k reported (each k <= eval_n); "
+                                                               "results carry p<k> per k"})
 
     def __post_init__(self) -> None:
         for name in ("steps", "prompts_per_step", "num_iterations", "eval_problems"):
@@ -54,6 +57,9 @@ class TinyRL:
                              f"{self.curve_problems}")
         if self.eval_n < 4:
             raise ValueError(f"eval_n must be at least 4 (P@4 needs n >= 4), got {self.eval_n}")
+        object.__setattr__(self, "eval_ks", tuple(self.eval_ks))
+        if not {1, 4} <= set(self.eval_ks) or max(self.eval_ks) > self.eval_n:
+            raise ValueError(f"eval_ks must include 1 and 4 and stay <= eval_n={self.eval_n}, got {self.eval_ks}")
         if self.eval_split not in ("dev", "test"):
             raise ValueError(f"eval_split must be 'dev' or 'test', got {self.eval_split!r}")
         if not (self.lr > 0 and self.temperature > 0):
@@ -115,21 +121,26 @@ def tiny_eval_tasks(settings: TinyRL, base: Path) -> list[Any]:
 
 
 def evaluate_model(model: Any, tokenizer: Any, tasks: list[Any], out_dir: Path, label: str, n: int,
-                   max_new_tokens: int, temperature: float, top_p: float) -> dict[str, float]:
-    """Held-out pass@1 / pass@4 (fractions, averaged over ``tasks``) with the HF backend, one eval seed (0)."""
+                   max_new_tokens: int, temperature: float, top_p: float,
+                   ks: tuple[int, ...] = (1, 4)) -> dict[str, float]:
+    """Held-out pass@k as ``p<k>`` for each of ``ks`` (fractions, averaged over ``tasks``) with the HF backend,
+    one eval seed (0)."""
     from ictrl.eval.generate import HFBackend
     from ictrl.eval.harness import EvalConfig, evaluate
 
-    config = EvalConfig(model=label, n=n, ks=(1, 4), max_new_tokens=max_new_tokens, temperature=temperature,
+    config = EvalConfig(model=label, n=n, ks=tuple(ks), max_new_tokens=max_new_tokens, temperature=temperature,
                         top_p=top_p, seeds=(0,), chunk_size=64, n_bootstrap=200)
     result = evaluate(tasks, HFBackend(model, tokenizer, batch_size=256), config, output_dir=out_dir,
                       progress=False)
     avg = result.summary["average"]["pass_at_k"]
-    return {"p1": float(avg["1"]["mean"]), "p4": float(avg["4"]["mean"])}
+    return {f"p{k}": float(avg[str(k)]["mean"]) for k in ks}
 
 
-def train_tiny(settings: TinyRL, base: Path, spec: RunSpec, run_dir: Path) -> dict[str, Any]:
-    """Train one run on the embedded task from scratch and evaluate it; returns p1, p4, final_reward."""
+def train_tiny(settings: TinyRL, base: Path, spec: RunSpec, run_dir: Path,
+               callbacks: Sequence[Callable[[Path], Any]] = ()) -> dict[str, Any]:
+    """Train one run on the embedded task from scratch and evaluate it; returns p<k> per ``settings.eval_ks``,
+    final_reward and steps. ``callbacks``: factories ``f(metrics_path) -> TrainerCallback`` added after the
+    metrics log (so they see each step's row once it is written)."""
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
     from ictrl.engine.callbacks import MetricsJSONL
@@ -156,6 +167,8 @@ def train_tiny(settings: TinyRL, base: Path, spec: RunSpec, run_dir: Path) -> di
     trainer.add_callback(MetricsJSONL(metrics_path, accuracy_reward=task.reward.__name__))
     if settings.eval_every:
         trainer.add_callback(curve_callback(settings, base, spec).bind(trainer))
+    for make in callbacks:
+        trainer.add_callback(make(metrics_path))
     try:
         trainer.train()
     except RuntimeError as exc:
@@ -164,11 +177,12 @@ def train_tiny(settings: TinyRL, base: Path, spec: RunSpec, run_dir: Path) -> di
         # Weights gone non-finite (sampling from nan/inf probabilities): an outcome of the run, not a bug.
         # The model can no longer sample, so it scores 0 on the held-out set.
         records = load_metrics(metrics_path) if metrics_path.exists() else []
-        return {"p1": 0.0, "p4": 0.0, "final_reward": final_reward(records), "steps": trainer.state.global_step,
+        return {**{f"p{k}": 0.0 for k in settings.eval_ks}, "final_reward": final_reward(records),
+                "steps": trainer.state.global_step,
                 "diverged": str(exc)[:300]}
     tasks = tiny_eval_tasks(settings, base)
     scores = evaluate_model(trainer.model, tokenizer, tasks, run_dir / EVAL_DIR, f"{spec.relpath}", settings.eval_n,
-                            _max_new(base), settings.temperature, 1.0)
+                            _max_new(base), settings.temperature, 1.0, settings.eval_ks)
     return {**scores, "final_reward": final_reward(load_metrics(metrics_path)), "steps": trainer.state.global_step}
 
 
@@ -181,7 +195,7 @@ def curve_callback(settings: TinyRL, base: Path, spec: RunSpec) -> Any:
     (task,) = tiny_eval_tasks(settings, base)
     subset = EvalTask(task.name, list(task.problems)[:settings.curve_problems], task.prompt_fn, task.reward_fn,
                       task.extract_fn)
-    config = EvalConfig(model=spec.relpath, n=settings.eval_n, ks=(1, 4),
+    config = EvalConfig(model=spec.relpath, n=settings.eval_n, ks=settings.eval_ks,
                         max_new_tokens=_max_new(base), temperature=settings.temperature,
                         top_p=1.0, seeds=(0,), n_bootstrap=1)
     return PassAtKCallback([subset], config, every=settings.eval_every, batch_size=256)
@@ -198,6 +212,6 @@ def eval_tiny_base(settings: TinyRL, base: Path, out_dir: Path) -> dict[str, Any
 
     model, tokenizer = load_tiny_base(base)
     return evaluate_model(model, tokenizer, tiny_eval_tasks(settings, base), out_dir, str(base), settings.eval_n,
-                          _max_new(base), settings.temperature, 1.0)
+                          _max_new(base), settings.temperature, 1.0, settings.eval_ks)
 
 

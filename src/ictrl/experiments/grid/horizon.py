@@ -1,0 +1,172 @@
+"""``ictrl compare --horizon SETTING``: the long-horizon protocol, and the collapse / explosion definitions.
+
+Everything here is fixed before the first full run and not tuned on its results:
+
+- *Settings*: ``tinyarith`` and ``countdown`` (the embedded tasks' bases, as in the tuned study) and
+  ``countdown-lesstrained`` (countdown's recipe, warm start stopped at ``LESS_TRAINED_STEPS``: see ``SETTINGS``).
+- *Methods*: grpo, ict, random10, entropy20, stapo, each at its tuned (lr, loss normaliser) from the tuned study
+  (``TUNED``; source: ``docs/results/tune-<task>-2026-11-23.md``, table "row | lr | normaliser").
+- *Horizon*: at least ``MIN_STEPS`` optimizer steps, or until GRPO's all-token H1 has fallen by
+  ``STOP_FALL`` from its start, whichever is longer, capped at ``CAP_STEPS``. Resumably: phase 1 runs GRPO's seeds
+  with the stop rule (:func:`stop_step`, checked every step by :func:`stop_callback`); the horizon N is the largest
+  step at which a GRPO seed stopped; phase 2 runs every method for exactly N steps (a GRPO seed that stopped at N
+  is reused, one that stopped earlier is rerun to N).
+- *Seeds*: ``SEEDS`` (fresh: the tuned study used 0-9 and 1000-1001).
+- *Evaluation*: held-out pass@k at ``EVAL_KS`` on the first ``CURVE_PROBLEMS`` test problems x ``EVAL_N`` samples
+  every ``EVAL_EVERY`` steps, and on ``EVAL_PROBLEMS`` test problems at the end; H1, H2, purity and π of all and of
+  the selected tokens every step (the trainer logs them).
+- *Collapse / explosion* of one run: :func:`collapse_step` and :func:`explosion_step`, stated in
+  ``DEFINITIONS`` (the report prints it with the commit that fixed it).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+H1_KEY = "ictrl/h1/all"
+REWARD_KEY = "reward"
+
+MIN_STEPS = 400
+CAP_STEPS = 800
+STOP_FALL = 0.8  # the stop rule: H1 at or below (1 - STOP_FALL) x its start
+SEEDS = (2000, 2001, 2002, 2003, 2004)
+METHODS = ("grpo", "ict", "random10", "entropy20", "stapo")
+EVAL_KS = (1, 4, 16)
+EVAL_N = 16
+EVAL_EVERY = 50
+CURVE_PROBLEMS = 64
+EVAL_PROBLEMS = 200
+PROMPTS_PER_STEP = 16  # the tuned study's batch: its learning rates belong to it
+SELECTION_WARMUP = 2  # Θ, as in the tuned study
+
+START_STEPS = 5  # a run's "start": the mean over its first 5 logged steps
+WINDOW = 10  # the rolling mean the rules compare (one step of 16 prompts is noisy)
+COLLAPSE_FRACTION = 0.2  # collapse: rolling all-token H1 <= 0.2 x start
+EXPLOSION_FACTOR = 2.0  # explosion: rolling all-token H1 >= 2 x start while rolling reward < start reward
+
+DEFINITIONS = (
+    f"Start of a run: the mean over its first {START_STEPS} logged optimizer steps. Rolling value at step s: the "
+    f"mean over steps s-{WINDOW - 1}..s (defined from step {WINDOW}). Collapse step: the first step whose rolling "
+    f"all-token H1 (Shannon entropy of the policy at the sampled positions, nats) is at most "
+    f"{COLLAPSE_FRACTION:g} x the start H1. Explosion step: the first step whose rolling all-token H1 is at least "
+    f"{EXPLOSION_FACTOR:g} x the start H1 while the rolling reward is below the start reward; a run whose weights "
+    f"went non-finite explodes at its last logged step. Horizon: at least {MIN_STEPS} steps, or the first step at "
+    f"which every GRPO seed's rolling all-token H1 is at most {1 - STOP_FALL:g} x its start (a fall of "
+    f"{STOP_FALL:.0%}), whichever is longer, capped at {CAP_STEPS}."
+)
+
+# The tuned study's choices (docs/results/tune-<task>-2026-11-23.md, "row | lr | normaliser"): method -> (lr,
+# normaliser; None = the method's own).
+TUNED: dict[str, dict[str, tuple[float, str | None]]] = {
+    "tinyarith": {"grpo": (4e-4, None), "ict": (1e-4, "per_response_all"), "random10": (2e-4, None),
+                  "entropy20": (4e-4, None), "stapo": (4e-4, None)},
+    "countdown": {"grpo": (4e-4, None), "ict": (2e-4, "per_response_all"), "random10": (1e-4, "per_response_all"),
+                  "entropy20": (2e-4, None), "stapo": (4e-4, None)},
+}
+
+# The less-trained countdown base: the countdown warm start (same recipe, seed and data order) stopped here
+# instead of at 4,000 steps (it keeps its best dev checkpoint, step 1,100). Countdown has several valid chains per
+# problem, so its forks are real choices, and a warm start stopped early is less sure of them (all-token H1 0.55
+# nats at the start against 0.16 for tinyarith's base). The paper's regime also needs ICT's selected tokens at low
+# π (0.18 ± 0.09); a pilot (scripts/horizon_pilot.py) put them at 0.83 here: the JS score picks the positions where
+# a response confidently disagrees with its group, and a less sure base still has many of those. No tuned study
+# exists for this base: its methods run at countdown's tuned settings.
+LESS_TRAINED_STEPS = 1500
+
+
+@dataclass(frozen=True)
+class Setting:
+    task: str
+    tuned: str  # which tuned study's settings the methods run at
+    recipe: dict[str, Any]  # TinyRecipe overrides on top of the task's grid recipe
+    why: str
+
+
+SETTINGS: dict[str, Setting] = {
+    "tinyarith": Setting("tinyarith", "tinyarith", {}, "the first embedded task (operator precedence)"),
+    "countdown": Setting("countdown", "countdown", {}, "the second embedded task (several valid chains)"),
+    "countdown-lesstrained": Setting(
+        "countdown", "countdown", {"max_steps": LESS_TRAINED_STEPS},
+        f"countdown's base warm-started for at most {LESS_TRAINED_STEPS} steps instead of 4,000: less sure at the "
+        "forks between valid chains (whether ICT's tokens reach the paper's low π is measured, not assumed)"),
+}
+
+
+def _values(records: Sequence[dict[str, Any]], key: str) -> list[tuple[int, float]]:
+    out = []
+    for r in records:
+        v = r.get(key)
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and isinstance(r.get("step"), int):
+            out.append((int(r["step"]), float(v)))
+    return out
+
+
+def start_value(records: Sequence[dict[str, Any]], key: str = H1_KEY) -> float:
+    """Mean of ``key`` over the first ``START_STEPS`` logged steps (NaN when fewer were logged)."""
+    values = _values(records, key)[:START_STEPS]
+    return math.fsum(v for _, v in values) / len(values) if len(values) == START_STEPS else math.nan
+
+
+def rolling(records: Sequence[dict[str, Any]], key: str) -> list[tuple[int, float]]:
+    """(step, mean of ``key`` over the last ``WINDOW`` logged steps) from the ``WINDOW``-th logged step on."""
+    values = _values(records, key)
+    return [(values[i][0], math.fsum(v for _, v in values[i + 1 - WINDOW:i + 1]) / WINDOW)
+            for i in range(WINDOW - 1, len(values))]
+
+
+def collapse_step(records: Sequence[dict[str, Any]], fraction: float = COLLAPSE_FRACTION) -> int | None:
+    """The first step whose rolling all-token H1 is <= ``fraction`` x the start H1; None if none."""
+    start = start_value(records)
+    if not math.isfinite(start):
+        return None
+    return next((s for s, v in rolling(records, H1_KEY) if v <= fraction * start), None)
+
+
+def explosion_step(records: Sequence[dict[str, Any]], diverged: bool = False) -> int | None:
+    """The first step whose rolling all-token H1 is >= ``EXPLOSION_FACTOR`` x start while the rolling reward is
+    below the start reward; a diverged run explodes at its last logged step. None if neither."""
+    h1, r0 = start_value(records), start_value(records, REWARD_KEY)
+    if math.isfinite(h1) and math.isfinite(r0):
+        reward = dict(rolling(records, REWARD_KEY))
+        for s, v in rolling(records, H1_KEY):
+            if v >= EXPLOSION_FACTOR * h1 and reward.get(s, math.inf) < r0:
+                return s
+    if diverged:
+        steps = [s for s, _ in _values(records, "loss")] or [s for s, _ in _values(records, H1_KEY)]
+        return max(steps) if steps else 0
+    return None
+
+
+def stop_step(records: Sequence[dict[str, Any]], min_steps: int = MIN_STEPS) -> int | None:
+    """The stop rule on one GRPO run: the first step >= ``min_steps`` whose rolling H1 has fallen by
+    ``STOP_FALL`` from the start; None while it has not."""
+    start = start_value(records)
+    if not math.isfinite(start):
+        return None
+    return next((s for s, v in rolling(records, H1_KEY) if s >= min_steps and v <= (1 - STOP_FALL) * start),
+                None)
+
+
+def horizon(stopped: Sequence[int]) -> int:
+    """N: the largest step at which a GRPO seed stopped (each stopped at the rule or at the cap)."""
+    if not stopped:
+        raise ValueError("horizon needs the GRPO seeds' stop steps")
+    return max(stopped)
+
+
+def stop_callback(min_steps: int, metrics_path: Any) -> Any:
+    """A ``transformers.TrainerCallback`` that ends training once :func:`stop_step` fires on the run's own log
+    (the rows ``MetricsJSONL`` wrote to ``metrics_path``; add it after that callback)."""
+    from transformers import TrainerCallback
+
+    from ictrl.experiments.reports.report import load_metrics
+
+    class StopRule(TrainerCallback):
+        def on_log(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            if state.global_step >= min_steps and stop_step(load_metrics(metrics_path), min_steps) is not None:
+                control.should_training_stop = True
+
+    return StopRule()

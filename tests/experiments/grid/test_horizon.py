@@ -1,0 +1,128 @@
+"""ictrl compare --horizon: the collapse / explosion / stop rules on synthetic logs, the tuned settings table,
+and the protocol end to end with resume (--quick)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from ictrl.experiments.grid import horizon as hz
+
+
+def log(h1: list[float], reward: list[float] | None = None) -> list[dict[str, float]]:
+    reward = reward if reward is not None else [0.5] * len(h1)
+    return [{"step": i + 1, hz.H1_KEY: h, "reward": r, "loss": 0.0} for i, (h, r) in enumerate(zip(h1, reward))]
+
+
+def test_start_is_the_mean_of_the_first_steps_and_rolling_the_trailing_window() -> None:
+    records = log([1.0, 2.0, 3.0, 4.0, 5.0] + [0.0] * 10)
+    assert hz.start_value(records) == pytest.approx(3.0)
+    assert math.isnan(hz.start_value(records[:4]))  # too few steps: no start
+    roll = dict(hz.rolling(records, hz.H1_KEY))
+    assert min(roll) == hz.WINDOW  # defined from the WINDOW-th step
+    assert roll[10] == pytest.approx(15.0 / 10) and roll[15] == 0.0
+
+
+def test_collapse_is_the_first_step_the_rolling_h1_reaches_the_fraction() -> None:
+    h1 = [1.0] * 20 + [0.1] * 30  # rolling mean <= 0.2 once 9 of the 10 are 0.1: 0.1*9 + 1.0 = 1.9/10 = 0.19
+    assert hz.collapse_step(log(h1)) == 29
+    assert hz.collapse_step(log([1.0] * 50)) is None
+    # a record without the key (an eval-only row) is skipped, not read as 0
+    records = log(h1)
+    records.insert(3, {"step": 4, "eval/avg/pass@1": 0.3})
+    assert hz.collapse_step(records) == 29
+
+
+def test_explosion_needs_high_entropy_and_falling_reward() -> None:
+    h1 = [1.0] * 10 + [3.0] * 40
+    assert hz.explosion_step(log(h1)) is None  # reward flat: not an explosion
+    reward = [0.5] * 10 + [0.1] * 40
+    assert hz.explosion_step(log(h1, reward)) == 15  # rolling H1 (5x1 + 5x3)/10 = 2.0 >= 2 x 1.0 at step 15
+    assert hz.explosion_step(log([1.0] * 12), diverged=True) == 12  # non-finite weights: at its last step
+
+
+def test_stop_rule_waits_for_min_steps_and_the_fall() -> None:
+    h1 = [1.0] * 10 + [0.1] * 90
+    assert hz.stop_step(log(h1), min_steps=50) == 50  # fell long before: stops at the minimum
+    assert hz.stop_step(log(h1), min_steps=5) == 19  # rolling (1 + 9 x 0.1) / 10 = 0.19 <= 0.2
+    assert hz.stop_step(log([1.0] * 100), min_steps=50) is None
+    assert hz.horizon([400, 420, 400]) == 420
+    with pytest.raises(ValueError):
+        hz.horizon([])
+
+
+def test_tuned_settings_cover_every_method_and_setting() -> None:
+    for setting in hz.SETTINGS.values():
+        assert set(hz.TUNED[setting.tuned]) == set(hz.METHODS)
+    assert hz.TUNED["tinyarith"]["ict"] == (1e-4, "per_response_all")  # docs/results/tune-tinyarith-2026-11-23.md
+    assert hz.TUNED["countdown"]["random10"] == (1e-4, "per_response_all")  # tune-countdown-2026-11-23.md
+    assert str(hz.COLLAPSE_FRACTION) in hz.DEFINITIONS and str(hz.MIN_STEPS) in hz.DEFINITIONS
+
+
+def summary(collapse: list[int | None], p16: list[float], explosion: list[int | None] | None = None) -> list[dict]:
+    explosion = explosion or [None] * len(collapse)
+    return [{"collapse": c, "explosion": e, "p1": 0.1, "p16": p} for c, e, p in zip(collapse, explosion, p16)]
+
+
+def test_verdict_follows_the_stated_rule() -> None:
+    from ictrl.experiments.reports.horizon_report import event_text, verdict
+
+    collapsed = summary([100, 120, 110], [0.5, 0.52, 0.51])
+    kept = summary([None, None, 300], [0.6, 0.62, 0.61])
+    summ = {"grpo": collapsed, "ict": kept, "random10": collapsed}
+    assert verdict(summ, 400).startswith("Supported here") and "JS score matters" in verdict(summ, 400)
+    assert "sparsity" in verdict({**summ, "random10": kept}, 400)
+    assert verdict({**summ, "ict": collapsed}, 400).startswith("Not supported here: ICT collapsed too")
+    worse = summary([None] * 3, [0.2, 0.21, 0.22])
+    assert "below GRPO's" in verdict({**summ, "ict": worse}, 400)
+    assert "cannot show" in verdict({**summ, "grpo": kept}, 400)
+    assert event_text([None, None], 400) == "none within 400 steps (0/2 seeds)"
+    assert event_text([100, None], 400).startswith("1/2 seeds, step 100")
+
+
+def test_horizon_quick_end_to_end_and_resume(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import argparse
+
+    from ictrl.experiments import compare
+    from ictrl.experiments.grid import runner as grid
+    from ictrl.experiments.grid import tinyrun
+
+    monkeypatch.setenv("ICTRL_CACHE_DIR", str(tmp_path.parent / "ictrl_quick_cache"))  # shared with test_compare
+    out = tmp_path / "hz"
+    argv = ["--horizon", "tinyarith", "--quick", "--output-dir", str(out)]
+
+    def parse(args: list[str]) -> argparse.Namespace:
+        parser = argparse.ArgumentParser()
+        compare.add_arguments(parser)
+        return parser.parse_args(args)
+
+    assert compare.run(parse(argv)) == 0
+    info = json.loads((out / "horizon.json").read_text())
+    assert info["steps"] == 6 and set(info["grpo_stop_steps"].values()) == {6}  # the rule cannot fire in 6 steps
+    result = json.loads((out / "runs" / "lr0.0001" / "ict-per_response_all" / "seed0" / grid.DONE_FILE).read_text())
+    assert 0 <= result["p1"] <= result["p4"] <= result["p16"] <= 1 and result["steps"] == 6
+    records = [json.loads(x) for x in (out / "runs" / "lr0.0001" / "ict-per_response_all" / "seed0" /
+                                       "metrics.jsonl").read_text().splitlines()]
+    assert any("eval/avg/pass@16" in r for r in records)  # pass@16 along the way
+    assert all(k in records[0] for k in ("ictrl/h1/all", "ictrl/h2/selected", "ictrl/purity/selected"))
+    text = (out / "results.md").read_text()
+    assert text.startswith("QUICK RUN") and hz.DEFINITIONS in text
+    assert "none within 6 steps" in text
+    assert "pass@16 − pass@1 during training" in text and "| step 2 | step 4 | step 6 |" in text
+
+    # Resume: nothing trains again; a lost done marker reruns that run alone.
+    calls: list[str] = []
+    real = tinyrun.train_tiny
+
+    def counting(settings, base, spec, run_dir, callbacks=()):  # type: ignore[no-untyped-def]
+        calls.append(spec.relpath)
+        return real(settings, base, spec, run_dir, callbacks)
+
+    monkeypatch.setattr(tinyrun, "train_tiny", counting)
+    assert compare.run(parse(argv)) == 0 and calls == []
+    lost = out / "runs" / "lr0.0002" / "random10" / "seed1" / grid.DONE_FILE
+    lost.unlink()
+    assert compare.run(parse(argv)) == 0 and calls == ["lr0.0002/random10/seed1"]
