@@ -22,7 +22,7 @@ from ictrl.errors import UserError
 from ictrl.experiments.grid import horizon as hz
 from ictrl.experiments.grid import runner as grid
 from ictrl.experiments.grid import tinyrun
-from ictrl.experiments.reports.report import atomic_write_text
+from ictrl.files import atomic_write_text
 
 # --quick: the quick base model and a plan small enough for tests (the rules need more steps than this to fire,
 # so the stop rule runs every GRPO seed to the cap).

@@ -31,7 +31,6 @@ import html
 import json
 import math
 import os
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path

@@ -162,7 +162,7 @@ def stop_callback(min_steps: int, metrics_path: Any) -> Any:
     (the rows ``MetricsJSONL`` wrote to ``metrics_path``; add it after that callback)."""
     from transformers import TrainerCallback
 
-    from ictrl.experiments.reports.report import load_metrics
+    from ictrl.files import load_metrics
 
     class StopRule(TrainerCallback):
         def on_log(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:

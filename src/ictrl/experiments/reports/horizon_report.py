@@ -17,7 +17,8 @@ from typing import Any
 
 from ictrl.experiments.grid import horizon as hz
 from ictrl.experiments.grid import runner as grid
-from ictrl.experiments.reports import report
+from ictrl.experiments.reports import figures, report, stats_tests
+from ictrl.files import atomic_write_text, load_metrics
 
 DEFINITIONS_COMMIT = "41bd2877f7bfcf71cc5720a9a0d02d7b97a38828"
 DEFINITIONS_SHA = "f79af8853dad29bf"  # sha256(DEFINITIONS)[:16] at that commit
@@ -48,7 +49,7 @@ def mean_ci(values: Sequence[float], confidence: float = 0.95) -> tuple[float, f
     """Mean with a t-interval over seeds (None edges for fewer than two values)."""
     from scipy import stats
 
-    sd = report.sample_std(list(values))
+    sd = stats_tests.sample_std(list(values))
     m = _mean(values)
     if sd is None:
         return m, None, None
@@ -98,7 +99,7 @@ def _gap(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _diff(a: Sequence[float], b: Sequence[float]) -> str:
-    d = report.welch_diff([100 * x for x in a], [100 * x for x in b])
+    d = stats_tests.welch_diff([100 * x for x in a], [100 * x for x in b])
     return str(d) + ("" if d.p is None else f" (p = {d.p:.3f})")
 
 
@@ -126,7 +127,7 @@ def verdict(summ: dict[str, list[dict[str, Any]]], n: int) -> str:
     ict_c, ict_e = count("ict", "collapse"), count("ict", "explosion")
     grpo_last = max(r["collapse"] or 0 for r in summ["grpo"])
     later = not collapses("ict") or all(r["collapse"] is not None and r["collapse"] > grpo_last for r in summ["ict"])
-    p16 = report.welch_diff([r["p16"] for r in summ["ict"]], [r["p16"] for r in summ["grpo"]])
+    p16 = stats_tests.welch_diff([r["p16"] for r in summ["ict"]], [r["p16"] for r in summ["grpo"]])
     keeps = p16.hi is None or p16.hi >= 0
     if later and ict_e == 0 and keeps:
         control = ("random10 avoided it as well, so sparsity, not the JS score, explains it"
@@ -147,7 +148,7 @@ def write(out: Path, name: str, setting: hz.Setting, specs: list[grid.RunSpec], 
           base: dict[str, Any], warm: dict[str, Any], stops: dict[int, int], n: int, rl: Any, plan: dict[str, Any],
           seconds: float, quick: bool = False) -> dict[str, Path]:
     theta = int(rl.selection_warmup or 0)
-    runs = {m: [_gap(report.load_metrics(out / "runs" / s.relpath / "metrics.jsonl")) for s in specs if s.method == m]
+    runs = {m: [_gap(load_metrics(out / "runs" / s.relpath / "metrics.jsonl")) for s in specs if s.method == m]
             for m in hz.METHODS}
     summ = {m: [run_summary(rec, results[s], theta) for rec, s in zip(runs[m], [s for s in specs if s.method == m])]
             for m in hz.METHODS}
@@ -155,7 +156,7 @@ def write(out: Path, name: str, setting: hz.Setting, specs: list[grid.RunSpec], 
     answer, tables = _answer(name, setting, summ, stops, n, base), _tables(summ, lrs, n, base)
     tables.insert(1, ("Held-out pass@16 − pass@1 during training (percent points, mean over seeds; the first "
                       f"{plan['curve_problems']} test problems)", _over_time(runs)))
-    images = report.plot_curves(runs, CURVES, out_dir=out)
+    images = figures.plot_curves(runs, CURVES, out_dir=out)
     defs_ok = hashlib.sha256(hz.DEFINITIONS.encode()).hexdigest()[:16] == DEFINITIONS_SHA
     run_seconds = sum(float(r["seconds"]) for r in results.values())
     probe_extra = sum(float(json.loads((out / "probe" / s.relpath / grid.DONE_FILE).read_text())["seconds"])
@@ -184,8 +185,8 @@ def write(out: Path, name: str, setting: hz.Setting, specs: list[grid.RunSpec], 
     head = ["QUICK RUN (--quick): NOT A RESULT"] if quick else []
     md = "\n\n".join(head + [f"# Long horizon: {name}", answer] + [f"## {h}\n\n{t}" for h, t in tables]
                      + ["## How the numbers were made"] + notes) + "\n"
-    table_path = report.atomic_write_text(out / "results.md", md)
-    report.atomic_write_text(out / "results.json", json.dumps(
+    table_path = atomic_write_text(out / "results.md", md)
+    atomic_write_text(out / "results.json", json.dumps(
         {"setting": name, "steps": n, "grpo_stop_steps": stops, "base": base, "summary": summ,
          "wall_seconds_this_invocation": seconds, "run_seconds": run_seconds, "definitions": hz.DEFINITIONS,
          "definitions_commit": DEFINITIONS_COMMIT}, indent=1, default=str) + "\n")
