@@ -77,14 +77,17 @@ def run(args: argparse.Namespace) -> int:
     try:
         config, overrides, flags = split_argv(list(args.argv))
         cfg = load_config(config, overrides)
+        from ictrl.engine.process_group import process_group_left
         from ictrl.engine.run import build_trainer_args, train
 
-        if "--print-config" in flags:
-            build_trainer_args(cfg, config)  # every value checked before it is shown
-            sys.stdout.write(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
-            return 0
+        # Building the trainer arguments joins the launcher's process group; every exit leaves it.
+        with process_group_left():
+            if "--print-config" in flags:
+                build_trainer_args(cfg, config)  # every value checked before it is shown
+                sys.stdout.write(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+                return 0
 
-        result = train(cfg, resume="--resume" in flags, source=config)
+            result = train(cfg, resume="--resume" in flags, source=config)
     except UsageError as exc:  # a ConfigError (a UserError) goes to ictrl.cli: one line, --debug for the traceback
         print(f"ictrl train: error: {exc}", file=sys.stderr)
         return 2
