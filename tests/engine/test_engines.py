@@ -62,12 +62,12 @@ def test_two_processes_match_one(runs: tuple[Path, str], tiny_model_dir: Path, s
 @pytest.mark.integration
 @pytest.mark.parametrize("runs", ["zero3"], indirect=True)
 def test_zero3_head_is_gathered_from_partitions(runs: tuple[Path, str]) -> None:
-    """ZeRO-3's branch of ``call_head`` ran on a partitioned head: the statistics sweep and the sparse head (ict)
-    and the statistics sweep before TRL's fused head (entropy) saw the weight as a shard on entry (and the step
-    matched one process, test_two_processes_match_one)."""
+    """ZeRO-3's branch of ``call_head`` ran on a partitioned head: the statistics sweep and the sparse head (ict,
+    also on the one-pass path) and the statistics sweep before TRL's fused head (entropy) saw the weight as a shard
+    on entry (and the steps matched one process, the tests above and below)."""
     out, engine = runs
-    for selector in ("ict", "entropy"):
-        for r in _ranks(out, f"{engine}_{selector}"):
+    for name in ("ict", "entropy", "ict_onepass"):
+        for r in _ranks(out, f"{engine}_{name}"):
             heads = r["heads"]
             assert heads and all(h["ds"] for h in heads), heads
             assert all(h["numel"] < h["full"] for h in heads), heads  # a shard on entry: only the gather helps
