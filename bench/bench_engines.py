@@ -16,7 +16,7 @@ Multi-node part (``--part multinode``): two launchers with ``--num_machines 2 --
 process on 127.0.0.1, one process each, against one launcher with 2 processes: one ICT step (tiny model) under DDP
 must be the same step, bitwise (batches, masks, losses, parameters).
 
-    .venv/bin/python bench/bench_engines.py --part engines --layers 2    # about 15 min on 2 loaded cores, ~7 GB
+    .venv/bin/python bench/bench_engines.py --part engines --layers 2    # about 10 min on 2 loaded cores, ~9 GB
     .venv/bin/python bench/bench_engines.py --part multinode             # about 2 min
 
 Writes bench/results/engines.json / engines_multinode.json atomically and prints a table.
