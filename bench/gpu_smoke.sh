@@ -63,22 +63,25 @@ args = ICTGRPOConfig(
     vllm_max_model_length=256, vllm_importance_sampling_correction=True,
     vllm_importance_sampling_mode="token_truncate", vllm_importance_sampling_clip_max=2.0,
 )
-model = AutoModelForCausalLM.from_pretrained(model_dir)
-trainer = ICTGRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=Dataset.from_dict(
-    {"prompt": prompts}), processing_class=tokenizer)
-trainer.train()
-steps = [h for h in trainer.state.log_history if "loss" in h]
-with open(f"{out_dir}/log_history.json", "w") as f:
-    json.dump(trainer.state.log_history, f, indent=1)
-for h in steps:
-    print({k: h[k] for k in ("step", "loss", "reward", "ictrl/selected_frac", "ictrl/topk_from_sampler",
-                             "ictrl/is_ratio_mean", "ictrl/is_clipped_frac", "ictrl/stats_time") if k in h})
-assert len(steps) == 3, f"expected 3 logged steps, got {len(steps)}"
-assert all(math.isfinite(h["loss"]) for h in steps)
-assert [h["ictrl/warmup"] for h in steps] == [1.0, 0.0, 0.0]
-assert all(h["ictrl/topk_from_sampler"] == 1.0 for h in steps[1:]), "ICT score did not come from vLLM's top-K"
-assert all(0.0 < h["ictrl/is_ratio_mean"] <= 2.0 for h in steps), "no importance weight logged"
-print(f"gpu_smoke {mode}: OK")
+from ictrl.engine.process_group import process_group_left
+
+with process_group_left():  # leave the launch's process group at every exit, as ictrl train does
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    trainer = ICTGRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=Dataset.from_dict(
+        {"prompt": prompts}), processing_class=tokenizer)
+    trainer.train()
+    steps = [h for h in trainer.state.log_history if "loss" in h]
+    with open(f"{out_dir}/log_history.json", "w") as f:
+        json.dump(trainer.state.log_history, f, indent=1)
+    for h in steps:
+        print({k: h[k] for k in ("step", "loss", "reward", "ictrl/selected_frac", "ictrl/topk_from_sampler",
+                                 "ictrl/is_ratio_mean", "ictrl/is_clipped_frac", "ictrl/stats_time") if k in h})
+    assert len(steps) == 3, f"expected 3 logged steps, got {len(steps)}"
+    assert all(math.isfinite(h["loss"]) for h in steps)
+    assert [h["ictrl/warmup"] for h in steps] == [1.0, 0.0, 0.0]
+    assert all(h["ictrl/topk_from_sampler"] == 1.0 for h in steps[1:]), "ICT score did not come from vLLM's top-K"
+    assert all(0.0 < h["ictrl/is_ratio_mean"] <= 2.0 for h in steps), "no importance weight logged"
+    print(f"gpu_smoke {mode}: OK")
 EOF
 
 SERVER_PID=""

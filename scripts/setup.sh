@@ -11,12 +11,23 @@ fi
 
 stamp=.venv/.ictrl-installed
 want="$(cat constraints.txt pyproject.toml | sha256sum | cut -d' ' -f1)"
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && .venv/bin/python -c "import ictrl" 2>/dev/null; then
-    exit 0
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ] || ! .venv/bin/python -c "import ictrl" 2>/dev/null; then
+    # pyproject.toml declares ranges; constraints.txt pins every package of the tested set. torch==2.13.0 there is
+    # satisfied by the CPU wheel only where pip is offered one (see README: CPU-only machines elsewhere add
+    # --index-url https://download.pytorch.org/whl/cpu for torch).
+    .venv/bin/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e ".[dev]"
+    echo "$want" > "$stamp"
 fi
 
-# pyproject.toml declares ranges; constraints.txt pins every package of the tested set. torch==2.13.0 there is
-# satisfied by the CPU wheel only where pip is offered one (see README: CPU-only machines elsewhere add
-# --index-url https://download.pytorch.org/whl/cpu for torch).
-.venv/bin/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e ".[dev]"
-echo "$want" > "$stamp"
+# On a machine without GPUs DeepSpeed (ZeRO-2/3, tests/engine/test_engines.py) JIT-compiles its shared-memory
+# comm op when a launch's process group starts, if it is not cached yet. Build it here once: about 60 s of CPU
+# time (3 min wall on a loaded 2-core machine), cached under ~/.cache/torch_extensions (TORCH_EXTENSIONS_DIR);
+# a few seconds when already built. A failure only warns: DDP and FSDP2 do not need it.
+.venv/bin/python - <<'PY' || echo "setup.sh: warning: DeepSpeed's CPU comm op did not build; ZeRO on CPU will try again" >&2
+from deepspeed.accelerator import get_accelerator
+
+if get_accelerator().device_name() == "cpu":
+    builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
+    if builder is not None and builder.is_compatible():
+        builder.load(verbose=False)
+PY

@@ -1,9 +1,10 @@
 """Helpers for the engine tests, and the worker script of the 2-process run.
 
 As a script (``accelerate launch --config_file configs/accelerate/ddp.yaml --num_processes 2 --mixed_precision no
-tests/engine/mp_worker.py OUT MODEL ENGINE PHASE [SELECTORS]``: two CPU processes on gloo where there is no GPU) it
-runs one phase of :func:`main` under ENGINE ``ddp`` (accelerate's own DDP) or ``fsdp2`` (accelerate's FSDP2
-preparation driven on CPU, :func:`cpu_fsdp2`) and writes per-rank ``.pt`` files the tests compare with one process.
+tests/engine/mp_worker.py OUT MODEL ENGINE PHASES [SELECTORS]``: two CPU processes on gloo where there is no GPU) it
+runs phases of :func:`main` under ENGINE ``ddp`` (accelerate's own DDP), ``fsdp2`` (accelerate's FSDP2 preparation
+driven on CPU, :func:`cpu_fsdp2`), ``zero2`` or ``zero3`` (DeepSpeed through the Trainer, :func:`zero_args`) and
+writes per-rank ``.pt`` files the tests compare with one process.
 
 Generation is replaced by a deterministic stub (``StubGenerationTrainer``): a completion is a function of its prompt
 and its index within the prompt's group, so a 1-process and a 2-process run see the same data whatever the
@@ -13,10 +14,12 @@ optimizer) is the real code path.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -149,10 +152,21 @@ def cpu_fsdp2(cls: type) -> type:
 
 def zero_args(stage: int) -> dict[str, Any]:
     """DeepSpeed ZeRO-``stage`` through the Trainer's own ``deepspeed=`` config (as accelerate's zero2/zero3.yaml
-    give it). ``use_cpu=False``: accelerate only turns DeepSpeed on for a non-``cpu`` Accelerator; with no GPU the
-    processes still run on CPU (DeepSpeed's CPU accelerator, gloo)."""
-    return dict(use_cpu=False, deepspeed={
-        "zero_optimization": {"stage": stage}, "train_micro_batch_size_per_gpu": "auto",
+    give it), on CPU processes.
+
+    ``use_cpu=True`` as ``ictrl train`` sets it without CUDA: accelerate's PartialState then joins the gloo group of
+    the launch (MULTI_CPU) and counts its processes, and the Accelerator still turns DeepSpeed on (its own ``cpu``
+    flag stays False). With ``use_cpu=False`` on a machine without GPUs PartialState finds no device backend,
+    DeepSpeed makes the gloo group itself, and accelerate counts one process (the first gather of a 2-process run
+    fails). ZeRO-3: every parameter partitioned (``stage3_param_persistence_threshold`` 0; by default parameters
+    under 1e5 elements, the whole tiny model, stay whole on every rank, so a head read without DeepSpeed's gather
+    would pass unnoticed), and the final save gathers the full weights as zero3.yaml's ``zero3_save_16bit_model``.
+    """
+    zero: dict[str, Any] = {"stage": stage}
+    if stage == 3:
+        zero.update(stage3_param_persistence_threshold=0, stage3_gather_16bit_weights_on_model_save=True)
+    return dict(use_cpu=True, deepspeed={
+        "zero_optimization": zero, "train_micro_batch_size_per_gpu": "auto",
         "gradient_accumulation_steps": "auto", "gradient_clipping": "auto", "zero_allow_untested_optimizer": True,
         "bf16": {"enabled": False}, "fp16": {"enabled": False}})
 
@@ -222,7 +236,8 @@ def run_one_step(out_dir: Path, model_dir: str, selector: str, per_device: int |
         return loss
 
     trainer._compute_loss = recording_loss  # type: ignore[method-assign]
-    trainer.train()
+    with recorded_heads() as heads:
+        trainer.train()
     if final_dir is not None:
         from ictrl.engine.run import STAGING_PREFIX, save_final
 
@@ -231,7 +246,39 @@ def run_one_step(out_dir: Path, model_dir: str, selector: str, per_device: int |
     return {"batches": trainer.recorded, "losses": losses, "selected": selected, "paths": paths,
             "params": full_params(trainer),
             "rank": trainer.accelerator.process_index, "world": trainer.accelerator.num_processes,
-            "engine": type(trainer.model).__name__}
+            "engine": engine_name(trainer), "heads": heads}
+
+
+def engine_name(trainer: Any) -> str:
+    """What runs the model: ``ZeRO-2``/``ZeRO-3`` (a DeepSpeedEngine of that stage), else the class of the
+    prepared model (``DistributedDataParallel``, ``FSDP...`` for fully_shard, the model's own class unwrapped)."""
+    plugin = trainer.accelerator.state.deepspeed_plugin
+    if type(trainer.model_wrapped).__name__ == "DeepSpeedEngine" and plugin is not None:
+        return f"ZeRO-{plugin.zero_stage}"
+    return type(trainer.model_wrapped).__name__
+
+
+@contextlib.contextmanager
+def recorded_heads() -> Iterator[list[dict[str, Any]]]:
+    """Each ``ictrl.engine.trainer.call_head`` call's head weight as the engine holds it on entry: ``ds``
+    (a DeepSpeed ZeRO-3 parameter), ``numel`` (elements present on this rank), ``full`` (elements of the whole
+    weight). ``numel < full``: the head was a shard on entry, so only the engine's gather gave ``fn`` the whole."""
+    import ictrl.engine.trainer as trainer_module
+
+    calls: list[dict[str, Any]] = []
+    original = trainer_module.call_head
+
+    def recording(head: torch.nn.Module, fn: Any, *inputs: torch.Tensor) -> Any:
+        weight = head.weight
+        calls.append({"ds": hasattr(weight, "ds_id"), "numel": weight.numel(),
+                      "full": int(getattr(weight, "ds_numel", weight.numel()))})
+        return original(head, fn, *inputs)
+
+    trainer_module.call_head = recording
+    try:
+        yield calls
+    finally:
+        trainer_module.call_head = original
 
 
 RESUME_ARGS: dict[str, Any] = dict(max_steps=2, save_strategy="steps", save_steps=1, optim_args="momentum=0.9")
@@ -244,9 +291,10 @@ def _save(result: dict[str, Any], path: Path) -> None:
 
 
 def main(argv: list[str]) -> None:
-    """``OUT MODEL ENGINE PHASES [SELECTORS]``, PHASES joined by ``+``: ``step`` (one step per selector), ``kill``
-    (2 steps with a checkpoint each; every process exits abruptly right after checkpoint-1: last) or ``resume``
-    (from checkpoint-1 to step 2)."""
+    """``OUT MODEL ENGINE PHASES [SELECTORS]``, PHASES joined by ``+``: ``step`` (one step per selector),
+    ``onepass`` (one step of each of ``ONEPASS_SELECTORS`` on the training-forward path), ``kill`` (2 steps with a
+    checkpoint each; every process exits abruptly right after checkpoint-1: last) or ``resume`` (from checkpoint-1
+    to step 2)."""
     from transformers import TrainerCallback
 
     out, model_dir, engine, phases = Path(argv[0]), argv[1], argv[2], argv[3].split("+")
@@ -256,7 +304,7 @@ def main(argv: list[str]) -> None:
                                   final_dir=out / f"final_{engine}_{selector}")
             _save(result, out / f"{engine}_{selector}_rank{result['rank']}.pt")
     if "onepass" in phases:  # one micro-batch of 4 (a whole group) per process: the training-forward path
-        for selector in argv[4].split(","):
+        for selector in ONEPASS_SELECTORS:
             result = run_one_step(out / f"onepass_{engine}_{selector}", model_dir, selector, per_device=4,
                                   grad_accum=1, engine=engine, world=2, one_pass=True)
             _save(result, out / f"{engine}_{selector}_onepass_rank{result['rank']}.pt")
@@ -308,6 +356,7 @@ def bench_steps(out: Path, model_dir: str, engine: str, steps: int) -> None:
 # ------------------------------------------------------------------------------ launching and comparing (tests)
 
 SELECTORS = ("ict", "entropy", "random")  # group JS, a batch-scope threshold + token mean, a seeded draw
+ONEPASS_SELECTORS = ("ict", "entropy", "all")  # ict: group JS + sparse head; entropy: TRL's fused head; all: none
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -411,4 +460,7 @@ def compare_resume(out: Path, model_dir: str, engine: str, tol: float = 1e-5) ->
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    from ictrl.engine.process_group import process_group_left
+
+    with process_group_left():  # as ictrl train: every exit leaves the process group
+        main(sys.argv[1:])

@@ -153,21 +153,24 @@ def run(args: argparse.Namespace) -> int:
         config, overrides, flags = split_argv(list(args.argv))
         overrides = normalize_overrides(overrides)
         cfg = load_config(config, overrides)
+        from ictrl.engine.process_group import process_group_left
         from ictrl.engine.run import build_trainer_args, train
 
         set_by_flag = parse_overrides(overrides)
-        if "--print-config" in flags:
-            from ictrl.engine import model_init
+        # Building the trainer arguments joins the launcher's process group; every exit leaves it.
+        with process_group_left():
+            if "--print-config" in flags:
+                from ictrl.engine import model_init
 
-            build_trainer_args(cfg, config, flags=set_by_flag)  # every value checked before it is shown
-            model_init.load_kwargs(cfg, config)
-            model_init.peft_config(cfg, config)
-            sys.stdout.write(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
-            return 0
+                build_trainer_args(cfg, config, flags=set_by_flag)  # every value checked before it is shown
+                model_init.load_kwargs(cfg, config)
+                model_init.peft_config(cfg, config)
+                sys.stdout.write(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+                return 0
 
-        again = ["ictrl", "train", *[a for a in args.argv if a != "--resume"], "--resume"]
-        result = train(cfg, resume="--resume" in flags, source=config, resume_command=shlex.join(again),
-                       flags=set_by_flag)
+            again = ["ictrl", "train", *[a for a in args.argv if a != "--resume"], "--resume"]
+            result = train(cfg, resume="--resume" in flags, source=config, resume_command=shlex.join(again),
+                           flags=set_by_flag)
     except UsageError as exc:  # a ConfigError (a UserError) goes to ictrl.cli: one line, --debug for the traceback
         print(f"ictrl train: error: {exc}", file=sys.stderr)
         return 2
