@@ -34,6 +34,18 @@ def _selector_registry_isolated() -> Any:
     selection._ALIASES.update(saved[1])
 
 
+@pytest.fixture(autouse=True)
+def _no_process_group_left_behind() -> Any:
+    """A test that initialises a default process group in this process (TRL's colocated vLLM set-up does, over the
+    fake engine) destroys it at teardown, so the next test starts with none."""
+    import torch.distributed as dist
+
+    before = dist.is_available() and dist.is_initialized()
+    yield
+    if not before and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
     if not SHARED_DATA.exists():

@@ -306,7 +306,9 @@ _SRC = Path(__file__).resolve().parents[2] / "src" / "ictrl"
 _DEFAULT_KEYS = {"ratio", "selection_ratio", "scope", "selection_scope", "selection_warmup_steps", "selection_warmup",
                  "tau_p", "q", "normalization", "loss_normalization", "stapo_tau_p", "stapo_q"}
 # A plan's setting, not a method default: --quick trains 2 steps, so Θ = 0 lets selection run at all.
-_DEFAULT_ALLOWED = {("experiments/grid/cli.py", "selection_warmup")}
+_DEFAULT_ALLOWED = {("experiments/grid/cli.py", "selection_warmup"), ("experiments/horizoncli.py", "selection_warmup")}
+# Recorded results, not method definitions: the tuned study's chosen lr and normaliser per method.
+_NAMES_ALLOWED = {"experiments/grid/horizon.py"}
 
 
 def _method_names() -> set[str]:
@@ -335,7 +337,7 @@ def test_selector_names_are_listed_only_by_the_registry() -> None:
     bad = []
     for path in sorted(_SRC.rglob("*.py")):
         rel = path.relative_to(_SRC).as_posix()
-        if rel == "core/selection.py":
+        if rel == "core/selection.py" or rel in _NAMES_ALLOWED:
             continue
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             hits = frozenset(s for s in _literal_strings(node) if s in names)

@@ -260,11 +260,14 @@ def engine_name(trainer: Any) -> str:
 
 @contextlib.contextmanager
 def recorded_heads() -> Iterator[list[dict[str, Any]]]:
-    """Each ``ictrl.engine.trainer.call_head`` call's head weight as the engine holds it on entry: ``ds``
-    (a DeepSpeed ZeRO-3 parameter), ``numel`` (elements present on this rank), ``full`` (elements of the whole
-    weight). ``numel < full``: the head was a shard on entry, so only the engine's gather gave ``fn`` the whole."""
+    """Each ``call_head`` call's head weight as the engine holds it on entry (the statistics sweep calls it from
+    ``ictrl.engine.stats_pass``, the sparse head from ``ictrl.engine.trainer``): ``ds`` (a DeepSpeed ZeRO-3
+    parameter), ``numel`` (elements present on this rank), ``full`` (elements of the whole weight). ``numel <
+    full``: the head was a shard on entry, so only the engine's gather gave ``fn`` the whole."""
+    import ictrl.engine.stats_pass as stats_pass_module
     import ictrl.engine.trainer as trainer_module
 
+    modules = (stats_pass_module, trainer_module)
     calls: list[dict[str, Any]] = []
     original = trainer_module.call_head
 
@@ -274,11 +277,13 @@ def recorded_heads() -> Iterator[list[dict[str, Any]]]:
                       "full": int(getattr(weight, "ds_numel", weight.numel()))})
         return original(head, fn, *inputs)
 
-    trainer_module.call_head = recording
+    for module in modules:
+        module.call_head = recording
     try:
         yield calls
     finally:
-        trainer_module.call_head = original
+        for module in modules:
+            module.call_head = original
 
 
 RESUME_ARGS: dict[str, Any] = dict(max_steps=2, save_strategy="steps", save_steps=1, optim_args="momentum=0.9")

@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
         return grid.RunSpec(method, seed, lr, norm=norm)
 
     stop = functools.partial(hz.stop_callback, p["min_steps"])
-    probe_specs = [spec("grpo", s) for s in p["seeds"]]
+    probe_specs = [spec(hz.PROBE_METHOD, s) for s in p["seeds"]]
     probe = grid.run_grid(probe_specs, out / "probe",
                           functools.partial(tinyrun.train_tiny, settings(p["cap"]), base, callbacks=(stop,)),
                           jobs=args.jobs)

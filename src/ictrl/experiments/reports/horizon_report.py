@@ -160,7 +160,7 @@ def write(out: Path, name: str, setting: hz.Setting, specs: list[grid.RunSpec], 
     defs_ok = hashlib.sha256(hz.DEFINITIONS.encode()).hexdigest()[:16] == DEFINITIONS_SHA
     run_seconds = sum(float(r["seconds"]) for r in results.values())
     probe_extra = sum(float(json.loads((out / "probe" / s.relpath / grid.DONE_FILE).read_text())["seconds"])
-                      for s in specs if s.method == "grpo" and stops.get(s.seed) != n
+                      for s in specs if s.method == hz.PROBE_METHOD and stops.get(s.seed) != n
                       and (out / "probe" / s.relpath / grid.DONE_FILE).exists())
     notes = [
         f"Definitions (fixed in commit {DEFINITIONS_COMMIT}"
