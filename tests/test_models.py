@@ -30,3 +30,77 @@ def test_tiny_model_loads_on_cpu_in_fp32_and_generates(tiny_model_dir: Path) -> 
 def test_directory_without_config_is_rejected(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="config.json"):
         load_model_and_tokenizer(str(tmp_path))
+
+
+# Published config.json values of Qwen/Qwen2.5-0.5B, Qwen/Qwen2.5-1.5B and Qwen/Qwen2.5-7B (Hugging Face hub),
+# and the parameter counts their model cards state (total / non-embedding, in billions).
+PUBLISHED = {
+    "qwen2.5-0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                         num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True, rope_theta=1000000.0,
+                         rms_norm_eps=1e-06, hidden_act="silu", max_position_embeddings=32768),
+    "qwen2.5-1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+                         num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True, rope_theta=1000000.0,
+                         rms_norm_eps=1e-06, hidden_act="silu", max_position_embeddings=131072),
+    "qwen2.5-7b": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+                       num_key_value_heads=4, vocab_size=152064, tie_word_embeddings=False, rope_theta=1000000.0,
+                       rms_norm_eps=1e-06, hidden_act="silu", max_position_embeddings=131072),
+}
+MODEL_CARD_PARAMS = {"qwen2.5-0.5b": (0.49, 0.36), "qwen2.5-1.5b": (1.54, 1.31), "qwen2.5-7b": (7.61, 6.53)}
+
+
+@pytest.mark.parametrize("shape", sorted(PUBLISHED))
+def test_real_shape_config_matches_the_published_config(shape: str) -> None:
+    from ictrl.models import real_shape_config
+
+    config = real_shape_config(shape)
+    for field, value in PUBLISHED[shape].items():
+        got = config.rope_parameters["rope_theta"] if field == "rope_theta" else getattr(config, field)
+        assert got == value, (shape, field, got, value)
+    assert not config.use_sliding_window and set(config.layer_types) == {"full_attention"}
+
+
+@pytest.mark.parametrize("shape", sorted(PUBLISHED))
+def test_real_shape_on_meta_has_the_model_cards_parameter_counts(shape: str) -> None:
+    from ictrl.models import build_real_shape
+
+    model, tok = build_real_shape(shape, device="meta")
+    total = sum(p.numel() for p in model.parameters())  # a tied head is one parameter, counted once
+    embed = model.model.embed_tokens.weight.numel() * (1 if model.config.tie_word_embeddings else 2)
+    card_total, card_non_embedding = MODEL_CARD_PARAMS[shape]  # the cards round some counts and cut others
+    assert abs(total / 1e9 - card_total) < 0.01 and abs((total - embed) / 1e9 - card_non_embedding) < 0.01
+    assert (model.lm_head.weight is model.model.embed_tokens.weight) == PUBLISHED[shape]["tie_word_embeddings"]
+    assert len(tok) == model.config.vocab_size == PUBLISHED[shape]["vocab_size"]
+
+
+def test_real_shape_depth_override_keeps_the_width() -> None:
+    from ictrl.models import real_shape_config
+
+    full, shallow = real_shape_config("qwen2.5-0.5b"), real_shape_config("qwen2.5-0.5b", num_layers=2)
+    assert shallow.num_hidden_layers == 2 and len(shallow.layer_types) == 2
+    for field in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "vocab_size"):
+        assert getattr(shallow, field) == getattr(full, field)
+    with pytest.raises(ValueError, match="unknown shape 'qwen2.5-3b'"):
+        real_shape_config("qwen2.5-3b")
+    with pytest.raises(ValueError, match="num_layers must be at least 1"):
+        real_shape_config("qwen2.5-0.5b", num_layers=0)
+
+
+def test_padded_tokenizer_reloads_as_qwen2_with_identical_ids(tmp_path: Path) -> None:
+    from transformers import AutoTokenizer
+
+    from ictrl.models import build_byte_tokenizer, real_shape_config
+
+    config = real_shape_config("qwen2.5-0.5b", num_layers=1)
+    tok = build_byte_tokenizer(pad_to=config.vocab_size)
+    config.save_pretrained(tmp_path)  # a qwen2 config.json makes AutoTokenizer rebuild it as Qwen2Tokenizer
+    tok.save_pretrained(tmp_path)
+    reloaded = AutoTokenizer.from_pretrained(tmp_path)
+    assert type(reloaded).__name__ == "Qwen2Tokenizer" and len(reloaded) == 151936
+    text = "Q: 23+4*5=? héllo \\boxed{43} <|pad_300|>\n<|im_end|>"
+    ids = tok(text).input_ids
+    assert reloaded(text).input_ids == ids == build_byte_tokenizer()(text).input_ids  # fillers never encode
+    assert max(ids) == reloaded.eos_token_id == config.eos_token_id == 258
+    assert reloaded.decode(ids) == text
+    assert reloaded.decode([151935]) == "<|pad_151935|>"  # the last id a random model can sample decodes
+    with pytest.raises(ValueError, match="pad_to=100"):
+        build_byte_tokenizer(pad_to=100)

@@ -29,8 +29,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "compare": ("ictrl.experiments.compare", "run methods x seeds and write a comparison report"),
     "sweep": ("ictrl.experiments.sweep", "learning-rate x method x seed stability study"),
     "inspect": ("ictrl.experiments.inspect", "HTML heatmap of ICT scores and entropy over response tokens"),
-    "tiny-model": ("ictrl.experiments.tasks.tinymodel", "write the embedded tiny model and a tiny-task train.jsonl to a "
-                   "directory"),
+    "tiny-model": ("ictrl.experiments.tasks.tinymodel", "write the embedded tiny model (or a random Qwen2.5-shaped "
+                   "one, --shape) and a tiny-task train.jsonl to a directory"),
 }
 
 

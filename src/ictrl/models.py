@@ -45,11 +45,14 @@ def _bytes_to_unicode() -> dict[int, str]:
     return mapping
 
 
-def build_byte_tokenizer(chat_template: str | None = CHAT_TEMPLATE) -> Any:
+def build_byte_tokenizer(chat_template: str | None = CHAT_TEMPLATE, pad_to: int | None = None) -> Any:
     """A byte-level BPE tokenizer with no merges: 256 byte tokens + 3 specials (vocab 259).
 
     Uses Qwen2's normaliser, split regex, ByteLevel pre-tokenizer and decoder, so it
     round-trips through ``save_pretrained`` / ``AutoTokenizer.from_pretrained`` unchanged.
+    ``pad_to``: append filler tokens ``<|pad_N|>`` (ids 259 .. pad_to - 1) so ``len(tokenizer)``
+    equals a model's vocabulary; text never encodes to them (no merges reach them), but every
+    id a random model samples decodes.
     """
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
@@ -58,6 +61,10 @@ def build_byte_tokenizer(chat_template: str | None = CHAT_TEMPLATE) -> Any:
     vocab = {byte_chars[b]: b for b in range(256)}
     for i, tok in enumerate(SPECIAL_TOKENS):
         vocab[tok] = 256 + i
+    if pad_to is not None:
+        if pad_to < len(vocab):
+            raise ValueError(f"pad_to={pad_to} is smaller than the {len(vocab)} byte and special tokens")
+        vocab.update({f"<|pad_{i}|>": i for i in range(len(vocab), pad_to)})
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[], byte_fallback=False))
     tok.normalizer = normalizers.NFC()
     tok.pre_tokenizer = pre_tokenizers.Sequence(
@@ -122,6 +129,60 @@ def build_tiny_qwen2(
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     return model
+
+
+# The published architectures (config.json of Qwen/Qwen2.5-0.5B, -1.5B, -7B on the Hugging Face hub). The
+# 7B's embedding has 152,064 rows; the two small ones have 151,936. All use rope theta 1e6 and RMSNorm eps 1e-6.
+QWEN25_SHAPES: dict[str, dict[str, Any]] = {
+    "qwen2.5-0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                         num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True,
+                         max_position_embeddings=32768),
+    "qwen2.5-1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+                         num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True,
+                         max_position_embeddings=131072),
+    "qwen2.5-7b": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+                       num_key_value_heads=4, vocab_size=152064, tie_word_embeddings=False,
+                       max_position_embeddings=131072),
+}
+
+
+def real_shape_config(shape: str, num_layers: int | None = None) -> Any:
+    """The ``Qwen2Config`` of a Qwen2.5 size (``QWEN25_SHAPES``), optionally with ``num_layers`` blocks
+    (same width and vocabulary, fewer or more layers). Special-token ids are those of ``build_byte_tokenizer``."""
+    from transformers import Qwen2Config
+
+    if shape not in QWEN25_SHAPES:
+        raise ValueError(f"unknown shape {shape!r}; choose one of {', '.join(QWEN25_SHAPES)}")
+    fields = dict(QWEN25_SHAPES[shape])
+    if num_layers is not None:
+        if num_layers < 1:
+            raise ValueError(f"num_layers must be at least 1, got {num_layers}")
+        fields["num_hidden_layers"] = num_layers
+    eos, pad = 256 + SPECIAL_TOKENS.index("<|im_end|>"), 256 + SPECIAL_TOKENS.index("<|endoftext|>")
+    return Qwen2Config(
+        **fields, rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0}, rms_norm_eps=1e-6,
+        use_sliding_window=False, max_window_layers=fields["num_hidden_layers"], eos_token_id=eos,
+        pad_token_id=pad, bos_token_id=None,
+    )
+
+
+def build_real_shape(shape: str, num_layers: int | None = None, seed: int = 0,
+                     device: str | torch.device | None = None) -> tuple[Any, Any]:
+    """A randomly initialised Qwen2.5-shaped model (fp32) and a byte tokenizer padded to its vocabulary.
+
+    ``device="meta"`` builds the module without allocating weights (parameter counts and shapes of
+    a 7B without its 30 GB). Deterministic for ``seed``.
+    """
+    from transformers import Qwen2ForCausalLM
+
+    config = real_shape_config(shape, num_layers)
+    tokenizer = build_byte_tokenizer(pad_to=config.vocab_size)
+    with torch.random.fork_rng(devices=[]), torch.device(device or "cpu"):
+        torch.manual_seed(seed)
+        model = Qwen2ForCausalLM(config)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model, tokenizer
 
 
 def save_tiny_model(path: str | os.PathLike[str], seed: int = 0, **model_kwargs: Any) -> Path:

@@ -101,3 +101,30 @@ def test_recipe_key_and_validation() -> None:
         tinymodel.TinyRecipe(hidden_size=30, num_attention_heads=4)
     with pytest.raises(ValueError, match="max_steps"):
         tinymodel.TinyRecipe(max_steps=0)
+
+
+@pytest.mark.integration
+def test_cli_writes_a_real_width_model_with_fewer_layers(tmp_path: Path) -> None:
+    from ictrl.cli import main
+    from ictrl.models import load_model_and_tokenizer
+
+    out = tmp_path / "m"
+    assert main(["tiny-model", str(out), "--shape", "qwen2.5-0.5b", "--layers", "1", "--untrained",
+                 "--problems", "4"]) == 0
+    model, tok = load_model_and_tokenizer(str(out))
+    assert (model.config.hidden_size, model.config.num_hidden_layers, model.config.vocab_size) == (896, 1, 151936)
+    assert model.lm_head.weight is model.model.embed_tokens.weight and len(tok) == 151936
+    assert len((out / "train.jsonl").read_text().splitlines()) == 4
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--shape", "qwen2.5-0.5b"], "add --untrained"),
+    (["--layers", "2", "--untrained"], "add --shape"),
+    (["--shape", "qwen2.5-0.5b", "--untrained", "--layers", "0"], "--layers must be at least 1"),
+])
+def test_cli_rejects_shape_flag_mistakes(tmp_path: Path, argv: list[str], message: str,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    from ictrl.cli import main
+
+    assert main(["tiny-model", str(tmp_path / "m"), *argv]) == 2
+    assert message in capsys.readouterr().err and not (tmp_path / "m").exists()

@@ -39,9 +39,10 @@ from typing import Any
 import torch
 
 from ictrl.data import Problem
+from ictrl.errors import UserError
 from ictrl.experiments.tasks.registry import get_task
 from ictrl.files import atomic_write_text
-from ictrl.models import PLAIN_CHAT_TEMPLATE, build_byte_tokenizer, build_tiny_qwen2
+from ictrl.models import PLAIN_CHAT_TEMPLATE, QWEN25_SHAPES, build_byte_tokenizer, build_real_shape, build_tiny_qwen2
 
 # Bump when the training code changes in a way that changes the weights for a recipe.
 RECIPE_VERSION = 1
@@ -239,18 +240,27 @@ def load_tiny_base(path: str | os.PathLike[str]) -> tuple[Any, Any]:
 
 
 def export_tiny_model(output_dir: str | os.PathLike[str], recipe: TinyRecipe | None = None, untrained: bool = False,
-                      problems: int = 256, cache_dir: str | os.PathLike[str] | None = None, log: Any = print) -> Path:
+                      problems: int = 256, cache_dir: str | os.PathLike[str] | None = None, log: Any = print,
+                      shape: str | None = None, layers: int | None = None) -> Path:
     """Write the embedded tiny model (model, tokenizer with a plain-prompt chat template) and ``train.jsonl``
     (``problems`` train-split tiny-task rows: ``id``, ``question``, ``answer``) to ``output_dir``.
 
     ``untrained``: a randomly initialised model of the recipe's shape (instant; for plumbing checks) instead of
-    the warm-started base (built once and cached, minutes on CPU). Returns ``output_dir``.
+    the warm-started base (built once and cached, minutes on CPU). ``shape`` (with ``untrained``): a random
+    Qwen2.5 architecture instead (``ictrl.models.QWEN25_SHAPES``), ``layers`` blocks deep if given, with the
+    byte tokenizer padded to its vocabulary. Returns ``output_dir``.
     """
     recipe = recipe or TinyRecipe()
     out = Path(output_dir)
     if out.exists() and any(out.iterdir()):
         raise FileExistsError(f"{out}: directory is not empty; choose a new OUTPUT_DIR")
-    if untrained:
+    if shape is not None:
+        if not untrained:
+            raise UserError("--shape builds random weights only (no download); add --untrained")
+        model, tokenizer = build_real_shape(shape, num_layers=layers, seed=recipe.seed)
+    elif layers is not None:
+        raise UserError("--layers sets the depth of a --shape model; add --shape")
+    elif untrained:
         tokenizer = build_byte_tokenizer(chat_template=None)
         model = build_tiny_qwen2(tokenizer, hidden_size=recipe.hidden_size, num_hidden_layers=recipe.num_hidden_layers,
                                  num_attention_heads=recipe.num_attention_heads,
@@ -272,6 +282,11 @@ def add_arguments(parser: Any) -> None:
     parser.add_argument("output_dir", help="new directory for the model, its tokenizer and train.jsonl")
     parser.add_argument("--untrained", action="store_true",
                         help="random weights of the same shape (instant) instead of the warm-started base")
+    parser.add_argument("--shape", choices=sorted(QWEN25_SHAPES), default=None,
+                        help="with --untrained: a random model of this Qwen2.5 architecture (real width and "
+                             "vocabulary) instead of the tiny one")
+    parser.add_argument("--layers", type=int, default=None,
+                        help="with --shape: this many transformer blocks (same width; default: the published depth)")
     parser.add_argument("--problems", type=int, default=256, help="tiny-task rows written to train.jsonl")
     parser.add_argument("--cache-dir", default=None, help="where the warm-started base is cached "
                                                          "(default $ICTRL_CACHE_DIR or ~/.cache/ictrl)")
@@ -280,13 +295,14 @@ def add_arguments(parser: Any) -> None:
 def run(args: Any) -> int:
     import sys
 
-    if args.problems < 1:
-        print(f"ictrl tiny-model: error: --problems must be at least 1, got {args.problems}", file=sys.stderr)
-        return 2
+    for flag, value in (("--problems", args.problems), ("--layers", args.layers)):
+        if value is not None and value < 1:
+            print(f"ictrl tiny-model: error: {flag} must be at least 1, got {value}", file=sys.stderr)
+            return 2
     try:
         out = export_tiny_model(args.output_dir, untrained=args.untrained, problems=args.problems,
-                                cache_dir=args.cache_dir)
-    except FileExistsError as exc:
+                                cache_dir=args.cache_dir, shape=args.shape, layers=args.layers)
+    except (FileExistsError, UserError) as exc:
         print(f"ictrl tiny-model: error: {exc}", file=sys.stderr)
         return 2
     print(f"wrote the tiny model and {out / 'train.jsonl'} to {out}; train it with "
