@@ -55,26 +55,36 @@ def _reset_peak() -> int:
     return _status_kb("VmRSS:")
 
 
+def peak_probe(marks: dict[str, int], measured_step: int = 2) -> Any:
+    """A TrainerCallback that records into ``marks`` (kB), for optimizer step ``measured_step``: the process peak
+    before it (``first_step_peak_kb``), the RSS as it begins (``before_kb``, where the high-water mark is reset) and
+    the peak through its end (``peak_kb``)."""
+    from transformers import TrainerCallback
+
+    class PeakProbe(TrainerCallback):
+        def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            if state.global_step == measured_step - 1:
+                marks["first_step_peak_kb"] = _status_kb("VmHWM:")
+                marks["before_kb"] = _reset_peak()
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            if state.global_step == measured_step:
+                marks["peak_kb"] = _status_kb("VmHWM:")
+
+    return PeakProbe()
+
+
 def trainer_case(case: str, a: argparse.Namespace) -> dict[str, float]:
     import tempfile
 
-    from transformers import PrinterCallback, TrainerCallback
+    from transformers import PrinterCallback
 
     marks: dict[str, int] = {}
-
-    class PeakProbe(TrainerCallback):
-        def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-            if state.global_step == 1:
-                marks["first_step_peak_kb"] = _status_kb("VmHWM:")
-                marks["before_kb"] = _reset_peak()
-            elif state.global_step == 2:
-                marks["peak_kb"] = _status_kb("VmHWM:")
-
     a.steps = 2
     with tempfile.TemporaryDirectory() as out_dir:
         trainer = build_trainer(case, a, out_dir)
         trainer.remove_callback(PrinterCallback)
-        trainer.add_callback(PeakProbe())
+        trainer.add_callback(peak_probe(marks))
         trainer.train()
     return {"step_peak_mb": (marks["peak_kb"] - marks["before_kb"]) / 1024,
             "rss_before_step_mb": marks["before_kb"] / 1024, "process_peak_mb": max(marks["peak_kb"],
