@@ -43,7 +43,8 @@ def test_one_ict_step_with_sparse_backward_at_qwen25_width(tmp_path: Path) -> No
     inputs = trainer._prepare_inputs([{"prompt": p} for p in w.PROMPTS[:2] for _ in range(trainer.num_generations)])
     selected = inputs["ictrl_selected"] & inputs["completion_mask"].bool()
     assert 0 < int(selected.sum()) < int(inputs["completion_mask"].sum())
-    inputs["old_per_token_logps"] = -12.0 + 0.4 * torch.randn(selected.shape, generator=torch.Generator().manual_seed(0))
+    noise = torch.randn(selected.shape, generator=torch.Generator().manual_seed(0))
+    inputs["old_per_token_logps"] = -12.0 + 0.4 * noise  # off-policy, so the ratios leave 1
     losses = {}
     with torch.no_grad():
         for sparse in (False, True):
