@@ -20,6 +20,7 @@ Parts (``--part``; each merges its key into bench/results/real_shape.json, writt
     full     ict and all at the real depth (24 layers): step time and peak RSS
     lengths  ict and all at --layers for completion lengths --lengths: step time and peak RSS
     plot     bench/results/real_shape_lengths.png from the JSON
+    table    markdown tables of the JSON, with bench/memory_model.py's predicted peaks beside the measured ones
 
     OMP_NUM_THREADS=2 PYTHONPATH=src .venv/bin/python bench/bench_real_shape.py --part ratios --layers 4
     OMP_NUM_THREADS=2 PYTHONPATH=src .venv/bin/python bench/bench_real_shape.py --part passes --layers 4
@@ -164,19 +165,25 @@ def part_lengths(a: argparse.Namespace) -> dict[str, Any]:
 def plot(result: dict[str, Any], path: Path) -> None:
     from matplotlib.figure import Figure
 
-    runs = result["lengths"]["runs"]
+    runs = dict(result["lengths"]["runs"])
+    ratios = result.get("ratios", {})
+    if ratios.get("layers") == result["lengths"]["layers"] and ratios.get("steps", 2) == result["lengths"]["steps"]:
+        for v in ("all", "ict"):  # the ratios part's runs are points of the same curve
+            runs.setdefault(f"{v}@{ratios['completion_len']}", ratios["runs"][v][0])
     fig = Figure(figsize=(9, 3.6))
     axes = fig.subplots(1, 2)
-    for v, marker in (("all", "o"), ("ict", "s")):
+    for v, marker, color in (("all", "o", "C0"), ("ict", "s", "C1")):
         pts = sorted((int(k.split("@")[1]), r) for k, r in runs.items() if k.split("@")[0] == v)
         xs = [n for n, _ in pts]
-        axes[0].plot(xs, [r["step_s"] for _, r in pts], marker=marker, label=v)
-        axes[1].plot(xs, [r["process_peak_mb"] / 1024 for _, r in pts], marker=marker, label=f"{v}: process peak")
-        axes[1].plot(xs, [r["step_peak_mb"] / 1024 for _, r in pts], marker=marker, linestyle="--",
-                     label=f"{v}: step 2 peak extra")
-    for ax, ylabel in zip(axes, ("step time, s", "peak RSS, GB")):
+        axes[0].plot(xs, [r["step_s"] for _, r in pts], marker=marker, color=color, label=v)
+        axes[1].plot(xs, [r["process_peak_mb"] / 1024 for _, r in pts], marker=marker, color=color,
+                     label=f"{v}: process peak")
+        axes[1].plot(xs, [r["step_peak_mb"] / 1024 for _, r in pts], marker=marker, color=color, linestyle="--",
+                     label=f"{v}: measured step's growth")
+    for ax, ylabel in zip(axes, ("step time, s", "peak RSS, GiB")):
         ax.set_xscale("log", base=2)
-        ax.set_xticks([128, 256, 512, 1024], labels=["128", "256", "512", "1024"])
+        ax.set_xticks(sorted({int(k.split("@")[1]) for k in runs}), labels=None)
+        ax.get_xaxis().set_major_formatter("{x:.0f}")
         ax.set_xlabel("completion length (8 completions)")
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
@@ -189,9 +196,40 @@ def plot(result: dict[str, Any], path: Path) -> None:
     print(f"wrote {path}")
 
 
+def tables(result: dict[str, Any]) -> str:
+    """Markdown tables of the parts in ``result``, with bench/memory_model.py's predicted peaks beside the
+    measured ones."""
+    import memory_model as mm
+
+    lines = ["| part | run | layers | tokens | step s | statistics s | loss s | optimizer s | process peak GiB "
+             "| predicted GiB | step peak extra GiB |", "|" + "---|" * 11]
+    for part in ("ratios", "full", "lengths"):
+        if part not in result:
+            continue
+        p = result[part]
+        first = p.get("steps", 2) == 1  # a one-step run: AdamW's states are allocated inside the measured step
+        for key, runs in p["runs"].items():
+            variant, _, n = key.partition("@")
+            length = int(n or p["completion_len"])
+            for r in runs if isinstance(runs, list) else [runs]:
+                lines.append(f"| {part} | {key} | {p['layers']} | {length} | {r['step_s']:.1f} | {r['stats_s']:.1f} | "
+                             f"{r['loss_s']:.1f} | {r['optimizer_s']:.1f} | {r['process_peak_mb'] / 1024:.2f} | "
+                             f"{mm.predicted_peak(variant, p['layers'], length, first):.2f} | {r['step_peak_mb'] / 1024:.2f} |")
+    if "ratios" in result:
+        lines += ["", "| ratio | value |", "|---|---|"]
+        lines += [f"| {k} | {v:.3f} |" for k, v in result["ratios"]["ratios"].items()]
+    if "passes" in result:
+        q = result["passes"]
+        lines += ["", "| no-grad pass | s | peak extra MB |", "|---|---|---|"]
+        lines += [f"| {c} | {q[c]['seconds']:.1f} | {q[c]['peak_extra_mb']:.0f} |" for c in ("trl_old_logps", "stats")]
+        lines += [f"| statistics / TRL old log-probs | {q['stats/trl_old_logps time']:.2f} | "
+                  f"{q['stats/trl_old_logps peak']:.2f} |"]
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--part", choices=("ratios", "passes", "full", "lengths", "plot"), default="ratios")
+    ap.add_argument("--part", choices=("ratios", "passes", "full", "lengths", "plot", "table"), default="ratios")
     ap.add_argument("--shape", default="qwen2.5-0.5b")
     ap.add_argument("--layers", type=int, default=4, help="transformer blocks of the reduced-depth model")
     ap.add_argument("--batch", type=int, default=8, help="completions per optimizer step")
@@ -220,12 +258,16 @@ def main() -> None:
     if a.part == "plot":
         plot(result, a.out.with_name(a.out.stem + "_lengths.png"))
         return
+    if a.part == "table":
+        print(tables(result))
+        return
     with open("/proc/loadavg") as f:
         load_before = f.read().split()[:3]
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     part = {"ratios": part_ratios, "passes": part_passes, "full": part_full, "lengths": part_lengths}[a.part](a)
     with open("/proc/loadavg") as f:
         load_after = f.read().split()[:3]
+    part["steps"] = a.steps
     part["run"] = {"started": started, "finished": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                    "loadavg_before": load_before, "loadavg_after": load_after, "argv": sys.argv[1:],
                    "omp_num_threads": os.environ.get("OMP_NUM_THREADS")}

@@ -17,13 +17,15 @@ Items (bytes):
   (prompt included) in tiles of [min(N, 4,096), min(V, 32,768)] fp32. Its backward tile holds about 9 such
   arrays at once (the tile, y, z, log p, p, the gradient, the target mask and the temporaries of one update),
   plus its fp32 weight gradient [V, h] and the hidden gradient [N, h].
-- ictrl's sparse head: the no-grad statistics sweep, ``stats_rows`` rows of [V] logits at a time (x 3 with
-  ``token_stats``' temporaries), and the selected rows' logits with grad (x 3), plus the [V, h] weight gradient.
+- ictrl's statistics sweep (selectors with statistics, e.g. ict; no grad, during the forward): the logits of
+  ``min(stats_chunk_size, completion positions)`` rows at a time, fp32 (``ICTGRPOConfig.stats_chunk_size``,
+  default 2,048: at 8 x 256 completion tokens every row at once, 1.16 GiB at V = 151,936).
+- ictrl's sparse head: the selected rows' logits with grad (x 3), plus the [V, h] weight gradient.
 - the optimizer phase: all gradients, plus AdamW's per-parameter temporaries (torch's single-tensor AdamW on
   CPU: 2 arrays the size of the largest parameter, the embedding).
 
-The step's peak is the larger of the backward peak (everything saved by the forward, plus the head's backward) and
-the optimizer phase. In a run's first step AdamW's states do not exist yet during backward; they are allocated at
+The step's peak is the largest of the forward's end (everything saved by the forward, plus the statistics
+sweep), the backward's start (everything saved, plus the head's backward) and the optimizer phase. In a run's first step AdamW's states do not exist yet during backward; they are allocated at
 the first ``optimizer.step``.
 """
 
@@ -75,11 +77,12 @@ class Shape:
 
 
 def step_items(shape: Shape, rows: int, prompt_len: int, completion_len: int, head: str = "trl",
-               selected_frac: float = 0.1, stats_rows: int = 256, base_gb: float = 0.0,
+               selected_frac: float = 0.1, stats_chunk_size: int | None = None, base_gb: float = 0.0,
                dtype_bytes: int = 4) -> dict[str, float]:
-    """Memory items (GB) of one optimizer step on ``rows`` sequences of prompt + completion tokens, all states in
+    """Memory items (GiB) of one optimizer step on ``rows`` sequences of prompt + completion tokens, all states in
     one dtype (CPU fp32: 4). ``head``: "trl" (TRL's chunked head over every position) or "sparse" (ictrl's,
-    ``selected_frac`` of the completion positions). ``base_gb``: the process before the model (libraries)."""
+    ``selected_frac`` of the completion positions). ``stats_chunk_size``: the statistics sweep's row bound (None:
+    no sweep, as for ``all`` and TRL). ``base_gb``: the process before the model (libraries)."""
     P, h, V = shape.params(), shape.hidden, shape.vocab
     tokens = rows * (prompt_len + completion_len)
     b = dtype_bytes
@@ -91,24 +94,27 @@ def step_items(shape: Shape, rows: int, prompt_len: int, completion_len: int, he
         tile = min(tokens, TRL_TOKEN_TILE) * min(V, TRL_VOCAB_TILE) * 4
         items["head"] = TRL_TILE_ARRAYS * tile / GB + head_grad
     elif head == "sparse":
-        selected = int(rows * completion_len * selected_frac)
-        items["head"] = 3 * (stats_rows + selected) * V * 4 / GB + head_grad
+        items["head"] = 3 * int(rows * completion_len * selected_frac) * V * 4 / GB + head_grad
     else:
         raise ValueError(f"head must be 'trl' or 'sparse', got {head!r}")
+    sweep_rows = 0 if stats_chunk_size is None else min(stats_chunk_size, rows * completion_len)
+    items["statistics_sweep"] = sweep_rows * V * 4 / GB
     items["optimizer_temporaries"] = ADAM_TEMPS * V * h * b / GB
     return items
 
 
 def step_peak(items: dict[str, float], first_step: bool = False) -> dict[str, float]:
-    """Resident memory (GB) before the step, the backward and optimizer phases, and the step's peak."""
+    """Resident memory (GiB) before the step, the backward and optimizer phases, and the step's peak."""
     before = items["base"] + items["weights"] + (0.0 if first_step else items["adam"])
+    forward = before + items["activations"] + items["statistics_sweep"]
     backward = before + items["activations"] + items["head"]
     optimizer = items["base"] + items["weights"] + items["adam"] + items["gradients"] + items["optimizer_temporaries"]
-    return {"before": before, "backward": backward, "optimizer": optimizer, "peak": max(backward, optimizer)}
+    return {"before": before, "forward": forward, "backward": backward, "optimizer": optimizer,
+            "peak": max(forward, backward, optimizer)}
 
 
 def gpu_states(shape: Shape, state_bytes: int, shards: int = 1) -> dict[str, float]:
-    """Weights, gradients and AdamW's two states (GB per device) with every state in ``state_bytes`` and sharded
+    """Weights, gradients and AdamW's two states (GiB per device) with every state in ``state_bytes`` and sharded
     ``shards`` ways (FSDP / ZeRO-3; 1 for DDP)."""
     P = shape.params()
     return {"weights": P * state_bytes / shards / GB, "gradients": P * state_bytes / shards / GB,
@@ -116,7 +122,7 @@ def gpu_states(shape: Shape, state_bytes: int, shards: int = 1) -> dict[str, flo
 
 
 def activations_gb(shape: Shape, tokens: int, dtype_bytes: int, checkpointed: bool = False) -> float:
-    """Activations kept for backward (GB) for ``tokens`` tokens per micro-batch. Checkpointed: each layer's input
+    """Activations kept for backward (GiB) for ``tokens`` tokens per micro-batch. Checkpointed: each layer's input
     (h values per token) plus one layer recomputed in full."""
     per_layer = shape.act_values_per_token_layer()
     outside = ACT_OUTSIDE_LAYERS * shape.hidden
@@ -145,3 +151,13 @@ def doc_rows() -> dict[str, float]:
         "Adam m, v (fp32, sharded)": fsdp["adam"],
         "activations, micro-batch 8 x 1,536 tokens, checkpointed": activations_gb(s7, 8 * 1536, 2, checkpointed=True),
     }
+
+
+def predicted_peak(variant: str, layers: int, completion_len: int, first_step: bool, rows: int = 8,
+                   prompt_len: int = 36) -> float:
+    """Process peak (GiB) of a bench_real_shape.py run of ``variant`` (ict, ict+sparse, all, trl_q1.0) at
+    Qwen2.5-0.5B width: fixed completions of ``completion_len`` tokens after prompts of 33-37 byte tokens."""
+    items = step_items(Shape.qwen25("qwen2.5-0.5b", layers), rows=rows, prompt_len=prompt_len,
+                       completion_len=completion_len, head="sparse" if "sparse" in variant else "trl",
+                       stats_chunk_size=2048 if variant.startswith("ict") else None, base_gb=BASE_GB)
+    return step_peak(items, first_step=first_step)["peak"]

@@ -17,7 +17,6 @@ sys.path.insert(0, str(REPO / "bench"))
 import memory_model as mm  # noqa: E402
 
 RESULTS = REPO / "bench" / "results" / "real_shape.json"
-PROMPT_LEN = 36  # bench_train_step.PROMPTS through the byte tokenizer: 33 to 37 tokens, left-padded to the longest
 
 
 @pytest.mark.parametrize("name", ["qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b"])
@@ -36,7 +35,7 @@ def _measured_runs() -> list[tuple[str, dict[str, Any], int, int, bool]]:
         if part not in result:
             continue
         p = result[part]
-        first = "--steps" in p["run"]["argv"] and p["run"]["argv"][p["run"]["argv"].index("--steps") + 1] == "1"
+        first = p.get("steps", 2) == 1
         for key, run in p["runs"].items():
             variant, _, length = key.partition("@")
             runs = run if isinstance(run, list) else [run]
@@ -51,10 +50,7 @@ def test_predicted_peaks_within_25_percent_of_measured() -> None:
     misses = []
     for label, run, layers, completion_len, first in runs:
         variant = label.split(":")[1].partition("@")[0]
-        items = mm.step_items(mm.Shape.qwen25("qwen2.5-0.5b", layers), rows=8, prompt_len=PROMPT_LEN,
-                              completion_len=completion_len, head="sparse" if "sparse" in variant else "trl",
-                              base_gb=mm.BASE_GB)
-        predicted = mm.step_peak(items, first_step=first)["peak"]
+        predicted = mm.predicted_peak(variant, layers, completion_len, first_step=first)
         measured = run["process_peak_mb"] / 1024
         if abs(predicted / measured - 1) > 0.25:
             misses.append(f"{label}: predicted {predicted:.2f} GiB, measured {measured:.2f} GiB")
