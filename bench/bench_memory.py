@@ -136,6 +136,8 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--generations", type=int, default=4)
     ap.add_argument("--completion-len", type=int, default=32)
+    ap.add_argument("--generation", choices=("fixed", "real"), default="real",
+                    help="real: TRL's sampling; fixed: bench_train_step.py's deterministic completions")
     ap.add_argument("--head-shape", default="8,128,64", help="B,T,H of the loss-head cases")
     ap.add_argument("--cases", default=None, help="comma-separated subset")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
@@ -151,7 +153,7 @@ def main() -> None:
     if a.cases:
         cases = a.cases.split(",")
     argv = [f"--vocab={a.vocab}", f"--hidden={a.hidden}", f"--layers={a.layers}", f"--batch={a.batch}",
-            f"--generations={a.generations}", f"--completion-len={a.completion_len}", f"--head-shape={a.head_shape}"]
+            f"--generations={a.generations}", f"--completion-len={a.completion_len}", f"--generation={a.generation}", f"--head-shape={a.head_shape}"]
     out: dict[str, Any] = {"config": vars(a) | {"cases": cases}, "cases": {}}
     for case in cases:
         t0 = time.perf_counter()
