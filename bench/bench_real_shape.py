@@ -88,6 +88,8 @@ def pass_case(case: str, a: argparse.Namespace) -> dict[str, Any]:
     a.steps = 1
     with tempfile.TemporaryDirectory() as out_dir:
         trainer = build_trainer("ict" if case == "stats" else "trl_q1.0", a, out_dir)
+    if a.stats_chunk_size:
+        trainer.args.stats_chunk_size = a.stats_chunk_size
     trainer.model.train()
     gen = torch.Generator().manual_seed(0)
     prompt = torch.randint(3, 259, (B // G, 1, P), generator=gen).expand(-1, G, -1).reshape(B, P)
@@ -117,7 +119,8 @@ def pass_case(case: str, a: argparse.Namespace) -> dict[str, Any]:
 
 def run_worker(case: str, a: argparse.Namespace, **overrides: Any) -> dict[str, Any]:
     """``case`` in a fresh subprocess (``--worker``) with this run's settings, ``overrides`` applied."""
-    settings = {k: getattr(a, k) for k in ("shape", "layers", "batch", "generations", "completion_len", "steps")}
+    settings = {k: getattr(a, k) for k in ("shape", "layers", "batch", "generations", "completion_len", "steps",
+                                           "stats_chunk_size") if getattr(a, k) is not None}
     settings |= overrides
     argv = [f"--{k.replace('_', '-')}={v}" for k, v in settings.items()]
     t0 = time.perf_counter()
@@ -218,9 +221,9 @@ def tables(result: dict[str, Any]) -> str:
     if "ratios" in result:
         lines += ["", "| ratio | value |", "|---|---|"]
         lines += [f"| {k} | {v:.3f} |" for k, v in result["ratios"]["ratios"].items()]
-    if "passes" in result:
-        q = result["passes"]
-        lines += ["", "| no-grad pass | s | peak extra MB |", "|---|---|---|"]
+    for key in sorted(k for k in result if k.startswith("passes")):
+        q = result[key]
+        lines += ["", f"| no-grad pass ({key}) | s | peak extra MB |", "|---|---|---|"]
         lines += [f"| {c} | {q[c]['seconds']:.1f} | {q[c]['peak_extra_mb']:.0f} |" for c in ("trl_old_logps", "stats")]
         lines += [f"| statistics / TRL old log-probs | {q['stats/trl_old_logps time']:.2f} | "
                   f"{q['stats/trl_old_logps peak']:.2f} |"]
@@ -238,6 +241,9 @@ def main() -> None:
     ap.add_argument("--lengths", default="128,256,512,1024")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--steps", type=int, default=2, help="optimizer steps per run; the last is measured")
+    ap.add_argument("--stats-chunk-size", type=int, default=None,
+                    help="passes: ICTGRPOConfig.stats_chunk_size of the statistics pass (default: the config's); "
+                         "the part is stored as passes_chunkN")
     ap.add_argument("--out", type=Path, default=RESULTS, help="result JSON (parts merged in, written atomically)")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -272,6 +278,8 @@ def main() -> None:
                    "loadavg_before": load_before, "loadavg_after": load_after, "argv": sys.argv[1:],
                    "omp_num_threads": os.environ.get("OMP_NUM_THREADS")}
     result = json.loads(a.out.read_text()) if a.out.exists() else {}  # another part may have finished meanwhile
+    if a.part == "passes" and a.stats_chunk_size:
+        a.part = f"passes_chunk{a.stats_chunk_size}"
     old = result.get(a.part, {})
     if a.part == "lengths" and old.get("layers") == part["layers"]:  # more lengths for the same model: merged
         part["runs"] = old["runs"] | part["runs"]
