@@ -17,7 +17,7 @@ Parts (``--part``; each merges its key into bench/results/real_shape.json, writt
              + head sweep + token statistics + group JS) vs TRL's old-log-prob pass
              (``_get_per_token_logps_and_entropies``, what TRL runs when num_iterations > 1): time and peak extra
              memory (one warm-up call, high-water mark reset, measured call)
-    full     ict and all at the real depth (24 layers): step time and peak RSS
+    full     ict and all at the published depth (24 layers for 0.5B): step time and peak RSS
     lengths  ict and all at --layers for completion lengths --lengths: step time and peak RSS
     plot     bench/results/real_shape_lengths.png from the JSON
     table    markdown tables of the JSON, with bench/memory_model.py's predicted peaks beside the measured ones
@@ -155,8 +155,11 @@ def part_passes(a: argparse.Namespace) -> dict[str, Any]:
 
 
 def part_full(a: argparse.Namespace) -> dict[str, Any]:
-    return {"layers": 24, "completion_len": a.completion_len,
-            "runs": {v: run_worker(v, a, layers=24) for v in ("all", "ict")}}
+    from ictrl.models import real_shape_config
+
+    depth = real_shape_config(a.shape).num_hidden_layers
+    return {"layers": depth, "completion_len": a.completion_len,
+            "runs": {v: run_worker(v, a, layers=depth) for v in ("all", "ict")}}
 
 
 def part_lengths(a: argparse.Namespace) -> dict[str, Any]:
