@@ -14,9 +14,10 @@ Items (bytes):
   (embedding output, final norm, the hidden states handed to the head). For Qwen2.5-0.5B that is 124.6 B x h per
   token per layer in fp32, where a forward of 8 x 288 tokens measured 126 B x h (the difference of 1 and 3 layers).
 - TRL's chunked log-prob head on CPU (``trl.kernels.chunked_logprob``, no Triton): every position of every row
-  (prompt included) in tiles of [min(N, 4,096), min(V, 32,768)] fp32. Its backward tile holds about 9 such
-  arrays at once (the tile, y, z, log p, p, the gradient, the target mask and the temporaries of one update),
-  plus its fp32 weight gradient [V, h] and the hidden gradient [N, h].
+  (prompt included) in tiles of [min(N, 4,096), min(V, 32,768)] fp32. Its backward tile function keeps 6 such
+  arrays through its whole body (the tile, y, z, log p, p, the gradient), plus its fp32 weight gradient [V, h]
+  and the hidden gradient [N, h]. (Counting also the two transients of its gradient update, 9 arrays,
+  over-predicted every dense-head run of bench_real_shape.py by 13-28%.)
 - ictrl's statistics sweep (selectors with statistics, e.g. ict; no grad, during the forward): the logits of
   ``min(stats_chunk_size, completion positions)`` rows at a time, fp32 (``ICTGRPOConfig.stats_chunk_size``,
   default 2,048: at 8 x 256 completion tokens every row at once, 1.16 GiB at V = 151,936).
@@ -34,7 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 GB = 2**30
-TRL_TOKEN_TILE, TRL_VOCAB_TILE, TRL_TILE_ARRAYS = 4096, 32768, 9
+TRL_TOKEN_TILE, TRL_VOCAB_TILE, TRL_TILE_ARRAYS = 4096, 32768, 6
 ACT_OUTSIDE_LAYERS = 7  # x h values per token
 ADAM_TEMPS = 2  # arrays the size of the largest parameter
 
