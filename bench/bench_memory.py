@@ -55,26 +55,36 @@ def _reset_peak() -> int:
     return _status_kb("VmRSS:")
 
 
+def peak_probe(marks: dict[str, int], measured_step: int = 2) -> Any:
+    """A TrainerCallback that records into ``marks`` (kB), for optimizer step ``measured_step``: the process peak
+    before it (``first_step_peak_kb``), the RSS as it begins (``before_kb``, where the high-water mark is reset) and
+    the peak through its end (``peak_kb``)."""
+    from transformers import TrainerCallback
+
+    class PeakProbe(TrainerCallback):
+        def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            if state.global_step == measured_step - 1:
+                marks["first_step_peak_kb"] = _status_kb("VmHWM:")
+                marks["before_kb"] = _reset_peak()
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            if state.global_step == measured_step:
+                marks["peak_kb"] = _status_kb("VmHWM:")
+
+    return PeakProbe()
+
+
 def trainer_case(case: str, a: argparse.Namespace) -> dict[str, float]:
     import tempfile
 
-    from transformers import PrinterCallback, TrainerCallback
+    from transformers import PrinterCallback
 
     marks: dict[str, int] = {}
-
-    class PeakProbe(TrainerCallback):
-        def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-            if state.global_step == 1:
-                marks["first_step_peak_kb"] = _status_kb("VmHWM:")
-                marks["before_kb"] = _reset_peak()
-            elif state.global_step == 2:
-                marks["peak_kb"] = _status_kb("VmHWM:")
-
     a.steps = 2
     with tempfile.TemporaryDirectory() as out_dir:
         trainer = build_trainer(case, a, out_dir)
         trainer.remove_callback(PrinterCallback)
-        trainer.add_callback(PeakProbe())
+        trainer.add_callback(peak_probe(marks))
         trainer.train()
     return {"step_peak_mb": (marks["peak_kb"] - marks["before_kb"]) / 1024,
             "rss_before_step_mb": marks["before_kb"] / 1024, "process_peak_mb": max(marks["peak_kb"],
@@ -126,6 +136,8 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--generations", type=int, default=4)
     ap.add_argument("--completion-len", type=int, default=32)
+    ap.add_argument("--generation", choices=("fixed", "real"), default="real",
+                    help="real: TRL's sampling; fixed: bench_train_step.py's deterministic completions")
     ap.add_argument("--head-shape", default="8,128,64", help="B,T,H of the loss-head cases")
     ap.add_argument("--cases", default=None, help="comma-separated subset")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
@@ -141,7 +153,7 @@ def main() -> None:
     if a.cases:
         cases = a.cases.split(",")
     argv = [f"--vocab={a.vocab}", f"--hidden={a.hidden}", f"--layers={a.layers}", f"--batch={a.batch}",
-            f"--generations={a.generations}", f"--completion-len={a.completion_len}", f"--head-shape={a.head_shape}"]
+            f"--generations={a.generations}", f"--completion-len={a.completion_len}", f"--generation={a.generation}", f"--head-shape={a.head_shape}"]
     out: dict[str, Any] = {"config": vars(a) | {"cases": cases}, "cases": {}}
     for case in cases:
         t0 = time.perf_counter()

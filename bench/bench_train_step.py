@@ -90,11 +90,15 @@ def build_trainer(variant: str, a: argparse.Namespace, out_dir: str, num_iterati
 
     from ictrl.engine.config import ICTGRPOConfig
     from ictrl.engine.trainer import ICTGRPOTrainer
-    from ictrl.models import build_byte_tokenizer, build_tiny_qwen2
+    from ictrl.models import build_byte_tokenizer, build_real_shape, build_tiny_qwen2
 
-    tokenizer = build_byte_tokenizer()
+    if getattr(a, "shape", None):  # a Qwen2.5 architecture (bench_real_shape.py), a.layers deep
+        model, tokenizer = build_real_shape(a.shape, num_layers=a.layers, seed=0)
+    else:
+        tokenizer = build_byte_tokenizer()
+        model = build_tiny_qwen2(tokenizer, hidden_size=a.hidden, num_hidden_layers=a.layers, vocab_size=a.vocab,
+                                 seed=0)
     tokenizer.padding_side = "left"
-    model = build_tiny_qwen2(tokenizer, hidden_size=a.hidden, num_hidden_layers=a.layers, vocab_size=a.vocab, seed=0)
     common = dict(output_dir=out_dir, use_cpu=True, bf16=False, report_to="none", save_strategy="no",
                   logging_steps=1, max_steps=a.steps, per_device_train_batch_size=a.batch,
                   num_generations=a.generations, max_completion_length=a.completion_len, learning_rate=1e-5,
@@ -142,16 +146,24 @@ def count_forwards(variant: str, a: argparse.Namespace, num_iterations: int) -> 
         return {"forwards_per_step": calls[0] / trainer.state.global_step, "stats_paths": paths}
 
 
-def run_variant(variant: str, a: argparse.Namespace) -> dict[str, float]:
-    """Train a.steps steps; medians (seconds) over the steps after the first."""
+def run_variant(variant: str, a: argparse.Namespace, callbacks: tuple[Any, ...] = (),
+                setup: Any = None) -> dict[str, Any]:
+    """Train a.steps steps; medians (seconds) over the steps after the first, and every step's times."""
     from transformers import PrinterCallback, TrainerCallback
 
     step_times: list[float] = []
     gen_times: list[float] = []
+    opt_times: list[float] = []
 
     class StepTimer(TrainerCallback):
         def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
             self.t0 = time.perf_counter()
+
+        def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            self.t_opt = time.perf_counter()
+
+        def on_optimizer_step(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            opt_times.append(time.perf_counter() - self.t_opt)
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
             step_times.append(time.perf_counter() - self.t0)
@@ -159,6 +171,10 @@ def run_variant(variant: str, a: argparse.Namespace) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as out_dir:
         trainer = build_trainer(variant, a, out_dir)
         trainer.add_callback(StepTimer())
+        for callback in callbacks:
+            trainer.add_callback(callback)
+        if setup is not None:
+            setup(trainer)
         trainer.remove_callback(PrinterCallback)  # per-step log dicts would drown the table
         generate = trainer._generate_and_score_completions
 
@@ -178,10 +194,13 @@ def run_variant(variant: str, a: argparse.Namespace) -> dict[str, float]:
     keep = slice(1, None) if a.steps > 1 else slice(None)
     step, gen = statistics.median(step_times[keep]), statistics.median(gen_times[keep])
     stats = statistics.median(stats_times[keep]) if stats_times else 0.0
+    opt = statistics.median(opt_times[keep])
     # On the training-forward path (2) the statistics run inside the loss, not inside generation.
     in_generation = bool(paths) and paths != {2.0}
     return {"step_s": step, "generate_s": gen - stats if in_generation else gen, "stats_s": stats,
-            "loss_and_optimizer_s": step - gen}
+            "loss_and_optimizer_s": step - gen, "optimizer_s": opt,
+            "loss_s": step - gen - opt - (0.0 if in_generation else stats),
+            "step_times": step_times, "stats_paths": sorted(paths)}
 
 
 def head_bench(B: int, T: int, H: int, V: int, ratio: float, repeats: int) -> dict[str, float]:
@@ -282,7 +301,7 @@ def time_variants(variants: list[str], a: argparse.Namespace) -> dict[str, Any]:
     for r in range(a.repeats):
         for v in variants[r % len(variants):] + variants[:r % len(variants)]:
             t0 = time.perf_counter()
-            run = run_variant(v, a)
+            run = {k: x for k, x in run_variant(v, a).items() if isinstance(x, float)}
             run["train_s"] = run["step_s"] - run["generate_s"]
             runs[v].append(run)
             print(f"V={a.vocab} repeat {r} {v:14s} step {run['step_s']:.3f} s  train {run['train_s']:.3f} s  "
