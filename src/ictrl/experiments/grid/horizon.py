@@ -5,8 +5,8 @@ Everything here is fixed before the first full run and not tuned on its results:
 - *Settings*: ``tinyarith`` and ``countdown`` (the embedded tasks' bases, as in the tuned study) and
   ``countdown-lesstrained`` (countdown's recipe, warm start stopped at ``LESS_TRAINED_STEPS``: see ``SETTINGS``).
 - *Methods*: grpo, ict, random10, entropy20, stapo, each at its tuned (lr, loss normaliser) from the tuned study
-  (``TUNED``; source: docs/results/tune-tinyarith-2026-11-23.md and tune-countdown-2026-11-23.md, table "row | lr |
-  normaliser").
+  (``TUNED``; source: docs/results/tune-tinyarith-2026-11-23.md and docs/results/tune-countdown-2026-11-23.md,
+  table "row | lr | normaliser").
 - *Horizon*: at least ``MIN_STEPS`` optimizer steps, or until GRPO's all-token H1 has fallen by
   ``STOP_FALL`` from its start, whichever is longer, capped at ``CAP_STEPS``. Resumably: phase 1 runs GRPO's seeds
   with the stop rule (:func:`stop_step`, checked every step by :func:`stop_callback`); the horizon N is the largest
@@ -63,8 +63,9 @@ DEFINITIONS = (
     f"{STOP_FALL:.0%}), whichever is longer, capped at {CAP_STEPS}."
 )
 
-# The tuned study's choices (docs/results/tune-tinyarith-2026-11-23.md, tune-countdown-2026-11-23.md, "row | lr |
-# normaliser"): method -> (lr, normaliser; None = the method's own).
+# The tuned study's choices (docs/results/tune-tinyarith-2026-11-23.md,
+# docs/results/tune-countdown-2026-11-23.md, "row | lr | normaliser"): method -> (lr, normaliser; None = the
+# method's own).
 TUNED: dict[str, dict[str, tuple[float, str | None]]] = {
     "tinyarith": {"grpo": (4e-4, None), "ict": (1e-4, "per_response_all"), "random10": (2e-4, None),
                   "entropy20": (4e-4, None), "stapo": (4e-4, None)},
