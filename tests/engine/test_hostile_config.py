@@ -16,21 +16,6 @@ BIG = "x" * 10_000_000
 LONG = "x" * 50_000
 
 
-@pytest.fixture
-def loader_calls(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
-    """Replace the model loader with one that records its calls and refuses to load."""
-    import ictrl.models
-
-    calls: list[Any] = []
-
-    def fake(*args: Any, **kwargs: Any) -> Any:
-        calls.append((args, kwargs))
-        raise AssertionError("the model loader must not be reached")
-
-    monkeypatch.setattr(ictrl.models, "load_model_and_tokenizer", fake)
-    return calls
-
-
 def refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
     """Run ``ictrl train ARGV``; check exit 2 and exactly one short error line; return that line."""
     code = cli.main(["train", *argv])

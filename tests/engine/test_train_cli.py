@@ -17,21 +17,6 @@ CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 CELL = CONFIGS / "qwen2.5-0.5b" / "ict.yaml"
 
 
-@pytest.fixture
-def loader_calls(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
-    """Replace the model loader with one that records its calls and refuses to load."""
-    import ictrl.models
-
-    calls: list[Any] = []
-
-    def fake(*args: Any, **kwargs: Any) -> Any:
-        calls.append((args, kwargs))
-        raise AssertionError("the model loader must not be reached")
-
-    monkeypatch.setattr(ictrl.models, "load_model_and_tokenizer", fake)
-    return calls
-
-
 @pytest.mark.parametrize(
     ("override", "message"),
     [

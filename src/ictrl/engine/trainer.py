@@ -42,6 +42,7 @@ computes the same global mask as a single process would.
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -429,6 +430,7 @@ class ICTGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
             return args.selection_topk
         if args.selection_topk_source == "sampler":
             raise UserError(f"selection_topk_source='sampler': {why}; use 'auto' or 'head' to score from the LM head")
+        logging.getLogger(__name__).warning("selection_topk_source='auto': %s; the top-K comes from the LM head", why)
         return None
 
     def _sampler_topk_obstacle(self) -> str | None:
