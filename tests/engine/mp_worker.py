@@ -469,3 +469,8 @@ if __name__ == "__main__":
 
     with process_group_left():  # as ictrl train: every exit leaves the process group
         main(sys.argv[1:])
+    # The results are on disk and the group is left. Skip interpreter finalisation too: FSDP2 and DeepSpeed keep
+    # threads of their own whose teardown during finalisation can still abort a finished worker.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
