@@ -95,17 +95,17 @@ class _Unhooked(nn.Module):
         return type(self.head).forward(self.head, x)
 
 
+def _causal_lm(accelerator: Any, model: Any) -> nn.Module:
+    """``model`` unwrapped from its engine, and from PEFT (whose adapters live inside the base model's modules)."""
+    unwrapped = accelerator.unwrap_model(model)
+    return unwrapped.get_base_model() if hasattr(unwrapped, "get_base_model") else unwrapped
+
+
 def output_head(accelerator: Any, model: Any) -> nn.Module:
     """The LM head module of ``model`` as the engine wrapped it (PEFT: the base model's head, adapters inside)."""
-    unwrapped = accelerator.unwrap_model(model)
-    if hasattr(unwrapped, "get_base_model"):
-        unwrapped = unwrapped.get_base_model()
-    return unwrapped.get_output_embeddings()
+    return _causal_lm(accelerator, model).get_output_embeddings()
 
 
 def backbone(accelerator: Any, model: Any) -> nn.Module:
     """The decoder stack whose output (the final-norm hidden states) is the LM head's input."""
-    unwrapped = accelerator.unwrap_model(model)
-    if hasattr(unwrapped, "get_base_model"):
-        unwrapped = unwrapped.get_base_model()
-    return unwrapped.base_model
+    return _causal_lm(accelerator, model).base_model
