@@ -20,7 +20,7 @@ Items (bytes):
   over-predicted every dense-head run of bench_real_shape.py by 13-28%.)
 - ictrl's statistics sweep (selectors with statistics, e.g. ict; no grad, during the forward): the logits of
   ``min(stats_chunk_size, completion positions)`` rows at a time, fp32 (``ICTGRPOConfig.stats_chunk_size``,
-  default 2,048: at 8 x 256 completion tokens every row at once, 1.16 GiB at V = 151,936).
+  default 512: 0.29 GiB at V = 151,936).
 - ictrl's sparse head: the selected rows' logits with grad (x 3), plus the [V, h] weight gradient.
 - the optimizer phase: all gradients, plus AdamW's per-parameter temporaries (torch's single-tensor AdamW on
   CPU: 2 arrays the size of the largest parameter, the embedding).
@@ -155,10 +155,10 @@ def doc_rows() -> dict[str, float]:
 
 
 def predicted_peak(variant: str, layers: int, completion_len: int, first_step: bool, rows: int = 8,
-                   prompt_len: int = 36) -> float:
+                   prompt_len: int = 36, stats_chunk_size: int = 512) -> float:
     """Process peak (GiB) of a bench_real_shape.py run of ``variant`` (ict, ict+sparse, all, trl_q1.0) at
     Qwen2.5-0.5B width: fixed completions of ``completion_len`` tokens after prompts of 33-37 byte tokens."""
     items = step_items(Shape.qwen25("qwen2.5-0.5b", layers), rows=rows, prompt_len=prompt_len,
                        completion_len=completion_len, head="sparse" if "sparse" in variant else "trl",
-                       stats_chunk_size=2048 if variant.startswith("ict") else None, base_gb=BASE_GB)
+                       stats_chunk_size=stats_chunk_size if variant.startswith("ict") else None, base_gb=BASE_GB)
     return step_peak(items, first_step=first_step)["peak"]
