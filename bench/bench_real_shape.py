@@ -59,10 +59,16 @@ def warm_group_js(trainer: Any) -> None:
     (``dynamic=True``) is loaded before the measured step, as it is in a run's second step."""
     import torch
 
-    B, T = trainer.args.per_device_train_batch_size, 32
+    from ictrl.engine.heads import output_head
+    from ictrl.engine.stats_pass import hidden_stats
+
+    args, B, T = trainer.args, trainer.args.per_device_train_batch_size, 32
     hidden = torch.randn(B, T, trainer.model.config.hidden_size)
-    trainer._hidden_stats(hidden, torch.ones(B, T, dtype=torch.bool), torch.randint(3, 259, (B, T)),
-                          torch.arange(B) // trainer.num_generations)
+    with torch.no_grad():
+        hidden_stats(output_head(trainer.accelerator, trainer.model), hidden, torch.ones(B, T, dtype=torch.bool),
+                     torch.randint(3, 259, (B, T)), torch.arange(B) // trainer.num_generations,
+                     temperature=args.selection_temperature, topk=args.selection_topk,
+                     chunk_size=args.stats_chunk_size, autocast=trainer.accelerator.autocast)
 
 
 def step_case(variant: str, a: argparse.Namespace) -> dict[str, Any]:
