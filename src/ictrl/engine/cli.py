@@ -130,7 +130,8 @@ def _launch_flag(arg: str) -> str | None:
     """The launch field a ``--num-processes`` style argument sets (dashes or underscores), else None."""
     if not arg.startswith("--"):
         return None
-    return LAUNCH_FLAGS.get(arg[2:].partition("=")[0].replace("-", "_"))
+    key = arg[2:].partition("=")[0].replace("-", "_")
+    return key if key in LAUNCH_FLAGS else None
 
 
 def split_argv(argv: list[str]) -> tuple[str, list[str], set[str]]:

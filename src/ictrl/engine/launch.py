@@ -30,14 +30,15 @@ class LaunchError(ValueError):
 
 @dataclasses.dataclass
 class Launch:
-    """The launch flags of ``ictrl train``: ``processes`` is the total over machines, as accelerate counts it."""
+    """The launch flags of ``ictrl train``, named as the flags: ``num_processes`` is the total over machines, as
+    accelerate counts it."""
 
-    processes: int | None = None
+    num_processes: int | None = None
     accelerate_config: str | None = None
     main_process_port: int | None = None
 
     def requested(self) -> bool:
-        return self.processes is not None or self.accelerate_config is not None
+        return self.num_processes is not None or self.accelerate_config is not None
 
     def set(self, key: str, value: str) -> None:
         """One flag's value from the command line (``key`` as spelt in the dataclass); :class:`LaunchError`
@@ -52,14 +53,15 @@ class Launch:
             number = int(value)
         except ValueError:
             number = -1
-        if number < (1 if key == "processes" else 0):
-            raise LaunchError(f"{flag}: expected a whole number >= {1 if key == 'processes' else 0}, got {value!r}")
+        least = 1 if key == "num_processes" else 0
+        if number < least:
+            raise LaunchError(f"{flag}: expected a whole number >= {least}, got {value!r}")
         setattr(self, key, number)
 
     def total_processes(self) -> int:
         """The processes of the run: ``--num-processes``, else the accelerate config's ``num_processes``."""
-        if self.processes is not None:
-            return self.processes
+        if self.num_processes is not None:
+            return self.num_processes
         import yaml
 
         path = str(self.accelerate_config)
@@ -74,9 +76,8 @@ class Launch:
         return processes
 
 
-# flag (dashes or underscores, as TRL spells them) -> Launch field
-FLAGS = {"num_processes": "processes", "accelerate_config": "accelerate_config",
-         "main_process_port": "main_process_port"}
+# the launch flags, spelt with dashes or underscores (TRL's spelling) on the command line
+FLAGS = tuple(f.name for f in dataclasses.fields(Launch))
 
 
 def launch_arguments(launch: Launch, child_argv: list[str]) -> list[str]:
