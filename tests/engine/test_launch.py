@@ -71,7 +71,7 @@ def launches(tiny_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Launches:
 def test_config_error_is_one_line_before_any_process_starts(override: str, message: str | None,
                                                             launches: Launches,
                                                             capsys: pytest.CaptureFixture[str]) -> None:
-    code = cli.main(["train", TINY, "--num-processes", "2", override, *ONE_STEP[1:]])
+    code = cli.main(["train", TINY, "--num-processes", "2", *ONE_STEP[1:], override])
     err = capsys.readouterr().err
     if message is None:
         assert code == 0 and len(launches.calls) == 1, err
