@@ -37,9 +37,13 @@ class Launches:
     def __init__(self) -> None:
         self.calls: list[Any] = []
         self.fail: Callable[[], None] | None = None
+        self.launch_argv = ""
 
     def __call__(self, args: Any) -> None:
+        from ictrl.engine.cli import LAUNCH_ARGV_ENV
+
         self.calls.append(args)
+        self.launch_argv = os.environ[LAUNCH_ARGV_ENV]  # what the processes' Ctrl-C line offers to resume
         if self.fail is not None:
             self.fail()
 
@@ -126,6 +130,7 @@ def test_launch_arguments(launches: Launches, monkeypatch: pytest.MonkeyPatch, t
     assert args.num_processes == 2 and args.multi_gpu and args.main_process_port == 29123
     assert args.mixed_precision == "no" and args.num_machines == 1  # spelt out: accelerate does not warn
     assert args.module and args.training_script == "ictrl" and args.training_script_args == ["train", TINY, "--seed=3"]
+    assert launches.launch_argv == f"{TINY} --num-processes 2 --seed=3 --main-process-port=29123"
 
     ddp = str(w.REPO_ROOT / "configs" / "accelerate" / "ddp.yaml")
     assert cli.main(["train", TINY, f"--accelerate_config={ddp}", "--num-processes=2"]) == 0
@@ -149,7 +154,8 @@ def _child_failed(rank: int, exitcode: int) -> Exception:
         (0, 130, "130", 130, None),  # Ctrl-C: rank 0 printed where it stopped
         (0, 1, None, 1, "process 0 of 2 exited with status 1; its output is above"),  # a traceback in the process
         (1, -9, None, 137, "process 1 of 2 was killed by SIGKILL (out of memory?); its output is above"),
-        (1, 2, None, 2, "process 1 of 2 exited with status 2; its output is above"),  # rank 0 was stopped before it could say why
+        # rank 0 was stopped before it could say why
+        (1, 2, None, 2, "process 1 of 2 exited with status 2; its output is above"),
     ],
 )
 def test_failed_process_status_without_launcher_traceback(rank: int, exitcode: int, reported: str | None,
@@ -167,7 +173,7 @@ def test_failed_process_status_without_launcher_traceback(rank: int, exitcode: i
     err = capsys.readouterr().err
     assert "Traceback" not in err and "ChildFailedError" not in err
     assert err == ("" if line is None else f"ictrl train: error: {line} (--debug adds the launcher's traceback)\n")
-    assert REPORTED_FILE_ENV not in os.environ
+    assert REPORTED_FILE_ENV not in os.environ and "ICTRL_LAUNCH_ARGV" not in os.environ
 
 
 @pytest.mark.integration

@@ -106,6 +106,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.parse_args = parse_args  # type: ignore[method-assign]
 
 
+LAUNCH_ARGV_ENV = "ICTRL_LAUNCH_ARGV"  # `ictrl train --num-processes`'s arguments, for the processes it starts
+
+
 class UsageError(ValueError):
     pass
 
@@ -206,7 +209,12 @@ def run(args: argparse.Namespace) -> int:
         if launch.requested() and "--print-config" not in flags:
             from ictrl.engine.launch import check_and_launch
 
-            return check_and_launch(cfg, launch, argv, "--resume" in flags, config, set_by_flag)
+            # the processes' Ctrl-C line names the command that resumes the launch, flags included
+            os.environ[LAUNCH_ARGV_ENV] = shlex.join(args.argv)
+            try:
+                return check_and_launch(cfg, launch, argv, "--resume" in flags, config, set_by_flag)
+            finally:
+                del os.environ[LAUNCH_ARGV_ENV]
         # Building the trainer arguments joins the launcher's process group; every exit leaves it.
         with process_group_left():
             if "--print-config" in flags:
@@ -221,7 +229,8 @@ def run(args: argparse.Namespace) -> int:
                 sys.stdout.write(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
                 return 0
 
-            again = ["ictrl", "train", *[a for a in argv if a != "--resume"], "--resume"]
+            launched = shlex.split(os.environ.get(LAUNCH_ARGV_ENV, "")) or argv
+            again = ["ictrl", "train", *[a for a in launched if a != "--resume"], "--resume"]
             result = train(cfg, resume="--resume" in flags, source=config, resume_command=shlex.join(again),
                            flags=set_by_flag)
     except (UsageError, LaunchError) as exc:  # a ConfigError (a UserError) goes to ictrl.cli: one line, --debug
