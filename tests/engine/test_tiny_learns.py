@@ -19,8 +19,9 @@ from ictrl import cli
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 # Mean reward of the last 10 generation batches over the first 10 (256 completions each), one thread, measured
-# 2026-11-25 over seeds 0-3 of the config's 80 steps: RISE_LINE. The test runs the config's seed 0.
-RISE = 0.03
+# 2026-11-25 on seeds 0-3 of the config's 80 steps: +0.065, +0.033, +0.092, +0.114. The test runs the config's seed
+# 0; the margin is below every seed's rise, so another CPU's rounding (another trajectory) leaves room.
+RISE = 0.02
 
 
 @pytest.fixture
