@@ -201,3 +201,10 @@ def test_two_process_cpu_launch_through_the_flag(tmp_path: Path) -> None:
     assert errors == ["ictrl train: error: " + TINY + ": data.train: no training rows left (check data.limit and "
                       "data.max_prompt_length)"], proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr and "ChildFailedError" not in proc.stderr
+
+
+def test_print_config_checks_for_the_requested_processes(launches: Launches,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["train", TINY, "--print-config", "--prompts_per_step=3"]) == 0  # one process: 3 x 8 is fine
+    assert cli.main(["train", TINY, "--print-config", "--prompts_per_step=3", "--num-processes=2"]) == 2
+    assert "multiple of the number of processes (2)" in capsys.readouterr().err and launches.calls == []
