@@ -22,7 +22,7 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from ictrl.errors import Interrupted, UserError, one_line
+from ictrl.errors import Interrupted, UserError, note_reported, one_line
 
 # command -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -88,6 +88,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     debug = "--debug" in argv or os.environ.get("ICTRL_DEBUG", "").lower() in ("1", "true", "yes")
     verbose = "--verbose" in argv or os.environ.get("ICTRL_VERBOSE", "").lower() in ("1", "true", "yes")
     argv = [a for a in argv if a not in ("--debug", "--verbose")]
+    if debug:
+        os.environ["ICTRL_DEBUG"] = "1"  # for the processes `ictrl train --num-processes` starts
     if verbose:
         os.environ["ICTRL_VERBOSE"] = "1"  # for the commands' own log setup
     else:
@@ -114,6 +116,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         if rank() == 0:  # every process of a launch hits the same config error: one line, from rank 0
             print(f"ictrl {name}: error: {one_line(err)}", file=sys.stderr)
+            note_reported(2)
         return 2
     except (Interrupted, KeyboardInterrupt) as err:
         if debug:
@@ -121,6 +124,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         what = one_line(err) if isinstance(err, Interrupted) else "interrupted"
         if rank() == 0:
             print(f"\nictrl {name}: {what}", file=sys.stderr)
+            note_reported(130)
         return 130
 
 

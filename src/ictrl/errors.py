@@ -79,3 +79,22 @@ class Interrupted(Exception):
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
+
+
+# Set by `ictrl train --num-processes` (ictrl.engine.launch) for the processes it starts: a file rank 0 writes its
+# exit status to once it has printed the run's one line, so the launching parent adds nothing of its own.
+REPORTED_FILE_ENV = "ICTRL_REPORTED_FILE"
+
+
+def note_reported(status: int) -> None:
+    """Record that this process printed the run's one line and exits with ``status`` (see ``REPORTED_FILE_ENV``;
+    a no-op outside ``ictrl train --num-processes``)."""
+    import os
+
+    path = os.environ.get(REPORTED_FILE_ENV)
+    if path:
+        try:
+            with open(path, "w") as f:
+                f.write(str(status))
+        except OSError:  # the parent then names the failed process itself
+            pass

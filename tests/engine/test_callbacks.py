@@ -62,3 +62,27 @@ def test_report_to_list_comma_string_and_missing_tracker(monkeypatch) -> None:
     with pytest.raises(ValueError, match=r"report_to: wandb needs the 'ictrl_no_such_package' package, which is not "
                                          r"installed: pip install wandb"):
         ICTGRPOConfig(report_to="tensorboard,wandb", **common)
+
+
+def test_log_line_shows_the_running_mean_of_the_logged_rewards() -> None:
+    import io
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from ictrl.engine.callbacks import TREND, RichProgress, step_line
+
+    assert step_line(3, 9, {"reward": 0.5}, None).startswith("step 3/9  reward 0.500  acc -")
+    assert step_line(3, 9, {"reward": 0.5}, None, [0.25, 0.5]).startswith("step 3/9  reward 0.500 (avg2 0.375)  ")
+    out = io.StringIO()
+    bar = RichProgress(console=Console(file=out, width=200, force_terminal=False))
+    state = SimpleNamespace(is_local_process_zero=True, global_step=0, max_steps=30)
+    bar.on_train_begin(None, state, None)
+    for step in range(1, 25):  # a reward on every other step, as with num_iterations=2
+        state.global_step = step
+        bar.on_log(None, state, None, logs={"reward": step / 100} if step % 2 else {"loss": 0.0})
+    bar.on_train_end(None, state, None)
+    lines = [line for line in out.getvalue().splitlines() if line.startswith("step ")]
+    assert len(lines) == 24 and lines[0].startswith("step 1/30  reward 0.010 (avg1 0.010)")
+    last = [s / 100 for s in range(1, 25, 2)][-TREND:]  # the last 10 of the 12 rewards
+    assert lines[-1].startswith(f"step 24/30  reward - (avg10 {sum(last) / len(last):.3f})"), lines[-1]

@@ -18,9 +18,10 @@ import torch
 from ictrl import cli
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
-# Mean reward of the last 10 generation batches over the first 10 (256 completions each): 0.291 -> 0.342 when this
-# was written (2026-11-25, one thread), so a rise of 3 points leaves room for another CPU's rounding.
-RISE = 0.03
+# Mean reward of the last 10 generation batches over the first 10 (256 completions each), one thread, measured
+# 2026-11-25 on seeds 0-3 of the config's 80 steps: +0.065, +0.033, +0.092, +0.114. The test runs the config's seed
+# 0; the margin is below every seed's rise, so another CPU's rounding (another trajectory) leaves room.
+RISE = 0.02
 
 
 @pytest.fixture
@@ -43,7 +44,7 @@ def test_tiny_config_reward_rises(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert cli.main(["tiny-model"]) == 0
     assert cli.main(["train", "configs/tiny/ict.yaml", "--save_strategy=no"]) == 0
     rewards = _rewards(tmp_path / "runs" / "tiny" / "ict")
-    assert len(rewards) == 20  # 40 steps, two per generation batch: one reward per batch
+    assert len(rewards) == 40  # 80 steps, two per generation batch: one reward per batch
     first, last = sum(rewards[:10]) / 10, sum(rewards[-10:]) / 10
     assert 0.1 < first < 0.5  # the warm start answers some prompts right: there is something to learn from
     assert last > first + RISE, rewards

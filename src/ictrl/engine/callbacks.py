@@ -88,11 +88,17 @@ def _fmt(logs: dict[str, Any], key: str, spec: str = ".3f") -> str:
     return format(value, spec) if isinstance(value, (int, float)) else "-"
 
 
-def step_line(step: int, max_steps: int, logs: dict[str, Any], accuracy_key: str | None) -> str:
-    """One compact line per logged step: the numbers a person watches."""
+TREND = 10  # logged rewards in the running mean of the log line
+
+
+def step_line(step: int, max_steps: int, logs: dict[str, Any], accuracy_key: str | None,
+              recent: list[float] | None = None) -> str:
+    """One compact line per logged step: the numbers a person watches. ``recent``: the last logged rewards (up to
+    :data:`TREND`), shown as their mean (``avg10``): one generation batch's reward is noisy, their trend is not."""
+    trend = f" (avg{len(recent)} {sum(recent) / len(recent):.3f})" if recent else ""
     parts = [
         f"step {step}/{max_steps}",
-        f"reward {_fmt(logs, 'reward')}",
+        f"reward {_fmt(logs, 'reward')}{trend}",
         f"acc {_fmt(logs, accuracy_key) if accuracy_key else '-'}",
         f"sel {_fmt(logs, 'ictrl/selected_frac')}",
         f"H1 {_fmt(logs, 'ictrl/h1/all')}/{_fmt(logs, 'ictrl/h1/selected')}",
@@ -117,6 +123,7 @@ class RichProgress(TrainerCallback):
         self.accuracy_key = f"rewards/{accuracy_reward}/mean" if accuracy_reward else None
         self.progress: Progress | None = None
         self.task: Any = None
+        self.rewards: list[float] = []
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if not state.is_local_process_zero:
@@ -139,10 +146,12 @@ class RichProgress(TrainerCallback):
         if any(k in logs for k in SUMMARY_KEYS):
             self.progress.console.print(f"done: {state.global_step} steps in {_fmt(logs, 'train_runtime', '.1f')}s")
             return
+        if isinstance(logs.get("reward"), (int, float)):
+            self.rewards = [*self.rewards, float(logs["reward"])][-TREND:]
         info = f"reward {_fmt(logs, 'reward')}  sel {_fmt(logs, 'ictrl/selected_frac')}"
         self.progress.update(self.task, completed=state.global_step, info=info)
-        self.progress.console.print(step_line(state.global_step, state.max_steps, logs, self.accuracy_key),
-                                    highlight=False)
+        self.progress.console.print(step_line(state.global_step, state.max_steps, logs, self.accuracy_key,
+                                              self.rewards), highlight=False)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.progress is not None:

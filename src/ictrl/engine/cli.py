@@ -7,6 +7,10 @@ values are YAML scalars and a bare ``--flag`` means true; a key may be spelt wit
 ``--learning-rate``). TRL's script flags ``--model_name_or_path`` (= ``model.name_or_path``) and
 ``--dataset_name`` (a pointer to ``data.train``) are understood. A bad key or value exits with status 2 and one line
 naming the key, before any model loads. ``ictrl train --help`` lists the keys with their help.
+
+``--num-processes N [--accelerate-config FILE] [--main-process-port PORT]`` (TRL's underscore spellings too) starts
+the run on ``N`` processes through accelerate's launcher from this process, after checking the config for them:
+``ictrl.engine.launch``.
 """
 
 from __future__ import annotations
@@ -21,8 +25,12 @@ from typing import Any
 
 import yaml
 
+from ictrl.engine.launch import FLAGS as LAUNCH_FLAGS
+from ictrl.engine.launch import Launch, LaunchError
+
 FLAGS = ("--resume", "--print-config")
-USAGE = "ictrl train (CONFIG.yaml | --config CONFIG.yaml) [--KEY=VALUE | --KEY VALUE ...] [--resume] [--print-config]"
+USAGE = ("ictrl train (CONFIG.yaml | --config CONFIG.yaml) [--KEY=VALUE | --KEY VALUE ...] [--resume] [--print-config]"
+         " [--num-processes N [--accelerate-config FILE] [--main-process-port PORT]]")
 
 
 # TRL's example scripts take these flags (TrlParser's ScriptArguments / ModelConfig); their run-config keys:
@@ -78,7 +86,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.usage = USAGE
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     flags_help = ("--resume: continue from the last complete checkpoint in output_dir (start fresh if none).\n"
-                  "--print-config: print the resolved config and exit. More on keys: configs/README.md.")
+                  "--print-config: print the resolved config and exit. More on keys: configs/README.md.\n"
+                  "--num-processes N: check the config, then start N processes through accelerate's launcher "
+                  "(data parallel;\n  on CPU, gloo). --accelerate-config FILE: accelerate's config "
+                  "(configs/accelerate/{ddp,fsdp2,zero2,zero3}.yaml);\n  its num_processes unless --num-processes "
+                  "is given. --main-process-port PORT: the rendezvous port (default 29500).")
     parser.add_argument("argv", nargs=argparse.REMAINDER, metavar="ARGS",
                         help="the config file and overrides, e.g. configs/qwen2.5-1.5b/ict.yaml --learning_rate=2e-6")
     help_only = parser.parse_args
@@ -92,6 +104,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         return argparse.Namespace(argv=args)
 
     parser.parse_args = parse_args  # type: ignore[method-assign]
+
+
+LAUNCH_ARGV_ENV = "ICTRL_LAUNCH_ARGV"  # `ictrl train --num-processes`'s arguments, for the processes it starts
 
 
 class UsageError(ValueError):
@@ -114,8 +129,16 @@ def normalize_overrides(overrides: list[str]) -> list[str]:
     return out
 
 
+def _launch_flag(arg: str) -> str | None:
+    """The launch field a ``--num-processes`` style argument sets (dashes or underscores), else None."""
+    if not arg.startswith("--"):
+        return None
+    key = arg[2:].partition("=")[0].replace("-", "_")
+    return key if key in LAUNCH_FLAGS else None
+
+
 def split_argv(argv: list[str]) -> tuple[str, list[str], set[str]]:
-    """(config path, overrides, flags) from the command line after ``ictrl train``."""
+    """(config path, overrides, flags) from the command line after ``ictrl train`` (launch flags: split_launch)."""
     config: str | None = None
     overrides: list[str] = []
     flags: set[str] = set()
@@ -143,6 +166,31 @@ def split_argv(argv: list[str]) -> tuple[str, list[str], set[str]]:
     return config, overrides, flags
 
 
+def split_launch(argv: list[str]) -> tuple[list[str], Launch]:
+    """(the arguments without the launch flags, the :class:`ictrl.engine.launch.Launch` they give); a flag without a
+    value or with a bad one is a :class:`UsageError`."""
+    rest: list[str] = []
+    launch = Launch()
+    i = 0
+    while i < len(argv):
+        field = _launch_flag(argv[i])
+        if field is None:
+            rest.append(argv[i])
+        else:
+            flag, eq, value = argv[i].partition("=")
+            if not eq:
+                if i + 1 == len(argv) or argv[i + 1].startswith("--"):
+                    raise UsageError(f"{flag} needs a value")
+                i += 1
+                value = argv[i]
+            try:
+                launch.set(field, value)
+            except LaunchError as exc:
+                raise UsageError(str(exc)) from None
+        i += 1
+    return rest, launch
+
+
 def run(args: argparse.Namespace) -> int:
     from ictrl.engine.run_config import config_to_dict, load_config, parse_overrides
     from ictrl.engine.run_guard import die_with_launcher
@@ -150,28 +198,42 @@ def run(args: argparse.Namespace) -> int:
     die_with_launcher()  # a rank of `accelerate launch` / torchrun ends with it, not training on detached
     _setup_logging()
     try:
-        config, overrides, flags = split_argv(list(args.argv))
+        argv, launch = split_launch(list(args.argv))
+        config, overrides, flags = split_argv(argv)
         overrides = normalize_overrides(overrides)
         cfg = load_config(config, overrides)
         from ictrl.engine.process_group import process_group_left
         from ictrl.engine.run import build_trainer_args, train
 
         set_by_flag = parse_overrides(overrides)
+        if launch.requested() and "--print-config" not in flags:
+            from ictrl.engine.launch import check_and_launch
+
+            # the processes' Ctrl-C line names the command that resumes the launch, flags included
+            os.environ[LAUNCH_ARGV_ENV] = shlex.join(args.argv)
+            try:
+                return check_and_launch(cfg, launch, argv, "--resume" in flags, config, set_by_flag)
+            finally:
+                del os.environ[LAUNCH_ARGV_ENV]
         # Building the trainer arguments joins the launcher's process group; every exit leaves it.
         with process_group_left():
             if "--print-config" in flags:
                 from ictrl.engine import model_init
+                from ictrl.engine.config import planned_processes, process_count
 
-                build_trainer_args(cfg, config, flags=set_by_flag)  # every value checked before it is shown
+                # every value checked before it is shown, for the processes the run will have
+                with planned_processes(launch.total_processes() if launch.requested() else process_count()):
+                    build_trainer_args(cfg, config, flags=set_by_flag)
                 model_init.load_kwargs(cfg, config)
                 model_init.peft_config(cfg, config)
                 sys.stdout.write(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
                 return 0
 
-            again = ["ictrl", "train", *[a for a in args.argv if a != "--resume"], "--resume"]
+            launched = shlex.split(os.environ.get(LAUNCH_ARGV_ENV, "")) or argv
+            again = ["ictrl", "train", *[a for a in launched if a != "--resume"], "--resume"]
             result = train(cfg, resume="--resume" in flags, source=config, resume_command=shlex.join(again),
                            flags=set_by_flag)
-    except UsageError as exc:  # a ConfigError (a UserError) goes to ictrl.cli: one line, --debug for the traceback
+    except (UsageError, LaunchError) as exc:  # a ConfigError (a UserError) goes to ictrl.cli: one line, --debug
         print(f"ictrl train: error: {exc}", file=sys.stderr)
         return 2
     logging.getLogger("ictrl.train").info("finished at step %d; model in %s", result.global_step, result.final_model)

@@ -7,8 +7,10 @@ TRL's default ``bf16=True`` fails there. Run configs (``ictrl train``) map onto 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -26,11 +28,28 @@ _METHODS_HELP = "; ".join(f"'{s.name}'" + (f" (= {s.label})" if s.label != s.nam
                           for s in SELECTORS.values())
 
 
+_PLANNED: list[int] = []
+
+
+@contextlib.contextmanager
+def planned_processes(processes: int) -> Iterator[None]:
+    """Inside the block :func:`process_count` is ``processes``: the parent of a launch checks the config of the
+    run it is about to start (``ictrl.engine.launch``) from its own single process."""
+    _PLANNED.append(processes)
+    try:
+        yield
+    finally:
+        _PLANNED.pop()
+
+
 def process_count() -> int:
-    """Processes of the run: accelerate's when its state is initialised, else ``WORLD_SIZE`` (set by
-    ``accelerate launch`` / ``torchrun`` before the script starts), else 1."""
+    """Processes of the run: the planned count inside :func:`planned_processes`, else accelerate's when its state
+    is initialised, else ``WORLD_SIZE`` (set by ``accelerate launch`` / ``torchrun`` before the script starts),
+    else 1."""
     from accelerate import PartialState
 
+    if _PLANNED:
+        return _PLANNED[-1]
     if PartialState._shared_state:  # initialised: never start a process group from a config
         return PartialState().num_processes
     return int(os.environ.get("WORLD_SIZE", "1"))

@@ -246,15 +246,23 @@ class TrainResult:
     final_model: Path
 
 
+def existing_checkpoints(cfg: RunConfig, resume: bool, source: str = "<config>") -> list[Path]:
+    """The complete checkpoints in ``output_dir``, oldest first; without ``resume`` there must be none (a fresh
+    run does not start over another run's checkpoints)."""
+    out = Path(cfg.output_dir)
+    checkpoints = complete_checkpoints(out)
+    if checkpoints and not resume:
+        raise ConfigError(f"{source}: output_dir: {out} already holds {checkpoints[-1].name}; pass --resume "
+                          "to continue it or choose another output_dir")
+    return checkpoints
+
+
 def prepare_output_dir(cfg: RunConfig, resume: bool, source: str = "<config>") -> Path | None:
     """The checkpoint to resume from (None: start fresh). Refuses to start over existing checkpoints."""
     out = Path(cfg.output_dir)
-    checkpoints = complete_checkpoints(out)
+    checkpoints = existing_checkpoints(cfg, resume, source)
     clear_staging(out)
     if not resume:
-        if checkpoints:
-            raise ConfigError(f"{source}: output_dir: {out} already holds {checkpoints[-1].name}; pass --resume "
-                              "to continue it or choose another output_dir")
         return None
     if not checkpoints:
         log.warning("--resume: no complete checkpoint in %s, starting from step 0", out)
@@ -323,21 +331,59 @@ def interrupted(out: Path, step: int, resume_command: str | None) -> Any:
     return Interrupted(f"interrupted at step {step}; {kept}{again}")
 
 
-def train(cfg: RunConfig, resume: bool = False, source: str = "<config>",
-          callbacks: list[Any] | None = None, resume_command: str | None = None,
-          flags: dict[str, Any] | None = None) -> TrainResult:
-    """Run ``ictrl train``. Config errors surface before the model loads; the run holds ``output_dir``'s lock
-    (:class:`ictrl.engine.run_guard.RunLock`) from before it reads a checkpoint there until it returns. Ctrl-C
-    raises :class:`ictrl.errors.Interrupted` naming the step, the last checkpoint and ``resume_command``."""
+def check_config(cfg: RunConfig, source: str = "<config>", flags: dict[str, Any] | None = None,
+                 cpu: bool | None = None) -> tuple[Any, dict[str, Any], Any, list[Callable[..., Any]]]:
+    """Every value of the config checked, nothing loaded: (trainer arguments, model loading kwargs, LoRA config
+    or None, reward functions). ``cpu``: as :func:`build_trainer_args`."""
     from ictrl.engine import model_init
 
-    args = build_trainer_args(cfg, source, flags=flags)
+    args = build_trainer_args(cfg, source, cpu=cpu, flags=flags)
     init_kwargs = model_init.load_kwargs(cfg, source)
     lora = model_init.peft_config(cfg, source)
     reward_funcs = build_rewards(cfg, blame("reward.names", source, flags))
     add_overlong_penalty(cfg, args, reward_funcs, source)
     check_sources(cfg, source, flags)
     check_output_dir(cfg.output_dir, source)
+    return args, init_kwargs, lora, reward_funcs
+
+
+def check_inputs(cfg: RunConfig, init_kwargs: dict[str, Any], source: str = "<config>") -> Any:
+    """The model path and its architecture options (no weights read), then every training row: returns the
+    training dataset (:func:`load_train_dataset`)."""
+    from ictrl import preflight
+    from ictrl.engine import model_init
+
+    preflight.check_model(cfg.model.name_or_path, "model.name_or_path")
+    model_init.check_architecture(cfg, init_kwargs, source)
+    return load_train_dataset(cfg)
+
+
+def check_before_launch(cfg: RunConfig, processes: int, resume: bool = False, source: str = "<config>",
+                        flags: dict[str, Any] | None = None) -> None:
+    """The checks :func:`train` makes before the model loads, for a run on ``processes`` processes, made by the
+    parent of the launch before it starts any (``ictrl.engine.launch``). On the CPU, so the parent holds no GPU
+    memory the processes need (the device-specific checks are left to them), and without writing to
+    ``output_dir``. Raises :class:`ConfigError` / ``DataError`` as :func:`train` would."""
+    from ictrl.engine.config import planned_processes
+
+    quiet = log.level
+    log.setLevel(logging.ERROR)  # the CPU note and warnings are the processes' to log, once, from rank 0
+    try:
+        with planned_processes(processes):
+            args, init_kwargs, _, _ = check_config(cfg, source, flags, cpu=True)
+        existing_checkpoints(cfg, resume, source)
+        check_enough_rows(check_inputs(cfg, init_kwargs, source), args, source)
+    finally:
+        log.setLevel(quiet)
+
+
+def train(cfg: RunConfig, resume: bool = False, source: str = "<config>",
+          callbacks: list[Any] | None = None, resume_command: str | None = None,
+          flags: dict[str, Any] | None = None) -> TrainResult:
+    """Run ``ictrl train``. Config errors surface before the model loads; the run holds ``output_dir``'s lock
+    (:class:`ictrl.engine.run_guard.RunLock`) from before it reads a checkpoint there until it returns. Ctrl-C
+    raises :class:`ictrl.errors.Interrupted` naming the step, the last checkpoint and ``resume_command``."""
+    args, init_kwargs, lora, reward_funcs = check_config(cfg, source, flags)
     from ictrl.engine.run_guard import RunLock
 
     with RunLock(cfg.output_dir, args):
@@ -347,8 +393,6 @@ def train(cfg: RunConfig, resume: bool = False, source: str = "<config>",
 def _train_locked(cfg: RunConfig, args: Any, reward_funcs: list[Callable[..., Any]], resume: bool, source: str,
                   callbacks: list[Any] | None, init_kwargs: dict[str, Any], lora: Any,
                   resume_command: str | None) -> TrainResult:
-    from ictrl.engine import model_init
-
     resume_from = prepare_output_dir(cfg, resume, source)
     out, final = Path(cfg.output_dir), Path(cfg.output_dir) / "final"
     if resume_from is not None and finished_run(resume_from, args.max_steps):
@@ -356,11 +400,7 @@ def _train_locked(cfg: RunConfig, args: Any, reward_funcs: list[Callable[..., An
         log.warning("--resume: the run is complete: %s is at step %d (max_steps %d) and %s holds its model; "
                     "nothing to train", resume_from.name, step, args.max_steps, final)
         return TrainResult(out, step, resume_from, final)
-    from ictrl import preflight
-
-    preflight.check_model(cfg.model.name_or_path, "model.name_or_path")
-    model_init.check_architecture(cfg, init_kwargs, source)
-    dataset = load_train_dataset(cfg)  # every row checked before the model loads
+    dataset = check_inputs(cfg, init_kwargs, source)  # every row checked before the model loads
 
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 

@@ -1,0 +1,194 @@
+"""``ictrl train CONFIG --num-processes N [--accelerate-config FILE] [--main-process-port PORT]``: the launch
+from ictrl's own process, as TRL's ``trl grpo --num_processes N`` does it.
+
+The parent checks the whole config for an ``N``-process run first (``ictrl.engine.run.check_before_launch``: no
+model loaded, no device touched), so a mistake is one line and exit status 2 before any process starts. Then it
+calls accelerate's launcher (``accelerate.commands.launch.launch_command``) with ``-m ictrl train`` and the same
+arguments minus these flags. A process that fails has already said why (rank 0's one line for an ictrl error, its
+own traceback otherwise): the parent exits with that process's status and leaves out torchrun's
+``ChildFailedError`` traceback and its log lines (``--debug`` keeps them, ``--verbose`` keeps the log lines).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+# torchrun's loggers: "failed (exitcode: 2) local_rank: 0 ...", "Sending process ... closing signal SIGTERM", the
+# OMP_NUM_THREADS note. The failed process has already printed why; ictrl's own line replaces the rest.
+LAUNCHER_LOGGERS = ("torch.distributed.elastic", "torch.distributed.run", "torch.distributed.launcher")
+
+
+class LaunchError(ValueError):
+    """A launch flag that cannot be honoured (one line, exit status 2)."""
+
+
+@dataclasses.dataclass
+class Launch:
+    """The launch flags of ``ictrl train``, named as the flags: ``num_processes`` is the total over machines, as
+    accelerate counts it."""
+
+    num_processes: int | None = None
+    accelerate_config: str | None = None
+    main_process_port: int | None = None
+
+    def requested(self) -> bool:
+        return self.num_processes is not None or self.accelerate_config is not None
+
+    def set(self, key: str, value: str) -> None:
+        """One flag's value from the command line (``key`` as spelt in the dataclass); :class:`LaunchError`
+        names the flag when the value is bad."""
+        flag = "--" + key.replace("_", "-")
+        if key == "accelerate_config":
+            if not Path(value).is_file():
+                raise LaunchError(f"{flag} {value}: file not found")
+            self.accelerate_config = value
+            return
+        try:
+            number = int(value)
+        except ValueError:
+            number = -1
+        least = 1 if key == "num_processes" else 0
+        if number < least:
+            raise LaunchError(f"{flag}: expected a whole number >= {least}, got {value!r}")
+        setattr(self, key, number)
+
+    def total_processes(self) -> int:
+        """The processes of the run: ``--num-processes``, else the accelerate config's ``num_processes``."""
+        if self.num_processes is not None:
+            return self.num_processes
+        import yaml
+
+        path = str(self.accelerate_config)
+        try:
+            data = yaml.safe_load(Path(path).read_text())
+            processes = int(data.get("num_processes", 1)) if isinstance(data, dict) else 1
+        except (yaml.YAMLError, OSError, TypeError, ValueError) as exc:
+            raise LaunchError(f"--accelerate-config {path}: cannot read num_processes: "
+                              f"{str(exc).splitlines()[0]}") from None
+        if processes < 1:
+            raise LaunchError(f"--accelerate-config {path}: num_processes is {processes}; give --num-processes N")
+        return processes
+
+
+# the launch flags, spelt with dashes or underscores (TRL's spelling) on the command line
+FLAGS = tuple(f.name for f in dataclasses.fields(Launch))
+
+
+def launch_arguments(launch: Launch, child_argv: list[str]) -> list[str]:
+    """The ``accelerate launch`` command line (after ``accelerate launch``) that runs ``ictrl train child_argv``.
+    Without ``--accelerate-config`` and without a default accelerate config (``accelerate config``), ``N > 1``
+    processes are plain data parallel (DDP; gloo on CPU), with accelerate's other defaults spelt out so it does not
+    warn about them; the precision is the run config's (``bf16``), which the trainer sets in every process."""
+    from accelerate.commands.config import default_config_file
+
+    out = ["--num_processes", str(launch.total_processes())]
+    if launch.accelerate_config is not None:
+        out += ["--config_file", launch.accelerate_config]
+    elif not os.path.isfile(default_config_file):
+        out += (["--multi_gpu"] if launch.total_processes() > 1 else []) + [
+            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+    if launch.main_process_port is not None:
+        out += ["--main_process_port", str(launch.main_process_port)]
+    return [*out, "-m", "ictrl", "train", *child_argv]
+
+
+def exit_status(code: int) -> int:
+    """A process's exit code as a shell reports it: 128 + N for a process killed by signal N."""
+    return 128 - code if code < 0 else code
+
+
+def _failure_line(rank: int, code: int, processes: int) -> str:
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        what = f"was killed by {name}" + (" (out of memory?)" if -code == signal.SIGKILL else "")
+    else:
+        what = f"exited with status {code}"
+    return (f"ictrl train: error: process {rank} of {processes} {what}; its output is above (--debug adds the "
+            "launcher's traceback)")
+
+
+def run_launch(launch: Launch, child_argv: list[str]) -> int:
+    """Start the processes through accelerate's launcher and wait for them: 0 when every process finished, else
+    the exit status of the failure: rank 0's when it printed the run's one line (an ictrl error, Ctrl-C; it says so
+    through ``ictrl.errors.REPORTED_FILE_ENV``), else the first failed process's, named in one line here."""
+    import tempfile
+
+    from accelerate.commands.launch import launch_command, launch_command_parser
+
+    from ictrl.errors import REPORTED_FILE_ENV
+
+    debug = os.environ.get("ICTRL_DEBUG", "").lower() in ("1", "true", "yes")
+    verbose = os.environ.get("ICTRL_VERBOSE", "").lower() in ("1", "true", "yes")
+    if not verbose and not debug:
+        for name in LAUNCHER_LOGGERS:
+            logging.getLogger(name).setLevel(logging.CRITICAL)
+    args = launch_command_parser().parse_args(launch_arguments(launch, child_argv))
+    with tempfile.TemporaryDirectory(prefix="ictrl-launch-") as tmp:
+        reported = Path(tmp) / "reported"
+        os.environ[REPORTED_FILE_ENV] = str(reported)  # the processes inherit the environment
+        try:
+            failed = _launch_and_wait(launch_command, args, debug)
+        finally:
+            del os.environ[REPORTED_FILE_ENV]
+        said = reported.read_text().strip() if reported.is_file() else ""
+    if failed is None:
+        return 0
+    if said.isdigit():
+        return int(said)
+    rank, code = failed
+    print(_failure_line(rank, code, launch.total_processes()) if rank >= 0 else "\nictrl train: interrupted",
+          file=sys.stderr)
+    return exit_status(code)
+
+
+def _launch_and_wait(launch_command: Any, args: Any, debug: bool) -> tuple[int, int] | None:
+    """Run accelerate's ``launch_command``: None when it succeeded, else (the rank that failed first, its exit
+    code; rank -1 for Ctrl-C in this process). ``debug`` lets the launcher's exceptions through."""
+    import subprocess
+
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    try:
+        launch_command(args)
+    except ValueError as exc:  # accelerate's checks of its config and flags, before it starts anything
+        if debug:
+            raise
+        raise LaunchError(f"accelerate launch: {str(exc).strip().splitlines()[0]}") from None
+    except ChildFailedError as err:
+        if debug:
+            raise
+        rank, failure = err.get_first_failure()
+        return rank, failure.exitcode
+    except subprocess.CalledProcessError as err:  # accelerate's launcher of a single process
+        if debug:
+            raise
+        return 0, err.returncode
+    except (SignalException, KeyboardInterrupt):  # Ctrl-C: the processes say where they stopped
+        if debug:
+            raise
+        return -1, 130
+    return None
+
+
+def check_and_launch(cfg: Any, launch: Launch, child_argv: list[str], resume: bool, source: str,
+                     flags: dict[str, Any]) -> int:
+    """``ictrl train ... --num-processes N``: refuse a launch from inside a launched process, check the config
+    for ``N`` processes (a ``ConfigError`` / ``DataError`` propagates: one line, exit status 2, nothing started),
+    then :func:`run_launch`."""
+    from ictrl.engine.run import check_before_launch
+
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 or "LOCAL_RANK" in os.environ:
+        raise LaunchError("--num-processes / --accelerate-config: this process was already started by a launcher "
+                          "(WORLD_SIZE is set); leave the flags out under `accelerate launch` or torchrun")
+    check_before_launch(cfg, launch.total_processes(), resume=resume, source=source, flags=flags)
+    return run_launch(launch, child_argv)

@@ -1,0 +1,210 @@
+"""``ictrl train CONFIG --num-processes N``: the parent checks the config for N processes before it starts any (a
+mistake is one line, exit status 2, nothing launched), launches through accelerate's ``launch_command``, and
+exits with a failed process's status without torchrun's traceback."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+import mp_worker as w
+from ictrl import cli
+
+TINY = str(w.REPO_ROOT / "configs" / "tiny" / "ict.yaml")
+# the tiny config cut to one small step (as tests/engine/test_accelerate_launch.py)
+ONE_STEP = ["--max_steps=1", "--save_strategy=no", "--prompts_per_step=4", "--num_generations=4",
+            "--per_device_train_batch_size=8", "--max_completion_length=16", "--num_iterations=1"]
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A working directory holding ``runs/tiny-model`` (random weights), where configs/tiny/ict.yaml finds it."""
+    root = tmp_path_factory.mktemp("launch")
+    assert cli.main(["tiny-model", str(root / "runs" / "tiny-model"), "--untrained", "--problems", "16"]) == 0
+    return root
+
+
+class Launches:
+    """accelerate's launch_command replaced: records its arguments, starts nothing, raises ``fail()`` if set."""
+
+    def __init__(self) -> None:
+        self.calls: list[Any] = []
+        self.fail: Callable[[], None] | None = None
+        self.launch_argv = ""
+
+    def __call__(self, args: Any) -> None:
+        from ictrl.engine.cli import LAUNCH_ARGV_ENV
+
+        self.calls.append(args)
+        self.launch_argv = os.environ[LAUNCH_ARGV_ENV]  # what the processes' Ctrl-C line offers to resume
+        if self.fail is not None:
+            self.fail()
+
+
+@pytest.fixture
+def launches(tiny_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Launches:
+    """The recorder in place of accelerate's launch_command, run from ``tiny_dir``."""
+    import accelerate.commands.launch
+
+    recorder = Launches()
+    monkeypatch.setattr(accelerate.commands.launch, "launch_command", recorder)
+    monkeypatch.chdir(tiny_dir)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    return recorder
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("--learning_rate=-1", "learning_rate: must be >= 0, got -1"),
+        # valid on one process (3 x 8 completions), not on the two requested: the parent checks for two
+        ("--prompts_per_step=3", "must be a multiple of the number of processes (2)"),
+        ("--data.train=[jsonl:missing.jsonl]", "missing.jsonl': file not found"),
+        ("--model.name_or_path=runs/nowhere", "runs/nowhere"),
+        ("--data.max_prompt_length=1", None),  # a mistake only the processes see: launched (below)
+    ],
+)
+def test_config_error_is_one_line_before_any_process_starts(override: str, message: str | None,
+                                                            launches: Launches,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    code = cli.main(["train", TINY, "--num-processes", "2", *ONE_STEP[1:], override])
+    err = capsys.readouterr().err
+    if message is None:
+        assert code == 0 and len(launches.calls) == 1, err
+        return
+    assert code == 2, err
+    assert err.startswith("ictrl train: error:") and err.count("\n") == 1 and message in err, err
+    assert launches.calls == []
+
+
+def test_existing_checkpoints_refused_in_the_parent(tiny_dir: Path, launches: Launches,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    out = tiny_dir / "runs" / "done"
+    (out / "checkpoint-3").mkdir(parents=True)
+    (out / "checkpoint-3" / "trainer_state.json").write_text("{}")
+    assert cli.main(["train", TINY, f"--output-dir={out}", "--num_processes=2"]) == 2
+    assert "already holds checkpoint-3; pass --resume" in capsys.readouterr().err and launches.calls == []
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--num-processes"], "--num-processes needs a value"),
+        (["--num-processes", "--seed=1"], "--num-processes needs a value"),
+        (["--num-processes=0"], "--num-processes: expected a whole number >= 1, got '0'"),
+        (["--num_processes", "two"], "--num-processes: expected a whole number >= 1, got 'two'"),
+        (["--accelerate-config", "nowhere.yaml"], "--accelerate-config nowhere.yaml: file not found"),
+        (["--num-processes=2", "--main-process-port=port"], "--main-process-port: expected a whole number"),
+    ],
+)
+def test_bad_launch_flag_is_one_line(argv: list[str], message: str, launches: Launches,
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["train", TINY, *argv]) == 2
+    err = capsys.readouterr().err
+    assert err == f"ictrl train: error: {message}\n" or (err.count("\n") == 1 and message in err), err
+    assert launches.calls == []
+
+
+def test_refused_inside_a_launched_process(launches: Launches, monkeypatch: pytest.MonkeyPatch,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    assert cli.main(["train", TINY, "--num-processes", "2"]) == 2
+    assert "already started by a launcher" in capsys.readouterr().err and launches.calls == []
+
+
+def test_launch_arguments(launches: Launches, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import accelerate.commands.config
+
+    monkeypatch.setattr(accelerate.commands.config, "default_config_file", str(tmp_path / "none.yaml"))
+    assert cli.main(["train", TINY, "--num-processes", "2", "--seed=3", "--main-process-port=29123"]) == 0
+    args = launches.calls[-1]
+    assert args.num_processes == 2 and args.multi_gpu and args.main_process_port == 29123
+    assert args.mixed_precision == "no" and args.num_machines == 1  # spelt out: accelerate does not warn
+    assert args.module and args.training_script == "ictrl" and args.training_script_args == ["train", TINY, "--seed=3"]
+    assert launches.launch_argv == f"{TINY} --num-processes 2 --seed=3 --main-process-port=29123"
+
+    ddp = str(w.REPO_ROOT / "configs" / "accelerate" / "ddp.yaml")
+    assert cli.main(["train", TINY, f"--accelerate_config={ddp}", "--num-processes=2"]) == 0
+    args = launches.calls[-1]
+    assert args.config_file == ddp and args.num_processes == 2 and not args.multi_gpu  # accelerate reads the file
+    # without --num-processes the accelerate config's count (8) is the one the parent checks the config for
+    assert cli.main(["train", TINY, f"--accelerate-config={ddp}", "--prompts_per_step=4"]) == 2
+
+
+def _child_failed(rank: int, exitcode: int) -> Exception:
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    return ChildFailedError("ictrl", {rank: ProcessFailure(local_rank=rank, pid=1, exitcode=exitcode,
+                                                           error_file="")})
+
+
+@pytest.mark.parametrize(
+    ("rank", "exitcode", "reported", "status", "line"),
+    [
+        (1, 2, "2", 2, None),  # rank 0 printed the config error: nothing more, whichever rank the launcher saw first
+        (0, 130, "130", 130, None),  # Ctrl-C: rank 0 printed where it stopped
+        (0, 1, None, 1, "process 0 of 2 exited with status 1; its output is above"),  # a traceback in the process
+        (1, -9, None, 137, "process 1 of 2 was killed by SIGKILL (out of memory?); its output is above"),
+        # rank 0 was stopped before it could say why
+        (1, 2, None, 2, "process 1 of 2 exited with status 2; its output is above"),
+    ],
+)
+def test_failed_process_status_without_launcher_traceback(rank: int, exitcode: int, reported: str | None,
+                                                          status: int, line: str | None, launches: Launches,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    from ictrl.errors import REPORTED_FILE_ENV
+
+    def fail() -> None:
+        if reported is not None:  # what ictrl.cli does in rank 0 after its one line
+            Path(os.environ[REPORTED_FILE_ENV]).write_text(reported)
+        raise _child_failed(rank, exitcode)
+
+    launches.fail = fail
+    assert cli.main(["train", TINY, "--num-processes", "2"]) == status
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "ChildFailedError" not in err
+    assert err == ("" if line is None else f"ictrl train: error: {line} (--debug adds the launcher's traceback)\n")
+    assert REPORTED_FILE_ENV not in os.environ and "ICTRL_LAUNCH_ARGV" not in os.environ
+
+
+@pytest.mark.integration
+def test_two_process_cpu_launch_through_the_flag(tmp_path: Path) -> None:
+    assert cli.main(["tiny-model", str(tmp_path / "runs" / "tiny-model"), "--untrained", "--problems", "16"]) == 0
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    env.pop("WORLD_SIZE", None)
+
+    def train(*extra: str) -> subprocess.CompletedProcess[str]:
+        cmd = [sys.executable, "-m", "ictrl", "train", TINY, "--num-processes", "2", "--main-process-port",
+               str(w.free_port()), *ONE_STEP, *extra]
+        return subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+
+    proc = train()
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stderr.count("no CUDA device: training on CPU") == 1  # two processes ran; rank 0 logs
+    run = tmp_path / "runs" / "tiny" / "ict"
+    assert [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [1]
+    assert (run / "final" / "model.safetensors").is_file()
+
+    # a mistake the processes find after the parent's checks (every prompt longer than 1 token): rank 0's line
+    proc = train("--data.max_prompt_length=1", "--output-dir=runs/tiny/short")
+    errors = [line for line in proc.stderr.splitlines() if "error" in line.lower()]
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert errors == ["ictrl train: error: " + TINY + ": data.train: no training rows left (check data.limit and "
+                      "data.max_prompt_length)"], proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and "ChildFailedError" not in proc.stderr
+
+
+def test_print_config_checks_for_the_requested_processes(launches: Launches,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["train", TINY, "--print-config", "--prompts_per_step=3"]) == 0  # one process: 3 x 8 is fine
+    assert cli.main(["train", TINY, "--print-config", "--prompts_per_step=3", "--num-processes=2"]) == 2
+    assert "multiple of the number of processes (2)" in capsys.readouterr().err and launches.calls == []
