@@ -67,6 +67,8 @@ def test_hostile_flag_is_one_line_before_the_model(flags: list[str], message: st
     out = tmp_path / "out"
     line = refused([str(TINY), f"--output_dir={out}", *flags], capsys)
     assert message in line
+    if message.startswith(("learning_rate:", "seed:", "max_steps:", "top_p:")):  # a flag's value: the flag named
+        assert f"override --{message.split(':')[0]}=" in line, line
     assert loader_calls == [] and not out.exists()
 
 
@@ -78,6 +80,7 @@ def test_output_dir_that_cannot_be_a_directory(target: str, loader_calls: list[A
     out = {"file": str(afile), "/dev/null": "/dev/null", "under_a_file": str(afile / "run")}[target]
     line = refused([str(TINY), f"--output_dir={out}", "--data.train=[gsm8k_train]"], capsys)
     assert "output_dir:" in line and ("is a file" in line or "not a directory" in line)
+    assert line.startswith("ictrl train: error: override --output_dir="), line  # the flag set it
     assert afile.read_text() == "keep" and loader_calls == []
 
 

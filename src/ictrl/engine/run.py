@@ -76,8 +76,15 @@ def build_trainer_args(cfg: RunConfig, source: str = "<config>", cpu: bool | Non
         args = config_cls(**kwargs)
     except (ValueError, TypeError) as exc:  # ICTGRPOConfig / TRL messages name the field, which is the key
         raise ConfigError(f"{blame(str(exc), source, flags)}: {shorten(str(exc))}") from None
-    check_values(args, cfg, source)
-    check_resumable(args, source)
+    try:
+        check_values(args, cfg, source)
+        check_resumable(args, source)
+    except ConfigError as exc:  # the checks name the key after ``source``: a flag that set the key is blamed
+        message = str(exc)
+        where = blame(message, source, flags)
+        if where == source or not message.startswith(f"{source}: "):
+            raise
+        raise ConfigError(f"{where}: {message[len(source) + 2:]}") from None
     return args
 
 
@@ -343,7 +350,7 @@ def check_config(cfg: RunConfig, source: str = "<config>", flags: dict[str, Any]
     reward_funcs = build_rewards(cfg, blame("reward.names", source, flags))
     add_overlong_penalty(cfg, args, reward_funcs, source)
     check_sources(cfg, source, flags)
-    check_output_dir(cfg.output_dir, source)
+    check_output_dir(cfg.output_dir, blame("output_dir", source, flags))
     return args, init_kwargs, lora, reward_funcs
 
 
