@@ -165,6 +165,7 @@ def test_outside_a_launch_the_entry_exits_as_the_interpreter_does(monkeypatch: p
     ("user", 2, "ictrl fake: error: data.train: 'x': file not found\n"),
     (KeyboardInterrupt(), 130, "\nictrl fake: interrupted\n"),
     (SystemExit(2), 2, ""),
+    (SystemExit("ictrl: gone"), 1, "ictrl: gone\n"),
     (RuntimeError("boom"), 1, "RuntimeError: boom\n"),
 ])
 def test_a_launched_rank_leaves_its_group_then_exits_without_finalising(
@@ -182,7 +183,7 @@ def test_a_launched_rank_leaves_its_group_then_exits_without_finalising(
     assert events == ["leave wait=False", "atexit", f"exit {code} group=False"]
     stderr = capsys.readouterr().err
     assert stderr.endswith(err)
-    if code == 1:  # the traceback, printed before the exit, as the interpreter would print it
+    if isinstance(raise_, RuntimeError):  # the traceback, printed before the exit, as the interpreter prints it
         assert stderr.startswith("Traceback (most recent call last):")
 
 

@@ -138,20 +138,21 @@ def launched() -> bool:
     return dist is not None and dist.is_available() and dist.is_initialized()
 
 
-def exit_launched(code: int | str | None) -> NoReturn:
+def exit_launched(code: object) -> NoReturn:
     """End a launched rank without interpreter finalisation, after it has left its process group.
 
     A rank that finalises normally can still abort after its work is saved ("terminate called without an active
     exception"): FSDP2, DeepSpeed and gloo keep native threads that may need the GIL while the interpreter tears
     down, and a thread stopped there ends in ``std::terminate``. The atexit handlers still run, first, while the
     interpreter is whole: they flush and close the logging handlers, finish trackers (wandb finishes its run from
-    atexit) and stop the grader workers. ``code`` as ``SystemExit``'s (None is 0, a message is printed and is 1).
+    atexit) and stop the grader workers. ``code`` as ``SystemExit``'s (None is 0, anything but an int is printed and
+    is 1).
     """
     if "torch.distributed" in sys.modules:
         from ictrl.engine.process_group import leave_process_group
 
         leave_process_group(wait=False)  # a no-op after `ictrl train`, which leaves the group on every path
-    if isinstance(code, str):
+    if code is not None and not isinstance(code, int):
         print(code, file=sys.stderr)
         code = 1
     atexit._run_exitfuncs()
@@ -166,7 +167,7 @@ def entry() -> NoReturn:
     status. A launched rank exits through :func:`exit_launched`; an unexpected error there prints its traceback
     first and exits 1 (130 for Ctrl-C), as the interpreter would. Library and in-process callers use :func:`main`,
     which returns."""
-    code: int | str | None
+    code: object
     try:
         code = main()
     except SystemExit as exc:
