@@ -110,3 +110,91 @@ def test_module_function_imports_from_the_working_directory(tmp_path: Path, monk
     assert cli.main(["fake"]) == 0  # any command puts the working directory on the path, last
     assert sys.path[-1] == str(tmp_path)
     assert get_selector("mysel_wd:first_wd").name == "first_wd"
+
+
+class _Exited(BaseException):
+    """Raised by the fake ``os._exit``: the process would end here."""
+
+
+def _record_exit(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Fakes the process-group leave, the atexit run and ``os._exit``; returns the events in order (the exit also
+    records whether a process group was still initialised at that moment)."""
+    import atexit
+    import os
+
+    import torch.distributed as dist
+
+    from ictrl.engine import process_group
+
+    events: list[str] = []
+    real_leave = process_group.leave_process_group
+
+    def leave(wait: bool = True) -> None:
+        events.append(f"leave wait={wait}")
+        real_leave(wait=wait)
+
+    def exit_(code: int) -> None:
+        events.append(f"exit {code} group={dist.is_initialized()}")
+        raise _Exited
+
+    monkeypatch.setattr(process_group, "leave_process_group", leave)
+    monkeypatch.setattr(atexit, "_run_exitfuncs", lambda: events.append("atexit"))
+    monkeypatch.setattr(os, "_exit", exit_)
+    return events
+
+
+def test_outside_a_launch_the_entry_exits_as_the_interpreter_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    events = _record_exit(monkeypatch)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.setattr("sys.argv", ["ictrl", "fake"])
+    _fake_command(monkeypatch, None)
+    with pytest.raises(SystemExit) as exit_info:
+        cli.entry()
+    assert exit_info.value.code == 0
+    _fake_command(monkeypatch, RuntimeError("boom"))
+    with pytest.raises(RuntimeError, match="boom"):
+        cli.entry()
+    monkeypatch.setenv("WORLD_SIZE", "1")  # a one-process launch: no group, nothing to guard against
+    with pytest.raises(RuntimeError, match="boom"):
+        cli.entry()
+    assert events == []
+
+
+@pytest.mark.parametrize(("raise_", "code", "err"), [
+    (None, 0, ""),
+    ("user", 2, "ictrl fake: error: data.train: 'x': file not found\n"),
+    (KeyboardInterrupt(), 130, "\nictrl fake: interrupted\n"),
+    (SystemExit(2), 2, ""),
+    (SystemExit("ictrl: gone"), 1, "ictrl: gone\n"),
+    (RuntimeError("boom"), 1, "RuntimeError: boom\n"),
+])
+def test_a_launched_rank_leaves_its_group_then_exits_without_finalising(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], raise_: BaseException | str | None,
+        code: int, err: str) -> None:
+    from ictrl.errors import UserError
+
+    events = _record_exit(monkeypatch)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setattr("sys.argv", ["ictrl", "fake"])
+    _fake_command(monkeypatch, UserError("data.train: 'x': file not found") if raise_ == "user" else raise_)
+    with pytest.raises(_Exited):
+        cli.entry()
+    assert events == ["leave wait=False", "atexit", f"exit {code} group=False"]
+    stderr = capsys.readouterr().err
+    assert stderr.endswith(err)
+    if isinstance(raise_, RuntimeError):  # the traceback, printed before the exit, as the interpreter prints it
+        assert stderr.startswith("Traceback (most recent call last):")
+
+
+def test_a_process_group_alone_makes_a_launched_rank(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch.distributed as dist
+
+    events = _record_exit(monkeypatch)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.setattr("sys.argv", ["ictrl", "fake"])
+    _fake_command(monkeypatch, None)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    with pytest.raises(_Exited):
+        cli.entry()
+    assert events == ["leave wait=False", "atexit", "exit 0 group=False"]  # left for real before the exit

@@ -1,5 +1,5 @@
 """`python -m ictrl ...` is the `ictrl` command; `accelerate launch ... -m ictrl train CONFIG.yaml` uses it."""
 
-from ictrl.cli import main
+from ictrl.cli import entry
 
-raise SystemExit(main())
+entry()

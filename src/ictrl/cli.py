@@ -9,16 +9,20 @@ Errors: a :class:`ictrl.errors.UserError` (a wrong path, name, data row, missing
 command becomes one line ``ictrl COMMAND: error: MESSAGE`` on stderr and exit status 2. ``--debug`` anywhere on
 the command line (or ``ICTRL_DEBUG=1``) shows the traceback instead. Ctrl-C is one line too (what was kept and how
 to go on, for ``ictrl train``), exit status 130; an argparse error is one line with a pointer to ``--help``. Under
-``accelerate launch`` only rank 0 prints these lines. ``--verbose`` keeps the libraries' bars and notes (``quiet``).
+``accelerate launch`` only rank 0 prints these lines, and every rank ends without interpreter finalisation once it has
+left its process group (``exit_launched``). ``--verbose`` keeps the libraries' bars and notes (``quiet``).
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
+import contextlib
 import importlib
 import logging
 import os
 import sys
+import traceback
 from collections.abc import Sequence
 from typing import NoReturn
 
@@ -128,5 +132,59 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
+def launched() -> bool:
+    """Whether this process is a rank of a multi-process launch (``WORLD_SIZE`` > 1, as ``accelerate launch`` and
+    ``torchrun`` set it) or holds an initialised torch.distributed process group."""
+    with contextlib.suppress(ValueError):
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            return True
+    dist = sys.modules.get("torch.distributed")
+    return dist is not None and dist.is_available() and dist.is_initialized()
+
+
+def exit_launched(code: object) -> NoReturn:
+    """End a launched rank without interpreter finalisation, after it has left its process group.
+
+    A rank that finalises normally can still abort after its work is saved ("terminate called without an active
+    exception"): FSDP2, DeepSpeed and gloo keep native threads that may need the GIL while the interpreter tears
+    down, and a thread stopped there ends in ``std::terminate``. The atexit handlers still run, first, while the
+    interpreter is whole: they flush and close the logging handlers, finish trackers (wandb finishes its run from
+    atexit) and stop the grader workers. ``code`` as ``SystemExit``'s (None is 0, anything but an int is printed and
+    is 1).
+    """
+    if "torch.distributed" in sys.modules:
+        from ictrl.engine.process_group import leave_process_group
+
+        leave_process_group(wait=False)  # a no-op after `ictrl train`, which leaves the group on every path
+    if code is not None and not isinstance(code, int):
+        print(code, file=sys.stderr)
+        code = 1
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(0 if code is None else code)
+
+
+def entry() -> NoReturn:
+    """The process entry (``ictrl``, ``python -m ictrl``, ``python -m ictrl.cli``): :func:`main`, then exit with its
+    status. A launched rank exits through :func:`exit_launched`; an unexpected error there prints its traceback
+    first and exits 1 (130 for Ctrl-C), as the interpreter would. Library and in-process callers use :func:`main`,
+    which returns."""
+    code: object
+    try:
+        code = main()
+    except SystemExit as exc:
+        code = exc.code
+    except BaseException as exc:
+        if not launched():
+            raise
+        traceback.print_exc()
+        code = 130 if isinstance(exc, KeyboardInterrupt) else 1
+    if launched():
+        exit_launched(code)
+    raise SystemExit(code)
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    entry()

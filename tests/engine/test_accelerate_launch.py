@@ -1,10 +1,13 @@
 """The documented way in: ``ictrl tiny-model`` then ``accelerate launch --config_file configs/accelerate/ddp.yaml
 --num_processes 2 -m ictrl train configs/tiny/ict.yaml`` (cut to 2 steps) trains on 2 CPU processes, writes metrics,
-checkpoints and the final model, and ``--resume`` continues a run cut after its first checkpoint."""
+checkpoints and the final model, and ``--resume`` continues a run cut after its first checkpoint. The same launch
+takes the ICT score's top-K from generation on each process (``--selection_topk``); the exact-head ICT path of
+``ictrl train`` on 2 processes is launched by test_launcher_kill.py."""
 
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import subprocess
 import sys
@@ -46,17 +49,30 @@ def test_tiny_model_command_writes_a_trainable_checkpoint(tmp_path: Path) -> Non
     assert cli.main(["tiny-model", str(out), "--untrained"]) == 2  # refuses to overwrite
 
 
-@pytest.mark.integration
-def test_accelerate_launch_tiny_config_two_processes_and_resume(tmp_path: Path) -> None:
+# the config's 40 steps cut to 2, at the former plumbing shape (4 prompts x 4 completions, a checkpoint a step), with
+# the ICT score's top-K taken from generation (selection_topk)
+LAUNCH = ["-m", "ictrl", "train", str(TINY), "--max_steps=2", "--save_steps=1", "--prompts_per_step=4",
+          "--num_generations=4", "--per_device_train_batch_size=8", "--max_completion_length=32", "--num_iterations=1",
+          "--selection_topk=8"]
+
+
+@pytest.fixture(scope="module")
+def tiny_launch(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    """``ictrl tiny-model`` then one 2-process launch of :data:`LAUNCH`: (its working directory, the launch), read by
+    the tests below; a test that changes the run works on a copy, so the tests pass in any order."""
+    root = tmp_path_factory.mktemp("tiny_launch")
     assert subprocess.run([sys.executable, "-m", "ictrl", "tiny-model", "runs/tiny-model", "--untrained"],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=120).returncode == 0
-    # the config's 40 steps cut to 2, at the former plumbing shape (4 prompts x 4 completions, a checkpoint a step)
-    args = ["-m", "ictrl", "train", str(TINY), "--max_steps=2", "--save_steps=1", "--prompts_per_step=4",
-            "--num_generations=4", "--per_device_train_batch_size=8", "--max_completion_length=32",
-            "--num_iterations=1"]
-    proc = w.launch(args, cwd=tmp_path)
+                          cwd=root, capture_output=True, text=True, timeout=120).returncode == 0
+    return root, w.launch(LAUNCH, cwd=root)
+
+
+@pytest.mark.integration
+def test_accelerate_launch_tiny_config_two_processes_and_resume(
+        tiny_launch: tuple[Path, subprocess.CompletedProcess[str]], tmp_path: Path) -> None:
+    root, proc = tiny_launch
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    run = tmp_path / "runs" / "tiny" / "ict"
+    shutil.copytree(root, tmp_path / "launch", symlinks=True)
+    run = tmp_path / "launch" / "runs" / "tiny" / "ict"
     assert proc.stderr.count("no CUDA device: training on CPU") == 1  # two processes, rank 0 logs
     steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2]
@@ -65,8 +81,23 @@ def test_accelerate_launch_tiny_config_two_processes_and_resume(tmp_path: Path) 
     # Cut after checkpoint-1 (as a kill before step 2 would leave it), then resume on 2 processes.
     shutil.rmtree(run / "checkpoint-2")
     shutil.rmtree(run / "final")
-    proc = w.launch([*args, "--resume"], cwd=tmp_path)
+    proc = w.launch([*LAUNCH, "--resume"], cwd=tmp_path / "launch")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "resuming from" in proc.stderr and "checkpoint-1" in proc.stderr
     state = json.loads((run / "final" / "trainer_state.json").read_text())
     assert state["global_step"] == 2 and (run / "checkpoint-2").is_dir()
+
+
+@pytest.mark.integration
+def test_two_processes_take_topk_from_generation(tiny_launch: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
+    """selection_topk from generation on 2 processes: each process records the top-K of its own rows while
+    generating, and the selection runs on the gathered batch. Real sampling differs per process, so this checks the
+    run (both steps from the sampler, finite, a sparse selection), not equality with one process
+    (tests/engine/test_topk_sampler.py checks the recorded score against the exact one)."""
+    root, proc = tiny_launch
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = [json.loads(line) for line in (root / "runs" / "tiny" / "ict" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    for r in rows:
+        assert r["ictrl/topk_from_sampler"] == 1.0 and 0 < r["ictrl/selected_frac"] < 0.5
+        assert r["ictrl/ict_score/all"] > 0 and math.isfinite(r["loss"])

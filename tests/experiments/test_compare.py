@@ -244,13 +244,29 @@ def test_a_bug_inside_a_run_keeps_its_traceback(tmp_path: Path, monkeypatch: pyt
 # ------------------------------------------------------------------------------------------------ end to end
 
 
+QUICK_ARGV = ["--quick", "--methods", "ict", "--seeds", "1", "--eval-every", "1"]
+
+
+@pytest.fixture(scope="module")
+def quick_compare(quick_cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One quick ``ictrl compare`` (ict, one seed, held-out evaluation every step), read by the tests below; a test
+    that changes the output works on a copy, so the tests pass in any order."""
+    out = tmp_path_factory.mktemp("quick_compare") / "cmp"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("ICTRL_CACHE_DIR", str(quick_cache_dir))
+        assert compare.run(parse([*QUICK_ARGV, "--output-dir", str(out)])) == 0
+    return out
+
+
 @pytest.mark.integration
-def test_compare_quick_end_to_end_and_resume(tmp_path: Path, quick_cache_dir: Path,
+def test_compare_quick_end_to_end_and_resume(quick_compare: Path, tmp_path: Path, quick_cache_dir: Path,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    import shutil
+
     monkeypatch.setenv("ICTRL_CACHE_DIR", str(quick_cache_dir))
     out = tmp_path / "cmp"
-    argv = ["--quick", "--methods", "ict", "--seeds", "1", "--output-dir", str(out)]
-    assert compare.run(parse(argv)) == 0
+    shutil.copytree(quick_compare, out)
+    argv = [*QUICK_ARGV, "--output-dir", str(out)]
     for name in ("results.md", "results.json", "report.html", "curve_reward.png", "base/result.json"):
         assert (out / name).is_file(), name
     records = [json.loads(line) for line in (out / "ict/seed0/metrics.jsonl").read_text().splitlines()]
@@ -275,6 +291,24 @@ def test_compare_quick_end_to_end_and_resume(tmp_path: Path, quick_cache_dir: Pa
     assert compare.run(parse(argv)) == 0
     assert calls == ["ict/seed0"]
     assert (out / "ict/seed0" / grid.DONE_FILE).is_file()
+
+
+@pytest.mark.integration
+def test_compare_draws_the_held_out_curve(quick_compare: Path) -> None:
+    """Held-out pass@k during training on the embedded task: the eval/* curves of ``ictrl compare``."""
+    out = quick_compare
+    records = [json.loads(line) for line in (out / "ict/seed0/metrics.jsonl").read_text().splitlines()]
+    steps = gridcli.QUICK_RL["steps"]
+    assert [r["step"] for r in records] == list(range(1, steps + 1))
+    for r in records:  # every step evaluated, beside its training metrics
+        assert 0.0 <= r["eval/avg/pass@1"] <= r["eval/avg/pass@4"] <= 1.0 and "reward" in r
+    png = out / "curve_held_out_pass_1_evaluated_during_training.png"
+    assert png.read_bytes()[:8] == PNG_MAGIC
+    done = json.loads((out / "ict/seed0" / grid.DONE_FILE).read_text())
+    # the last in-training evaluation uses the end-of-run settings and seed on the first curve_problems problems;
+    # with the quick task's 8 held-out problems (< curve_problems) it is the end-of-run evaluation itself
+    assert gridcli.QUICK_RL["eval_problems"] <= tinyrun.TinyRL().curve_problems
+    assert records[-1]["eval/avg/pass@1"] == pytest.approx(done["p1"], abs=1e-12)
 
 
 @pytest.mark.integration
