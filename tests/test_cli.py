@@ -4,6 +4,7 @@ a command's mistakes are blamed on the flag that made them."""
 from __future__ import annotations
 
 import argparse
+import os
 import types
 from pathlib import Path
 
@@ -198,3 +199,12 @@ def test_a_process_group_alone_makes_a_launched_rank(tmp_path: Path, monkeypatch
     with pytest.raises(_Exited):
         cli.entry()
     assert events == ["leave wait=False", "atexit", "exit 0 group=False"]  # left for real before the exit
+
+
+def test_debug_and_verbose_flags_do_not_outlive_the_command(monkeypatch: pytest.MonkeyPatch,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.delenv("ICTRL_DEBUG", raising=False)
+    monkeypatch.setenv("ICTRL_VERBOSE", "0")
+    assert cli.main(["--debug", "--verbose", "--help"]) == 0
+    capsys.readouterr()
+    assert "ICTRL_DEBUG" not in os.environ and os.environ["ICTRL_VERBOSE"] == "0"

@@ -88,6 +88,20 @@ def quiet() -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one ``ictrl`` command; the exit status. ``--debug`` / ``--verbose`` reach the processes a command starts
+    through ``ICTRL_DEBUG`` / ``ICTRL_VERBOSE``, which are restored on return (an in-process caller keeps its own)."""
+    saved = {key: os.environ.get(key) for key in ("ICTRL_DEBUG", "ICTRL_VERBOSE")}
+    try:
+        return _main(argv)
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _main(argv: Sequence[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv or os.environ.get("ICTRL_DEBUG", "").lower() in ("1", "true", "yes")
     verbose = "--verbose" in argv or os.environ.get("ICTRL_VERBOSE", "").lower() in ("1", "true", "yes")
