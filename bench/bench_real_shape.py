@@ -208,12 +208,6 @@ def plot(result: dict[str, Any], path: Path) -> None:
     print(f"wrote {path}")
 
 
-def chunk_size(part: dict[str, Any]) -> int:
-    """The statistics pass's ``stats_chunk_size`` of a stored part (parts stored before it was recorded ran at the
-    then default, 2,048)."""
-    return part.get("stats_chunk_size", 2048)
-
-
 def tables(result: dict[str, Any]) -> str:
     """Markdown tables of the parts in ``result``, with bench/memory_model.py's predicted peaks beside the
     measured ones."""
@@ -232,7 +226,7 @@ def tables(result: dict[str, Any]) -> str:
             for r in runs if isinstance(runs, list) else [runs]:
                 lines.append(f"| {part} | {key} | {p['layers']} | {length} | {r['step_s']:.1f} | {r['stats_s']:.1f} | "
                              f"{r['loss_s']:.1f} | {r['optimizer_s']:.1f} | {r['process_peak_mb'] / 1024:.2f} | "
-                             f"{mm.predicted_peak(variant, p['layers'], length, first, stats_chunk_size=chunk_size(p)):.2f} | {r['step_peak_mb'] / 1024:.2f} |")
+                             f"{mm.predicted_peak(variant, p['layers'], length, first, stats_chunk_size=mm.part_stats_chunk_size(p)):.2f} | {r['step_peak_mb'] / 1024:.2f} |")
     if "ratios" in result:
         lines += ["", "| ratio | value |", "|---|---|"]
         lines += [f"| {k} | {v:.3f} |" for k, v in result["ratios"]["ratios"].items()]

@@ -33,6 +33,7 @@ the first ``optimizer.step``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 GB = 2**30
 TRL_TOKEN_TILE, TRL_VOCAB_TILE, TRL_TILE_ARRAYS = 4096, 32768, 6
@@ -152,6 +153,12 @@ def doc_rows() -> dict[str, float]:
         "Adam m, v (fp32, sharded)": fsdp["adam"],
         "activations, micro-batch 8 x 1,536 tokens, checkpointed": activations_gb(s7, 8 * 1536, 2, checkpointed=True),
     }
+
+
+def part_stats_chunk_size(part: dict[str, Any]) -> int:
+    """The statistics pass's ``stats_chunk_size`` of a part of bench_real_shape.py's results (parts stored before
+    it was recorded ran at the then default, 2,048)."""
+    return part.get("stats_chunk_size", 2048)
 
 
 def predicted_peak(variant: str, layers: int, completion_len: int, first_step: bool, rows: int = 8,

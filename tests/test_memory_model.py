@@ -35,7 +35,7 @@ def _measured_runs() -> list[tuple[str, dict[str, Any], int, int, bool, int]]:
         if part not in result:
             continue
         p = result[part]
-        chunk = p.get("stats_chunk_size", 2048)  # parts stored before it was recorded ran at 2,048
+        chunk = mm.part_stats_chunk_size(p)
         first = p.get("steps", 2) == 1
         for key, run in p["runs"].items():
             variant, _, length = key.partition("@")
