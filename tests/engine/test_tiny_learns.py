@@ -3,8 +3,8 @@ reward on CPU (the model, the data and the prompt format agree), and a model tha
 "no learning signal" once.
 
 The first test builds the demo's warm-started base when it is not cached yet (``$ICTRL_CACHE_DIR``, default
-``~/.cache/ictrl``: minutes on CPU, once); one torch thread, as the base is built, so the run is the same on any
-core count.
+``~/.cache/ictrl``: minutes on CPU, once); the config trains on one torch thread (``cpu_threads: 1``), as the
+base is built, so the run is the same on any core count.
 """
 
 from __future__ import annotations
@@ -24,25 +24,19 @@ CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 RISE = 0.02
 
 
-@pytest.fixture
-def one_thread() -> object:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield None
-    torch.set_num_threads(threads)
-
-
 def _rewards(run: Path) -> list[float]:
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     return [r["reward"] for r in rows if r.get("reward") is not None]
 
 
 @pytest.mark.integration
-def test_tiny_config_reward_rises(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, one_thread: object) -> None:
+def test_tiny_config_reward_rises(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     (tmp_path / "configs").symlink_to(CONFIGS)
+    threads = torch.get_num_threads()
     assert cli.main(["tiny-model"]) == 0
     assert cli.main(["train", "configs/tiny/ict.yaml", "--save_strategy=no"]) == 0
+    assert torch.get_num_threads() == threads  # the config's cpu_threads: 1 held for the run only
     rewards = _rewards(tmp_path / "runs" / "tiny" / "ict")
     assert len(rewards) == 40  # 80 steps, two per generation batch: one reward per batch
     first, last = sum(rewards[:10]) / 10, sum(rewards[-10:]) / 10

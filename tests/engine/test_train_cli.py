@@ -28,6 +28,7 @@ CELL = CONFIGS / "qwen2.5-0.5b" / "ict.yaml"
         ("--data.train=[gsm8k_trian]", "data.train: 'gsm8k_trian'"),
         ("--data.train=[jsonl:/nonexistent.jsonl]", "file not found"),
         ("--data.eval=[math5000]", "data.eval: 'math5000'"),
+        ("--cpu_threads=0", "cpu_threads must be None or an int in [1, 4096], got 0"),
     ],
 )
 def test_bad_config_fails_before_model_load(override: str, message: str, loader_calls: list[Any],
@@ -172,3 +173,28 @@ def _cpu_only() -> bool:
     import torch
 
     return not torch.cuda.is_available()
+
+
+def test_deepspeed_is_not_imported_without_a_deepspeed_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+    import subprocess
+    import sys
+    from types import SimpleNamespace
+
+    from ictrl.engine.run import skip_deepspeed_unless_used
+
+    # a fresh interpreter: this one may have imported DeepSpeed in another test
+    probe = ("import sys, torch; from types import SimpleNamespace; "
+             "from ictrl.engine.run import skip_deepspeed_unless_used; "
+             "from accelerate.utils import extract_model_from_parallel; "
+             "assert skip_deepspeed_unless_used(SimpleNamespace(deepspeed=None)); "
+             "model = torch.nn.Linear(2, 2); assert extract_model_from_parallel(model) is model; "
+             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'deepspeed'))")
+    env = {k: v for k, v in os.environ.items() if k != "ACCELERATE_USE_DEEPSPEED"}
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+    # a DeepSpeed config, from the trainer config or from an accelerate config, keeps accelerate's own check
+    assert not skip_deepspeed_unless_used(SimpleNamespace(deepspeed={"zero_optimization": {"stage": 3}}))
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    assert not skip_deepspeed_unless_used(SimpleNamespace(deepspeed=None))

@@ -147,8 +147,15 @@ class ICTGRPOConfig(GRPOConfig):
         default=512,
         metadata={"help": "Most (response, position) rows of full-vocabulary logits materialised at once by the "
                   "statistics pass (memory bound: rows × vocab × 4 bytes; 512 rows at V = 151,936 is 311 MB). "
-                  "Measured at Qwen2.5-0.5B width (bench/bench_real_shape.py --part passes): 512 rows used 0.33× "
-                  "the extra memory of TRL's old-log-prob pass at 0.78× its time; 2,048 rows used 1.10× at 0.81×."},
+                  "Measured at Qwen2.5-0.5B width (bench/bench_real_shape.py --part passes, bench/README.md): 512 "
+                  "rows used 0.24× the extra memory of TRL's old-log-prob pass at 0.76× its time; 2,048 rows used "
+                  "1.07× at 0.66×."},
+    )
+    cpu_threads: int | None = field(
+        default=None,
+        metadata={"help": "torch's intra-op threads in each process when training on CPU (torch.set_num_threads; "
+                  "ignored on GPU). None keeps torch's default (OMP_NUM_THREADS, else one per core). Small models "
+                  "run faster on one thread: the tiny config's step costs 3.5x less CPU time than with two."},
     )
     selection_topk: int | None = field(
         default=None,
@@ -242,6 +249,9 @@ class ICTGRPOConfig(GRPOConfig):
         if isinstance(self.stats_chunk_size, bool) or not isinstance(self.stats_chunk_size, int) \
                 or self.stats_chunk_size < 1:
             raise ValueError(f"stats_chunk_size must be an int >= 1, got {self.stats_chunk_size!r}")
+        if self.cpu_threads is not None and (isinstance(self.cpu_threads, bool) or not isinstance(self.cpu_threads, int)
+                                             or not 1 <= self.cpu_threads <= 4096):
+            raise ValueError(f"cpu_threads must be None or an int in [1, 4096], got {self.cpu_threads!r}")
         if self.selection_topk is not None and (isinstance(self.selection_topk, bool)
                                                 or not isinstance(self.selection_topk, int) or self.selection_topk < 1):
             raise ValueError(f"selection_topk must be None or an int >= 1, got {self.selection_topk!r}")

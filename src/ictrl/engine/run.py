@@ -9,13 +9,14 @@ Checkpoints and resume: ``ictrl.engine.resumable`` (the trainer hooks) and ``ict
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import functools
 import importlib
 import logging
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -314,6 +315,35 @@ def write_run_labels(out: Path, args: Any) -> None:
     atomic_write_text(out / RUN_LABELS, json.dumps(labels, indent=1) + "\n")
 
 
+@contextlib.contextmanager
+def cpu_threads(args: Any) -> Iterator[None]:
+    """torch's intra-op threads at ``args.cpu_threads`` for a CPU run (``use_cpu``), restored on exit: an
+    in-process caller keeps its own count."""
+    threads = torch.get_num_threads()
+    if args.cpu_threads is not None and args.use_cpu:
+        torch.set_num_threads(args.cpu_threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def skip_deepspeed_unless_used(args: Any) -> bool:
+    """Answer accelerate's "is this model a DeepSpeedEngine?" without importing DeepSpeed when no DeepSpeed config
+    is in use (no ``deepspeed`` field, no ``ACCELERATE_USE_DEEPSPEED`` from an accelerate config): no engine can
+    exist then. accelerate asks it whenever DeepSpeed is installed, through ``extract_model_from_parallel``, which
+    TRL calls at start and on every save, and the import costs ~0.3 s and logs "Setting accelerator to CPU" on a
+    machine without a GPU. True if the question was redirected."""
+    from accelerate.utils.environment import parse_flag_from_env
+
+    if getattr(args, "deepspeed", None) or parse_flag_from_env("ACCELERATE_USE_DEEPSPEED"):
+        return False
+    import accelerate.utils.other
+
+    accelerate.utils.other.is_deepspeed_available = lambda: False
+    return True
+
+
 def _not_tied_head_note(record: logging.LogRecord) -> bool:
     return "missing keys in the checkpoint model loaded: ['lm_head.weight']" not in record.getMessage()
 
@@ -393,7 +423,7 @@ def train(cfg: RunConfig, resume: bool = False, source: str = "<config>",
     args, init_kwargs, lora, reward_funcs = check_config(cfg, source, flags)
     from ictrl.engine.run_guard import RunLock
 
-    with RunLock(cfg.output_dir, args):
+    with RunLock(cfg.output_dir, args), cpu_threads(args):
         return _train_locked(cfg, args, reward_funcs, resume, source, callbacks, init_kwargs, lora, resume_command)
 
 
@@ -414,6 +444,7 @@ def _train_locked(cfg: RunConfig, args: Any, reward_funcs: list[Callable[..., An
     from ictrl.engine.callbacks import MetricsJSONL, NoSignalWarning, RichProgress
     from ictrl.models import load_model_and_tokenizer
 
+    skip_deepspeed_unless_used(args)
     model, tokenizer = load_model_and_tokenizer(cfg.model.name_or_path, **init_kwargs)
     dataset = drop_long_prompts(dataset, tokenizer, cfg.data.max_prompt_length,
                                 getattr(model.config, "max_position_embeddings", None), args.max_completion_length)
