@@ -81,8 +81,8 @@ def _not_cpu_accelerator_note(record: logging.LogRecord) -> bool:
 def quiet() -> None:
     """The libraries' noise off (``--verbose`` keeps it): the weight loading / shard writing bars of transformers
     and huggingface_hub (read from the environment when they are first imported), and DeepSpeed's "Setting
-    accelerator to CPU" warning, which it logs whenever it is imported on a machine without a GPU: accelerate
-    imports it to unwrap a model on every save when it is installed, ZeRO config or not."""
+    accelerator to CPU" warning, which it logs whenever it is imported on a machine without a GPU (a ZeRO run
+    imports it; other runs do not, :func:`ictrl.engine.run.skip_deepspeed_unless_used`)."""
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     logging.getLogger("DeepSpeed").addFilter(_not_cpu_accelerator_note)
 
