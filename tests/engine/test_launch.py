@@ -4,7 +4,9 @@ exits with a failed process's status without torchrun's traceback."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import math
 import os
 import subprocess
 import sys
@@ -138,6 +140,57 @@ def test_launch_arguments(launches: Launches, monkeypatch: pytest.MonkeyPatch, t
     assert args.config_file == ddp and args.num_processes == 2 and not args.multi_gpu  # accelerate reads the file
     # without --num-processes the accelerate config's count (8) is the one the parent checks the config for
     assert cli.main(["train", TINY, f"--accelerate-config={ddp}", "--prompts_per_step=4"]) == 2
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="the CPU fallback of the launch")
+def test_cpu_launch_turns_mixed_precision_off_and_says_fsdp_does_not_shard(
+        launches: Launches, capsys: pytest.CaptureFixture[str]) -> None:
+    """The shipped ZeRO configs ask for bf16, which would reach DeepSpeed's own config and disagree with the
+    trainer's fp32 CPU fallback after the model loads; accelerate runs FSDP on GPUs only."""
+    for name in ("zero2", "zero3", "fsdp2", "ddp"):
+        config = str(w.REPO_ROOT / "configs" / "accelerate" / f"{name}.yaml")
+        assert cli.main(["train", TINY, f"--accelerate-config={config}", "--num-processes=2"]) == 0
+        assert launches.calls[-1].mixed_precision == "no", name
+        said = [line for line in capsys.readouterr().err.splitlines() if "shards with FSDP on GPUs only" in line]
+        assert len(said) == (name == "fsdp2"), (name, said)
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="needs deepspeed")
+def test_zero3_launch_of_ictrl_train_matches_ddp(tiny_model_dir: Path, shared_data: Path, tmp_path: Path) -> None:
+    """``ictrl train --num-processes 2 --accelerate-config configs/accelerate/zero3.yaml`` (the shipped file, on
+    CPU) trains, checkpoints DeepSpeed's partitioned states and gathers the final model, with the metrics and
+    weights of the same run launched as plain data parallel."""
+    from safetensors.torch import load_file
+
+    from test_resume import REWARD_MODULE, STEPS, TIMING_KEYS, command, rows
+
+    (tmp_path / "ictrl_resume_reward.py").write_text(REWARD_MODULE)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    env.pop("WORLD_SIZE", None)
+
+    def train(out: Path, *extra: str) -> None:
+        cmd = command(tiny_model_dir, out, "--num-processes=2", f"--main-process-port={w.free_port()}", *extra)
+        done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+
+    train(tmp_path / "ddp")
+    train(tmp_path / "zero3", f"--accelerate-config={w.REPO_ROOT / 'configs' / 'accelerate' / 'zero3.yaml'}")
+    assert list((tmp_path / "zero3").glob("checkpoint-*/global_step*"))  # DeepSpeed's engine wrote the states
+    assert not list((tmp_path / "ddp").glob("checkpoint-*/global_step*"))
+    expected, got = rows(tmp_path / "ddp"), rows(tmp_path / "zero3")
+    assert [r["step"] for r in got] == [r["step"] for r in expected] == list(range(1, STEPS + 1))
+    mismatches = [(want["step"], key, value, have.get(key)) for want, have in zip(expected, got)
+                  for key, value in want.items() if key not in TIMING_KEYS and isinstance(value, (int, float))
+                  and not math.isclose(have.get(key, math.nan), value, rel_tol=1e-4, abs_tol=1e-6)]
+    ref, run = (load_file(tmp_path / d / "final" / "model.safetensors") for d in ("ddp", "zero3"))
+    moved = max((ref[name] - load_file(tiny_model_dir / "model.safetensors")[name]).abs().max().item()
+                for name in ref)
+    assert moved > 1e-4  # the runs trained
+    mismatches += [(STEPS, name, 0.0, (tensor - run[name]).abs().max().item()) for name, tensor in ref.items()
+                   if (tensor - run[name]).abs().max().item() > 1e-5]
+    assert not mismatches, mismatches[:5]
 
 
 def _child_failed(rank: int, exitcode: int) -> Exception:

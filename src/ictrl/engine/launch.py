@@ -58,19 +58,30 @@ class Launch:
             raise LaunchError(f"{flag}: expected a whole number >= {least}, got {value!r}")
         setattr(self, key, number)
 
-    def total_processes(self) -> int:
-        """The processes of the run: ``--num-processes``, else the accelerate config's ``num_processes``."""
-        if self.num_processes is not None:
-            return self.num_processes
+    def config_value(self, key: str, default: Any) -> Any:
+        """``key`` of the accelerate config file (``default`` without one, or when the file lacks it)."""
+        if self.accelerate_config is None:
+            return default
         import yaml
 
         path = str(self.accelerate_config)
         try:
             data = yaml.safe_load(Path(path).read_text())
-            processes = int(data.get("num_processes", 1)) if isinstance(data, dict) else 1
-        except (yaml.YAMLError, OSError, TypeError, ValueError) as exc:
-            raise LaunchError(f"--accelerate-config {path}: cannot read num_processes: "
-                              f"{str(exc).splitlines()[0]}") from None
+        except (yaml.YAMLError, OSError, UnicodeDecodeError) as exc:
+            raise LaunchError(f"--accelerate-config {path}: cannot read {key}: {str(exc).splitlines()[0]}") from None
+        return data.get(key, default) if isinstance(data, dict) else default
+
+    def total_processes(self) -> int:
+        """The processes of the run: ``--num-processes``, else the accelerate config's ``num_processes``."""
+        if self.num_processes is not None:
+            return self.num_processes
+        path = str(self.accelerate_config)
+        value = self.config_value("num_processes", 1)
+        try:
+            processes = int(value)
+        except (TypeError, ValueError):
+            raise LaunchError(f"--accelerate-config {path}: num_processes: expected a whole number, got "
+                              f"{value!r}") from None
         if processes < 1:
             raise LaunchError(f"--accelerate-config {path}: num_processes is {processes}; give --num-processes N")
         return processes
@@ -84,15 +95,22 @@ def launch_arguments(launch: Launch, child_argv: list[str]) -> list[str]:
     """The ``accelerate launch`` command line (after ``accelerate launch``) that runs ``ictrl train child_argv``.
     Without ``--accelerate-config`` and without a default accelerate config (``accelerate config``), ``N > 1``
     processes are plain data parallel (DDP; gloo on CPU), with accelerate's other defaults spelt out so it does not
-    warn about them; the precision is the run config's (``bf16``), which the trainer sets in every process."""
+    warn about them; the precision is the run config's (``bf16``), which the trainer sets in every process. Without
+    CUDA, mixed precision is off whatever the accelerate config says, as the trainer's CPU fallback has it."""
     from accelerate.commands.config import default_config_file
+
+    import torch
 
     out = ["--num_processes", str(launch.total_processes())]
     if launch.accelerate_config is not None:
         out += ["--config_file", launch.accelerate_config]
     elif not os.path.isfile(default_config_file):
-        out += (["--multi_gpu"] if launch.total_processes() > 1 else []) + [
-            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+        out += (["--multi_gpu"] if launch.total_processes() > 1 else []) + ["--num_machines", "1",
+                                                                             "--dynamo_backend", "no"]
+    if launch.accelerate_config is None and not os.path.isfile(default_config_file) or not torch.cuda.is_available():
+        # without CUDA the trainer runs in fp32 (bf16=False); a config's bf16 would reach DeepSpeed's own config,
+        # which then disagrees with the trainer's and stops the run after the model loads
+        out += ["--mixed_precision", "no"]
     if launch.main_process_port is not None:
         out += ["--main_process_port", str(launch.main_process_port)]
     return [*out, "-m", "ictrl", "train", *child_argv]
@@ -191,4 +209,10 @@ def check_and_launch(cfg: Any, launch: Launch, child_argv: list[str], resume: bo
         raise LaunchError("--num-processes / --accelerate-config: this process was already started by a launcher "
                           "(WORLD_SIZE is set); leave the flags out under `accelerate launch` or torchrun")
     check_before_launch(cfg, launch.total_processes(), resume=resume, source=source, flags=flags)
+    import torch
+
+    if launch.config_value("distributed_type", None) == "FSDP" and not torch.cuda.is_available():
+        logging.getLogger("ictrl.train").warning(
+            "%s: accelerate shards with FSDP on GPUs only; these CPU processes run plain data parallel (every "
+            "process holds the whole model)", launch.accelerate_config)
     return run_launch(launch, child_argv)
