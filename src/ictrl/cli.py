@@ -23,6 +23,7 @@ import logging
 import os
 import sys
 import traceback
+import warnings
 from collections.abc import Sequence
 from typing import NoReturn
 
@@ -82,9 +83,13 @@ def quiet() -> None:
     """The libraries' noise off (``--verbose`` keeps it): the weight loading / shard writing bars of transformers
     and huggingface_hub (read from the environment when they are first imported), and DeepSpeed's "Setting
     accelerator to CPU" warning, which it logs whenever it is imported on a machine without a GPU (a ZeRO run
-    imports it; other runs do not, :func:`ictrl.engine.run.skip_deepspeed_unless_used`)."""
+    imports it; other runs do not, :func:`ictrl.engine.run.skip_deepspeed_unless_used`), and the deprecation
+    warning of the collective ZeRO calls."""
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     logging.getLogger("DeepSpeed").addFilter(_not_cpu_accelerator_note)
+    # DeepSpeed's ZeRO calls torch collectives that torch has deprecated (all_gather_into_tensor,
+    # reduce_scatter_tensor): a warning per process and per call site, nothing for the user to change
+    warnings.filterwarnings("ignore", message=r"`torch\.distributed\.\w+` is deprecated", category=FutureWarning)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -147,6 +147,8 @@ def run_launch(launch: Launch, child_argv: list[str]) -> int:
     debug = os.environ.get("ICTRL_DEBUG", "").lower() in ("1", "true", "yes")
     verbose = os.environ.get("ICTRL_VERBOSE", "").lower() in ("1", "true", "yes")
     if not verbose and not debug:
+        import torch.distributed.run  # noqa: F401  (its import sets its logger's level: set ours after it)
+
         for name in LAUNCHER_LOGGERS:
             logging.getLogger(name).setLevel(logging.CRITICAL)
     args = launch_command_parser().parse_args(launch_arguments(launch, child_argv))
