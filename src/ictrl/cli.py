@@ -90,7 +90,7 @@ def quiet() -> None:
     """The libraries' noise off (``--verbose`` keeps it): the weight loading / shard writing bars of transformers
     and huggingface_hub (read from the environment when they are first imported), and DeepSpeed's "Setting
     accelerator to CPU" warning, which it logs whenever it is imported on a machine without a GPU (a ZeRO run
-    imports it; other runs do not, :func:`ictrl.engine.run.skip_deepspeed_unless_used`), accelerate's note on
+    imports it; other runs do not, :func:`ictrl.engine.run.skip_deepspeed_unless_imported`), accelerate's note on
     the gradient accumulation count under DeepSpeed, and the deprecation warnings of ZeRO's collectives."""
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     logging.getLogger("DeepSpeed").addFilter(_not_cpu_accelerator_note)

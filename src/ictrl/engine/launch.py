@@ -102,12 +102,13 @@ def launch_arguments(launch: Launch, child_argv: list[str]) -> list[str]:
     import torch
 
     out = ["--num_processes", str(launch.total_processes())]
+    no_config = launch.accelerate_config is None and not os.path.isfile(default_config_file)
     if launch.accelerate_config is not None:
         out += ["--config_file", launch.accelerate_config]
-    elif not os.path.isfile(default_config_file):
+    elif no_config:
         out += (["--multi_gpu"] if launch.total_processes() > 1 else []) + ["--num_machines", "1",
                                                                              "--dynamo_backend", "no"]
-    if launch.accelerate_config is None and not os.path.isfile(default_config_file) or not torch.cuda.is_available():
+    if no_config or not torch.cuda.is_available():
         # without CUDA the trainer runs in fp32 (bf16=False); a config's bf16 would reach DeepSpeed's own config,
         # which then disagrees with the trainer's and stops the run after the model loads
         out += ["--mixed_precision", "no"]

@@ -328,20 +328,17 @@ def cpu_threads(args: Any) -> Iterator[None]:
         torch.set_num_threads(threads)
 
 
-def skip_deepspeed_unless_used(args: Any) -> bool:
-    """Answer accelerate's "is this model a DeepSpeedEngine?" without importing DeepSpeed when no DeepSpeed config
-    is in use (no ``deepspeed`` field, no ``ACCELERATE_USE_DEEPSPEED`` from an accelerate config): no engine can
-    exist then. accelerate asks it whenever DeepSpeed is installed, through ``extract_model_from_parallel``, which
-    TRL calls at start and on every save, and the import costs ~0.3 s and logs "Setting accelerator to CPU" on a
-    machine without a GPU. True if the question was redirected."""
-    from accelerate.utils.environment import parse_flag_from_env
+def skip_deepspeed_unless_imported() -> None:
+    """accelerate asks "is this model a DeepSpeedEngine?" (``extract_model_from_parallel``, which TRL calls at
+    start and on every save) by importing DeepSpeed whenever it is installed: ~0.3 s, and "Setting accelerator to
+    CPU" on a machine without a GPU, in runs that use no DeepSpeed config. A DeepSpeedEngine can exist only once
+    DeepSpeed is imported (a ZeRO run imports it to build the engine), so the question is answered "no" without
+    the import until then, and as before after it."""
+    import sys
 
-    if getattr(args, "deepspeed", None) or parse_flag_from_env("ACCELERATE_USE_DEEPSPEED"):
-        return False
     import accelerate.utils.other
 
-    accelerate.utils.other.is_deepspeed_available = lambda: False
-    return True
+    accelerate.utils.other.is_deepspeed_available = lambda: "deepspeed" in sys.modules
 
 
 def _not_tied_head_note(record: logging.LogRecord) -> bool:
@@ -444,7 +441,7 @@ def _train_locked(cfg: RunConfig, args: Any, reward_funcs: list[Callable[..., An
     from ictrl.engine.callbacks import MetricsJSONL, NoSignalWarning, RichProgress
     from ictrl.models import load_model_and_tokenizer
 
-    skip_deepspeed_unless_used(args)
+    skip_deepspeed_unless_imported()
     model, tokenizer = load_model_and_tokenizer(cfg.model.name_or_path, **init_kwargs)
     dataset = drop_long_prompts(dataset, tokenizer, cfg.data.max_prompt_length,
                                 getattr(model.config, "max_position_embeddings", None), args.max_completion_length)

@@ -161,14 +161,14 @@ def _run(args: argparse.Namespace) -> int:
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
     from ictrl.engine.callbacks import MetricsJSONL, RichProgress
-    from ictrl.engine.run import skip_deepspeed_unless_used
+    from ictrl.engine.run import skip_deepspeed_unless_imported
     from ictrl.engine.trainer import ICTGRPOTrainer
 
     dataset = tinytask.train_dataset(plan["prompts"], plan["steps"], recipe.difficulty, seed=args.seed)
     trainer_args = _trainer_args(args.method, out / "rl", args.seed, plan["steps"], plan["lr"], plan["prompts"],
                                  plan["generations"], max_new_tokens(recipe.difficulty))
     tokenizer.padding_side = "left"
-    skip_deepspeed_unless_used(trainer_args)
+    skip_deepspeed_unless_imported()
     trainer = ICTGRPOTrainer(model=model, reward_funcs=[tinytask.tinyarith_reward], args=trainer_args,
                              train_dataset=dataset, processing_class=tokenizer)
     for cb in (PrinterCallback, ProgressCallback):

@@ -144,7 +144,7 @@ def train_tiny(settings: TinyRL, base: Path, spec: RunSpec, run_dir: Path,
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
     from ictrl.engine.callbacks import MetricsJSONL
-    from ictrl.engine.run import build_trainer_args, make_trainer_class, skip_deepspeed_unless_used, trainer_classes
+    from ictrl.engine.run import build_trainer_args, make_trainer_class, skip_deepspeed_unless_imported, trainer_classes
     from ictrl.files import load_metrics
     from ictrl.experiments.tasks.registry import get_task
     from ictrl.experiments.tasks.tinymodel import load_tiny_base
@@ -154,7 +154,7 @@ def train_tiny(settings: TinyRL, base: Path, spec: RunSpec, run_dir: Path,
         shutil.rmtree(stale) if stale.is_dir() else stale.unlink()
     cfg = tiny_run_config(settings, base, spec, run_dir)
     args = build_trainer_args(cfg, cfg.output_dir)
-    skip_deepspeed_unless_used(args)
+    skip_deepspeed_unless_imported()
     model, tokenizer = load_tiny_base(base)
     task = get_task(base_task(base))
     dataset = task.train_dataset(settings.prompts_per_step, settings.steps, _base_difficulty(base), spec.seed)
