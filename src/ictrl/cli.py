@@ -27,6 +27,7 @@ import warnings
 from collections.abc import Sequence
 from typing import NoReturn
 
+from ictrl.cliargs import DEBUG_ENV, VERBOSE_ENV, env_flag
 from ictrl.errors import Interrupted, UserError, note_reported, one_line
 
 # command -> (module, one-line help)
@@ -103,7 +104,7 @@ def quiet() -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one ``ictrl`` command; the exit status. ``--debug`` / ``--verbose`` reach the processes a command starts
     through ``ICTRL_DEBUG`` / ``ICTRL_VERBOSE``, which are restored on return (an in-process caller keeps its own)."""
-    saved = {key: os.environ.get(key) for key in ("ICTRL_DEBUG", "ICTRL_VERBOSE")}
+    saved = {key: os.environ.get(key) for key in (DEBUG_ENV, VERBOSE_ENV)}
     try:
         return _main(argv)
     finally:
@@ -116,13 +117,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _main(argv: Sequence[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    debug = "--debug" in argv or os.environ.get("ICTRL_DEBUG", "").lower() in ("1", "true", "yes")
-    verbose = "--verbose" in argv or os.environ.get("ICTRL_VERBOSE", "").lower() in ("1", "true", "yes")
+    debug = "--debug" in argv or env_flag(DEBUG_ENV)
+    verbose = "--verbose" in argv or env_flag(VERBOSE_ENV)
     argv = [a for a in argv if a not in ("--debug", "--verbose")]
     if debug:
-        os.environ["ICTRL_DEBUG"] = "1"  # for the processes `ictrl train --num-processes` starts
+        os.environ[DEBUG_ENV] = "1"  # for the processes `ictrl train --num-processes` starts
     if verbose:
-        os.environ["ICTRL_VERBOSE"] = "1"  # for the commands' own log setup
+        os.environ[VERBOSE_ENV] = "1"  # for the commands' own log setup
     else:
         quiet()
     # `module:function` names (selectors, rewards) import from the working directory, as under `python -m`: the

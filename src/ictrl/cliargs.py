@@ -4,8 +4,17 @@ the space-separated form ``--benchmarks gsm8k math500`` is read the same way).""
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Callable, Sequence
 from typing import Any
+
+# How --debug / --verbose reach every module of a command and the processes it starts (ictrl.cli sets them).
+DEBUG_ENV, VERBOSE_ENV = "ICTRL_DEBUG", "ICTRL_VERBOSE"
+
+
+def env_flag(name: str) -> bool:
+    """Whether the environment variable ``name`` is set to 1, true or yes (any case)."""
+    return os.environ.get(name, "").lower() in ("1", "true", "yes")
 
 
 def comma_list(convert: Callable[[str], Any] = str) -> Callable[[str], list[Any]]:

@@ -25,6 +25,7 @@ from typing import Any
 
 import yaml
 
+from ictrl.cliargs import VERBOSE_ENV, env_flag
 from ictrl.engine.launch import FLAGS as LAUNCH_FLAGS
 from ictrl.engine.launch import Launch, LaunchError
 
@@ -253,7 +254,7 @@ def _setup_logging() -> None:
         handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
     # Under `accelerate launch` every process runs this command: rank 0 logs, the others only errors (a warning
     # printed once per process says nothing more). --verbose / ICTRL_VERBOSE=1 keeps every rank's lines.
-    verbose = os.environ.get("ICTRL_VERBOSE", "").lower() in ("1", "true", "yes")
+    verbose = env_flag(VERBOSE_ENV)
     first = os.environ.get("RANK", "0") in ("0", "")
     logging.basicConfig(level=logging.INFO if first or verbose else logging.ERROR, handlers=[handler], force=True)
     for noisy in ("httpx", "urllib3", "filelock"):

@@ -19,6 +19,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ictrl.cliargs import DEBUG_ENV, VERBOSE_ENV, env_flag
+
 # torchrun's loggers: "failed (exitcode: 2) local_rank: 0 ...", "Sending process ... closing signal SIGTERM", the
 # OMP_NUM_THREADS note. The failed process has already printed why; ictrl's own line replaces the rest.
 LAUNCHER_LOGGERS = ("torch.distributed.elastic", "torch.distributed.run", "torch.distributed.launcher")
@@ -145,8 +147,8 @@ def run_launch(launch: Launch, child_argv: list[str]) -> int:
 
     from ictrl.errors import REPORTED_FILE_ENV
 
-    debug = os.environ.get("ICTRL_DEBUG", "").lower() in ("1", "true", "yes")
-    verbose = os.environ.get("ICTRL_VERBOSE", "").lower() in ("1", "true", "yes")
+    debug = env_flag(DEBUG_ENV)
+    verbose = env_flag(VERBOSE_ENV)
     if not verbose and not debug:
         import torch.distributed.run  # noqa: F401  (its import sets its logger's level: set ours after it)
 

@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from ictrl.checkpoints import STAGING_PREFIX, clear_staging, complete_checkpoints, finished_run, trainer_state
+from ictrl.cliargs import VERBOSE_ENV, env_flag
 from ictrl.engine.resumable import check_resumable, make_trainer_class, save_final
 from ictrl.engine.run_config import ConfigError, RunConfig, config_to_dict, save_config
 from ictrl.engine.value_checks import check_output_dir, check_values
@@ -348,9 +349,7 @@ def _not_tied_head_note(record: logging.LogRecord) -> bool:
 def hide_tied_head_note() -> None:
     """Drop transformers' "missing keys ... ['lm_head.weight']" warning on resume: a tied head is the embedding
     matrix, which a checkpoint stores once, so nothing is missing (``--verbose`` keeps the warning)."""
-    import os
-
-    if os.environ.get("ICTRL_VERBOSE", "").lower() not in ("1", "true", "yes"):
+    if not env_flag(VERBOSE_ENV):
         logging.getLogger("transformers.trainer").addFilter(_not_tied_head_note)
 
 
