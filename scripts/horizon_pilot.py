@@ -19,8 +19,8 @@ from ictrl.experiments.grid import horizon as hz
 from ictrl.experiments.grid import runner as grid
 from ictrl.experiments.grid import tinyrun
 from ictrl.experiments.horizoncli import base_recipe
-from ictrl.experiments.reports.report import load_metrics
 from ictrl.experiments.tasks.tinymodel import TinyRecipe, build_tiny_base
+from ictrl.files import load_metrics
 
 
 def main() -> None:

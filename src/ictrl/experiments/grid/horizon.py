@@ -98,6 +98,12 @@ SETTINGS: dict[str, Setting] = {
         "countdown", "countdown", {"max_steps": LESS_TRAINED_STEPS},
         f"countdown's base warm-started for at most {LESS_TRAINED_STEPS} steps instead of 4,000: less sure at the "
         "forks between valid chains (whether ICT's tokens reach the paper's low π is measured, not assumed)"),
+    "paths": Setting(
+        "paths", "countdown", {},
+        "a task built for uncertain forks (ictrl.experiments.tasks.paths): every answer letter is a choice among a "
+        "node's successors, several of them valid, at positions that stay aligned across a group, so ICT's "
+        "disagreeing tokens can be uncertain ones; no tuned study exists for it, so its methods run at countdown's "
+        "tuned settings (the other task with several valid answers)"),
 }
 
 

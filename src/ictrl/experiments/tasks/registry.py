@@ -1,5 +1,5 @@
-"""The embedded tasks by name: ``tinyarith`` (operator precedence, ``tinytask``) and ``countdown`` (reach a target
-from given numbers, ``countdown``). Each module offers the same functions: ``generate_problems``,
+"""The embedded tasks by name: ``tinyarith`` (operator precedence, ``tinytask``), ``countdown`` (reach a target
+from given numbers, ``countdown``) and ``paths`` (a walk of a given length through a fixed graph, ``paths``). Each module offers the same functions: ``generate_problems``,
 ``demonstration``, ``grade``, ``reward`` (TRL signature), ``train_dataset``, ``eval_task`` and
 ``max_new_tokens``; the warm start (``tinymodel``) and the grid (``grid``) read the task from the base model's
 recipe."""
@@ -9,9 +9,10 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-TASKS = {"tinyarith": "ictrl.experiments.tasks.tinytask", "countdown": "ictrl.experiments.tasks.countdown"}
-# Operand / number counts when a recipe does not say (tinyarith: operators; countdown: numbers).
-DEFAULT_DIFFICULTY = {"tinyarith": (2,), "countdown": (4,)}
+TASKS = {"tinyarith": "ictrl.experiments.tasks.tinytask", "countdown": "ictrl.experiments.tasks.countdown",
+         "paths": "ictrl.experiments.tasks.paths"}
+# The difficulty when a recipe does not say (tinyarith: operators; countdown: numbers; paths: walk lengths).
+DEFAULT_DIFFICULTY = {"tinyarith": (2,), "countdown": (4,), "paths": (4, 5, 6)}
 
 
 def get_task(name: str) -> ModuleType:
