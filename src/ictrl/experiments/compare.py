@@ -12,7 +12,7 @@ Writes into ``--output-dir``:
 A rerun skips finished runs (see ``ictrl.experiments.grid.runner``), so an interrupted compare continues where it
 stopped and a finished one only rebuilds the report.
 
-``--task countdown`` runs on the second embedded task (``ictrl.experiments.tasks.countdown``); ``--tune`` runs the tuned
+``--task countdown`` and ``--task paths`` run on the other embedded tasks (``ictrl.experiments.tasks``); ``--tune`` runs the tuned
 protocol instead (each method at its own tuned learning rate and normaliser, fresh seeds, matched update size:
 ``ictrl.experiments.grid.tune``); ``--horizon SETTING`` runs the long-horizon protocol
 (``ictrl.experiments.grid.horizon``: collapse / explosion over at least 400 steps, held-out pass@1/4/16 along

@@ -26,8 +26,9 @@ from ictrl.experiments.grid.tune import (ABLATION, CHOICE_RULE, DEFAULT_FINAL_SE
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The --tune options of ``ictrl compare`` (and --task, which plain compare also takes)."""
     parser.add_argument("--task", default="tinyarith", choices=tuple(TASKS),
-                        help="embedded task: tinyarith (operator precedence) or countdown (reach a target from "
-                             "given numbers: choices, several valid orders)")
+                        help="embedded task: tinyarith (operator precedence), countdown (reach a target from "
+                             "given numbers: choices, several valid orders) or paths (a walk of a given length "
+                             "through a fixed graph: a choice at every letter)")
     parser.add_argument("--tune", action="store_true",
                         help="the tuned protocol: pick each method's lr (and normaliser) on tuning seeds and the "
                              "dev split, then fresh seeds at the chosen settings on the test split, with matched-"

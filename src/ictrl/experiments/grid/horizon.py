@@ -2,8 +2,9 @@
 
 Everything here is fixed before the first full run and not tuned on its results:
 
-- *Settings*: ``tinyarith`` and ``countdown`` (the embedded tasks' bases, as in the tuned study) and
-  ``countdown-lesstrained`` (countdown's recipe, warm start stopped at ``LESS_TRAINED_STEPS``: see ``SETTINGS``).
+- *Settings*: ``tinyarith`` and ``countdown`` (the embedded tasks' bases, as in the tuned study),
+  ``countdown-lesstrained`` (countdown's recipe, warm start stopped at ``LESS_TRAINED_STEPS``) and ``paths`` (the
+  task built for uncertain forks, ``ictrl.experiments.tasks.paths``): see ``SETTINGS``.
 - *Methods*: grpo, ict, random10, entropy20, stapo, each at its tuned (lr, loss normaliser) from the tuned study
   (``TUNED``; source: docs/results/tune-tinyarith-2026-11-23.md and docs/results/tune-countdown-2026-11-23.md,
   table "row | lr | normaliser").

@@ -1,4 +1,4 @@
-"""Grid runs on an embedded task (``ictrl.experiments.tasks.registry``: tinyarith by default, countdown) on the cached
+"""Grid runs on an embedded task (``ictrl.experiments.tasks.registry``: tinyarith by default, countdown, paths) on the cached
 warm-started base model of ``tinymodel.build_tiny_base``, trained with the engine's ``ICTGRPOTrainer`` (the same
 trainer class, run config and ``metrics.jsonl`` callback as ``ictrl train``) and evaluated on the task's held-out
 split.

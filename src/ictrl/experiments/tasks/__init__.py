@@ -1,1 +1,1 @@
-"""The embedded tasks (tinyarith, countdown), their registry, and the tiny model warm-started on them."""
+"""The embedded tasks (tinyarith, countdown, paths), their registry, and the tiny model warm-started on them."""

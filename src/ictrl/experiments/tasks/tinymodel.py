@@ -57,15 +57,18 @@ class TinyRecipe:
     """Everything that determines the cached base model."""
 
     seed: int = field(default=0, metadata={"help": "seed for init, data order, noise and dev sampling"})
-    task: str = field(default="tinyarith", metadata={"help": "embedded task (ictrl.experiments.tasks.registry): tinyarith "
-                                                             "or countdown"})
+    task: str = field(default="tinyarith", metadata={"help": "embedded task (ictrl.experiments.tasks.registry): tinyarith, "
+                                                             "countdown or paths"})
     hidden_size: int = field(default=64, metadata={"help": "model width"})
     num_hidden_layers: int = field(default=2, metadata={"help": "transformer blocks"})
     num_attention_heads: int = field(default=4, metadata={"help": "attention heads"})
-    difficulty: tuple[int, ...] = field(default=(2,), metadata={"help": "operator counts mixed in the task"})
+    difficulty: tuple[int, ...] = field(default=(2,), metadata={"help": "difficulty levels mixed in the task "
+                                                                          "(operators, numbers or walk lengths)"})
     order_error: float = field(default=0.5, metadata={"help": "share of demonstrations with a choice error "
-                                                      "(tinyarith: left to right; countdown: a chain to another value)"})
-    digit_error: float = field(default=0.5, metadata={"help": "share of demonstrations with one corrupted digit"})
+                                                      "(tinyarith: left to right; countdown: a chain to another value; "
+                                                      "paths: a walk to another node)"})
+    digit_error: float = field(default=0.5, metadata={"help": "share of demonstrations with one corrupted digit "
+                                                                "(paths: letter)"})
     train_problems: int = field(default=2000, metadata={"help": "size of the supervised problem pool"})
     batch_size: int = field(default=32, metadata={"help": "sequences per supervised step"})
     lr: float = field(default=3e-3, metadata={"help": "AdamW learning rate (constant after warm-up)"})
