@@ -62,6 +62,22 @@ def test_tuned_settings_cover_every_method_and_setting() -> None:
     assert str(hz.COLLAPSE_FRACTION) in hz.DEFINITIONS and str(hz.MIN_STEPS) in hz.DEFINITIONS
 
 
+def test_each_setting_warm_starts_its_own_base_on_its_task() -> None:
+    from ictrl.experiments import demo
+    from ictrl.experiments.horizoncli import base_recipe
+    from ictrl.experiments.tasks.registry import DEFAULT_DIFFICULTY
+    from ictrl.experiments.tasks.tinymodel import TinyRecipe
+
+    full = {name: TinyRecipe(**base_recipe(s, False)) for name, s in hz.SETTINGS.items()}
+    assert len({r.key() for r in full.values()}) == len(full)  # one cached base per setting
+    for name, setting in hz.SETTINGS.items():
+        quick = TinyRecipe(**base_recipe(setting, True))
+        assert full[name].task == quick.task == setting.task
+        assert quick.max_steps == demo.QUICK_RECIPE["max_steps"]  # --quick keeps its own budget
+    assert full["paths"].difficulty == DEFAULT_DIFFICULTY["paths"] and full["paths"].order_error == 0.5
+    assert full["countdown-lesstrained"].max_steps == hz.LESS_TRAINED_STEPS < full["countdown"].max_steps
+
+
 def summary(collapse: list[int | None], p16: list[float], explosion: list[int | None] | None = None) -> list[dict]:
     explosion = explosion or [None] * len(collapse)
     return [{"collapse": c, "explosion": e, "p1": 0.1, "p16": p} for c, e, p in zip(collapse, explosion, p16)]
