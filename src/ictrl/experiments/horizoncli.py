@@ -46,6 +46,12 @@ def plan(quick: bool) -> dict[str, Any]:
                         selection_warmup=hz.SELECTION_WARMUP))
 
 
+def rl_settings(p: dict[str, Any], steps: int) -> tinyrun.TinyRL:
+    """The RL and evaluation settings of a ``steps``-step run under plan ``p`` (:func:`plan`)."""
+    return tinyrun.TinyRL(steps=steps, eval_problems=p["eval_problems"], eval_n=hz.EVAL_N, eval_ks=hz.EVAL_KS,
+                          eval_every=p["eval_every"], curve_problems=p["curve_problems"], **p["rl"])
+
+
 def base_recipe(setting: hz.Setting, quick: bool) -> dict[str, Any]:
     """TinyRecipe kwargs: the task's grid recipe (``gridcli.TASK_RECIPES``) plus the setting's overrides; with
     ``quick`` the quick recipe's own budget wins."""
@@ -75,9 +81,7 @@ def run(args: argparse.Namespace) -> int:
     base = build_tiny_base(recipe)
     tuned = hz.TUNED[setting.tuned]
 
-    def settings(steps: int) -> tinyrun.TinyRL:
-        return tinyrun.TinyRL(steps=steps, eval_problems=p["eval_problems"], eval_n=hz.EVAL_N, eval_ks=hz.EVAL_KS,
-                              eval_every=p["eval_every"], curve_problems=p["curve_problems"], **p["rl"])
+    settings = functools.partial(rl_settings, p)
 
     def spec(method: str, seed: int) -> grid.RunSpec:
         lr, norm = tuned[method]

@@ -75,7 +75,7 @@ def run_summary(records: list[dict[str, Any]], result: dict[str, Any], theta: in
     return out
 
 
-def _ci_text(values: Sequence[float], digits: int = 0) -> str:
+def ci_text(values: Sequence[float], digits: int = 0) -> str:
     m, lo, hi = mean_ci(values)
     return f"{m:.{digits}f}" + ("" if lo is None else f" [{lo:.{digits}f}, {hi:.{digits}f}]")
 
@@ -86,7 +86,7 @@ def event_text(steps: Sequence[int | None], n: int) -> str:
     if not hit:
         return f"none within {n} steps (0/{len(steps)} seeds)"
     rest = "" if len(hit) == len(steps) else f"; the other {len(steps) - len(hit)} none within {n} steps"
-    return f"{len(hit)}/{len(steps)} seeds, step {_ci_text(hit)}{rest}"
+    return f"{len(hit)}/{len(steps)} seeds, step {ci_text(hit)}{rest}"
 
 
 def _gap(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -213,12 +213,12 @@ def _answer(name: str, setting: hz.Setting, summ: dict[str, list[dict[str, Any]]
         f"pass@16 − pass@1 (base {100 * (base['p16'] - base['p1']):.1f}): ict − grpo {_diff(g['ict'], g['grpo'])}, "
         f"ict − random10 {_diff(g['ict'], g['random10'])} (95% Welch CIs over seeds).")
     ict = summ["ict"]
-    pi0 = _ci_text([r["π sel start"] for r in ict], 2)
+    pi0 = ci_text([r["π sel start"] for r in ict], 2)
     lines.append(
-        f"ICT's selected tokens: π {pi0} at the start, {_ci_text([r['π sel end'] for r in ict], 2)} at the end; "
-        f"H1 {_ci_text([r['H1 sel start'] for r in ict], 2)} → {_ci_text([r['H1 sel end'] for r in ict], 2)} nats; "
-        f"high-H1 share {_ci_text([r['high-H1 share start'] for r in ict], 2)} → "
-        f"{_ci_text([r['high-H1 share end'] for r in ict], 2)} ({PAPER}). Mean π at the start "
+        f"ICT's selected tokens: π {pi0} at the start, {ci_text([r['π sel end'] for r in ict], 2)} at the end; "
+        f"H1 {ci_text([r['H1 sel start'] for r in ict], 2)} → {ci_text([r['H1 sel end'] for r in ict], 2)} nats; "
+        f"high-H1 share {ci_text([r['high-H1 share start'] for r in ict], 2)} → "
+        f"{ci_text([r['high-H1 share end'] for r in ict], 2)} ({PAPER}). Mean π at the start "
         + ("≤ 0.5: the paper's regime." if _mean([r["π sel start"] for r in ict]) <= 0.5 else
            "> 0.5: not the paper's regime."))
     return "\n\n".join(lines)
@@ -247,16 +247,16 @@ def _tables(summ: dict[str, list[dict[str, Any]]], lrs: dict[str, tuple[float, s
             f"| base | | | | | | {100 * base['p1']:.1f} | {100 * base['p4']:.1f} | {100 * base['p16']:.1f} | "
             f"{100 * (base['p16'] - base['p1']):.1f} |"]
     for m, rs in summ.items():
-        pct = {k: _ci_text([100 * r[k] for r in rs], 1) for k in ("p1", "p4", "p16")}
+        pct = {k: ci_text([100 * r[k] for r in rs], 1) for k in ("p1", "p4", "p16")}
         rows.append(f"| {m} | {lrs[m][0]:g} | {lrs[m][1]} | {event_text([r['collapse'] for r in rs], n)} | "
-                    f"{event_text([r['explosion'] for r in rs], n)} | {_ci_text([r['H1 all start'] for r in rs], 3)}"
-                    f" → {_ci_text([r['H1 all end'] for r in rs], 3)} | {pct['p1']} | {pct['p4']} | {pct['p16']} | "
-                    f"{_ci_text([100 * (r['p16'] - r['p1']) for r in rs], 1)} |")
+                    f"{event_text([r['explosion'] for r in rs], n)} | {ci_text([r['H1 all start'] for r in rs], 3)}"
+                    f" → {ci_text([r['H1 all end'] for r in rs], 3)} | {pct['p1']} | {pct['p4']} | {pct['p16']} | "
+                    f"{ci_text([100 * (r['p16'] - r['p1']) for r in rs], 1)} |")
     sel = ["| method | π sel start | π sel end | H1 sel start | H1 sel end | high-H1 share start "
            "| high-H1 share end |",
            "|---|---|---|---|---|---|---|"]
     for m, rs in summ.items():
-        sel.append(f"| {m} | " + " | ".join(_ci_text([r[f'{c} {w}'] for r in rs], 3) for c in
+        sel.append(f"| {m} | " + " | ".join(ci_text([r[f'{c} {w}'] for r in rs], 3) for c in
                                              ("π sel", "H1 sel", "high-H1 share") for w in ("start", "end")) + " |")
     sel.append("| paper (ICT) | 0.18 ± 0.09 | | | | ~0.5 | |")
     seeds = ["| method | run | steps | collapse step | explosion step | P@1 | P@16 |", "|---|---|---|---|---|---|---|"]
