@@ -39,6 +39,7 @@ def main() -> None:
     parser.add_argument("--norm", default=None, help="loss normaliser (default: the method's own)")
     parser.add_argument("--against", default="ict", choices=hz.METHODS, help="the study's method to compare with")
     parser.add_argument("--jobs", type=int, default=1)
+    parser.add_argument("--quick", action="store_true", help="beside a --quick study (tests)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     summary_path = args.study / "results.json"
@@ -47,18 +48,18 @@ def main() -> None:
     study = json.loads(summary_path.read_text())
     if study["setting"] != args.setting:
         parser.error(f"--study {args.study} is setting {study['setting']!r}, not {args.setting!r}")
-    p, n = plan(False), int(study["steps"])
-    base = build_tiny_base(TinyRecipe(**base_recipe(hz.SETTINGS[args.setting], False)))
+    p, n = plan(args.quick), int(study["steps"])
+    base = build_tiny_base(TinyRecipe(**base_recipe(hz.SETTINGS[args.setting], args.quick)))
     specs = [grid.RunSpec(args.method, seed, args.lr, norm=args.norm) for seed in p["seeds"]]
     results = grid.run_grid(specs, args.out, functools.partial(tinyrun.train_tiny, rl_settings(p, n), base),
                             jobs=args.jobs)
-    theta = int(p["rl"]["selection_warmup"])
+    theta = int(p["rl"]["selection_warmup"] or 0)
     mine = [hr.run_summary(load_metrics(args.out / s.relpath / "metrics.jsonl"), results[s], theta) for s in specs]
     theirs = study["summary"][args.against]
     label = f"{args.method} at lr {args.lr:g} ({args.norm or 'default'})"
     lines = [f"# Control on {args.setting}: {label} against the study's {args.against}", "",
              f"Seeds {list(p['seeds'])}, N = {n} steps, the study's plan and base; mean [95% t-CI] over seeds, "
-             f"pass@k in percent (200 held-out problems x {hz.EVAL_N} samples). Difference: "
+             f"pass@k in percent ({p['eval_problems']} held-out problems x {hz.EVAL_N} samples). Difference: "
              f"{args.against} − control, 95% Welch CI.", "",
              f"| | {args.against} (study) | {label} | {args.against} − control |", "|---|---|---|---|"]
     for name, key, scale, digits in ROWS:

@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import json
 import math
+import runpy
+import sys
 from pathlib import Path
 
 import pytest
 
 from ictrl.experiments.grid import horizon as hz
+
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def log(h1: list[float], reward: list[float] | None = None) -> list[dict[str, float]]:
@@ -142,3 +146,13 @@ def test_horizon_quick_end_to_end_and_resume(tmp_path: Path, monkeypatch: pytest
     lost = out / "runs" / "lr0.0002" / "random10" / "seed1" / grid.DONE_FILE
     lost.unlink()
     assert compare.run(parse(argv)) == 0 and calls == ["lr0.0002/random10/seed1"]
+
+    # The lr control beside the finished study: random10 at ICT's lr on the study's seeds and N, against ICT.
+    calls.clear()
+    control = tmp_path / "control"
+    monkeypatch.setattr(sys, "argv", ["horizon_control.py", "tinyarith", "--study", str(out), "--method", "random10",
+                                      "--lr", "1e-4", "--norm", "per_response_all", "--quick", "--out", str(control)])
+    runpy.run_path(str(ROOT / "scripts" / "horizon_control.py"), run_name="__main__")
+    assert calls == ["lr0.0001/random10-per_response_all/seed0", "lr0.0001/random10-per_response_all/seed1"]
+    table = (control / "control.md").read_text()
+    assert "random10 at lr 0.0001 (per_response_all)" in table and "| P@16 |" in table and "6 steps" in table
