@@ -28,6 +28,7 @@ from functools import lru_cache
 from typing import Any
 
 from ictrl.data import Problem
+from ictrl.experiments.tasks.registry import question_eval_task, rl_dataset
 from ictrl.rewards import completion_text
 
 TASK_NAME = "countdown"
@@ -206,16 +207,13 @@ def max_new_tokens(difficulty: tuple[int, ...]) -> int:
 
 
 def train_dataset(prompts_per_step: int, steps: int, difficulty: int | tuple[int, ...], seed: int) -> Any:
-    """RL prompts (columns ``prompt``, ``gold``), as ``tinytask.train_dataset``."""
-    import datasets
-
+    """RL prompts (columns ``prompt``, ``gold``): distinct train-split problems for the run's steps, at least 64
+    and at most the split (TRL cycles if a run needs more)."""
     levels = (difficulty,) if isinstance(difficulty, int) else tuple(difficulty)
-    available = sum(len(problem_keys("train", d)) for d in set(levels))  # TRL cycles if a run needs more
-    problems = generate_problems(min(available, max(64, prompts_per_step * steps)), "train", difficulty, seed=seed)
-    return datasets.Dataset.from_dict({"prompt": [p.question for p in problems], "gold": [p.gold for p in problems]})
+    available = sum(len(problem_keys("train", d)) for d in set(levels))
+    return rl_dataset(generate_problems(min(available, max(64, prompts_per_step * steps)), "train", difficulty,
+                                        seed=seed))
 
 
 def eval_task(problems: list[Problem]) -> Any:
-    from ictrl.eval.harness import EvalTask
-
-    return EvalTask(TASK_NAME, problems, prompt_fn=lambda p: p.question, reward_fn=grade, extract_fn=extract_answer)
+    return question_eval_task(TASK_NAME, problems, grade, extract_answer)

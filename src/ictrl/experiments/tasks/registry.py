@@ -7,7 +7,11 @@ recipe."""
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable, Sequence
 from types import ModuleType
+from typing import Any
+
+from ictrl.data import Problem
 
 TASKS = {"tinyarith": "ictrl.experiments.tasks.tinytask", "countdown": "ictrl.experiments.tasks.countdown",
          "paths": "ictrl.experiments.tasks.paths"}
@@ -19,3 +23,19 @@ def get_task(name: str) -> ModuleType:
     if name not in TASKS:
         raise ValueError(f"task: unknown task {name!r}; choose from {', '.join(TASKS)}")
     return importlib.import_module(TASKS[name])
+
+
+def rl_dataset(problems: Sequence[Problem]) -> Any:
+    """A task's RL prompts as a ``datasets.Dataset``: ``prompt`` (the question as the model saw it in its warm start)
+    and ``gold`` (the column the task's reward reads)."""
+    import datasets
+
+    return datasets.Dataset.from_dict({"prompt": [p.question for p in problems], "gold": [p.gold for p in problems]})
+
+
+def question_eval_task(name: str, problems: list[Problem], grade: Callable[[str, str], float],
+                       extract: Callable[[str], str | None]) -> Any:
+    """An ``ictrl.eval`` task over ``problems``: the plain question as the prompt, graded by ``grade``."""
+    from ictrl.eval.harness import EvalTask
+
+    return EvalTask(name, problems, prompt_fn=lambda p: p.question, reward_fn=grade, extract_fn=extract)

@@ -23,6 +23,7 @@ import re
 from typing import Any
 
 from ictrl.data import Problem
+from ictrl.experiments.tasks.registry import question_eval_task, rl_dataset
 from ictrl.rewards import MathExtractor, completion_text, math_reward
 
 SPLITS = ("train", "dev", "test")
@@ -181,14 +182,9 @@ def train_dataset(prompts_per_step: int, steps: int, difficulty: int | tuple[int
     """RL prompts for a run: enough distinct train-split problems for its steps (64 to 2,000; 2,000 is most of the
     split at difficulty 2, and TRL cycles if a run needs more), drawn with the run's seed. Columns ``prompt`` and
     ``gold`` (read by :func:`tinyarith_reward`)."""
-    import datasets
-
-    problems = generate_problems(min(2000, max(64, prompts_per_step * steps)), "train", difficulty, seed=seed)
-    return datasets.Dataset.from_dict({"prompt": [p.question for p in problems], "gold": [p.gold for p in problems]})
+    return rl_dataset(generate_problems(min(2000, max(64, prompts_per_step * steps)), "train", difficulty, seed=seed))
 
 
 def eval_task(problems: list[Problem]) -> Any:
     """An ``ictrl.eval`` task over ``problems``: the plain question as prompt, graded by :func:`grade`."""
-    from ictrl.eval.harness import EvalTask
-
-    return EvalTask(TASK_NAME, problems, prompt_fn=lambda p: p.question, reward_fn=grade, extract_fn=extract_answer)
+    return question_eval_task(TASK_NAME, problems, grade, extract_answer)
