@@ -41,6 +41,7 @@ def test_grader_checks_every_edge_the_length_and_the_end() -> None:
     assert paths.grade("", gold) == 0.0
     assert get_task("paths").reward([""] * 2, [walk, "zz"], gold=[gold] * 2) == [1.0, 0.0]
     assert DEFAULT_DIFFICULTY["paths"] == (4, 5, 6)
+    assert paths.grade("uozwf", "g>f/5") == 1.0  # the module docstring's example
 
 
 @pytest.mark.parametrize("length", [2, 3])

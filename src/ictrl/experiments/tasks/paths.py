@@ -4,24 +4,24 @@ The graph has ``len(NODES)`` nodes (the letters a-z) and ``DEGREE`` out-edges pe
 seed. A problem names a start, a target and a length ``L``; the answer is the ``L`` nodes a walk visits after the
 start, one letter per node, the last of them the target::
 
-    question  "Q:a>k/5=A:"
-    solution  "qmxdk"
+    question  "Q:g>f/5=A:"
+    solution  "uozwf"
 
-Every letter of an answer is a choice among the current node's ``DEGREE`` successors, and most problems have
-dozens of valid walks, so a base that learned the demonstrations spreads its probability over several letters at
+Every letter of an answer is a choice among the current node's ``DEGREE`` successors, and the median problem
+has over a hundred valid walks, so a base that learned the demonstrations spreads its probability over several letters at
 nearly every position. The answer has no separators and its length is fixed by the question, so the responses
 to one prompt stay position-aligned: at a position where two responses sit at different nodes their next-token
 distributions have different supports. That is the regime of the paper's ICT tokens (uncertain tokens where a
 response departs from its group), which the other two tasks hardly reach: there the JS score's top tokens are
 near-certain ones (π 0.8-0.95). An idealised base (the exact conditional of the demonstration mixture below)
-puts ICT's top-10% tokens at π ≈ 0.31 on this graph; the trained base is measured, not assumed
-(``scripts/horizon_pilot.py``).
+puts ICT's top-10% tokens at π ≈ 0.3 on this graph (``tests/experiments/tasks/test_paths.py``); the trained base
+is measured, not assumed (``scripts/horizon_pilot.py``).
 
 The demonstrations of the warm start are uniformly drawn valid walks or, with probability ``order_error``, a
 *choice* error: a walk along valid edges that ends on another node; then with probability ``digit_error`` one
-letter replaced by another (an edge that does not exist). The reward checks the walk itself.
+letter replaced by another (usually an edge that does not exist). The reward checks the walk itself.
 
-Splits hash the problem key ``"a>k/5"``, so no problem is in two splits. The interface matches ``tinytask`` and
+Splits hash the problem key ``"g>f/5"``, so no problem is in two splits. The interface matches ``tinytask`` and
 ``countdown`` (``ictrl.experiments.tasks.registry`` lists them).
 """
 
@@ -39,7 +39,8 @@ from ictrl.rewards import completion_text
 TASK_NAME = "paths"
 SPLITS = ("train", "dev", "test")
 NODES = "abcdefghijklmnopqrstuvwxyz"
-DEGREE = 5  # out-edges per node: an idealised base puts ICT's tokens at π 0.24 (6), 0.31 (5), 0.40 (4), 0.52 (3)
+DEGREE = 5  # out-edges per node; simulated with an idealised base, ICT's tokens sit at π 0.52, 0.40, 0.31, 0.24
+# for 3, 4, 5, 6
 GRAPH_SEED = "paths:graph:0"
 LENGTHS = (2, 8)  # the lengths a problem may ask for (difficulty); 4-6 by default (registry)
 DEV_FRACTION = 0.15  # 26 x 26 pairs x 3 lengths: 15% is ~300 problems, room for 200 held out
@@ -83,7 +84,7 @@ def _check_length(length: int) -> None:
 
 
 def make_problem(start: str, target: str, length: int) -> Problem:
-    """The record for a walk of ``length`` from ``start`` to ``target``; ``gold`` is the key ``"a>k/5"``."""
+    """The record for a walk of ``length`` from ``start`` to ``target``; ``gold`` is the key ``"g>f/5"``."""
     if start not in GRAPH or target not in GRAPH:
         raise ValueError(f"nodes must be letters a-z, got {start!r}, {target!r}")
     _check_length(length)
@@ -175,7 +176,7 @@ def extract_answer(completion: str) -> str | None:
 
 
 def grade(completion: str, gold: str) -> float:
-    """1.0 when the completion is a valid walk for the problem ``gold`` names (``"a>k/5"``), else 0.0."""
+    """1.0 when the completion is a valid walk for the problem ``gold`` names (``"g>f/5"``), else 0.0."""
     return 1.0 if check_walk(completion, *parse_gold(gold)) else 0.0
 
 
