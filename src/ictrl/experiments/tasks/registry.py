@@ -1,8 +1,9 @@
 """The embedded tasks by name: ``tinyarith`` (operator precedence, ``tinytask``), ``countdown`` (reach a target
-from given numbers, ``countdown``) and ``paths`` (a walk of a given length through a fixed graph, ``paths``). Each module offers the same functions: ``generate_problems``,
-``demonstration``, ``grade``, ``reward`` (TRL signature), ``train_dataset``, ``eval_task`` and
-``max_new_tokens``; the warm start (``tinymodel``) and the grid (``grid``) read the task from the base model's
-recipe."""
+from given numbers, ``countdown``) and ``paths`` (a walk of a given length through a fixed graph, ``paths``).
+
+Each module offers the same functions: ``generate_problems``, ``demonstration``, ``grade``, ``reward`` (TRL
+signature), ``train_dataset``, ``eval_task`` and ``max_new_tokens``; the warm start (``tinymodel``) and the grid
+(``grid``) read the task from the base model's recipe. The two helpers below build the last two pieces alike."""
 
 from __future__ import annotations
 
