@@ -49,6 +49,9 @@ def main() -> None:
     if study["setting"] != args.setting:
         parser.error(f"--study {args.study} is setting {study['setting']!r}, not {args.setting!r}")
     p, n = plan(args.quick), int(study["steps"])
+    if sorted(int(seed) for seed in study["grpo_stop_steps"]) != sorted(p["seeds"]):
+        parser.error(f"--study {args.study} ran seeds {sorted(study['grpo_stop_steps'])}, this plan "
+                     f"{list(p['seeds'])}: give --quick exactly when the study had it")
     base = build_tiny_base(TinyRecipe(**base_recipe(hz.SETTINGS[args.setting], args.quick)))
     specs = [grid.RunSpec(args.method, seed, args.lr, norm=args.norm) for seed in p["seeds"]]
     results = grid.run_grid(specs, args.out, functools.partial(tinyrun.train_tiny, rl_settings(p, n), base),

@@ -7,15 +7,15 @@ start, one letter per node, the last of them the target::
     question  "Q:g>f/5=A:"
     solution  "uozwf"
 
-Every letter of an answer is a choice among the current node's ``DEGREE`` successors, and the median problem
-has over a hundred valid walks, so a base that learned the demonstrations spreads its probability over several letters at
-nearly every position. The answer has no separators and its length is fixed by the question, so the responses
-to one prompt stay position-aligned: at a position where two responses sit at different nodes their next-token
+Every letter of an answer is a choice among the current node's ``DEGREE`` successors, and the median problem has
+over a hundred valid walks, so a base that learned the demonstrations spreads its probability over several letters
+at nearly every position. The answer has no separators and its length is fixed by the question, so the responses to
+one prompt stay position-aligned: at a position where two responses sit at different nodes their next-token
 distributions have different supports. That is the regime of the paper's ICT tokens (uncertain tokens where a
 response departs from its group), which the other two tasks hardly reach: there the JS score's top tokens are
-near-certain ones (π 0.8-0.95). An idealised base (the exact conditional of the demonstration mixture below)
-puts ICT's top-10% tokens at π ≈ 0.3 on this graph (``tests/experiments/tasks/test_paths.py``); the trained base
-is measured, not assumed (``scripts/horizon_pilot.py``).
+near-certain ones (π 0.8-0.95). An idealised base (the exact conditional of the demonstration mixture below) puts
+ICT's top-10% tokens at π ≈ 0.3 on this graph (``tests/experiments/tasks/test_paths.py``); the trained base is
+measured, not assumed (``scripts/horizon_pilot.py``).
 
 The demonstrations of the warm start are uniformly drawn valid walks or, with probability ``order_error``, a
 *choice* error: a walk along valid edges that ends on another node; then with probability ``digit_error`` one
@@ -104,7 +104,8 @@ def problem_keys(split: str, length: int) -> tuple[tuple[str, str], ...]:
                  if walks(s, t, length) and split_of(problem_key(s, t, length)) == split)
 
 
-def generate_problems(n: int, split: str, difficulty: int | tuple[int, ...] = (4, 5, 6), seed: int = 0) -> list[Problem]:
+def generate_problems(n: int, split: str, difficulty: int | tuple[int, ...] = (4, 5, 6),
+                      seed: int = 0) -> list[Problem]:
     """``n`` distinct problems of ``split`` with walk lengths ``difficulty``. Deterministic for ``seed``; raises if
     the split holds fewer than ``n``."""
     if split not in SPLITS:

@@ -57,8 +57,8 @@ class TinyRecipe:
     """Everything that determines the cached base model."""
 
     seed: int = field(default=0, metadata={"help": "seed for init, data order, noise and dev sampling"})
-    task: str = field(default="tinyarith", metadata={"help": "embedded task (ictrl.experiments.tasks.registry): tinyarith, "
-                                                             "countdown or paths"})
+    task: str = field(default="tinyarith", metadata={"help": "embedded task (ictrl.experiments.tasks.registry): "
+                                                             "tinyarith, countdown or paths"})
     hidden_size: int = field(default=64, metadata={"help": "model width"})
     num_hidden_layers: int = field(default=2, metadata={"help": "transformer blocks"})
     num_attention_heads: int = field(default=4, metadata={"help": "attention heads"})
