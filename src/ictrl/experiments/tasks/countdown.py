@@ -28,7 +28,7 @@ from functools import lru_cache
 from typing import Any
 
 from ictrl.data import Problem
-from ictrl.experiments.tasks.registry import question_eval_task, rl_dataset
+from ictrl.experiments.tasks.registry import question_eval_task, train_prompts
 from ictrl.rewards import completion_text
 
 TASK_NAME = "countdown"
@@ -207,12 +207,10 @@ def max_new_tokens(difficulty: tuple[int, ...]) -> int:
 
 
 def train_dataset(prompts_per_step: int, steps: int, difficulty: int | tuple[int, ...], seed: int) -> Any:
-    """RL prompts (columns ``prompt``, ``gold``): distinct train-split problems for the run's steps, at least 64
-    and at most the split (TRL cycles if a run needs more)."""
+    """RL prompts (columns ``prompt``, ``gold``); see ``registry.train_prompts``."""
     levels = (difficulty,) if isinstance(difficulty, int) else tuple(difficulty)
     available = sum(len(problem_keys("train", d)) for d in set(levels))
-    return rl_dataset(generate_problems(min(available, max(64, prompts_per_step * steps)), "train", difficulty,
-                                        seed=seed))
+    return train_prompts(generate_problems, available, prompts_per_step, steps, difficulty, seed)
 
 
 def eval_task(problems: list[Problem]) -> Any:

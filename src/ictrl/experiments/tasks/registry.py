@@ -8,7 +8,7 @@ signature), ``train_dataset``, ``eval_task`` and ``max_new_tokens``; the warm st
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
@@ -26,11 +26,14 @@ def get_task(name: str) -> ModuleType:
     return importlib.import_module(TASKS[name])
 
 
-def rl_dataset(problems: Sequence[Problem]) -> Any:
-    """A task's RL prompts as a ``datasets.Dataset``: ``prompt`` (the question as the model saw it in its warm start)
-    and ``gold`` (the column the task's reward reads)."""
+def train_prompts(generate: Callable[..., list[Problem]], available: int, prompts_per_step: int, steps: int,
+                  difficulty: int | tuple[int, ...], seed: int) -> Any:
+    """A run's RL prompts as a ``datasets.Dataset``: ``generate``'s distinct train-split problems for the run's
+    steps, at least 64 and at most ``available`` (TRL cycles if a run needs more), drawn with the run's seed.
+    Columns ``prompt`` (the question as the model saw it in its warm start) and ``gold`` (what the reward reads)."""
     import datasets
 
+    problems = generate(min(available, max(64, prompts_per_step * steps)), "train", difficulty, seed=seed)
     return datasets.Dataset.from_dict({"prompt": [p.question for p in problems], "gold": [p.gold for p in problems]})
 
 

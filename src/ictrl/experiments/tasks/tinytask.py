@@ -23,7 +23,7 @@ import re
 from typing import Any
 
 from ictrl.data import Problem
-from ictrl.experiments.tasks.registry import question_eval_task, rl_dataset
+from ictrl.experiments.tasks.registry import question_eval_task, train_prompts
 from ictrl.rewards import MathExtractor, completion_text, math_reward
 
 SPLITS = ("train", "dev", "test")
@@ -179,10 +179,9 @@ def max_new_tokens(difficulty: tuple[int, ...]) -> int:
 
 
 def train_dataset(prompts_per_step: int, steps: int, difficulty: int | tuple[int, ...], seed: int) -> Any:
-    """RL prompts for a run: enough distinct train-split problems for its steps (64 to 2,000; 2,000 is most of the
-    split at difficulty 2, and TRL cycles if a run needs more), drawn with the run's seed. Columns ``prompt`` and
-    ``gold`` (read by :func:`tinyarith_reward`)."""
-    return rl_dataset(generate_problems(min(2000, max(64, prompts_per_step * steps)), "train", difficulty, seed=seed))
+    """RL prompts (columns ``prompt``, ``gold``, read by :func:`tinyarith_reward`); at most 2,000, most of the split
+    at difficulty 2 (``registry.train_prompts``)."""
+    return train_prompts(generate_problems, 2000, prompts_per_step, steps, difficulty, seed)
 
 
 def eval_task(problems: list[Problem]) -> Any:
