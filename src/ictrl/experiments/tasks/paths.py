@@ -79,7 +79,7 @@ def parse_gold(gold: str) -> tuple[str, str, int]:
 
 
 def _check_length(length: int) -> None:
-    if not LENGTHS[0] <= length <= LENGTHS[1]:
+    if isinstance(length, bool) or not isinstance(length, int) or not LENGTHS[0] <= length <= LENGTHS[1]:
         raise ValueError(f"difficulty must be walk lengths in {LENGTHS[0]}..{LENGTHS[1]}, got {length!r}")
 
 
@@ -111,7 +111,7 @@ def generate_problems(n: int, split: str, difficulty: int | tuple[int, ...] = (4
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     levels = (difficulty,) if isinstance(difficulty, int) else tuple(difficulty)
-    if not levels or any(not isinstance(d, int) for d in levels):
+    if not levels:
         raise ValueError(f"difficulty must be walk lengths in {LENGTHS[0]}..{LENGTHS[1]}, got {difficulty!r}")
     for d in levels:
         _check_length(d)
@@ -122,16 +122,13 @@ def generate_problems(n: int, split: str, difficulty: int | tuple[int, ...] = (4
     return [make_problem(*key) for key in rng.sample(pool, n)]
 
 
-def random_walk(start: str, length: int, rng: random.Random, target: str | None = None) -> str:
-    """A walk of ``length`` edges from ``start`` as its letters after ``start``: uniform over all walks, or over
-    those ending at ``target`` when given (each step weighted by the walks it leaves)."""
+def random_walk(start: str, length: int, rng: random.Random, target: str) -> str:
+    """A walk of ``length`` edges from ``start`` to ``target``, as its letters after ``start``, uniform over all
+    such walks (each step weighted by the walks it leaves)."""
     out, node = [], start
     for left in range(length, 0, -1):
         options = GRAPH[node]
-        if target is None:
-            node = rng.choice(options)
-        else:
-            node = rng.choices(options, weights=[walks(v, target, left - 1) for v in options])[0]
+        node = rng.choices(options, weights=[walks(v, target, left - 1) for v in options])[0]
         out.append(node)
     return "".join(out)
 
