@@ -128,13 +128,16 @@ class VLLMBackend:
 
     def __init__(self, model: str, gpu_memory_utilization: float = 0.85, dtype: str = "auto", max_model_len: int | None = None) -> None:
         check_backend("vllm")
+        from transformers import AutoConfig
         from vllm import LLM
 
+        config = AutoConfig.from_pretrained(model)
         if vllm_env.on_cpu():
-            from transformers import AutoConfig
-
             vllm_env.cpu_environment()
-            vllm_env.check_model(AutoConfig.from_pretrained(model), "--backend vllm")
+            vllm_env.check_model(config, "--backend vllm")
+        if dtype == "auto":  # the checkpoint's own dtype, as transformers reads "auto" (vLLM's halves fp32)
+            saved = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+            dtype = str(saved).removeprefix("torch.") if saved is not None else "auto"
         self.llm = LLM(model=model, dtype=dtype, gpu_memory_utilization=gpu_memory_utilization,
                        max_model_len=max_model_len, use_tqdm_on_load=False)
         vllm_env.shutdown_before_exit(self.llm)
