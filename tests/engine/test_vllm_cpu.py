@@ -116,14 +116,15 @@ def test_eval_backend_vllm_refuses_a_head_dim_its_cpu_attention_lacks(tiny_model
 
 def _train_argv(model: Path, data: Path, out: Path, *extra: str) -> list[str]:
     return [sys.executable, "-m", "ictrl.cli", "train", str(ROOT / "configs" / "tiny" / "ict.yaml"),
-            f"--model.name_or_path={model}", f"--data.train=[jsonl:{data}:prompt_template={{question}}]",
+            f"--model.name_or_path={model}", f"--data.train=jsonl:{data}:prompt_template={{question}}",
             f"--output_dir={out}", "--use_vllm=true", "--vllm_mode=colocate", "--selection_topk=16",
             "--selection_topk_source=sampler", "--prompts_per_step=4", "--per_device_train_batch_size=16",
-            "--max_completion_length=12", "--learning_rate=1e-2", "--save_steps=2", "--disable_tqdm=true", *extra]
+            "--max_completion_length=12", "--learning_rate=1e-2", "--save_steps=2", "--disable_tqdm=true",
+            "--reward.names=[vllm_worker:varied_reward]", *extra]
 
 
 def _metrics(out: Path) -> list[dict[str, Any]]:
-    keep = ("step", "loss", "reward", "ictrl/tokens/selected", "ictrl/ict_score/selected", "ictrl/topk_from_sampler",
+    keep = ("step", "loss", "grad_norm", "reward", "ictrl/tokens/selected", "ictrl/ict_score/selected", "ictrl/topk_from_sampler",
             "sampling/sampling_logp_difference/max", "completions/mean_length")
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     return [{k: r[k] for k in keep if k in r} for r in rows]
@@ -137,7 +138,7 @@ def test_colocated_train_checkpoint_and_resume(head32_model: Path, tmp_path: Pat
     done = _run(_train_argv(head32_model, data, straight, "--max_steps=4"))
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-4000:]
     rows = _metrics(straight)
-    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4] and any(r["grad_norm"] > 0 for r in rows)
     assert all(r["ictrl/topk_from_sampler"] == 1.0 for r in rows if "ictrl/topk_from_sampler" in r)
     assert all(r["sampling/sampling_logp_difference/max"] < 1e-4 for r in rows if "sampling/sampling_logp_difference/max" in r)
     # the first run stops at its checkpoint of step 2; --resume continues from it to step 4
@@ -147,3 +148,94 @@ def test_colocated_train_checkpoint_and_resume(head32_model: Path, tmp_path: Pat
     done = _run(_train_argv(head32_model, data, cut, "--max_steps=4", "--resume"))
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-4000:]
     assert _metrics(cut) == rows
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Server:
+    """``python -m vllm.entrypoints.openai.api_server`` on 127.0.0.1 with what ictrl and TRL read from it
+    (docs/vllm.md); ``vllm serve`` itself fails under the CPU distribution's package name."""
+
+    def __init__(self, model: Path, log: Path) -> None:
+        self.port = _free_port()
+        self.log = log.open("w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--host",
+             "127.0.0.1", "--port", str(self.port), "--dtype", "float32", "--logprobs-mode", "processed_logprobs",
+             "--max-logprobs", "-1", "--max-model-len", "256"],
+            env={**_env(), "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}, stdout=self.log,
+            stderr=subprocess.STDOUT, start_new_session=True)
+        import time
+        import urllib.request
+
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, log.read_text()[-3000:]
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2)
+                return
+            except OSError:
+                time.sleep(1)
+        raise AssertionError(f"the vLLM server did not start in 300 s: {log.read_text()[-3000:]}")
+
+    def stop(self) -> None:
+        import signal
+
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=60)
+        self.log.close()
+
+
+def test_server_mode_rollouts_sync_and_a_dying_server(head32_model: Path, tmp_path: Path) -> None:
+    import time
+
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({"question": f"Q:{a}+{b}=A:", "answer": str(a + b), "kind": "math"}) + "\n"
+                            for a in range(1, 5) for b in range(1, 5)))
+    out = tmp_path / "run"
+
+    def argv(steps: int, *extra: str) -> list[str]:
+        return [*_train_argv(head32_model, data, out, f"--max_steps={steps}", *extra), "--vllm_mode=server",
+                f"--vllm_server_base_url=http://127.0.0.1:{server.port}"]
+
+    server = Server(head32_model, tmp_path / "server.log")
+    try:
+        run = subprocess.Popen(argv(200), env=_env(), cwd=HERE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
+        deadline = time.monotonic() + 300
+        while not (out / "checkpoint-4").is_dir() and run.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        server.stop()  # the server dies mid-run
+        stdout, stderr = run.communicate(timeout=300)
+    finally:
+        server.stop()
+    assert run.returncode == 2, stderr[-4000:]
+    assert "Traceback" not in stderr
+    (line,) = [x for x in stderr.splitlines() if x.startswith("ictrl train: error:")]
+    assert f"vLLM server http://127.0.0.1:{server.port} stopped answering" in line
+    assert "; interrupted at step " in line and line.endswith("--resume`")  # the middle is cut at this argv's length
+    rows = _metrics(out)
+    synced = [r for r in rows if "sampling/sampling_logp_difference/max" in r]
+    assert len(synced) >= 2  # rollouts after optimizer steps: the server held the trained weights each time
+    assert all(r["sampling/sampling_logp_difference/max"] < 1e-4 for r in synced)
+    assert any(r["grad_norm"] > 0 for r in rows)  # the weights did move between rollouts
+    last = max(int(p.name.split("-")[1]) for p in out.glob("checkpoint-*"))
+    assert last >= 4
+    # a new server (the checkpoint's weights reach it at the first rollout) and --resume go on from it
+    server = Server(head32_model, tmp_path / "server2.log")
+    try:
+        done = _run(argv(last + 2, "--resume"))
+    finally:
+        server.stop()
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-4000:]
+    after = [r for r in _metrics(out) if r["step"] > last]
+    assert [r["step"] for r in after] == [last + 1, last + 2]
+    assert all(r["sampling/sampling_logp_difference/max"] < 1e-4 for r in after
+               if "sampling/sampling_logp_difference/max" in r)

@@ -58,8 +58,9 @@ def build_model(kind: str, path: Path) -> Path:
 
 
 def varied_reward(prompts: list[Any], completions: list[str], **kwargs: Any) -> list[float]:
-    """1 for an even number of characters: a reward that varies within every group, so advantages are non-zero."""
-    return [float(len(c) % 2 == 0) for c in completions]
+    """1 when the completion's character codes sum to an even number: a reward that varies within a group of
+    random completions, so advantages and gradients are non-zero."""
+    return [float(sum(map(ord, str(c))) % 2 == 0) for c in completions]  # text, or a chat turn
 
 
 def rollout_gap(trainer: Any, inputs: list[dict[str, str]]) -> tuple[float, int]:

@@ -25,7 +25,7 @@ from ictrl.cliargs import VERBOSE_ENV, env_flag
 from ictrl.engine.resumable import check_resumable, make_trainer_class, save_final
 from ictrl.engine.run_config import ConfigError, RunConfig, config_to_dict, save_config
 from ictrl.engine.value_checks import check_output_dir, check_values
-from ictrl.errors import quote, shorten
+from ictrl.errors import UserError, quote, shorten
 
 log = logging.getLogger("ictrl.train")
 
@@ -48,15 +48,6 @@ def _note_cpu(precision: str) -> None:
     log.warning("no CUDA device: training on CPU in %s", precision)
 
 
-def cpu_precision(kwargs: dict[str, Any], where: str) -> dict[str, Any]:
-    """The precision keys of a run on CPU: ``bf16: true`` as written runs (AMX and AVX-512 CPUs compute bf16
-    natively); left unset it is TRL's GPU default, so the run is fp32; fp16 has no CPU autocast in accelerate."""
-    if kwargs.get("fp16"):
-        raise ConfigError(f"{where}: fp16: accelerate's fp16 mixed precision needs a GPU; on CPU use bf16: true "
-                          "or neither")
-    return {"use_cpu": True, "fp16": False, "bf16": bool(kwargs.get("bf16", False))}
-
-
 def blame(message: str, source: str, flags: dict[str, Any] | None) -> str:
     """Where a trainer-config error comes from: the command-line flag whose key the message names (``override
     --learning_rate=-1``), else ``source`` (the config file)."""
@@ -71,16 +62,18 @@ def blame(message: str, source: str, flags: dict[str, Any] | None) -> str:
 def build_trainer_args(cfg: RunConfig, source: str = "<config>", cpu: bool | None = None,
                        flags: dict[str, Any] | None = None) -> Any:
     """The trainer's config object from the run config's top-level keys. On a machine without CUDA sets
-    ``use_cpu`` and the precision (:func:`cpu_precision`) and logs it; ``use_vllm`` is honoured (vLLM's CPU build
-    runs too). Errors name the key, and the flag (``flags``: the command-line overrides by key) when one set it."""
+    ``use_cpu`` and the precision and logs it; ``use_vllm`` is honoured (vLLM's CPU build runs too). Errors name the key, and the flag (``flags``: the command-line overrides by key) when one set it."""
     config_cls, _ = trainer_classes()
     kwargs = dict(cfg.trainer)
     # ictrl train loads the model with model_init_kwargs itself (ictrl.engine.model_init); TRL would only warn
     # that they are ignored for a model passed in loaded.
     kwargs.pop("model_init_kwargs", None)
     cpu = not torch.cuda.is_available() if cpu is None else cpu
-    if cpu:
-        kwargs.update(cpu_precision(kwargs, blame("fp16", source, flags)))
+    if cpu:  # bf16 as written runs (AMX/AVX-512 CPUs compute it natively); unset, it is TRL's GPU default: fp32
+        if kwargs.get("fp16"):
+            raise ConfigError(f"{blame('fp16', source, flags)}: fp16: accelerate's fp16 mixed precision needs a GPU; "
+                              "on CPU use bf16: true or neither")
+        kwargs.update(use_cpu=True, fp16=False, bf16=bool(kwargs.get("bf16", False)))
         _note_cpu("bf16" if kwargs["bf16"] else "fp32 (bf16 not set; TRL's default bf16=True assumes a GPU)")
     try:
         args = config_cls(**kwargs)
@@ -494,6 +487,12 @@ def _train_locked(cfg: RunConfig, args: Any, reward_funcs: list[Callable[..., An
         trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
     except KeyboardInterrupt:
         raise interrupted(out, trainer.state.global_step, resume_command) from None
+    except OSError as exc:  # TRL's client lost the vLLM server (vllm_mode=server): one line, then --resume
+        if type(exc).__module__.split(".")[0] != "requests":
+            raise
+        url = args.vllm_server_base_url or f"http://{args.vllm_server_host}:{args.vllm_server_port}"
+        kept = interrupted(out, trainer.state.global_step, resume_command)
+        raise UserError(f"vLLM server {url} stopped answering ({type(exc).__name__}); {kept}") from None
 
     save_final(trainer, out / f"{STAGING_PREFIX}final", final)
     return TrainResult(out, trainer.state.global_step, resume_from, final)

@@ -111,7 +111,11 @@ def reload_sync(generation: Any, output_dir: str) -> None:
     from ictrl.files import atomic_write_bytes
 
     folder = Path(output_dir).resolve() / ".vllm-weights"  # the server reads it: one filesystem for both
-    atomic_write_bytes(folder / "model.safetensors", save({k: v.contiguous() for k, v in weights.items()}))
+    tensors, seen = {}, set()
+    for name, tensor in weights.items():  # safetensors stores no shared storage: a tied head is written twice
+        tensors[name] = tensor.clone() if tensor.data_ptr() in seen else tensor.contiguous()
+        seen.add(tensor.data_ptr())
+    atomic_write_bytes(folder / "model.safetensors", save(tensors))
     client = generation.vllm_client
     response = client.session.post(f"{client.base_url}/collective_rpc",
                                    json={"method": "reload_weights", "kwargs": {"weights_path": str(folder)}})
