@@ -224,7 +224,7 @@ def ideal_summary(task_name: str, order_error: float, digit_error: float, prompt
 
 def test_the_check_tells_paths_from_tinyarith_on_ideal_bases() -> None:
     """paths was built for the paper's regime (ICT's tokens uncertain, below random's π); tinyarith's ICT tokens are
-    confident disagreements (π near 1). Error rates: each task's warm-start recipe (grid.cli.TASK_RECIPES; paths'
+    confident disagreements (π near 1). Error rates: each task's warm-start recipe (tasks.registry.TASK_RECIPES; paths'
     10% letter slips left out of its exact conditional)."""
     paths = ideal_summary("paths", order_error=0.5, digit_error=0.0)
     arith = ideal_summary("tinyarith", order_error=0.5, digit_error=0.5)

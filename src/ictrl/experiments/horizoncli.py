@@ -53,11 +53,10 @@ def rl_settings(p: dict[str, Any], steps: int) -> tinyrun.TinyRL:
 
 
 def base_recipe(setting: hz.Setting, quick: bool) -> dict[str, Any]:
-    """TinyRecipe kwargs: the task's grid recipe (``gridcli.TASK_RECIPES``) plus the setting's overrides; with
+    """TinyRecipe kwargs: the task's grid recipe (``tasks.registry.TASK_RECIPES``) plus the setting's overrides; with
     ``quick`` the quick recipe's own budget wins."""
     from ictrl.experiments import demo
-    from ictrl.experiments.grid.cli import TASK_RECIPES
-    from ictrl.experiments.tasks.registry import DEFAULT_DIFFICULTY
+    from ictrl.experiments.tasks.registry import DEFAULT_DIFFICULTY, TASK_RECIPES
 
     kw: dict[str, Any] = dict(demo.QUICK_RECIPE) if quick else {}
     extra = {**TASK_RECIPES.get(setting.task, {}), **setting.recipe}
