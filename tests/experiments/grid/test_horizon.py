@@ -82,6 +82,23 @@ def test_each_setting_warm_starts_its_own_base_on_its_task() -> None:
     assert full["countdown-lesstrained"].max_steps == hz.LESS_TRAINED_STEPS < full["countdown"].max_steps
 
 
+def test_renyi2_control_needs_h1_lowered_and_h2_held() -> None:
+    def run(h1: list[float], h2: list[float]) -> dict:
+        return hz.renyi2_control([{**r, hz.H2_KEY: v} for r, v in zip(log(h1), h2)])
+
+    h1 = [1.0] * 10 + [0.5] * 20
+    held = run(h1, [0.8] * 10 + [0.6] * 20)
+    assert held["controls"] and held["h1_end_ratio"] == pytest.approx(0.5) and held["h2_min_ratio"] == pytest.approx(0.75)
+    dropped = run(h1, [0.8] * 10 + [0.3] * 20)  # rolling H2 reaches 0.3 / 0.8 = 0.375 < 0.5
+    assert dropped["h1_lowered"] and not dropped["h2_held"] and not dropped["controls"]
+    assert dropped["h2_min_ratio"] == pytest.approx(0.375)
+    flat = run([1.0] * 30, [0.8] * 30)  # nothing lowered: H2 kept trivially, not control
+    assert flat["h2_held"] and not flat["h1_lowered"] and not flat["controls"]
+    edge = run([1.0] * 10 + [0.9] * 20, [0.8] * 10 + [0.4] * 20)  # exactly at both thresholds: counts
+    assert edge["controls"]
+    assert run([1.0] * 4, [0.8] * 4)["controls"] is None  # too few steps for a start
+
+
 def summary(collapse: list[int | None], p16: list[float], explosion: list[int | None] | None = None) -> list[dict]:
     explosion = explosion or [None] * len(collapse)
     return [{"collapse": c, "explosion": e, "p1": 0.1, "p16": p} for c, e, p in zip(collapse, explosion, p16)]
@@ -101,6 +118,19 @@ def test_verdict_follows_the_stated_rule() -> None:
     assert "cannot show" in verdict({**summ, "grpo": kept}, 400)
     assert event_text([None, None], 400) == "none within 400 steps (0/2 seeds)"
     assert event_text([100, None], 400).startswith("1/2 seeds, step 100")
+
+
+def test_renyi2_verdict_follows_the_stated_rule() -> None:
+    from ictrl.experiments.reports.horizon_report import renyi2_verdict
+
+    def runs(*controls: bool) -> list[dict]:
+        return [{"renyi2": {"controls": c, "h1_lowered": c, "h2_held": True}} for c in controls]
+
+    summ = {"grpo": runs(False, False, True), "ict": runs(True, True, False), "random10": runs(False, False, False)}
+    assert renyi2_verdict(summ).startswith("Rényi-2 half: supported here") and "JS score matters" in renyi2_verdict(summ)
+    assert "sparsity" in renyi2_verdict({**summ, "random10": runs(True, True, True)})
+    assert renyi2_verdict({**summ, "ict": runs(False, False, True)}).startswith("Rényi-2 half: not supported here")
+    assert "cannot separate" in renyi2_verdict({**summ, "grpo": runs(True, True, True)})
 
 
 def test_horizon_quick_end_to_end_and_resume(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -129,7 +159,8 @@ def test_horizon_quick_end_to_end_and_resume(tmp_path: Path, monkeypatch: pytest
     assert any("eval/avg/pass@16" in r for r in records)  # pass@16 along the way
     assert all(k in records[0] for k in ("ictrl/h1/all", "ictrl/h2/selected", "ictrl/purity/selected"))
     text = (out / "results.md").read_text()
-    assert text.startswith("QUICK RUN") and hz.DEFINITIONS in text
+    assert text.startswith("QUICK RUN") and hz.DEFINITIONS in text and hz.RENYI2_DEFINITION in text
+    assert "Rényi-2 half:" in text and "| method | H1 all | H2 all | purity all | H1 sel | H2 sel | purity sel |" in text
     assert "none within 6 steps" in text
     assert "pass@16 − pass@1 during training" in text and "| step 2 | step 4 | step 6 |" in text
 

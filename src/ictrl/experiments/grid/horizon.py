@@ -32,6 +32,7 @@ from ictrl.core.selection import get_selector
 from ictrl.experiments.grid.runner import DEFAULT_METHODS
 
 H1_KEY = "ictrl/h1/all"
+H2_KEY = "ictrl/h2/all"
 REWARD_KEY = "reward"
 
 MIN_STEPS = 400
@@ -63,6 +64,22 @@ DEFINITIONS = (
     f"which every GRPO seed's rolling all-token H1 is at most {1 - STOP_FALL:g} x its start (a fall of "
     f"{STOP_FALL:.0%}), whichever is longer, capped at {CAP_STEPS}."
 )
+
+# The Rényi-2 half of the paper's claim (ICT lowers Shannon entropy while controlling Rényi-2 concentration), per
+# run. Defined on 2026-11-26 after the four first settings had run (for them an after-the-fact reading), before any
+# later run. H2 = -log sum p^2 <= H1; a run whose H2 halves has concentrated its mass on one token per position.
+H1_LOWERED = 0.1  # H1 lowered: the last rolling all-token H1 is at most (1 - 0.1) x its start
+H2_FLOOR = 0.5  # H2 controlled: the rolling all-token H2 never falls below 0.5 x its start
+RENYI2_DEFINITION = (
+    f"Controls Rényi-2 (one run): its all-token Shannon entropy H1 is lowered (the last rolling H1 is at most "
+    f"{1 - H1_LOWERED:g} x the start H1) while its all-token Rényi-2 entropy H2 = -log Σp² is held (the rolling H2 "
+    f"never falls below {H2_FLOOR:g} x the start H2), with start and rolling as above. A method controls it when "
+    f"most of its seeds do. The Rényi-2 half of the claim holds in a setting when ICT controls Rényi-2 and GRPO "
+    f"does not (its H2 falls below the floor, or it does not lower H1); random10 is the control, as for collapse. "
+    f"Defined 2026-11-26, after the tinyarith, countdown, countdown-lesstrained and paths studies ran: for those "
+    f"four it is an after-the-fact reading."
+)
+
 
 # The tuned study's choices (docs/results/tune-tinyarith-2026-11-23.md,
 # docs/results/tune-countdown-2026-11-23.md, "row | lr | normaliser"): method -> (lr, normaliser; None = the
@@ -151,6 +168,19 @@ def explosion_step(records: Sequence[dict[str, Any]], diverged: bool = False) ->
         steps = [s for s, _ in _values(records, "loss")] or [s for s, _ in _values(records, H1_KEY)]
         return max(steps) if steps else 0
     return None
+
+
+def renyi2_control(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One run under ``RENYI2_DEFINITION``: whether H1 was lowered, whether H2 was held, both (``controls``), and
+    the lowest rolling H2 and the last rolling H1 as fractions of their starts (None without enough steps)."""
+    h1, h2 = start_value(records, H1_KEY), start_value(records, H2_KEY)
+    roll1, roll2 = rolling(records, H1_KEY), rolling(records, H2_KEY)
+    if not (math.isfinite(h1) and math.isfinite(h2) and h1 > 0 and h2 > 0 and roll1 and roll2):
+        return {"h1_lowered": None, "h2_held": None, "controls": None, "h1_end_ratio": None, "h2_min_ratio": None}
+    h1_end, h2_min = roll1[-1][1] / h1, min(v for _, v in roll2) / h2
+    lowered, held = h1_end <= 1 - H1_LOWERED, h2_min >= H2_FLOOR
+    return {"h1_lowered": lowered, "h2_held": held, "controls": lowered and held, "h1_end_ratio": h1_end,
+            "h2_min_ratio": h2_min}
 
 
 def stop_step(records: Sequence[dict[str, Any]], min_steps: int = MIN_STEPS) -> int | None:
