@@ -14,6 +14,8 @@ import pytest
 from ictrl.experiments.grid import horizon as hz
 
 ROOT = Path(__file__).resolve().parents[3]
+STUDIES = ROOT / "studies" / "horizon"  # the project's own settings, data beside the package
+SETTINGS = {p.stem: hz.load_setting(str(p)) for p in sorted(STUDIES.glob("*.json"))}
 
 
 def log(h1: list[float], reward: list[float] | None = None) -> list[dict[str, float]]:
@@ -58,11 +60,13 @@ def test_stop_rule_waits_for_min_steps_and_the_fall() -> None:
         hz.horizon([])
 
 
-def test_tuned_settings_cover_every_method_and_setting() -> None:
-    for setting in hz.SETTINGS.values():
-        assert set(hz.TUNED[setting.tuned]) == set(hz.METHODS)
-    assert hz.TUNED["tinyarith"]["ict"] == (1e-4, "per_response_all")  # docs/results/tune-tinyarith-2026-11-23.md
-    assert hz.TUNED["countdown"]["random10"] == (1e-4, "per_response_all")  # tune-countdown-2026-11-23.md
+def test_the_projects_settings_are_the_ones_its_studies_ran() -> None:
+    assert set(SETTINGS) == {"tinyarith", "countdown", "countdown-lesstrained", "paths"}
+    for setting in SETTINGS.values():
+        assert set(setting.tuned) == set(hz.METHODS) and setting.seeds == (2000, 2001, 2002, 2003, 2004)
+    assert SETTINGS["tinyarith"].tuned["ict"] == (1e-4, "per_response_all")  # docs/results/tune-tinyarith-2026-11-23.md
+    assert SETTINGS["countdown"].tuned["random10"] == (1e-4, "per_response_all")  # tune-countdown-2026-11-23.md
+    assert SETTINGS["paths"].tuned == SETTINGS["countdown"].tuned  # paths ran at countdown's tuned settings
     assert str(hz.COLLAPSE_FRACTION) in hz.DEFINITIONS and str(hz.MIN_STEPS) in hz.DEFINITIONS
 
 
@@ -72,14 +76,51 @@ def test_each_setting_warm_starts_its_own_base_on_its_task() -> None:
     from ictrl.experiments.tasks.registry import DEFAULT_DIFFICULTY
     from ictrl.experiments.tasks.tinymodel import TinyRecipe
 
-    full = {name: TinyRecipe(**base_recipe(s, False)) for name, s in hz.SETTINGS.items()}
+    full = {name: TinyRecipe(**base_recipe(s, False)) for name, s in SETTINGS.items()}
     assert len({r.key() for r in full.values()}) == len(full)  # one cached base per setting
-    for name, setting in hz.SETTINGS.items():
+    for name, setting in SETTINGS.items():
         quick = TinyRecipe(**base_recipe(setting, True))
         assert full[name].task == quick.task == setting.task
         assert quick.max_steps == demo.QUICK_RECIPE["max_steps"]  # --quick keeps its own budget
     assert full["paths"].difficulty == DEFAULT_DIFFICULTY["paths"] and full["paths"].order_error == 0.5
-    assert full["countdown-lesstrained"].max_steps == hz.LESS_TRAINED_STEPS < full["countdown"].max_steps
+    assert full["countdown-lesstrained"].max_steps == 1500 < full["countdown"].max_steps
+
+
+def write_setting(tmp_path: Path, **changes: object) -> str:
+    data = {**json.loads((STUDIES / "paths.json").read_text()), **changes}
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps({k: v for k, v in data.items() if v is not None}))
+    return str(path)
+
+
+@pytest.mark.parametrize("changes,message", [
+    ({"task": "chess"}, "field 'task': 'chess' is not one of"),
+    ({"seeds": None}, "missing field 'seeds'"),
+    ({"colour": "red"}, "unknown field 'colour'"),
+    ({"seeds": [1, 1]}, "field 'seeds': expected two or more distinct integers"),
+    ({"tuned": {"ict": [1e-4, None]}}, "field 'tuned': needs exactly the methods"),
+    ({"recipe": {"hidden": 3}}, "field 'recipe': 'hidden' is not a TinyRecipe field"),
+])
+def test_a_bad_setting_file_is_one_line_naming_the_field(tmp_path: Path, changes: dict, message: str) -> None:
+    from ictrl.errors import UserError
+
+    path = write_setting(tmp_path, **changes)
+    with pytest.raises(UserError, match=f"^{path}: {message}"):
+        hz.load_setting(path)
+    tuned = {**SETTINGS["paths"].tuned, "ict": [-1, None]}
+    with pytest.raises(UserError, match=r"field 'tuned.ict': expected \[lr > 0"):
+        hz.load_setting(write_setting(tmp_path, tuned={m: list(v) for m, v in tuned.items()}))
+    assert hz.load_setting(write_setting(tmp_path)).name == "mine"
+
+
+def test_a_setting_is_found_by_name_from_the_clone(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from ictrl.errors import UserError
+
+    monkeypatch.chdir(ROOT)
+    assert hz.load_setting("paths") == SETTINGS["paths"]
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UserError, match="--horizon paths: no setting file studies/horizon/paths.json"):
+        hz.load_setting("paths")
 
 
 def test_renyi2_control_needs_h1_lowered_and_h2_held() -> None:
@@ -142,7 +183,7 @@ def test_horizon_quick_end_to_end_and_resume(tmp_path: Path, monkeypatch: pytest
 
     monkeypatch.setenv("ICTRL_CACHE_DIR", str(tmp_path.parent / "ictrl_quick_cache"))  # shared with test_compare
     out = tmp_path / "hz"
-    argv = ["--horizon", "tinyarith", "--quick", "--output-dir", str(out)]
+    argv = ["--horizon", str(STUDIES / "tinyarith.json"), "--quick", "--output-dir", str(out)]
 
     def parse(args: list[str]) -> argparse.Namespace:
         parser = argparse.ArgumentParser()
@@ -181,7 +222,7 @@ def test_horizon_quick_end_to_end_and_resume(tmp_path: Path, monkeypatch: pytest
     # The lr control beside the finished study: random10 at ICT's lr on the study's seeds and N, against ICT.
     calls.clear()
     control = tmp_path / "control"
-    monkeypatch.setattr(sys, "argv", ["horizon_control.py", "tinyarith", "--study", str(out), "--method", "random10",
+    monkeypatch.setattr(sys, "argv", ["horizon_control.py", str(STUDIES / "tinyarith.json"), "--study", str(out), "--method", "random10",
                                       "--lr", "1e-4", "--norm", "per_response_all", "--quick", "--out", str(control)])
     runpy.run_path(str(ROOT / "scripts" / "horizon_control.py"), run_name="__main__")
     assert calls == ["lr0.0001/random10-per_response_all/seed0", "lr0.0001/random10-per_response_all/seed1"]

@@ -222,7 +222,7 @@ def write(out: Path, name: str, setting: hz.Setting, specs: list[grid.RunSpec], 
         f"{warm['best_step']} (best dev pass@1 {warm['best_dev_pass1']:.3f}), built in {warm['seconds']:.0f} s.",
         f"Protocol: seeds {sorted(stops)}; {rl.prompts_per_step} prompts x {rl.num_generations} samples per "
         f"generation batch, {rl.num_iterations} optimizer steps per batch, Θ = {theta}; each method at the tuned "
-        f"study's setting for task {setting.tuned} (grid.horizon.TUNED). Horizon N = {n} (GRPO seeds stopped at "
+        f"setting ({setting.tuned_source or 'the setting file'}). Horizon N = {n} (GRPO seeds stopped at "
         f"{stops}; minimum {plan['min_steps']}, cap {plan['cap']}). Held-out pass@k "
         f"(k = {', '.join(map(str, hz.EVAL_KS))}) "
         f"every {plan['eval_every']} steps on the first {plan['curve_problems']} test problems x {hz.EVAL_N} samples "
