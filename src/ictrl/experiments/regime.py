@@ -56,8 +56,6 @@ VERDICT_RULE = (
 def first_divergence(tokens: Any, mask: Any) -> int | None:
     """The first position where the responses of a group differ (a token, or one ended and another did not);
     None when they are identical. tokens, mask: [G, T]."""
-    import torch
-
     same = ((tokens == tokens[:1]) | ~mask) & (mask == mask[:1])
     where = (~same.all(dim=0)).nonzero()
     return int(where[0, 0]) if where.numel() else None
@@ -68,7 +66,8 @@ def group_selections(logits: Any, tokens: Any, mask: Any, temperature: float = 1
     """The trainer's statistics of one group and each selection's [G, T] mask.
 
     logits [G, T, V] in the shifted layout (``logits[g, t]`` produced ``tokens[g, t]``), tokens [G, T], mask [G, T]
-    bool. The random draw is seeded by (``seed``, ``index``), one draw per prompt."""
+    bool. The random draw is seeded by (``seed``, ``index``), one draw per prompt. 20-Entropy's "batch" is the group:
+    in training it is every prompt of the step, which this check, one prompt at a time, does not have."""
     import torch
 
     from ictrl.core.selection import SelectionInputs, select
@@ -162,8 +161,8 @@ def verdict(summary: dict[str, Any]) -> dict[str, Any]:
 
 
 def load_prompts(source: str, n: int, seed: int = 0) -> tuple[list[Any], Any]:
-    """(problems, how to build a prompt): an embedded task's test questions, or a benchmark / file's problems with
-    its prompt builder. Raises :class:`UserError` (one line naming ``--prompts``) for an unknown source."""
+    """(problems, how to build a prompt): ``n`` of an embedded task's test questions (drawn with ``seed``), or the
+    first ``n`` problems of a benchmark or file with its prompt builder. Raises :class:`UserError` (one line naming ``--prompts``) for an unknown source."""
     from ictrl.experiments.tasks.registry import DEFAULT_DIFFICULTY, TASKS, get_task
 
     if source in TASKS:
