@@ -135,6 +135,9 @@ def test_intervals_over_prompts_match_scipy_and_leave_identical_groups_out() -> 
     assert summ["prompts"] == 7 and summ["identical_groups"] == 1 and summ["pi/ict"]["n"] == 6
     assert summ["pi/ict"]["mean"] == pytest.approx(np.mean([r["pi/ict"] for r in recs[:6]]), abs=1e-12)
     assert summ["tokens_per_response"]["mean"] == pytest.approx((6 * 5 + 2) / 7)
+    from ictrl.experiments.reports.regime_report import after
+
+    assert after({"mean": 0.25, "lo": 0.125, "hi": 0.5, "n": 3}) == {"mean": 0.75, "lo": 0.5, "hi": 0.875, "n": 3}
 
 
 def cell(mean: float, lo: float | None, hi: float | None, n: int = 20) -> dict[str, Any]:
@@ -250,7 +253,7 @@ def test_command_writes_json_and_html(tiny_model_dir: Path, tmp_path: Path,
     assert result["summary"]["prompts"] == 3
     assert all(r["responses"] == 4 and 0 <= r["before/ict"] <= 1 for r in result["prompts"])
     page = (out / "regime.html").read_text()
-    assert html.escape(result["verdict"]["line"]) in page and "20-Entropy" in page
+    assert html.escape(result["verdict"]["line"]) in page and "20-Entropy" in page and "share after it" in page
     assert result["verdict"]["line"] in capsys.readouterr().out
 
 

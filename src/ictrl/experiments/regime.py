@@ -45,8 +45,8 @@ VERDICT_RULE = (
     f"Verdict rule: ICT's selection differs from random here when the {CONFIDENCE:.0%} t-interval over prompts of "
     "the per-prompt difference π(ICT) − π(random-10%) excludes 0; it is the paper's regime when that difference is "
     f"negative and the mean π at ICT's tokens is at most {PAPER_PI:g} (uncertain tokens where a response departs "
-    "from its group); otherwise the JS score picks confident disagreements, the regime where random-10% matched "
-    "ICT in the long-horizon study."
+    "from its group); otherwise the JS score picks confident disagreements, as on the embedded tinyarith and "
+    "countdown bases (π 0.83-0.95 at ICT's tokens in the long-horizon study)."
 )
 
 
@@ -151,8 +151,8 @@ def verdict(summary: dict[str, Any]) -> dict[str, Any]:
                                            f"below 0, and ICT's tokens at π ≤ {PAPER_PI:g}."}
     if diff["lo"] > 0 or diff["hi"] < 0:
         return {"regime": "confident", "line": f"ICT's selection differs from random here, but not in the paper's "
-                                               f"regime: {pis}; ICT picks confident disagreements, where random-10% "
-                                               "matched ICT in the long-horizon study."}
+                                               f"regime: {pis}; ICT picks confident disagreements, as on the "
+                                               "embedded tinyarith and countdown bases."}
     return {"regime": "random", "line": f"ICT's selection does not differ from random here on π: {pis}, an interval "
                                         "that contains 0."}
 

@@ -24,16 +24,25 @@ def ci(cell: dict[str, Any], digits: int = 3) -> str:
     return f"{cell['mean']:.{digits}f} [{cell['lo']:.{digits}f}, {cell['hi']:.{digits}f}]"
 
 
+def after(before: dict[str, Any]) -> dict[str, Any]:
+    """The share after the first divergence: 1 − the share at or before it (its interval mirrored)."""
+    if before["mean"] is None:
+        return before
+    flip = {"lo": None if before["hi"] is None else 1 - before["hi"],
+            "hi": None if before["lo"] is None else 1 - before["lo"]}
+    return {**before, "mean": 1 - before["mean"], **flip}
+
+
 def tables(summary: dict[str, Any]) -> list[tuple[str, str]]:
     sel = ["| tokens | π (sampled-token probability) | H1 (nats) |", "|---|---|---|"]
     sel += [f"| {NAMES[s]} | {ci(summary[f'pi/{s}'])} | {ci(summary[f'h1/{s}'])} |" for s in NAMES]
     diff = ["| paired per prompt | π | H1 (nats) |", "|---|---|---|"]
     diff += [f"| {NAMES[a]} − {NAMES[b]} | {ci(summary[f'pi/{a}-{b}'])} | {ci(summary[f'h1/{a}-{b}'])} |"
              for a, b in (("ict", "random10"), ("ict", "entropy20"))]
-    where = ["| tokens | share also picked by 20-Entropy | share at or before the first divergence |",
-             "|---|---|---|"]
-    where += [f"| {NAMES[s]} | {ci(summary[f'overlap/{s}&entropy20'])} | {ci(summary[f'before/{s}'])} |"
-              for s in ("ict", "random10")]
+    where = ["| tokens | share also picked by 20-Entropy | share at or before the first divergence | share after it |",
+             "|---|---|---|---|"]
+    where += [f"| {NAMES[s]} | {ci(summary[f'overlap/{s}&entropy20'])} | {ci(summary[f'before/{s}'])} | "
+              f"{ci(after(summary[f'before/{s}']))} |" for s in ("ict", "random10")]
     return [("π and H1 at each selection (mean [95% t-CI] over prompts)", "\n".join(sel)),
             ("Differences (mean [95% t-CI] of the per-prompt differences)", "\n".join(diff)),
             ("Where ICT's tokens sit (random-10% for chance)", "\n".join(where))]
