@@ -64,7 +64,7 @@ def reference_numbers(logits: torch.Tensor, tokens: torch.Tensor, mask: torch.Te
     rec: dict[str, Any] = {"divergence": d}
     for name, where in sel.items():
         rec[f"pi/{name}"], rec[f"h1/{name}"] = mean_at(pi, where), mean_at(h1, where)
-    for a, b in regime.PAIRS:
+    for a, b in regime.pairs():
         for s in ("pi", "h1"):
             rec[f"{s}/{a}-{b}"] = rec[f"{s}/{a}"] - rec[f"{s}/{b}"]
     for name in ("ict", "random10"):
@@ -253,7 +253,7 @@ def test_command_writes_json_and_html(tiny_model_dir: Path, tmp_path: Path,
     assert result["summary"]["prompts"] == 3
     assert all(r["responses"] == 4 and 0 <= r["before/ict"] <= 1 for r in result["prompts"])
     page = (out / "regime.html").read_text()
-    assert html.escape(result["verdict"]["line"]) in page and "20-Entropy" in page and "share after it" in page
+    assert html.escape(result["verdict"]["line"]) in page and "entropy20" in page and "share after it" in page
     assert result["verdict"]["line"] in capsys.readouterr().out
 
 

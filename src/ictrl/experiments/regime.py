@@ -37,8 +37,8 @@ from typing import Any
 
 from ictrl.errors import UserError
 
-SELECTIONS = ("ict", "random10", "entropy20", "all")  # how the report names them; `all` is every response token
-PAIRS = (("ict", "random10"), ("ict", "entropy20"))  # the paired per-prompt differences
+REFERENCE = "ict"  # the selector under test, by registered name
+CONTROLS = ("random", "entropy")  # what it is compared with: random-10% (chance) first, then 20-Entropy
 PAPER_PI = 0.5  # π at ICT's tokens at most this: the paper's regime (its tokens: 0.18 ± 0.09), as the horizon report
 CONFIDENCE = 0.95
 VERDICT_RULE = (
@@ -51,6 +51,23 @@ VERDICT_RULE = (
 
 
 # ---------------------------------------------------------------------------------------------------- one group
+
+
+def label(name: str) -> str:
+    """A selector's method label (ict, random10, entropy20), the names records and the report use."""
+    from ictrl.core.selection import get_selector
+
+    return get_selector(name).label
+
+
+def selection_labels() -> list[str]:
+    """ICT's, the controls' labels and ``all`` (every response token), in the report's order."""
+    return [label(REFERENCE), *(label(c) for c in CONTROLS), "all"]
+
+
+def pairs() -> list[tuple[str, str]]:
+    """The paired per-prompt differences: ICT − each control."""
+    return [(label(REFERENCE), label(c)) for c in CONTROLS]
 
 
 def first_divergence(tokens: Any, mask: Any) -> int | None:
@@ -70,15 +87,18 @@ def group_selections(logits: Any, tokens: Any, mask: Any, temperature: float = 1
     in training it is every prompt of the step, which this check, one prompt at a time, does not have."""
     import torch
 
-    from ictrl.core.selection import SelectionInputs, select
+    from ictrl.core.selection import SelectionInputs, get_selector, select
     from ictrl.core.stats import token_stats
 
     group_ids = torch.zeros(tokens.shape[0], dtype=torch.long, device=tokens.device)
     stats = token_stats(logits, mask, tokens=tokens, temperature=temperature, group_ids=group_ids)
     inputs = SelectionInputs(mask=mask, step=index, ict_score=stats.ict_score, entropy=stats.entropy,
                              prob=stats.prob, group_ids=group_ids)
-    masks = {"ict": select("ict", inputs), "random10": select("random", inputs, seed=seed),
-             "entropy20": select("entropy", inputs), "all": inputs.mask}
+    masks = {}
+    for name in (REFERENCE, *CONTROLS):
+        selector = get_selector(name)
+        masks[selector.label] = select(name, inputs, **({"seed": seed} if "seed" in selector.options else {}))
+    masks["all"] = inputs.mask
     return stats, masks
 
 
@@ -92,16 +112,17 @@ def group_record(stats: Any, masks: dict[str, Any], tokens: Any, mask: Any) -> d
     differences, the overlaps with 20-Entropy, the first divergence and the share of ICT's tokens at or before it."""
     d = first_divergence(tokens, mask)
     rec: dict[str, Any] = {"responses": int(mask.shape[0]), "tokens": int(mask.sum()), "divergence": d}
-    for name in SELECTIONS:
+    for name in selection_labels():
         rec[f"pi/{name}"] = _mean_at(stats.prob, masks[name])
         rec[f"h1/{name}"] = _mean_at(stats.entropy, masks[name])
-    for a, b in PAIRS:
+    for a, b in pairs():
         for stat in ("pi", "h1"):
             x, y = rec[f"{stat}/{a}"], rec[f"{stat}/{b}"]
             rec[f"{stat}/{a}-{b}"] = None if x is None or y is None else x - y
-    for name in ("ict", "random10"):
+    ict, rnd, ent = (label(n) for n in (REFERENCE, *CONTROLS))
+    for name in (ict, rnd):
         n = int(masks[name].sum())
-        rec[f"overlap/{name}&entropy20"] = int((masks[name] & masks["entropy20"]).sum()) / n if n else None
+        rec[f"overlap/{name}&{ent}"] = int((masks[name] & masks[ent]).sum()) / n if n else None
         shared = masks[name][:, : mask.shape[1] if d is None else d + 1]
         rec[f"before/{name}"] = int(shared.sum()) / n if n else None
     return rec
@@ -140,7 +161,8 @@ def summarize(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
 def verdict(summary: dict[str, Any]) -> dict[str, Any]:
     """The regime under :data:`VERDICT_RULE`: ``paper``, ``confident`` (differs from random, not the paper's
     regime), ``random`` (no difference shown) or ``unknown`` (fewer than two diverging groups), and its line."""
-    diff, ict, rnd = summary["pi/ict-random10"], summary["pi/ict"], summary["pi/random10"]
+    a, b = pairs()[0]
+    diff, ict, rnd = summary[f"pi/{a}-{b}"], summary[f"pi/{a}"], summary[f"pi/{b}"]
     if diff["lo"] is None:
         return {"regime": "unknown", "line": f"Too few groups whose responses differ ({diff['n']}) to tell: sample "
                                              "more prompts or a higher temperature."}
@@ -291,9 +313,8 @@ def run(args: argparse.Namespace) -> int:
             records.append({"id": problem.id, **score_prompt(model, tokenizer, prompt, i, args)})
             bar.advance(task)
     summary = summarize(records)
-    result = {"settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()
-                           if k not in ("command",)},
-              "summary": summary, "verdict": verdict(summary), "verdict_rule": VERDICT_RULE,
+    result = {"settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+              "selections": selection_labels(), "pairs": pairs(), "summary": summary, "verdict": verdict(summary), "verdict_rule": VERDICT_RULE,
               "seconds": time.perf_counter() - start, "prompts": records}
     paths = regime_report.write(args.output_dir, result)
     print(result["verdict"]["line"])

@@ -12,7 +12,11 @@ from typing import Any
 from ictrl.experiments.reports import report
 from ictrl.files import atomic_write_text
 
-NAMES = {"ict": "ICT top-10%", "random10": "random-10%", "entropy20": "20-Entropy", "all": "all tokens"}
+ALL = "all"  # the record's name for every response token
+
+
+def name(label: str) -> str:
+    return "all tokens" if label == ALL else label
 
 
 def ci(cell: dict[str, Any], digits: int = 3) -> str:
@@ -33,19 +37,21 @@ def after(before: dict[str, Any]) -> dict[str, Any]:
     return {**before, "mean": 1 - before["mean"], **flip}
 
 
-def tables(summary: dict[str, Any]) -> list[tuple[str, str]]:
+def tables(result: dict[str, Any]) -> list[tuple[str, str]]:
+    """result: ``selections`` (ICT's label, the controls' (chance first), ``all``), ``pairs`` and ``summary``."""
+    summary, labels = result["summary"], result["selections"]
+    ict, chance, other = labels[0], labels[1], labels[2]
     sel = ["| tokens | π (sampled-token probability) | H1 (nats) |", "|---|---|---|"]
-    sel += [f"| {NAMES[s]} | {ci(summary[f'pi/{s}'])} | {ci(summary[f'h1/{s}'])} |" for s in NAMES]
+    sel += [f"| {name(s)} | {ci(summary[f'pi/{s}'])} | {ci(summary[f'h1/{s}'])} |" for s in labels]
     diff = ["| paired per prompt | π | H1 (nats) |", "|---|---|---|"]
-    diff += [f"| {NAMES[a]} − {NAMES[b]} | {ci(summary[f'pi/{a}-{b}'])} | {ci(summary[f'h1/{a}-{b}'])} |"
-             for a, b in (("ict", "random10"), ("ict", "entropy20"))]
-    where = ["| tokens | share also picked by 20-Entropy | share at or before the first divergence | share after it |",
+    diff += [f"| {a} − {b} | {ci(summary[f'pi/{a}-{b}'])} | {ci(summary[f'h1/{a}-{b}'])} |" for a, b in result["pairs"]]
+    where = [f"| tokens | share also picked by {other} | share at or before the first divergence | share after it |",
              "|---|---|---|---|"]
-    where += [f"| {NAMES[s]} | {ci(summary[f'overlap/{s}&entropy20'])} | {ci(summary[f'before/{s}'])} | "
-              f"{ci(after(summary[f'before/{s}']))} |" for s in ("ict", "random10")]
+    where += [f"| {s} | {ci(summary[f'overlap/{s}&{other}'])} | {ci(summary[f'before/{s}'])} | "
+              f"{ci(after(summary[f'before/{s}']))} |" for s in (ict, chance)]
     return [("π and H1 at each selection (mean [95% t-CI] over prompts)", "\n".join(sel)),
             ("Differences (mean [95% t-CI] of the per-prompt differences)", "\n".join(diff)),
-            ("Where ICT's tokens sit (random-10% for chance)", "\n".join(where))]
+            (f"Where {ict}'s tokens sit ({chance} for chance)", "\n".join(where))]
 
 
 def notes(result: dict[str, Any]) -> str:
@@ -83,7 +89,7 @@ def write(out: str | Path, result: dict[str, Any]) -> dict[str, Path]:
     out = Path(out)
     path = atomic_write_text(out / "regime.json", json.dumps(_finite(result), indent=1, allow_nan=False) + "\n")
     page = report.render_report(
-        f"Regime check: {result['settings']['model']} on {result['settings']['prompts']}", tables(result["summary"]),
+        f"Regime check: {result['settings']['model']} on {result['settings']['prompts']}", tables(result),
         [], notes(result), out / "regime.html", answer=result["verdict"]["line"],
         caveats=[f"{result['summary']['prompts']} prompts from one sampling seed; the verdict is about the model "
                  "before training, and a model's regime can move during RL"])
