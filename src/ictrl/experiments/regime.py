@@ -94,7 +94,7 @@ def group_selections(logits: Any, tokens: Any, mask: Any, temperature: float = 1
     stats = token_stats(logits, mask, tokens=tokens, temperature=temperature, group_ids=group_ids)
     inputs = SelectionInputs(mask=mask, step=index, ict_score=stats.ict_score, entropy=stats.entropy,
                              prob=stats.prob, group_ids=group_ids)
-    masks = {}
+    masks: dict[str, Any] = {}
     for name in (REFERENCE, *CONTROLS):
         selector = get_selector(name)
         masks[selector.label] = select(name, inputs, **({"seed": seed} if "seed" in selector.options else {}))
