@@ -127,6 +127,8 @@ def test_intervals_over_prompts_match_scipy_and_leave_identical_groups_out() -> 
     lo, hi = sps.t.interval(0.95, len(values) - 1, loc=values.mean(), scale=sps.sem(values))
     assert (cell["mean"], cell["lo"], cell["hi"], cell["n"]) == pytest.approx((values.mean(), lo, hi, 17), abs=1e-12)
     assert regime.mean_ci([0.5])["lo"] is None and regime.mean_ci([])["mean"] is None
+    share = regime.mean_ci([0.0, 0.0, 0.0, 0.1], bounds=(0.0, 1.0))  # t-interval -0.055..0.105, clipped at 0
+    assert share["lo"] == 0.0 and share["hi"] == pytest.approx(0.025 + sps.t.ppf(0.975, 3) * 0.05 / 2)
     keys = ["pi/ict", "pi/random10"]
     recs = [{"divergence": 1, "tokens": 10, "responses": 2, **{k: float(v) for k, v in zip(keys, row)}}
             for row in rng.uniform(size=(6, 2))]

@@ -131,8 +131,10 @@ def group_record(stats: Any, masks: dict[str, Any], tokens: Any, mask: Any) -> d
 # ---------------------------------------------------------------------------------------------------- over prompts
 
 
-def mean_ci(values: Sequence[float], confidence: float = CONFIDENCE) -> dict[str, Any]:
-    """Mean with a two-sided t-interval over ``values`` (None edges for fewer than two values)."""
+def mean_ci(values: Sequence[float], confidence: float = CONFIDENCE,
+            bounds: tuple[float, float] | None = None) -> dict[str, Any]:
+    """Mean with a two-sided t-interval over ``values`` (None edges for fewer than two values); ``bounds``: the
+    range the quantity cannot leave (a share's [0, 1]), to which the interval's edges are clipped."""
     from scipy import stats
 
     n = len(values)
@@ -143,14 +145,17 @@ def mean_ci(values: Sequence[float], confidence: float = CONFIDENCE) -> dict[str
         return {"mean": m, "lo": None, "hi": None, "n": n}
     sd = math.sqrt(math.fsum((v - m) ** 2 for v in values) / (n - 1))
     half = float(stats.t.ppf(0.5 + confidence / 2, n - 1)) * sd / math.sqrt(n)
-    return {"mean": m, "lo": m - half, "hi": m + half, "n": n}
+    lo, hi = (m - half, m + half) if bounds is None else (max(bounds[0], m - half), min(bounds[1], m + half))
+    return {"mean": m, "lo": lo, "hi": hi, "n": n}
 
 
 def summarize(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Every numeric field's mean and t-interval over the prompts whose group diverged."""
     diverged = [r for r in records if r["divergence"] is not None]
     keys = [k for k in records[0] if "/" in k] if records else []
-    out: dict[str, Any] = {k: mean_ci([r[k] for r in diverged if r[k] is not None]) for k in keys}
+    shares = ("overlap/", "before/")  # fractions of a selection: intervals clipped to [0, 1]
+    out: dict[str, Any] = {k: mean_ci([r[k] for r in diverged if r[k] is not None],
+                                      bounds=(0.0, 1.0) if k.startswith(shares) else None) for k in keys}
     out["prompts"] = len(records)
     out["identical_groups"] = len(records) - len(diverged)
     out["divergence"] = mean_ci([float(r["divergence"]) for r in diverged])
