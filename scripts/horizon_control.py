@@ -32,7 +32,7 @@ ROWS = (("P@1", "p1", 100, 1), ("P@4", "p4", 100, 1), ("P@16", "p16", 100, 1), (
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("setting", choices=tuple(hz.SETTINGS))
+    parser.add_argument("setting", help="a setting file or the name of one in studies/horizon/")
     parser.add_argument("--study", type=Path, required=True, help="the finished study's --output-dir")
     parser.add_argument("--method", required=True, choices=hz.METHODS)
     parser.add_argument("--lr", type=float, required=True)
@@ -46,13 +46,14 @@ def main() -> None:
     if not summary_path.is_file():
         parser.error(f"--study {args.study}: no results.json; finish the study first (ictrl compare --horizon)")
     study = json.loads(summary_path.read_text())
-    if study["setting"] != args.setting:
-        parser.error(f"--study {args.study} is setting {study['setting']!r}, not {args.setting!r}")
-    p, n = plan(args.quick), int(study["steps"])
+    setting = hz.load_setting(args.setting)
+    if study["setting"] != setting.name:
+        parser.error(f"--study {args.study} is setting {study['setting']!r}, not {setting.name!r}")
+    p, n = plan(args.quick, setting), int(study["steps"])
     if sorted(int(seed) for seed in study["grpo_stop_steps"]) != sorted(p["seeds"]):
         parser.error(f"--study {args.study} ran seeds {sorted(study['grpo_stop_steps'])}, this plan "
                      f"{list(p['seeds'])}: give --quick exactly when the study had it")
-    base = build_tiny_base(TinyRecipe(**base_recipe(hz.SETTINGS[args.setting], args.quick)))
+    base = build_tiny_base(TinyRecipe(**base_recipe(setting, args.quick)))
     specs = [grid.RunSpec(args.method, seed, args.lr, norm=args.norm) for seed in p["seeds"]]
     results = grid.run_grid(specs, args.out, functools.partial(tinyrun.train_tiny, rl_settings(p, n), base),
                             jobs=args.jobs)
@@ -60,7 +61,7 @@ def main() -> None:
     mine = [hr.run_summary(load_metrics(args.out / s.relpath / "metrics.jsonl"), results[s], theta) for s in specs]
     theirs = study["summary"][args.against]
     label = f"{args.method} at lr {args.lr:g} ({args.norm or 'default'})"
-    lines = [f"# Control on {args.setting}: {label} against the study's {args.against}", "",
+    lines = [f"# Control on {setting.name}: {label} against the study's {args.against}", "",
              f"Seeds {list(p['seeds'])}, N = {n} steps, the study's plan and base; mean [95% t-CI] over seeds, "
              f"pass@k in percent ({p['eval_problems']} held-out problems x {hz.EVAL_N} samples). Difference: "
              f"{args.against} − control, 95% Welch CI.", "",

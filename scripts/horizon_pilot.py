@@ -25,13 +25,13 @@ from ictrl.files import load_metrics
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("setting", choices=tuple(hz.SETTINGS))
+    parser.add_argument("setting", help="a setting file or the name of one in studies/horizon/")
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--out", type=Path, required=True, help="a new directory for the pilot run")
     args = parser.parse_args()
-    setting = hz.SETTINGS[args.setting]
+    setting = hz.load_setting(args.setting)
     base = build_tiny_base(TinyRecipe(**base_recipe(setting, False)))
-    lr, norm = hz.TUNED[setting.tuned]["ict"]
+    lr, norm = setting.tuned["ict"]
     rl = tinyrun.TinyRL(temperature=args.temperature, steps=hz.SELECTION_WARMUP + hz.START_STEPS,
                         prompts_per_step=hz.PROMPTS_PER_STEP, num_generations=8,
                         selection_warmup=hz.SELECTION_WARMUP, eval_problems=8, eval_n=16, eval_ks=hz.EVAL_KS)
@@ -41,7 +41,7 @@ def main() -> None:
     rec = load_metrics(args.out / "metrics.jsonl")
     after = [r for r in rec if r.get("step", 0) > hz.SELECTION_WARMUP]
     pis = [r["ictrl/prob/selected"] for r in after if "ictrl/prob/selected" in r]
-    print(json.dumps({"setting": args.setting, "temperature": args.temperature, "base": base.name,
+    print(json.dumps({"setting": setting.name, "temperature": args.temperature, "base": base.name,
                       "pi_selected": pis, "mean_pi_selected": sum(pis) / len(pis),
                       "h1_all": [r["ictrl/h1/all"] for r in rec if "ictrl/h1/all" in r],
                       "high_h1_share_selected": [r["ictrl/selected/high_entropy_frac"] for r in after

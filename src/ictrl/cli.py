@@ -39,6 +39,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "compare": ("ictrl.experiments.compare", "run methods x seeds and write a comparison report"),
     "sweep": ("ictrl.experiments.sweep", "learning-rate x method x seed stability study"),
     "inspect": ("ictrl.experiments.inspect", "HTML heatmap of ICT scores and entropy over response tokens"),
+    "regime": ("ictrl.experiments.regime", "whether ICT's tokens differ from random ones on a model and prompt set "
+               "(π, H1, overlap with 20-Entropy; HTML + JSON)"),
     "tiny-model": ("ictrl.experiments.tasks.tinymodel", "write the embedded tiny model (or a random Qwen2.5-shaped "
                    "one, --shape) and a tiny-task train.jsonl to a directory"),
 }

@@ -31,16 +31,17 @@ QUICK = dict(min_steps=4, cap=6, seeds=(0, 1), eval_every=2, curve_problems=8, e
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--horizon", default=None, choices=tuple(hz.SETTINGS), metavar="SETTING",
-                        help="the long-horizon protocol (ictrl.experiments.grid.horizon) on SETTING: "
-                             f"{', '.join(hz.SETTINGS)}; steps, seeds, methods and their settings are the "
+    parser.add_argument("--horizon", default=None, metavar="SETTING",
+                        help="the long-horizon protocol (ictrl.experiments.grid.horizon) on SETTING: a setting file "
+                             "(JSON: task, tuned lrs, seeds) or the name of one in ./studies/horizon/ (the project's: "
+                             "tinyarith, countdown, countdown-lesstrained, paths); steps and rules are the "
                              "protocol's (with --quick: a tiny plan for tests)")
 
 
-def plan(quick: bool) -> dict[str, Any]:
+def plan(quick: bool, setting: hz.Setting) -> dict[str, Any]:
     if quick:
         return dict(QUICK)
-    return dict(min_steps=hz.MIN_STEPS, cap=hz.CAP_STEPS, seeds=hz.SEEDS, eval_every=hz.EVAL_EVERY,
+    return dict(min_steps=hz.MIN_STEPS, cap=hz.CAP_STEPS, seeds=setting.seeds, eval_every=hz.EVAL_EVERY,
                 curve_problems=hz.CURVE_PROBLEMS, eval_problems=hz.EVAL_PROBLEMS,
                 rl=dict(prompts_per_step=hz.PROMPTS_PER_STEP, num_generations=8,
                         selection_warmup=hz.SELECTION_WARMUP))
@@ -53,11 +54,10 @@ def rl_settings(p: dict[str, Any], steps: int) -> tinyrun.TinyRL:
 
 
 def base_recipe(setting: hz.Setting, quick: bool) -> dict[str, Any]:
-    """TinyRecipe kwargs: the task's grid recipe (``gridcli.TASK_RECIPES``) plus the setting's overrides; with
+    """TinyRecipe kwargs: the task's grid recipe (``tasks.registry.TASK_RECIPES``) plus the setting's overrides; with
     ``quick`` the quick recipe's own budget wins."""
     from ictrl.experiments import demo
-    from ictrl.experiments.grid.cli import TASK_RECIPES
-    from ictrl.experiments.tasks.registry import DEFAULT_DIFFICULTY
+    from ictrl.experiments.tasks.registry import DEFAULT_DIFFICULTY, TASK_RECIPES
 
     kw: dict[str, Any] = dict(demo.QUICK_RECIPE) if quick else {}
     extra = {**TASK_RECIPES.get(setting.task, {}), **setting.recipe}
@@ -73,13 +73,13 @@ def run(args: argparse.Namespace) -> int:
 
     if args.config is not None:
         raise UserError("--horizon runs on the embedded tasks; --config is not supported with it")
-    setting = hz.SETTINGS[args.horizon]
-    p = plan(bool(args.quick))
+    setting = hz.load_setting(args.horizon)
+    p = plan(bool(args.quick), setting)
     start = time.perf_counter()
     out: Path = args.output_dir
     recipe = TinyRecipe(**base_recipe(setting, bool(args.quick)))
     base = build_tiny_base(recipe)
-    tuned = hz.TUNED[setting.tuned]
+    tuned = setting.tuned
 
     settings = functools.partial(rl_settings, p)
 
@@ -107,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
     base_result = grid.cached_result(out / "base" / "result.json",
                                      lambda: tinyrun.eval_tiny_base(settings(n), base, out / "base"))
     info = json.loads((base / "warm_start.json").read_text())
-    paths = horizon_report.write(out, args.horizon, setting, specs, results, base_result, info, stops, n,
+    paths = horizon_report.write(out, setting.name, setting, specs, results, base_result, info, stops, n,
                                  settings(n), p, time.perf_counter() - start, quick=bool(args.quick))
     print(paths["table"].read_text())
     print(f"wrote {paths['report']}", file=sys.stderr)

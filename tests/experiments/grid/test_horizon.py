@@ -14,6 +14,8 @@ import pytest
 from ictrl.experiments.grid import horizon as hz
 
 ROOT = Path(__file__).resolve().parents[3]
+STUDIES = ROOT / "studies" / "horizon"  # the project's own settings, data beside the package
+SETTINGS = {p.stem: hz.load_setting(str(p)) for p in sorted(STUDIES.glob("*.json"))}
 
 
 def log(h1: list[float], reward: list[float] | None = None) -> list[dict[str, float]]:
@@ -58,11 +60,13 @@ def test_stop_rule_waits_for_min_steps_and_the_fall() -> None:
         hz.horizon([])
 
 
-def test_tuned_settings_cover_every_method_and_setting() -> None:
-    for setting in hz.SETTINGS.values():
-        assert set(hz.TUNED[setting.tuned]) == set(hz.METHODS)
-    assert hz.TUNED["tinyarith"]["ict"] == (1e-4, "per_response_all")  # docs/results/tune-tinyarith-2026-11-23.md
-    assert hz.TUNED["countdown"]["random10"] == (1e-4, "per_response_all")  # tune-countdown-2026-11-23.md
+def test_the_projects_settings_are_the_ones_its_studies_ran() -> None:
+    assert set(SETTINGS) == {"tinyarith", "countdown", "countdown-lesstrained", "paths"}
+    for setting in SETTINGS.values():
+        assert set(setting.tuned) == set(hz.METHODS) and setting.seeds == (2000, 2001, 2002, 2003, 2004)
+    assert SETTINGS["tinyarith"].tuned["ict"] == (1e-4, "per_response_all")  # docs/results/tune-tinyarith-2026-11-23.md
+    assert SETTINGS["countdown"].tuned["random10"] == (1e-4, "per_response_all")  # tune-countdown-2026-11-23.md
+    assert SETTINGS["paths"].tuned == SETTINGS["countdown"].tuned  # paths ran at countdown's tuned settings
     assert str(hz.COLLAPSE_FRACTION) in hz.DEFINITIONS and str(hz.MIN_STEPS) in hz.DEFINITIONS
 
 
@@ -72,14 +76,68 @@ def test_each_setting_warm_starts_its_own_base_on_its_task() -> None:
     from ictrl.experiments.tasks.registry import DEFAULT_DIFFICULTY
     from ictrl.experiments.tasks.tinymodel import TinyRecipe
 
-    full = {name: TinyRecipe(**base_recipe(s, False)) for name, s in hz.SETTINGS.items()}
+    full = {name: TinyRecipe(**base_recipe(s, False)) for name, s in SETTINGS.items()}
     assert len({r.key() for r in full.values()}) == len(full)  # one cached base per setting
-    for name, setting in hz.SETTINGS.items():
+    for name, setting in SETTINGS.items():
         quick = TinyRecipe(**base_recipe(setting, True))
         assert full[name].task == quick.task == setting.task
         assert quick.max_steps == demo.QUICK_RECIPE["max_steps"]  # --quick keeps its own budget
     assert full["paths"].difficulty == DEFAULT_DIFFICULTY["paths"] and full["paths"].order_error == 0.5
-    assert full["countdown-lesstrained"].max_steps == hz.LESS_TRAINED_STEPS < full["countdown"].max_steps
+    assert full["countdown-lesstrained"].max_steps == 1500 < full["countdown"].max_steps
+
+
+def write_setting(tmp_path: Path, **changes: object) -> str:
+    data = {**json.loads((STUDIES / "paths.json").read_text()), **changes}
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps({k: v for k, v in data.items() if v is not None}))
+    return str(path)
+
+
+@pytest.mark.parametrize("changes,message", [
+    ({"task": "chess"}, "field 'task': 'chess' is not one of"),
+    ({"seeds": None}, "missing field 'seeds'"),
+    ({"colour": "red"}, "unknown field 'colour'"),
+    ({"seeds": [1, 1]}, "field 'seeds': expected two or more distinct integers"),
+    ({"tuned": {"ict": [1e-4, None]}}, "field 'tuned': needs exactly the methods"),
+    ({"recipe": {"hidden": 3}}, "field 'recipe': 'hidden' is not a TinyRecipe field"),
+])
+def test_a_bad_setting_file_is_one_line_naming_the_field(tmp_path: Path, changes: dict, message: str) -> None:
+    from ictrl.errors import UserError
+
+    path = write_setting(tmp_path, **changes)
+    with pytest.raises(UserError, match=f"^{path}: {message}"):
+        hz.load_setting(path)
+    tuned = {**SETTINGS["paths"].tuned, "ict": [-1, None]}
+    with pytest.raises(UserError, match=r"field 'tuned.ict': expected \[lr > 0"):
+        hz.load_setting(write_setting(tmp_path, tuned={m: list(v) for m, v in tuned.items()}))
+    assert hz.load_setting(write_setting(tmp_path)).name == "mine"
+
+
+def test_a_setting_is_found_by_name_from_the_clone(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from ictrl.errors import UserError
+
+    monkeypatch.chdir(ROOT)
+    assert hz.load_setting("paths") == SETTINGS["paths"]
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UserError, match="--horizon paths: no setting file studies/horizon/paths.json"):
+        hz.load_setting("paths")
+
+
+def test_renyi2_control_needs_h1_lowered_and_h2_held() -> None:
+    def run(h1: list[float], h2: list[float]) -> dict:
+        return hz.renyi2_control([{**r, hz.H2_KEY: v} for r, v in zip(log(h1), h2)])
+
+    h1 = [1.0] * 10 + [0.5] * 20
+    held = run(h1, [0.8] * 10 + [0.6] * 20)
+    assert held["controls"] and held["h1_end_ratio"] == pytest.approx(0.5) and held["h2_min_ratio"] == pytest.approx(0.75)
+    dropped = run(h1, [0.8] * 10 + [0.3] * 20)  # rolling H2 reaches 0.3 / 0.8 = 0.375 < 0.5
+    assert dropped["h1_lowered"] and not dropped["h2_held"] and not dropped["controls"]
+    assert dropped["h2_min_ratio"] == pytest.approx(0.375)
+    flat = run([1.0] * 30, [0.8] * 30)  # nothing lowered: H2 kept trivially, not control
+    assert flat["h2_held"] and not flat["h1_lowered"] and not flat["controls"]
+    edge = run([1.0] * 10 + [0.9] * 20, [0.8] * 10 + [0.4] * 20)  # exactly at both thresholds: counts
+    assert edge["controls"]
+    assert run([1.0] * 4, [0.8] * 4)["controls"] is None  # too few steps for a start
 
 
 def summary(collapse: list[int | None], p16: list[float], explosion: list[int | None] | None = None) -> list[dict]:
@@ -103,6 +161,19 @@ def test_verdict_follows_the_stated_rule() -> None:
     assert event_text([100, None], 400).startswith("1/2 seeds, step 100")
 
 
+def test_renyi2_verdict_follows_the_stated_rule() -> None:
+    from ictrl.experiments.reports.horizon_report import renyi2_verdict
+
+    def runs(*controls: bool) -> list[dict]:
+        return [{"renyi2": {"controls": c, "h1_lowered": c, "h2_held": True}} for c in controls]
+
+    summ = {"grpo": runs(False, False, True), "ict": runs(True, True, False), "random10": runs(False, False, False)}
+    assert renyi2_verdict(summ).startswith("Rényi-2 half: supported here") and "JS score matters" in renyi2_verdict(summ)
+    assert "sparsity" in renyi2_verdict({**summ, "random10": runs(True, True, True)})
+    assert renyi2_verdict({**summ, "ict": runs(False, False, True)}).startswith("Rényi-2 half: not supported here")
+    assert "cannot separate" in renyi2_verdict({**summ, "grpo": runs(True, True, True)})
+
+
 def test_horizon_quick_end_to_end_and_resume(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import argparse
 
@@ -112,7 +183,7 @@ def test_horizon_quick_end_to_end_and_resume(tmp_path: Path, monkeypatch: pytest
 
     monkeypatch.setenv("ICTRL_CACHE_DIR", str(tmp_path.parent / "ictrl_quick_cache"))  # shared with test_compare
     out = tmp_path / "hz"
-    argv = ["--horizon", "tinyarith", "--quick", "--output-dir", str(out)]
+    argv = ["--horizon", str(STUDIES / "tinyarith.json"), "--quick", "--output-dir", str(out)]
 
     def parse(args: list[str]) -> argparse.Namespace:
         parser = argparse.ArgumentParser()
@@ -129,7 +200,8 @@ def test_horizon_quick_end_to_end_and_resume(tmp_path: Path, monkeypatch: pytest
     assert any("eval/avg/pass@16" in r for r in records)  # pass@16 along the way
     assert all(k in records[0] for k in ("ictrl/h1/all", "ictrl/h2/selected", "ictrl/purity/selected"))
     text = (out / "results.md").read_text()
-    assert text.startswith("QUICK RUN") and hz.DEFINITIONS in text
+    assert text.startswith("QUICK RUN") and hz.DEFINITIONS in text and hz.RENYI2_DEFINITION in text
+    assert "Rényi-2 half:" in text and "| method | H1 all | H2 all | purity all | H1 sel | H2 sel | purity sel |" in text
     assert "none within 6 steps" in text
     assert "pass@16 − pass@1 during training" in text and "| step 2 | step 4 | step 6 |" in text
 
@@ -150,7 +222,7 @@ def test_horizon_quick_end_to_end_and_resume(tmp_path: Path, monkeypatch: pytest
     # The lr control beside the finished study: random10 at ICT's lr on the study's seeds and N, against ICT.
     calls.clear()
     control = tmp_path / "control"
-    monkeypatch.setattr(sys, "argv", ["horizon_control.py", "tinyarith", "--study", str(out), "--method", "random10",
+    monkeypatch.setattr(sys, "argv", ["horizon_control.py", str(STUDIES / "tinyarith.json"), "--study", str(out), "--method", "random10",
                                       "--lr", "1e-4", "--norm", "per_response_all", "--quick", "--out", str(control)])
     runpy.run_path(str(ROOT / "scripts" / "horizon_control.py"), run_name="__main__")
     assert calls == ["lr0.0001/random10-per_response_all/seed0", "lr0.0001/random10-per_response_all/seed1"]

@@ -13,16 +13,7 @@ from ictrl.errors import UserError
 from ictrl.experiments.grid import configrun
 from ictrl.experiments.grid import tinyrun
 from ictrl.experiments.grid.runner import DEFAULT_METHODS, METHODS, RunSpec
-
-# Warm-start noise per task beyond the shared recipe: countdown's demonstrations err mostly by choice (a correct
-# chain to another value), rarely by an arithmetic slip.
-# Its longer chains stay at 0% dev pass@1 for the first ~1,000 steps: more patience than tinyarith's 6 evaluations.
-# Paths has the same kinds of error (a walk to another node; a missing edge), over its whole train split.
-TASK_RECIPES: dict[str, dict[str, Any]] = {"countdown": {"order_error": 0.5, "digit_error": 0.1,
-                                                           "train_problems": 1300, "patience": 12,
-                                                           "max_steps": 4000},
-                                           "paths": {"order_error": 0.5, "digit_error": 0.1, "train_problems": 1400,
-                                                     "patience": 12, "max_steps": 4000}}
+from ictrl.experiments.tasks.registry import TASK_RECIPES
 
 # --quick: ictrl demo's quick base model and an RL budget small enough for tests (seconds per run). Its reports
 # say first that they are a pipeline check (PIPELINE_CHECK), not a result.

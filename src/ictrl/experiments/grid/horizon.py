@@ -2,18 +2,17 @@
 
 Everything here is fixed before the first full run and not tuned on its results:
 
-- *Settings*: ``tinyarith`` and ``countdown`` (the embedded tasks' bases, as in the tuned study),
-  ``countdown-lesstrained`` (countdown's recipe, warm start stopped at ``LESS_TRAINED_STEPS``) and ``paths`` (the
-  task built for uncertain forks, ``ictrl.experiments.tasks.paths``): see ``SETTINGS``.
-- *Methods*: grpo, ict, random10, entropy20, stapo, each at its tuned (lr, loss normaliser) from the tuned study
-  (``TUNED``; source: docs/results/tune-tinyarith-2026-11-23.md and docs/results/tune-countdown-2026-11-23.md,
-  table "row | lr | normaliser").
+- *Setting*: a JSON file (:func:`load_setting`): the embedded task, its base's recipe overrides, every method's
+  tuned (lr, loss normaliser), the fresh seeds and why the setting exists. The project's own settings (tinyarith,
+  countdown, countdown-lesstrained, paths), with their dated learning rates, are data beside the package in the
+  repository's ``studies/horizon/``.
+- *Methods*: grpo, ict, random10, entropy20, stapo, each at the setting's tuned (lr, loss normaliser).
 - *Horizon*: at least ``MIN_STEPS`` optimizer steps, or until GRPO's all-token H1 has fallen by
   ``STOP_FALL`` from its start, whichever is longer, capped at ``CAP_STEPS``. Resumably: phase 1 runs GRPO's seeds
   with the stop rule (:func:`stop_step`, checked every step by :func:`stop_callback`); the horizon N is the largest
   step at which a GRPO seed stopped; phase 2 runs every method for exactly N steps (a GRPO seed that stopped at N
   is reused, one that stopped earlier is rerun to N).
-- *Seeds*: ``SEEDS`` (fresh: the tuned study used 0-9 and 1000-1001).
+- *Seeds*: the setting's (fresh ones: not those its learning rates were tuned on).
 - *Evaluation*: held-out pass@k at ``EVAL_KS`` on the first ``CURVE_PROBLEMS`` test problems x ``EVAL_N`` samples
   every ``EVAL_EVERY`` steps, and on ``EVAL_PROBLEMS`` test problems at the end; H1, H2, purity and π of all and of
   the selected tokens every step (the trainer logs them).
@@ -23,21 +22,23 @@ Everything here is fixed before the first full run and not tuned on its results:
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ictrl.core.selection import get_selector
 from ictrl.experiments.grid.runner import DEFAULT_METHODS
 
 H1_KEY = "ictrl/h1/all"
+H2_KEY = "ictrl/h2/all"
 REWARD_KEY = "reward"
 
 MIN_STEPS = 400
 CAP_STEPS = 800
 STOP_FALL = 0.8  # the stop rule: H1 at or below (1 - STOP_FALL) x its start
-SEEDS = (2000, 2001, 2002, 2003, 2004)
 METHODS = DEFAULT_METHODS  # grpo, entropy20, stapo, ict, random10: the registry's default grid
 PROBE_METHOD = get_selector("all").label  # GRPO: the stop rule watches its entropy
 EVAL_KS = (1, 4, 16)
@@ -64,48 +65,96 @@ DEFINITIONS = (
     f"{STOP_FALL:.0%}), whichever is longer, capped at {CAP_STEPS}."
 )
 
-# The tuned study's choices (docs/results/tune-tinyarith-2026-11-23.md,
-# docs/results/tune-countdown-2026-11-23.md, "row | lr | normaliser"): method -> (lr, normaliser; None = the
-# method's own).
-TUNED: dict[str, dict[str, tuple[float, str | None]]] = {
-    "tinyarith": {"grpo": (4e-4, None), "ict": (1e-4, "per_response_all"), "random10": (2e-4, None),
-                  "entropy20": (4e-4, None), "stapo": (4e-4, None)},
-    "countdown": {"grpo": (4e-4, None), "ict": (2e-4, "per_response_all"), "random10": (1e-4, "per_response_all"),
-                  "entropy20": (2e-4, None), "stapo": (4e-4, None)},
-}
+# The Rényi-2 half of the paper's claim (ICT lowers Shannon entropy while controlling Rényi-2 concentration), per
+# run. Defined on 2026-11-26 after the four first settings had run (for them an after-the-fact reading), before any
+# later run. H2 = -log sum p^2 <= H1; a run whose H2 halves has concentrated its mass on one token per position.
+H1_LOWERED = 0.1  # H1 lowered: the last rolling all-token H1 is at most (1 - 0.1) x its start
+H2_FLOOR = 0.5  # H2 controlled: the rolling all-token H2 never falls below 0.5 x its start
+RENYI2_DEFINITION = (
+    f"Controls Rényi-2 (one run): its all-token Shannon entropy H1 is lowered (the last rolling H1 is at most "
+    f"{1 - H1_LOWERED:g} x the start H1) while its all-token Rényi-2 entropy H2 = -log Σp² is held (the rolling H2 "
+    f"never falls below {H2_FLOOR:g} x the start H2), with start and rolling as above. A method controls it when "
+    f"most of its seeds do. The Rényi-2 half of the claim holds in a setting when ICT controls Rényi-2 and GRPO "
+    f"does not (its H2 falls below the floor, or it does not lower H1); random10 is the control, as for collapse. "
+    f"Defined 2026-11-26, after the tinyarith, countdown, countdown-lesstrained and paths studies ran: for those "
+    f"four it is an after-the-fact reading."
+)
 
-# The less-trained countdown base: the countdown warm start (same recipe, seed and data order) stopped here
-# instead of at 4,000 steps (it keeps its best dev checkpoint, step 1,100). Countdown has several valid chains per
-# problem, so its forks are real choices, and a warm start stopped early is less sure of them (all-token H1 0.55
-# nats at the start against 0.16 for tinyarith's base). The paper's regime also needs ICT's selected tokens at low
-# π (0.18 ± 0.09); a pilot (scripts/horizon_pilot.py) put them at 0.83 here: the JS score picks the positions where
-# a response confidently disagrees with its group, and a less sure base still has many of those. No tuned study
-# exists for this base: its methods run at countdown's tuned settings.
-LESS_TRAINED_STEPS = 1500
+
+SETTINGS_DIR = Path("studies") / "horizon"  # where a setting's name is looked up, from the working directory
 
 
 @dataclass(frozen=True)
 class Setting:
-    task: str
-    tuned: str  # which tuned study's settings the methods run at
-    recipe: dict[str, Any]  # TinyRecipe overrides on top of the task's grid recipe
-    why: str
+    """One long-horizon setting, read from a JSON file by :func:`load_setting`."""
+
+    name: str  # the file's stem
+    task: str  # an embedded task (ictrl.experiments.tasks.registry)
+    tuned: dict[str, tuple[float, str | None]]  # method -> (lr, loss normaliser; None = the method's own)
+    seeds: tuple[int, ...]
+    recipe: dict[str, Any] = field(default_factory=dict)  # TinyRecipe overrides on top of the task's recipe
+    why: str = ""
+    tuned_source: str = ""  # where the learning rates were chosen
 
 
-SETTINGS: dict[str, Setting] = {
-    "tinyarith": Setting("tinyarith", "tinyarith", {}, "the first embedded task (operator precedence)"),
-    "countdown": Setting("countdown", "countdown", {}, "the second embedded task (several valid chains)"),
-    "countdown-lesstrained": Setting(
-        "countdown", "countdown", {"max_steps": LESS_TRAINED_STEPS},
-        f"countdown's base warm-started for at most {LESS_TRAINED_STEPS} steps instead of 4,000: less sure at the "
-        "forks between valid chains (whether ICT's tokens reach the paper's low π is measured, not assumed)"),
-    "paths": Setting(
-        "paths", "countdown", {},
-        "a task built for uncertain forks (ictrl.experiments.tasks.paths): every answer letter is a choice among a "
-        "node's successors, several of them valid, at positions that stay aligned across a group, so ICT's "
-        "disagreeing tokens can be uncertain ones; no tuned study exists for it, so its methods run at countdown's "
-        "tuned settings (the other task with several valid answers)"),
-}
+def _setting_error(where: object, message: str) -> Exception:
+    from ictrl.errors import UserError
+
+    return UserError(f"{where}: {message}")
+
+
+def setting_path(spec: str) -> Path:
+    """A setting file: ``spec`` itself when it names a file, else ``studies/horizon/SPEC.json``."""
+    path = Path(spec)
+    if path.suffix == ".json" or path.exists():
+        return path
+    return SETTINGS_DIR / f"{spec}.json"
+
+
+def load_setting(spec: str) -> Setting:
+    """The setting in file ``spec`` (or named ``spec`` in ``studies/horizon/``); a bad file or field is one
+    :class:`ictrl.errors.UserError` line naming it."""
+    from ictrl.core.loss import NORM_MODES
+    from ictrl.experiments.tasks.registry import TASKS
+
+    path = setting_path(spec)
+    if not path.is_file():
+        known = sorted(p.stem for p in SETTINGS_DIR.glob("*.json")) if SETTINGS_DIR.is_dir() else []
+        raise _setting_error(f"--horizon {spec}", f"no setting file {path}" + (
+            f" (settings in {SETTINGS_DIR}: {', '.join(known)})" if known else ""))
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise _setting_error(path, f"not valid JSON ({exc.msg}, line {exc.lineno})") from None
+    allowed, required = {"task", "tuned", "seeds", "recipe", "why", "tuned_source"}, {"task", "tuned", "seeds"}
+    if not isinstance(data, dict) or required - data.keys() or data.keys() - allowed:
+        what = sorted(required - data.keys()) if isinstance(data, dict) else ["an object"]
+        extra = sorted(data.keys() - allowed) if isinstance(data, dict) else []
+        raise _setting_error(path, f"missing field {what[0]!r}" if what else f"unknown field {extra[0]!r}")
+    if data["task"] not in TASKS:
+        raise _setting_error(path, f"field 'task': {data['task']!r} is not one of {', '.join(TASKS)}")
+    tuned = data["tuned"]
+    if not isinstance(tuned, dict) or set(tuned) != set(METHODS):
+        raise _setting_error(path, f"field 'tuned': needs exactly the methods {', '.join(METHODS)}")
+    for m, v in tuned.items():
+        ok = (isinstance(v, list) and len(v) == 2 and isinstance(v[0], (int, float)) and not isinstance(v[0], bool)
+              and v[0] > 0 and (v[1] is None or v[1] in NORM_MODES))
+        if not ok:
+            raise _setting_error(path, f"field 'tuned.{m}': expected [lr > 0, normaliser or null], got {v!r}")
+    seeds = data["seeds"]
+    if (not isinstance(seeds, list) or len(seeds) < 2 or len(set(seeds)) != len(seeds)
+            or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in seeds)):
+        raise _setting_error(path, f"field 'seeds': expected two or more distinct integers >= 0, got {seeds!r}")
+    from dataclasses import fields
+
+    from ictrl.experiments.tasks.tinymodel import TinyRecipe
+
+    recipe, names = data.get("recipe", {}), {f.name for f in fields(TinyRecipe)}
+    if not isinstance(recipe, dict) or recipe.keys() - names:
+        bad = sorted(recipe.keys() - names)[0] if isinstance(recipe, dict) else recipe
+        raise _setting_error(path, f"field 'recipe': {bad!r} is not a TinyRecipe field ({', '.join(sorted(names))})")
+    return Setting(path.stem, data["task"], {m: (float(v[0]), v[1]) for m, v in tuned.items()}, tuple(seeds),
+                   dict(data.get("recipe", {})), str(data.get("why", "")), str(data.get("tuned_source", "")))
 
 
 def _values(records: Sequence[dict[str, Any]], key: str) -> list[tuple[int, float]]:
@@ -151,6 +200,19 @@ def explosion_step(records: Sequence[dict[str, Any]], diverged: bool = False) ->
         steps = [s for s, _ in _values(records, "loss")] or [s for s, _ in _values(records, H1_KEY)]
         return max(steps) if steps else 0
     return None
+
+
+def renyi2_control(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One run under ``RENYI2_DEFINITION``: whether H1 was lowered, whether H2 was held, both (``controls``), and
+    the lowest rolling H2 and the last rolling H1 as fractions of their starts (None without enough steps)."""
+    h1, h2 = start_value(records, H1_KEY), start_value(records, H2_KEY)
+    roll1, roll2 = rolling(records, H1_KEY), rolling(records, H2_KEY)
+    if not (math.isfinite(h1) and math.isfinite(h2) and h1 > 0 and h2 > 0 and roll1 and roll2):
+        return {"h1_lowered": None, "h2_held": None, "controls": None, "h1_end_ratio": None, "h2_min_ratio": None}
+    h1_end, h2_min = roll1[-1][1] / h1, min(v for _, v in roll2) / h2
+    lowered, held = h1_end <= 1 - H1_LOWERED, h2_min >= H2_FLOOR
+    return {"h1_lowered": lowered, "h2_held": held, "controls": lowered and held, "h1_end_ratio": h1_end,
+            "h2_min_ratio": h2_min}
 
 
 def stop_step(records: Sequence[dict[str, Any]], min_steps: int = MIN_STEPS) -> int | None:

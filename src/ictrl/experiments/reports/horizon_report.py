@@ -39,6 +39,9 @@ CURVES = {
 }
 SELECTED = {"π sel": "ictrl/prob/selected", "H1 sel": "ictrl/h1/selected",
             "high-H1 share": "ictrl/selected/high_entropy_frac", "H1 all": "ictrl/h1/all"}
+# The entropy table beside H1: (column, key) for H1, H2 and purity of all and of the selected tokens.
+ENTROPIES = {"H1 all": "ictrl/h1/all", "H2 all": "ictrl/h2/all", "purity all": "ictrl/purity/all",
+             "H1 sel": "ictrl/h1/selected", "H2 sel": "ictrl/h2/selected", "purity sel": "ictrl/purity/selected"}
 
 
 def _mean(values: Sequence[float]) -> float:
@@ -69,9 +72,10 @@ def run_summary(records: list[dict[str, Any]], result: dict[str, Any], theta: in
     out: dict[str, Any] = {"collapse": hz.collapse_step(records),
                            "explosion": hz.explosion_step(records, diverged=bool(result.get("diverged"))),
                            "steps": result.get("steps"), **{k: result.get(k) for k in ("p1", "p4", "p16")}}
-    for label, key in SELECTED.items():
+    for label, key in {**SELECTED, **ENTROPIES}.items():
         out[f"{label} start"] = window(records, key, theta, first=hz.START_STEPS)
         out[f"{label} end"] = window(records, key, theta, last=hz.WINDOW)
+    out["renyi2"] = hz.renyi2_control(records)
     return out
 
 
@@ -144,6 +148,53 @@ def verdict(summ: dict[str, list[dict[str, Any]]], n: int) -> str:
     return "Not supported here: " + "; ".join(why) + "."
 
 
+def renyi2_verdict(summ: dict[str, list[dict[str, Any]]]) -> str:
+    """The Rényi-2 half of the claim under ``grid.horizon.RENYI2_DEFINITION``."""
+    def count(m: str) -> int:
+        return sum(1 for r in summ.get(m, []) if r["renyi2"]["controls"])
+
+    def controls(m: str) -> bool:
+        return 2 * count(m) > len(summ[m])
+
+    seeds = ", ".join(f"{m} {count(m)}/{len(summ[m])}" for m in summ)
+    if controls("ict") and not controls("grpo"):
+        control = ("random10 controls it as well, so sparsity, not the JS score, explains it"
+                   if controls("random10") else "random10 does not, so the JS score matters here")
+        return f"Rényi-2 half: supported here (seeds that control Rényi-2: {seeds}); {control}."
+    if not controls("ict"):
+        held = sum(1 for r in summ["ict"] if r["renyi2"]["h2_held"])
+        lowered = sum(1 for r in summ["ict"] if r["renyi2"]["h1_lowered"])
+        return (f"Rényi-2 half: not supported here: ICT does not control Rényi-2 in most seeds (H1 lowered in "
+                f"{lowered}/{len(summ['ict'])}, H2 held in {held}/{len(summ['ict'])}; seeds that control it: {seeds}).")
+    return (f"Rényi-2 half: not shown here: GRPO controls Rényi-2 as well as ICT (seeds that control it: {seeds}), "
+            "so this setting cannot separate them.")
+
+
+def _renyi_table(summ: dict[str, list[dict[str, Any]]]) -> str:
+    rows = ["| method | seeds that control Rényi-2 | H1 lowered | H2 held | last rolling H1 / start "
+            "| lowest rolling H2 / start |", "|---|---|---|---|---|---|"]
+    for m, rs in summ.items():
+        rr = [r["renyi2"] for r in rs]
+        n = len(rr)
+
+        def ratio(key: str) -> str:
+            values = [x[key] for x in rr if x[key] is not None]
+            return ci_text(values, 2) if values else "–"
+
+        rows.append(f"| {m} | {sum(1 for x in rr if x['controls'])}/{n} | {sum(1 for x in rr if x['h1_lowered'])}/{n}"
+                    f" | {sum(1 for x in rr if x['h2_held'])}/{n} | {ratio('h1_end_ratio')} | {ratio('h2_min_ratio')} |")
+    return "\n".join(rows)
+
+
+def _entropy_table(summ: dict[str, list[dict[str, Any]]]) -> str:
+    rows = ["| method | " + " | ".join(ENTROPIES) + " |", "|---|" + "---|" * len(ENTROPIES)]
+    for m, rs in summ.items():
+        rows.append(f"| {m} | " + " | ".join(
+            f"{ci_text([r[f'{c} start'] for r in rs], 3)} → {ci_text([r[f'{c} end'] for r in rs], 3)}"
+            for c in ENTROPIES) + " |")
+    return "\n".join(rows)
+
+
 def write(out: Path, name: str, setting: hz.Setting, specs: list[grid.RunSpec], results: dict[grid.RunSpec, Any],
           base: dict[str, Any], warm: dict[str, Any], stops: dict[int, int], n: int, rl: Any, plan: dict[str, Any],
           seconds: float, quick: bool = False) -> dict[str, Path]:
@@ -166,11 +217,12 @@ def write(out: Path, name: str, setting: hz.Setting, specs: list[grid.RunSpec], 
         f"Definitions (fixed in commit {DEFINITIONS_COMMIT}"
         + ("" if defs_ok else "; WARNING: the text below differs from that commit's") + f"): {hz.DEFINITIONS}",
         VERDICT_RULE,
+        hz.RENYI2_DEFINITION,
         f"Setting {name}: {setting.why}. Base model: task {warm['recipe']['task']}, warm start stopped at step "
         f"{warm['best_step']} (best dev pass@1 {warm['best_dev_pass1']:.3f}), built in {warm['seconds']:.0f} s.",
         f"Protocol: seeds {sorted(stops)}; {rl.prompts_per_step} prompts x {rl.num_generations} samples per "
         f"generation batch, {rl.num_iterations} optimizer steps per batch, Θ = {theta}; each method at the tuned "
-        f"study's setting for task {setting.tuned} (grid.horizon.TUNED). Horizon N = {n} (GRPO seeds stopped at "
+        f"setting ({setting.tuned_source or 'the setting file'}). Horizon N = {n} (GRPO seeds stopped at "
         f"{stops}; minimum {plan['min_steps']}, cap {plan['cap']}). Held-out pass@k "
         f"(k = {', '.join(map(str, hz.EVAL_KS))}) "
         f"every {plan['eval_every']} steps on the first {plan['curve_problems']} test problems x {hz.EVAL_N} samples "
@@ -189,7 +241,7 @@ def write(out: Path, name: str, setting: hz.Setting, specs: list[grid.RunSpec], 
     atomic_write_text(out / "results.json", json.dumps(
         {"setting": name, "steps": n, "grpo_stop_steps": stops, "base": base, "summary": summ,
          "wall_seconds_this_invocation": seconds, "run_seconds": run_seconds, "definitions": hz.DEFINITIONS,
-         "definitions_commit": DEFINITIONS_COMMIT}, indent=1, default=str) + "\n")
+         "definitions_commit": DEFINITIONS_COMMIT, "renyi2_definition": hz.RENYI2_DEFINITION}, indent=1, default=str) + "\n")
     page = report.render_report(f"Long horizon: {name}", tables, images, "\n\n".join(notes), out / "report.html",
                                 note=head[0] if head else "", answer=answer, caveats=[
                                     f"{len(stops)} seeds per method, a 140k-parameter model and a synthetic task",
@@ -199,7 +251,7 @@ def write(out: Path, name: str, setting: hz.Setting, specs: list[grid.RunSpec], 
 
 def _answer(name: str, setting: hz.Setting, summ: dict[str, list[dict[str, Any]]], stops: dict[int, int], n: int,
             base: dict[str, Any]) -> str:
-    lines = [f"**{verdict(summ, n)}**"]
+    lines = [f"**{verdict(summ, n)}**", f"**{renyi2_verdict(summ)}**"]
     lines.append("Collapse (all-token H1 at most 0.2 x its start): " + "; ".join(
         f"{m} {event_text([r['collapse'] for r in summ[m]], n)}" for m in hz.METHODS) + ".")
     lines.append("Explosion: " + "; ".join(
@@ -266,4 +318,7 @@ def _tables(summ: dict[str, list[dict[str, Any]]], lrs: dict[str, tuple[float, s
                          f"{100 * r['p1']:.1f} | {100 * r['p16']:.1f} |")
     return [("Per method (mean [95% t-CI] over seeds; pass@k in percent)", "\n".join(rows)),
             ("Selected tokens (mean [95% t-CI] over seeds)", "\n".join(sel)),
+            ("H1, H2 and purity of all and of the selected tokens, start → end (mean [95% t-CI] over seeds; nats "
+             "for H1 and H2)", _entropy_table(summ)),
+            ("Rényi-2 (the definition below; ratios: mean [95% t-CI] over seeds)", _renyi_table(summ)),
             ("Per seed", "\n".join(seeds))]

@@ -18,6 +18,23 @@ TASKS = {"tinyarith": "ictrl.experiments.tasks.tinytask", "countdown": "ictrl.ex
          "paths": "ictrl.experiments.tasks.paths"}
 # The difficulty when a recipe does not say (tinyarith: operators; countdown: numbers; paths: walk lengths).
 DEFAULT_DIFFICULTY = {"tinyarith": (2,), "countdown": (4,), "paths": (4, 5, 6)}
+# Warm-start noise per task beyond the shared recipe (TinyRecipe's defaults are tinyarith's): countdown's
+# demonstrations err mostly by choice (a correct chain to another value), rarely by an arithmetic slip. Its longer
+# chains stay at 0% dev pass@1 for the first ~1,000 steps: more patience than tinyarith's 6 evaluations. Paths has
+# the same kinds of error (a walk to another node; a missing edge), over its whole train split.
+TASK_RECIPES: dict[str, dict[str, Any]] = {"countdown": {"order_error": 0.5, "digit_error": 0.1,
+                                                           "train_problems": 1300, "patience": 12,
+                                                           "max_steps": 4000},
+                                           "paths": {"order_error": 0.5, "digit_error": 0.1, "train_problems": 1400,
+                                                     "patience": 12, "max_steps": 4000}}
+
+
+def task_recipe(name: str) -> dict[str, Any]:
+    """The TinyRecipe overrides of ``name``'s warm-started base (the grid's and the long-horizon study's)."""
+    get_task(name)
+    if name == "tinyarith":
+        return {}
+    return {"task": name, "difficulty": DEFAULT_DIFFICULTY[name], **TASK_RECIPES.get(name, {})}
 
 
 def get_task(name: str) -> ModuleType:

@@ -1,0 +1,327 @@
+"""``ictrl regime``: does ICT's token selection differ from a random one on this model and these prompts?
+
+ICT helps, if at all, where a group's responses are uncertain at aligned forks: there the JS score's top tokens
+sit at low sampled-token probability π (the paper: 0.18 ± 0.09). Where the responses disagree confidently (π near
+1 at ICT's tokens), the long-horizon study found random-10% doing as well as ICT. This command measures which of the
+two a model is in before any training: it samples ``G`` responses to each prompt (HF ``generate``, plain sampling at
+``--temperature``, so the sampler is the policy whose logits are scored), scores each group with the trainer's own
+statistics (``ictrl.core.stats.token_stats`` with the group as one prompt label) and selectors
+(``ictrl.core.selection.select``: ICT top-10% per response, random-10% per response, 20-Entropy's top 20% of the
+group), and reports over prompts (mean and 95% t-interval, a prompt being the unit):
+
+- π and H1 at ICT's tokens against random-10%'s, 20-Entropy's and all tokens', and the paired per-prompt
+  differences ICT − random-10% and ICT − 20-Entropy;
+- the share of ICT's tokens that 20-Entropy also picks (and random-10%'s share, the chance level);
+- the share of ICT's tokens at or before the group's first divergence (the first position where its responses
+  differ; up to and including it every response has the same prefix, hence the same distribution, and u = 0);
+- one verdict line (:data:`VERDICT_RULE`).
+
+A group whose responses are all identical has u = 0 everywhere (ICT's pick is then arbitrary, and in training its
+advantages are 0): it is counted and left out of the comparisons.
+
+Prompt sources (``--prompts``): an embedded task (``tinyarith``, ``countdown``, ``paths``: test-split questions as
+the warm start saw them), a benchmark or spec from the data registry (``gsm8k``, ``math500``,
+``math_train:levels=3,4,5``, ``jsonl:PATH``: the prompt the model is evaluated with, through its chat template
+when the tokenizer has one), or a ``.jsonl``/``.json`` file (as ``jsonl:PATH``). Outputs, written atomically to
+``--output-dir``: ``regime.json`` (settings, summary, verdict, one record per prompt) and ``regime.html``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ictrl.errors import UserError
+
+REFERENCE = "ict"  # the selector under test, by registered name
+CONTROLS = ("random", "entropy")  # what it is compared with: random-10% (chance) first, then 20-Entropy
+PAPER_PI = 0.5  # π at ICT's tokens at most this: the paper's regime (its tokens: 0.18 ± 0.09), as the horizon report
+CONFIDENCE = 0.95
+VERDICT_RULE = (
+    f"Verdict rule: ICT's selection differs from random here when the {CONFIDENCE:.0%} t-interval over prompts of "
+    "the per-prompt difference π(ICT) − π(random-10%) excludes 0; it is the paper's regime when that difference is "
+    f"negative and the mean π at ICT's tokens is at most {PAPER_PI:g} (uncertain tokens where a response departs "
+    "from its group); otherwise the JS score picks confident disagreements, as on the embedded tinyarith and "
+    "countdown bases (π 0.83-0.95 at ICT's tokens in the long-horizon study)."
+)
+
+
+# ---------------------------------------------------------------------------------------------------- one group
+
+
+def label(name: str) -> str:
+    """A selector's method label (ict, random10, entropy20), the names records and the report use."""
+    from ictrl.core.selection import get_selector
+
+    return get_selector(name).label
+
+
+def selection_labels() -> list[str]:
+    """ICT's, the controls' labels and ``all`` (every response token), in the report's order."""
+    return [label(REFERENCE), *(label(c) for c in CONTROLS), "all"]
+
+
+def pairs() -> list[tuple[str, str]]:
+    """The paired per-prompt differences: ICT − each control."""
+    return [(label(REFERENCE), label(c)) for c in CONTROLS]
+
+
+def first_divergence(tokens: Any, mask: Any) -> int | None:
+    """The first position where the responses of a group differ (a token, or one ended and another did not);
+    None when they are identical. tokens, mask: [G, T]."""
+    same = ((tokens == tokens[:1]) | ~mask) & (mask == mask[:1])
+    where = (~same.all(dim=0)).nonzero()
+    return int(where[0, 0]) if where.numel() else None
+
+
+def group_selections(logits: Any, tokens: Any, mask: Any, temperature: float = 1.0, seed: int = 0,
+                     index: int = 0) -> tuple[Any, dict[str, Any]]:
+    """The trainer's statistics of one group and each selection's [G, T] mask.
+
+    logits [G, T, V] in the shifted layout (``logits[g, t]`` produced ``tokens[g, t]``), tokens [G, T], mask [G, T]
+    bool. The random draw is seeded by (``seed``, ``index``), one draw per prompt. 20-Entropy's "batch" is the group:
+    in training it is every prompt of the step, which this check, one prompt at a time, does not have."""
+    import torch
+
+    from ictrl.core.selection import SelectionInputs, get_selector, select
+    from ictrl.core.stats import token_stats
+
+    group_ids = torch.zeros(tokens.shape[0], dtype=torch.long, device=tokens.device)
+    stats = token_stats(logits, mask, tokens=tokens, temperature=temperature, group_ids=group_ids)
+    inputs = SelectionInputs(mask=mask, step=index, ict_score=stats.ict_score, entropy=stats.entropy,
+                             prob=stats.prob, group_ids=group_ids)
+    masks: dict[str, Any] = {}
+    for name in (REFERENCE, *CONTROLS):
+        selector = get_selector(name)
+        masks[selector.label] = select(name, inputs, **({"seed": seed} if "seed" in selector.options else {}))
+    masks["all"] = inputs.mask
+    return stats, masks
+
+
+def _mean_at(values: Any, where: Any) -> float | None:
+    n = int(where.sum())
+    return float(values.double()[where].sum()) / n if n else None
+
+
+def group_record(stats: Any, masks: dict[str, Any], tokens: Any, mask: Any) -> dict[str, Any]:
+    """One prompt's numbers: π and H1 averaged over each selection's tokens (pooled over the group), the paired
+    differences, the overlaps with 20-Entropy, the first divergence and the share of ICT's tokens at or before it."""
+    d = first_divergence(tokens, mask)
+    rec: dict[str, Any] = {"responses": int(mask.shape[0]), "tokens": int(mask.sum()), "divergence": d}
+    for name in selection_labels():
+        rec[f"pi/{name}"] = _mean_at(stats.prob, masks[name])
+        rec[f"h1/{name}"] = _mean_at(stats.entropy, masks[name])
+    for a, b in pairs():
+        for stat in ("pi", "h1"):
+            x, y = rec[f"{stat}/{a}"], rec[f"{stat}/{b}"]
+            rec[f"{stat}/{a}-{b}"] = None if x is None or y is None else x - y
+    ict, rnd, ent = (label(n) for n in (REFERENCE, *CONTROLS))
+    for name in (ict, rnd):
+        n = int(masks[name].sum())
+        rec[f"overlap/{name}&{ent}"] = int((masks[name] & masks[ent]).sum()) / n if n else None
+        shared = masks[name][:, : mask.shape[1] if d is None else d + 1]
+        rec[f"before/{name}"] = int(shared.sum()) / n if n else None
+    return rec
+
+
+# ---------------------------------------------------------------------------------------------------- over prompts
+
+
+def mean_ci(values: Sequence[float], confidence: float = CONFIDENCE,
+            bounds: tuple[float, float] | None = None) -> dict[str, Any]:
+    """Mean with a two-sided t-interval over ``values`` (None edges for fewer than two values); ``bounds``: the
+    range the quantity cannot leave (a share's [0, 1]), to which the interval's edges are clipped."""
+    from scipy import stats
+
+    n = len(values)
+    if not n:
+        return {"mean": None, "lo": None, "hi": None, "n": 0}
+    m = math.fsum(values) / n
+    if n < 2:
+        return {"mean": m, "lo": None, "hi": None, "n": n}
+    sd = math.sqrt(math.fsum((v - m) ** 2 for v in values) / (n - 1))
+    half = float(stats.t.ppf(0.5 + confidence / 2, n - 1)) * sd / math.sqrt(n)
+    lo, hi = (m - half, m + half) if bounds is None else (max(bounds[0], m - half), min(bounds[1], m + half))
+    return {"mean": m, "lo": lo, "hi": hi, "n": n}
+
+
+def summarize(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Every numeric field's mean and t-interval over the prompts whose group diverged."""
+    diverged = [r for r in records if r["divergence"] is not None]
+    keys = [k for k in records[0] if "/" in k] if records else []
+    shares = ("overlap/", "before/")  # fractions of a selection: intervals clipped to [0, 1]
+    out: dict[str, Any] = {k: mean_ci([r[k] for r in diverged if r[k] is not None],
+                                      bounds=(0.0, 1.0) if k.startswith(shares) else None) for k in keys}
+    out["prompts"] = len(records)
+    out["identical_groups"] = len(records) - len(diverged)
+    out["divergence"] = mean_ci([float(r["divergence"]) for r in diverged])
+    out["tokens_per_response"] = mean_ci([r["tokens"] / r["responses"] for r in records])
+    return out
+
+
+def verdict(summary: dict[str, Any]) -> dict[str, Any]:
+    """The regime under :data:`VERDICT_RULE`: ``paper``, ``confident`` (differs from random, not the paper's
+    regime), ``random`` (no difference shown) or ``unknown`` (fewer than two diverging groups), and its line."""
+    a, b = pairs()[0]
+    diff, ict, rnd = summary[f"pi/{a}-{b}"], summary[f"pi/{a}"], summary[f"pi/{b}"]
+    if diff["lo"] is None:
+        return {"regime": "unknown", "line": f"Too few groups whose responses differ ({diff['n']}) to tell: sample "
+                                             "more prompts or a higher temperature."}
+    d = f"{diff['mean']:+.3f} [{diff['lo']:+.3f}, {diff['hi']:+.3f}]"
+    pis = f"π at ICT's tokens {ict['mean']:.3f}, at random-10%'s {rnd['mean']:.3f}; difference {d}"
+    if diff["hi"] < 0 and ict["mean"] <= PAPER_PI:
+        return {"regime": "paper", "line": f"ICT's selection differs from random here, in the paper's regime: {pis}, "
+                                           f"below 0, and ICT's tokens at π ≤ {PAPER_PI:g}."}
+    if diff["lo"] > 0 or diff["hi"] < 0:
+        return {"regime": "confident", "line": f"ICT's selection differs from random here, but not in the paper's "
+                                               f"regime: {pis}; ICT picks confident disagreements, as on the "
+                                               "embedded tinyarith and countdown bases."}
+    return {"regime": "random", "line": f"ICT's selection does not differ from random here on π: {pis}, an interval "
+                                        "that contains 0."}
+
+
+# ---------------------------------------------------------------------------------------------------- sources
+
+
+def load_prompts(source: str, n: int, seed: int = 0) -> tuple[list[Any], Any]:
+    """(problems, how to build a prompt): ``n`` of an embedded task's test questions (drawn with ``seed``), or the
+    first ``n`` problems of a benchmark or file with its prompt builder. Raises :class:`UserError` (one line naming ``--prompts``) for an unknown source."""
+    from ictrl.experiments.tasks.registry import DEFAULT_DIFFICULTY, TASKS, get_task
+
+    if source in TASKS:
+        task = get_task(source)
+        try:
+            problems = task.generate_problems(n, "test", DEFAULT_DIFFICULTY[source], seed=seed)
+        except ValueError as exc:
+            raise UserError(f"--prompts {source}: {exc}") from None
+        return problems, None
+    from ictrl import preflight
+    from ictrl.data import BENCHMARKS, load_problems, parse_spec
+
+    if Path(source).suffix in (".jsonl", ".json"):
+        preflight.check_file(source, "--prompts")
+    spec = f"jsonl:{source}" if Path(source).suffix in (".jsonl", ".json") else source
+    head = spec.split(":", 1)[0]
+    if head != "jsonl" and head not in BENCHMARKS:
+        known = ", ".join(sorted(BENCHMARKS))
+        raise UserError(f"--prompts: unknown source {source!r}{preflight._suggest(head, [*TASKS, *BENCHMARKS])} "
+                        f"(an embedded task: {', '.join(TASKS)}; a benchmark: {known}; or a .jsonl file)")
+    preflight.check_benchmarks([spec], option="--prompts")
+    try:
+        problems = load_problems(spec, limit=n)
+    except ValueError as exc:
+        raise UserError(f"--prompts: {exc}") from None
+    if not problems:
+        raise UserError(f"--prompts {source}: no problems")
+    return problems, parse_spec(spec)[0]
+
+
+# ---------------------------------------------------------------------------------------------------- sampling
+
+
+def eos_ids(model: Any, tokenizer: Any) -> list[int]:
+    """The ids that end a response: the generation config's (an int or a list; what ``generate`` stops at) and the
+    tokenizer's EOS."""
+    ids = getattr(model.generation_config, "eos_token_id", None)
+    ids = [] if ids is None else [ids] if isinstance(ids, int) else list(ids)
+    return sorted({*ids, *([tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else [])})
+
+
+def response_mask(response: Any, eos: Sequence[int]) -> Any:
+    """[G, T] bool: positions up to and including each row's first end token (all of a row that never ends)."""
+    import torch
+
+    is_eos = torch.isin(response, torch.tensor(list(eos), dtype=response.dtype, device=response.device)).long()
+    return (is_eos.cumsum(1) - is_eos) == 0
+
+
+def score_prompt(model: Any, tokenizer: Any, prompt: str, index: int, args: argparse.Namespace) -> dict[str, Any]:
+    """Sample one group for ``prompt`` (``ictrl inspect``'s sampler), one no-grad forward over prompt + responses
+    for the logits that produced them, then :func:`group_record`."""
+    import torch
+
+    from ictrl.experiments.inspect import generate_group
+
+    prompt_ids, response, _ = generate_group(model, tokenizer, prompt, args.num_generations, args.max_new_tokens,
+                                             args.temperature, seed=args.seed * 1_000_003 + index)
+    mask = response_mask(response, eos_ids(model, tokenizer))
+    g, p_len = response.shape[0], prompt_ids.shape[1]
+    with torch.no_grad():
+        logits = model(torch.cat([prompt_ids.expand(g, -1), response], dim=1)).logits[:, p_len - 1:-1].float()
+        stats, masks = group_selections(logits, response, mask, args.temperature, args.seed, index)
+    return group_record(stats, masks, response, mask)
+
+
+# ---------------------------------------------------------------------------------------------------- CLI
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", required=True, help="model directory or hub id (loaded with from_pretrained)")
+    parser.add_argument("--prompts", required=True, metavar="SOURCE",
+                        help="an embedded task (tinyarith, countdown, paths), a benchmark or spec (gsm8k, "
+                             "math500, math_train:levels=3,4,5, jsonl:PATH) or a .jsonl/.json file")
+    parser.add_argument("--num-generations", type=int, default=8, help="G, responses per prompt (>= 2)")
+    parser.add_argument("--num-prompts", type=int, default=64, help="prompts sampled (default: %(default)s)")
+    parser.add_argument("--max-new-tokens", type=int, default=None,
+                        help="response budget (default: an embedded task's own, else 512)")
+    parser.add_argument("--temperature", type=float, default=1.0, help="sampling and statistics temperature")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the sampling and of random-10%%'s draw")
+    parser.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
+    parser.add_argument("--output-dir", "--output_dir", type=Path, default=Path("runs/regime"),
+                        help="where regime.json and regime.html go (default: %(default)s)")
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Flag values, before anything loads; one line naming the flag."""
+    if args.num_generations < 2:
+        raise UserError(f"--num-generations must be at least 2 (ICT compares a response with its group), got "
+                        f"{args.num_generations}")
+    if args.num_prompts < 2:
+        raise UserError(f"--num-prompts must be at least 2 (the intervals are over prompts), got {args.num_prompts}")
+    if args.max_new_tokens is not None and args.max_new_tokens < 1:
+        raise UserError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
+    if not args.temperature > 0:
+        raise UserError(f"--temperature must be > 0, got {args.temperature}")
+    if args.seed < 0:
+        raise UserError(f"--seed must be >= 0, got {args.seed}")
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from ictrl import preflight
+    from ictrl.experiments.reports import regime_report
+    from ictrl.experiments.tasks.registry import DEFAULT_DIFFICULTY, TASKS, get_task
+
+    check_args(args)
+    problems, bench = load_prompts(args.prompts, args.num_prompts, args.seed)
+    if args.max_new_tokens is None:
+        args.max_new_tokens = (int(get_task(args.prompts).max_new_tokens(DEFAULT_DIFFICULTY[args.prompts]))
+                               if args.prompts in TASKS else 512)
+    preflight.check_model(args.model)
+    from ictrl.data import build_prompt
+    from ictrl.models import load_model_and_tokenizer
+
+    start = time.perf_counter()
+    model, tokenizer = load_model_and_tokenizer(args.model, device=args.device)
+    records = []
+    columns = (TextColumn("regime check"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
+    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task("prompts", total=len(problems))
+        for i, problem in enumerate(problems):
+            prompt = problem.question if bench is None else build_prompt(problem, bench, tokenizer)
+            records.append({"id": problem.id, **score_prompt(model, tokenizer, prompt, i, args)})
+            bar.advance(task)
+    summary = summarize(records)
+    result = {"settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+              "selections": selection_labels(), "pairs": pairs(), "summary": summary, "verdict": verdict(summary), "verdict_rule": VERDICT_RULE,
+              "seconds": time.perf_counter() - start, "prompts": records}
+    paths = regime_report.write(args.output_dir, result)
+    print(result["verdict"]["line"])
+    print(f"wrote {paths['json']} and {paths['html']}")
+    return 0

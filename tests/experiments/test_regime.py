@@ -1,0 +1,281 @@
+"""``ictrl regime``: every per-prompt number against a float64 reference, the intervals over prompts, the verdict
+rule, the regimes of the embedded tasks told apart on ideal bases, and the command end to end with its errors."""
+
+from __future__ import annotations
+
+import collections
+import collections.abc
+import html
+import json
+import math
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats as sps
+
+from ictrl.experiments import regime
+from ictrl.experiments.tasks.registry import DEFAULT_DIFFICULTY, get_task
+
+
+# ---------------------------------------------------------------------------------------------------- reference
+
+
+def reference_numbers(logits: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor,
+                      random10: torch.Tensor, temperature: float) -> dict[str, Any]:
+    """The statistics, selections and record of one group, by plain loops in float64 (docs/method.md §2-4)."""
+    G, T, _ = logits.shape
+    p = torch.softmax(logits.double() / temperature, dim=-1)
+    h1 = torch.zeros(G, T, dtype=torch.float64)
+    pi = torch.zeros(G, T, dtype=torch.float64)
+    u = torch.zeros(G, T, dtype=torch.float64)
+
+    def entropy(q: torch.Tensor) -> float:
+        return -sum(float(x) * math.log(float(x)) for x in q if x > 0)
+
+    for t in range(T):
+        active = [g for g in range(G) if mask[g, t]]
+        mean = sum(p[g, t] for g in active) / len(active) if active else None
+        for g in active:
+            h1[g, t] = entropy(p[g, t])
+            pi[g, t] = p[g, t, tokens[g, t]]
+            m = (p[g, t] + mean) / 2
+            u[g, t] = entropy(m) - entropy(p[g, t]) / 2 - entropy(mean) / 2
+    ict = torch.zeros(G, T, dtype=torch.bool)
+    for g in range(G):  # top ceil(10%) of each response by u, the earlier position first among ties
+        pos = [t for t in range(T) if mask[g, t]]
+        for t in sorted(pos, key=lambda t: (-u[g, t], t))[: math.ceil(0.1 * len(pos))]:
+            ict[g, t] = True
+    flat = [(g, t) for g in range(G) for t in range(T) if mask[g, t]]
+    ent = torch.zeros(G, T, dtype=torch.bool)
+    for g, t in sorted(flat, key=lambda gt: (-h1[gt], gt))[: math.ceil(0.2 * len(flat))]:
+        ent[g, t] = True
+    sel = {"ict": ict, "random10": random10, "entropy20": ent, "all": mask}
+
+    def mean_at(x: torch.Tensor, where: torch.Tensor) -> float:
+        cells = [float(x[g, t]) for g, t in flat if where[g, t]]
+        return math.fsum(cells) / len(cells)
+
+    d = next((t for t in range(T) if len({(bool(mask[g, t]), int(tokens[g, t]) if mask[g, t] else -1)
+                                          for g in range(G)}) > 1), None)
+    rec: dict[str, Any] = {"divergence": d}
+    for name, where in sel.items():
+        rec[f"pi/{name}"], rec[f"h1/{name}"] = mean_at(pi, where), mean_at(h1, where)
+    for a, b in regime.pairs():
+        for s in ("pi", "h1"):
+            rec[f"{s}/{a}-{b}"] = rec[f"{s}/{a}"] - rec[f"{s}/{b}"]
+    for name in ("ict", "random10"):
+        chosen = [(g, t) for g, t in flat if sel[name][g, t]]
+        rec[f"overlap/{name}&entropy20"] = sum(bool(ent[gt]) for gt in chosen) / len(chosen)
+        rec[f"before/{name}"] = sum(t <= (T if d is None else d) for _, t in chosen) / len(chosen)
+    return {"u": u, "h1": h1, "pi": pi, "selections": sel, "record": rec}
+
+
+def a_group(seed: int, G: int = 5, T: int = 12, V: int = 7, shared: int = 3) -> tuple[torch.Tensor, ...]:
+    """Logits, tokens and mask of a group whose responses share their first ``shared`` tokens (so their logits
+    agree there, as a model's would), then differ; rows end at different lengths."""
+    gen = torch.Generator().manual_seed(seed)
+    logits = 2 * torch.randn(G, T, V, generator=gen)
+    tokens = torch.randint(0, V, (G, T), generator=gen)
+    tokens[:, :shared] = tokens[0, :shared]
+    logits[:, : shared + 1] = logits[0, : shared + 1]
+    lengths = torch.randint(shared + 2, T + 1, (G,), generator=gen)
+    mask = torch.arange(T)[None, :] < lengths[:, None]
+    return logits, tokens, mask
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_group_numbers_match_a_float64_reference(seed: int) -> None:
+    logits, tokens, mask = a_group(seed)
+    temperature = 0.7
+    st, masks = regime.group_selections(logits, tokens, mask, temperature, seed=3, index=seed)
+    ref = reference_numbers(logits, tokens, mask, masks["random10"], temperature)
+    torch.testing.assert_close(st.ict_score.double(), ref["u"], atol=1e-5, rtol=0)
+    torch.testing.assert_close(st.entropy.double(), ref["h1"], atol=1e-5, rtol=0)
+    torch.testing.assert_close(st.prob.double(), ref["pi"], atol=1e-6, rtol=0)
+    for name in ("ict", "entropy20", "all"):
+        assert torch.equal(masks[name], ref["selections"][name]), name
+    rnd = masks["random10"]  # drawn by the selector: a subset of the mask, ceil(10%) of each response
+    assert not (rnd & ~mask).any()
+    assert rnd.sum(1).tolist() == [math.ceil(0.1 * int(n)) for n in mask.sum(1)]
+    again = regime.group_selections(logits, tokens, mask, temperature, seed=3, index=seed + 1)[1]["random10"]
+    assert not torch.equal(again, rnd) or int(mask.sum()) < 8  # one draw per prompt, not one for all
+    rec = regime.group_record(st, masks, tokens, mask)
+    assert rec["divergence"] == ref["record"]["divergence"] == 3
+    assert rec["before/ict"] == 0.0  # u = 0 up to the divergence: ICT never picks there
+    for key, value in ref["record"].items():
+        assert rec[key] == pytest.approx(value, abs=1e-5), key
+
+
+def test_identical_responses_have_no_divergence() -> None:
+    tokens = torch.tensor([[1, 2, 3], [1, 2, 3]])
+    mask = torch.tensor([[True, True, False], [True, True, False]])
+    assert regime.first_divergence(tokens, mask) is None
+    mask2 = torch.tensor([[True, True, True], [True, True, False]])  # one ended, the other went on
+    assert regime.first_divergence(tokens, mask2) == 2
+    end = torch.tensor([[5, 0, 7, 7], [5, 9, 9, 9]])
+    assert regime.response_mask(end, [0, 9]).tolist() == [[True, True, False, False], [True, True, False, False]]
+
+
+def test_intervals_over_prompts_match_scipy_and_leave_identical_groups_out() -> None:
+    rng = np.random.default_rng(0)
+    values = rng.normal(0.3, 0.1, size=17)
+    cell = regime.mean_ci(values.tolist())
+    lo, hi = sps.t.interval(0.95, len(values) - 1, loc=values.mean(), scale=sps.sem(values))
+    assert (cell["mean"], cell["lo"], cell["hi"], cell["n"]) == pytest.approx((values.mean(), lo, hi, 17), abs=1e-12)
+    assert regime.mean_ci([0.5])["lo"] is None and regime.mean_ci([])["mean"] is None
+    share = regime.mean_ci([0.0, 0.0, 0.0, 0.1], bounds=(0.0, 1.0))  # t-interval -0.055..0.105, clipped at 0
+    assert share["lo"] == 0.0 and share["hi"] == pytest.approx(0.025 + sps.t.ppf(0.975, 3) * 0.05 / 2)
+    keys = ["pi/ict", "pi/random10"]
+    recs = [{"divergence": 1, "tokens": 10, "responses": 2, **{k: float(v) for k, v in zip(keys, row)}}
+            for row in rng.uniform(size=(6, 2))]
+    recs.append({"divergence": None, "tokens": 4, "responses": 2, "pi/ict": 99.0, "pi/random10": 99.0})
+    summ = regime.summarize(recs)
+    assert summ["prompts"] == 7 and summ["identical_groups"] == 1 and summ["pi/ict"]["n"] == 6
+    assert summ["pi/ict"]["mean"] == pytest.approx(np.mean([r["pi/ict"] for r in recs[:6]]), abs=1e-12)
+    assert summ["tokens_per_response"]["mean"] == pytest.approx((6 * 5 + 2) / 7)
+    from ictrl.experiments.reports.regime_report import after
+
+    assert after({"mean": 0.25, "lo": 0.125, "hi": 0.5, "n": 3}) == {"mean": 0.75, "lo": 0.5, "hi": 0.875, "n": 3}
+
+
+def cell(mean: float, lo: float | None, hi: float | None, n: int = 20) -> dict[str, Any]:
+    return {"mean": mean, "lo": lo, "hi": hi, "n": n}
+
+
+@pytest.mark.parametrize("ict,diff,regime_name", [
+    (0.26, cell(-0.12, -0.15, -0.09), "paper"),
+    (0.95, cell(0.03, 0.01, 0.05), "confident"),
+    (0.60, cell(-0.12, -0.15, -0.09), "confident"),  # below random, but not at low π
+    (0.26, cell(-0.01, -0.05, 0.03), "random"),
+    (0.26, cell(-0.01, None, None, 1), "unknown"),
+])
+def test_verdict_rule(ict: float, diff: dict[str, Any], regime_name: str) -> None:
+    v = regime.verdict({"pi/ict": cell(ict, None, None), "pi/random10": cell(ict - diff["mean"], None, None),
+                        "pi/ict-random10": diff})
+    assert v["regime"] == regime_name
+    assert ("differs from random" in v["line"]) == (regime_name in ("paper", "confident"))
+
+
+# ---------------------------------------------------------------------------------------------------- ideal bases
+
+
+Next = collections.abc.Callable[[str], dict[str, float]]
+
+
+def demonstrated_next(task_name: str, problem: Any, rng: random.Random, order_error: float, digit_error: float,
+                      draws: int = 2000) -> Next:
+    """The next-character distribution of ``draws`` warm-start demonstrations of ``problem`` ("$": EOS). Exact
+    enough for tinyarith, whose demonstrations take a few dozen forms; paths' take thousands (see ``paths_next``)."""
+    counts: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+    for _ in range(draws):
+        d = get_task(task_name).demonstration(problem, rng, order_error, digit_error) + "$"
+        for t in range(len(d)):
+            counts[d[:t]][d[t]] += 1
+    return lambda prefix: {v: c / sum(counts[prefix].values()) for v, c in counts[prefix].items()}
+
+
+def paths_next(problem: Any, error: float) -> Next:
+    """The exact next-letter distribution of paths' demonstration mixture (valid walks with weight 1 - error, walks
+    that end elsewhere with weight ``error``, each uniform; tests/experiments/tasks/test_paths.py's ideal base)."""
+    from ictrl.experiments.tasks import paths
+
+    start, target, length = problem.meta["start"], problem.meta["target"], problem.meta["difficulty"]
+
+    def nxt(prefix: str) -> dict[str, float]:
+        if len(prefix) == length:
+            return {"$": 1.0}
+        node, left = prefix[-1] if prefix else start, length - len(prefix) - 1
+        valid, every = paths.walks(start, target, length), paths.DEGREE ** length
+        w = {v: (1 - error) * paths.walks(v, target, left) / valid
+             + error * (paths.DEGREE ** left - paths.walks(v, target, left)) / (every - valid) for v in paths.GRAPH[node]}
+        return {v: x / sum(w.values()) for v, x in w.items() if x > 0}
+
+    return nxt
+
+
+def ideal_summary(task_name: str, order_error: float, digit_error: float, prompts: int = 24,
+                  G: int = 8) -> dict[str, Any]:
+    """The check on an ideal base of ``task_name`` (its warm-start data's exact conditional): each group's responses
+    drawn from it, the logits its log-probabilities."""
+    rng, records = random.Random(0), []
+    vocab = sorted(set("abcdefghijklmnopqrstuvwxyz0123456789+*=;\\{}$boxed"))
+    for i, p in enumerate(get_task(task_name).generate_problems(prompts, "test", DEFAULT_DIFFICULTY[task_name])):
+        nxt = (paths_next(p, order_error) if task_name == "paths"
+               else demonstrated_next(task_name, p, rng, order_error, digit_error))
+        group = []
+        for _ in range(G):
+            r = ""
+            while not r.endswith("$"):
+                dist = nxt(r)
+                r += rng.choices(list(dist), weights=list(dist.values()))[0]
+            group.append(r)
+        T = max(len(r) for r in group)
+        logits = torch.full((G, T, len(vocab)), -math.inf)
+        tokens = torch.zeros(G, T, dtype=torch.long)
+        mask = torch.zeros(G, T, dtype=torch.bool)
+        for g, r in enumerate(group):
+            for t, ch in enumerate(r):
+                for v, q in nxt(r[:t]).items():
+                    logits[g, t, vocab.index(v)] = math.log(q)
+                tokens[g, t], mask[g, t] = vocab.index(ch), True
+        st, masks = regime.group_selections(logits, tokens, mask, index=i)
+        records.append(regime.group_record(st, masks, tokens, mask))
+    return regime.summarize(records)
+
+
+def test_the_check_tells_paths_from_tinyarith_on_ideal_bases() -> None:
+    """paths was built for the paper's regime (ICT's tokens uncertain, below random's π); tinyarith's ICT tokens are
+    confident disagreements (π near 1). Error rates: each task's warm-start recipe (tasks.registry.TASK_RECIPES; paths'
+    10% letter slips left out of its exact conditional)."""
+    paths = ideal_summary("paths", order_error=0.5, digit_error=0.0)
+    arith = ideal_summary("tinyarith", order_error=0.5, digit_error=0.5)
+    assert regime.verdict(paths)["regime"] == "paper", regime.verdict(paths)["line"]
+    assert paths["pi/ict"]["mean"] < 0.45
+    assert regime.verdict(arith)["regime"] != "paper", regime.verdict(arith)["line"]
+    assert arith["pi/ict"]["mean"] > 0.8, regime.verdict(arith)["line"]
+
+
+# ---------------------------------------------------------------------------------------------------- the command
+
+
+def test_command_writes_json_and_html(tiny_model_dir: Path, tmp_path: Path,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    from ictrl.cli import main
+
+    out = tmp_path / "out"
+    rc = main(["regime", "--model", str(tiny_model_dir), "--prompts", "paths", "--num-prompts", "3",
+               "--num-generations", "4", "--output-dir", str(out)])
+    assert rc == 0, capsys.readouterr().err
+    result = json.loads((out / "regime.json").read_text())  # strict JSON: no NaN
+    assert len(result["prompts"]) == 3 and result["settings"]["max_new_tokens"] == 10  # paths' own budget
+    assert result["summary"]["prompts"] == 3
+    assert all(r["responses"] == 4 and 0 <= r["before/ict"] <= 1 for r in result["prompts"])
+    page = (out / "regime.html").read_text()
+    assert html.escape(result["verdict"]["line"]) in page and "entropy20" in page and "share after it" in page
+    assert result["verdict"]["line"] in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--model", "{tmp}/missing", "--prompts", "paths"], "--model: {tmp}/missing: no such directory"),
+    (["--model", "{model}", "--prompts", "pathz"], "--prompts: unknown source 'pathz'; did you mean 'paths'?"),
+    (["--model", "{model}", "--prompts", "{tmp}/rows.jsonl"], "--prompts: {tmp}/rows.jsonl: no such file"),
+    (["--model", "{model}", "--prompts", "paths", "--num-generations", "1"], "--num-generations must be at least 2"),
+])
+def test_bad_input_is_one_line_before_the_model_loads(argv: list[str], message: str, tiny_model_dir: Path,
+                                                      tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    import ictrl.models
+    from ictrl.cli import main
+
+    def no_load(*_: Any, **__: Any) -> None:
+        raise AssertionError("the model loaded before the check")
+
+    monkeypatch.setattr(ictrl.models, "load_model_and_tokenizer", no_load)
+    fill = {"tmp": str(tmp_path), "model": str(tiny_model_dir)}
+    assert main(["regime", *[a.format(**fill) for a in argv]]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and message.format(**fill) in err, err
