@@ -200,3 +200,27 @@ def test_sigterm_to_the_launcher_of_two_processes_stops_them_at_one_step(tiny_mo
     assert [r["step"] for r in rows(run)] == [1, 2, 3, 4, 5]
     assert sorted(p.name for p in (run / "checkpoint-5").glob("rng_state*")) == ["rng_state_0.pth", "rng_state_1.pth"]
     _clean(run)
+
+
+@pytest.mark.integration
+def test_a_checkpoint_inside_a_generation_batch_is_passed_over_for_an_exact_resume(tiny_model_dir: Path,
+                                                                                    tmp_path: Path) -> None:
+    """Two optimizer steps per generation batch (num_iterations 2): a 3-step run's last checkpoint falls inside a
+    batch, whose completions no checkpoint holds. Extended to 6 steps, --resume passes over it (one line) for the
+    one before, and the result equals an uninterrupted 6-step run."""
+    batch = ["--num_iterations=2", "--save_steps=2"]
+    ref, run = tmp_path / "ref", tmp_path / "run"
+    done = subprocess.run(command(tiny_model_dir, ref, *batch), env=_env(tmp_path), capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    short = subprocess.run(command(tiny_model_dir, run, *batch, "--max_steps=3"), env=_env(tmp_path),
+                           capture_output=True, text=True, timeout=600)
+    assert short.returncode == 0, short.stderr[-3000:]
+    assert sorted(p.name for p in run.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-3"]
+
+    longer = subprocess.run(command(tiny_model_dir, run, *batch, "--resume"), env=_env(tmp_path),
+                            capture_output=True, text=True, timeout=600)
+    assert longer.returncode == 0, longer.stderr[-3000:]
+    assert "--resume: skipping checkpoint-3: step 3 falls inside a generation batch" in longer.stderr
+    assert f"resuming from {run / 'checkpoint-2'}" in longer.stderr
+    _same_run(ref, run)
