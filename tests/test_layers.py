@@ -10,7 +10,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "ictrl"
 # Lower number = lower layer. A module may import ictrl modules of its own layer or below.
 LAYERS: dict[str, int] = {
     "files": 0, "checkpoints": 0, "errors": 0, "core": 0, "cliargs": 1,
-    "rewards": 1, "data": 1, "models": 1, "eval": 1, "preflight": 1,
+    "rewards": 1, "data": 1, "models": 1, "eval": 1, "preflight": 1, "vllm_env": 1,
     "engine": 2,
     "experiments": 3,
     "cli": 4, "__main__": 4,

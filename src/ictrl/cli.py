@@ -93,8 +93,11 @@ def quiet() -> None:
     and huggingface_hub (read from the environment when they are first imported), and DeepSpeed's "Setting
     accelerator to CPU" warning, which it logs whenever it is imported on a machine without a GPU (a ZeRO run
     imports it; other runs do not, :func:`ictrl.engine.run.skip_deepspeed_unless_imported`), accelerate's note on
-    the gradient accumulation count under DeepSpeed, and the deprecation warnings of ZeRO's collectives."""
+    the gradient accumulation count under DeepSpeed, the deprecation warnings of ZeRO's collectives, and vLLM's
+    info and warning lines (its logger is configured when TRL imports it)."""
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    logging.getLogger("vllm").setLevel(logging.ERROR)
     logging.getLogger("DeepSpeed").addFilter(_not_cpu_accelerator_note)
     logging.getLogger("accelerate.accelerator").addFilter(_not_accumulation_note)
     # DeepSpeed's ZeRO calls torch collectives that torch has deprecated (all_gather_into_tensor,

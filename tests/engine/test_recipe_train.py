@@ -25,7 +25,7 @@ def test_recipe_keys_reach_the_trainer(tiny_model_dir: Path, shared_data: Path, 
         "--max_completion_length=8", "--data.train=[gsm8k_train]", "--data.limit=6", "--data.max_prompt_length=null",
         "--selection_warmup_steps=0", "--save_steps=1", "--disable_tqdm=true",
         "--reward.overlong_buffer_length=4", "--reward.overlong_penalty_factor=0.5", "--mask_truncated_completions=true",
-        "--dynamic_sampling=true", "--dynamic_sampling_max_rounds=1",
+        "--dynamic_sampling=true", "--dynamic_sampling_max_rounds=1", "--use_vllm=false",
         f"--eval_benchmarks=[jsonl:{bench}:kind=gsm8k]", "--eval_steps=1", "--eval_max_new_tokens=4",
         "--metric_for_best_model=eval/total",
     ]

@@ -48,7 +48,7 @@ def test_every_cell_validates_and_builds_trainer_args(path: Path) -> None:
     # published values (docs/method.md §6) shared by the grid
     assert (args.learning_rate, args.temperature, args.beta) == (1e-6, 1.0, 0.0)
     assert (args.epsilon, args.epsilon_high) == (0.2, 0.28)
-    assert args.use_cpu and not args.bf16 and not args.use_vllm
+    assert args.use_cpu and not args.bf16 and args.use_vllm  # bf16 unset: fp32 on CPU; vLLM runs where installed
     # 32 prompts x 8 completions per optimizer step on one process
     assert args.per_device_train_batch_size * args.gradient_accumulation_steps == 256
     assert args.generation_batch_size == 256

@@ -189,11 +189,15 @@ def test_vllm_path_feeds_topk_and_the_sampled_logprob(tiny_model_dir: Path, tmp_
 def test_vllm_sampler_conditions(tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     ok = _vllm_trainer(monkeypatch, tiny_model_dir, tmp_path, token_selector="ict", selection_topk=4)
     assert ok._sampler_topk == 4
-    for overrides, reason in [({"top_p": 0.9}, "top_p"), ({"selection_temperature": 0.5}, "selection_temperature"),
-                              ({"selection_topk": 64}, "max_logprobs")]:
+    for overrides, reason in [({"top_p": 0.9}, "top_p"), ({"selection_temperature": 0.5}, "selection_temperature")]:
         with pytest.raises(ValueError, match=reason):
             _vllm_trainer(monkeypatch, tiny_model_dir, tmp_path, token_selector="ict", selection_topk_source="sampler",
                           **{"selection_topk": 4, **overrides})
+    # above vLLM's default cap of 20 log-probs, ictrl builds the colocated engine with enough, in the trainer's dtype
+    wide = _vllm_trainer(monkeypatch, tiny_model_dir, tmp_path, token_selector="ict", selection_topk=64,
+                         selection_topk_source="sampler")
+    assert wide._sampler_topk == 64
+    assert wide.vllm_generation.llm.kwargs["max_logprobs"] == 64 and wide.vllm_generation.llm.kwargs["dtype"] == "float32"
 
 
 @pytest.mark.integration

@@ -21,6 +21,9 @@ def leave_process_group(wait: bool = True) -> None:
     under ZeRO-3 / FSDP gathers). Off on the error path: a peer that failed would never reach the barrier, and
     destroying is local (a peer still in a collective gets a connection error, as it would when this process exits).
     """
+    from ictrl.vllm_env import shutdown_engines
+
+    shutdown_engines()  # a colocated vLLM engine's groups hang off the default group: they go first
     if not (dist.is_available() and dist.is_initialized()):
         return
     if wait:

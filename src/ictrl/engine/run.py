@@ -46,9 +46,18 @@ def trainer_classes() -> tuple[type, type]:
 
 
 @functools.lru_cache(maxsize=None)
-def _note_cpu(notes: str) -> None:
-    """Log the CPU fallback once per process (a grid builds the trainer arguments once per run)."""
-    log.warning("no CUDA device: training on CPU (%s)", notes)
+def _note_cpu(precision: str) -> None:
+    """Log the CPU run's precision once per process (a grid builds the trainer arguments once per run)."""
+    log.warning("no CUDA device: training on CPU in %s", precision)
+
+
+def cpu_precision(kwargs: dict[str, Any], where: str) -> dict[str, Any]:
+    """The precision keys of a run on CPU: ``bf16: true`` as written runs (AMX and AVX-512 CPUs compute bf16
+    natively); left unset it is TRL's GPU default, so the run is fp32; fp16 has no CPU autocast in accelerate."""
+    if kwargs.get("fp16"):
+        raise ConfigError(f"{where}: fp16: accelerate's fp16 mixed precision needs a GPU; on CPU use bf16: true "
+                          "or neither")
+    return {"use_cpu": True, "fp16": False, "bf16": bool(kwargs.get("bf16", False))}
 
 
 def blame(message: str, source: str, flags: dict[str, Any] | None) -> str:
@@ -65,8 +74,8 @@ def blame(message: str, source: str, flags: dict[str, Any] | None) -> str:
 def build_trainer_args(cfg: RunConfig, source: str = "<config>", cpu: bool | None = None,
                        flags: dict[str, Any] | None = None) -> Any:
     """The trainer's config object from the run config's top-level keys. On a machine without CUDA sets
-    ``use_cpu``, turns off bf16/fp16 and vLLM, and says so in the log. Errors name the key, and the flag
-    (``flags``: the command-line overrides by key) when one set it."""
+    ``use_cpu`` and the precision (:func:`cpu_precision`) and logs it; ``use_vllm`` is honoured (vLLM's CPU build
+    runs too). Errors name the key, and the flag (``flags``: the command-line overrides by key) when one set it."""
     config_cls, _ = trainer_classes()
     kwargs = dict(cfg.trainer)
     # ictrl train loads the model with model_init_kwargs itself (ictrl.engine.model_init); TRL would only warn
@@ -74,9 +83,8 @@ def build_trainer_args(cfg: RunConfig, source: str = "<config>", cpu: bool | Non
     kwargs.pop("model_init_kwargs", None)
     cpu = not torch.cuda.is_available() if cpu is None else cpu
     if cpu:
-        notes = ["use_cpu=True", "bf16=False"] + (["use_vllm=False"] if kwargs.get("use_vllm") else [])
-        kwargs.update(use_cpu=True, bf16=False, fp16=False, use_vllm=False)
-        _note_cpu(", ".join(notes))
+        kwargs.update(cpu_precision(kwargs, blame("fp16", source, flags)))
+        _note_cpu("bf16" if kwargs["bf16"] else "fp32 (bf16 not set; TRL's default bf16=True assumes a GPU)")
     try:
         args = config_cls(**kwargs)
     except (ValueError, TypeError) as exc:  # ICTGRPOConfig / TRL messages name the field, which is the key
@@ -351,6 +359,11 @@ def check_config(cfg: RunConfig, source: str = "<config>", flags: dict[str, Any]
     from ictrl.engine import model_init
 
     args = build_trainer_args(cfg, source, cpu=cpu, flags=flags)
+    if args.use_vllm:
+        from ictrl.vllm_env import INSTALL_HINT, installed
+
+        if not installed():
+            raise ConfigError(f"{blame('use_vllm', source, flags)}: use_vllm: vLLM is not installed: {INSTALL_HINT}")
     init_kwargs = model_init.load_kwargs(cfg, source)
     lora = model_init.peft_config(cfg, source)
     reward_funcs = build_rewards(cfg, blame("reward.names", source, flags))

