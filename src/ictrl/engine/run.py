@@ -27,7 +27,8 @@ from ictrl.engine.resumable import (check_resumable, check_unchanged, make_train
                                    save_final, verified_checkpoints)
 from ictrl.engine.run_config import ConfigError, RunConfig, config_to_dict, save_config
 from ictrl.engine.value_checks import check_output_dir, check_values
-from ictrl.errors import quote, shorten
+from ictrl.engine.run_guard import RunLock, StopRequest, add_stop_callback, stopped
+from ictrl.errors import Terminated, quote, shorten
 from ictrl.files import reported_write
 
 log = logging.getLogger("ictrl.train")
@@ -416,9 +417,6 @@ def train(cfg: RunConfig, resume: bool | str = False, source: str = "<config>",
     stops at the end of the generation batch with a checkpoint (:class:`ictrl.engine.run_guard.StopRequest`) and
     raises :class:`ictrl.errors.Terminated` naming them."""
     args, init_kwargs, lora, reward_funcs = check_config(cfg, source, flags)
-    from ictrl.engine.run_guard import RunLock, StopRequest, stopped
-    from ictrl.errors import Terminated
-
     stop = StopRequest()
     try:
         with stop, RunLock(cfg.output_dir, args), cpu_threads(args):
@@ -447,8 +445,6 @@ def _train_locked(cfg: RunConfig, args: Any, reward_funcs: list[Callable[..., An
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
     from ictrl.engine.callbacks import MetricsJSONL, NoSignalWarning, RichProgress, StopNow
-    from ictrl.engine.run_guard import add_stop_callback, stopped
-    from ictrl.errors import Terminated
     from ictrl.models import load_model_and_tokenizer
 
     skip_deepspeed_unless_imported()
