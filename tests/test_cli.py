@@ -63,7 +63,8 @@ def test_user_error_is_printed_by_rank_zero_only(monkeypatch: pytest.MonkeyPatch
 
 
 def test_interrupted_names_the_step_checkpoint_and_resume_command(tmp_path: Path) -> None:
-    from ictrl.engine.run import interrupted
+    from ictrl.engine.run_guard import stopped as interrupted
+    from ictrl.errors import Terminated
 
     command = "ictrl train configs/tiny/ict.yaml --resume"
     assert str(interrupted(tmp_path, 3, command)) == "interrupted at step 3; no checkpoint yet (save_steps)"
@@ -73,6 +74,12 @@ def test_interrupted_names_the_step_checkpoint_and_resume_command(tmp_path: Path
     (tmp_path / "checkpoint-30").mkdir()  # incomplete: no trainer state
     assert str(interrupted(tmp_path, 27, command)) == (
         f"interrupted at step 27; last complete checkpoint {tmp_path / 'checkpoint-20'}; resume with `{command}`")
+    terminated = interrupted(tmp_path, 20, command, Terminated)
+    assert isinstance(terminated, Terminated) and terminated.status == 143
+    assert str(terminated) == (f"terminated (SIGTERM) at step 20; last complete checkpoint {tmp_path / 'checkpoint-20'}"
+                               f"; resume with `{command}`")
+    assert str(interrupted(tmp_path, None, command, Terminated)) == (  # outside the training loop
+        f"terminated (SIGTERM); last complete checkpoint {tmp_path / 'checkpoint-20'}; resume with `{command}`")
 
 
 def test_trl_flags_and_dashed_keys(capsys: pytest.CaptureFixture[str]) -> None:

@@ -4,11 +4,14 @@ trainer state's step. Plain files and ``os`` only; the trainer hooks that use th
 
 A checkpoint ``checkpoint-N/`` is written in full under ``.staging-…`` and renamed into place (``publish_dir``),
 so a directory with the checkpoint name is complete: a kill mid-save leaves only a staging directory, removed on
-the next start (``clear_staging``).
+the next start (``clear_staging``). Before the rename, ``manifest.json`` records every file's size and sha256
+(``write_manifest``); ``verify_checkpoint`` checks them before a resume reads the directory, so a file truncated or
+changed after the save (a full disk, a copy cut short, bit rot) is found before it is used.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -18,6 +21,8 @@ from typing import Any
 
 CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 STAGING_PREFIX = ".staging-"
+MANIFEST = "manifest.json"
+RNG_STATE_RE = re.compile(r"^rng_state(?:_(\d+))?\.pth$")
 
 
 def complete_checkpoints(output_dir: str | os.PathLike[str]) -> list[Path]:
@@ -81,3 +86,124 @@ def finished_run(checkpoint: Path, max_steps: int) -> bool:
     if step < target or not (final / "trainer_state.json").is_file():
         return False
     return trainer_state(final)["global_step"] == step
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_manifest(directory: Path) -> None:
+    """``directory/manifest.json``: each file's path relative to ``directory``, size and sha256."""
+    from ictrl.files import atomic_write_json
+
+    files = {path.relative_to(directory).as_posix(): {"size": path.stat().st_size, "sha256": sha256_file(path)}
+             for path in sorted(directory.rglob("*")) if path.is_file() and path.name != MANIFEST}
+    atomic_write_json(directory / MANIFEST, {"files": files}, indent=1)
+
+
+def verify_checkpoint(directory: Path) -> str | None:
+    """None when ``directory`` holds every file its manifest lists, each of the recorded size and sha256; else why
+    not, in a phrase. A checkpoint written before manifests existed passes when its trainer state reads and its
+    RNG state is there (without it a resumed run samples differently)."""
+    manifest = directory / MANIFEST
+    if not manifest.is_file():
+        try:
+            trainer_state(directory)
+        except ValueError as exc:
+            return str(exc).removeprefix(f"{directory}/")
+        if not any(RNG_STATE_RE.match(p.name) for p in directory.iterdir()):
+            return "no rng_state.pth (a resumed run would sample differently)"
+        return None
+    try:
+        files = json.loads(manifest.read_text())["files"]
+        entries = [(str(name), int(rec["size"]), str(rec["sha256"])) for name, rec in files.items()]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        return f"{MANIFEST} cannot be read ({type(exc).__name__}: {exc})"
+    for name, size, digest in entries:
+        path = directory / name
+        if not path.is_file():
+            return f"{name} is missing"
+        if path.stat().st_size != size:
+            return f"{name} has {path.stat().st_size} bytes, {size} were written"
+        if sha256_file(path) != digest:
+            return f"{name} is not the file that was written (sha256 differs)"
+    return None
+
+
+def checkpoint_world_size(directory: Path) -> int:
+    """The number of processes that wrote ``directory``: one RNG state each (``rng_state_N.pth``), or
+    ``rng_state.pth`` from a single process."""
+    ranks = [m.group(1) for p in directory.iterdir() if (m := RNG_STATE_RE.match(p.name))]
+    return len(ranks) if any(r is not None for r in ranks) else 1
+
+
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
+
+
+def _weight_files(directory: Path) -> list[Path]:
+    return sorted(p for p in directory.iterdir() if p.is_file() and p.suffix in WEIGHT_SUFFIXES
+                  and not p.name.startswith(("optimizer", "scheduler", "rng_state", "training_args")))
+
+
+def safetensors_problem(path: Path) -> str | None:
+    """Why the safetensors file ``path`` cannot be whole (its header promises more bytes than it has, or cannot be
+    read), or None: a check of the layout, without reading the tensors."""
+    size = path.stat().st_size
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(8)
+            length = int.from_bytes(head, "little") if len(head) == 8 else -1
+            if not 0 < length <= size - 8:
+                return f"{path.name} has {size} bytes, too few for its header"
+            header = json.loads(fh.read(length))
+        end = max((int(t["data_offsets"][1]) for k, t in header.items() if k != "__metadata__"), default=0)
+    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
+        return f"{path.name}: unreadable safetensors header ({type(exc).__name__})"
+    if 8 + length + end != size:
+        return f"{path.name} has {size} bytes, its header describes {8 + length + end}"
+    return None
+
+
+def check_weights(directory: str | os.PathLike[str]) -> str | None:
+    """Why the model directory's weights are not whole, or None (also for a hub id or a directory without weight
+    files): every file its manifest lists, when it has one (``verify_checkpoint``), and each safetensors file's
+    length against its header."""
+    root = Path(directory)
+    if not root.is_dir():
+        return None
+    if (root / MANIFEST).is_file():
+        problem = verify_checkpoint(root)
+        if problem is not None:
+            return problem
+    for path in _weight_files(root):
+        if path.suffix == ".safetensors" and (problem := safetensors_problem(path)) is not None:
+            return problem
+    return None
+
+
+def weights_digest(directory: str | os.PathLike[str]) -> str | None:
+    """The sha256 over the model directory's weight files (name and sha256 of each; from its manifest when it has
+    one, so a verified checkpoint is not hashed twice); None for a hub id or a directory without weights."""
+    root = Path(directory)
+    if not root.is_dir():
+        return None
+    files = _weight_files(root)
+    if not files:
+        return None
+    recorded: dict[str, Any] = {}
+    if (root / MANIFEST).is_file():
+        try:
+            recorded = json.loads((root / MANIFEST).read_text())["files"]
+        except (OSError, ValueError, KeyError, TypeError):
+            recorded = {}
+    digest = hashlib.sha256()
+    for path in files:
+        known = recorded.get(path.name)
+        file_hash = known["sha256"] if isinstance(known, dict) and "sha256" in known else sha256_file(path)
+        digest.update(f"{path.name}\0{file_hash}\n".encode())
+    return digest.hexdigest()

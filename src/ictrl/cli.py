@@ -8,7 +8,8 @@ the command that needs it.
 Errors: a :class:`ictrl.errors.UserError` (a wrong path, name, data row, missing extra) raised anywhere in a
 command becomes one line ``ictrl COMMAND: error: MESSAGE`` on stderr and exit status 2. ``--debug`` anywhere on
 the command line (or ``ICTRL_DEBUG=1``) shows the traceback instead. Ctrl-C is one line too (what was kept and how
-to go on, for ``ictrl train``), exit status 130; an argparse error is one line with a pointer to ``--help``. Under
+to go on, for ``ictrl train``), exit status 130; SIGTERM likewise (``ictrl train`` first finishes the generation
+batch and saves a checkpoint), exit status 143; an argparse error is one line with a pointer to ``--help``. Under
 ``accelerate launch`` only rank 0 prints these lines, and every rank ends without interpreter finalisation once it has
 left its process group (``exit_launched``). ``--verbose`` keeps the libraries' bars and notes (``quiet``).
 """
@@ -159,10 +160,11 @@ def _main(argv: Sequence[str] | None) -> int:
         if debug:
             raise
         what = one_line(err) if isinstance(err, Interrupted) else "interrupted"
+        status = err.status if isinstance(err, Interrupted) else 130
         if rank() == 0:
             print(f"\nictrl {name}: {what}", file=sys.stderr)
-            note_reported(130)
-        return 130
+            note_reported(status)
+        return status
 
 
 def launched() -> bool:

@@ -8,6 +8,9 @@ keeps its traceback. They subclass ValueError so callers that already catch Valu
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 
 class UserError(ValueError):
     """A mistake in the user's input; the message is one line naming where it is."""
@@ -23,6 +26,11 @@ class ConfigError(UserError):
 
 class ModelNotFoundError(UserError):
     """A model path or hub id with no local copy and no way to fetch one."""
+
+
+class WriteError(UserError):
+    """A file the run could not write (a full disk, a quota): the message names the path and the free space, and
+    what was kept."""
 
 
 class MissingExtraError(UserError):
@@ -75,10 +83,42 @@ def shorten(text: str, limit: int = 600) -> str:
 
 
 class Interrupted(Exception):
-    """Ctrl-C during a run: ``ictrl.cli.main`` prints ``message`` (what was kept, how to go on) and exits 130."""
+    """Ctrl-C during a run: ``ictrl.cli.main`` prints ``message`` (what was kept, how to go on) and exits with
+    ``status``: 130 (128 + SIGINT)."""
+
+    status = 130
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
+
+
+class Terminated(Interrupted):
+    """SIGTERM (what Slurm and Kubernetes send before SIGKILL): one line as for Ctrl-C, exit status 143
+    (128 + SIGTERM, as a process killed by it reports)."""
+
+    status = 143
+
+
+@contextlib.contextmanager
+def sigterm_raises(message: str = "terminated (SIGTERM)") -> Iterator[None]:
+    """Inside the block SIGTERM raises :class:`Terminated` where the main thread is (as Ctrl-C raises
+    KeyboardInterrupt), so the caller's cleanup and one line run instead of a silent exit 143. A no-op outside the
+    main thread, where Python cannot set a handler."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handle(signum: int, frame: object) -> None:
+        raise Terminated(message)
+
+    previous = signal.signal(signal.SIGTERM, handle)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 # Set by `ictrl train --num-processes` (ictrl.engine.launch) for the processes it starts: a file rank 0 writes its

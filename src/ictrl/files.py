@@ -7,12 +7,81 @@ the target with ``os.replace`` (atomic on POSIX within one filesystem).
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
+import shutil
 import uuid
 from pathlib import Path
 from typing import Any
 from collections.abc import Iterator
+
+
+# errno values that say the filesystem refused a write, not that a path is wrong
+WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO, errno.EFBIG)
+# how torch's C++ writer and safetensors' Rust writer report a failed write (they raise no OSError)
+WRITE_FAILURE_TEXT = ("No space left", "StorageFull", "Disk quota", "file write failed", "unexpected pos",
+                      "Read-only file system", "Input/output error")
+
+
+def free_space(path: str | os.PathLike[str]) -> str:
+    """The free space of the filesystem holding ``path`` (its nearest existing parent), for an error message."""
+    where = Path(path).absolute()
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    try:
+        free = float(shutil.disk_usage(where).free)
+    except OSError:
+        return "free space unknown"
+    unit = "B"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if free < 1024 or unit == "TiB":
+            break
+        free /= 1024
+    return f"{free:.0f} B free" if unit == "B" else f"{free:.1f} {unit} free"
+
+
+def is_write_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` says the filesystem refused a write (a full disk, a quota, a read-only mount)."""
+    if isinstance(exc, OSError) and exc.errno in WRITE_ERRNOS:
+        return True
+    return not isinstance(exc, OSError) and any(text in str(exc) for text in WRITE_FAILURE_TEXT)
+
+
+def write_error(path: str | os.PathLike[str], exc: BaseException, after: str = "") -> Exception:
+    """The one-line :class:`ictrl.errors.WriteError` for a failed write of ``path``: the reason, the free space
+    there and ``after`` (what was kept, how to go on)."""
+    from ictrl.errors import WriteError
+
+    reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc).splitlines()[0][:200]
+    return WriteError(f"cannot write {path}: {reason} ({free_space(path)}){'; ' + after if after else ''}")
+
+
+@contextlib.contextmanager
+def reported_write(path: str | os.PathLike[str], after: str = "") -> Iterator[None]:
+    """Turn a write failure (:func:`is_write_failure`) inside the block into :func:`write_error`'s one line."""
+    try:
+        yield
+    except OSError as exc:
+        if not is_write_failure(exc):
+            raise
+        raise write_error(exc.filename or path, exc, after) from exc
+
+
+def append_whole(fd: int, data: bytes) -> None:
+    """Append ``data`` to the file open at ``fd``, all of it or, when a write fails (a full disk) or a signal's
+    exception cuts it short, none: the file is cut back to its length before, so a reader never sees a torn line.
+    The exception propagates."""
+    start = os.lseek(fd, 0, os.SEEK_END)
+    view = memoryview(data)
+    try:
+        while view:
+            view = view[os.write(fd, view):]
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, start)
+        raise
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:

@@ -164,7 +164,7 @@ def test_checkpoints_appear_whole_or_not_at_all(tmp_path: Path) -> None:
     assert [p.name for p in complete_checkpoints(tmp_path)] == ["checkpoint-2", "checkpoint-3"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-2", "checkpoint-3"]
     assert sorted(p.name for p in (tmp_path / "checkpoint-3").iterdir()) == [
-        "model.safetensors", "optimizer.pt", "rng_state.pth", "trainer_state.json"]
+        "manifest.json", "model.safetensors", "optimizer.pt", "rng_state.pth", "trainer_state.json"]
 
     with pytest.raises(KeyboardInterrupt):
         cls(tmp_path, 4, fail_after=2)._save_checkpoint(None, None)

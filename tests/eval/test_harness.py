@@ -124,7 +124,8 @@ def test_rerun_skips_finished_and_extends_to_new_problems(tmp_path: Path) -> Non
     assert r2.summary == r1.summary
     more = SeededBackend()
     evaluate([make_task("alpha", 7)], more, config(), output_dir=tmp_path, progress=False)
-    assert more.prompts_seen == ["[alpha-5] q5", "[alpha-6] q6"]
+    # the block of alpha-4 and alpha-5 is drawn whole (alpha-5 gets a 7-problem run's samples); alpha-4 is kept
+    assert more.prompts_seen == ["[alpha-4] q4", "[alpha-5] q5", "[alpha-6] q6"]
     lines = (tmp_path / SAMPLES_FILE).read_text().splitlines()
     assert len(lines) == 7
 
@@ -178,7 +179,8 @@ def test_corrupt_line_in_the_middle_is_an_error(tmp_path: Path) -> None:
         evaluate([task], SeededBackend(), config(), output_dir=tmp_path, progress=False)
 
 
-@pytest.mark.parametrize(("field_name", "value"), [("temperature", 1.0), ("n", 8), ("model", "other"), ("max_new_tokens", 16), ("top_p", 1.0)])
+@pytest.mark.parametrize(("field_name", "value"), [("temperature", 1.0), ("n", 8), ("model", "other"), ("max_new_tokens", 16), ("top_p", 1.0),
+                                                   ("chunk_size", 3)])
 def test_resume_with_different_settings_names_the_field(tmp_path: Path, field_name: str, value: object) -> None:
     task = make_task("alpha", 2)
     evaluate([task], SeededBackend(), config(), output_dir=tmp_path, progress=False)
@@ -328,3 +330,85 @@ def test_resume_reads_settings_written_before_per_benchmark_generation(tmp_path:
     evaluate([task], SeededBackend(), config(), output_dir=tmp_path, progress=False)
     with pytest.raises(ResumeMismatchError, match="alpha temperature: stored 0.6, requested 1.0"):
         evaluate([task], SeededBackend(), config(temperature=1.0), output_dir=tmp_path, progress=False)
+
+
+@dataclass
+class StreamBackend:
+    """Draws every completion of a call from one stream seeded by the call's seed, as a batched sampler does: a
+    problem's samples depend on the prompts before it in the call."""
+
+    prompts_seen: list[str] = field(default_factory=list)
+
+    def generate(self, prompts: Sequence[str], n: int, max_new_tokens: int, temperature: float, top_p: float, seed: int) -> list[list[str]]:
+        self.prompts_seen.extend(prompts)
+        rng = random.Random(seed)
+        return [[f"answer {p[1 : p.index(']')].rsplit('-', 1)[1] if rng.random() < 0.5 else 'x'}" for _ in range(n)]
+                for p in prompts]
+
+
+def test_a_torn_row_is_redrawn_as_an_uninterrupted_run_draws_it(tmp_path: Path) -> None:
+    task = make_task("alpha", 4)
+    clean = evaluate([task], StreamBackend(), config(), output_dir=tmp_path / "clean", progress=False)
+    path = tmp_path / "run" / SAMPLES_FILE
+    path.parent.mkdir()
+    (tmp_path / "run" / "settings.json").write_text((tmp_path / "clean" / "settings.json").read_text())
+    lines = (tmp_path / "clean" / SAMPLES_FILE).read_text().splitlines(keepends=True)
+    path.write_text(lines[0] + lines[1][:30])  # killed while writing alpha-1, the second of block 0
+    redo = StreamBackend()
+    resumed = evaluate([task], redo, config(), output_dir=tmp_path / "run", progress=False)
+    assert redo.prompts_seen == ["[alpha-0] q0", "[alpha-1] q1", "[alpha-2] q2", "[alpha-3] q3"]
+    assert resumed.records == clean.records
+    assert path.read_text() == "".join(lines)
+
+
+def test_rows_with_another_sample_count_are_refused(tmp_path: Path) -> None:
+    task = make_task("alpha", 2)
+    evaluate([task], SeededBackend(), config(), output_dir=tmp_path, progress=False)
+    path = tmp_path / SAMPLES_FILE
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    rows[1]["samples"] = rows[1]["samples"][:2]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(ResumeMismatchError, match="alpha problem alpha-1 holds 2 samples, not n=4"):
+        evaluate([task], SeededBackend(), config(), output_dir=tmp_path, progress=False)
+
+
+def test_the_model_is_identified_by_its_weights_not_its_path(tmp_path: Path) -> None:
+    task = make_task("alpha", 2)
+    evaluate([task], SeededBackend(), config(model="a", model_sha256="1" * 64), output_dir=tmp_path, progress=False)
+    moved = SeededBackend()  # the same weights at another path: resumed, nothing redrawn
+    evaluate([task], moved, config(model="b", model_sha256="1" * 64), output_dir=tmp_path, progress=False)
+    assert moved.prompts_seen == []
+    with pytest.raises(ResumeMismatchError, match=r"the model's weights differ .*sha256 111111111111 stored, "
+                                                  r"222222222222 now"):
+        evaluate([task], SeededBackend(), config(model="a", model_sha256="2" * 64), output_dir=tmp_path,
+                 progress=False)
+
+
+def test_a_full_disk_while_writing_samples_is_one_line_and_tears_nothing(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+    import os
+
+    from ictrl.errors import WriteError
+
+    task = make_task("alpha", 4)
+    real_write = os.write
+    calls = []
+
+    def full_on_second_block(fd: int, data: object) -> int:
+        calls.append(1)
+        if len(calls) == 2:  # the second block's rows: a few bytes fit, then the disk is full
+            real_write(fd, bytes(data)[:20])  # type: ignore[call-overload]
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(fd, data)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "write", full_on_second_block)
+    with pytest.raises(WriteError, match=rf"cannot write {tmp_path / SAMPLES_FILE}: No space left on device \(.* "
+                                         r"free\); the rows before are kept"):
+        evaluate([task], SeededBackend(), config(), output_dir=tmp_path, progress=False)
+    monkeypatch.undo()
+    assert [json.loads(x)["problem_id"] for x in (tmp_path / SAMPLES_FILE).read_text().splitlines()] == [
+        "alpha-0", "alpha-1"]  # no torn third row
+    result = evaluate([task], SeededBackend(), config(), output_dir=tmp_path, progress=False)
+    clean = evaluate([task], SeededBackend(), config(), output_dir=tmp_path / "clean", progress=False)
+    assert result.records == clean.records

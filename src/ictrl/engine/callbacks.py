@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from transformers import TrainerCallback
 
-from ictrl.files import atomic_write_text
+from ictrl.files import append_whole, atomic_write_text, reported_write
 
 CLIP_KEY = "ictrl/clip_frac"  # ICTGRPOTrainer's; plain TRL logs clip_ratio/region_mean
 SUMMARY_KEYS = ("train_runtime", "train_samples_per_second")  # the end-of-training log, not a step
@@ -39,33 +39,35 @@ class MetricsJSONL(TrainerCallback):
 
     Each row is ``{"step": global_step, "time": ISO 8601 UTC, "unix_time": seconds, **logs}`` plus ``accuracy``
     (the mean of the reward named ``accuracy_reward``): the wall clock lets a row be matched with a tracker's
-    or a log's, and the gap between rows is the real time a step took, waits included. On resume the rows after the checkpoint's step, logged by the interrupted run
-    and about to be redone, are dropped (atomic rewrite) so each step appears once.
+    or a log's, and the gap between rows is the real time a step took, waits included. On resume the rows after
+    the checkpoint's step, logged by the interrupted run and about to be redone, are cut off in place (the file
+    is not replaced, so ``tail -f`` follows the resumed run) and each step appears once. A row the disk has no
+    room for is not written at all, and the run stops with one line.
     """
 
     def __init__(self, path: str | os.PathLike[str], accuracy_reward: str | None = None) -> None:
         self.path = Path(path)
         self.accuracy_key = f"rewards/{accuracy_reward}/mean" if accuracy_reward else None
-        self._fh: Any = None
+        self._fd: int | None = None
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if not state.is_world_process_zero:
             return
-        kept = []
-        if state.global_step > 0 and self.path.exists():
-            for line in self.path.read_text().splitlines():
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError:  # a line cut by a kill
-                    continue
-                if row.get("step", math.inf) <= state.global_step:
-                    kept.append(line)
-        atomic_write_text(self.path, "".join(line + "\n" for line in kept))
-        self._fh = open(self.path, "a")
+        with reported_write(self.path, "free space and resume with --resume"):
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+            keep = _rows_through(os.pread(self._fd, os.fstat(self._fd).st_size, 0), state.global_step)
+            if keep is None:  # rows out of step order (hand-edited): rewritten, no longer the file a tail follows
+                os.close(self._fd)
+                kept = [line for line in self.path.read_text().splitlines() if _step(line) <= state.global_step]
+                atomic_write_text(self.path, "".join(line + "\n" for line in kept))
+                self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CLOEXEC)
+            else:
+                # cut in place, not replaced: `tail -f metrics.jsonl` keeps following the run across --resume
+                os.ftruncate(self._fd, keep)
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None,
                **kwargs: Any) -> None:
-        if self._fh is None or not logs or any(k in logs for k in SUMMARY_KEYS):
+        if self._fd is None or not logs or any(k in logs for k in SUMMARY_KEYS):
             return
         # One integer millisecond clock for both fields, so the ISO stamp and unix_time name the same instant.
         ms = time.time_ns() // 1_000_000
@@ -74,13 +76,38 @@ class MetricsJSONL(TrainerCallback):
         row: dict[str, Any] = {"step": state.global_step, "time": stamp, "unix_time": ms / 1000, **logs}
         if self.accuracy_key and self.accuracy_key in logs:
             row["accuracy"] = logs[self.accuracy_key]
-        self._fh.write(json.dumps(_finite_row(row)) + "\n")
-        self._fh.flush()
+        with reported_write(self.path, f"the run stopped at step {state.global_step}; free space and resume with "
+                            "--resume"):
+            append_whole(self._fd, (json.dumps(_finite_row(row)) + "\n").encode())
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if self._fh is not None:
-            self._fh.close()
-            self._fh = None
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def _step(line: str | bytes) -> float:
+    """A row's step; infinity for a line that is not a row (one cut by a kill), so it is dropped."""
+    try:
+        step = json.loads(line).get("step", math.inf)
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+        return math.inf
+    return step if isinstance(step, (int, float)) else math.inf
+
+
+def _rows_through(data: bytes, step: int) -> int | None:
+    """The length in bytes of the leading rows of ``data`` up to ``step`` (what a resumed run keeps), when every
+    line after them is beyond it or torn; None when rows are out of order."""
+    end, past = 0, False
+    *whole, _ = data.split(b"\n")  # the part after the last newline is torn (or empty)
+    for line in whole:
+        if _step(line) > step:
+            past = True
+        elif past:
+            return None
+        else:
+            end += len(line) + 1
+    return end
 
 
 def _fmt(logs: dict[str, Any], key: str, spec: str = ".3f") -> str:
@@ -144,7 +171,9 @@ class RichProgress(TrainerCallback):
         if self.progress is None or not logs:
             return
         if any(k in logs for k in SUMMARY_KEYS):
-            self.progress.console.print(f"done: {state.global_step} steps in {_fmt(logs, 'train_runtime', '.1f')}s")
+            if state.global_step >= state.max_steps:  # a run stopped early says so itself, once
+                self.progress.console.print(f"done: {state.global_step} steps in "
+                                            f"{_fmt(logs, 'train_runtime', '.1f')}s")
             return
         if isinstance(logs.get("reward"), (int, float)):
             self.rewards = [*self.rewards, float(logs["reward"])][-TREND:]
@@ -183,3 +212,58 @@ class NoSignalWarning(TrainerCallback):
                      f"(reward {_fmt(logs, 'reward')}), so every advantage, the loss and the gradient are 0; the "
                      "model needs some right and some wrong answers per prompt: check the prompt format it was "
                      "trained on, the reward and max_completion_length")
+
+
+class StopNow(Exception):
+    """Raised inside the training loop to leave it at a step's start, when a requested stop finds nothing to train
+    before it (:class:`StopOnRequest`)."""
+
+
+class StopOnRequest(TrainerCallback):
+    """Ends training after a stop request (``request.received``: SIGTERM, :class:`ictrl.engine.run_guard.StopRequest`)
+    at the first step where TRL's generation batch is used up (``at_boundary(step)``), with a checkpoint of that
+    step: a checkpoint inside the batch would not hold the rest of it and could not resume exactly. The steps to
+    that point reuse completions already generated, so finishing them costs no generation. Every process asks
+    the others at each step's start and end (one all-reduce), so all stop at the same step. A request that arrives
+    while a step is logged or saved is honoured at the next step's start, before anything of it runs: ``save()``
+    writes that step's checkpoint unless it exists, then :class:`StopNow` leaves the loop."""
+
+    def __init__(self, request: Any, at_boundary: Any, save: Any, device: Any = None) -> None:
+        self.request, self.at_boundary, self.save, self.device = request, at_boundary, save, device
+        self.said = False
+
+    def _requested(self) -> bool:
+        import torch
+        import torch.distributed as dist
+
+        flag = self.request.received
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            tensor = torch.tensor([int(flag)], device=self.device)
+            dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+            flag = bool(tensor.item())
+        self.request.received = flag
+        return flag
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.request.training = True
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self._requested() and self.at_boundary(state.global_step):
+            self.save()
+            raise StopNow()
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if not self._requested():
+            return
+        if self.at_boundary(state.global_step) or state.global_step >= state.max_steps:
+            control.should_save = True
+            control.should_training_stop = True
+        elif not self.said:
+            self.said = True
+            import logging
+
+            logging.getLogger("ictrl.train").warning(
+                "SIGTERM at step %d: finishing the generation batch's remaining steps first", state.global_step)
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.request.training = False

@@ -29,7 +29,7 @@ from ictrl.cliargs import VERBOSE_ENV, env_flag
 from ictrl.engine.launch import FLAGS as LAUNCH_FLAGS
 from ictrl.engine.launch import Launch, LaunchError
 
-FLAGS = ("--resume", "--print-config")
+FLAGS = ("--resume", "--resume=auto", "--print-config")
 USAGE = ("ictrl train (CONFIG.yaml | --config CONFIG.yaml) [--KEY=VALUE | --KEY VALUE ...] [--resume] [--print-config]"
          " [--num-processes N [--accelerate-config FILE] [--main-process-port PORT]]")
 
@@ -86,7 +86,8 @@ def config_keys_help() -> str:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.usage = USAGE
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    flags_help = ("--resume: continue from the last complete checkpoint in output_dir (start fresh if none).\n"
+    flags_help = ("--resume: continue from the last complete checkpoint in output_dir (an error if there is none;\n"
+                  "  --resume=auto starts from step 0 then, for a job script that is requeued).\n"
                   "--print-config: print the resolved config and exit. More on keys: configs/README.md.\n"
                   "--num-processes N: check the config, then start N processes through accelerate's launcher "
                   "(data parallel;\n  on CPU, gloo). --accelerate-config FILE: accelerate's config "
@@ -213,7 +214,7 @@ def run(args: argparse.Namespace) -> int:
             # the processes' Ctrl-C line names the command that resumes the launch, flags included
             os.environ[LAUNCH_ARGV_ENV] = shlex.join(args.argv)
             try:
-                return check_and_launch(cfg, launch, argv, "--resume" in flags, config, set_by_flag)
+                return check_and_launch(cfg, launch, argv, _resume(flags), config, set_by_flag)
             finally:
                 del os.environ[LAUNCH_ARGV_ENV]
         # Building the trainer arguments joins the launcher's process group; every exit leaves it.
@@ -231,14 +232,19 @@ def run(args: argparse.Namespace) -> int:
                 return 0
 
             launched = shlex.split(os.environ.get(LAUNCH_ARGV_ENV, "")) or argv
-            again = ["ictrl", "train", *[a for a in launched if a != "--resume"], "--resume"]
-            result = train(cfg, resume="--resume" in flags, source=config, resume_command=shlex.join(again),
+            again = ["ictrl", "train", *[a for a in launched if not a.startswith("--resume")], "--resume"]
+            result = train(cfg, resume=_resume(flags), source=config, resume_command=shlex.join(again),
                            flags=set_by_flag)
     except (UsageError, LaunchError) as exc:  # a ConfigError (a UserError) goes to ictrl.cli: one line, --debug
         print(f"ictrl train: error: {exc}", file=sys.stderr)
         return 2
     logging.getLogger("ictrl.train").info("finished at step %d; model in %s", result.global_step, result.final_model)
     return 0
+
+
+def _resume(flags: set[str]) -> bool | str:
+    """``--resume``: True (a checkpoint must be there); ``--resume=auto``: "auto" (start fresh without one)."""
+    return "auto" if "--resume=auto" in flags else "--resume" in flags
 
 
 def _setup_logging() -> None:

@@ -150,10 +150,15 @@ def run_launch(launch: Launch, child_argv: list[str]) -> int:
     debug = env_flag(DEBUG_ENV)
     verbose = env_flag(VERBOSE_ENV)
     if not verbose and not debug:
-        import torch.distributed.run  # noqa: F401  (its import sets its logger's level: set ours after it)
+        # their imports set each module logger's own level (torch's elastic get_logger): set ours after them, on
+        # every one ("Received 15 death signal" on SIGTERM comes from the agent's)
+        import torch.distributed.elastic.agent.server.api  # noqa: F401
+        import torch.distributed.elastic.multiprocessing.api  # noqa: F401
+        import torch.distributed.run  # noqa: F401
 
-        for name in LAUNCHER_LOGGERS:
-            logging.getLogger(name).setLevel(logging.CRITICAL)
+        for name in [*LAUNCHER_LOGGERS, *logging.root.manager.loggerDict]:
+            if name.startswith(LAUNCHER_LOGGERS):
+                logging.getLogger(name).setLevel(logging.CRITICAL)
     args = launch_command_parser().parse_args(launch_arguments(launch, child_argv))
     with tempfile.TemporaryDirectory(prefix="ictrl-launch-") as tmp:
         reported = Path(tmp) / "reported"
@@ -203,7 +208,7 @@ def _launch_and_wait(launch_command: Any, args: Any, debug: bool) -> tuple[int, 
     return None
 
 
-def check_and_launch(cfg: Any, launch: Launch, child_argv: list[str], resume: bool, source: str,
+def check_and_launch(cfg: Any, launch: Launch, child_argv: list[str], resume: bool | str, source: str,
                      flags: dict[str, Any]) -> int:
     """``ictrl train ... --num-processes N``: refuse a launch from inside a launched process, check the config
     for ``N`` processes (a ``ConfigError`` / ``DataError`` propagates: one line, exit status 2, nothing started),

@@ -4,8 +4,13 @@
 
 - ``Trainer._save_checkpoint`` writes ``checkpoint-N/`` file by file, in place: a kill mid-save leaves a
   directory that ``get_last_checkpoint`` would pick. :class:`ResumableMixin` makes it write into
-  ``.staging-checkpoint-N/``, fsyncs the files, then renames the directory into place, so every
-  ``checkpoint-N`` is complete.
+  ``.staging-checkpoint-N/``, records each file's size and sha256 in ``manifest.json``, fsyncs the files, then
+  renames the directory into place, so every ``checkpoint-N`` is complete. A save that fails to write (a full
+  disk) removes the staging directory on every process and raises one line (``ictrl.files.write_error``).
+- On ``--resume`` (:func:`verified_checkpoints`, :func:`resume_point`): a checkpoint whose files no longer match
+  its manifest is passed over for the one before, with one line; so is one inside a generation batch (below,
+  however it arose: the last step of a shorter run, an older ictrl); one written by another number of processes
+  and a config change that changes the steps (:func:`check_unchanged`) are refused.
 - Trainer restores model, optimizer, scheduler, ``trainer_state.json`` and the python/numpy/torch RNG states,
   and skips the batches already consumed in the current epoch. The RNG is restored after the skip and before
   the first resumed step, so TRL's sampling (``model.generate`` draws from the global torch RNG) continues
@@ -16,7 +21,8 @@
   trainer sets e itself at the start of each epoch (accelerate's ``set_epoch`` does not reach the sampler in a
   resumed epoch on several processes).
 - TRL buffers one generation batch for ``steps_per_generation x num_iterations`` micro-steps and does not save
-  the buffer, so a checkpoint must fall on a buffer boundary: ``build_trainer_args`` checks ``save_steps``.
+  the buffer, so a checkpoint must fall on a buffer boundary: ``build_trainer_args`` checks ``save_steps``, and
+  SIGTERM stops at the next boundary (``ictrl.engine.callbacks.StopOnRequest``).
 - Trainer stops at ``max_steps`` only after a step (``DefaultFlowCallback.on_step_end``). A run resumed from a
   checkpoint at ``max_steps`` that falls inside an epoch re-enters that epoch and trains one step too many
   (at an epoch boundary the epoch loop is empty). :meth:`ResumableMixin._run_epoch` skips the epoch when no
@@ -25,6 +31,7 @@
 
 from __future__ import annotations
 
+import logging
 import re
 import shutil
 from pathlib import Path
@@ -32,8 +39,12 @@ from typing import Any
 
 import torch
 
-from ictrl.checkpoints import STAGING_PREFIX, publish_dir
+from ictrl.checkpoints import (STAGING_PREFIX, checkpoint_world_size, publish_dir, trainer_state, verify_checkpoint,
+                               write_manifest)
 from ictrl.engine.run_config import ConfigError
+from ictrl.files import is_write_failure, write_error
+
+log = logging.getLogger("ictrl.train")
 
 
 def check_resumable(args: Any, source: str = "<config>") -> None:
@@ -47,6 +58,90 @@ def check_resumable(args: Any, source: str = "<config>") -> None:
             f"{source}: save_steps: {args.save_steps} optimizer steps x gradient_accumulation_steps "
             f"{args.gradient_accumulation_steps} must be a multiple of steps_per_generation {args.steps_per_generation}"
             f" x num_iterations {args.num_iterations}: a checkpoint inside a generation buffer cannot resume exactly")
+
+
+def at_buffer_boundary(step: int, args: Any) -> bool:
+    """Whether TRL's generation buffer is empty after optimizer step ``step`` (a checkpoint there resumes exactly)."""
+    return step * args.gradient_accumulation_steps % (args.steps_per_generation * args.num_iterations) == 0
+
+
+def verified_checkpoints(checkpoints: list[Path]) -> list[Path]:
+    """``checkpoints`` (oldest first) whose files match their manifest, newest first; one warning line for each
+    that does not (it is skipped, the next older one is used)."""
+    good = []
+    for checkpoint in reversed(checkpoints):
+        problem = verify_checkpoint(checkpoint)
+        if problem is None:
+            good.append(checkpoint)
+        else:
+            log.warning("--resume: skipping %s: %s", checkpoint, problem)
+    return good
+
+
+def resume_point(verified: list[Path], args: Any, source: str = "<config>") -> Path:
+    """The newest of ``verified`` (newest first) that resumes exactly: written on as many processes as this run has,
+    and at a step where TRL's generation buffer is empty (a checkpoint inside one, such as the last step of a run
+    whose max_steps ends mid-buffer, is skipped with a line). :class:`ConfigError` when none is."""
+    if not verified:
+        raise ConfigError(f"{source}: --resume: no checkpoint in the output_dir is complete (each is named above); "
+                          "start a fresh run in another output_dir")
+    written_by = checkpoint_world_size(verified[0])
+    if written_by != args.world_size:
+        raise ConfigError(f"{source}: --resume: {verified[0]} was written by {written_by} process(es) and this run has "
+                          f"{args.world_size}: each process's RNG state and share of the batch depend on the count; "
+                          f"resume with {written_by} (--num-processes {written_by})")
+    buffer = args.steps_per_generation * args.num_iterations // args.gradient_accumulation_steps
+    for checkpoint in verified:
+        step = trainer_state(checkpoint)["global_step"]
+        if at_buffer_boundary(step, args):
+            return checkpoint
+        log.warning("--resume: skipping %s: step %d falls inside a generation batch (one every %s optimizer "
+                    "steps), which checkpoints do not hold", checkpoint.name, step, buffer)
+    raise ConfigError(f"{source}: --resume: every checkpoint falls inside a generation batch, which checkpoints do "
+                      "not hold, so none resumes exactly; start a fresh run")
+
+
+# Keys a resumed run may change: they decide where the run stops, what it logs and when it saves, not its steps.
+RESUME_FREE_KEYS = frozenset({
+    "max_steps", "num_train_epochs", "save_steps", "save_strategy", "save_total_limit", "logging_steps",
+    "logging_first_step", "logging_strategy", "report_to", "run_name", "project", "disable_tqdm", "log_level",
+    "cpu_threads", "output_dir", "dataloader_num_workers", "enable_jit_checkpoint"})
+LENGTH_KEYS = ("max_steps", "num_train_epochs")  # the schedule's length, unless the learning rate is constant
+
+
+def check_unchanged(saved: Path, now: dict[str, Any], args: Any, source: str = "<config>") -> None:
+    """Refuse a resume whose config (``now``, the run config as a dict) differs from ``saved`` (the config.yaml of
+    the run) in a key that changes the steps: the resumed run would not equal an uninterrupted one."""
+    import yaml
+
+    if not saved.is_file():
+        return
+    try:
+        before = _flatten(yaml.safe_load(saved.read_text()) or {})
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"{saved}: cannot read the run's config to compare: {str(exc).splitlines()[0]}") from None
+    after = _flatten(yaml.safe_load(yaml.safe_dump(now)) or {})
+    changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+    constant = args.lr_scheduler_type in ("constant", "constant_with_warmup") and (
+        args.lr_scheduler_type == "constant" or not 0 < float(args.warmup_steps) < 1)
+    free = RESUME_FREE_KEYS - (set() if constant else set(LENGTH_KEYS))
+    bad = [k for k in changed if k not in free]
+    if bad:
+        shown = "; ".join(f"{k}: {before.get(k)!r} -> {after.get(k)!r}" for k in bad[:6])
+        why = (f" (the {args.lr_scheduler_type} learning-rate schedule spans max_steps, so the steps already taken "
+               "followed another schedule)" if set(bad) <= set(LENGTH_KEYS) else "")
+        raise ConfigError(f"{source}: --resume: the config differs from {saved} in {shown}{why}; a resumed run would "
+                          "not continue the same run: restore the values or start a fresh run in another output_dir")
+
+
+def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, dict) and value:
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
 
 
 class EpochRepeatSampler:
@@ -112,19 +207,26 @@ class ResumableMixin:
         name = f"checkpoint-{self.state.global_step}"  # type: ignore[attr-defined]
         staging = run_dir / f"{STAGING_PREFIX}{name}"
         barrier = self.accelerator.wait_for_everyone  # type: ignore[attr-defined]
+        failure: BaseException | None = None
         if self.args.should_save:  # type: ignore[attr-defined]
             shutil.rmtree(staging, ignore_errors=True)
-            staging.mkdir(parents=True)
-        barrier()
-        # Trainer and TRL build the checkpoint path from _get_output_dir: point it at the staging directory.
-        self._get_output_dir = lambda trial=None: str(staging)  # type: ignore[method-assign]
-        try:
-            super()._save_checkpoint(model, trial)  # type: ignore[misc]
-        finally:
-            del self._get_output_dir
-        barrier()  # every process has written its files (per-process RNG states) before the rename
+            failure = _attempt(lambda: staging.mkdir(parents=True))
+        failure = _agree(failure, barrier, getattr(self.args, "device", None))  # type: ignore[attr-defined]
+        if failure is None:
+            # Trainer and TRL build the checkpoint path from _get_output_dir: point it at the staging directory.
+            self._get_output_dir = lambda trial=None: str(staging)  # type: ignore[method-assign]
+            try:
+                failure = _attempt(lambda: super(ResumableMixin, self)._save_checkpoint(model, trial))  # type: ignore
+            finally:
+                del self._get_output_dir
+            # every process has written its files (per-process RNG states) before the manifest and the rename
+            failure = _agree(failure, barrier, getattr(self.args, "device", None))  # type: ignore[attr-defined]
+        if failure is None and self.args.should_save:  # type: ignore[attr-defined]
+            failure = _attempt(lambda: (write_manifest(staging / name), publish_dir(staging / name, run_dir / name)))
+        if failure is not None:
+            shutil.rmtree(staging, ignore_errors=True)  # nothing half-written stays; earlier checkpoints untouched
+            raise _save_failed(run_dir / name, failure)
         if self.args.should_save:  # type: ignore[attr-defined]
-            publish_dir(staging / name, run_dir / name)
             staging.rmdir()
             best = self.state.best_model_checkpoint  # type: ignore[attr-defined]
             if best and str(staging) in best:
@@ -132,6 +234,41 @@ class ResumableMixin:
             rotate_checkpoints(output_dir=str(run_dir), save_total_limit=self.args.save_total_limit,  # type: ignore
                                best_model_checkpoint=self.state.best_model_checkpoint, use_mtime=False)
         barrier()
+
+
+def _attempt(write: Any) -> BaseException | None:
+    """Run ``write``; the write failure it raised (a full disk), else None. Any other error propagates."""
+    try:
+        write()
+    except Exception as exc:  # noqa: BLE001 - torch and safetensors report a full disk as RuntimeError / their own
+        if not is_write_failure(exc):
+            raise
+        return exc
+    return None
+
+
+def _agree(failure: BaseException | None, barrier: Any, device: Any = None) -> BaseException | None:
+    """The barrier, and whether any process failed to write: every process then stops at the same point (a
+    process that raised alone would leave the others waiting in the next collective)."""
+    import torch.distributed as dist
+
+    barrier()
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return failure
+    flag = torch.tensor([0 if failure is None else 1], device=device)  # on the backend's device (NCCL: a GPU)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    if failure is None and flag.item():
+        return OSError(28, "another process could not write its part")
+    return failure
+
+
+def _save_failed(path: Path, exc: BaseException) -> Exception:
+    from ictrl.checkpoints import complete_checkpoints
+
+    kept = complete_checkpoints(path.parent)
+    after = (f"{kept[-1].name} is intact; free space and resume with --resume" if kept
+             else "no earlier checkpoint; free space and run again")
+    return write_error(path, exc, after)
 
 
 def make_trainer_class(base: type) -> type:
@@ -154,16 +291,23 @@ def save_final(trainer: Any, staging: Path, final: Path) -> None:
         plugin.set_state_dict_type("FULL_STATE_DICT")
     try:
         if _is_peft(trainer.model):
-            _save_lora(trainer, staging)
+            failure = _attempt(lambda: _save_lora(trainer, staging))
         else:
-            trainer.save_model(str(staging))
+            failure = _attempt(lambda: trainer.save_model(str(staging)))
     finally:
         if plugin is not None:
             plugin.state_dict_type = previous
-    barrier()
-    if trainer.args.should_save:
-        trainer.state.save_to_json(str(staging / "trainer_state.json"))  # its step: finished_run reads it
-        publish_dir(staging, final)
+    failure = _agree(failure, barrier, getattr(trainer.args, "device", None))
+    if failure is None and trainer.args.should_save:
+        def publish() -> None:
+            trainer.state.save_to_json(str(staging / "trainer_state.json"))  # its step: finished_run reads it
+            write_manifest(staging)
+            publish_dir(staging, final)
+
+        failure = _attempt(publish)
+    if failure is not None:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise _save_failed(final, failure)
     barrier()
 
 

@@ -20,12 +20,16 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from ictrl.checkpoints import STAGING_PREFIX, clear_staging, complete_checkpoints, finished_run, trainer_state
+from ictrl.checkpoints import (STAGING_PREFIX, check_weights, clear_staging, complete_checkpoints, finished_run,
+                               trainer_state)
 from ictrl.cliargs import VERBOSE_ENV, env_flag
-from ictrl.engine.resumable import check_resumable, make_trainer_class, save_final
+from ictrl.engine.resumable import (check_resumable, check_unchanged, make_trainer_class, resume_point,
+                                   save_final, verified_checkpoints)
 from ictrl.engine.run_config import ConfigError, RunConfig, config_to_dict, save_config
 from ictrl.engine.value_checks import check_output_dir, check_values
-from ictrl.errors import UserError, quote, shorten
+from ictrl.engine.run_guard import RunLock, StopRequest, add_stop_callback, stopped
+from ictrl.errors import Terminated, UserError, quote, shorten
+from ictrl.files import reported_write
 
 log = logging.getLogger("ictrl.train")
 
@@ -256,49 +260,37 @@ class TrainResult:
     final_model: Path
 
 
-def existing_checkpoints(cfg: RunConfig, resume: bool, source: str = "<config>") -> list[Path]:
+def existing_checkpoints(cfg: RunConfig, resume: bool | str, source: str = "<config>") -> list[Path]:
     """The complete checkpoints in ``output_dir``, oldest first; without ``resume`` there must be none (a fresh
-    run does not start over another run's checkpoints)."""
+    run does not start over another run's checkpoints), with ``resume=True`` there must be one (a misspelt
+    output_dir does not train from step 0); ``resume="auto"`` takes either."""
     out = Path(cfg.output_dir)
     checkpoints = complete_checkpoints(out)
     if checkpoints and not resume:
         raise ConfigError(f"{source}: output_dir: {out} already holds {checkpoints[-1].name}; pass --resume "
                           "to continue it or choose another output_dir")
+    if not checkpoints and resume is True:
+        where = "holds no checkpoint" if out.is_dir() else "does not exist"
+        raise ConfigError(f"{source}: --resume: output_dir {out} {where}; check the output_dir, or pass "
+                          "--resume=auto to start from step 0 when there is nothing to resume")
     return checkpoints
 
 
-def prepare_output_dir(cfg: RunConfig, resume: bool, source: str = "<config>") -> Path | None:
-    """The checkpoint to resume from (None: start fresh). Refuses to start over existing checkpoints."""
+def prepare_output_dir(cfg: RunConfig, resume: bool | str, source: str = "<config>", args: Any = None) -> Path | None:
+    """The checkpoint to resume from (None: start fresh): the newest whose files verify, when it ends the run
+    (``final/`` of its step is there), else the newest that resumes exactly (``resumable.resume_point``; without
+    ``args``, the newest verified). Refuses to start over existing checkpoints."""
     out = Path(cfg.output_dir)
     checkpoints = existing_checkpoints(cfg, resume, source)
     clear_staging(out)
-    if not resume:
+    if not resume or not checkpoints:
         return None
-    if not checkpoints:
-        log.warning("--resume: no complete checkpoint in %s, starting from step 0", out)
-        return None
-    return checkpoints[-1]
-
-
-def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in data.items():
-        if isinstance(value, dict) and value:
-            out.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
-
-
-def _warn_config_changes(path: Path, cfg: RunConfig) -> None:
-    import yaml
-
-    if not path.is_file():
-        return
-    before, now = _flatten(yaml.safe_load(path.read_text()) or {}), _flatten(config_to_dict(cfg))
-    changed = sorted(k for k in before.keys() | now.keys() if before.get(k) != now.get(k))
-    if changed:
-        log.warning("--resume with a config that differs from %s in: %s", path, ", ".join(changed))
+    verified = verified_checkpoints(checkpoints)
+    if args is None:
+        return verified[0] if verified else None
+    if verified and finished_run(verified[0], args.max_steps):
+        return verified[0]
+    return resume_point(verified, args, source)
 
 
 RUN_LABELS = "run.json"
@@ -354,17 +346,6 @@ def hide_tied_head_note() -> None:
         logging.getLogger("transformers.trainer").addFilter(_not_tied_head_note)
 
 
-def interrupted(out: Path, step: int, resume_command: str | None) -> Any:
-    """The :class:`ictrl.errors.Interrupted` of a Ctrl-C at ``step``: the last complete checkpoint and the command
-    that continues from it (``--resume`` redoes the steps after that checkpoint exactly)."""
-    from ictrl.errors import Interrupted
-
-    checkpoints = complete_checkpoints(out)
-    kept = f"last complete checkpoint {checkpoints[-1]}" if checkpoints else "no checkpoint yet (save_steps)"
-    again = f"; resume with `{resume_command}`" if resume_command and checkpoints else ""
-    return Interrupted(f"interrupted at step {step}; {kept}{again}")
-
-
 def check_config(cfg: RunConfig, source: str = "<config>", flags: dict[str, Any] | None = None,
                  cpu: bool | None = None) -> tuple[Any, dict[str, Any], Any, list[Callable[..., Any]]]:
     """Every value of the config checked, nothing loaded: (trainer arguments, model loading kwargs, LoRA config
@@ -393,11 +374,15 @@ def check_inputs(cfg: RunConfig, init_kwargs: dict[str, Any], source: str = "<co
     from ictrl.engine import model_init
 
     preflight.check_model(cfg.model.name_or_path, "model.name_or_path")
+    damaged = check_weights(cfg.model.name_or_path)
+    if damaged is not None:
+        raise ConfigError(f"{source}: model.name_or_path: {cfg.model.name_or_path}: {damaged}; the model directory "
+                          "is damaged")
     model_init.check_architecture(cfg, init_kwargs, source)
     return load_train_dataset(cfg)
 
 
-def check_before_launch(cfg: RunConfig, processes: int, resume: bool = False, source: str = "<config>",
+def check_before_launch(cfg: RunConfig, processes: int, resume: bool | str = False, source: str = "<config>",
                         flags: dict[str, Any] | None = None) -> None:
     """The checks :func:`train` makes before the model loads, for a run on ``processes`` processes, made by the
     parent of the launch before it starts any (``ictrl.engine.launch``). On the CPU, so the parent holds no GPU
@@ -416,34 +401,43 @@ def check_before_launch(cfg: RunConfig, processes: int, resume: bool = False, so
         log.setLevel(quiet)
 
 
-def train(cfg: RunConfig, resume: bool = False, source: str = "<config>",
+def train(cfg: RunConfig, resume: bool | str = False, source: str = "<config>",
           callbacks: list[Any] | None = None, resume_command: str | None = None,
           flags: dict[str, Any] | None = None) -> TrainResult:
     """Run ``ictrl train``. Config errors surface before the model loads; the run holds ``output_dir``'s lock
     (:class:`ictrl.engine.run_guard.RunLock`) from before it reads a checkpoint there until it returns. Ctrl-C
-    raises :class:`ictrl.errors.Interrupted` naming the step, the last checkpoint and ``resume_command``."""
+    raises :class:`ictrl.errors.Interrupted` naming the step, the last checkpoint and ``resume_command``; SIGTERM
+    stops at the end of the generation batch with a checkpoint (:class:`ictrl.engine.run_guard.StopRequest`) and
+    raises :class:`ictrl.errors.Terminated` naming them."""
     args, init_kwargs, lora, reward_funcs = check_config(cfg, source, flags)
-    from ictrl.engine.run_guard import RunLock
+    stop = StopRequest()
+    try:
+        with stop, RunLock(cfg.output_dir, args), cpu_threads(args):
+            return _train_locked(cfg, args, reward_funcs, resume, source, callbacks, init_kwargs, lora,
+                                 resume_command, stop)
+    except Terminated:
+        if not stop.before_training:
+            raise
+        raise stopped(Path(cfg.output_dir), None, resume_command, Terminated) from None  # nothing new to save
 
-    with RunLock(cfg.output_dir, args), cpu_threads(args):
-        return _train_locked(cfg, args, reward_funcs, resume, source, callbacks, init_kwargs, lora, resume_command)
 
-
-def _train_locked(cfg: RunConfig, args: Any, reward_funcs: list[Callable[..., Any]], resume: bool, source: str,
+def _train_locked(cfg: RunConfig, args: Any, reward_funcs: list[Callable[..., Any]], resume: bool | str, source: str,
                   callbacks: list[Any] | None, init_kwargs: dict[str, Any], lora: Any,
-                  resume_command: str | None) -> TrainResult:
-    resume_from = prepare_output_dir(cfg, resume, source)
+                  resume_command: str | None, stop: Any) -> TrainResult:
+    resume_from = prepare_output_dir(cfg, resume, source, args)
     out, final = Path(cfg.output_dir), Path(cfg.output_dir) / "final"
     if resume_from is not None and finished_run(resume_from, args.max_steps):
         step = trainer_state(resume_from)["global_step"]
         log.warning("--resume: the run is complete: %s is at step %d (max_steps %d) and %s holds its model; "
                     "nothing to train", resume_from.name, step, args.max_steps, final)
         return TrainResult(out, step, resume_from, final)
+    if resume_from is not None:
+        check_unchanged(out / "config.yaml", config_to_dict(cfg), args, source)
     dataset = check_inputs(cfg, init_kwargs, source)  # every row checked before the model loads
 
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
-    from ictrl.engine.callbacks import MetricsJSONL, NoSignalWarning, RichProgress
+    from ictrl.engine.callbacks import MetricsJSONL, NoSignalWarning, RichProgress, StopNow
     from ictrl.models import load_model_and_tokenizer
 
     skip_deepspeed_unless_imported()
@@ -451,11 +445,10 @@ def _train_locked(cfg: RunConfig, args: Any, reward_funcs: list[Callable[..., An
     dataset = drop_long_prompts(dataset, tokenizer, cfg.data.max_prompt_length,
                                 getattr(model.config, "max_position_embeddings", None), args.max_completion_length)
     check_enough_rows(dataset, args, source)
-    out.mkdir(parents=True, exist_ok=True)
-    if resume_from is not None:
-        _warn_config_changes(out / "config.yaml", cfg)
-    save_config(cfg, out / "config.yaml")
-    write_run_labels(out, args)
+    with reported_write(out, "free space and run again"):
+        out.mkdir(parents=True, exist_ok=True)
+        save_config(cfg, out / "config.yaml")
+        write_run_labels(out, args)
 
     accuracy = reward_label(reward_funcs[0])
     _, trainer_cls = trainer_classes()
@@ -483,16 +476,21 @@ def _train_locked(cfg: RunConfig, args: Any, reward_funcs: list[Callable[..., An
         if 0 < args.max_steps <= step:
             log.warning("--resume: %s is at step %d, max_steps is %d: no step left to train; writing %s from it",
                         resume_from.name, step, args.max_steps, final)
+    add_stop_callback(trainer, stop, out)
     try:
         trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
     except KeyboardInterrupt:
-        raise interrupted(out, trainer.state.global_step, resume_command) from None
+        raise stopped(out, trainer.state.global_step, resume_command) from None
+    except StopNow:
+        pass
     except OSError as exc:  # TRL's client lost the vLLM server (vllm_mode=server): one line, then --resume
         if type(exc).__module__.split(".")[0] != "requests":
             raise
         url = args.vllm_server_base_url or f"http://{args.vllm_server_host}:{args.vllm_server_port}"
-        kept = interrupted(out, trainer.state.global_step, resume_command)
+        kept = stopped(out, trainer.state.global_step, resume_command)
         raise UserError(f"vLLM server {url} stopped answering ({type(exc).__name__}); {kept}") from None
+    if stop.received and trainer.state.global_step < trainer.state.max_steps:
+        raise stopped(out, trainer.state.global_step, resume_command, Terminated)
 
     save_final(trainer, out / f"{STAGING_PREFIX}final", final)
     return TrainResult(out, trainer.state.global_step, resume_from, final)

@@ -26,7 +26,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from ictrl.errors import ConfigError
+from ictrl.errors import ConfigError, UserError
+from ictrl.files import is_write_failure, write_error
 
 log = logging.getLogger("ictrl.train")
 
@@ -47,8 +48,13 @@ class OutputDirLock:
         import fcntl
 
         self._created = not self.out.exists()
-        self.out.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            self.out.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            if is_write_failure(exc):
+                raise write_error(self.path, exc, "the run did not start") from None
+            raise ConfigError(f"output_dir: cannot create {self.path}: {exc.strerror}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
@@ -61,8 +67,12 @@ class OutputDirLock:
         left = _read(fd)
         if left:  # a holder that ended without releasing: killed
             log.warning("output_dir: taking over the lock of %s, which is no longer running", left)
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+        except OSError as exc:
+            os.close(fd)
+            raise write_error(self.path, exc, "the run did not start") from None
         self._fd = fd
 
     def release(self) -> None:
@@ -106,7 +116,7 @@ class RunLock:
         if int(os.environ.get("RANK", "0")) == 0:
             try:
                 self.lock.acquire()
-            except ConfigError as exc:
+            except UserError as exc:  # a held lock, or a disk with no room for it
                 error = str(exc)
         error = broadcast_object_list([error], from_process=0)[0]
         if error:
@@ -137,3 +147,86 @@ def die_with_launcher() -> bool:
 
     die_with_parent(parent)
     return True
+
+
+class StopRequest:
+    """SIGTERM during ``ictrl train`` (``with StopRequest() as stop:``). While the training loop runs it is a request
+    (``received``) that :class:`ictrl.engine.callbacks.StopOnRequest` honours at the end of TRL's generation batch,
+    with a checkpoint; later SIGTERMs add nothing (a launcher forwards the scheduler's, and the scheduler's SIGKILL
+    ends the wait). Outside the loop (checks and loading before it, ``final/`` after it) nothing new is left to
+    save and it raises :class:`ictrl.errors.Terminated` at once."""
+
+    def __init__(self) -> None:
+        self.received = False
+        self.training = False
+        self.before_training = False  # raised Terminated outside the training loop
+        self._previous: Any = None
+
+    def __enter__(self) -> StopRequest:
+        import signal
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGTERM, self._handle)
+        return self
+
+    def reinstall(self) -> None:
+        """Take SIGTERM back from a handler installed since (transformers' JIT checkpoint installs its own)."""
+        import signal
+
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._handle)
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        import signal
+
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+            self._previous = None
+
+    def _handle(self, signum: int, frame: object) -> None:
+        from ictrl.errors import Terminated
+
+        if not self.training:
+            self.before_training = True
+            raise Terminated("terminated (SIGTERM)")
+        if not self.received:
+            self.received = True
+            log.warning("SIGTERM: stopping at the end of this generation batch, with a checkpoint")
+
+
+def add_stop_callback(trainer: Any, stop: StopRequest, out: Path) -> None:
+    """Honour ``stop`` in ``trainer``'s loop (:class:`ictrl.engine.callbacks.StopOnRequest`). ictrl's stop is what
+    transformers' ``enable_jit_checkpoint`` asks for, made exact: its own callback, which saves wherever the
+    signal finds the run (inside a generation batch), is not installed."""
+    from transformers.trainer_jit_checkpoint import JITCheckpointCallback
+
+    from ictrl.engine.callbacks import StopOnRequest
+    from ictrl.engine.resumable import at_buffer_boundary
+
+    trainer.remove_callback(JITCheckpointCallback)
+    stop.reinstall()
+
+    def save() -> None:
+        step = trainer.state.global_step
+        if step > 0 and not (out / f"checkpoint-{step}" / "trainer_state.json").is_file():
+            trainer._save_checkpoint(trainer.model, None)
+
+    trainer.add_callback(StopOnRequest(stop, lambda step: at_buffer_boundary(step, trainer.args), save,
+                                       trainer.args.device))
+
+
+def stopped(out: Path, step: int | None, resume_command: str | None, kind: type | None = None) -> Exception:
+    """The one-line :class:`ictrl.errors.Interrupted` (Ctrl-C) or ``kind`` (:class:`ictrl.errors.Terminated`) of a
+    run stopped at ``step`` (None: outside the training loop): the last complete checkpoint and the command that continues
+    from it (``--resume`` redoes the steps after that checkpoint exactly)."""
+    from ictrl.checkpoints import complete_checkpoints
+    from ictrl.errors import Interrupted, Terminated
+
+    kind = kind or Interrupted
+    checkpoints = complete_checkpoints(out)
+    what = "terminated (SIGTERM)" if kind is Terminated else "interrupted"
+    at = f" at step {step}" if step is not None else ""
+    kept = f"last complete checkpoint {checkpoints[-1]}" if checkpoints else "no checkpoint yet (save_steps)"
+    again = f"; resume with `{resume_command}`" if resume_command and checkpoints else ""
+    return kind(f"{what}{at}; {kept}{again}")

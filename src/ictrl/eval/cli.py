@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from ictrl.cliargs import CommaList, comma_list
+from ictrl.errors import Terminated, sigterm_raises
+from ictrl.files import reported_write
 from ictrl.eval.harness import RESULTS_JSON, RESULTS_MD, EvalConfig, ResumeMismatchError, benchmark_tasks, evaluate
 
 
@@ -97,6 +99,32 @@ def _method_label(selector: object) -> str | None:
         return selector
 
 
+def model_identity(model: str) -> str | None:
+    """The sha256 of a local model's weights (their manifest's, when ``ictrl train`` wrote one), after checking they
+    are whole: a truncated or changed file is one line here, not a traceback from the loader. None for a hub id."""
+    from ictrl.checkpoints import check_weights, weights_digest
+    from ictrl.errors import UserError
+
+    problem = check_weights(model)
+    if problem is not None:
+        raise UserError(f"--model: {model}: {problem}; the model directory is damaged")
+    return weights_digest(model)
+
+
+def stopped(output_dir: Path | None, stop: BaseException) -> Exception:
+    """The one line of an evaluation stopped by SIGTERM or Ctrl-C: what is kept and how to go on."""
+    from ictrl.errors import Interrupted, Terminated
+
+    kind = Terminated if isinstance(stop, Terminated) else Interrupted
+    what = "terminated (SIGTERM)" if kind is Terminated else "interrupted"
+    if output_dir is None:
+        return kind(f"{what}; nothing was saved (no --output-dir)")
+    samples = output_dir / "samples.jsonl"
+    rows = sum(1 for line in samples.read_bytes().split(b"\n") if line.strip()) if samples.is_file() else 0
+    return kind(f"{what}; {rows} finished (seed, benchmark, problem) rows are in {samples}; run the same command "
+                "again to continue")
+
+
 def _checked_tasks(args: argparse.Namespace, config: EvalConfig) -> list[Any]:
     """The benchmarks' tasks, built with the model's tokenizer alone: rows checked, prompt lengths measured."""
     from transformers import AutoTokenizer
@@ -149,6 +177,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--data-root: {args.data_root}: no such directory")
     preflight.check_benchmarks(args.benchmarks, data_root=args.data_root)
     preflight.check_model(args.model)
+    config.model_sha256 = model_identity(args.model)
     from ictrl.eval.generate import BackendUnavailableError, build_backend, check_backend
 
     try:
@@ -161,7 +190,10 @@ def run(args: argparse.Namespace) -> int:
             backend = build_backend(args.backend, args.model, batch_size=args.batch_size, dtype=args.dtype)
         except OSError as err:  # not on the hub, gated, or the connection dropped: transformers says which
             raise UserError(f"--model: {args.model}: cannot load: {str(err).splitlines()[0]}") from err
-        result = evaluate(tasks, backend, config, output_dir=args.output_dir, progress=not args.no_progress)
+        with sigterm_raises(), reported_write(args.output_dir or "."):
+            result = evaluate(tasks, backend, config, output_dir=args.output_dir, progress=not args.no_progress)
+    except (Terminated, KeyboardInterrupt) as stop:
+        raise stopped(args.output_dir, stop) from None
     except UserError:
         raise
     except (ValueError, BackendUnavailableError) as err:

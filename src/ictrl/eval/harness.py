@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ictrl.files import atomic_write_text
+from ictrl.files import append_whole, atomic_write_text, reported_write
 from ictrl.eval.passk import bootstrap_ci, mean_std, pass_at_k
 
 SETTINGS_FILE = "settings.json"
@@ -47,7 +47,8 @@ class ResumeMismatchError(ValueError):
 class EvalConfig:
     """Sampling and reporting settings for one evaluation."""
 
-    model: str = field(metadata={"help": "Model name or path, recorded in the outputs and checked on resume."})
+    model: str = field(metadata={"help": "Model name or path, recorded in the outputs and checked on resume unless "
+                                 "model_sha256 identifies the model."})
     n: int = field(default=4, metadata={"help": "Samples per problem; must be >= max(ks)."})
     ks: tuple[int, ...] = field(default=(1, 4), metadata={"help": "k values of pass@k to report."})
     max_new_tokens: int | None = field(
@@ -66,10 +67,14 @@ class EvalConfig:
     train_seed: int | None = field(
         default=None, metadata={"help": "Training seed of the evaluated model (``ictrl table`` pairs methods by "
                                 "it); no effect on sampling."})
+    model_sha256: str | None = field(
+        default=None, metadata={"help": "sha256 of the model's weights (``ictrl.checkpoints.weights_digest``): on "
+                                "resume the model is identified by it, not by its path."})
 
     # fields that change the samples themselves: resuming across a change would mix two experiments (the
-    # generation fields are compared per benchmark, after resolving each task's defaults)
-    RESUME_FIELDS = ("model", "n")
+    # generation fields are compared per benchmark, after resolving each task's defaults; chunk_size sets which
+    # problems share a backend call and its seed). "model" is compared as model_sha256 when both runs have it.
+    RESUME_FIELDS = ("model", "n", "chunk_size")
 
     def __post_init__(self) -> None:
         self.ks = tuple(int(k) for k in self.ks)
@@ -203,11 +208,12 @@ def _check_settings(output_dir: Path, config: EvalConfig, tasks: Sequence[EvalTa
         stored = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as err:
         raise ValueError(f"{path}: not valid JSON ({err})") from err
-    diffs = [
-        f"{name}: stored {stored.get(name)!r}, requested {current[name]!r}"
-        for name in EvalConfig.RESUME_FIELDS
-        if stored.get(name) != current[name]
-    ]
+    by_hash = bool(stored.get("model_sha256") and current.get("model_sha256"))  # else by the path
+    diffs = [f"{name}: stored {stored.get(name)!r}, requested {current[name]!r}" for name in EvalConfig.RESUME_FIELDS
+             if stored.get(name) != current[name] and not (by_hash and name == "model")]
+    if by_hash and stored["model_sha256"] != current["model_sha256"]:
+        diffs.append(f"the model's weights differ from those the samples were drawn with (sha256 "
+                     f"{stored['model_sha256'][:12]} stored, {current['model_sha256'][:12]} now)")
     # settings.json written before per-benchmark generation held one set of values for every benchmark
     legacy = {f: stored.get(f) for f in GENERATION_FIELDS}
     stored_gen = stored.get("generation") or {}
@@ -287,6 +293,15 @@ def _sample_block(
     return records
 
 
+def _append_records(sink: int | None, path: Path, records: list[dict[str, Any]]) -> None:
+    """The records as lines of ``path`` (open at ``sink``), all or none, and fsynced; None: kept in memory."""
+    if sink is None:
+        return
+    with reported_write(path, "the rows before are kept; free space and run the same command again"):
+        append_whole(sink, "".join(json.dumps(_json_safe(r), ensure_ascii=False) + "\n" for r in records).encode())
+        os.fsync(sink)
+
+
 def validate_tasks(tasks: Sequence[EvalTask]) -> None:
     if not tasks:
         raise ValueError("tasks must not be empty")
@@ -333,6 +348,9 @@ def evaluate(
                 f"{name} problem {pid}: the prompt differs from the one stored in {SAMPLES_FILE} "
                 "(prompt template or tokenizer changed); use another output directory"
             )
+        if (name, pid) in prompt_of and len(rec.get("samples") or []) != config.n:
+            raise ResumeMismatchError(f"{SAMPLES_FILE}: {name} problem {pid} holds {len(rec.get('samples') or [])} "
+                                      f"samples, not n={config.n}; use another output directory")
 
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -342,7 +360,8 @@ def evaluate(
         console=Console(stderr=True),  # stdout carries only the results table
         disable=not progress,
     )
-    sink = open(out / SAMPLES_FILE, "a", encoding="utf-8") if out is not None else None
+    samples = out / SAMPLES_FILE if out is not None else Path(SAMPLES_FILE)
+    sink = os.open(samples, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644) if out is not None else None
     try:
         with bar:
             for seed in config.seeds:
@@ -350,25 +369,22 @@ def evaluate(
                     done = sum((seed, task.name, str(p.id)) in finished for p in task.problems)
                     bar_id = bar.add_task(f"seed {seed} {task.name}", total=len(task.problems), completed=done)
                     for block, start in enumerate(range(0, len(task.problems), config.chunk_size)):
-                        idx = [
-                            i
-                            for i in range(start, min(start + config.chunk_size, len(task.problems)))
-                            if (seed, task.name, str(task.problems[i].id)) not in finished
-                        ]
+                        whole = list(range(start, min(start + config.chunk_size, len(task.problems))))
+                        idx = [i for i in whole if (seed, task.name, str(task.problems[i].id)) not in finished]
                         if not idx:
                             continue
-                        recs = _sample_block(task, idx, prompts[task.name], backend, config, seed, block)
+                        # A backend's draws depend on every prompt of its call: a block cut short (a torn row,
+                        # a stop) is drawn whole again, so the problems it lacks get an uninterrupted run's samples.
+                        missing = {str(task.problems[i].id) for i in idx}
+                        recs = [rec for rec in _sample_block(task, whole, prompts[task.name], backend, config, seed,
+                                                             block) if rec["problem_id"] in missing]
                         for rec in recs:
                             finished[(seed, task.name, rec["problem_id"])] = rec
-                        lines = [json.dumps(_json_safe(rec), ensure_ascii=False) + "\n" for rec in recs]
-                        if sink is not None:
-                            sink.write("".join(lines))
-                            sink.flush()
-                            os.fsync(sink.fileno())
+                        _append_records(sink, samples, recs)
                         bar.advance(bar_id, len(idx))
     finally:
         if sink is not None:
-            sink.close()
+            os.close(sink)
 
     records = [finished[(seed, t.name, str(p.id))] for seed in config.seeds for t in tasks for p in t.problems]
     for rec in records:
