@@ -30,16 +30,15 @@ def refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
 def alias_bomb(levels: int, key: str) -> str:
     """A YAML file whose ``key`` holds nested aliases expanding to 9**levels strings (a ~2 KB file at 11)."""
     items = ["&l0 [x,x,x,x,x,x,x,x,x]"] + [f"&l{i} [" + ",".join([f"*l{i - 1}"] * 9) + "]" for i in range(1, levels)]
-    section, _, leaf = key.partition(".")
-    return f"model: {{name_or_path: m}}\noutput_dir: out\n{section}:\n  {leaf}: [{', '.join(items)}]\n"
+    return f"model_name_or_path: m\noutput_dir: out\n{key}: [{', '.join(items)}]\n"
 
 
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
         (["--learning_rate=-1"], "learning_rate: must be >= 0, got -1"),
-        (["--learning_rate=.nan"], "learning_rate: must be finite, got nan"),
-        (["--learning_rate=.inf"], "learning_rate: must be finite, got inf"),
+        (["--learning_rate=nan"], "learning_rate: must be finite, got nan"),
+        (["--learning_rate=inf"], "learning_rate: must be finite, got inf"),
         (["--learning_rate=1e999"], "learning_rate: must be finite, got inf"),
         (["--seed=99999999999999999999"], "seed: must be >= 0 and < 4294967296, got 99999999999999999999"),
         (["--num_generations=1000000000"], "generation batch too large: 32000000000 completions per process"),
@@ -49,14 +48,14 @@ def alias_bomb(levels: int, key: str) -> str:
         (["--max_steps=-5", "--num_train_epochs=0"], "max_steps: must be >= 1, or -1 to train num_train_epochs"),
         (["--max_steps=0"], "max_steps: must be >= 1"),
         (["--max_steps=-1", "--num_train_epochs=0"], "num_train_epochs: must be > 0 when max_steps is -1"),
-        (["--max_steps=-1", "--num_train_epochs=.nan"], "num_train_epochs: must be finite, got nan"),
+        (["--max_steps=-1", "--num_train_epochs=nan"], "num_train_epochs: must be finite, got nan"),
         (["--temperature=0"], ": temperature must be > 0, got 0"),
         (["--top_p=1.5"], "top_p: must be > 0 and <= 1, got 1.5"),
-        (["--data.train={gsm8k_train: .inf}"], "data.train.gsm8k_train: must be finite, got inf"),
-        (["--reward.overlong_penalty_factor=.nan"], "reward.overlong_penalty_factor: must be a finite number"),
+        (["--dataset_name={gsm8k_train: .inf}"], "dataset_name.gsm8k_train: must be finite, got inf"),
+        (["--overlong_penalty_factor=nan"], "overlong_penalty_factor: must be a finite number"),
         ([f"--learning_rate={BIG}"], "override --learning_rate: a value of 10000000 characters, more than 65536"),
-        ([f"--learning_rate={LONG}"], "learning_rate: expected a number, got 'xxxx"),
-        ([f"--data.train=[{LONG}]"], "data.train: 'xxxx"),
+        ([f"--learning_rate={LONG}"], "learning_rate: invalid float value: 'xxxx"),
+        ([f"--dataset_name=[{LONG}]"], "dataset_name: 'xxxx"),
         ([f"--token_selector={LONG}"], "token_selector"),
         ([f"--{BIG}=1"], "unknown key 'xxxx"),
     ],
@@ -78,7 +77,7 @@ def test_output_dir_that_cannot_be_a_directory(target: str, loader_calls: list[A
     afile = tmp_path / "afile"
     afile.write_text("keep")
     out = {"file": str(afile), "/dev/null": "/dev/null", "under_a_file": str(afile / "run")}[target]
-    line = refused([str(TINY), f"--output_dir={out}", "--data.train=[gsm8k_train]"], capsys)
+    line = refused([str(TINY), f"--output_dir={out}", "--dataset_name=[gsm8k_train]"], capsys)
     assert "output_dir:" in line and ("is a file" in line or "not a directory" in line)
     assert line.startswith("ictrl train: error: override --output_dir="), line  # the flag set it
     assert afile.read_text() == "keep" and loader_calls == []
@@ -91,11 +90,11 @@ def test_output_dir_not_writable(loader_calls: list[Any], tmp_path: Path, capsys
     locked.mkdir(mode=0o500)
     if os.access(locked, os.W_OK):
         pytest.skip("running as a user who can write anywhere (root)")
-    line = refused([str(TINY), f"--output_dir={locked / 'run'}", "--data.train=[gsm8k_train]"], capsys)
+    line = refused([str(TINY), f"--output_dir={locked / 'run'}", "--dataset_name=[gsm8k_train]"], capsys)
     assert "output_dir:" in line and "not writable" in line
 
 
-@pytest.mark.parametrize("key", ["data.eval", "reward.names", "data.train"])
+@pytest.mark.parametrize("key", ["eval_datasets", "reward_funcs", "dataset_name"])
 def test_yaml_alias_bomb_is_refused_in_bounded_work(key: str, loader_calls: list[Any], tmp_path: Path,
                                                     capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "bomb.yaml"
@@ -111,10 +110,13 @@ def test_yaml_alias_bomb_in_a_flag_and_a_recursive_alias(loader_calls: list[Any]
     bomb = "[" + ",".join(["&a [x,x,x,x,x,x,x,x,x,x]"] + ["*a"] * 9) + "]"
     for level in range(5):  # each level nests the previous one ten times under a fresh anchor
         bomb = f"[&b{level} {bomb}," + ",".join([f"*b{level}"] * 9) + "]"
-    line = refused([str(TINY), f"--output_dir={tmp_path / 'out'}", f"--data.eval={bomb}"], capsys)
-    assert "YAML aliases expand to more than" in line and "override" in line
+    line = refused([str(TINY), f"--output_dir={tmp_path / 'out'}", f"--dataset_name={bomb}"], capsys)
+    assert "YAML aliases expand to more than" in line and "override --dataset_name=" in line
+    line = refused([str(TINY), f"--output_dir={tmp_path / 'out'}", "--dataset_name=gsm8k_train", "--eval_datasets",
+                    bomb], capsys)
+    assert "eval_datasets: " in line  # a list flag's items are plain strings, never YAML
     path = tmp_path / "loop.yaml"
-    path.write_text("model: {name_or_path: m}\noutput_dir: out\ndata:\n  eval: &a [*a]\n")
+    path.write_text("model_name_or_path: m\noutput_dir: out\neval_datasets: &a [*a]\n")
     assert "refers to itself" in refused([str(path)], capsys)
 
 
@@ -127,7 +129,7 @@ def test_binary_and_oversized_config_files(loader_calls: list[Any], tmp_path: Pa
     huge.write_text("# " + "x" * (2 << 20) + "\n")
     assert "bytes, more than a run config's" in refused([str(huge)], capsys)
     control = tmp_path / "control.yaml"
-    control.write_text("model: {name_or_path: m}\x07\n")
+    control.write_text("model_name_or_path: m\x07\n")
     assert "not valid YAML" in refused([str(control)], capsys)
 
 
@@ -138,12 +140,12 @@ def test_output_dir_leaving_the_working_directory_warns_once(loader_calls: list[
     work.mkdir(parents=True)
     monkeypatch.chdir(work)
     for out, warned in (("../../x", 1), ("sub/../inside", 0)):
-        cli.main(["train", str(TINY), f"--output_dir={out}", f"--model.name_or_path={tmp_path / 'none'}",
-                  "--data.train=[gsm8k_train]"])
+        cli.main(["train", str(TINY), f"--output_dir={out}", f"--model_name_or_path={tmp_path / 'none'}",
+                  "--dataset_name=[gsm8k_train]"])
         err = capsys.readouterr().err
         warnings = [line for line in err.splitlines() if "leaves the working directory" in line]
         assert len(warnings) == warned, err
-        assert "model.name_or_path" in err  # stopped later, at the model check
+        assert "model_name_or_path" in err  # stopped later, at the model check
     assert str(tmp_path / "x") in warnings[0] if warned else True
     assert not (tmp_path / "x").exists()  # the refused run left no directory behind
 

@@ -7,7 +7,7 @@ config's sections, and raises :class:`ictrl.engine.run_config.ConfigError` for t
 - outside its range in :data:`RANGES` (a new field's bounds: one row there);
 - training nothing (``max_steps`` 0 or below -1, or no positive epoch count when ``max_steps`` is -1);
 - too large for memory by arithmetic: the token ids of one generation batch on one process,
-  completions x (``data.max_prompt_length`` + ``max_completion_length``), against :func:`max_batch_tokens`.
+  completions x (``max_prompt_length`` + ``max_completion_length``), against :func:`max_batch_tokens`.
 
 :func:`check_output_dir` checks that ``output_dir`` can be a writable directory and warns, in one line, when the
 path leaves the working directory through ``..``.
@@ -171,13 +171,13 @@ def check_trains_something(args: Any, source: str) -> None:
 
 def check_memory(args: Any, cfg: RunConfig, source: str, processes: int) -> None:
     """Completions of one generation batch on one process x their longest length, against
-    :func:`max_batch_tokens`. The prompt part is ``data.max_prompt_length`` (not counted when it is null)."""
+    :func:`max_batch_tokens`. The prompt part is ``max_prompt_length`` (not counted when it is null)."""
     per_process = args.generation_batch_size // max(processes, 1)
-    prompt = cfg.data.max_prompt_length or 0
+    prompt = cfg.script.max_prompt_length or 0
     tokens = per_process * (prompt + args.max_completion_length)
     bound = max_batch_tokens()
     if tokens > bound:
-        prompt_part = f"data.max_prompt_length {prompt} + " if prompt else ""
+        prompt_part = f"max_prompt_length {prompt} + " if prompt else ""
         raise ConfigError(
             f"{source}: generation batch too large: {per_process} completions per process (generation_batch_size "
             f"{args.generation_batch_size} / {processes} process(es)) x ({prompt_part}max_completion_length "
@@ -193,8 +193,6 @@ def check_values(args: Any, cfg: RunConfig, source: str = "<config>") -> None:
     fields = {f.name: getattr(args, f.name) for f in dataclasses.fields(args) if f.init and hasattr(args, f.name)}
     check_ranges(args, source)  # first: a range names the bound (a seed's), the generic check only int64
     check_finite(fields, source)
-    check_finite({f"{name}.{f.name}": getattr(getattr(cfg, name), f.name) for name in ("data", "reward")
-                  for f in dataclasses.fields(getattr(cfg, name))}, source)
     check_trains_something(args, source)
     check_memory(args, cfg, source, process_count())
 
