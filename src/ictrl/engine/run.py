@@ -174,7 +174,12 @@ def check_sources(cfg: RunConfig, config: str = "<config>", flags: dict[str, Any
     if not cfg.script.sources():
         raise ConfigError(f"{blame('dataset_name', config, flags)}: dataset_name: required: an ictrl.data name "
                           "(gsm8k_train, math_train), jsonl:PATH, a list of them or a mapping name: weight")
-    for key, names in (("dataset_name", cfg.script.sources()), ("eval_datasets", cfg.script.eval_datasets)):
+    script, directory = cfg.script, trl_dataset(cfg)
+    for key, set_to in (("dataset_config", script.dataset_config), ("dataset_train_split", script.dataset_train_split)):
+        if set_to not in (None, "train") and not directory:
+            raise ConfigError(f"{blame(key, config, flags)}: {key}: applies to a dataset directory (trl grpo's "
+                              "dataset_name); an ictrl.data source takes its options in the name (NAME:hub_split=...)")
+    for key, names in (("dataset_name", [] if directory else script.sources()), ("eval_datasets", script.eval_datasets)):
         source = blame(key, config, flags)
         for name in names:
             try:
@@ -187,12 +192,32 @@ def check_sources(cfg: RunConfig, config: str = "<config>", flags: dict[str, Any
                 raise ConfigError(f"{source}: {key}: {quote(name)}: file not found")
 
 
+def trl_dataset(cfg: RunConfig) -> bool:
+    """Whether ``dataset_name`` is a dataset directory, which ``trl grpo`` reads with ``datasets.load_dataset``."""
+    name = cfg.script.dataset_name
+    return isinstance(name, str) and Path(name).is_dir()
+
+
 def load_train_dataset(cfg: RunConfig) -> Any:
     """The training ``datasets.Dataset`` from ``ictrl.data.to_trl_dataset`` (columns ``prompt`` as a chat turn,
     ``answer``, ``kind``, ``id``, ``benchmark``). Called before the model loads: a bad row, a byte that is not
     UTF-8 or an empty file is a :class:`ictrl.errors.DataError` naming the file and line at once."""
     from ictrl import data
 
+    if trl_dataset(cfg):  # as trl grpo: load_dataset(dataset_name, name=dataset_config)[dataset_train_split]
+        from datasets import load_dataset
+
+        from ictrl.errors import DataError
+
+        script = cfg.script
+        try:
+            rows = load_dataset(script.dataset_name, name=script.dataset_config)[script.dataset_train_split]
+        except (ValueError, KeyError, FileNotFoundError) as exc:
+            raise DataError(f"dataset_name: {script.dataset_name}: {shorten(str(exc), 300)}") from None
+        if "prompt" not in rows.column_names:
+            raise DataError(f"dataset_name: {script.dataset_name}: no 'prompt' column (TRL's GRPOTrainer reads it); "
+                            f"columns: {rows.column_names}")
+        return rows.select(range(min(len(rows), script.dataset_limit))) if script.dataset_limit else rows
     train, names, limit = cfg.script.dataset_name, cfg.script.sources(), cfg.script.dataset_limit
     if len(names) == 1:
         return data.to_trl_dataset(names[0], limit=limit)
@@ -221,7 +246,7 @@ def drop_long_prompts(dataset: Any, tokenizer: Any, limit: int | None, max_posit
             lengths.append(len(tokenizer(text, add_special_tokens=False)["input_ids"]))
 
     def rows(idx: list[int]) -> str:
-        shown = ", ".join(f"row {i} (id {shorten(str(dataset[i]['id']), 80)}, {'at least ' if i in bounds else ''}"
+        shown = ", ".join(f"row {i} (id {shorten(str(dataset[i].get('id', i)), 80)}, {'at least ' if i in bounds else ''}"
                           f"{lengths[i]} tokens)" for i in idx[:3])
         return shown + (f" and {len(idx) - 3} more" if len(idx) > 3 else "")
 

@@ -42,8 +42,10 @@ class ScriptArguments(GRPOScriptArguments):
     dataset_name: str | None = field(
         default=None,
         metadata={"help": "Training data: an ictrl.data registry name (gsm8k_train, math_train, "
-                          "math_train:levels=3,4,5) or jsonl:PATH; in YAML also a list (concatenated) or a mapping "
-                          "name: weight (a mixture); a flag takes the same as YAML flow ('[a, b]', '{a: 1, b: 3}')."},
+                          "math_train:levels=3,4,5), jsonl:PATH, or as in trl grpo a local dataset directory (read by "
+                          "datasets.load_dataset with dataset_config and dataset_train_split, a 'prompt' column); in "
+                          "YAML also a list (concatenated) or a mapping name: weight (a mixture); a flag takes the "
+                          "same as YAML flow ('[a, b]', '{a: 1, b: 3}')."},
     )
     dataset_limit: int | None = field(
         default=None, metadata={"help": "Use at most this many training rows (of the mixture when several)."})
@@ -79,13 +81,8 @@ class ScriptArguments(GRPOScriptArguments):
         elif train is not None and not isinstance(train, (str, list)) or not all(isinstance(n, str) for n in self.sources()):
             raise ValueError(f"dataset_name: expected a name, a list of names or a mapping name: weight, got "
                              f"{quote(train)}")
-        for key in ("dataset_config", "dataset_streaming"):  # ictrl.data sources take these as source options
-            if getattr(self, key):
-                raise ValueError(f"{key}: ictrl train reads dataset_name from ictrl.data, not the hub; give the "
-                                 "option in the source (NAME:hub_split=..., jsonl:FILE:question_field=...)")
-        if self.dataset_train_split != "train":
-            raise ValueError("dataset_train_split: ictrl.data sources choose their split by name "
-                             "(gsm8k_train, NAME:hub_split=...)")
+        if self.dataset_streaming:
+            raise ValueError("dataset_streaming: ictrl train reads every training row before the model loads")
         for key in ("dataset_limit", "max_prompt_length", "overlong_buffer_length"):
             value = getattr(self, key)
             if value is not None and value < 1:
