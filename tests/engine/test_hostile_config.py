@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from ictrl import cli
-from ictrl.engine import value_checks
+from ictrl.engine import field_bounds, value_checks
 from ictrl.errors import quote
 
 TINY = Path(__file__).resolve().parents[2] / "configs" / "tiny" / "ict.yaml"
@@ -151,7 +152,7 @@ def test_output_dir_leaving_the_working_directory_warns_once(loader_calls: list[
 
 
 def test_range_table_and_the_memory_bound() -> None:
-    rng = value_checks.Range(0, 1, open_low=True)
+    rng = field_bounds.Range(0, 1, open_low=True)
     assert 0.5 in rng and 1 in rng and 0 not in rng and 1.01 not in rng and str(rng) == "> 0 and <= 1"
     assert quote("y" * 10_000).endswith("...") and len(quote("y" * 10_000)) < 300
     nested: Any = ["x"]
@@ -159,6 +160,22 @@ def test_range_table_and_the_memory_bound() -> None:
         nested = [nested] * 9
     assert len(quote(nested)) < 300  # bounded work: 9**40 leaves are never visited
     assert value_checks.max_batch_tokens() == value_checks.MAX_BATCH_TOKENS
+
+
+@pytest.mark.parametrize(("values", "message"), [
+    ({"learning_rate": -1}, "learning_rate: must be >= 0, got -1"),
+    ({"learning_rate": float("nan")}, "learning_rate: must be finite, got nan"),
+    ({"seed": 1 << 40}, "seed: must be >= 0 and < 4294967296"),
+    ({"top_p": 1.5}, "top_p: must be > 0 and <= 1, got 1.5"),
+    ({"max_steps": 0}, "max_steps: must be >= 1"),
+    ({"reward_weights": [1.0, float("inf")]}, "reward_weights[1]: must be finite, got inf"),
+])
+def test_python_users_get_the_same_lines(values: dict[str, Any], message: str, tmp_path: Path) -> None:
+    """The bounds live in ICTGRPOConfig: constructing it from Python stops with the line ictrl train prints."""
+    from ictrl.engine.config import ICTGRPOConfig
+
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}"):
+        ICTGRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, **values)
 
 
 def test_a_megabyte_training_prompt_is_dropped_without_tokenising_it(caplog: pytest.LogCaptureFixture) -> None:

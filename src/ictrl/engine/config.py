@@ -18,6 +18,7 @@ from typing import Any
 from trl import GRPOConfig
 
 from ictrl.core.loss import IS_MODES, LOSS_TYPES, NORM_MODES, TRL_NORMALISER, Objective
+from ictrl.engine import field_bounds
 from ictrl.engine.trl_fields import refused_field_errors
 from ictrl.preflight import check_liger, check_trackers
 from ictrl.core.selection import SELECTORS, Selector, get_selector
@@ -230,6 +231,9 @@ class ICTGRPOConfig(GRPOConfig):
     )
 
     def __post_init__(self) -> None:
+        field_bounds.check_ranges(self)  # first: a range names the bound (a seed's), the generic check only int64
+        field_bounds.check_finite({f.name: getattr(self, f.name) for f in fields(self) if f.init})
+        field_bounds.check_trains_something(self)
         # several trackers as TRL users write them (a list, or "tensorboard,wandb"); a missing package is one
         # line naming what to install, here rather than when the trainer builds its callbacks after the model loads
         self.report_to = check_trackers(self.report_to, "report_to") or "none"

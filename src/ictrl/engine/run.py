@@ -24,7 +24,7 @@ from ictrl.checkpoints import STAGING_PREFIX, clear_staging, complete_checkpoint
 from ictrl.cliargs import VERBOSE_ENV, env_flag
 from ictrl.engine.resumable import check_resumable, make_trainer_class, save_final
 from ictrl.engine.run_config import ConfigError, RunConfig, config_to_dict, save_config
-from ictrl.engine.value_checks import check_output_dir, check_values
+from ictrl.engine.value_checks import check_memory, check_output_dir
 from ictrl.errors import quote, shorten
 
 log = logging.getLogger("ictrl.train")
@@ -79,7 +79,9 @@ def build_trainer_args(cfg: RunConfig, source: str = "<config>", cpu: bool | Non
     except (ValueError, TypeError) as exc:  # ICTGRPOConfig / TRL messages name the field, which is the key
         raise ConfigError(f"{blame(str(exc), source, flags)}: {shorten(str(exc))}") from None
     try:
-        check_values(args, cfg, source)
+        from ictrl.engine.config import process_count
+
+        check_memory(args, cfg, source, process_count())
         check_resumable(args, source)
     except ConfigError as exc:  # the checks name the key after ``source``: a flag that set the key is blamed
         message = str(exc)
