@@ -1,6 +1,7 @@
 """``ictrl train`` builds its model as ``trl grpo`` does: ``model_init_kwargs`` and ModelConfig's keys reach
-``from_pretrained``, and ``use_peft`` with the ``lora_*`` keys becomes TRL's ``get_peft_config``. Bad values stop before the model loads; LoRA with ICT and the sparse
-backward trains, saves and resumes on CPU, and the statistics pass scores the adapted model."""
+``from_pretrained``, and ``use_peft`` with the ``lora_*`` keys becomes TRL's ``get_peft_config``. Bad values stop
+before the model loads; LoRA with ICT and the sparse backward trains, saves and resumes on CPU, and the statistics
+pass scores the adapted model."""
 
 from __future__ import annotations
 

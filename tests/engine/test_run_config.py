@@ -122,6 +122,7 @@ def test_mixture_list_and_name() -> None:
         ("--learning_rat=1e-6", r"override --learning_rat=1e-6: unknown key 'learning_rat'; "
                                 r"did you mean 'learning_rate'\?"),
         ("--data.train=x", r"unknown key 'data.train'; it is now dataset_name"),
+        ("--peft=null", r"^override --peft=null: unknown key 'peft'; it is now use_peft: true"),
         ("--datset_name=x", r"unknown key 'datset_name'; did you mean 'dataset_name'"),
         ("--learning_rate=abc", r"override --learning_rate=abc: learning_rate: invalid float value: 'abc'"),
         ("--num_generations=1.5", r"num_generations: invalid int value"),

@@ -48,7 +48,8 @@ def load_kwargs(cfg: RunConfig, source: str = "<config>") -> dict[str, Any]:
     if kwargs["dtype"] not in DTYPES:
         raise ConfigError(f"{source}: {KEY}.dtype: must be one of {list(DTYPES)}, got {kwargs['dtype']!r}")
     if not isinstance(kwargs["trust_remote_code"], bool):
-        raise ConfigError(f"{source}: {KEY}.trust_remote_code: expected true/false, got {kwargs['trust_remote_code']!r}")
+        raise ConfigError(f"{source}: {KEY}.trust_remote_code: expected true/false, got "
+                          f"{kwargs['trust_remote_code']!r}")
     attn = kwargs["attn_implementation"]
     if attn is not None and not isinstance(attn, str):
         raise ConfigError(f"{source}: {KEY}.attn_implementation: expected a string, got {attn!r}")

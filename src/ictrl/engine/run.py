@@ -181,7 +181,8 @@ def check_sources(cfg: RunConfig, config: str = "<config>", flags: dict[str, Any
         if set_to not in (None, "train") and not directory:
             raise ConfigError(f"{blame(key, config, flags)}: {key}: applies to a dataset directory (trl grpo's "
                               "dataset_name); an ictrl.data source takes its options in the name (NAME:hub_split=...)")
-    for key, names in (("dataset_name", [] if directory else script.sources()), ("eval_datasets", script.eval_datasets)):
+    train = [] if directory else script.sources()
+    for key, names in (("dataset_name", train), ("eval_datasets", script.eval_datasets)):
         source = blame(key, config, flags)
         for name in names:
             try:
@@ -248,7 +249,8 @@ def drop_long_prompts(dataset: Any, tokenizer: Any, limit: int | None, max_posit
             lengths.append(len(tokenizer(text, add_special_tokens=False)["input_ids"]))
 
     def rows(idx: list[int]) -> str:
-        shown = ", ".join(f"row {i} (id {shorten(str(dataset[i].get('id', i)), 80)}, {'at least ' if i in bounds else ''}"
+        shown = ", ".join(f"row {i} (id {shorten(str(dataset[i].get('id', i)), 80)}, "
+                          f"{'at least ' if i in bounds else ''}"
                           f"{lengths[i]} tokens)" for i in idx[:3])
         return shown + (f" and {len(idx) - 3} more" if len(idx) > 3 else "")
 

@@ -78,7 +78,7 @@ class ScriptArguments(GRPOScriptArguments):
                     raise ValueError(f"dataset_name.{name}: mixture weight must be a number > 0, got {quote(weight)}")
                 if not math.isfinite(weight):
                     raise ValueError(f"dataset_name.{name}: must be finite, got {quote(weight)}")
-        elif train is not None and not isinstance(train, (str, list)) or not all(isinstance(n, str) for n in self.sources()):
+        elif not isinstance(train, (str, list, type(None))) or not all(isinstance(n, str) for n in self.sources()):
             raise ValueError(f"dataset_name: expected a name, a list of names or a mapping name: weight, got "
                              f"{quote(train)}")
         if self.dataset_streaming:
@@ -178,8 +178,8 @@ def _suggest(key: str) -> str:
     another field: ``use_peft`` is not ``use_cpu``)."""
     if len(key) > 100:
         return ""
-    if key in OLD_KEYS:
-        return f"; it is now {OLD_KEYS[key]}"
+    if key in OLD_KEYS or key in SECTIONS:
+        return f"; it is now {OLD_KEYS.get(key) or SECTIONS[key]}"
     if key in POINTERS:
         return f"; {POINTERS[key]}"
     family = [k for k in owners() if k.split("_", 1)[0] == key.split("_", 1)[0]]  # lora_rank: the lora_ keys
@@ -211,27 +211,24 @@ def _file_argv(data: dict[str, Any], source: str) -> tuple[list[str], dict[str, 
         scalar = (bool, int, float, str)
         if isinstance(value, list) and value and all(isinstance(v, scalar) for v in value) and action.nargs == "+":
             argv += [f"--{key}", *map(_as_text, value)]
-        elif isinstance(value, scalar) and not (isinstance(value, bool) and action.type is not _bool_type()):
+        elif isinstance(value, scalar) and not (isinstance(value, bool) and _name(action.type) != "string_to_bool"):
             argv.append(f"--{key}={_as_text(value)}")
-        elif value is None or isinstance(value, bool) or key == "dataset_name" or _annotation(key, type(value).__name__):
+        elif value is None or isinstance(value, bool) or key == "dataset_name" or _annotation(key, type(value)):
             direct[key] = value  # as TrlParser passes them: null, a mapping, a bool for a str (scale_rewards: false)
         else:
             raise ConfigError(f"{source}: {key}: expected {_annotation(key)}, got {quote(value)}")
     return argv, direct
 
 
-def _annotation(key: str, kind: str = "") -> str:
+def _annotation(key: str, kind: type = object) -> str:
     """The annotation of ``key``'s field as text when it names ``kind`` (list, dict), else ''."""
     hints = [k.__dict__.get("__annotations__", {}) for k in owners()[key].__mro__]  # fields' types: argparse's
     text = str(next(h[key] for h in hints if key in h)).replace("typing.", "")
-    return text if kind in text else ""
+    return text if kind is object or kind.__name__ in text else ""
 
 
-@functools.lru_cache(maxsize=1)
-def _bool_type() -> Any:
-    from transformers.hf_argparser import string_to_bool
-
-    return string_to_bool
+def _name(function: Any) -> str:
+    return getattr(function, "__name__", "")
 
 
 def _parse(argv: list[str], where: Any) -> dict[str, Any]:
