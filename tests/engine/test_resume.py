@@ -53,7 +53,7 @@ def command(model_dir: Path, out: Path, *extra: str) -> list[str]:
         "--prompts_per_step=2", "--per_device_train_batch_size=8", "--num_generations=4",
         "--max_completion_length=8",
         "--dataset_name=[gsm8k_train]", "--dataset_limit=4", "--max_prompt_length=null",
-        "--selection_warmup_steps=0", "--reward_funcs=ictrl_resume_reward:letters", "--disable_tqdm",
+        "--selection_warmup_steps=0", "--reward_funcs=ictrl_resume_reward:letters", "--disable_tqdm=true",
         *extra,
     ]
 
@@ -239,7 +239,7 @@ def test_resume_at_max_steps_trains_no_step(tiny_model_dir: Path, shared_data: P
         f"--model_name_or_path={tiny_model_dir}", f"--output_dir={out}", "--max_steps=2", "--save_steps=1",
         "--prompts_per_step=2", "--per_device_train_batch_size=8", "--num_generations=4",
         "--max_completion_length=8", "--dataset_name=[gsm8k_train]", "--dataset_limit=6", "--max_prompt_length=null",
-        "--selection_warmup_steps=0", "--disable_tqdm",
+        "--selection_warmup_steps=0", "--disable_tqdm=true",
     ])
     assert train(cfg).global_step == 2
     metrics = (out / "metrics.jsonl").read_text()

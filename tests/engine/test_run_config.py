@@ -71,7 +71,8 @@ def test_flags_in_both_forms_as_trl_reads_them() -> None:
     assert cfg.trainer["use_vllm"] is False and cfg.script.dataset_limit is None and cfg.output_dir == "/tmp/x"
     assert cfg.trainer["sparse_backward"] is True and cfg.script.reward_funcs == ["math", "format"]
     assert cfg.model.use_peft and cfg.model.lora_r == 8 and cfg.model.lora_target_modules == ["q_proj", "v_proj"]
-    assert cfg.flags["learning_rate"] == "3e-6" and cfg.flags["save_total_limit"] == "1"
+    assert cfg.flags["learning_rate"] == "3e-06" and cfg.flags["save_total_limit"] == "1"
+    assert cfg.flags["use_peft"] == "true" and "token_selector" not in cfg.flags  # the file's keys are not flags
     with pytest.raises(ConfigError, match="expected --key=value or --key value"):
         load_config(cell, ["learning_rate=1"])
 
@@ -119,19 +120,19 @@ def test_mixture_list_and_name() -> None:
 @pytest.mark.parametrize(
     ("override", "pattern"),
     [
-        ("--learning_rat=1e-6", r"override --learning_rat=1e-6: unknown key 'learning_rat'; "
+        ("--learning_rat=1e-6", r"override --learning_rat: unknown key 'learning_rat'; "
                                 r"did you mean 'learning_rate'\?"),
         ("--data.train=x", r"unknown key 'data.train'; it is now dataset_name"),
-        ("--peft=null", r"^override --peft=null: unknown key 'peft'; it is now use_peft: true"),
+        ("--peft=null", r"^override --peft: unknown key 'peft'; it is now use_peft: true"),
         ("--datset_name=x", r"unknown key 'datset_name'; did you mean 'dataset_name'"),
-        ("--learning_rate=abc", r"override --learning_rate=abc: learning_rate: invalid float value: 'abc'"),
+        ("--learning_rate=abc", r"override --learning_rate: learning_rate: invalid float value: 'abc'"),
         ("--num_generations=1.5", r"num_generations: invalid int value"),
-        ("--use_vllm=maybe", r"override --use_vllm=maybe: use_vllm: Truthy value expected"),
-        ("--dtype=fp8", r"override --dtype=fp8: dtype: invalid choice: 'fp8'"),
+        ("--use_vllm=maybe", r"override --use_vllm: use_vllm: Truthy value expected: got maybe"),
+        ("--dtype=fp8", r"override --dtype: dtype: invalid choice: 'fp8'"),
         ("--lora_rank=4", r"unknown key 'lora_rank'; did you mean 'lora_r'\?"),
         ("--use_pef", r"unknown key 'use_pef'; did you mean 'use_peft'\?"),
         ("--datasets=x", r"unknown key 'datasets'; TRL's hub dataset mixture"),
-        ("--lora_r=x", r"override --lora_r=x: lora_r: invalid int value: 'x'"),
+        ("--lora_r=x", r"override --lora_r: lora_r: invalid int value: 'x'"),
         ("--max_prompt_length=0", r"override --max_prompt_length=0: max_prompt_length: must be >= 1 or null"),
     ],
 )

@@ -115,7 +115,8 @@ class ModelConfig(trl.ModelConfig):
 class RunConfig:
     """A parsed run config: TRL's three argument dataclasses, the trainer's as the keys given (``trainer``:
     ``ICTGRPOConfig`` is built from them by :func:`ictrl.engine.run.build_trainer_args`, which needs the process
-    count), and the keys set by command-line flags (``flags``: key -> value as typed), which errors blame."""
+    count), and the keys set by command-line flags (``flags``: key -> the value read, as text), which errors
+    blame."""
 
     script: ScriptArguments
     model: ModelConfig
@@ -275,17 +276,6 @@ def read_yaml(path: str | os.PathLike[str], _seen: tuple[Path, ...] = ()) -> dic
     return {**merged, **data, **({"env": env} if env else {})}
 
 
-def _flag_values(flags: list[str]) -> dict[str, str]:
-    """key -> the value as typed, for errors to quote (``--lr 1`` and ``--lr=1``; a bare flag: '')."""
-    out: dict[str, str] = {}
-    for i, arg in enumerate(flags):
-        if arg.startswith("--") and len(arg) > 2:
-            key, eq, value = arg[2:].partition("=")
-            nxt = flags[i + 1] if not eq and i + 1 < len(flags) and not flags[i + 1].startswith("--") else ""
-            out[key.replace("-", "_")] = value if eq else nxt
-    return out
-
-
 def config_from_dict(data: dict[str, Any], source: str = "<dict>", flags: list[str] | None = None) -> RunConfig:
     """Parse a merged mapping and command-line ``flags`` (``['--learning_rate=1e-6']``) into a :class:`RunConfig`."""
     flags = list(flags or [])
@@ -301,18 +291,14 @@ def config_from_dict(data: dict[str, Any], source: str = "<dict>", flags: list[s
         if len(value if eq else arg) > MAX_FLAG_CHARS:
             raise ConfigError(f"override {shorten(key, 100)}: a value of {len(value if eq else arg)} characters, "
                               f"more than {MAX_FLAG_CHARS}; put long values in the config file")
-    typed = _flag_values(flags)
-
-    def where(key: str) -> str:
-        if key not in typed:
-            return source
-        return f"override --{shorten(key, 100)}" + (f"={shorten(typed[key], QUOTE_LIMIT)}" if typed[key] else "")
-
     argv, direct = _file_argv(data, source)
     values = {**_parse(argv, lambda key: source), **direct}
-    set_by_flag = _parse(flags, where)
+    set_by_flag = _parse(flags, lambda key: f"override --{shorten(key, 100)}")
     values.update(set_by_flag)
-    typed = {k: v for k, v in typed.items() if k in set_by_flag}
+    shown = {key: shorten(_as_text(value), QUOTE_LIMIT) for key, value in set_by_flag.items()}
+
+    def where(key: str) -> str:
+        return f"override --{shorten(key, 100)}={shown[key]}" if key in shown else source
     parts: dict[type, dict[str, Any]] = {}
     for key, value in values.items():
         parts.setdefault(owners()[key], {})[key] = value
@@ -330,7 +316,7 @@ def config_from_dict(data: dict[str, Any], source: str = "<dict>", flags: list[s
     os.environ.update({str(k): str(v) for k, v in env.items()})  # TrlParser's env:, once the file is valid
     trainer_cls = next(cls for cls in parser().dataclass_types if cls not in built)
     return RunConfig(script=built[ScriptArguments], model=built[ModelConfig], trainer=parts.get(trainer_cls, {}),
-                     flags=typed)
+                     flags=shown)
 
 
 def load_config(path: str | os.PathLike[str], flags: list[str] | None = None) -> RunConfig:
