@@ -161,8 +161,9 @@ def add_overlong_penalty(cfg: RunConfig, args: Any, reward_funcs: list[Callable[
     args.reward_weights = [*weights, float(cfg.script.overlong_penalty_factor)]
 
 
-def reward_label(fn: Callable[..., Any]) -> str:
-    return getattr(fn, "__name__", type(fn).__name__)
+def reward_label(fn: Callable[..., Any] | str) -> str:
+    """The name TRL logs a reward under (``rewards/NAME/mean``); a reward model's is its path's last part."""
+    return fn.rstrip("/").split("/")[-1] if isinstance(fn, str) else getattr(fn, "__name__", type(fn).__name__)
 
 
 # --- data ------------------------------------------------------------------------------------------------------

@@ -165,6 +165,7 @@ def parser() -> TrlParser:
     return p
 
 
+@functools.lru_cache(maxsize=1)
 def owners() -> dict[str, type]:
     """Each key -> the dataclass that owns it."""
     return {f.name: cls for cls in parser().dataclass_types for f in dataclasses.fields(cls) if f.init}
@@ -299,6 +300,7 @@ def config_from_dict(data: dict[str, Any], source: str = "<dict>", flags: list[s
 
     def where(key: str) -> str:
         return f"override --{shorten(key, 100)}={shown[key]}" if key in shown else source
+
     parts: dict[type, dict[str, Any]] = {}
     for key, value in values.items():
         parts.setdefault(owners()[key], {})[key] = value
