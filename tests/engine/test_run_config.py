@@ -4,6 +4,7 @@ nested spelling names its new key; the global step shape."""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -91,6 +92,15 @@ def test_booleans_as_trl_reads_them() -> None:
     with pytest.raises(ConfigError, match=r"override --scale_rewards=bogus: scale_rewards: must be one of"):
         build_trainer_args(load_config(cell, ["--scale_rewards=bogus"]), "cell", cpu=True,
                            flags={"scale_rewards": "bogus"})
+
+
+def test_env_sets_variables_as_trl_parser_does(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ICTRL_TEST_ENV", raising=False)
+    path = tmp_path / "env.yaml"
+    path.write_text("model_name_or_path: m\noutput_dir: o\nenv: {ICTRL_TEST_ENV: 3}\n")
+    cfg = load_config(path)
+    assert "env" not in config_to_dict(cfg) and os.environ["ICTRL_TEST_ENV"] == "3"
+    monkeypatch.delenv("ICTRL_TEST_ENV")
 
 
 def test_old_nested_keys_name_their_new_spelling(tmp_path: Path) -> None:
