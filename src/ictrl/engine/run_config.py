@@ -47,6 +47,13 @@ class ScriptArguments(GRPOScriptArguments):
                           "YAML also a list (concatenated) or a mapping name: weight (a mixture); a flag takes the "
                           "same as YAML flow ('[a, b]', '{a: 1, b: 3}')."},
     )
+    reward_funcs: list[str] | None = field(
+        default=None,
+        metadata={"help": "Reward functions: ictrl's graders ('verifiable', the default: each row's kind picks the "
+                          "math, gsm8k or choice reward; or math, gsm8k, choice, format), trl grpo's names "
+                          "(accuracy_reward, think_format_reward, ...) or a dotted path / module:function with TRL's "
+                          "signature. The first is reported as accuracy."},
+    )
     dataset_limit: int | None = field(
         default=None, metadata={"help": "Use at most this many training rows (of the mixture when several)."})
     max_prompt_length: int | None = field(
