@@ -82,24 +82,23 @@ def test_interrupted_names_the_step_checkpoint_and_resume_command(tmp_path: Path
         f"terminated (SIGTERM); last complete checkpoint {tmp_path / 'checkpoint-20'}; resume with `{command}`")
 
 
-def test_trl_flags_and_dashed_keys(capsys: pytest.CaptureFixture[str]) -> None:
-    from ictrl.engine.cli import UsageError, normalize_overrides
+def test_trl_flags_and_dashed_keys() -> None:
+    from ictrl.engine.run_config import config_from_dict
 
-    assert normalize_overrides(["--output-dir=runs/x", "--learning-rate", "1e-5", "--model_name_or_path=m",
-                                "--data.max-prompt-length=64", "value"]) == [
-        "--output_dir=runs/x", "--learning_rate", "1e-5", "--model.name_or_path=m", "--data.max_prompt_length=64",
-        "value"]
-    with pytest.raises(UsageError, match="--dataset_name is a flag of TRL's scripts; in ictrl the data is data.train"):
-        normalize_overrides(["--dataset_name=openai/gsm8k"])
+    cfg = config_from_dict({}, flags=["--output-dir=runs/x", "--learning-rate", "1e-5", "--model_name_or_path=m",
+                                      "--max-prompt-length=64", "--dataset_name=openai/gsm8k"])
+    assert cfg.output_dir == "runs/x" and cfg.trainer["learning_rate"] == 1e-5
+    assert (cfg.model.model_name_or_path, cfg.script.max_prompt_length) == ("m", 64)
+    assert cfg.flags["max_prompt_length"] == "64" and cfg.script.dataset_name == "openai/gsm8k"
 
 
 def test_train_help_lists_config_keys_with_their_help(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         cli.main(["train", "--help"])
     out = capsys.readouterr().out
-    assert "model.name_or_path" in out and "Hub id (needs network) or local directory" in out
+    assert "model_name_or_path" in out and "Model checkpoint for weights initialization" in out
     assert "token_selector" in out and "selection_ratio" in out and "learning_rate" in out
-    assert "data.train" in out and "reward.names" in out
+    assert "dataset_name" in out and "reward_funcs" in out and "use_peft" in out and "eval_datasets" in out
 
 
 def test_module_function_imports_from_the_working_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

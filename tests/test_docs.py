@@ -39,7 +39,7 @@ STEP_LIMITS: dict[str, list[str]] = {
     "eval": ["--limit", "2", "--max-new-tokens", "8"],
     "inspect": ["--max-new-tokens", "8"],
     "train": ["--max_steps=1", "--prompts_per_step=1", "--per_device_train_batch_size=4", "--num_generations=4",
-              "--max_completion_length=8", "--data.limit=4", "--save_strategy=no", "--use_vllm=false"],
+              "--max_completion_length=8", "--dataset_limit=4", "--save_strategy=no", "--use_vllm=false"],
     "tiny-model": ["--untrained"],  # the warm-started model takes minutes to build
 }
 
@@ -99,7 +99,7 @@ def substitute(argv: list[str], tiny: Path) -> list[str]:
     and the shell's glob expansion."""
     argv = [HUB_ID.sub(str(tiny), a) if a != "PATH" else str(tiny) for a in argv]
     argv = [x for a in argv for x in (sorted(glob.glob(a)) or [a] if glob.has_magic(a) else [a])]
-    model = [f"--model.name_or_path={tiny}"] if argv[0] == "train" else []  # the config's hub id
+    model = [f"--model_name_or_path={tiny}"] if argv[0] == "train" else []  # the config's hub id
     return argv + model + STEP_LIMITS.get(argv[0], [])
 
 

@@ -165,7 +165,7 @@ def train_config(tmp_path: Path, model: str, rows: bytes | None) -> Path:
     if rows is not None:
         data.write_bytes(rows)
     cfg = tmp_path / "run.yaml"
-    cfg.write_text(f"model:\n  name_or_path: {model}\ndata:\n  train: ['jsonl:{data}']\n"
+    cfg.write_text(f"model_name_or_path: {model}\ndataset_name: 'jsonl:{data}'\n"
                    f"output_dir: {tmp_path / 'out'}\n")
     return cfg
 
@@ -192,7 +192,7 @@ def test_train_missing_model_path_and_offline_hub_id(tmp_path: Path, offline: No
                                                     capsys: pytest.CaptureFixture[str]) -> None:
     missing = tmp_path / "ckpt" / "final"
     assert main(["train", str(train_config(tmp_path, str(missing), GOOD_ROW))]) == 2
-    assert one_error_line(capsys, "train").endswith(f"model.name_or_path: {missing}: no such directory")
+    assert one_error_line(capsys, "train").endswith(f"model_name_or_path: {missing}: no such directory")
     assert main(["train", str(train_config(tmp_path, "Qwen/Qwen2.5-0.5B", GOOD_ROW))]) == 2
     assert one_error_line(capsys, "train").endswith("no local directory or hub-cache copy, and HF_HUB_OFFLINE is set")
 
@@ -208,7 +208,7 @@ def test_long_prompts_are_named(tiny_model_dir: Path, caplog: pytest.LogCaptureF
     ds = datasets.Dataset.from_dict({"prompt": ["short", "x" * 300, "y" * 20], "id": ["a", "b", "c"]})
     kept = drop_long_prompts(ds, tok, limit=50)
     assert kept["id"] == ["a", "c"]
-    assert "data.max_prompt_length=50: dropping 1 of 3 prompts longer than that: row 1 (id b, 300 tokens)" in caplog.text
+    assert "max_prompt_length=50: dropping 1 of 3 prompts longer than that: row 1 (id b, 300 tokens)" in caplog.text
     with pytest.raises(DataError, match=r"row 1 \(id b, 300 tokens\): longer than the 200 tokens the model's 264 "
                                         r"positions leave beside max_completion_length 64"):
         drop_long_prompts(ds, tok, limit=None, max_positions=264, completion_length=64)

@@ -25,7 +25,7 @@ def test_tiny_config_and_accelerate_configs_parse() -> None:
     from ictrl.engine.run_config import load_config
 
     cfg = load_config(str(TINY), [])
-    assert cfg.trainer["token_selector"] == "ict" and cfg.model.name_or_path == "runs/tiny-model"
+    assert cfg.trainer["token_selector"] == "ict" and cfg.model.model_name_or_path == "runs/tiny-model"
     for name in ("ddp", "fsdp2", "zero2", "zero3"):
         data = yaml.safe_load((w.REPO_ROOT / "configs" / "accelerate" / f"{name}.yaml").read_text())
         assert data["distributed_type"] in ("MULTI_GPU", "FSDP", "DEEPSPEED"), name

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from ictrl import cli
-from ictrl.engine import value_checks
+from ictrl.engine import field_bounds, value_checks
 from ictrl.errors import quote
 
 TINY = Path(__file__).resolve().parents[2] / "configs" / "tiny" / "ict.yaml"
@@ -30,16 +31,15 @@ def refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
 def alias_bomb(levels: int, key: str) -> str:
     """A YAML file whose ``key`` holds nested aliases expanding to 9**levels strings (a ~2 KB file at 11)."""
     items = ["&l0 [x,x,x,x,x,x,x,x,x]"] + [f"&l{i} [" + ",".join([f"*l{i - 1}"] * 9) + "]" for i in range(1, levels)]
-    section, _, leaf = key.partition(".")
-    return f"model: {{name_or_path: m}}\noutput_dir: out\n{section}:\n  {leaf}: [{', '.join(items)}]\n"
+    return f"model_name_or_path: m\noutput_dir: out\n{key}: [{', '.join(items)}]\n"
 
 
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
         (["--learning_rate=-1"], "learning_rate: must be >= 0, got -1"),
-        (["--learning_rate=.nan"], "learning_rate: must be finite, got nan"),
-        (["--learning_rate=.inf"], "learning_rate: must be finite, got inf"),
+        (["--learning_rate=nan"], "learning_rate: must be finite, got nan"),
+        (["--learning_rate=inf"], "learning_rate: must be finite, got inf"),
         (["--learning_rate=1e999"], "learning_rate: must be finite, got inf"),
         (["--seed=99999999999999999999"], "seed: must be >= 0 and < 4294967296, got 99999999999999999999"),
         (["--num_generations=1000000000"], "generation batch too large: 32000000000 completions per process"),
@@ -49,14 +49,14 @@ def alias_bomb(levels: int, key: str) -> str:
         (["--max_steps=-5", "--num_train_epochs=0"], "max_steps: must be >= 1, or -1 to train num_train_epochs"),
         (["--max_steps=0"], "max_steps: must be >= 1"),
         (["--max_steps=-1", "--num_train_epochs=0"], "num_train_epochs: must be > 0 when max_steps is -1"),
-        (["--max_steps=-1", "--num_train_epochs=.nan"], "num_train_epochs: must be finite, got nan"),
+        (["--max_steps=-1", "--num_train_epochs=nan"], "num_train_epochs: must be finite, got nan"),
         (["--temperature=0"], ": temperature must be > 0, got 0"),
         (["--top_p=1.5"], "top_p: must be > 0 and <= 1, got 1.5"),
-        (["--data.train={gsm8k_train: .inf}"], "data.train.gsm8k_train: must be finite, got inf"),
-        (["--reward.overlong_penalty_factor=.nan"], "reward.overlong_penalty_factor: must be a finite number"),
+        (["--dataset_name={gsm8k_train: .inf}"], "dataset_name.gsm8k_train: must be finite, got inf"),
+        (["--overlong_penalty_factor=nan"], "overlong_penalty_factor: must be a finite number"),
         ([f"--learning_rate={BIG}"], "override --learning_rate: a value of 10000000 characters, more than 65536"),
-        ([f"--learning_rate={LONG}"], "learning_rate: expected a number, got 'xxxx"),
-        ([f"--data.train=[{LONG}]"], "data.train: 'xxxx"),
+        ([f"--learning_rate={LONG}"], "learning_rate: invalid float value: 'xxxx"),
+        ([f"--dataset_name=[{LONG}]"], "dataset_name: 'xxxx"),
         ([f"--token_selector={LONG}"], "token_selector"),
         ([f"--{BIG}=1"], "unknown key 'xxxx"),
     ],
@@ -68,7 +68,7 @@ def test_hostile_flag_is_one_line_before_the_model(flags: list[str], message: st
     line = refused([str(TINY), f"--output_dir={out}", *flags], capsys)
     assert message in line
     if message.startswith(("learning_rate:", "seed:", "max_steps:", "top_p:")):  # a flag's value: the flag named
-        assert f"override --{message.split(':')[0]}=" in line, line
+        assert line.startswith(f"ictrl train: error: override --{message.split(':')[0]}"), line
     assert loader_calls == [] and not out.exists()
 
 
@@ -78,7 +78,7 @@ def test_output_dir_that_cannot_be_a_directory(target: str, loader_calls: list[A
     afile = tmp_path / "afile"
     afile.write_text("keep")
     out = {"file": str(afile), "/dev/null": "/dev/null", "under_a_file": str(afile / "run")}[target]
-    line = refused([str(TINY), f"--output_dir={out}", "--data.train=[gsm8k_train]"], capsys)
+    line = refused([str(TINY), f"--output_dir={out}", "--dataset_name=[gsm8k_train]"], capsys)
     assert "output_dir:" in line and ("is a file" in line or "not a directory" in line)
     assert line.startswith("ictrl train: error: override --output_dir="), line  # the flag set it
     assert afile.read_text() == "keep" and loader_calls == []
@@ -91,11 +91,11 @@ def test_output_dir_not_writable(loader_calls: list[Any], tmp_path: Path, capsys
     locked.mkdir(mode=0o500)
     if os.access(locked, os.W_OK):
         pytest.skip("running as a user who can write anywhere (root)")
-    line = refused([str(TINY), f"--output_dir={locked / 'run'}", "--data.train=[gsm8k_train]"], capsys)
+    line = refused([str(TINY), f"--output_dir={locked / 'run'}", "--dataset_name=[gsm8k_train]"], capsys)
     assert "output_dir:" in line and "not writable" in line
 
 
-@pytest.mark.parametrize("key", ["data.eval", "reward.names", "data.train"])
+@pytest.mark.parametrize("key", ["eval_datasets", "reward_funcs", "dataset_name"])
 def test_yaml_alias_bomb_is_refused_in_bounded_work(key: str, loader_calls: list[Any], tmp_path: Path,
                                                     capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "bomb.yaml"
@@ -111,10 +111,13 @@ def test_yaml_alias_bomb_in_a_flag_and_a_recursive_alias(loader_calls: list[Any]
     bomb = "[" + ",".join(["&a [x,x,x,x,x,x,x,x,x,x]"] + ["*a"] * 9) + "]"
     for level in range(5):  # each level nests the previous one ten times under a fresh anchor
         bomb = f"[&b{level} {bomb}," + ",".join([f"*b{level}"] * 9) + "]"
-    line = refused([str(TINY), f"--output_dir={tmp_path / 'out'}", f"--data.eval={bomb}"], capsys)
-    assert "YAML aliases expand to more than" in line and "override" in line
+    line = refused([str(TINY), f"--output_dir={tmp_path / 'out'}", f"--dataset_name={bomb}"], capsys)
+    assert "YAML aliases expand to more than" in line and "override --dataset_name=" in line
+    line = refused([str(TINY), f"--output_dir={tmp_path / 'out'}", "--dataset_name=gsm8k_train", "--eval_datasets",
+                    bomb], capsys)
+    assert "eval_datasets: " in line  # a list flag's items are plain strings, never YAML
     path = tmp_path / "loop.yaml"
-    path.write_text("model: {name_or_path: m}\noutput_dir: out\ndata:\n  eval: &a [*a]\n")
+    path.write_text("model_name_or_path: m\noutput_dir: out\neval_datasets: &a [*a]\n")
     assert "refers to itself" in refused([str(path)], capsys)
 
 
@@ -127,7 +130,7 @@ def test_binary_and_oversized_config_files(loader_calls: list[Any], tmp_path: Pa
     huge.write_text("# " + "x" * (2 << 20) + "\n")
     assert "bytes, more than a run config's" in refused([str(huge)], capsys)
     control = tmp_path / "control.yaml"
-    control.write_text("model: {name_or_path: m}\x07\n")
+    control.write_text("model_name_or_path: m\x07\n")
     assert "not valid YAML" in refused([str(control)], capsys)
 
 
@@ -138,18 +141,18 @@ def test_output_dir_leaving_the_working_directory_warns_once(loader_calls: list[
     work.mkdir(parents=True)
     monkeypatch.chdir(work)
     for out, warned in (("../../x", 1), ("sub/../inside", 0)):
-        cli.main(["train", str(TINY), f"--output_dir={out}", f"--model.name_or_path={tmp_path / 'none'}",
-                  "--data.train=[gsm8k_train]"])
+        cli.main(["train", str(TINY), f"--output_dir={out}", f"--model_name_or_path={tmp_path / 'none'}",
+                  "--dataset_name=[gsm8k_train]"])
         err = capsys.readouterr().err
         warnings = [line for line in err.splitlines() if "leaves the working directory" in line]
         assert len(warnings) == warned, err
-        assert "model.name_or_path" in err  # stopped later, at the model check
+        assert "model_name_or_path" in err  # stopped later, at the model check
     assert str(tmp_path / "x") in warnings[0] if warned else True
     assert not (tmp_path / "x").exists()  # the refused run left no directory behind
 
 
 def test_range_table_and_the_memory_bound() -> None:
-    rng = value_checks.Range(0, 1, open_low=True)
+    rng = field_bounds.Range(0, 1, open_low=True)
     assert 0.5 in rng and 1 in rng and 0 not in rng and 1.01 not in rng and str(rng) == "> 0 and <= 1"
     assert quote("y" * 10_000).endswith("...") and len(quote("y" * 10_000)) < 300
     nested: Any = ["x"]
@@ -157,6 +160,22 @@ def test_range_table_and_the_memory_bound() -> None:
         nested = [nested] * 9
     assert len(quote(nested)) < 300  # bounded work: 9**40 leaves are never visited
     assert value_checks.max_batch_tokens() == value_checks.MAX_BATCH_TOKENS
+
+
+@pytest.mark.parametrize(("values", "message"), [
+    ({"learning_rate": -1}, "learning_rate: must be >= 0, got -1"),
+    ({"learning_rate": float("nan")}, "learning_rate: must be finite, got nan"),
+    ({"seed": 1 << 40}, "seed: must be >= 0 and < 4294967296"),
+    ({"top_p": 1.5}, "top_p: must be > 0 and <= 1, got 1.5"),
+    ({"max_steps": 0}, "max_steps: must be >= 1"),
+    ({"reward_weights": [1.0, float("inf")]}, "reward_weights[1]: must be finite, got inf"),
+])
+def test_python_users_get_the_same_lines(values: dict[str, Any], message: str, tmp_path: Path) -> None:
+    """The bounds live in ICTGRPOConfig: constructing it from Python stops with the line ictrl train prints."""
+    from ictrl.engine.config import ICTGRPOConfig
+
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}"):
+        ICTGRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, **values)
 
 
 def test_a_megabyte_training_prompt_is_dropped_without_tokenising_it(caplog: pytest.LogCaptureFixture) -> None:

@@ -69,9 +69,9 @@ def launches(tiny_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Launches:
         ("--learning_rate=-1", "learning_rate: must be >= 0, got -1"),
         # valid on one process (3 x 8 completions), not on the two requested: the parent checks for two
         ("--prompts_per_step=3", "must be a multiple of the number of processes (2)"),
-        ("--data.train=[jsonl:missing.jsonl]", "missing.jsonl': file not found"),
-        ("--model.name_or_path=runs/nowhere", "runs/nowhere"),
-        ("--data.max_prompt_length=1", None),  # a mistake only the processes see: launched (below)
+        ("--dataset_name=[jsonl:missing.jsonl]", "missing.jsonl': file not found"),
+        ("--model_name_or_path=runs/nowhere", "runs/nowhere"),
+        ("--max_prompt_length=1", None),  # a mistake only the processes see: launched (below)
     ],
 )
 def test_config_error_is_one_line_before_any_process_starts(override: str, message: str | None,
@@ -251,11 +251,11 @@ def test_two_process_cpu_launch_through_the_flag(tmp_path: Path) -> None:
     assert (run / "final" / "model.safetensors").is_file()
 
     # a mistake the processes find after the parent's checks (every prompt longer than 1 token): rank 0's line
-    proc = train("--data.max_prompt_length=1", "--output-dir=runs/tiny/short")
+    proc = train("--max_prompt_length=1", "--output-dir=runs/tiny/short")
     errors = [line for line in proc.stderr.splitlines() if "error" in line.lower()]
     assert proc.returncode == 2, proc.stderr[-3000:]
-    assert errors == ["ictrl train: error: " + TINY + ": data.train: no training rows left (check data.limit and "
-                      "data.max_prompt_length)"], proc.stderr[-3000:]
+    assert errors == ["ictrl train: error: " + TINY + ": dataset_name: no training rows left (check dataset_limit and "
+                      "max_prompt_length)"], proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr and "ChildFailedError" not in proc.stderr
 
 

@@ -1,6 +1,7 @@
-"""``ictrl train`` builds its model as TRL would: ``model_init_kwargs`` reach ``from_pretrained`` and a ``peft:``
-section becomes TRL's ``peft_config``. Bad values stop before the model loads; LoRA with ICT and the sparse
-backward trains, saves and resumes on CPU, and the statistics pass scores the adapted model."""
+"""``ictrl train`` builds its model as ``trl grpo`` does: ``model_init_kwargs`` and ModelConfig's keys reach
+``from_pretrained``, and ``use_peft`` with the ``lora_*`` keys becomes TRL's ``get_peft_config``. Bad values stop
+before the model loads; LoRA with ICT and the sparse backward trains, saves and resumes on CPU, and the statistics
+pass scores the adapted model."""
 
 from __future__ import annotations
 
@@ -29,27 +30,29 @@ def letters(prompts: Any = None, completions: Any = None, **columns: Any) -> lis
     return [sum(ch.isalpha() for ch in t) / max(len(t), 1) for t in texts]
 
 
-LORA = {"r": 4, "lora_alpha": 8, "lora_dropout": 0.0, "target_modules": ["q_proj", "v_proj", "down_proj"]}
+LORA = {"use_peft": True, "lora_r": 4, "lora_alpha": 8, "lora_dropout": 0.0,
+        "lora_target_modules": ["q_proj", "v_proj", "down_proj"]}
 
 
 @pytest.mark.parametrize(
     ("override", "message"),
     [
-        ("--model_init_kwargs={dtype: float64}", "model_init_kwargs.dtype: must be one of"),
-        ("--model_init_kwargs={torch_dtype: bfloat16}", "model_init_kwargs.torch_dtype: transformers 5 calls it dtype"),
-        ("--model_init_kwargs={quantization_config: {quant_method: nope}}",
+        ('--model_init_kwargs={"dtype": "float64"}', "model_init_kwargs.dtype: must be one of"),
+        ('--model_init_kwargs={"torch_dtype": "bfloat16"}', "model_init_kwargs.torch_dtype: transformers 5 calls it"),
+        ('--model_init_kwargs={"quantization_config": {"quant_method": "nope"}}',
          "model_init_kwargs.quantization_config: Unknown quantization type, got nope"),
-        ("--peft.target_modules=[q_prj]", "peft.target_modules[0]: the model has no module 'q_prj'; did you mean "
-                                          "'q_proj'?"),
-        ("--peft.r=0", "peft.r: must be an int >= 1, got 0"),
-        ("--peft.lora_dropout=1.5", "peft.lora_dropout: must be in [0, 1)"),
+        ('--model_init_kwargs={"load_in_4bit": true}', "model_init_kwargs.load_in_4bit: transformers 5 takes it as"),
+        ("--lora_target_modules=q_prj", "lora_target_modules[0]: the model has no module 'q_prj'; did you mean "
+                                        "'q_proj'?"),
+        ("--lora_r=0", "override --lora_r=0: lora_r: must be >= 1"),
+        ("--lora_dropout=1.5", "override --lora_dropout=1.5: lora_dropout: must be in [0, 1)"),
     ],
 )
 def test_bad_model_options_fail_before_the_model_loads(override: str, message: str, loader_calls: list[Any],
                                                        tiny_model_dir: Path, tmp_path: Path,
                                                        capsys: pytest.CaptureFixture[str]) -> None:
-    code = cli.main(["train", str(CELL), f"--model.name_or_path={tiny_model_dir}", f"--output_dir={tmp_path / 'o'}",
-                     override])
+    code = cli.main(["train", str(CELL), f"--model_name_or_path={tiny_model_dir}", f"--output_dir={tmp_path / 'o'}",
+                     "--use_peft", override])
     err = capsys.readouterr().err
     assert code == 2 and message in err, err
     assert len([line for line in err.splitlines() if "error" in line]) == 1
@@ -57,10 +60,12 @@ def test_bad_model_options_fail_before_the_model_loads(override: str, message: s
 
 
 @pytest.mark.parametrize(("override", "module", "message"), [
-    ("--model_init_kwargs={quantization_config: {load_in_4bit: true}}", "bitsandbytes",
+    ('--model_init_kwargs={"quantization_config": {"load_in_4bit": true}}', "bitsandbytes",
      "model_init_kwargs.quantization_config: Using `bitsandbytes` 4-bit quantization requires bitsandbytes"),
-    ("--model_init_kwargs={attn_implementation: flash_attention_2}", "flash_attn",
-     "model_init_kwargs.attn_implementation: FlashAttention2"),
+    ("--load_in_4bit", "bitsandbytes", "load_in_4bit/8bit: Using `bitsandbytes` 4-bit quantization requires"),
+    ('--model_init_kwargs={"attn_implementation": "flash_attention_2"}', "flash_attn",
+     "attn_implementation: FlashAttention2"),
+    ("--attn_implementation=flash_attention_2", "flash_attn", "attn_implementation: FlashAttention2"),
     ("--use_liger_kernel", "liger_kernel", "use_liger_kernel: needs the liger-kernel package"),
 ])
 def test_a_missing_package_is_one_line_naming_it(override: str, module: str, message: str, loader_calls: list[Any],
@@ -68,27 +73,26 @@ def test_a_missing_package_is_one_line_naming_it(override: str, module: str, mes
                                                  capsys: pytest.CaptureFixture[str]) -> None:
     if importlib.util.find_spec(module) is not None:
         pytest.skip(f"{module} is installed here")
-    code = cli.main(["train", str(CELL), f"--model.name_or_path={tiny_model_dir}", f"--output_dir={tmp_path / 'o'}",
-                     override])
+    code = cli.main(["train", str(CELL), f"--model_name_or_path={tiny_model_dir}", f"--output_dir={tmp_path / 'o'}",
+                     "--use_peft", override])
     err = capsys.readouterr().err
     assert code == 2 and message in err, err
     assert loader_calls == []
 
 
-def test_model_init_kwargs_and_model_section_merge(tiny_model_dir: Path) -> None:
+def test_model_init_kwargs_update_model_config_as_trl_grpo(tiny_model_dir: Path) -> None:
     from ictrl.engine.model_init import load_kwargs
-    from ictrl.engine.run_config import ConfigError, config_from_dict
+    from ictrl.engine.run_config import config_from_dict
 
-    base = {"model": {"name_or_path": str(tiny_model_dir)}, "output_dir": "x"}
+    base = {"model_name_or_path": str(tiny_model_dir), "output_dir": "x"}
     kwargs = load_kwargs(config_from_dict({**base, "model_init_kwargs": {"attn_implementation": "eager",
-                                                                         "revision": "main"}}))
-    assert kwargs == {"attn_implementation": "eager", "revision": "main", "dtype": "auto", "trust_remote_code": False}
-    kwargs = load_kwargs(config_from_dict({**base, "model": {**base["model"], "dtype": "bfloat16"}}))
-    assert kwargs["dtype"] == "bfloat16"  # model.dtype alone still works
+                                                                         "revision": "v1"}}))
+    assert kwargs == {"attn_implementation": "eager", "revision": "v1", "dtype": "float32", "trust_remote_code": False}
+    kwargs = load_kwargs(config_from_dict({**base, "dtype": "bfloat16", "attn_implementation": "sdpa"}))
+    assert (kwargs["dtype"], kwargs["attn_implementation"]) == ("bfloat16", "sdpa")  # ModelConfig's keys
     assert load_kwargs(config_from_dict({**base, "model_init_kwargs": '{"dtype": "float16"}'}))["dtype"] == "float16"
-    with pytest.raises(ConfigError, match="model_init_kwargs.dtype: 'float16' contradicts model.dtype 'bfloat16'"):
-        load_kwargs(config_from_dict({**base, "model": {**base["model"], "dtype": "bfloat16"},
-                                      "model_init_kwargs": {"dtype": "float16"}}))
+    kwargs = load_kwargs(config_from_dict({**base, "dtype": "bfloat16", "model_init_kwargs": {"dtype": "float16"}}))
+    assert kwargs["dtype"] == "float16"  # trl grpo: model_init_kwargs update ModelConfig's values
     assert load_kwargs(config_from_dict({**base, "trust_remote_code": True}))["trust_remote_code"] is True
 
     from ictrl.models import load_model_and_tokenizer
@@ -103,16 +107,17 @@ def test_peft_section_round_trips_and_turns_off(tiny_model_dir: Path, tmp_path: 
     from ictrl.engine.model_init import peft_config
     from ictrl.engine.run_config import config_from_dict, load_config, save_config
 
-    cfg = config_from_dict({"model": {"name_or_path": str(tiny_model_dir)}, "output_dir": "x", "peft": LORA})
+    cfg = config_from_dict({"model_name_or_path": str(tiny_model_dir), "output_dir": "x", **LORA})
     lora = peft_config(cfg)
     assert (lora.r, lora.lora_alpha, lora.lora_dropout, lora.task_type) == (4, 8, 0.0, "CAUSAL_LM")
-    assert set(lora.target_modules) == {"q_proj", "v_proj", "down_proj"}
+    assert set(lora.target_modules) == {"q_proj", "v_proj", "down_proj"} and not lora.use_dora
     save_config(cfg, tmp_path / "c.yaml")
     assert load_config(tmp_path / "c.yaml") == cfg
-    assert load_config(tmp_path / "c.yaml", ["--peft=null"]).peft is None  # a base file's LoRA, switched off
-    assert config_from_dict({"model": {"name_or_path": "m"}, "output_dir": "x"}).peft is None
-    assert peft_config(config_from_dict({"model": {"name_or_path": "m"}, "output_dir": "x",
-                                         "peft": {"target_modules": "all-linear"}})).target_modules == "all-linear"
+    assert peft_config(load_config(tmp_path / "c.yaml", ["--use_peft=false"])) is None  # a base file's LoRA, off
+    assert peft_config(config_from_dict({"model_name_or_path": "m", "output_dir": "x"})) is None
+    lora = peft_config(config_from_dict({"model_name_or_path": "m", "output_dir": "x", "use_peft": True,
+                                         "lora_target_modules": ["all-linear"], "use_dora": True, "use_rslora": True}))
+    assert lora.target_modules == "all-linear" and lora.use_dora and lora.use_rslora  # TRL's get_peft_config
 
 
 class Snapshots(TrainerCallback):
@@ -136,7 +141,7 @@ class Snapshots(TrainerCallback):
 
 def _lora_cell(tmp_path: Path) -> Path:
     cell = tmp_path / "lora.yaml"
-    cell.write_text(yaml.safe_dump({"base": str(CELL), "peft": LORA, "sparse_backward": True,
+    cell.write_text(yaml.safe_dump({"base": str(CELL), **LORA, "sparse_backward": True,
                                     "model_init_kwargs": {"attn_implementation": "eager"}}))
     return cell
 
@@ -156,7 +161,7 @@ def test_lora_trains_saves_and_resumes_from_a_yaml_peft_section(tiny_model_dir: 
 
     cell = _lora_cell(tmp_path)
     out, straight = tmp_path / "out", tmp_path / "straight"
-    lr = ["--learning_rate=1e-2", "--warmup_steps=0", "--reward.names=[test_lora:letters]"]
+    lr = ["--learning_rate=1e-2", "--warmup_steps=0", "--reward_funcs=test_lora:letters"]
     snap = Snapshots()
     cfg = load_config(cell, [*tiny_overrides(tiny_model_dir, out), *lr])
     assert cfg.trainer["token_selector"] == "ict" and cfg.trainer["sparse_backward"] is True

@@ -109,7 +109,7 @@ def run_config(tmp_path: Path, *overrides: str) -> Any:
 
     cell = Path(__file__).resolve().parents[2] / "configs" / "qwen2.5-0.5b" / "ict.yaml"
     return load_config(cell, [f"--output_dir={tmp_path / 'out'}", f"--max_completion_length={MAX_LEN}",
-                              "--reward.names=[mp_worker:digit_reward]", *overrides])
+                              "--reward_funcs=mp_worker:digit_reward", *overrides])
 
 
 def built(tmp_path: Path, *overrides: str) -> tuple[Any, list[Any]]:
@@ -123,19 +123,19 @@ def built(tmp_path: Path, *overrides: str) -> tuple[Any, list[Any]]:
 
 
 def test_the_reward_section_builds_trls_penalty_after_the_verifier(tmp_path: Path) -> None:
-    args, funcs = built(tmp_path, f"--reward.overlong_buffer_length={BUFFER}", f"--reward.overlong_penalty_factor={FACTOR}")
+    args, funcs = built(tmp_path, f"--overlong_buffer_length={BUFFER}", f"--overlong_penalty_factor={FACTOR}")
     assert [f.__name__ for f in funcs] == ["digit_reward", "soft_overlong_punishment_reward"]
     assert (funcs[1].max_completion_len, funcs[1].soft_punish_cache) == (MAX_LEN, BUFFER)
     assert args.reward_weights == [1.0, FACTOR]
-    args, funcs = built(tmp_path, f"--reward.overlong_buffer_length={BUFFER}", "--reward_weights=[2.0]")
+    args, funcs = built(tmp_path, f"--overlong_buffer_length={BUFFER}", "--reward_weights=2.0")
     assert args.reward_weights == [2.0, 1.0]
-    args, funcs = built(tmp_path, "--reward.overlong_buffer_length=null")  # off: nothing added
+    args, funcs = built(tmp_path, "--overlong_buffer_length=null")  # off: nothing added
     assert len(funcs) == 1 and args.reward_weights is None
 
 
 def test_a_buffer_as_long_as_the_completions_is_said(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level("WARNING", logger="ictrl.train"):
-        args, funcs = built(tmp_path, f"--reward.overlong_buffer_length={MAX_LEN}")
+        args, funcs = built(tmp_path, f"--overlong_buffer_length={MAX_LEN}")
     assert "overlong_buffer_length=8 >= max_completion_length=8: every completion gets an overlong penalty" in caplog.text
     assert funcs[-1]([[0] * 3]) == [pytest.approx((MAX_LEN - MAX_LEN - 3) / MAX_LEN)]
 
@@ -143,8 +143,8 @@ def test_a_buffer_as_long_as_the_completions_is_said(tmp_path: Path, caplog: pyt
 @pytest.mark.parametrize(
     ("override", "message"),
     [
-        ("--reward.overlong_buffer_length=0", "reward.overlong_buffer_length: must be an int >= 1 or null"),
-        ("--reward.overlong_penalty_factor=-1", "reward.overlong_penalty_factor: must be a finite number >= 0"),
+        ("--overlong_buffer_length=0", "overlong_buffer_length: must be >= 1 or null"),
+        ("--overlong_penalty_factor=-1", "overlong_penalty_factor: must be a finite number >= 0"),
     ],
 )
 def test_bad_overlong_settings_are_named(tmp_path: Path, override: str, message: str) -> None:
@@ -156,8 +156,8 @@ def test_bad_overlong_settings_are_named(tmp_path: Path, override: str, message:
 
 @pytest.mark.parametrize("masked", [False, True])
 def test_config_built_shaping_gives_the_exact_rewards(tiny_model_dir: Path, tmp_path: Path, masked: bool) -> None:
-    args, funcs = built(tmp_path, f"--reward.overlong_buffer_length={BUFFER}",
-                        f"--reward.overlong_penalty_factor={FACTOR}", f"--mask_truncated_completions={masked}")
+    args, funcs = built(tmp_path, f"--overlong_buffer_length={BUFFER}",
+                        f"--overlong_penalty_factor={FACTOR}", f"--mask_truncated_completions={masked}")
     assert args.mask_truncated_completions is masked
     trainer = trl_step(tiny_model_dir, tmp_path, funcs, reward_weights=args.reward_weights,
                        mask_truncated_completions=args.mask_truncated_completions)

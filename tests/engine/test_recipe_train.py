@@ -20,13 +20,13 @@ def test_recipe_keys_reach_the_trainer(tiny_model_dir: Path, shared_data: Path, 
                              for i in range(3)))
     out = tmp_path / "out"
     argv = [
-        "train", str(CELL), f"--model.name_or_path={tiny_model_dir}", f"--output_dir={out}", "--max_steps=2",
+        "train", str(CELL), f"--model_name_or_path={tiny_model_dir}", f"--output_dir={out}", "--max_steps=2",
         "--prompts_per_step=2", "--per_device_train_batch_size=8", "--num_generations=4",
-        "--max_completion_length=8", "--data.train=[gsm8k_train]", "--data.limit=6", "--data.max_prompt_length=null",
+        "--max_completion_length=8", "--dataset_name=[gsm8k_train]", "--dataset_limit=6", "--max_prompt_length=null",
         "--selection_warmup_steps=0", "--save_steps=1", "--disable_tqdm=true",
-        "--reward.overlong_buffer_length=4", "--reward.overlong_penalty_factor=0.5", "--mask_truncated_completions=true",
+        "--overlong_buffer_length=4", "--overlong_penalty_factor=0.5", "--mask_truncated_completions=true",
         "--dynamic_sampling=true", "--dynamic_sampling_max_rounds=1", "--use_vllm=false",
-        f"--eval_benchmarks=[jsonl:{bench}:kind=gsm8k]", "--eval_steps=1", "--eval_max_new_tokens=4",
+        f"--eval_benchmarks=jsonl:{bench}:kind=gsm8k", "--eval_steps=1", "--eval_max_new_tokens=4",
         "--metric_for_best_model=eval/total",
     ]
     assert cli.main(argv) == 0

@@ -48,12 +48,12 @@ STEPS, SAVE_STEPS, BLOCK_AT = 6, 3, 5
 def command(model_dir: Path, out: Path, *extra: str) -> list[str]:
     return [
         sys.executable, "-m", "ictrl.cli", "train", str(CONFIGS / "qwen2.5-0.5b" / "ict.yaml"),
-        f"--model.name_or_path={model_dir}", f"--output_dir={out}", f"--max_steps={STEPS}",
+        f"--model_name_or_path={model_dir}", f"--output_dir={out}", f"--max_steps={STEPS}",
         f"--save_steps={SAVE_STEPS}", "--learning_rate=1e-3", "--seed=7",
         "--prompts_per_step=2", "--per_device_train_batch_size=8", "--num_generations=4",
         "--max_completion_length=8",
-        "--data.train=[gsm8k_train]", "--data.limit=4", "--data.max_prompt_length=null",
-        "--selection_warmup_steps=0", "--reward.names=[ictrl_resume_reward:letters]", "--disable_tqdm",
+        "--dataset_name=[gsm8k_train]", "--dataset_limit=4", "--max_prompt_length=null",
+        "--selection_warmup_steps=0", "--reward_funcs=ictrl_resume_reward:letters", "--disable_tqdm=true",
         "--use_vllm=false",  # the tiny model's heads are below vLLM's CPU minimum
         *extra,
     ]
@@ -170,7 +170,7 @@ def test_checkpoints_appear_whole_or_not_at_all(tmp_path: Path) -> None:
         cls(tmp_path, 4, fail_after=2)._save_checkpoint(None, None)
     assert not (tmp_path / "checkpoint-4").exists()  # plain Trainer would leave a half-written checkpoint-4
     assert (tmp_path / ".staging-checkpoint-4" / "checkpoint-4" / "optimizer.pt").is_file()
-    cfg = config_from_dict({"model": {"name_or_path": "m"}, "output_dir": str(tmp_path)})
+    cfg = config_from_dict({"model_name_or_path": "m", "output_dir": str(tmp_path)})
     assert prepare_output_dir(cfg, resume=True) == tmp_path / "checkpoint-3"
     assert not (tmp_path / ".staging-checkpoint-4").exists()  # cleaned up on restart
 
@@ -237,10 +237,10 @@ def test_resume_at_max_steps_trains_no_step(tiny_model_dir: Path, shared_data: P
 
     out = tmp_path / "out"
     cfg = load_config(CONFIGS / "qwen2.5-0.5b" / "ict.yaml", [
-        f"--model.name_or_path={tiny_model_dir}", f"--output_dir={out}", "--max_steps=2", "--save_steps=1",
+        f"--model_name_or_path={tiny_model_dir}", f"--output_dir={out}", "--max_steps=2", "--save_steps=1",
         "--prompts_per_step=2", "--per_device_train_batch_size=8", "--num_generations=4",
-        "--max_completion_length=8", "--data.train=[gsm8k_train]", "--data.limit=6", "--data.max_prompt_length=null",
-        "--selection_warmup_steps=0", "--disable_tqdm", "--use_vllm=false",
+        "--max_completion_length=8", "--dataset_name=[gsm8k_train]", "--dataset_limit=6", "--max_prompt_length=null",
+        "--selection_warmup_steps=0", "--disable_tqdm=true", "--use_vllm=false",
     ])
     assert train(cfg).global_step == 2
     metrics = (out / "metrics.jsonl").read_text()

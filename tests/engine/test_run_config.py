@@ -1,8 +1,10 @@
-"""Run-config schema: keys are ICTGRPOConfig fields by name (plus model/data/reward sections); every shipped config
-validates; overrides in both flag forms; errors name the key and the source; the global step shape."""
+"""Run-config schema: the flat keys of trl grpo (TRL's script, trainer and model dataclasses, read by TRL's parser)
+plus ictrl's; every shipped config validates; flags in both forms; errors name the key and the source; the old
+nested spelling names its new key; the global step shape."""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -15,7 +17,6 @@ from ictrl.engine.run_config import (
     config_from_dict,
     config_to_dict,
     load_config,
-    parse_overrides,
     read_yaml,
     save_config,
 )
@@ -23,7 +24,7 @@ from ictrl.core.selection import get_selector
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 CELLS = sorted(p for p in CONFIGS.glob("qwen2.5-*/*.yaml"))
-MINIMAL = {"model": {"name_or_path": "m"}, "output_dir": "o"}
+MINIMAL = {"model_name_or_path": "m", "output_dir": "o"}
 
 
 def test_grid_is_complete() -> None:
@@ -39,9 +40,9 @@ def test_every_cell_validates_and_builds_trainer_args(path: Path) -> None:
 
     cfg = load_config(path)
     size, method = path.parent.name, path.stem
-    assert cfg.model.name_or_path.lower() == f"qwen/{size}"
+    assert cfg.model.model_name_or_path.lower() == f"qwen/{size}"
     assert cfg.output_dir == f"runs/{size}/{method}"
-    assert cfg.data.train == ["gsm8k_train", "math_train"]
+    assert cfg.script.dataset_name == ["gsm8k_train", "math_train"] and cfg.script.reward_funcs == ["verifiable"]
     args = build_trainer_args(cfg, str(path), cpu=True)
     selector = get_selector(args.token_selector)
     assert selector.label == method
@@ -58,53 +59,107 @@ def test_every_cell_validates_and_builds_trainer_args(path: Path) -> None:
     assert args.selector_options() == selector.resolve_options()
 
 
-def test_overrides_both_flag_forms_and_sections() -> None:
+def test_flags_in_both_forms_as_trl_reads_them() -> None:
     cell = CONFIGS / "qwen2.5-0.5b/ict.yaml"
-    cfg = load_config(cell, ["--learning_rate=3e-6", "--data.train=[math_train]", "--selection_ratio", "0.2",
-                             "--save_total_limit=1", "--use_vllm=false", "--data.limit=null", "--output_dir=/tmp/x",
-                             "--sparse_backward"])
+    cfg = load_config(cell, ["--learning_rate=3e-6", "--dataset_name=[math_train]", "--selection_ratio", "0.2",
+                             "--save-total-limit=1", "--use_vllm=false", "--dataset_limit=null", "--output_dir=/tmp/x",
+                             "--sparse_backward", "--use_peft", "--lora_r", "8", "--lora_target_modules", "q_proj",
+                             "v_proj", "--reward_funcs", "math", "format"])
     assert cfg.trainer["learning_rate"] == 3e-6 and isinstance(cfg.trainer["learning_rate"], float)
-    assert cfg.data.train == ["math_train"] and cfg.data.eval  # a section merges key by key
+    assert cfg.script.dataset_name == ["math_train"] and cfg.script.eval_datasets  # the file's other keys stay
     assert cfg.trainer["selection_ratio"] == 0.2 and cfg.trainer["token_selector"] == "ict"
     assert cfg.trainer["save_total_limit"] == 1 and cfg.trainer["scale_rewards"] == "group"
-    assert cfg.trainer["use_vllm"] is False and cfg.data.limit is None and cfg.output_dir == "/tmp/x"
-    assert cfg.trainer["sparse_backward"] is True
-    assert parse_overrides(["--a.b=1", "--c", "x y", "--d", "--e=1e-6"]) == {"a.b": 1, "c": "x y", "d": True,
-                                                                          "e": "1e-6"}
+    assert cfg.trainer["use_vllm"] is False and cfg.script.dataset_limit is None and cfg.output_dir == "/tmp/x"
+    assert cfg.trainer["sparse_backward"] is True and cfg.script.reward_funcs == ["math", "format"]
+    assert cfg.model.use_peft and cfg.model.lora_r == 8 and cfg.model.lora_target_modules == ["q_proj", "v_proj"]
+    assert cfg.flags["learning_rate"] == "3e-06" and cfg.flags["save_total_limit"] == "1"
+    assert cfg.flags["use_peft"] == "true" and "token_selector" not in cfg.flags  # the file's keys are not flags
     with pytest.raises(ConfigError, match="expected --key=value or --key value"):
-        parse_overrides(["learning_rate=1"])
+        load_config(cell, ["learning_rate=1"])
 
 
-def test_mixture_and_scalar_list() -> None:
-    cfg = config_from_dict({**MINIMAL, "data": {"train": {"gsm8k_train": 1, "math_train": 3}}})
-    assert cfg.data.train == {"gsm8k_train": 1.0, "math_train": 3.0}
-    cfg = config_from_dict(MINIMAL, overrides={"data.train": "math_train"})
-    assert cfg.data.train == ["math_train"]
-    with pytest.raises(ConfigError, match=r"data\.train\.math_train: mixture weight must be > 0"):
-        config_from_dict({**MINIMAL, "data": {"train": {"math_train": 0}}})
+def test_booleans_as_trl_reads_them() -> None:
+    """A YAML bool and TRL's spellings on a flag (yes/no, true/false, 1/0) agree; scale_rewards' documented bools
+    mean TRL's group / none whichever way they are written."""
+    from ictrl.engine.run import build_trainer_args
+
+    cell = CONFIGS / "qwen2.5-0.5b/grpo.yaml"
+    for flag, want in (("--scale_rewards=false", "none"), ("--scale_rewards=true", "group"),
+                       ("--scale_rewards=batch", "batch")):
+        assert build_trainer_args(load_config(cell, [flag]), "cell", cpu=True).scale_rewards == want
+    assert load_config(cell, ["--use_vllm=no"]).trainer["use_vllm"] is False
+    assert load_config(cell, ["--use_vllm", "1"]).trainer["use_vllm"] is True
+    with pytest.raises(ConfigError, match=r"override --scale_rewards=bogus: scale_rewards: must be one of"):
+        build_trainer_args(load_config(cell, ["--scale_rewards=bogus"]), "cell", cpu=True,
+                           flags={"scale_rewards": "bogus"})
+
+
+def test_env_sets_variables_as_trl_parser_does(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ICTRL_TEST_ENV", raising=False)
+    path = tmp_path / "env.yaml"
+    path.write_text("model_name_or_path: m\noutput_dir: o\nenv: {ICTRL_TEST_ENV: 3}\n")
+    cfg = load_config(path)
+    assert "env" not in config_to_dict(cfg) and os.environ["ICTRL_TEST_ENV"] == "3"
+    monkeypatch.delenv("ICTRL_TEST_ENV")
+
+
+def test_old_nested_keys_name_their_new_spelling(tmp_path: Path) -> None:
+    bad = tmp_path / "old.yaml"
+    for text, line in (("model:\n  name_or_path: m\n", "model.name_or_path is now model_name_or_path"),
+                       ("data:\n  train: [gsm8k_train]\n", "data.train is now dataset_name"),
+                       ("reward:\n  names: [math]\n", "reward.names is now reward_funcs"),
+                       ("peft:\n  r: 8\n", "peft.r is now lora_r"),
+                       ("peft: {}\n", "the peft: section is now use_peft: true")):
+        bad.write_text(text + "output_dir: o\n")
+        with pytest.raises(ConfigError, match=rf"^{bad}: {line}"):
+            load_config(bad)
+
+
+def test_mixture_list_and_name() -> None:
+    cfg = config_from_dict({**MINIMAL, "dataset_name": {"gsm8k_train": 1, "math_train": 3}})
+    assert cfg.script.dataset_name == {"gsm8k_train": 1, "math_train": 3}
+    assert cfg.script.sources() == ["gsm8k_train", "math_train"]
+    cfg = config_from_dict(MINIMAL, flags=["--dataset_name=math_train"])
+    assert cfg.script.dataset_name == "math_train" and cfg.script.sources() == ["math_train"]
+    cfg = config_from_dict(MINIMAL, flags=["--dataset_name={gsm8k_train: 1, math_train: 2}"])
+    assert cfg.script.dataset_name == {"gsm8k_train": 1, "math_train": 2}
+    with pytest.raises(ConfigError, match=r"dataset_name\.math_train: mixture weight must be a number > 0"):
+        config_from_dict({**MINIMAL, "dataset_name": {"math_train": 0}})
 
 
 @pytest.mark.parametrize(
     ("override", "pattern"),
     [
-        ("--learning_rat=1e-6", r"override --learning_rat=1e-6: unknown key 'learning_rat'; "
+        ("--learning_rat=1e-6", r"override --learning_rat: unknown key 'learning_rat'; "
                                 r"did you mean 'learning_rate'\?"),
-        ("--data.learning_rate=1e-6", r"unknown key 'data.learning_rate'; did you mean 'learning_rate'"),
-        ("--data.trian=[x]", r"unknown key 'data.trian'; did you mean 'data.train'"),
-        ("--learning_rate=abc", r"override --learning_rate=abc: learning_rate: expected a number"),
-        ("--num_generations=1.5", r"num_generations: expected an integer"),
-        ("--use_vllm=maybe", r"use_vllm: expected true/false"),
-        ("--model.dtype=fp8", r"model.dtype: must be one of"),
-        ("--model=x", r"model: expected a mapping"),
-        ("--reward_weights=[1, 2]", r"reward_weights: needs exactly one weight per entry of reward.names"),
-        ("--model_init_kwargs=[1]", r"model_init_kwargs: expected dict or str"),
-        ("--peft.rr=4", r"unknown key 'peft.rr'; did you mean 'peft.r'"),
-        ("--peft.target_modules={a: 1}", r"peft.target_modules: expected a list"),
+        ("--data.train=x", r"unknown key 'data.train'; it is now dataset_name"),
+        ("--peft=null", r"^override --peft: unknown key 'peft'; it is now use_peft: true"),
+        ("--datset_name=x", r"unknown key 'datset_name'; did you mean 'dataset_name'"),
+        ("--learning_rate=abc", r"override --learning_rate: learning_rate: invalid float value: 'abc'"),
+        ("--num_generations=1.5", r"num_generations: invalid int value"),
+        ("--use_vllm=maybe", r"override --use_vllm: use_vllm: Truthy value expected: got maybe"),
+        ("--dtype=fp8", r"override --dtype: dtype: invalid choice: 'fp8'"),
+        ("--lora_rank=4", r"unknown key 'lora_rank'; did you mean 'lora_r'\?"),
+        ("--use_pef", r"unknown key 'use_pef'; did you mean 'use_peft'\?"),
+        ("--datasets=x", r"unknown key 'datasets'; TRL's hub dataset mixture"),
+        ("--lora_r=x", r"override --lora_r: lora_r: invalid int value: 'x'"),
+        ("--max_prompt_length=0", r"override --max_prompt_length=0: max_prompt_length: must be >= 1 or null"),
     ],
 )
-def test_bad_override_names_the_key(override: str, pattern: str) -> None:
+def test_bad_flag_names_the_flag_and_key(override: str, pattern: str) -> None:
     with pytest.raises(ConfigError, match=pattern):
         load_config(CONFIGS / "qwen2.5-0.5b/ict.yaml", [override])
+
+
+def test_unrelated_fields_are_never_suggested() -> None:
+    """A near spelling is offered only within its family (lora_*), or when it is nearly the same word."""
+    from ictrl.engine.run_config import _suggest
+
+    assert _suggest("use_peftt") == "; did you mean 'use_peft'?"
+    for key in ("use_pef", "lora_rnk", "lora_target_module", "attn_implementaton"):
+        assert _suggest(key).startswith("; did you mean") and "cpu" not in _suggest(key)
+    assert "local_rank" not in _suggest("lora_rank") and "optim" not in _suggest("lora_target_module")
+    assert "cache" not in _suggest("attn_implementaton")
 
 
 @pytest.mark.parametrize(
@@ -114,7 +169,7 @@ def test_bad_override_names_the_key(override: str, pattern: str) -> None:
         ("--selection_scope=group", r"selection_scope: scope must be one of \['batch', 'response'\]"),
         ("--selection_ratio=0", r"selection_ratio: ratio must be a number in \(0, 1\]"),
         ("--selection_topk=0", r"selection_topk must be None or an int >= 1"),
-        ("--selection_options={tau_p: 0.1}", r"selection_options: unknown option\(s\) \['tau_p'\]"),
+        ('--selection_options={"tau_p": 0.1}', r"selection_options: unknown option\(s\) \['tau_p'\]"),
         ("--per_device_train_batch_size=7", r"per_device_train_batch_size=7 must divide the 256 completions"),
     ],
 )
@@ -130,15 +185,18 @@ def test_trainer_config_errors_name_the_file_and_field(override: str, pattern: s
 def test_bad_value_in_file_names_the_file(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text(f"base: {CONFIGS / 'qwen2.5-0.5b/ict.yaml'}\nnum_iterations: two\n")
-    with pytest.raises(ConfigError, match=rf"{bad}: num_iterations: expected an integer, got 'two'"):
+    with pytest.raises(ConfigError, match=rf"^{bad}: num_iterations: invalid int value: 'two'"):
         load_config(bad)
-    bad.write_text("model: {name_or_path: m}\noutput_dir: o\nmodell: {}\n")
-    with pytest.raises(ConfigError, match=rf"{bad}: unknown key 'modell'; did you mean 'model"):
+    bad.write_text("model_name_or_path: m\noutput_dir: o\nmodel_name_or_pth: x\n")
+    with pytest.raises(ConfigError, match=rf"{bad}: unknown key 'model_name_or_pth'; did you mean 'model_name_or_path"):
+        load_config(bad)
+    bad.write_text("model_name_or_path: m\noutput_dir: o\nlearning_rate: [1]\n")
+    with pytest.raises(ConfigError, match=rf"{bad}: learning_rate: "):
         load_config(bad)
     bad.write_text("output_dir: o\n")
-    with pytest.raises(ConfigError, match=r"missing required key model.name_or_path"):
+    with pytest.raises(ConfigError, match=r"missing required key model_name_or_path"):
         load_config(bad)
-    bad.write_text("model: {name_or_path: m}\n")
+    bad.write_text("model_name_or_path: m\n")
     with pytest.raises(ConfigError, match=r"missing required key output_dir"):
         load_config(bad)
     bad.write_text("base: bad.yaml\n")
@@ -155,9 +213,11 @@ def test_checkpoint_inside_a_generation_buffer_is_refused() -> None:
 
 
 def test_roundtrip(tmp_path: Path) -> None:
-    cfg = load_config(CONFIGS / "qwen2.5-1.5b/grpo.yaml", ["--epsilon_high=null", "--save_strategy=no"])
+    cfg = load_config(CONFIGS / "qwen2.5-1.5b/grpo.yaml", ["--epsilon_high=null", "--save_strategy=no", "--use_peft",
+                                                           "--lora_target_modules", "q_proj", "--dataset_limit=9"])
     save_config(cfg, tmp_path / "config.yaml")
     again = config_from_dict(read_yaml(tmp_path / "config.yaml"), "saved")
+    assert again.model.lora_target_modules == "q_proj" and again.script.dataset_limit == 9
     assert again == cfg and isinstance(again, RunConfig)
     assert config_to_dict(again) == config_to_dict(cfg)
     from ictrl.engine.run import build_trainer_args

@@ -45,7 +45,7 @@ def test_resume_while_the_run_goes_is_one_line(monkeypatch: pytest.MonkeyPatch, 
     staged = out / ".staging-checkpoint-2"
     staged.mkdir()
     with OutputDirLock(out):
-        code = cli.main(["train", str(TINY), f"--output_dir={out}", "--data.train=[gsm8k_train]", "--resume"])
+        code = cli.main(["train", str(TINY), f"--output_dir={out}", "--dataset_name=[gsm8k_train]", "--resume"])
     err = capsys.readouterr().err
     assert code == 2
     errors = [line for line in err.splitlines() if "error" in line]

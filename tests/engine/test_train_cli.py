@@ -21,18 +21,24 @@ CELL = CONFIGS / "qwen2.5-0.5b" / "ict.yaml"
     ("override", "message"),
     [
         ("--learning_rat=1e-6", "unknown key 'learning_rat'; did you mean 'learning_rate'?"),
-        ("--learning_rate=fast", "learning_rate: expected a number, got 'fast'"),
+        ("--learning_rate=fast", "learning_rate: invalid float value: 'fast'"),
         ("--selection_scope=group", "selection_scope: scope must be one of"),  # caught by ICTGRPOConfig
         ("--token_selector=ictt", "token_selector: unknown selector 'ictt'; did you mean 'ict'?"),
-        ("--reward.names=[math, gsm8kk]", "reward.names[1]: unknown reward 'gsm8kk'"),
-        ("--data.train=[gsm8k_trian]", "data.train: 'gsm8k_trian'"),
-        ("--data.train=[jsonl:/nonexistent.jsonl]", "file not found"),
-        ("--data.eval=[math5000]", "data.eval: 'math5000'"),
+        ("--reward_funcs=gsm8kk", "reward_funcs[0]: unknown reward 'gsm8kk'"),
+        ("--dataset_name=[gsm8k_trian]", "dataset_name: 'gsm8k_trian'"),
+        ("--dataset_name=jsonl:/nonexistent.jsonl", "file not found"),
+        ("--eval_datasets=math5000", "eval_datasets: 'math5000'"),
+        ("--eval_strategy=steps", "eval_strategy: 'steps' needs eval data"),
+        ("--lr_scheduler_type=cosine_with_min_lr",
+         "lr_scheduler_type: 'cosine_with_min_lr' with lr_scheduler_kwargs={}"),
+        ("--push_to_hub=true", "push_to_hub:"),
         ("--cpu_threads=0", "cpu_threads must be None or an int in [1, 4096], got 0"),
     ],
 )
 def test_bad_config_fails_before_model_load(override: str, message: str, loader_calls: list[Any],
-                                            tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+                                            tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # push_to_hub: refused offline, before the model loads
     cell = CONFIGS / "qwen2.5-0.5b" / ("entropy20.yaml" if "scope" in override else "ict.yaml")
     code = cli.main(["train", str(cell), f"--output_dir={tmp_path / 'out'}", override])
     err = capsys.readouterr().err
@@ -61,7 +67,7 @@ def test_print_config_and_config_flag(capsys: pytest.CaptureFixture[str]) -> Non
     for argv in ([str(CELL), "--seed=3"], ["--config", str(CELL), "--seed", "3"], [f"--config={CELL}", "--seed=3"]):
         assert cli.main(["train", *argv, "--print-config"]) == 0
         printed = yaml.safe_load(capsys.readouterr().out)
-        assert printed["seed"] == 3 and printed["token_selector"] == "ict" and printed["model"]["name_or_path"]
+        assert printed["seed"] == 3 and printed["token_selector"] == "ict" and printed["model_name_or_path"]
     assert cli.main(["train", str(CELL), "--token_selector=ictt", "--print-config"]) == 2  # values checked first
     assert "token_selector: unknown selector 'ictt'" in capsys.readouterr().err
     assert cli.main(["train", "--seed=3"]) == 2
@@ -90,9 +96,9 @@ TIMING_KEYS = ("step_time", "ictrl/stats_time")
 def tiny_overrides(model_dir: Path, out: Path, steps: int = 2) -> list[str]:
     """A 2-step run of a paper config on the tiny model: 2 prompts x 4 completions of 8 tokens per step."""
     return [
-        f"--model.name_or_path={model_dir}", f"--output_dir={out}", f"--max_steps={steps}",
+        f"--model_name_or_path={model_dir}", f"--output_dir={out}", f"--max_steps={steps}",
         "--prompts_per_step=2", "--per_device_train_batch_size=8", "--num_generations=4",
-        "--max_completion_length=8", "--data.train=[gsm8k_train]", "--data.limit=6", "--data.max_prompt_length=null",
+        "--max_completion_length=8", "--dataset_name=[gsm8k_train]", "--dataset_limit=6", "--max_prompt_length=null",
         "--selection_warmup_steps=0", "--save_steps=1", "--disable_tqdm=true",
         # Every group of a random tiny model is uniform: the paper recipe's dynamic sampling would draw its
         # full 9 extra rounds each step (it has its own tests).

@@ -318,8 +318,8 @@ def test_compare_from_a_run_config_resumes_from_a_checkpoint(tiny_model_dir: Pat
 
     config = tmp_path / "tiny.yaml"
     config.write_text(yaml.safe_dump({
-        "model": {"name_or_path": str(tiny_model_dir)}, "output_dir": "replaced-per-run",
-        "data": {"train": ["gsm8k_train"], "eval": ["gsm8k"], "limit": 6, "max_prompt_length": None},
+        "model_name_or_path": str(tiny_model_dir), "output_dir": "replaced-per-run",
+        "dataset_name": "gsm8k_train", "eval_datasets": ["gsm8k"], "dataset_limit": 6, "max_prompt_length": None,
         "num_generations": 4, "max_completion_length": 8, "prompts_per_step": 2, "per_device_train_batch_size": 8,
         "max_steps": 5, "learning_rate": 1e-5, "save_steps": 1, "token_selector": "stapo",  # replaced per method
     }))

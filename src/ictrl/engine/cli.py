@@ -1,12 +1,10 @@
 """``ictrl train CONFIG.yaml [--KEY=VALUE | --KEY VALUE ...] [--resume] [--print-config]``.
 
-``--config CONFIG.yaml`` (TRL's habit) works as well as the positional file. Keys are the run config's own
-(``src/ictrl/engine/run_config.py``): any ``ICTGRPOConfig`` field by name (``--learning_rate=2e-6``,
-``--token_selector random``) or a section key (``--model.name_or_path=/path``, ``--data.train=[math_train]``);
-values are YAML scalars and a bare ``--flag`` means true; a key may be spelt with dashes (``--output-dir``,
-``--learning-rate``). TRL's script flags ``--model_name_or_path`` (= ``model.name_or_path``) and
-``--dataset_name`` (a pointer to ``data.train``) are understood. A bad key or value exits with status 2 and one line
-naming the key, before any model loads. ``ictrl train --help`` lists the keys with their help.
+``--config CONFIG.yaml`` (TRL's habit) works as well as the positional file. The file is a ``trl grpo --config``
+file (``src/ictrl/engine/run_config.py``): keys of TRL's ``GRPOScriptArguments``, ``GRPOConfig`` and ``ModelConfig``
+plus ictrl's own; flags set any of them as TRL's parser reads them (``--learning_rate=2e-6``, ``--use_peft``,
+``--scale_rewards=false``, dashes or underscores). A bad key or value exits with status 2 and one line naming the
+flag or the file and the key, before any model loads. ``ictrl train --help`` lists the keys with their help.
 
 ``--num-processes N [--accelerate-config FILE] [--main-process-port PORT]`` (TRL's underscore spellings too) starts
 the run on ``N`` processes through accelerate's launcher from this process, after checking the config for them:
@@ -34,18 +32,9 @@ USAGE = ("ictrl train (CONFIG.yaml | --config CONFIG.yaml) [--KEY=VALUE | --KEY 
          " [--num-processes N [--accelerate-config FILE] [--main-process-port PORT]]")
 
 
-# TRL's example scripts take these flags (TrlParser's ScriptArguments / ModelConfig); their run-config keys:
-# a flag with an equivalent key is renamed, one without gets a pointer.
-TRL_RENAMES = {"model_name_or_path": "model.name_or_path", "torch_dtype": "model.dtype", "dtype": "model.dtype",
-               "trust_remote_code": "model.trust_remote_code"}
-TRL_POINTERS = {
-    "dataset_name": "data.train, a list of ictrl.data names or jsonl:FILE (--data.train=[gsm8k_train])",
-    "dataset_config": "a source option in data.train (gsm8k_train:levels=..., jsonl:FILE:question_field=...)",
-    "dataset_train_split": "a source option in data.train (NAME:hub_split=train)",
-    "dataset_test_split": "data.eval (benchmarks for `ictrl eval`)",
-}
 # The trainer fields most runs set, listed by `ictrl train --help` beside ictrl's own (every field is accepted).
-COMMON_TRL_KEYS = ("output_dir", "learning_rate", "max_steps", "num_generations", "per_device_train_batch_size",
+COMMON_TRL_KEYS = ("model_name_or_path", "dataset_name", "reward_funcs", "dtype", "use_peft", "lora_r",
+                   "output_dir", "learning_rate", "max_steps", "num_generations", "per_device_train_batch_size",
                    "max_completion_length", "temperature", "beta", "epsilon", "epsilon_high", "seed", "save_steps",
                    "logging_steps", "report_to", "use_vllm")
 
@@ -61,26 +50,21 @@ def config_keys_help() -> str:
     """The run-config keys with their help (from the dataclasses that own them), for ``ictrl train --help``."""
     import dataclasses
 
-    from ictrl.engine.config import ICTGRPOConfig
-    from ictrl.engine.run_config import SECTIONS
-    from trl import GRPOConfig
+    from trl import GRPOConfig, ModelConfig
+    from trl.scripts.grpo import GRPOScriptArguments
 
-    def rows(fields: list[Any], prefix: str = "") -> list[str]:
-        return [f"  {prefix}{f.name:<{34 - len(prefix)}} {_first_sentence(f.metadata.get('help', ''))}"
-                for f in fields]
+    from ictrl.engine.run_config import owners
 
-    lines = ["config keys (YAML or --KEY=VALUE; the help comes from the dataclass that checks the value):"]
-    for name, cls in SECTIONS.items():
-        lines.append(f" {name}:")
-        lines += rows(list(dataclasses.fields(cls)), f"{name}.")
-    trl_names = {f.name for f in dataclasses.fields(GRPOConfig)}
-    fields = {f.name: f for f in dataclasses.fields(ICTGRPOConfig) if f.init}
-    lines.append(" token selection (ictrl's ICTGRPOConfig):")
-    lines += rows([f for n, f in fields.items() if n not in trl_names])
-    lines.append(f" common TRL GRPOConfig keys (all {len(trl_names)} GRPOConfig / TrainingArguments fields are "
-                 "accepted by name):")
-    lines += rows([fields[n] for n in COMMON_TRL_KEYS if n in fields])
-    return "\n".join(lines)
+    def rows(names: list[str]) -> list[str]:
+        fields = {f.name: f for cls in set(owners().values()) for f in dataclasses.fields(cls)}
+        return [f"  {n:<34} {_first_sentence(fields[n].metadata.get('help', ''))}" for n in names]
+
+    trl = {f.name for cls in (GRPOConfig, ModelConfig, GRPOScriptArguments) for f in dataclasses.fields(cls)}
+    ours = [n for n in owners() if n not in trl]
+    return "\n".join(["config keys (YAML or --KEY=VALUE; the help comes from the dataclass that checks the value):",
+                      " ictrl's own (token selection, data, step shape):", *rows(ours),
+                      f" common trl grpo keys (all {len(trl)} of GRPOScriptArguments, GRPOConfig and ModelConfig are "
+                      "accepted by name):", *rows([n for n in COMMON_TRL_KEYS if n in owners()])])
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -113,22 +97,6 @@ LAUNCH_ARGV_ENV = "ICTRL_LAUNCH_ARGV"  # `ictrl train --num-processes`'s argumen
 
 class UsageError(ValueError):
     pass
-
-
-def normalize_overrides(overrides: list[str]) -> list[str]:
-    """Overrides with dashed keys spelt as the fields are (``--output-dir`` -> ``--output_dir``) and TRL's script
-    flags renamed (``--model_name_or_path`` -> ``--model.name_or_path``); a TRL flag with no equivalent key is a
-    :class:`UsageError` naming the key to use."""
-    out = []
-    for arg in overrides:
-        if arg.startswith("--") and len(arg) > 2:
-            key, eq, value = arg[2:].partition("=")
-            key = key.replace("-", "_")
-            if key in TRL_POINTERS:
-                raise UsageError(f"--{key} is a flag of TRL's scripts; in ictrl the data is {TRL_POINTERS[key]}")
-            arg = f"--{TRL_RENAMES.get(key, key)}{eq}{value}"
-        out.append(arg)
-    return out
 
 
 def _launch_flag(arg: str) -> str | None:
@@ -194,7 +162,7 @@ def split_launch(argv: list[str]) -> tuple[list[str], Launch]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ictrl.engine.run_config import config_to_dict, load_config, parse_overrides
+    from ictrl.engine.run_config import config_to_dict, load_config
     from ictrl.engine.run_guard import die_with_launcher
 
     die_with_launcher()  # a rank of `accelerate launch` / torchrun ends with it, not training on detached
@@ -202,12 +170,11 @@ def run(args: argparse.Namespace) -> int:
     try:
         argv, launch = split_launch(list(args.argv))
         config, overrides, flags = split_argv(argv)
-        overrides = normalize_overrides(overrides)
         cfg = load_config(config, overrides)
         from ictrl.engine.process_group import process_group_left
         from ictrl.engine.run import build_trainer_args, train
 
-        set_by_flag = parse_overrides(overrides)
+        set_by_flag = cfg.flags
         if launch.requested() and "--print-config" not in flags:
             from ictrl.engine.launch import check_and_launch
 
@@ -227,7 +194,6 @@ def run(args: argparse.Namespace) -> int:
                 with planned_processes(launch.total_processes() if launch.requested() else process_count()):
                     build_trainer_args(cfg, config, flags=set_by_flag)
                 model_init.load_kwargs(cfg, config)
-                model_init.peft_config(cfg, config)
                 sys.stdout.write(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
                 return 0
 

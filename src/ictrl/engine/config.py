@@ -8,6 +8,7 @@ TRL's default ``bf16=True`` fails there. Run configs (``ictrl train``) map onto 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 from collections.abc import Iterator
@@ -17,11 +18,13 @@ from typing import Any
 from trl import GRPOConfig
 
 from ictrl.core.loss import IS_MODES, LOSS_TYPES, NORM_MODES, TRL_NORMALISER, Objective
+from ictrl.engine import field_bounds
 from ictrl.engine.trl_fields import refused_field_errors
 from ictrl.preflight import check_liger, check_trackers
 from ictrl.core.selection import SELECTORS, Selector, get_selector
 
 # Selector options that have their own config field (the rest go through ``selection_options``).
+SCALE_REWARDS = ("group", "batch", "none")  # TRL's advantage scalings
 OPTION_FIELDS = {"ratio": "selection_ratio", "scope": "selection_scope", "seed": "selection_seed"}
 logger = logging.getLogger(__name__)
 _METHODS_HELP = "; ".join(f"'{s.name}'" + (f" (= {s.label})" if s.label != s.name else "") + f": {s.help}"
@@ -125,7 +128,7 @@ class ICTGRPOConfig(GRPOConfig):
                   "top_entropy_quantile < 1 (as TRL), else 'selected' (docs/method-choices.md). The same for "
                   "token_selector 'all'."},
     )
-    selection_options: dict | None = field(
+    selection_options: dict | str | None = field(
         default=None,
         metadata={"help": "Further keyword options of the selector, checked against its signature: STAPO's "
                   "{tau_p: 0.002, q: 0.75}, or a custom selector's own. None: its defaults."},
@@ -228,10 +231,14 @@ class ICTGRPOConfig(GRPOConfig):
     )
 
     def __post_init__(self) -> None:
+        field_bounds.check_ranges(self)  # first: a range names the bound (a seed's), the generic check only int64
+        field_bounds.check_finite({f.name: getattr(self, f.name) for f in fields(self) if f.init})
+        field_bounds.check_trains_something(self)
         # several trackers as TRL users write them (a list, or "tensorboard,wandb"); a missing package is one
         # line naming what to install, here rather than when the trainer builds its callbacks after the model loads
         self.report_to = check_trackers(self.report_to, "report_to") or "none"
         check_liger(self.use_liger_kernel)
+        self._read_scale_rewards()
         if self.prompts_per_step is not None:
             self._derive_step_shape()
         super().__post_init__()
@@ -268,6 +275,7 @@ class ICTGRPOConfig(GRPOConfig):
             raise ValueError(f"dynamic_sampling_max_rounds must be an int >= 0, got {self.dynamic_sampling_max_rounds!r}")
 
         self._check_eval_during_training()
+        self._check_scheduler()
 
         self._check_trl_loss_options()
         if self.vllm_importance_sampling_mode not in IS_MODES:
@@ -277,6 +285,39 @@ class ICTGRPOConfig(GRPOConfig):
             value = getattr(self, bound)
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0):
                 raise ValueError(f"{bound} must be None or a number >= 0, got {value!r}")
+
+    def _check_scheduler(self) -> None:
+        """Build the schedule transformers' Trainer will build, on a one-parameter optimizer (no model needed), so
+        a schedule that lacks its kwargs (``cosine_with_min_lr`` without ``min_lr``) fails here, not after the
+        model loads."""
+        import torch
+        from transformers import get_scheduler
+
+        steps = self.max_steps if self.max_steps > 0 else 1
+        optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
+        try:
+            get_scheduler(self.lr_scheduler_type, optimizer, num_warmup_steps=self.get_warmup_steps(steps),
+                          num_training_steps=steps, scheduler_specific_kwargs=self.lr_scheduler_kwargs or {})
+        except (ValueError, TypeError, KeyError) as exc:
+            name = getattr(self.lr_scheduler_type, "value", self.lr_scheduler_type)
+            raise ValueError(f"lr_scheduler_type: {name!r} with lr_scheduler_kwargs={self.lr_scheduler_kwargs or {}}:"
+                             f" {str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}") from None
+
+    def _read_scale_rewards(self) -> None:
+        """TRL documents ``scale_rewards`` as a str or a bool (true: 'group', false: 'none'); a flag's text is read as
+        TRL reads a boolean flag, so ``--scale_rewards=false`` is the YAML ``false``."""
+        from argparse import ArgumentTypeError
+
+        from transformers.hf_argparser import string_to_bool
+
+        value = self.scale_rewards
+        if isinstance(value, str) and value.lower() not in SCALE_REWARDS:
+            try:
+                value = string_to_bool(value)
+            except ArgumentTypeError:
+                raise ValueError(f"scale_rewards: must be one of {list(SCALE_REWARDS)} or a boolean, got "
+                                 f"{value!r}") from None
+        self.scale_rewards = {True: "group", False: "none"}.get(value, value)  # type: ignore[arg-type]
 
     def _check_trl_loss_options(self) -> None:
         """TRL's loss options: each honoured as TRL does, or refused here with one line saying why."""
@@ -366,6 +407,11 @@ class ICTGRPOConfig(GRPOConfig):
         for option, name in OPTION_FIELDS.items():
             if getattr(self, name) is not None and option not in selector.options and option != "seed":
                 raise ValueError(f"{name} is not used by token_selector={self.token_selector!r}; leave it None")
+        if isinstance(self.selection_options, str):  # a flag's JSON, as TrainingArguments reads its dict fields
+            try:
+                self.selection_options = json.loads(self.selection_options)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"selection_options: not a JSON object: {exc}") from None
         if self.selection_options is not None and not isinstance(self.selection_options, dict):
             raise ValueError(f"selection_options must be a mapping, got {type(self.selection_options).__name__}")
         extra = dict(self.selection_options or {})

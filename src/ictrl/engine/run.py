@@ -26,8 +26,8 @@ from ictrl.cliargs import VERBOSE_ENV, env_flag
 from ictrl.engine.resumable import (check_resumable, check_unchanged, make_trainer_class, resume_point,
                                    save_final, verified_checkpoints)
 from ictrl.engine.run_config import ConfigError, RunConfig, config_to_dict, save_config
-from ictrl.engine.value_checks import check_output_dir, check_values
 from ictrl.engine.run_guard import RunLock, StopRequest, add_stop_callback, stopped
+from ictrl.engine.value_checks import check_memory, check_output_dir
 from ictrl.errors import Terminated, UserError, quote, shorten
 from ictrl.files import reported_write
 
@@ -84,7 +84,9 @@ def build_trainer_args(cfg: RunConfig, source: str = "<config>", cpu: bool | Non
     except (ValueError, TypeError) as exc:  # ICTGRPOConfig / TRL messages name the field, which is the key
         raise ConfigError(f"{blame(str(exc), source, flags)}: {shorten(str(exc))}") from None
     try:
-        check_values(args, cfg, source)
+        from ictrl.engine.config import process_count
+
+        check_memory(args, cfg, source, process_count())
         check_resumable(args, source)
     except ConfigError as exc:  # the checks name the key after ``source``: a flag that set the key is blamed
         message = str(exc)
@@ -97,19 +99,34 @@ def build_trainer_args(cfg: RunConfig, source: str = "<config>", cpu: bool | Non
 
 # --- rewards ---------------------------------------------------------------------------------------------------
 
-def build_rewards(cfg: RunConfig, source: str = "<config>", gold_column: str = "answer") -> list[Callable[..., list[float]]]:
-    """TRL reward functions for ``reward.names``: ``verifiable`` (each row's ``kind`` column picks the math,
-    gsm8k or choice reward: the default), a registry name wrapped by ``ictrl.rewards.trl_reward``, or a
-    ``module:function`` with TRL's signature, imported as it is."""
+# trl grpo's reward names (trl/scripts/grpo.py), with the values it uses.
+TRL_REWARDS = ("accuracy_reward", "reasoning_accuracy_reward", "think_format_reward", "get_soft_overlong_punishment")
+
+
+def _trl_reward(name: str) -> Callable[..., Any]:
+    import trl.rewards
+
+    if name == "get_soft_overlong_punishment":
+        return trl.rewards.get_soft_overlong_punishment(max_completion_len=1280, soft_punish_cache=256)
+    return getattr(trl.rewards, name)
+
+
+def build_rewards(cfg: RunConfig, source: str = "<config>", gold_column: str = "answer") -> list[Any]:
+    """TRL reward functions for ``reward_model_name_or_path`` (a model id or path, as TRL takes it) and
+    ``reward_funcs``: ``verifiable`` (each row's ``kind`` column picks the math, gsm8k or choice reward: the
+    default), an ictrl registry name wrapped by ``ictrl.rewards.trl_reward``, one of ``trl grpo``'s names, or a
+    ``module:function`` / dotted ``module.function`` with TRL's signature, imported as it is."""
     from ictrl import rewards
 
-    out = []
-    for i, name in enumerate(cfg.reward.names or ["verifiable"]):
-        key = f"reward.names[{i}]"
+    out: list[Any] = [cfg.script.reward_model_name_or_path] if cfg.script.reward_model_name_or_path else []
+    for i, name in enumerate(cfg.script.reward_funcs or ["verifiable"]):
+        key = f"reward_funcs[{i}]"
         if name == "verifiable":
             out.append(rewards.trl_kind_reward(gold_column=gold_column, name="verifiable"))
-        elif ":" in name:
-            module, _, attr = name.partition(":")
+        elif name in TRL_REWARDS:
+            out.append(_trl_reward(name))
+        elif ":" in name or "." in name:
+            module, _, attr = name.partition(":") if ":" in name else name.rpartition(".")
             try:
                 fn = getattr(importlib.import_module(module), attr)
             except (ImportError, AttributeError) as exc:
@@ -119,7 +136,7 @@ def build_rewards(cfg: RunConfig, source: str = "<config>", gold_column: str = "
             gold = None if name == "format" else gold_column
             out.append(rewards.trl_reward(rewards.REWARDS[name], gold_column=gold, name=name))
         else:
-            choices = ["verifiable", *sorted(rewards.REWARDS)]
+            choices = ["verifiable", *sorted(rewards.REWARDS), *TRL_REWARDS]
             close = difflib.get_close_matches(name, choices, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
             raise ConfigError(f"{source}: {key}: unknown reward {name!r}; choose from {choices} or give "
@@ -130,27 +147,28 @@ def build_rewards(cfg: RunConfig, source: str = "<config>", gold_column: str = "
 def add_overlong_penalty(cfg: RunConfig, args: Any, reward_funcs: list[Callable[..., Any]],
                          source: str = "<config>") -> None:
     """Append DAPO's soft overlong punishment (``trl.rewards.get_soft_overlong_punishment`` over
-    ``max_completion_length`` with ``reward.overlong_buffer_length``) after the verifier rewards, with weight
-    ``reward.overlong_penalty_factor`` appended to ``args.reward_weights`` (all 1 before it when unset)."""
-    buffer = cfg.reward.overlong_buffer_length
+    ``max_completion_length`` with ``overlong_buffer_length``) after the verifier rewards, with weight
+    ``overlong_penalty_factor`` appended to ``args.reward_weights`` (all 1 before it when unset)."""
+    buffer = cfg.script.overlong_buffer_length
     if buffer is None:
         return
     if buffer >= args.max_completion_length:  # DAPO's formula still holds; worth a word (a smoke-test override)
-        log.warning("%s: reward.overlong_buffer_length=%d >= max_completion_length=%d: every completion gets an "
+        log.warning("%s: overlong_buffer_length=%d >= max_completion_length=%d: every completion gets an "
                     "overlong penalty", source, buffer, args.max_completion_length)
     from trl.rewards import get_soft_overlong_punishment
 
     weights = list(args.reward_weights) if args.reward_weights is not None else [1.0] * len(reward_funcs)
     if len(weights) != len(reward_funcs):
         raise ConfigError(f"{source}: reward_weights: {len(weights)} weights for {len(reward_funcs)} rewards "
-                          "(reward.names); the overlong penalty's weight is reward.overlong_penalty_factor")
+                          "(reward_funcs); the overlong penalty's weight is overlong_penalty_factor")
     reward_funcs.append(get_soft_overlong_punishment(max_completion_len=args.max_completion_length,
                                                      soft_punish_cache=buffer))
-    args.reward_weights = [*weights, float(cfg.reward.overlong_penalty_factor)]
+    args.reward_weights = [*weights, float(cfg.script.overlong_penalty_factor)]
 
 
-def reward_label(fn: Callable[..., Any]) -> str:
-    return getattr(fn, "__name__", type(fn).__name__)
+def reward_label(fn: Callable[..., Any] | str) -> str:
+    """The name TRL logs a reward under (``rewards/NAME/mean``); a reward model's is its path's last part."""
+    return fn.rstrip("/").split("/")[-1] if isinstance(fn, str) else getattr(fn, "__name__", type(fn).__name__)
 
 
 # --- data ------------------------------------------------------------------------------------------------------
@@ -161,7 +179,16 @@ def check_sources(cfg: RunConfig, config: str = "<config>", flags: dict[str, Any
     name the flag that set the key (``flags``), else ``config``."""
     from ictrl import data
 
-    for key, names in (("data.train", cfg.data.source_names()), ("data.eval", cfg.data.eval)):
+    if not cfg.script.sources():
+        raise ConfigError(f"{blame('dataset_name', config, flags)}: dataset_name: required: an ictrl.data name "
+                          "(gsm8k_train, math_train), jsonl:PATH, a list of them or a mapping name: weight")
+    script, directory = cfg.script, trl_dataset(cfg)
+    for key, set_to in (("dataset_config", script.dataset_config), ("dataset_train_split", script.dataset_train_split)):
+        if set_to not in (None, "train") and not directory:
+            raise ConfigError(f"{blame(key, config, flags)}: {key}: applies to a dataset directory (trl grpo's "
+                              "dataset_name); an ictrl.data source takes its options in the name (NAME:hub_split=...)")
+    train = [] if directory else script.sources()
+    for key, names in (("dataset_name", train), ("eval_datasets", script.eval_datasets)):
         source = blame(key, config, flags)
         for name in names:
             try:
@@ -174,23 +201,42 @@ def check_sources(cfg: RunConfig, config: str = "<config>", flags: dict[str, Any
                 raise ConfigError(f"{source}: {key}: {quote(name)}: file not found")
 
 
+def trl_dataset(cfg: RunConfig) -> bool:
+    """Whether ``dataset_name`` is a dataset directory, which ``trl grpo`` reads with ``datasets.load_dataset``."""
+    name = cfg.script.dataset_name
+    return isinstance(name, str) and Path(name).is_dir()
+
+
 def load_train_dataset(cfg: RunConfig) -> Any:
     """The training ``datasets.Dataset`` from ``ictrl.data.to_trl_dataset`` (columns ``prompt`` as a chat turn,
     ``answer``, ``kind``, ``id``, ``benchmark``). Called before the model loads: a bad row, a byte that is not
     UTF-8 or an empty file is a :class:`ictrl.errors.DataError` naming the file and line at once."""
     from ictrl import data
 
-    train = cfg.data.train
-    names = list(train)
+    if trl_dataset(cfg):  # as trl grpo: load_dataset(dataset_name, name=dataset_config)[dataset_train_split]
+        from datasets import load_dataset
+
+        from ictrl.errors import DataError
+
+        script = cfg.script
+        try:
+            rows = load_dataset(script.dataset_name, name=script.dataset_config)[script.dataset_train_split]
+        except (ValueError, KeyError, FileNotFoundError) as exc:
+            raise DataError(f"dataset_name: {script.dataset_name}: {shorten(str(exc), 300)}") from None
+        if "prompt" not in rows.column_names:
+            raise DataError(f"dataset_name: {script.dataset_name}: no 'prompt' column (TRL's GRPOTrainer reads it); "
+                            f"columns: {rows.column_names}")
+        return rows.select(range(min(len(rows), script.dataset_limit))) if script.dataset_limit else rows
+    train, names, limit = cfg.script.dataset_name, cfg.script.sources(), cfg.script.dataset_limit
     if len(names) == 1:
-        return data.to_trl_dataset(names[0], limit=cfg.data.limit)
+        return data.to_trl_dataset(names[0], limit=limit)
     weights = list(train.values()) if isinstance(train, dict) else None
-    return data.to_trl_dataset(names, limit=cfg.data.limit, weights=weights, seed=cfg.seed)
+    return data.to_trl_dataset(names, limit=limit, weights=weights, seed=cfg.seed)
 
 
 def drop_long_prompts(dataset: Any, tokenizer: Any, limit: int | None, max_positions: int | None = None,
                       completion_length: int = 0) -> Any:
-    """``dataset`` minus prompts longer than ``limit`` tokens (``data.max_prompt_length``), with a warning naming
+    """``dataset`` minus prompts longer than ``limit`` tokens (``max_prompt_length``), with a warning naming
     the first rows dropped and their lengths. Without a limit, a prompt that cannot fit in the model's
     ``max_positions`` beside ``completion_length`` tokens is an error naming its row."""
     from ictrl.errors import DataError
@@ -209,20 +255,21 @@ def drop_long_prompts(dataset: Any, tokenizer: Any, limit: int | None, max_posit
             lengths.append(len(tokenizer(text, add_special_tokens=False)["input_ids"]))
 
     def rows(idx: list[int]) -> str:
-        shown = ", ".join(f"row {i} (id {shorten(str(dataset[i]['id']), 80)}, {'at least ' if i in bounds else ''}"
+        shown = ", ".join(f"row {i} (id {shorten(str(dataset[i].get('id', i)), 80)}, "
+                          f"{'at least ' if i in bounds else ''}"
                           f"{lengths[i]} tokens)" for i in idx[:3])
         return shown + (f" and {len(idx) - 3} more" if len(idx) > 3 else "")
 
     if limit is None:
         too_long = [i for i, n in enumerate(lengths) if room is not None and n > room]
         if too_long:
-            raise DataError(f"data.train: {rows(too_long)}: longer than the {room} tokens the model's "
+            raise DataError(f"dataset_name: {rows(too_long)}: longer than the {room} tokens the model's "
                             f"{max_positions} positions leave beside max_completion_length {completion_length}; "
-                            "set data.max_prompt_length to drop such prompts")
+                            "set max_prompt_length to drop such prompts")
         return dataset
     long = [i for i, n in enumerate(lengths) if n > limit]
     if long:
-        log.warning("data.max_prompt_length=%d: dropping %d of %d prompts longer than that: %s", limit, len(long),
+        log.warning("max_prompt_length=%d: dropping %d of %d prompts longer than that: %s", limit, len(long),
                     len(lengths), rows(long))
         keep = set(long)
         dataset = dataset.select([i for i in range(len(lengths)) if i not in keep])
@@ -236,11 +283,11 @@ def check_enough_rows(dataset: Any, args: Any, source: str = "<config>") -> None
 
     prompts = args.generation_batch_size // args.num_generations
     if len(dataset) == 0:
-        raise DataError(f"{source}: data.train: no training rows left (check data.limit and data.max_prompt_length)")
+        raise DataError(f"{source}: dataset_name: no training rows left (check dataset_limit and max_prompt_length)")
     if len(dataset) < prompts:
-        raise DataError(f"{source}: data.train: {len(dataset)} prompts, fewer than the {prompts} of one generation "
+        raise DataError(f"{source}: dataset_name: {len(dataset)} prompts, fewer than the {prompts} of one generation "
                         f"batch ({args.generation_batch_size} completions / num_generations {args.num_generations}):"
-                        " raise data.limit or lower the batch")
+                        " raise dataset_limit or lower the batch")
 
 
 def _prompt_text(prompt: Any, tokenizer: Any) -> str:
@@ -360,11 +407,27 @@ def check_config(cfg: RunConfig, source: str = "<config>", flags: dict[str, Any]
             raise ConfigError(f"{blame('use_vllm', source, flags)}: use_vllm: vLLM is not installed: {INSTALL_HINT}")
     init_kwargs = model_init.load_kwargs(cfg, source)
     lora = model_init.peft_config(cfg, source)
-    reward_funcs = build_rewards(cfg, blame("reward.names", source, flags))
+    reward_funcs = build_rewards(cfg, blame("reward_funcs", source, flags))
     add_overlong_penalty(cfg, args, reward_funcs, source)
     check_sources(cfg, source, flags)
+    check_trainer_inputs(args, source, flags)
     check_output_dir(cfg.output_dir, blame("output_dir", source, flags))
     return args, init_kwargs, lora, reward_funcs
+
+
+def check_trainer_inputs(args: Any, source: str = "<config>", flags: dict[str, Any] | None = None) -> None:
+    """What the trainer that ``ictrl train`` builds needs beyond its config: eval data for ``eval_strategy`` (the
+    trainer gets none), the hub for ``push_to_hub``."""
+    from ictrl import preflight
+
+    strategy = getattr(args.eval_strategy, "value", args.eval_strategy)
+    if strategy != "no":
+        raise ConfigError(f"{blame('eval_strategy', source, flags)}: eval_strategy: {strategy!r} needs eval data, "
+                          "which ictrl train does not give the trainer; evaluation during training is eval_benchmarks "
+                          "(pass@k every eval_steps)")
+    if args.push_to_hub and not preflight.hub_reachable():
+        raise ConfigError(f"{blame('push_to_hub', source, flags)}: push_to_hub: {preflight._why_unreachable()}; "
+                          "push the final model later with `hf upload`")
 
 
 def check_inputs(cfg: RunConfig, init_kwargs: dict[str, Any], source: str = "<config>") -> Any:
@@ -373,11 +436,11 @@ def check_inputs(cfg: RunConfig, init_kwargs: dict[str, Any], source: str = "<co
     from ictrl import preflight
     from ictrl.engine import model_init
 
-    preflight.check_model(cfg.model.name_or_path, "model.name_or_path")
-    damaged = check_weights(cfg.model.name_or_path)
+    preflight.check_model(cfg.model.model_name_or_path, "model_name_or_path")
+    damaged = check_weights(cfg.model.model_name_or_path)
     if damaged is not None:
-        raise ConfigError(f"{source}: model.name_or_path: {cfg.model.name_or_path}: {damaged}; the model directory "
-                          "is damaged")
+        raise ConfigError(f"{source}: model_name_or_path: {cfg.model.model_name_or_path}: {damaged}; the model "
+                          "directory is damaged")
     model_init.check_architecture(cfg, init_kwargs, source)
     return load_train_dataset(cfg)
 
@@ -441,8 +504,8 @@ def _train_locked(cfg: RunConfig, args: Any, reward_funcs: list[Callable[..., An
     from ictrl.models import load_model_and_tokenizer
 
     skip_deepspeed_unless_imported()
-    model, tokenizer = load_model_and_tokenizer(cfg.model.name_or_path, **init_kwargs)
-    dataset = drop_long_prompts(dataset, tokenizer, cfg.data.max_prompt_length,
+    model, tokenizer = load_model_and_tokenizer(cfg.model.model_name_or_path, **init_kwargs)
+    dataset = drop_long_prompts(dataset, tokenizer, cfg.script.max_prompt_length,
                                 getattr(model.config, "max_position_embeddings", None), args.max_completion_length)
     check_enough_rows(dataset, args, source)
     with reported_write(out, "free space and run again"):

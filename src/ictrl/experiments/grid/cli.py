@@ -37,7 +37,7 @@ def add_common_arguments(parser: Any, default_output: str) -> None:
                         help="where run directories, tables, plots and report.html go; a rerun resumes")
     parser.add_argument("--config", type=Path, default=None,
                         help="an `ictrl train` YAML config instead of the embedded task (its token_selector and "
-                             "selection keys are replaced per method; held-out eval on its data.eval)")
+                             "selection keys are replaced per method; held-out eval on its eval_datasets)")
     parser.add_argument("--quick", action="store_true", help="a tiny base model and 2 steps per run (tests)")
     parser.add_argument("--eval-problems", type=int, default=None,
                         help="held-out problems (embedded task; default 200) or per-benchmark limit (--config)")
@@ -76,7 +76,7 @@ def make_experiment(args: Any, log: Callable[[str], None] = print) -> Experiment
             runner=runner,
             eval_base=lambda out: configrun.eval_config_base(args.config, out, args.eval_problems),
             settings={"source": "config", "config": str(args.config), "steps": probe.trainer.get("max_steps", -1),
-                      "model": probe.model.name_or_path, "eval": list(probe.data.eval),
+                      "model": probe.model.model_name_or_path, "eval": list(probe.script.eval_datasets),
                       "eval_limit": args.eval_problems, "quick": bool(args.quick)},
             default_lr=probe.trainer.get("learning_rate", 1e-6),
         )

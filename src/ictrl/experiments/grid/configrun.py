@@ -1,6 +1,6 @@
 """Grid runs from a run config (``ictrl compare/sweep --config``): ``ictrl train``'s own ``engine.run.train`` with
 the grid's method, seed, learning rate and step budget, resumed from its last complete checkpoint, then evaluated
-on the config's ``data.eval``."""
+on the config's ``eval_datasets``."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ CONFIG_EVAL_N = 4  # samples per problem when evaluating --config runs (n >= the
 def config_run(config_path: Path, steps: int | None, eval_limit: int | None, spec: RunSpec,
                run_dir: Path) -> dict[str, Any]:
     """One run of ``ictrl train`` from ``config_path`` with the grid's method / seed / lr / steps, resumed from
-    its last complete checkpoint when there is one, then evaluated on the config's ``data.eval``."""
+    its last complete checkpoint when there is one, then evaluated on the config's ``eval_datasets``."""
     from ictrl.engine.run import complete_checkpoints, train
     from ictrl.files import load_metrics
     from ictrl.models import load_model_and_tokenizer
@@ -29,7 +29,7 @@ def config_run(config_path: Path, steps: int | None, eval_limit: int | None, spe
     if not resume and (run_dir / "metrics.jsonl").exists():
         (run_dir / "metrics.jsonl").unlink()
     result = train(cfg, resume=resume, source=str(config_path))
-    model, tokenizer = load_model_and_tokenizer(str(result.final_model), dtype=cfg.model.dtype)
+    model, tokenizer = load_model_and_tokenizer(str(result.final_model), dtype=cfg.model.dtype or "auto")
     scores = config_eval(cfg, model, tokenizer, run_dir / EVAL_DIR, str(result.final_model), eval_limit)
     records = load_metrics(run_dir / "metrics.jsonl")
     return {**scores, "final_reward": final_reward(records), "steps": result.global_step, "resumed": resume}
@@ -49,15 +49,15 @@ def load_run_config(config_path: Path, spec: RunSpec, run_dir: Path, steps: int 
     if steps is not None:
         data["max_steps"] = steps
     cfg = config_from_dict(data, source=str(config_path))
-    if not cfg.data.eval:
-        raise UserError(f"{config_path}: data.eval: --config needs held-out benchmarks to evaluate on")
+    if not cfg.script.eval_datasets:
+        raise UserError(f"{config_path}: eval_datasets: --config needs held-out benchmarks to evaluate on")
     return cfg
 
 
 def config_eval(cfg: Any, model: Any, tokenizer: Any, out_dir: Path, label: str, limit: int | None) -> dict[str, float]:
     from ictrl.eval.harness import benchmark_tasks
 
-    tasks = benchmark_tasks(cfg.data.eval, tokenizer=tokenizer, limit=limit)
+    tasks = benchmark_tasks(cfg.script.eval_datasets, tokenizer=tokenizer, limit=limit)
     t = cfg.trainer
     return evaluate_model(model, tokenizer, tasks, out_dir, label, CONFIG_EVAL_N, t.get("max_completion_length", 256),
                           t.get("temperature", 1.0), t.get("top_p", 1.0))
@@ -67,7 +67,7 @@ def eval_config_base(config_path: Path, out_dir: Path, eval_limit: int | None) -
     from ictrl.models import load_model_and_tokenizer
 
     cfg = load_run_config(config_path, RunSpec("grpo", 0), out_dir, None)
-    model, tokenizer = load_model_and_tokenizer(cfg.model.name_or_path, dtype=cfg.model.dtype)
-    return config_eval(cfg, model, tokenizer, out_dir / EVAL_DIR, cfg.model.name_or_path, eval_limit)
+    model, tokenizer = load_model_and_tokenizer(cfg.model.model_name_or_path, dtype=cfg.model.dtype or "auto")
+    return config_eval(cfg, model, tokenizer, out_dir / EVAL_DIR, cfg.model.model_name_or_path, eval_limit)
 
 

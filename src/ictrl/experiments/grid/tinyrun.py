@@ -79,7 +79,7 @@ def tiny_run_config(settings: TinyRL, base: Path, spec: RunSpec, run_dir: Path) 
     if spec.norm is not None:
         method["loss_normalization"] = spec.norm
     data = {
-        "model": {"name_or_path": str(base), "dtype": "float32"},
+        "model_name_or_path": str(base), "dtype": "float32",
         "output_dir": str(run_dir),
         **method,
         "num_generations": settings.num_generations, "temperature": settings.temperature,

@@ -7,9 +7,9 @@ It is cached under ``$ICTRL_CACHE_DIR`` (default ``~/.cache/ictrl``) in
 place, so an interrupted build never leaves a half cache.
 
 ``ictrl tiny-model OUTPUT_DIR`` (:func:`export_tiny_model`) copies it to a directory any command takes as
-``--model`` / ``model.name_or_path``, with a plain-prompt chat template (``ictrl.models.PLAIN_CHAT_TEMPLATE``: the
+``--model`` / ``model_name_or_path``, with a plain-prompt chat template (``ictrl.models.PLAIN_CHAT_TEMPLATE``: the
 user's text, no role markers, as the model was trained) and ``train.jsonl`` of tiny-task problems for
-``data.train: [jsonl:OUTPUT_DIR/train.jsonl]`` (``configs/tiny/ict.yaml``).
+``dataset_name: jsonl:OUTPUT_DIR/train.jsonl`` (``configs/tiny/ict.yaml``).
 
 The warm start stops on a dev-set score, not a step count, because these models
 learn in sudden jumps (dev pass@1 went from 18% to 36% within 50 s while the recipe was tuned): it stops once sampled pass@1 on the dev
@@ -298,13 +298,13 @@ def export_tiny_model(output_dir: str | os.PathLike[str], recipe: TinyRecipe | N
     return out
 
 
-DEFAULT_OUTPUT = "runs/tiny-model"  # configs/tiny/ict.yaml's model.name_or_path
+DEFAULT_OUTPUT = "runs/tiny-model"  # configs/tiny/ict.yaml's model_name_or_path
 
 
 def train_source(out: str | os.PathLike[str]) -> str:
-    """The ``data.train`` entry for ``out/train.jsonl``: the question alone as the prompt (no boxed-answer
+    """The ``dataset_name`` for ``out/train.jsonl``: the question alone as the prompt (no boxed-answer
     instruction), as the model saw it in its warm start."""
-    return f'"jsonl:{Path(out) / "train.jsonl"}:prompt_template={{question}}"'
+    return f"jsonl:{Path(out) / 'train.jsonl'}:prompt_template={{question}}"
 
 
 def add_arguments(parser: Any) -> None:
@@ -352,7 +352,7 @@ def run(args: Any) -> int:
         print(f"wrote the {args.task} model and {out / 'train.jsonl'} to {out}")
         return 0
     where = "" if Path(out) == Path(DEFAULT_OUTPUT) else (
-        f" --model.name_or_path={shlex.quote(str(out))} {shlex.quote(f'--data.train=[{train_source(out)}]')}")
+        f" --model_name_or_path={shlex.quote(str(out))} {shlex.quote(f'--dataset_name={train_source(out)}')}")
     print(f"wrote the tiny model and {out / 'train.jsonl'} to {out}; train it with "
           f"`ictrl train configs/tiny/ict.yaml{where}`")
     return 0
