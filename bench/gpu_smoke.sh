@@ -7,6 +7,7 @@
 #
 #   bash bench/gpu_smoke.sh                  # both modes, results under a fresh temp dir
 #   bash bench/gpu_smoke.sh colocate OUT     # one mode ("colocate" | "server" | "both"), results under OUT
+#   bash bench/gpu_smoke.sh cpu OUT          # the CPU half: the paper's recipe rehearsed (docs/scale.md), no GPU
 #   ICTRL_SMOKE_PORT=8123 bash bench/gpu_smoke.sh server   # the server's HTTP port (default 8011)
 #
 # The port has its own variable: vLLM itself reads VLLM_PORT (for its internal ports), so setting that would change
@@ -23,6 +24,33 @@ PY=${PYTHON:-python}
 PORT=${ICTRL_SMOKE_PORT:-8011}
 mkdir -p "$OUT"
 echo "gpu_smoke: mode=$MODE out=$OUT"
+
+if [ "$MODE" = cpu ]; then
+  # configs/qwen2.5-0.5b/ict.yaml as written (vLLM colocate, TIS, dynamic sampling) in bf16 on 2 processes, at the
+  # real width with 2 layers, steps and lengths cut; a checkpoint, then --resume. On a GPU machine the same two
+  # ictrl train lines run on the GPUs.
+  ICTRL=${ICTRL:-ictrl}
+  "$ICTRL" tiny-model "$OUT/model" --shape qwen2.5-0.5b --layers 2 --untrained
+  rehearse() {
+    "$ICTRL" train configs/qwen2.5-0.5b/ict.yaml --model_name_or_path="$OUT/model" --output_dir="$OUT/ict" \
+      --bf16=true --num-processes 2 --prompts_per_step=2 --num_generations=4 --max_completion_length=32 \
+      --overlong_buffer_length=8 --dynamic_sampling_max_rounds=1 --dataset_limit=64 --save_steps=2 "$@"
+  }
+  rehearse --max_steps=2
+  rehearse --max_steps=4 --resume
+  "$PY" - "$OUT/ict" <<'EOF'
+import json, sys
+rows = [json.loads(line) for line in open(f"{sys.argv[1]}/metrics.jsonl")]
+assert [r["step"] for r in rows] == [1, 2, 3, 4], [r["step"] for r in rows]
+assert any("sampling/sampling_logp_difference/max" in r for r in rows), "no rollout reported vLLM's log-probs"
+for r in rows:
+    print({k: r[k] for k in ("step", "reward", "step_time", "sampling/sampling_logp_difference/max",
+                             "sampling/importance_sampling_ratio/mean", "ictrl/topk_from_sampler") if k in r})
+print("gpu_smoke cpu: OK")
+EOF
+  echo "gpu_smoke: done ($OUT)"
+  exit 0
+fi
 
 "$PY" -c "import torch, vllm; assert torch.cuda.is_available(), 'no CUDA device'; print('torch', torch.__version__, 'vllm', vllm.__version__, 'GPUs', torch.cuda.device_count())"
 
@@ -121,6 +149,6 @@ case "$MODE" in
   colocate) run_colocate ;;
   server) run_server ;;
   both) run_colocate; run_server ;;
-  *) echo "usage: bash bench/gpu_smoke.sh [colocate|server|both] [OUT]" >&2; exit 2 ;;
+  *) echo "usage: bash bench/gpu_smoke.sh [colocate|server|both|cpu] [OUT]" >&2; exit 2 ;;
 esac
 echo "gpu_smoke: done ($OUT)"

@@ -53,7 +53,7 @@ def _args(**kwargs: Any) -> SimpleNamespace:
 def _cfg(out: Path) -> Any:
     from ictrl.engine.run_config import config_from_dict
 
-    return config_from_dict({"model": {"name_or_path": "m"}, "output_dir": str(out)})
+    return config_from_dict({"model_name_or_path": "m", "output_dir": str(out)})
 
 
 def test_manifest_lists_every_file_with_its_size_and_hash(tmp_path: Path) -> None:
@@ -158,13 +158,13 @@ def test_a_config_change_that_changes_the_steps_is_refused(tmp_path: Path) -> No
     from ictrl.errors import ConfigError
 
     saved = tmp_path / "config.yaml"
-    before = {"model": {"name_or_path": "m"}, "learning_rate": 2e-4, "max_steps": 3, "save_steps": 2}
+    before = {"model_name_or_path": "m", "learning_rate": 2e-4, "max_steps": 3, "save_steps": 2}
     saved.write_text(yaml.safe_dump(before))
     check_unchanged(saved, {**before, "max_steps": 6, "save_steps": 4}, _args())  # a longer run: allowed
     with pytest.raises(ConfigError, match=r"learning_rate: 0.0002 -> 0.001"):
         check_unchanged(saved, {**before, "learning_rate": 1e-3}, _args())
-    with pytest.raises(ConfigError, match=r"model.name_or_path: 'm' -> 'other'"):
-        check_unchanged(saved, {**before, "model": {"name_or_path": "other"}}, _args())
+    with pytest.raises(ConfigError, match=r"model_name_or_path: 'm' -> 'other'"):
+        check_unchanged(saved, {**before, "model_name_or_path": "other"}, _args())
     with pytest.raises(ConfigError, match=r"max_steps: 3 -> 6 \(the linear learning-rate schedule spans max_steps"):
         check_unchanged(saved, {**before, "max_steps": 6}, _args(lr_scheduler_type="linear"))
 

@@ -116,11 +116,11 @@ def test_eval_backend_vllm_refuses_a_head_dim_its_cpu_attention_lacks(tiny_model
 
 def _train_argv(model: Path, data: Path, out: Path, *extra: str) -> list[str]:
     return [sys.executable, "-m", "ictrl.cli", "train", str(ROOT / "configs" / "tiny" / "ict.yaml"),
-            f"--model.name_or_path={model}", f"--data.train=jsonl:{data}:prompt_template={{question}}",
+            f"--model_name_or_path={model}", f"--dataset_name=jsonl:{data}:prompt_template={{question}}",
             f"--output_dir={out}", "--use_vllm=true", "--vllm_mode=colocate", "--selection_topk=16",
             "--selection_topk_source=sampler", "--prompts_per_step=4", "--per_device_train_batch_size=16",
             "--max_completion_length=12", "--learning_rate=1e-2", "--save_steps=2", "--disable_tqdm=true",
-            "--reward.names=[vllm_worker:varied_reward]", *extra]
+            "--reward_funcs=vllm_worker:varied_reward", *extra]
 
 
 def _metrics(out: Path) -> list[dict[str, Any]]:

@@ -82,25 +82,6 @@ def test_vllm_backend_without_vllm_says_how_to_install() -> None:
         build_backend("tgi", "some/model")
 
 
-def test_vllm_backend_decodes_greedy_once_and_copies(tiny_model_dir: Path, hf_backend: HFBackend,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    """Over the fake vLLM 0.31 engine (tests/fixtures/fake_vllm.py), which refuses n > 1 with temperature 0 as
-    vLLM does: greedy asks for one completion per prompt and copies it, and decodes what HF greedy decodes."""
-    from fixtures import fake_vllm
-
-    module = types.ModuleType("vllm")
-    module.LLM, module.SamplingParams = fake_vllm.LLM, fake_vllm.SamplingParams  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "vllm", module)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    backend = VLLMBackend(str(tiny_model_dir))
-    greedy = backend.generate(PROMPTS, n=3, max_new_tokens=8, temperature=0.0, top_p=0.95, seed=0)
-    assert [(p.n, p.temperature, p.top_p) for p in backend.llm.calls] == [(1, 0.0, 1.0)]
-    assert greedy == hf_backend.generate(PROMPTS, n=3, max_new_tokens=8, temperature=0.0, top_p=0.95, seed=0)
-    sampled = backend.generate(PROMPTS, n=3, max_new_tokens=8, temperature=1.0, top_p=1.0, seed=0)
-    assert backend.llm.calls[-1].n == 3 and [len(c) for c in sampled] == [3, 3, 3]
-    assert len({t for c in sampled for t in c}) > 1
-
-
 @pytest.mark.gpu
 def test_vllm_backend_generates_n_per_prompt_deterministically(tiny_model_dir: Path) -> None:
     pytest.importorskip("vllm")

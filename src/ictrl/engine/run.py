@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import difflib
 import functools
-import importlib
 import logging
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -26,9 +24,10 @@ from ictrl.cliargs import VERBOSE_ENV, env_flag
 from ictrl.engine.resumable import (check_resumable, check_unchanged, make_trainer_class, resume_point,
                                    save_final, verified_checkpoints)
 from ictrl.engine.run_config import ConfigError, RunConfig, config_to_dict, save_config
+from ictrl.engine.run_inputs import (add_overlong_penalty, blame, build_rewards, check_enough_rows, check_sources, drop_long_prompts, load_train_dataset, reward_label)
 from ictrl.engine.run_guard import RunLock, StopRequest, add_stop_callback, stopped
 from ictrl.engine.value_checks import check_memory, check_output_dir
-from ictrl.errors import Terminated, UserError, quote, shorten
+from ictrl.errors import Terminated, UserError, shorten
 from ictrl.files import reported_write
 
 log = logging.getLogger("ictrl.train")
@@ -50,17 +49,6 @@ def trainer_classes() -> tuple[type, type]:
 def _note_cpu(precision: str) -> None:
     """Log the CPU run's precision once per process (a grid builds the trainer arguments once per run)."""
     log.warning("no CUDA device: training on CPU in %s", precision)
-
-
-def blame(message: str, source: str, flags: dict[str, Any] | None) -> str:
-    """Where a trainer-config error comes from: the command-line flag whose key the message names (``override
-    --learning_rate=-1``), else ``source`` (the config file)."""
-    import re
-
-    for key, value in (flags or {}).items():
-        if re.search(rf"(?<![\w.]){re.escape(key)}(?!\w)", message):
-            return f"override --{key}={shorten(str(value), 100)}"
-    return source
 
 
 def build_trainer_args(cfg: RunConfig, source: str = "<config>", cpu: bool | None = None,
@@ -95,205 +83,6 @@ def build_trainer_args(cfg: RunConfig, source: str = "<config>", cpu: bool | Non
             raise
         raise ConfigError(f"{where}: {message[len(source) + 2:]}") from None
     return args
-
-
-# --- rewards ---------------------------------------------------------------------------------------------------
-
-# trl grpo's reward names (trl/scripts/grpo.py), with the values it uses.
-TRL_REWARDS = ("accuracy_reward", "reasoning_accuracy_reward", "think_format_reward", "get_soft_overlong_punishment")
-
-
-def _trl_reward(name: str) -> Callable[..., Any]:
-    import trl.rewards
-
-    if name == "get_soft_overlong_punishment":
-        return trl.rewards.get_soft_overlong_punishment(max_completion_len=1280, soft_punish_cache=256)
-    return getattr(trl.rewards, name)
-
-
-def build_rewards(cfg: RunConfig, source: str = "<config>", gold_column: str = "answer") -> list[Any]:
-    """TRL reward functions for ``reward_model_name_or_path`` (a model id or path, as TRL takes it) and
-    ``reward_funcs``: ``verifiable`` (each row's ``kind`` column picks the math, gsm8k or choice reward: the
-    default), an ictrl registry name wrapped by ``ictrl.rewards.trl_reward``, one of ``trl grpo``'s names, or a
-    ``module:function`` / dotted ``module.function`` with TRL's signature, imported as it is."""
-    from ictrl import rewards
-
-    out: list[Any] = [cfg.script.reward_model_name_or_path] if cfg.script.reward_model_name_or_path else []
-    for i, name in enumerate(cfg.script.reward_funcs or ["verifiable"]):
-        key = f"reward_funcs[{i}]"
-        if name == "verifiable":
-            out.append(rewards.trl_kind_reward(gold_column=gold_column, name="verifiable"))
-        elif name in TRL_REWARDS:
-            out.append(_trl_reward(name))
-        elif ":" in name or "." in name:
-            module, _, attr = name.partition(":") if ":" in name else name.rpartition(".")
-            try:
-                fn = getattr(importlib.import_module(module), attr)
-            except (ImportError, AttributeError) as exc:
-                raise ConfigError(f"{source}: {key}: cannot import {name!r}: {exc}") from None
-            out.append(fn)
-        elif name in rewards.REWARDS:
-            gold = None if name == "format" else gold_column
-            out.append(rewards.trl_reward(rewards.REWARDS[name], gold_column=gold, name=name))
-        else:
-            choices = ["verifiable", *sorted(rewards.REWARDS), *TRL_REWARDS]
-            close = difflib.get_close_matches(name, choices, n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise ConfigError(f"{source}: {key}: unknown reward {name!r}; choose from {choices} or give "
-                              f"module:function{hint}")
-    return out
-
-
-def add_overlong_penalty(cfg: RunConfig, args: Any, reward_funcs: list[Callable[..., Any]],
-                         source: str = "<config>") -> None:
-    """Append DAPO's soft overlong punishment (``trl.rewards.get_soft_overlong_punishment`` over
-    ``max_completion_length`` with ``overlong_buffer_length``) after the verifier rewards, with weight
-    ``overlong_penalty_factor`` appended to ``args.reward_weights`` (all 1 before it when unset)."""
-    buffer = cfg.script.overlong_buffer_length
-    if buffer is None:
-        return
-    if buffer >= args.max_completion_length:  # DAPO's formula still holds; worth a word (a smoke-test override)
-        log.warning("%s: overlong_buffer_length=%d >= max_completion_length=%d: every completion gets an "
-                    "overlong penalty", source, buffer, args.max_completion_length)
-    from trl.rewards import get_soft_overlong_punishment
-
-    weights = list(args.reward_weights) if args.reward_weights is not None else [1.0] * len(reward_funcs)
-    if len(weights) != len(reward_funcs):
-        raise ConfigError(f"{source}: reward_weights: {len(weights)} weights for {len(reward_funcs)} rewards "
-                          "(reward_funcs); the overlong penalty's weight is overlong_penalty_factor")
-    reward_funcs.append(get_soft_overlong_punishment(max_completion_len=args.max_completion_length,
-                                                     soft_punish_cache=buffer))
-    args.reward_weights = [*weights, float(cfg.script.overlong_penalty_factor)]
-
-
-def reward_label(fn: Callable[..., Any] | str) -> str:
-    """The name TRL logs a reward under (``rewards/NAME/mean``); a reward model's is its path's last part."""
-    return fn.rstrip("/").split("/")[-1] if isinstance(fn, str) else getattr(fn, "__name__", type(fn).__name__)
-
-
-# --- data ------------------------------------------------------------------------------------------------------
-
-
-def check_sources(cfg: RunConfig, config: str = "<config>", flags: dict[str, Any] | None = None) -> None:
-    """Every data source must be a registry spec (``math_train:levels=3,4,5``) or ``jsonl:PATH`` to a file. Errors
-    name the flag that set the key (``flags``), else ``config``."""
-    from ictrl import data
-
-    if not cfg.script.sources():
-        raise ConfigError(f"{blame('dataset_name', config, flags)}: dataset_name: required: an ictrl.data name "
-                          "(gsm8k_train, math_train), jsonl:PATH, a list of them or a mapping name: weight")
-    script, directory = cfg.script, trl_dataset(cfg)
-    for key, set_to in (("dataset_config", script.dataset_config), ("dataset_train_split", script.dataset_train_split)):
-        if set_to not in (None, "train") and not directory:
-            raise ConfigError(f"{blame(key, config, flags)}: {key}: applies to a dataset directory (trl grpo's "
-                              "dataset_name); an ictrl.data source takes its options in the name (NAME:hub_split=...)")
-    train = [] if directory else script.sources()
-    for key, names in (("dataset_name", train), ("eval_datasets", script.eval_datasets)):
-        source = blame(key, config, flags)
-        for name in names:
-            try:
-                _, path = data.parse_spec(name)
-            except ValueError as exc:
-                close = difflib.get_close_matches(name.split(":", 1)[0], list(data.BENCHMARKS), n=1)
-                hint = f"; did you mean {close[0]!r}?" if close else ""
-                raise ConfigError(f"{source}: {key}: {quote(name)}: {shorten(str(exc), 300)}{hint}") from None
-            if path is not None and not Path(path).is_file():
-                raise ConfigError(f"{source}: {key}: {quote(name)}: file not found")
-
-
-def trl_dataset(cfg: RunConfig) -> bool:
-    """Whether ``dataset_name`` is a dataset directory, which ``trl grpo`` reads with ``datasets.load_dataset``."""
-    name = cfg.script.dataset_name
-    return isinstance(name, str) and Path(name).is_dir()
-
-
-def load_train_dataset(cfg: RunConfig) -> Any:
-    """The training ``datasets.Dataset`` from ``ictrl.data.to_trl_dataset`` (columns ``prompt`` as a chat turn,
-    ``answer``, ``kind``, ``id``, ``benchmark``). Called before the model loads: a bad row, a byte that is not
-    UTF-8 or an empty file is a :class:`ictrl.errors.DataError` naming the file and line at once."""
-    from ictrl import data
-
-    if trl_dataset(cfg):  # as trl grpo: load_dataset(dataset_name, name=dataset_config)[dataset_train_split]
-        from datasets import load_dataset
-
-        from ictrl.errors import DataError
-
-        script = cfg.script
-        try:
-            rows = load_dataset(script.dataset_name, name=script.dataset_config)[script.dataset_train_split]
-        except (ValueError, KeyError, FileNotFoundError) as exc:
-            raise DataError(f"dataset_name: {script.dataset_name}: {shorten(str(exc), 300)}") from None
-        if "prompt" not in rows.column_names:
-            raise DataError(f"dataset_name: {script.dataset_name}: no 'prompt' column (TRL's GRPOTrainer reads it); "
-                            f"columns: {rows.column_names}")
-        return rows.select(range(min(len(rows), script.dataset_limit))) if script.dataset_limit else rows
-    train, names, limit = cfg.script.dataset_name, cfg.script.sources(), cfg.script.dataset_limit
-    if len(names) == 1:
-        return data.to_trl_dataset(names[0], limit=limit)
-    weights = list(train.values()) if isinstance(train, dict) else None
-    return data.to_trl_dataset(names, limit=limit, weights=weights, seed=cfg.seed)
-
-
-def drop_long_prompts(dataset: Any, tokenizer: Any, limit: int | None, max_positions: int | None = None,
-                      completion_length: int = 0) -> Any:
-    """``dataset`` minus prompts longer than ``limit`` tokens (``max_prompt_length``), with a warning naming
-    the first rows dropped and their lengths. Without a limit, a prompt that cannot fit in the model's
-    ``max_positions`` beside ``completion_length`` tokens is an error naming its row."""
-    from ictrl.errors import DataError
-    from ictrl.eval.precheck import longest_token
-
-    room = max_positions - completion_length if limit is None and max_positions is not None else None
-    cap, longest = limit if limit is not None else room, longest_token(tokenizer)
-    lengths, bounds = [], set()
-    for i, prompt in enumerate(dataset["prompt"]):
-        text = _prompt_text(prompt, tokenizer)
-        at_least = -(-len(text) // longest)  # no token is longer than the vocabulary's longest entry
-        if cap is not None and at_least > cap:  # too long without tokenising it (a megabyte takes tens of s)
-            lengths.append(at_least)
-            bounds.add(i)
-        else:
-            lengths.append(len(tokenizer(text, add_special_tokens=False)["input_ids"]))
-
-    def rows(idx: list[int]) -> str:
-        shown = ", ".join(f"row {i} (id {shorten(str(dataset[i].get('id', i)), 80)}, "
-                          f"{'at least ' if i in bounds else ''}"
-                          f"{lengths[i]} tokens)" for i in idx[:3])
-        return shown + (f" and {len(idx) - 3} more" if len(idx) > 3 else "")
-
-    if limit is None:
-        too_long = [i for i, n in enumerate(lengths) if room is not None and n > room]
-        if too_long:
-            raise DataError(f"dataset_name: {rows(too_long)}: longer than the {room} tokens the model's "
-                            f"{max_positions} positions leave beside max_completion_length {completion_length}; "
-                            "set max_prompt_length to drop such prompts")
-        return dataset
-    long = [i for i, n in enumerate(lengths) if n > limit]
-    if long:
-        log.warning("max_prompt_length=%d: dropping %d of %d prompts longer than that: %s", limit, len(long),
-                    len(lengths), rows(long))
-        keep = set(long)
-        dataset = dataset.select([i for i in range(len(lengths)) if i not in keep])
-    return dataset
-
-
-def check_enough_rows(dataset: Any, args: Any, source: str = "<config>") -> None:
-    """At least one generation batch of prompts: with fewer, the trainer's sampler yields nothing and the run
-    would 'finish' at step 0."""
-    from ictrl.errors import DataError
-
-    prompts = args.generation_batch_size // args.num_generations
-    if len(dataset) == 0:
-        raise DataError(f"{source}: dataset_name: no training rows left (check dataset_limit and max_prompt_length)")
-    if len(dataset) < prompts:
-        raise DataError(f"{source}: dataset_name: {len(dataset)} prompts, fewer than the {prompts} of one generation "
-                        f"batch ({args.generation_batch_size} completions / num_generations {args.num_generations}):"
-                        " raise dataset_limit or lower the batch")
-
-
-def _prompt_text(prompt: Any, tokenizer: Any) -> str:
-    if isinstance(prompt, str):
-        return prompt
-    return str(tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True))
 
 
 # --- the run ---------------------------------------------------------------------------------------------------
