@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -12,10 +13,10 @@ import torch
 
 import mp_worker as w
 from ictrl.core import reference as core_ref
+from ictrl.core.loss import LossExtras, LossSpec, policy_loss
 from ictrl.engine.config import ICTGRPOConfig
 from ictrl.engine.stats_pass import check_local_groups
 from ictrl.engine.trainer import ICTGRPOTrainer
-from ictrl.core.loss import policy_loss
 from ictrl.core.selection import SelectionInputs, select
 
 SELECTORS = ("all", "ict", "entropy", "stapo", "random", "frequent")
@@ -254,9 +255,9 @@ def test_trainer_loss_equals_policy_loss(tiny_model_dir: Path, tmp_path: Path, n
     inputs["old_per_token_logps"] = old
     got = trainer._compute_loss(trainer.model, inputs)
 
-    ref, _ = policy_loss(logp.float(), old, inputs["advantages"], mask, selected, eps_low=0.2, eps_high=0.28,
-                         norm=norm, num_responses=inputs["ictrl_num_responses"],
-                         num_tokens=inputs["ictrl_num_tokens"])
+    ref, _ = policy_loss(logp.float(), old, inputs["advantages"], mask, selected,
+                         LossSpec(norm=norm, eps_low=0.2, eps_high=0.28),
+                         LossExtras(num_responses=inputs["ictrl_num_responses"], num_tokens=inputs["ictrl_num_tokens"]))
     torch.testing.assert_close(got, ref, atol=1e-6, rtol=1e-5)
 
     # Independent float64 formula of the same objective.
@@ -322,10 +323,10 @@ def test_kl_penalty_uses_reference_logprobs(tiny_model_dir: Path, tmp_path: Path
     attention = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
     with torch.no_grad():
         logp, _, _ = trainer._get_per_token_logps_and_entropies(trainer.model, ids, attention, mask.size(1))
-    kwargs = dict(norm="per_response_selected", num_responses=inputs["ictrl_num_responses"])
-    ref, _ = policy_loss(logp, logp, inputs["advantages"], mask, selected, ref_logprobs=inputs["ref_per_token_logps"],
-                         kl_coef=0.1, **kwargs)
-    no_kl, _ = policy_loss(logp, logp, inputs["advantages"], mask, selected, **kwargs)
+    spec = LossSpec(norm="per_response_selected")
+    extras = LossExtras(num_responses=inputs["ictrl_num_responses"], ref_logprobs=inputs["ref_per_token_logps"])
+    ref, _ = policy_loss(logp, logp, inputs["advantages"], mask, selected, replace(spec, kl_coef=0.1), extras)
+    no_kl, _ = policy_loss(logp, logp, inputs["advantages"], mask, selected, spec, extras)
     torch.testing.assert_close(got.detach(), ref, atol=1e-6, rtol=1e-5)
     assert float(ref - no_kl) > 1e-4
     assert trainer._metrics["train"]["ictrl/kl"][-1] > 0

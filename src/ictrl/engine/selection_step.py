@@ -55,7 +55,7 @@ def drop_nan_metrics(metrics: dict[str, float]) -> dict[str, float]:
 
 
 def log_selection(metrics: dict[str, list[float]], g_mask: Tensor, g_stats: TokenStats | None,
-                  g_js: Tensor | None, g_selected: Tensor, warm: bool) -> None:
+                  g_js: Tensor | None, g_selected: Tensor, in_warmup: bool) -> None:
     """Append the ``ictrl/*`` selection metrics of one generation batch (all processes) to TRL's metric lists
     (none without statistics: a selector that reads none gets its metrics with the loss's forward)."""
     if g_stats is None:
@@ -66,7 +66,7 @@ def log_selection(metrics: dict[str, list[float]], g_mask: Tensor, g_stats: Toke
         for name, where in (("all", g_mask), ("selected", g_selected & g_mask)):
             if bool(where.any()):
                 metrics[f"ictrl/ict_score/{name}"].append(float(g_js[where].double().mean()))
-    metrics["ictrl/warmup"].append(float(warm))
+    metrics["ictrl/warmup"].append(float(in_warmup))
 
 
 def attach_normalisers(accelerator: Any, batches: list[dict[str, Any]], accumulation: int,
