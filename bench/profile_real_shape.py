@@ -1,43 +1,41 @@
-"""Operator CPU time of one training step at Qwen2.5-0.5B width: ictrl's ``all`` against TRL's stock GRPOTrainer.
+"""Where ictrl's ``all`` spends time that TRL's stock GRPOTrainer step does not, at Qwen2.5-0.5B width.
 
-A step ratio from two runs made one after the other on a shared machine moves with the load; this prints where
-the two variants' work differs (torch's profiler: each operator's time in the calling thread). Run the variants
-alternately, more than once. Usage (one variant per process):
+A step ratio from two runs made one after the other on a shared machine moves with the load, so the variants run
+side by side in one process: ``--rounds`` rounds, each training every variant for 2 optimizer steps in rotated
+order, the second step measured (wall time and torch's profiler: each operator's time in the calling thread).
+Variants: ``bench_train_step.build_trainer``'s names (``all``, ``ict``, ``trl_q1.0``, ...), and ``NAME:quiet``
+for NAME trained with ``logging_steps`` 10, so its measured step is not logged (ictrl computes its selection
+metrics and log Σp² only on logged steps; TRL computes its own metrics every step).
 
-    OMP_NUM_THREADS=2 PYTHONPATH=src python bench/profile_real_shape.py all --layers 1
-    OMP_NUM_THREADS=2 PYTHONPATH=src python bench/profile_real_shape.py trl_q1.0 --layers 1
+    OMP_NUM_THREADS=2 PYTHONPATH=src python bench/profile_real_shape.py --layers 1 --completion-len 128
 
-Prints the measured (second) step's wall time, its operators' summed self time and the top operators.
+Prints each run's measured step, the ratios to the last variant within each round, and the operators whose
+summed self time differs most between the variants (mean over the rounds).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
+import statistics
 import sys
 import tempfile
 import time
+from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("variant", help="bench_train_step.build_trainer's variant name (all, ict, trl_q1.0, ...)")
-    ap.add_argument("--layers", type=int, default=1)
-    ap.add_argument("--completion-len", type=int, default=256)
-    ap.add_argument("--rows", type=int, default=18, help="operators to print")
-    a = ap.parse_args()
-
+def measure(variant: str, spec: argparse.Namespace) -> tuple[float, dict[str, float]]:
+    """Wall seconds of the second optimizer step of ``variant`` and its operators' self seconds."""
     import torch
-    from transformers import TrainerCallback
+    from transformers import PrinterCallback, TrainerCallback
 
     import bench_train_step as bts
 
-    spec = argparse.Namespace(shape="qwen2.5-0.5b", layers=a.layers, batch=8, generations=4,
-                              completion_len=a.completion_len, steps=2, generation="fixed", hidden=0,
-                              vocab=151_936, stats_chunk_size=None)
+    name, _, mode = variant.partition(":")
     prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
     wall: list[float] = []
 
@@ -53,13 +51,55 @@ def main() -> None:
                 wall.append(time.perf_counter() - self.t0)
 
     with tempfile.TemporaryDirectory() as out_dir:
-        trainer = bts.build_trainer(a.variant, spec, out_dir)
+        trainer = bts.build_trainer(name, spec, out_dir)
+        if mode == "quiet":
+            trainer.args.logging_steps = 10
+        trainer.remove_callback(PrinterCallback)
         trainer.add_callback(ProfileSecondStep())
         trainer.train()
-    events = prof.key_averages()
-    total = sum(e.self_cpu_time_total for e in events) / 1e6
-    print(f"{a.variant}: step {wall[0]:.1f} s wall, operators' summed self time {total:.2f} s")
-    print(events.table(sort_by="self_cpu_time_total", row_limit=a.rows))
+    del trainer
+    gc.collect()
+    ops = {e.key: e.self_cpu_time_total / 1e6 for e in prof.key_averages()}
+    return wall[0], ops
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--variants", default="all,all:quiet,trl_q1.0",
+                    help="comma-separated; ratios are to the last one")
+    ap.add_argument("--layers", type=int, default=1)
+    ap.add_argument("--completion-len", type=int, default=256)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--rows", type=int, default=12, help="operators to print")
+    a = ap.parse_args()
+
+    spec = argparse.Namespace(shape="qwen2.5-0.5b", layers=a.layers, batch=8, generations=4,
+                              completion_len=a.completion_len, steps=2, generation="fixed", hidden=0,
+                              vocab=151_936, stats_chunk_size=None)
+    variants = a.variants.split(",")
+    base = variants[-1]
+    walls: dict[str, list[float]] = defaultdict(list)
+    ops: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for r in range(a.rounds):
+        for v in variants[r % len(variants):] + variants[:r % len(variants)]:
+            wall, op_times = measure(v, spec)
+            walls[v].append(wall)
+            for key, seconds in op_times.items():
+                ops[v][key].append(seconds)
+            print(f"round {r} {v}: step {wall:.2f} s wall, operators {sum(op_times.values()):.2f} s",
+                  file=sys.stderr, flush=True)
+        print(f"round {r} ratios to {base}: " + ", ".join(
+            f"{v} {walls[v][r] / walls[base][r]:.3f}" for v in variants[:-1]), flush=True)
+    print(f"median step s: " + ", ".join(f"{v} {statistics.median(walls[v]):.2f}" for v in variants))
+    print(f"median of the rounds' ratios to {base}: " + ", ".join(
+        f"{v} {statistics.median(w / b for w, b in zip(walls[v], walls[base])):.3f}" for v in variants[:-1]))
+    mean = {v: {k: statistics.fmean(s) for k, s in per.items()} for v, per in ops.items()}
+    keys = set().union(*mean.values())
+    spread = {k: max(m.get(k, 0.0) for m in mean.values()) - min(m.get(k, 0.0) for m in mean.values())
+              for k in keys}
+    print(f"\n{'operator (self s, mean over rounds)':48s}" + "".join(f"{v:>14s}" for v in variants))
+    for k in sorted(keys, key=lambda k: -spread[k])[:a.rows]:
+        print(f"{k[:48]:48s}" + "".join(f"{mean[v].get(k, 0.0):14.2f}" for v in variants))
 
 
 if __name__ == "__main__":

@@ -181,6 +181,33 @@ def test_each_selector_trains_two_steps_and_logs(tiny_model_dir: Path, tmp_path:
         assert all("ictrl/ict_score/selected" in h for h in steps)
 
 
+def test_all_computes_its_selection_metrics_only_on_logged_steps(tiny_model_dir: Path, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """log Σp² and the selection metrics are for the log only: steps off the logging cadence skip them, and the
+    training is the same."""
+    import ictrl.engine.trainer as trainer_module
+
+    params = []
+    for logging_steps in (1, 2):
+        trainer = _trainer(tiny_model_dir, tmp_path / str(logging_steps), token_selector="all", max_steps=4,
+                           logging_steps=logging_steps)
+        sum_sq: list[bool] = []
+
+        def recording(*args: Any, _real: Any = trainer_module.fused_forward, **kwargs: Any) -> Any:
+            out = _real(*args, **kwargs)
+            sum_sq.append(out[2] is not None)
+            return out
+
+        monkeypatch.setattr(trainer_module, "fused_forward", recording)
+        trainer.train()
+        params.append([p.detach().clone() for p in trainer.model.parameters()])
+        rows = [h for h in trainer.state.log_history if "loss" in h]
+        assert [h["step"] for h in rows] == list(range(logging_steps, 5, logging_steps))
+        assert all("ictrl/h2/all" in h and "ictrl/purity/selected" in h for h in rows)
+        assert sum_sq == [True] * 4 if logging_steps == 1 else [False, True, False, True]
+    assert all(torch.equal(a, b) for a, b in zip(*params))
+
+
 # ----------------------------------------------------------------- statistics and mask = the core's
 
 

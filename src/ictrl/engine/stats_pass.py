@@ -182,22 +182,34 @@ def model_stats(model: Any, head: nn.Module, batch: dict[str, Any], mask: Tensor
 # ------------------------------------------------------------------------------------- TRL's fused head
 
 
+class FusedOutputs(tuple):  # type: ignore[type-arg]
+    """The fields TRL's fused head computes, with log Σp² switched per call by ``with_sum_sq``: TRL's kernel asks
+    ``name in outputs`` on every call, and Σp² costs it one multiply and one sum per logit tile, for metrics only,
+    so a step whose metrics are not logged goes without it."""
+
+    with_sum_sq: bool = True
+
+    def __contains__(self, name: object) -> bool:
+        return (self.with_sum_sq or name != "log_sum_sq_probs") and tuple.__contains__(self, name)
+
+
 @contextlib.contextmanager
-def fused_head_with_sum_sq() -> Iterator[None]:
+def fused_head_with_sum_sq() -> Iterator[FusedOutputs]:
     """While TRL's ``GRPOTrainer.__init__`` runs: its fused LM head on the policy also returns log Σp² (the kernel
-    computes it from the same tiles; TRL's own calls ignore it)."""
+    computes it from the same tiles; TRL's own calls ignore it). Yields the policy head's :class:`FusedOutputs`."""
     import trl.trainer.grpo_trainer as grpo
 
     original = grpo.add_fused_lm_head
+    policy_outputs = FusedOutputs(FUSED_OUTPUTS)
 
     def patched(model: Any, *args: Any, outputs: tuple[str, ...] = ("log_probs",), **kwargs: Any) -> None:
         if "entropy" in outputs:  # the policy's head (the reference model's asks for log-probs only)
-            outputs = FUSED_OUTPUTS
+            outputs = policy_outputs
         original(model, *args, outputs=outputs, **kwargs)
 
     grpo.add_fused_lm_head = patched
     try:
-        yield
+        yield policy_outputs
     finally:
         grpo.add_fused_lm_head = original
 

@@ -91,8 +91,9 @@ class ICTGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
                  **kwargs: Any) -> None:
         if not isinstance(args, ICTGRPOConfig):
             raise ValueError(f"args must be an ICTGRPOConfig, got {type(args).__name__}")
-        with fused_head_with_sum_sq():
+        with fused_head_with_sum_sq() as fused_outputs:
             super().__init__(model, reward_funcs, args, *pos, **kwargs)
+        self._fused_outputs = fused_outputs
         # The method is resolved once per run: the rule, its validated options, what it reads.
         self._selector = selection.get_selector(args.token_selector)
         self._selector_options = args.selector_options()
@@ -358,6 +359,19 @@ class ICTGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
         for k, v in zip(keys, total[:-1]):
             self._metrics[self._mode()][f"ictrl/{k}"].append(float(v / total[-1].clamp(min=1.0)))
 
+    def _metrics_logged(self) -> bool:
+        """Whether the metrics of the optimizer step in progress reach a log: transformers' DefaultFlowCallback logs
+        after step ``global_step + 1`` when it is a multiple of ``logging_steps``, or is the first step with
+        ``logging_first_step``. True outside ``train()``, in eval and under the epoch strategy (the last step of an
+        epoch is not known here); False with ``logging_strategy="no"``. A log another callback forces on a step
+        off the cadence carries TRL's metrics without these."""
+        args, step = self.args, int(self.state.global_step) + 1
+        if not (self.is_in_train and self.model.training) or args.logging_strategy == "epoch":
+            return True
+        if bool(args.logging_first_step) and step == 1:
+            return True
+        return args.logging_strategy == "steps" and step % max(int(self.state.logging_steps), 1) == 0
+
     def _training_forward_logps(self, model: Any, inputs: dict[str, Any], input_ids: Tensor,
                                 attention_mask: Tensor, mask: Tensor) -> Tensor:
         """Path ``training_forward``: [B, T] log π_θ (with grad) of the micro-batch, whose statistics select it.
@@ -375,14 +389,20 @@ class ICTGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
         metrics = self._metrics[self._mode()]
         metrics["ictrl/stats_path"].append(STATS_PATHS["training_forward"])
         in_warmup = self._in_warmup()
-        if self._stat_free:  # selected at generation; the metrics of this micro-batch on all processes
-            logps, entropy, lss, _ = fused_forward(model, backbone(acc, model), input_ids, attention_mask, T,
-                                                   acc.autocast)
-            start = time.perf_counter()
-            g_stats = gather_stats(acc, stats_from_fused(logps, entropy, lss, mask))
-            log_selection(metrics, gather_rows(acc, mask.to(torch.uint8)).bool(), g_stats, None,
-                          gather_rows(acc, inputs["ictrl_selected"].to(torch.uint8)).bool(), in_warmup)
-            metrics["ictrl/stats_time"].append(time.perf_counter() - start)
+        if self._stat_free:  # selected at generation; only the metrics of this micro-batch on all processes
+            logged = self._metrics_logged()
+            self._fused_outputs.with_sum_sq = logged
+            try:
+                logps, entropy, lss, _ = fused_forward(model, backbone(acc, model), input_ids, attention_mask, T,
+                                                       acc.autocast)
+            finally:
+                self._fused_outputs.with_sum_sq = True
+            if logged:
+                start = time.perf_counter()
+                g_stats = gather_stats(acc, stats_from_fused(logps, entropy, lss, mask))
+                log_selection(metrics, gather_rows(acc, mask.to(torch.uint8)).bool(), g_stats, None,
+                              gather_rows(acc, inputs["ictrl_selected"].to(torch.uint8)).bool(), in_warmup)
+                metrics["ictrl/stats_time"].append(time.perf_counter() - start)
             return logps
         need_js = self._needs_js and not in_warmup
         sparse = bool(args.sparse_backward)
