@@ -2,15 +2,18 @@
 
 A step ratio from two runs made one after the other on a shared machine moves with the load, so the variants run
 side by side in one process: ``--rounds`` rounds, each training every variant for 2 optimizer steps in rotated
-order, the second step measured (wall time and torch's profiler: each operator's time in the calling thread).
+order, the second step measured: wall time, the process's CPU time (the work done, which a busy machine
+stretches less than the wall time; with one thread it is the step's work) and torch's profiler (each operator's
+time in the calling thread).
 Variants: ``bench_train_step.build_trainer``'s names (``all``, ``ict``, ``trl_q1.0``, ...), and ``NAME:quiet``
 for NAME trained with ``logging_steps`` 10, so its measured step is not logged (ictrl computes its selection
 metrics and log Σp² only on logged steps; TRL computes its own metrics every step).
 
-    OMP_NUM_THREADS=2 PYTHONPATH=src python bench/profile_real_shape.py --layers 1 --completion-len 128
+    OMP_NUM_THREADS=1 PYTHONPATH=src python bench/profile_real_shape.py --layers 1 --completion-len 128 \
+        --variants all,all:quiet,ict,trl_q1.0
 
-Prints each run's measured step, the ratios to the last variant within each round, and the operators whose
-summed self time differs most between the variants (mean over the rounds).
+Prints each run's measured step, the wall and CPU ratios to the last variant within each round, and the
+operators whose summed self time differs most between the variants (mean over the rounds).
 """
 
 from __future__ import annotations
@@ -28,8 +31,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
-def measure(variant: str, spec: argparse.Namespace) -> tuple[float, dict[str, float]]:
-    """Wall seconds of the second optimizer step of ``variant`` and its operators' self seconds."""
+def measure(variant: str, spec: argparse.Namespace) -> tuple[float, float, dict[str, float]]:
+    """Wall and process CPU seconds of the second optimizer step of ``variant``, and its operators' self
+    seconds."""
     import torch
     from transformers import PrinterCallback, TrainerCallback
 
@@ -38,17 +42,19 @@ def measure(variant: str, spec: argparse.Namespace) -> tuple[float, dict[str, fl
     name, _, mode = variant.partition(":")
     prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
     wall: list[float] = []
+    cpu: list[float] = []
 
     class ProfileSecondStep(TrainerCallback):
         def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
             if state.global_step == 1:  # the first step allocates AdamW's states
                 prof.__enter__()
-                self.t0 = time.perf_counter()
+                self.t0, self.c0 = time.perf_counter(), time.process_time()
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
             if state.global_step == 2:
                 prof.__exit__(None, None, None)
                 wall.append(time.perf_counter() - self.t0)
+                cpu.append(time.process_time() - self.c0)
 
     with tempfile.TemporaryDirectory() as out_dir:
         trainer = bts.build_trainer(name, spec, out_dir)
@@ -60,7 +66,7 @@ def measure(variant: str, spec: argparse.Namespace) -> tuple[float, dict[str, fl
     del trainer
     gc.collect()
     ops = {e.key: e.self_cpu_time_total / 1e6 for e in prof.key_averages()}
-    return wall[0], ops
+    return wall[0], cpu[0], ops
 
 
 def main() -> None:
@@ -78,21 +84,24 @@ def main() -> None:
                               vocab=151_936, stats_chunk_size=None)
     variants = a.variants.split(",")
     base = variants[-1]
-    walls: dict[str, list[float]] = defaultdict(list)
+    times: dict[str, dict[str, list[float]]] = {"wall": defaultdict(list), "cpu": defaultdict(list)}
     ops: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for r in range(a.rounds):
         for v in variants[r % len(variants):] + variants[:r % len(variants)]:
-            wall, op_times = measure(v, spec)
-            walls[v].append(wall)
+            wall, cpu, op_times = measure(v, spec)
+            times["wall"][v].append(wall)
+            times["cpu"][v].append(cpu)
             for key, seconds in op_times.items():
                 ops[v][key].append(seconds)
-            print(f"round {r} {v}: step {wall:.2f} s wall, operators {sum(op_times.values()):.2f} s",
-                  file=sys.stderr, flush=True)
-        print(f"round {r} ratios to {base}: " + ", ".join(
-            f"{v} {walls[v][r] / walls[base][r]:.3f}" for v in variants[:-1]), flush=True)
-    print(f"median step s: " + ", ".join(f"{v} {statistics.median(walls[v]):.2f}" for v in variants))
-    print(f"median of the rounds' ratios to {base}: " + ", ".join(
-        f"{v} {statistics.median(w / b for w, b in zip(walls[v], walls[base])):.3f}" for v in variants[:-1]))
+            print(f"round {r} {v}: step {wall:.2f} s wall, {cpu:.2f} s process CPU, operators "
+                  f"{sum(op_times.values()):.2f} s", file=sys.stderr, flush=True)
+    for kind, per in times.items():
+        for r in range(a.rounds):
+            print(f"round {r} {kind} ratios to {base}: " + ", ".join(
+                f"{v} {per[v][r] / per[base][r]:.3f}" for v in variants[:-1]))
+        print(f"median {kind} s: " + ", ".join(f"{v} {statistics.median(per[v]):.2f}" for v in variants))
+        print(f"median of the rounds' {kind} ratios to {base}: " + ", ".join(
+            f"{v} {statistics.median(w / b for w, b in zip(per[v], per[base])):.3f}" for v in variants[:-1]))
     mean = {v: {k: statistics.fmean(s) for k, s in per.items()} for v, per in ops.items()}
     keys = set().union(*mean.values())
     spread = {k: max(m.get(k, 0.0) for m in mean.values()) - min(m.get(k, 0.0) for m in mean.values())

@@ -91,9 +91,8 @@ class ICTGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
                  **kwargs: Any) -> None:
         if not isinstance(args, ICTGRPOConfig):
             raise ValueError(f"args must be an ICTGRPOConfig, got {type(args).__name__}")
-        with fused_head_with_sum_sq() as fused_outputs:
+        with fused_head_with_sum_sq():
             super().__init__(model, reward_funcs, args, *pos, **kwargs)
-        self._fused_outputs = fused_outputs
         # The method is resolved once per run: the rule, its validated options, what it reads.
         self._selector = selection.get_selector(args.token_selector)
         self._selector_options = args.selector_options()
@@ -391,12 +390,8 @@ class ICTGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
         in_warmup = self._in_warmup()
         if self._stat_free:  # selected at generation; only the metrics of this micro-batch on all processes
             logged = self._metrics_logged()
-            self._fused_outputs.with_sum_sq = logged
-            try:
-                logps, entropy, lss, _ = fused_forward(model, backbone(acc, model), input_ids, attention_mask, T,
-                                                       acc.autocast)
-            finally:
-                self._fused_outputs.with_sum_sq = True
+            logps, entropy, lss, _ = fused_forward(model, backbone(acc, model), input_ids, attention_mask, T,
+                                                   acc.autocast, sum_sq=logged)
             if logged:
                 start = time.perf_counter()
                 g_stats = gather_stats(acc, stats_from_fused(logps, entropy, lss, mask))
@@ -420,7 +415,7 @@ class ICTGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
                 hidden = final_hidden(model, input_ids, attention_mask, T, acc.autocast)
             else:
                 logps, _, _, hidden = fused_forward(model, backbone(acc, model), input_ids, attention_mask, T,
-                                                    acc.autocast, keep_hidden=True)
+                                                    acc.autocast, keep_hidden=True, sum_sq=False)
             start = time.perf_counter()
             groups = None
             if need_js:
