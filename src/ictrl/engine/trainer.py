@@ -52,7 +52,7 @@ from torch import Tensor
 from trl import GRPOTrainer
 
 from ictrl.core.logprobs import selected_token_logprobs
-from ictrl.core.loss import TRL_BUFFER_MEAN, LossExtras, LossSpec, policy_loss
+from ictrl.core.loss import TRL_BUFFER_MEAN, LossExtras, policy_loss
 from ictrl.core import selection
 from ictrl.core.stats import TokenStats
 from ictrl.engine import vllm_server
@@ -60,7 +60,8 @@ from ictrl.engine.config import ICTGRPOConfig
 from ictrl.engine.dynamic_sampling import DynamicSamplingMixin
 from ictrl.engine.heads import backbone, call_head, output_head
 from ictrl.engine.sampler_topk import TopKRecorder, TopKRows, recorded_topk, recording_generate, split_vllm_logprobs
-from ictrl.engine.selection_step import attach_normalisers, gather_rows, gather_stats, log_selection, select_global
+from ictrl.engine.selection_step import (attach_normalisers, gather_rows, gather_stats, log_selection, loss_spec,
+                                         metrics_logged, select_global)
 from ictrl.engine.stats_pass import (
     STAT_FIELDS,
     STATS_PATHS,
@@ -106,12 +107,7 @@ class ICTGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
                 f"per_device_train_batch_size * steps_per_generation = {per_process} must be a multiple of it"
             )
         self._server = vllm_server.server_settings(self)  # None unless vllm_mode='server'
-        # the loss options, checked once here rather than in every micro-batch's loss
-        self._loss_spec = LossSpec(
-            norm=args.loss_normalization, eps_low=self.epsilon_low, eps_high=self.epsilon_high, kl_coef=self.beta,
-            max_completion_length=args.max_completion_length, is_mode=args.vllm_importance_sampling_mode,
-            is_clip_min=args.vllm_importance_sampling_clip_min, is_clip_max=args.vllm_importance_sampling_clip_max,
-            objective=args.loss_objective())
+        self._loss_spec = loss_spec(args, self.epsilon_low, self.epsilon_high, self.beta)  # checked once, here
         if args.sparse_backward and self.aux_loss_enabled:
             raise ValueError("router_aux_loss_coef: the MoE router loss comes with TRL's dense forward, which "
                              "sparse_backward replaces; set router_aux_loss_coef=0 or turn sparse_backward off")
@@ -358,19 +354,6 @@ class ICTGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
         for k, v in zip(keys, total[:-1]):
             self._metrics[self._mode()][f"ictrl/{k}"].append(float(v / total[-1].clamp(min=1.0)))
 
-    def _metrics_logged(self) -> bool:
-        """Whether the metrics of the optimizer step in progress reach a log: transformers' DefaultFlowCallback logs
-        after step ``global_step + 1`` when it is a multiple of ``logging_steps``, or is the first step with
-        ``logging_first_step``. True outside ``train()``, in eval and under the epoch strategy (the last step of an
-        epoch is not known here); False with ``logging_strategy="no"``. A log another callback forces on a step
-        off the cadence carries TRL's metrics without these."""
-        args, step = self.args, int(self.state.global_step) + 1
-        if not (self.is_in_train and self.model.training) or args.logging_strategy == "epoch":
-            return True
-        if bool(args.logging_first_step) and step == 1:
-            return True
-        return args.logging_strategy == "steps" and step % max(int(self.state.logging_steps), 1) == 0
-
     def _training_forward_logps(self, model: Any, inputs: dict[str, Any], input_ids: Tensor,
                                 attention_mask: Tensor, mask: Tensor) -> Tensor:
         """Path ``training_forward``: [B, T] log π_θ (with grad) of the micro-batch, whose statistics select it.
@@ -389,7 +372,7 @@ class ICTGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
         metrics["ictrl/stats_path"].append(STATS_PATHS["training_forward"])
         in_warmup = self._in_warmup()
         if self._stat_free:  # selected at generation; only the metrics of this micro-batch on all processes
-            logged = self._metrics_logged()
+            logged = metrics_logged(self.args, self.state, self.is_in_train and self.model.training)
             logps, entropy, lss, _ = fused_forward(model, backbone(acc, model), input_ids, attention_mask, T,
                                                    acc.autocast, sum_sq=logged)
             if logged:
