@@ -51,9 +51,9 @@ import torch
 from torch import Tensor
 from trl import GRPOTrainer
 
+from ictrl.core import selection
 from ictrl.core.logprobs import selected_token_logprobs
 from ictrl.core.loss import TRL_BUFFER_MEAN, LossExtras, policy_loss
-from ictrl.core import selection
 from ictrl.core.stats import TokenStats
 from ictrl.engine import vllm_server
 from ictrl.engine.config import ICTGRPOConfig
