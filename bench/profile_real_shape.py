@@ -12,6 +12,8 @@ metrics and log Σp² only on logged steps; TRL computes its own metrics every s
     OMP_NUM_THREADS=1 PYTHONPATH=src python bench/profile_real_shape.py --layers 1 --completion-len 128 \
         --variants all,all:quiet,ict,trl_q1.0
 
+    OMP_NUM_THREADS=1 PYTHONPATH=src python bench/profile_real_shape.py --head --completion-len 128 --rounds 6
+
 Prints each run's measured step, the wall and CPU ratios to the last variant within each round, and the
 operators whose summed self time differs most between the variants (mean over the rounds).
 """
@@ -69,6 +71,36 @@ def measure(variant: str, spec: argparse.Namespace) -> tuple[float, float, dict[
     return wall[0], cpu[0], ops
 
 
+def head_cost(a: argparse.Namespace) -> None:
+    """TRL's fused head alone (forward and backward over 8 x (35 + completion) rows at 0.5B width), with and
+    without log Σp², alternating ``--rounds`` times on one fixed batch: the cost ``all`` saves off logged steps."""
+    import torch
+    from trl.kernels import ChunkedLogProbFunction
+    from trl.trainer.utils import _CHUNKED_LOGPROB_CHUNK_SIZE as vocab_chunk
+
+    gen = torch.Generator().manual_seed(0)
+    rows, hidden_size, vocab = 8 * (35 + a.completion_len), 896, 151_936
+    hidden = (torch.randn(rows, hidden_size, generator=gen) * 0.5).requires_grad_()
+    weight = (torch.randn(vocab, hidden_size, generator=gen) * 0.02).requires_grad_()
+    targets = torch.randint(0, vocab, (rows,), generator=gen)
+    plain, with_sq = "log-probs + entropy (TRL)", "+ log Σp² (ictrl's metrics)"
+    cases = {plain: ("log_probs", "entropy"), with_sq: ("log_probs", "entropy", "log_sum_sq_probs")}
+    seconds: dict[str, list[float]] = defaultdict(list)
+    for r in range(a.rounds + 1):  # round 0 warms up
+        for name, outputs in (cases.items() if r % 2 else reversed(cases.items())):
+            hidden.grad = weight.grad = None  # as the optimizer's zero_grad leaves them
+            start = time.process_time()
+            logps = ChunkedLogProbFunction.apply(hidden, weight, None, targets, 1.0, vocab_chunk, None, 1.0,
+                                                 outputs)[0]
+            logps.sum().backward()
+            if r:
+                seconds[name].append(time.process_time() - start)
+    for name, s in seconds.items():
+        print(f"{name}: median {statistics.median(s):.2f} s process CPU over {len(s)} rounds")
+    extra = statistics.median(seconds[with_sq]) / statistics.median(seconds[plain]) - 1
+    print(f"log Σp² adds {extra:.1%} to the head's forward and backward")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--variants", default="all,all:quiet,trl_q1.0",
@@ -77,7 +109,11 @@ def main() -> None:
     ap.add_argument("--completion-len", type=int, default=256)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--rows", type=int, default=12, help="operators to print")
+    ap.add_argument("--head", action="store_true", help="only TRL's fused head with and without log Σp²")
     a = ap.parse_args()
+    if a.head:
+        head_cost(a)
+        return
 
     spec = argparse.Namespace(shape="qwen2.5-0.5b", layers=a.layers, batch=8, generations=4,
                               completion_len=a.completion_len, steps=2, generation="fixed", hidden=0,
