@@ -13,6 +13,7 @@ metrics and log Σp² only on logged steps; TRL computes its own metrics every s
         --variants all,all:quiet,ict,trl_q1.0
 
     OMP_NUM_THREADS=1 PYTHONPATH=src python bench/profile_real_shape.py --head --completion-len 128 --rounds 6
+    OMP_NUM_THREADS=2 PYTHONPATH=src python bench/profile_real_shape.py --count-ops --completion-len 64 --rounds 1
 
 Prints each run's measured step, the wall and CPU ratios to the last variant within each round, and the
 operators whose summed self time differs most between the variants (mean over the rounds).
@@ -33,7 +34,30 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
-def measure(variant: str, spec: argparse.Namespace) -> tuple[float, float, dict[str, float]]:
+def op_counter() -> Any:
+    """A dispatch mode counting each aten operator's calls and output elements: the work, whatever the load."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class OpCounter(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.calls: dict[str, int] = defaultdict(int)
+            self.elements: dict[str, int] = defaultdict(int)
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            out = func(*args, **(kwargs or {}))
+            name = func.overloadpacket.__name__
+            self.calls[name] += 1
+            outs = out if isinstance(out, (tuple, list)) else (out,)
+            self.elements[name] += sum(o.numel() for o in outs if isinstance(o, torch.Tensor))
+            return out
+
+    return OpCounter()
+
+
+def measure(variant: str, spec: argparse.Namespace, count_ops: bool = False
+            ) -> tuple[float, float, dict[str, float]]:
     """Wall and process CPU seconds of the second optimizer step of ``variant``, and its operators' self
     seconds."""
     import torch
@@ -42,7 +66,7 @@ def measure(variant: str, spec: argparse.Namespace) -> tuple[float, float, dict[
     import bench_train_step as bts
 
     name, _, mode = variant.partition(":")
-    prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+    prof = op_counter() if count_ops else torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
     wall: list[float] = []
     cpu: list[float] = []
 
@@ -67,7 +91,11 @@ def measure(variant: str, spec: argparse.Namespace) -> tuple[float, float, dict[
         trainer.train()
     del trainer
     gc.collect()
-    ops = {e.key: e.self_cpu_time_total / 1e6 for e in prof.key_averages()}
+    if count_ops:  # "name calls" and "name Melem" as the keys
+        ops = {**{f"{k} calls": float(v) for k, v in prof.calls.items()},
+               **{f"{k} Melem": v / 1e6 for k, v in prof.elements.items()}}
+    else:
+        ops = {e.key: e.self_cpu_time_total / 1e6 for e in prof.key_averages()}
     return wall[0], cpu[0], ops
 
 
@@ -110,6 +138,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--rows", type=int, default=12, help="operators to print")
     ap.add_argument("--head", action="store_true", help="only TRL's fused head with and without log Σp²")
+    ap.add_argument("--count-ops", action="store_true",
+                    help="count each operator's calls and output elements (Melem) instead of profiling times")
     a = ap.parse_args()
     if a.head:
         head_cost(a)
@@ -124,13 +154,12 @@ def main() -> None:
     ops: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for r in range(a.rounds):
         for v in variants[r % len(variants):] + variants[:r % len(variants)]:
-            wall, cpu, op_times = measure(v, spec)
+            wall, cpu, op_times = measure(v, spec, a.count_ops)
             times["wall"][v].append(wall)
             times["cpu"][v].append(cpu)
             for key, seconds in op_times.items():
                 ops[v][key].append(seconds)
-            print(f"round {r} {v}: step {wall:.2f} s wall, {cpu:.2f} s process CPU, operators "
-                  f"{sum(op_times.values()):.2f} s", file=sys.stderr, flush=True)
+            print(f"round {r} {v}: step {wall:.2f} s wall, {cpu:.2f} s process CPU", file=sys.stderr, flush=True)
     for kind, per in times.items():
         for r in range(a.rounds):
             print(f"round {r} {kind} ratios to {base}: " + ", ".join(
@@ -142,7 +171,8 @@ def main() -> None:
     keys = set().union(*mean.values())
     spread = {k: max(m.get(k, 0.0) for m in mean.values()) - min(m.get(k, 0.0) for m in mean.values())
               for k in keys}
-    print(f"\n{'operator (self s, mean over rounds)':48s}" + "".join(f"{v:>14s}" for v in variants))
+    unit = "calls / million output elements" if a.count_ops else "self s"
+    print(f"\n{f'operator ({unit}, mean over rounds)':48s}" + "".join(f"{v:>14s}" for v in variants))
     for k in sorted(keys, key=lambda k: -spread[k])[:a.rows]:
         print(f"{k[:48]:48s}" + "".join(f"{mean[v].get(k, 0.0):14.2f}" for v in variants))
 
