@@ -16,7 +16,8 @@ metrics and log Σp² only on logged steps; TRL computes its own metrics every s
     OMP_NUM_THREADS=2 PYTHONPATH=src python bench/profile_real_shape.py --count-ops --completion-len 64 --rounds 1
 
 Prints each run's measured step, the wall and CPU ratios to the last variant within each round, and the
-operators whose summed self time differs most between the variants (mean over the rounds).
+operators whose summed self time differs most between the variants (mean over the rounds); with ``--count-ops``
+the operators' calls and output elements instead (the times then include the counter's own overhead).
 """
 
 from __future__ import annotations
