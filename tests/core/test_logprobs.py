@@ -12,7 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from ictrl.core.logprobs import selected_token_logprobs
-from ictrl.core.loss import policy_loss
+from loss_call import policy_loss_kw
 
 
 def _case(B: int = 4, T: int = 7, H: int = 6, V: int = 50, bias: bool = True, seed: int = 0,
@@ -47,7 +47,7 @@ def _loss_and_grads(c: dict, logprob_fn) -> tuple[Tensor, list[Tensor]]:
     head.zero_grad(set_to_none=True)
     lp = logprob_fn(hidden, head)
     old = (lp.detach() + c["old_noise"]).masked_fill(~c["mask"], 0.0)
-    loss, _ = policy_loss(lp, old, c["advantages"], c["mask"], c["selected"], kl_coef=0.0)
+    loss, _ = policy_loss_kw(lp, old, c["advantages"], c["mask"], c["selected"], kl_coef=0.0)
     loss.backward()
     grads = [hidden.grad] + [p.grad if p.grad is not None else torch.zeros_like(p) for p in head.parameters()]
     return loss.detach(), grads

@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from ictrl.core.loss import IS_MODES, NORM_MODES, grpo_advantages, importance_weights, policy_loss
+from ictrl.core.loss import IS_MODES, NORM_MODES, grpo_advantages, importance_weights
+from loss_call import policy_loss_kw
 
 L_MAX = 16  # dr_grpo's constant max_completion_length in these tests
 
@@ -55,7 +56,7 @@ HAND_EXPECTED = {
 
 @pytest.mark.parametrize("norm", NORM_MODES)
 def test_hand_computed_modes(norm: str) -> None:
-    loss, metrics = policy_loss(**hand_example(), norm=norm, **nkw(norm))
+    loss, metrics = policy_loss_kw(**hand_example(), norm=norm, **nkw(norm))
     assert loss.item() == pytest.approx(HAND_EXPECTED[norm], abs=1e-12)
     # No selected token is clipped: row 0 pos 2 has ρ = 0.5 < 0.8 but A > 0, so the unclipped branch is the min
     # (row 1 pos 0, ρ = 1.3 with A < 0, is not selected and unclipped as well).
@@ -122,7 +123,7 @@ def test_clipping_both_sides_and_kl_vs_reference(norm: str) -> None:
     lp, old, adv, mask, sel, ref = random_batch(0, B=10, T=12, spread=0.6)
     terms = naive_terms(lp, old, adv, mask, sel, 0.2, 0.28, ref, kl_coef=0.1)
     assert any(v[1] for v in terms.values()) and any(v[2] for v in terms.values())  # both sides clip here
-    loss, m = policy_loss(lp, old, adv, mask, sel, eps_low=0.2, eps_high=0.28, norm=norm,
+    loss, m = policy_loss_kw(lp, old, adv, mask, sel, eps_low=0.2, eps_high=0.28, norm=norm,
                           ref_logprobs=ref, kl_coef=0.1, entropy=-old, **nkw(norm))
     assert loss.item() == pytest.approx(naive_loss(terms, mask, norm, 10), rel=1e-10, abs=1e-12)
     n = len(terms)
@@ -136,8 +137,8 @@ def test_clipping_both_sides_and_kl_vs_reference(norm: str) -> None:
 
 def test_token_advantages_equal_broadcast_response_advantages() -> None:
     lp, old, adv, mask, sel, _ = random_batch(1)
-    a, _ = policy_loss(lp, old, adv, mask, sel)
-    b, _ = policy_loss(lp, old, adv[:, None].expand(-1, lp.shape[1]).clone(), mask, sel)
+    a, _ = policy_loss_kw(lp, old, adv, mask, sel)
+    b, _ = policy_loss_kw(lp, old, adv[:, None].expand(-1, lp.shape[1]).clone(), mask, sel)
     assert a.item() == pytest.approx(b.item(), rel=1e-14)
 
 
@@ -148,7 +149,7 @@ def test_gradient_only_through_selected_tokens(norm: str) -> None:
         lp[~mask] = math.nan
         lp[1, :3] = -math.inf  # row 1 is all-masked
     ref = torch.where(mask, old, math.nan)
-    loss, _ = policy_loss(lp, old, adv, mask, sel, norm=norm, ref_logprobs=ref, kl_coef=0.1, **nkw(norm))
+    loss, _ = policy_loss_kw(lp, old, adv, mask, sel, norm=norm, ref_logprobs=ref, kl_coef=0.1, **nkw(norm))
     assert torch.isfinite(loss)
     loss.backward()
     grad = lp.grad
@@ -165,7 +166,7 @@ def test_gradient_only_through_selected_tokens(norm: str) -> None:
 def test_zero_advantage_at_ratio_one_gives_zero_loss() -> None:
     lp = torch.log(torch.full((2, 4), 0.3, dtype=torch.float64)).requires_grad_()
     for norm in NORM_MODES:
-        loss, m = policy_loss(lp, lp.detach().clone(), torch.zeros(2, dtype=torch.float64),
+        loss, m = policy_loss_kw(lp, lp.detach().clone(), torch.zeros(2, dtype=torch.float64),
                               torch.ones(2, 4, dtype=torch.bool), norm=norm, ref_logprobs=lp.detach().clone(),
                               **nkw(norm))
         assert loss.item() == 0.0 and m["kl"].item() == 0.0
@@ -178,7 +179,7 @@ def test_empty_selection_is_finite_zero_with_zero_grads(norm: str, empty: str) -
     sel = torch.zeros_like(sel)
     if empty == "mask":
         mask = torch.zeros_like(mask)
-    loss, m = policy_loss(lp, old, adv, mask, sel, norm=norm, ref_logprobs=ref, kl_coef=0.1, **nkw(norm),
+    loss, m = policy_loss_kw(lp, old, adv, mask, sel, norm=norm, ref_logprobs=ref, kl_coef=0.1, **nkw(norm),
                           sampler_logprobs=ref, is_mode="sequence_truncate")
     assert loss.item() == 0.0 and loss.grad_fn is not None
     loss.backward()
@@ -189,20 +190,20 @@ def test_empty_selection_is_finite_zero_with_zero_grads(norm: str, empty: str) -
 @pytest.mark.parametrize("norm", NORM_MODES)
 def test_global_normalisers_make_split_batches_exact(norm: str) -> None:
     lp, old, adv, mask, sel, ref = random_batch(4, B=8)
-    full, _ = policy_loss(lp, old, adv, mask, sel, norm=norm, ref_logprobs=ref, kl_coef=0.05, **nkw(norm))
+    full, _ = policy_loss_kw(lp, old, adv, mask, sel, norm=norm, ref_logprobs=ref, kl_coef=0.05, **nkw(norm))
     (full_grad,) = torch.autograd.grad(full, lp)
     M = mask & sel
     n_tok = int(M.sum()) if norm == "token_mean_selected" else int(mask.sum())
     total = 0.0
     for half in (slice(0, 3), slice(3, 8)):  # uneven halves: local denominators would differ
-        part, _ = policy_loss(lp[half], old[half], adv[half], mask[half], sel[half], norm=norm,
+        part, _ = policy_loss_kw(lp[half], old[half], adv[half], mask[half], sel[half], norm=norm,
                               ref_logprobs=ref[half], kl_coef=0.05, num_responses=8, num_tokens=n_tok, **nkw(norm))
         total = total + part
     (split_grad,) = torch.autograd.grad(total, lp)
     assert total.item() == pytest.approx(full.item(), rel=1e-12)
     assert torch.allclose(split_grad, full_grad, rtol=1e-12, atol=1e-15)
     # without the overrides the halves do not add up to the full loss
-    local = sum(policy_loss(lp[h], old[h], adv[h], mask[h], sel[h], norm=norm, ref_logprobs=ref[h],
+    local = sum(policy_loss_kw(lp[h], old[h], adv[h], mask[h], sel[h], norm=norm, ref_logprobs=ref[h],
                             kl_coef=0.05, **nkw(norm))[0].item() for h in (slice(0, 3), slice(3, 8)))
     assert local != pytest.approx(full.item(), rel=1e-6)
 
@@ -234,15 +235,15 @@ def test_bad_inputs_name_the_argument() -> None:
     base = {"logprobs": lp, "old_logprobs": old, "advantages": adv, "mask": mask, "selected": sel}
     for override, name in cases:
         with pytest.raises(ValueError, match=name):
-            policy_loss(**{**base, **override})
+            policy_loss_kw(**{**base, **override})
     with pytest.raises(ValueError, match="logprobs"):
-        policy_loss(lp[0], old[0], adv, mask[0])
+        policy_loss_kw(lp[0], old[0], adv, mask[0])
 
 
 def test_zero_one_masks_accepted() -> None:
     lp, old, adv, mask, sel, _ = random_batch(6)
-    a, _ = policy_loss(lp, old, adv, mask, sel)
-    b, _ = policy_loss(lp, old, adv, mask.long(), sel.float())
+    a, _ = policy_loss_kw(lp, old, adv, mask, sel)
+    b, _ = policy_loss_kw(lp, old, adv, mask.long(), sel.float())
     assert a.item() == b.item()
 
 
@@ -252,9 +253,9 @@ def test_zero_one_masks_accepted() -> None:
 def test_dr_grpo_denominator_is_constant() -> None:
     """Σ M·L / (B · L_MAX): independent of padding, of the selected count and of response lengths."""
     lp, old, adv, mask, sel, _ = random_batch(7)
-    loss, _ = policy_loss(lp, old, adv, mask, sel, norm="dr_grpo", max_completion_length=L_MAX)
+    loss, _ = policy_loss_kw(lp, old, adv, mask, sel, norm="dr_grpo", max_completion_length=L_MAX)
     pad = lambda x, v: torch.cat([x, torch.full((x.size(0), 5), v, dtype=x.dtype)], dim=1)  # noqa: E731
-    padded, _ = policy_loss(pad(lp.detach(), math.nan), pad(old, -math.inf), adv, pad(mask, False), pad(sel, True),
+    padded, _ = policy_loss_kw(pad(lp.detach(), math.nan), pad(old, -math.inf), adv, pad(mask, False), pad(sel, True),
                             norm="dr_grpo", max_completion_length=L_MAX)
     assert padded.item() == pytest.approx(loss.item(), rel=1e-14)
     terms = naive_terms(lp, old, adv, mask, sel, 0.2, 0.2)
@@ -267,7 +268,7 @@ def test_dr_grpo_denominator_is_constant() -> None:
     grads = []
     for s_ in (one, fewer):
         for norm in ("dr_grpo", "token_mean_selected"):
-            (g,) = torch.autograd.grad(policy_loss(lp, old, adv, mask, s_, norm=norm, **nkw(norm))[0], lp)
+            (g,) = torch.autograd.grad(policy_loss_kw(lp, old, adv, mask, s_, norm=norm, **nkw(norm))[0], lp)
             grads.append(g[keep[0], keep[1]].item())
     assert grads[0] == pytest.approx(grads[2], rel=1e-12) and grads[1] != pytest.approx(grads[3], rel=1e-3)
 
@@ -332,7 +333,7 @@ def test_importance_weighted_loss_and_grad_vs_float64_reference(norm: str, mode:
     smp[0, 2] = math.nan  # not scored by the sampler: r = 1
     smp[~mask] = -math.inf  # padding may hold anything
     lo, hi = ((0.5, 2.0) if mode.endswith("mask") else (0.8, 1.5)) if token else (0.75, 1.35)
-    loss, m = policy_loss(lp, old, adv, mask, sel, eps_low=0.2, eps_high=0.28, norm=norm, ref_logprobs=ref,
+    loss, m = policy_loss_kw(lp, old, adv, mask, sel, eps_low=0.2, eps_high=0.28, norm=norm, ref_logprobs=ref,
                           kl_coef=0.1, sampler_logprobs=smp, is_mode=mode, is_clip_min=lo, is_clip_max=hi,
                           **nkw(norm))
     w = naive_is_weights(old, smp, mask, mode, lo, hi)
@@ -347,7 +348,7 @@ def test_importance_weighted_loss_and_grad_vs_float64_reference(norm: str, mode:
     assert m["is_clipped_frac"].item() == pytest.approx(clipped / len(M), rel=1e-12)
     assert m["is_ratio_mean"].item() == pytest.approx(sum(w[k][0] for k in M) / len(M), rel=1e-12)
     # the weight changes the loss: without the sampler log-probs it differs
-    plain, _ = policy_loss(lp, old, adv, mask, sel, eps_low=0.2, eps_high=0.28, norm=norm, ref_logprobs=ref,
+    plain, _ = policy_loss_kw(lp, old, adv, mask, sel, eps_low=0.2, eps_high=0.28, norm=norm, ref_logprobs=ref,
                            kl_coef=0.1, **nkw(norm))
     assert plain.item() != pytest.approx(loss.item(), rel=1e-6)
 
@@ -355,8 +356,8 @@ def test_importance_weighted_loss_and_grad_vs_float64_reference(norm: str, mode:
 def test_importance_weights_are_one_when_sampler_matches() -> None:
     lp, old, adv, mask, sel, _ = random_batch(10)
     for mode in IS_MODES:
-        a, m = policy_loss(lp, old, adv, mask, sel, sampler_logprobs=old.clone(), is_mode=mode)
-        b, _ = policy_loss(lp, old, adv, mask, sel)
+        a, m = policy_loss_kw(lp, old, adv, mask, sel, sampler_logprobs=old.clone(), is_mode=mode)
+        b, _ = policy_loss_kw(lp, old, adv, mask, sel)
         assert a.item() == b.item() and m["is_ratio_mean"].item() == 1.0 and m["is_clipped_frac"].item() == 0.0
     w, clipped = importance_weights(old, old + 10.0, mask, "token_truncate", None, None)  # no bounds: plain IS
     assert torch.allclose(w[mask], torch.full_like(w[mask], math.exp(-10.0))) and not clipped.any()
@@ -367,9 +368,9 @@ def test_importance_weights_with_split_batches_are_exact(norm: str) -> None:
     lp, old, adv, mask, sel, ref = random_batch(11, B=8)
     smp = old + 0.3 * torch.randn(old.shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
     kw = dict(norm=norm, sampler_logprobs=smp, is_mode="sequence_truncate", is_clip_max=1.3, **nkw(norm))
-    full, _ = policy_loss(lp, old, adv, mask, sel, **kw)
+    full, _ = policy_loss_kw(lp, old, adv, mask, sel, **kw)
     n_tok = int((mask & sel).sum()) if norm == "token_mean_selected" else int(mask.sum())
-    total = sum(policy_loss(lp[h], old[h], adv[h], mask[h], sel[h], num_responses=8, num_tokens=n_tok,
+    total = sum(policy_loss_kw(lp[h], old[h], adv[h], mask[h], sel[h], num_responses=8, num_tokens=n_tok,
                             **{**kw, "sampler_logprobs": smp[h]})[0] for h in (slice(0, 3), slice(3, 8)))
     assert total.item() == pytest.approx(full.item(), rel=1e-12)
 
@@ -393,14 +394,14 @@ def test_non_finite_at_an_active_token_names_row_and_position(field: str, value:
     key = "advantages" if field == "token_advantages" else field
     if args[key].dim() == 2:
         args[key][off[0], off[1]] = value
-    policy_loss(mask=mask, selected=sel, kl_coef=0.1, **args)
+    policy_loss_kw(mask=mask, selected=sel, kl_coef=0.1, **args)
     if args[key].dim() == 2:
         args[key][b, t] = value
     else:
         args[key][b] = value
     where = f"row {b}, position {t}" if args[key].dim() == 2 else f"row {b}"
     with pytest.raises(ValueError, match=rf"{key} is not finite at \({where}\)"):
-        policy_loss(mask=mask, selected=sel, kl_coef=0.1, **args)
+        policy_loss_kw(mask=mask, selected=sel, kl_coef=0.1, **args)
 
 
 def test_non_finite_sampler_logprob_raises_nan_means_unscored() -> None:
@@ -408,18 +409,18 @@ def test_non_finite_sampler_logprob_raises_nan_means_unscored() -> None:
     b, t = (int(i) for i in (mask & sel).nonzero()[0])
     smp = old.clone()
     smp[b, t] = math.nan
-    loss, m = policy_loss(lp, old, adv, mask, sel, sampler_logprobs=smp)
+    loss, m = policy_loss_kw(lp, old, adv, mask, sel, sampler_logprobs=smp)
     assert torch.isfinite(loss) and m["is_ratio_mean"].item() == 1.0
     smp[b, t] = -math.inf
     with pytest.raises(ValueError, match=rf"sampler_logprobs is not finite at \(row {b}, position {t}\)"):
-        policy_loss(lp, old, adv, mask, sel, sampler_logprobs=smp)
+        policy_loss_kw(lp, old, adv, mask, sel, sampler_logprobs=smp)
     # sequence modes read the whole mask: an unselected response token counts too
     u = (mask & ~sel).nonzero()[0]
     smp = old.clone()
     smp[u[0], u[1]] = math.inf
-    policy_loss(lp, old, adv, mask, sel, sampler_logprobs=smp, is_mode="token_truncate")
+    policy_loss_kw(lp, old, adv, mask, sel, sampler_logprobs=smp, is_mode="token_truncate")
     with pytest.raises(ValueError, match="sampler_logprobs is not finite"):
-        policy_loss(lp, old, adv, mask, sel, sampler_logprobs=smp, is_mode="sequence_mask")
+        policy_loss_kw(lp, old, adv, mask, sel, sampler_logprobs=smp, is_mode="sequence_mask")
 
 
 @pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])

@@ -8,7 +8,8 @@ import math
 import pytest
 import torch
 
-from ictrl.core.loss import Objective, aggregate, policy_loss
+from ictrl.core.loss import Objective, aggregate
+from loss_call import policy_loss_kw
 
 L_MAX = 16
 
@@ -104,7 +105,7 @@ def test_objective_with_a_selection_vs_float64_reference(obj: Objective, norm: s
     lp, old, adv, mask, sel, ref, behaviour = batch(11)
     eps_high = 1.5 if obj.loss_type == "cispo" else 0.28
     kw = dict(max_completion_length=L_MAX) if norm == "dr_grpo" else {}
-    loss, _ = policy_loss(lp, old, adv, mask, sel, eps_low=0.2, eps_high=eps_high, norm=norm, ref_logprobs=ref,
+    loss, _ = policy_loss_kw(lp, old, adv, mask, sel, eps_low=0.2, eps_high=eps_high, norm=norm, ref_logprobs=ref,
                           kl_coef=0.1, objective=obj, behaviour_logprobs=behaviour, **kw)
     expected = naive(lp, old, adv, mask, sel, obj, norm, ref, 0.1, behaviour, eps=(0.2, eps_high))
     assert loss.item() == pytest.approx(expected.item(), rel=1e-10, abs=1e-14)
@@ -113,7 +114,7 @@ def test_objective_with_a_selection_vs_float64_reference(obj: Objective, norm: s
     torch.testing.assert_close(grad, expected_grad, rtol=1e-9, atol=1e-13)
     assert float(grad.abs().sum()) > 0
     # the option acts: the plain clipped token-level loss differs
-    plain, _ = policy_loss(lp, old, adv, mask, sel, eps_low=0.2, eps_high=eps_high, norm=norm, ref_logprobs=ref,
+    plain, _ = policy_loss_kw(lp, old, adv, mask, sel, eps_low=0.2, eps_high=eps_high, norm=norm, ref_logprobs=ref,
                            kl_coef=0.1, **kw)
     assert plain.item() != pytest.approx(loss.item(), rel=1e-9)
 
@@ -123,13 +124,13 @@ def test_padding_never_reaches_loss_or_gradient(obj: Objective, norm: str) -> No
     lp, old, adv, mask, sel, ref, behaviour = batch(15)
     kw = dict(max_completion_length=L_MAX) if norm == "dr_grpo" else {}
     args = dict(norm=norm, ref_logprobs=ref, kl_coef=0.1, objective=obj, behaviour_logprobs=behaviour, **kw)
-    clean, _ = policy_loss(lp, old, adv, mask, sel, **args)
+    clean, _ = policy_loss_kw(lp, old, adv, mask, sel, **args)
     padded = lp.detach().clone()
     padded[~mask] = -math.inf
     padded.requires_grad_()
     old_p, ref_p, beh_p = old.clone(), ref.clone(), behaviour.clone()
     old_p[~mask], ref_p[~mask], beh_p[~mask] = math.nan, math.inf, -math.inf
-    loss, _ = policy_loss(padded, old_p, adv, mask, sel, **{**args, "ref_logprobs": ref_p,
+    loss, _ = policy_loss_kw(padded, old_p, adv, mask, sel, **{**args, "ref_logprobs": ref_p,
                                                             "behaviour_logprobs": beh_p})
     assert loss.item() == pytest.approx(clean.item(), rel=1e-12)
     (grad,) = torch.autograd.grad(loss, padded)
@@ -140,10 +141,10 @@ def test_sequence_ratio_spans_the_selected_tokens_only() -> None:
     """GSPO over a selection: changing log-probs at unselected tokens changes neither loss nor ratio."""
     lp, old, adv, mask, sel, _, _ = batch(12)
     obj = Objective(level="sequence")
-    base, _ = policy_loss(lp, old, adv, mask, sel, objective=obj)
+    base, _ = policy_loss_kw(lp, old, adv, mask, sel, objective=obj)
     moved = lp.detach().clone()
     moved[~sel] += 5.0
-    again, _ = policy_loss(moved, old, adv, mask, sel, objective=obj)
+    again, _ = policy_loss_kw(moved, old, adv, mask, sel, objective=obj)
     assert again.item() == pytest.approx(base.item(), rel=1e-12)
 
 
@@ -151,20 +152,20 @@ def test_kl_scope_all_tokens_needs_no_selected_token() -> None:
     """A response with nothing selected still carries its KL term over every token under kl_scope='all_tokens'."""
     lp, old, adv, mask, sel, ref, _ = batch(13)
     sel = torch.zeros_like(sel)
-    loss, m = policy_loss(lp, old, adv, mask, sel, ref_logprobs=ref, kl_coef=0.1,
+    loss, m = policy_loss_kw(lp, old, adv, mask, sel, ref_logprobs=ref, kl_coef=0.1,
                           objective=Objective(kl_scope="all_tokens"))
     d = ref - lp.detach()
     k3 = torch.where(mask, torch.exp(d) - d - 1, 0.0)
     rows = k3.sum(1) / mask.sum(1).clamp(min=1)  # per_response_selected with K = mask: per-response mean
     assert loss.item() == pytest.approx(0.1 * rows.sum().item() / lp.size(0), rel=1e-12)
-    none, _ = policy_loss(lp, old, adv, mask, sel, ref_logprobs=ref, kl_coef=0.1)
+    none, _ = policy_loss_kw(lp, old, adv, mask, sel, ref_logprobs=ref, kl_coef=0.1)
     assert none.item() == 0.0
 
 
 def test_vespo_without_a_selection_vs_float64_reference() -> None:
     lp, old, adv, mask, _, _, _ = batch(14, spread=0.05)
     obj = Objective(loss_type="vespo")
-    loss, _ = policy_loss(lp, old, adv, mask, None, norm="token_mean_all", objective=obj)
+    loss, _ = policy_loss_kw(lp, old, adv, mask, None, norm="token_mean_all", objective=obj)
     total, n = lp.sum() * 0.0, int(mask.sum())
     for b in range(lp.size(0)):
         toks = [t for t in range(lp.size(1)) if mask[b, t]]

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from ictrl.core import reference as ref
-from ictrl.core.loss import policy_loss
 from ictrl.core.selection import SelectionInputs, select
 from ictrl.core.stats import group_js_divergence
+from loss_call import policy_loss_kw
 
 
 def _batch(seed: int, B: int = 6, T: int = 9, V: int = 11) -> tuple[torch.Tensor, ...]:
@@ -48,8 +48,18 @@ def test_sparse_grpo_loss_matches_the_reference() -> None:
     adv = torch.tensor([1.0, -0.5, 0.3, 2.0, -1.0, 0.0], dtype=torch.float64)
     score = ref.group_js(logits, mask, group_ids)
     sel = ref.top_k_per_unit(score, mask, list(range(mask.size(0))), 0.25)
-    got, _ = policy_loss(lp, old, adv, mask, sel, eps_low=0.2, eps_high=0.28, norm="per_response_selected")
+    got, _ = policy_loss_kw(lp, old, adv, mask, sel, eps_low=0.2, eps_high=0.28, norm="per_response_selected")
     assert float(got) == pytest.approx(ref.sparse_grpo_loss(lp, old, adv, mask, sel, 0.2, 0.28), rel=1e-12)
     empty = torch.zeros_like(mask)
-    got_empty, _ = policy_loss(lp, old, adv, mask, empty, eps_low=0.2, eps_high=0.28, norm="per_response_selected")
+    got_empty, _ = policy_loss_kw(lp, old, adv, mask, empty, eps_low=0.2, eps_high=0.28, norm="per_response_selected")
     assert float(got_empty) == 0.0 == ref.sparse_grpo_loss(lp, old, adv, mask, empty)
+
+
+def test_ceil_count_is_exact_on_the_decimal_ratio() -> None:
+    # binary floats overshoot: 0.07 * 100 == 7.000000000000001 and 0.1 * 30 == 3.0000000000000004
+    cases = [(0.07, 100, 7), (0.1, 30, 3), (0.1, 31, 4), (0.2, 1, 1), (1.0, 5, 5), (0.25, 0, 0), (0.3, 7, 3)]
+    for ratio, n, want in cases:
+        assert ref.ceil_count(ratio, n) == want, (ratio, n)
+    counts = torch.tensor([n for _, n, _ in cases])
+    got = [int(ref.ceil_count(r, counts)[i]) for i, (r, _, _) in enumerate(cases)]
+    assert got == [want for _, _, want in cases]  # the tensor form the selection counts with, the same numbers

@@ -123,7 +123,12 @@ def test_fused_head_statistics_equal_the_sweep(tiny_model_dir: Path, tmp_path: P
         logps, ent, lss, hidden = fused_forward(trainer.model, backbone(trainer.accelerator, trainer.model), ids, am, T,
                                                  trainer.accelerator.autocast, keep_hidden=True)
         logits = trainer.model(input_ids=ids, attention_mask=am).logits[:, -T - 1:-1]
+        plain = trainer.model(input_ids=ids, attention_mask=am, labels=ids, fused_lm_head=True)
+        _, _, no_lss, _ = fused_forward(trainer.model, backbone(trainer.accelerator, trainer.model), ids, am, T,
+                                        trainer.accelerator.autocast, sum_sq=False)
     assert lss is not None and hidden is not None and hidden.shape[:2] == mask.shape
+    # TRL's own calls and fused_forward(sum_sq=False) skip log Σp² (one multiply and sum per logit tile)
+    assert plain.log_sum_sq_probs is None and plain.entropy is not None and no_lss is None
     got = stats_from_fused(logps, ent, lss, mask)
     want = w.naive_stats(logits, batch["completion_ids"], mask, 0.7)
     for field, ref in want.items():

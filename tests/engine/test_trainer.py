@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -12,10 +13,10 @@ import torch
 
 import mp_worker as w
 from ictrl.core import reference as core_ref
+from ictrl.core.loss import LossExtras, LossSpec, policy_loss
 from ictrl.engine.config import ICTGRPOConfig
 from ictrl.engine.stats_pass import check_local_groups
 from ictrl.engine.trainer import ICTGRPOTrainer
-from ictrl.core.loss import policy_loss
 from ictrl.core.selection import SelectionInputs, select
 
 SELECTORS = ("all", "ict", "entropy", "stapo", "random", "frequent")
@@ -180,6 +181,33 @@ def test_each_selector_trains_two_steps_and_logs(tiny_model_dir: Path, tmp_path:
         assert all("ictrl/ict_score/selected" in h for h in steps)
 
 
+def test_all_computes_its_selection_metrics_only_on_logged_steps(tiny_model_dir: Path, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """log Σp² and the selection metrics are for the log only: steps off the logging cadence skip them, and the
+    training is the same."""
+    import ictrl.engine.trainer as trainer_module
+
+    params = []
+    for logging_steps in (1, 2):
+        trainer = _trainer(tiny_model_dir, tmp_path / str(logging_steps), token_selector="all", max_steps=4,
+                           logging_steps=logging_steps)
+        sum_sq: list[bool] = []
+
+        def recording(*args: Any, _real: Any = trainer_module.fused_forward, **kwargs: Any) -> Any:
+            out = _real(*args, **kwargs)
+            sum_sq.append(out[2] is not None)
+            return out
+
+        monkeypatch.setattr(trainer_module, "fused_forward", recording)
+        trainer.train()
+        params.append([p.detach().clone() for p in trainer.model.parameters()])
+        rows = [h for h in trainer.state.log_history if "loss" in h]
+        assert [h["step"] for h in rows] == list(range(logging_steps, 5, logging_steps))
+        assert all("ictrl/h2/all" in h and "ictrl/purity/selected" in h for h in rows)
+        assert sum_sq == [True] * 4 if logging_steps == 1 else [False, True, False, True]
+    assert all(torch.equal(a, b) for a, b in zip(*params))
+
+
 # ----------------------------------------------------------------- statistics and mask = the core's
 
 
@@ -254,9 +282,9 @@ def test_trainer_loss_equals_policy_loss(tiny_model_dir: Path, tmp_path: Path, n
     inputs["old_per_token_logps"] = old
     got = trainer._compute_loss(trainer.model, inputs)
 
-    ref, _ = policy_loss(logp.float(), old, inputs["advantages"], mask, selected, eps_low=0.2, eps_high=0.28,
-                         norm=norm, num_responses=inputs["ictrl_num_responses"],
-                         num_tokens=inputs["ictrl_num_tokens"])
+    ref, _ = policy_loss(logp.float(), old, inputs["advantages"], mask, selected,
+                         LossSpec(norm=norm, eps_low=0.2, eps_high=0.28),
+                         LossExtras(num_responses=inputs["ictrl_num_responses"], num_tokens=inputs["ictrl_num_tokens"]))
     torch.testing.assert_close(got, ref, atol=1e-6, rtol=1e-5)
 
     # Independent float64 formula of the same objective.
@@ -322,10 +350,10 @@ def test_kl_penalty_uses_reference_logprobs(tiny_model_dir: Path, tmp_path: Path
     attention = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
     with torch.no_grad():
         logp, _, _ = trainer._get_per_token_logps_and_entropies(trainer.model, ids, attention, mask.size(1))
-    kwargs = dict(norm="per_response_selected", num_responses=inputs["ictrl_num_responses"])
-    ref, _ = policy_loss(logp, logp, inputs["advantages"], mask, selected, ref_logprobs=inputs["ref_per_token_logps"],
-                         kl_coef=0.1, **kwargs)
-    no_kl, _ = policy_loss(logp, logp, inputs["advantages"], mask, selected, **kwargs)
+    spec = LossSpec(norm="per_response_selected")
+    extras = LossExtras(num_responses=inputs["ictrl_num_responses"], ref_logprobs=inputs["ref_per_token_logps"])
+    ref, _ = policy_loss(logp, logp, inputs["advantages"], mask, selected, replace(spec, kl_coef=0.1), extras)
+    no_kl, _ = policy_loss(logp, logp, inputs["advantages"], mask, selected, spec, extras)
     torch.testing.assert_close(got.detach(), ref, atol=1e-6, rtol=1e-5)
     assert float(ref - no_kl) > 1e-4
     assert trainer._metrics["train"]["ictrl/kl"][-1] > 0

@@ -121,7 +121,7 @@ def _check_count(name: str, value: int | float | Tensor | None) -> None:
     if isinstance(value, Tensor):
         if value.numel() != 1:
             raise ValueError(f"{name} must be a scalar, got shape {tuple(value.shape)}")
-        value = float(value)
+        return
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
         raise ValueError(f"{name} must be a number >= 0, got {value!r}")
 
@@ -203,60 +203,94 @@ def importance_weights(old_logprobs: Tensor, sampler_logprobs: Tensor, mask: Ten
     return w, (w != raw) & mask
 
 
-def _validate(logprobs: Tensor, advantages: Tensor, named: dict[str, Tensor | None], norm: str,
-              numbers: dict[str, object], objective: Objective) -> None:
+@dataclass(frozen=True)
+class LossSpec:
+    """The run's loss options, checked once when built (a bad value raises ValueError naming it), so the loss of
+    every micro-batch reads them as they are.
+
+    ``norm``: one of :data:`NORM_MODES` (:func:`aggregate`); ``eps_low``, ``eps_high``: the clip range
+    [1 − eps_low, 1 + eps_high], >= 0 (cispo: eps_high caps the ratio). The default is GRPO's symmetric 0.2/0.2, as
+    TRL's ``epsilon`` with no ``epsilon_high``; DAPO's clip-higher (0.28) is asked for explicitly.
+    ``kl_coef``: >= 0, the weight of the k3 KL term; ``max_completion_length``: the constant of
+    ``norm="dr_grpo"`` (required there, ignored otherwise); ``is_mode``, ``is_clip_min``, ``is_clip_max``: the
+    sampler/trainer importance weight (:func:`importance_weights`, applied only when the batch brings
+    ``sampler_logprobs``); ``objective``: the policy term and KL options (:class:`Objective`).
+    """
+
+    norm: str = "per_response_selected"
+    eps_low: float = 0.2
+    eps_high: float = 0.2
+    kl_coef: float = 0.0
+    max_completion_length: int | None = None
+    is_mode: str = "token_truncate"
+    is_clip_min: float | None = None
+    is_clip_max: float | None = 3.0
+    objective: Objective = Objective()
+
+    def __post_init__(self) -> None:
+        if self.norm not in NORM_MODES:
+            raise ValueError(f"norm must be one of {list(NORM_MODES)}, got {self.norm!r}")
+        self.objective.check()
+        for name in ("eps_low", "eps_high", "kl_coef"):
+            _check_number(name, getattr(self, name))
+        length = self.max_completion_length
+        if self.norm == "dr_grpo" and (isinstance(length, bool) or not isinstance(length, int) or length < 1):
+            raise ValueError(f"max_completion_length must be an int >= 1 with norm='dr_grpo' (the constant "
+                             f"denominator), got {length!r}")
+        if self.is_mode not in IS_MODES:
+            raise ValueError(f"is_mode must be one of {list(IS_MODES)}, got {self.is_mode!r}")
+        _check_number("is_clip_min", self.is_clip_min, optional=True)
+        _check_number("is_clip_max", self.is_clip_max, optional=True, positive=True)
+        lo, hi = self.is_clip_min, self.is_clip_max
+        if lo is not None and hi is not None and not lo < hi:
+            raise ValueError(f"is_clip_min ({lo}) must be < is_clip_max ({hi})")
+
+
+@dataclass(frozen=True)
+class LossExtras:
+    """The optional per-batch inputs of :func:`policy_loss`: [B, T] tensors shaped as ``logprobs`` and the
+    global normalisers (module docstring).
+
+    ``ref_logprobs``: log π_ref for the k3 KL penalty (None: no KL term); ``entropy``: only for the
+    ``mean_entropy_selected`` metric; ``sampler_logprobs``: the log-probs the rollout engine reported for the
+    sampled tokens (None: no importance weight); ``behaviour_logprobs``: the sampler's log-probs for the off-policy
+    mask (None: ``old_logprobs``); ``num_responses``, ``num_tokens``, ``num_mask_tokens``: numbers >= 0 or 0-d
+    tensors (a tensor's value is not read here: reading it would wait for the device every step).
+    """
+
+    ref_logprobs: Tensor | None = None
+    entropy: Tensor | None = None
+    sampler_logprobs: Tensor | None = None
+    behaviour_logprobs: Tensor | None = None
+    num_responses: int | float | Tensor | None = None
+    num_tokens: int | float | Tensor | None = None
+    num_mask_tokens: int | float | Tensor | None = None
+
+
+_NO_EXTRAS = LossExtras()
+_DEFAULT_SPEC = LossSpec()
+
+
+def _check_batch(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, selected: Tensor | None,
+                 extras: LossExtras) -> None:
     if not isinstance(logprobs, Tensor) or logprobs.dim() != 2:
         raise ValueError(f"logprobs must be a [B, T] tensor, got {getattr(logprobs, 'shape', type(logprobs))}")
     shape = logprobs.shape
+    named = dict(old_logprobs=old_logprobs, mask=mask, selected=selected, ref_logprobs=extras.ref_logprobs,
+                 entropy=extras.entropy, sampler_logprobs=extras.sampler_logprobs,
+                 behaviour_logprobs=extras.behaviour_logprobs)
     for name, value in named.items():
         _check_same_shape(name, value, shape)
     if not isinstance(advantages, Tensor) or advantages.shape not in (torch.Size([shape[0]]), shape):
         raise ValueError(f"advantages must be [B] = ({shape[0]},) or [B, T] = {tuple(shape)}, "
                          f"got {tuple(getattr(advantages, 'shape', ()))}")
-    if norm not in NORM_MODES:
-        raise ValueError(f"norm must be one of {list(NORM_MODES)}, got {norm!r}")
-    objective.check()
-    for name in ("eps_low", "eps_high", "kl_coef"):
-        _check_number(name, numbers[name])
     for name in ("num_responses", "num_tokens", "num_mask_tokens"):
-        _check_count(name, numbers[name])  # type: ignore[arg-type]
-    length = numbers["max_completion_length"]
-    if norm == "dr_grpo" and (isinstance(length, bool) or not isinstance(length, int) or length < 1):
-        raise ValueError(f"max_completion_length must be an int >= 1 with norm='dr_grpo' (the constant "
-                         f"denominator), got {length!r}")
-    if numbers["is_mode"] not in IS_MODES:
-        raise ValueError(f"is_mode must be one of {list(IS_MODES)}, got {numbers['is_mode']!r}")
-    _check_number("is_clip_min", numbers["is_clip_min"], optional=True)
-    _check_number("is_clip_max", numbers["is_clip_max"], optional=True, positive=True)
-    lo, hi = numbers["is_clip_min"], numbers["is_clip_max"]
-    if lo is not None and hi is not None and not lo < hi:  # type: ignore[operator]
-        raise ValueError(f"is_clip_min ({lo}) must be < is_clip_max ({hi})")
+        _check_count(name, getattr(extras, name))
 
 
-def policy_loss(
-    logprobs: Tensor,
-    old_logprobs: Tensor,
-    advantages: Tensor,
-    mask: Tensor,
-    selected: Tensor | None = None,
-    *,
-    eps_low: float = 0.2,
-    eps_high: float = 0.2,
-    norm: str = "per_response_selected",
-    ref_logprobs: Tensor | None = None,
-    kl_coef: float = 0.0,
-    entropy: Tensor | None = None,
-    num_responses: int | float | Tensor | None = None,
-    num_tokens: int | float | Tensor | None = None,
-    num_mask_tokens: int | float | Tensor | None = None,
-    max_completion_length: int | None = None,
-    sampler_logprobs: Tensor | None = None,
-    is_mode: str = "token_truncate",
-    is_clip_min: float | None = None,
-    is_clip_max: float | None = 3.0,
-    objective: Objective | None = None,
-    behaviour_logprobs: Tensor | None = None,
-) -> tuple[Tensor, dict[str, Tensor]]:
+def policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor,
+                selected: Tensor | None = None, spec: LossSpec = _DEFAULT_SPEC,
+                extras: LossExtras = _NO_EXTRAS) -> tuple[Tensor, dict[str, Tensor]]:
     """The loss over the selected tokens (module docstring).
 
     Args:
@@ -265,16 +299,8 @@ def policy_loss(
         advantages: [B] per response, or [B, T] per token.
         mask: [B, T] response mask, bool or 0/1.
         selected: [B, T] tokens that carry gradient, bool or 0/1; None means all of ``mask``.
-        eps_low, eps_high: clip range [1 − eps_low, 1 + eps_high], >= 0 (cispo: eps_high caps the ratio).
-        norm: one of ``NORM_MODES`` (:func:`aggregate`).
-        ref_logprobs: [B, T] log π_ref for the k3 KL penalty; ``kl_coef`` >= 0 weights it.
-        entropy: [B, T] optional, only for the ``mean_entropy_selected`` metric.
-        num_responses, num_tokens, num_mask_tokens: global normalisers (module docstring).
-        max_completion_length: the constant of ``norm="dr_grpo"`` (required there, ignored otherwise).
-        sampler_logprobs: [B, T] log-probs the rollout engine reported for the sampled tokens; None: no correction.
-        is_mode, is_clip_min, is_clip_max: the importance weight (module docstring, :func:`importance_weights`).
-        objective: the policy term and KL options (:class:`Objective`); None: the clipped surrogate.
-        behaviour_logprobs: [B, T] the sampler's log-probs for the off-policy mask (None: ``old_logprobs``).
+        spec: the run's loss options (:class:`LossSpec`, checked when it was built).
+        extras: the batch's optional tensors and global normalisers (:class:`LossExtras`).
 
     Returns:
         (loss, metrics): a 0-d loss and 0-d detached local metrics ``clip_frac`` / ``_low`` / ``_high`` (fractions
@@ -283,35 +309,33 @@ def policy_loss(
         given ``mean_entropy_selected``, ``kl`` (mean k3 over M), ``is_ratio_mean`` and ``is_clipped_frac`` (mean
         weight w over M, fraction of M where w was truncated or masked). Means over an empty M are 0.
     """
-    obj = objective or Objective()
-    named = dict(old_logprobs=old_logprobs, mask=mask, selected=selected, ref_logprobs=ref_logprobs,
-                 entropy=entropy, sampler_logprobs=sampler_logprobs, behaviour_logprobs=behaviour_logprobs)
-    _validate(logprobs, advantages, named, norm, dict(
-        eps_low=eps_low, eps_high=eps_high, kl_coef=kl_coef, num_responses=num_responses, num_tokens=num_tokens,
-        num_mask_tokens=num_mask_tokens, max_completion_length=max_completion_length, is_mode=is_mode,
-        is_clip_min=is_clip_min, is_clip_max=is_clip_max), obj)
+    _check_batch(logprobs, old_logprobs, advantages, mask, selected, extras)
+    obj, ref_logprobs, sampler_logprobs = spec.objective, extras.ref_logprobs, extras.sampler_logprobs
     mask = as_bool_mask(mask, "mask")
     active = mask if selected is None else as_bool_mask(selected, "selected") & mask
     kl_where = mask if obj.kl_scope == "all_tokens" and ref_logprobs is not None else active
     # vespo's sequence ratio and the off-policy mask read the whole response; the KL term its scope
     whole = obj.loss_type == "vespo" or obj.off_policy_threshold is not None
     read = mask if whole else active | kl_where
-    seq_is = sampler_logprobs is not None and is_mode.startswith("sequence")
+    seq_is = sampler_logprobs is not None and spec.is_mode.startswith("sequence")
     behaviour = None if obj.off_policy_threshold is None else (
-        old_logprobs if behaviour_logprobs is None else behaviour_logprobs)
+        old_logprobs if extras.behaviour_logprobs is None else extras.behaviour_logprobs)
     _check_inputs_finite(logprobs, old_logprobs, advantages, ref_logprobs, sampler_logprobs, behaviour, mask, read,
                          kl_where, seq_is)
 
     weight, is_clipped = (None, None) if sampler_logprobs is None else importance_weights(
-        old_logprobs, sampler_logprobs, mask, is_mode, is_clip_min, is_clip_max)
+        old_logprobs, sampler_logprobs, mask, spec.is_mode, spec.is_clip_min, spec.is_clip_max)
     terms = _terms(logprobs, old_logprobs, advantages, ref_logprobs, behaviour, weight, mask, active, read, kl_where,
-                   eps_low, eps_high, obj)
-    loss = aggregate(terms["policy"], active, mask, norm, num_responses, num_tokens, max_completion_length)
-    if (kl := terms["kl"]) is not None and kl_coef:
-        kl_tokens = num_mask_tokens if kl_where is mask and norm == "token_mean_selected" else num_tokens
-        loss = loss + kl_coef * aggregate(kl, kl_where, mask, norm, num_responses, kl_tokens, max_completion_length)
-    parts = {"mean_entropy_selected": entropy, "kl": kl, "is_ratio_mean": weight, "is_clipped_frac": is_clipped}
-    return loss, _metrics(terms, active, mask, eps_low, eps_high, parts)
+                   spec)
+    norm, length, responses = spec.norm, spec.max_completion_length, extras.num_responses
+    loss = aggregate(terms["policy"], active, mask, norm, responses, extras.num_tokens, length)
+    if (kl := terms["kl"]) is not None and spec.kl_coef:
+        kl_tokens = extras.num_mask_tokens if kl_where is mask and norm == "token_mean_selected" \
+            else extras.num_tokens
+        loss = loss + spec.kl_coef * aggregate(kl, kl_where, mask, norm, responses, kl_tokens, length)
+    parts = {"mean_entropy_selected": extras.entropy, "kl": kl, "is_ratio_mean": weight,
+             "is_clipped_frac": is_clipped}
+    return loss, _metrics(terms, active, mask, spec.eps_low, spec.eps_high, parts)
 
 
 @torch.no_grad()
@@ -342,19 +366,20 @@ def _check_inputs_finite(logprobs: Tensor, old_logprobs: Tensor, advantages: Ten
               ("advantages", advantages.detach(), read if advantages.dim() == 2 else read.any(dim=1))]
     if ref_logprobs is not None:
         checks.append(("ref_logprobs", ref_logprobs.detach(), kl_where))
-    for name, x in (("sampler_logprobs", sampler_logprobs), ("behaviour_logprobs", behaviour)):
+    # the importance weight reads the sampler where π_old is read; the off-policy mask the whole response
+    for name, x, where in (("sampler_logprobs", sampler_logprobs, old_read), ("behaviour_logprobs", behaviour, mask)):
         if x is not None:  # NaN = not scored; ±inf is no log-probability of a sampled token
             x = x.detach()
-            checks.append((name, torch.where(torch.isnan(x), 0.0, x), old_read if name[0] == "s" else mask))
+            checks.append((name, torch.where(torch.isnan(x), 0.0, x), where))
     _check_finite(checks)
 
 
 def _terms(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, ref_logprobs: Tensor | None,
            behaviour: Tensor | None, weight: Tensor | None, mask: Tensor, active: Tensor, read: Tensor,
-           kl_where: Tensor, eps_low: float, eps_high: float, obj: Objective) -> dict[str, Tensor | None]:
+           kl_where: Tensor, spec: LossSpec) -> dict[str, Tensor | None]:
     """[B, T] terms: ``policy`` (w·P, times the off-policy mask), ``kl`` (None without ``ref_logprobs``), and for
     the metrics ``ratio`` (ρ, per token or the response's), ``adv`` and ``old``."""
-    shape = logprobs.shape
+    shape, obj = logprobs.shape, spec.objective
     # Zero every position not read first: padding may hold -inf, and 0·inf in backward would be NaN.
     lp = torch.where(read, logprobs, 0.0)
     old = torch.where(read, old_logprobs.detach(), 0.0)
@@ -367,7 +392,7 @@ def _terms(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, ref_logpr
         ratio = torch.exp(log_ratio_seq).expand(shape)
     else:
         ratio = torch.exp(log_ratio)
-    policy = _policy_term(obj, lp, log_ratio, ratio, adv, mask, eps_low, eps_high, weight)
+    policy = _policy_term(obj, lp, log_ratio, ratio, adv, mask, spec.eps_low, spec.eps_high, weight)
     if weight is not None and obj.loss_type != "vespo":
         policy = policy * torch.where(active, weight, 0.0).to(policy.dtype)
     if behaviour is not None:  # the off-policy sequence mask

@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import math
 from fractions import Fraction
+from typing import TypeVar
 
 import torch
 from torch import Tensor
+
+CountT = TypeVar("CountT", int, Tensor)
 
 
 def softmax64(logits: Tensor, temperature: float = 1.0) -> Tensor:
@@ -58,9 +61,15 @@ def group_js_of_probs(p: Tensor, mask: Tensor, group_ids: Tensor) -> Tensor:
     return u
 
 
-def ceil_count(ratio: str | float, n: int) -> int:
-    """ceil(ratio · n) exactly, on the decimal ratio (0.1 · 30 is 3, not 4): how many tokens a unit of n keeps."""
-    return math.ceil(Fraction(str(ratio)) * n)
+def ceil_count(ratio: str | float, n: CountT) -> CountT:
+    """ceil(ratio · n) exactly, on the decimal ratio (0.1 · 30 is 3, not 4): how many tokens a unit of n keeps.
+
+    ``n`` is an int or an integer tensor of counts (the fast selection counts every unit at once); integer
+    arithmetic on the ratio's exact fraction p/q, so no float product overshoots an integer (0.07 · 100 in binary
+    floats is 7.000000000000001).
+    """
+    frac = Fraction(str(ratio))
+    return -((-n * frac.numerator) // frac.denominator)
 
 
 def top_k_per_unit(score: Tensor, mask: Tensor, unit_of_row: list[int], ratio: float) -> Tensor:
@@ -83,7 +92,7 @@ def top_k_per_unit(score: Tensor, mask: Tensor, unit_of_row: list[int], ratio: f
 
 
 def sparse_grpo_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, selected: Tensor,
-                     eps_low: float = 0.2, eps_high: float = 0.28) -> float:
+                     eps_low: float = 0.2, eps_high: float = 0.2) -> float:
     """The Sparse-GRPO objective (to minimise) over ``selected`` ⊆ ``mask``, both [B, T]; advantages [B].
 
     Each response averages the clipped surrogate −min(ρA, clip(ρ, 1−ε_low, 1+ε_high)A) over its selected tokens

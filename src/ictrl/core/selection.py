@@ -25,9 +25,9 @@ Registered selectors (options in brackets; the method label follows the arrow):
 
 Counting and ties, shared by every ratio-based selector:
 
-- A unit with ``n`` active tokens gets ``k = ceil(ratio * n)`` of them, so ``n >= 1`` gives ``k >= 1``. The product
-  is shrunk by a relative 1e-12 before the ceiling because binary floats overshoot exact integers
-  (``0.07 * 100 == 7.000000000000001``), which would otherwise add a token.
+- A unit with ``n`` active tokens gets ``k = ceil(ratio * n)`` of them, so ``n >= 1`` gives ``k >= 1``, counted
+  exactly on the decimal ratio by :func:`ictrl.core.reference.ceil_count` (binary floats overshoot exact integers,
+  ``0.07 * 100 == 7.000000000000001``, which would otherwise add a token).
 - Among equal scores the earlier position wins: lower flat index ``b * T + t``. Ranking is one stable descending
   sort of the active positions (taken in flat-index order) on the score, which keeps the lower index first among
   ties, then one sort on the unique key (unit, score rank); no Python loop over positions or units.
@@ -50,6 +50,7 @@ import torch
 from torch import Tensor
 
 from ictrl.core.checks import as_bool_mask, check_group_ids
+from ictrl.core.reference import ceil_count
 
 _FIELDS = ("ict_score", "entropy", "prob", "advantages", "group_ids")
 SCOPES = ("response", "group", "batch")
@@ -121,10 +122,6 @@ class Selector:
     help: str = ""
     in_default_grid: bool = False
     trl_loss: bool = False
-
-    @property
-    def defaults(self) -> dict[str, Any]:
-        return dict(self.options)
 
     def resolve_options(self, given: dict[str, Any] | None = None) -> dict[str, Any]:
         """The selector's defaults updated with ``given``, each value checked once (``ValueError`` naming it)."""
@@ -297,10 +294,6 @@ def _units(inputs: SelectionInputs, scope: str) -> Tensor:
     return row_unit[:, None].expand(B, T)
 
 
-def _ceil_count(ratio: float, n: Tensor) -> Tensor:
-    """k = ceil(ratio * n) for integer counts n, immune to float overshoot; k >= 1 wherever n >= 1."""
-    k = torch.ceil(n.double() * ratio * (1.0 - 1e-12)).long()
-    return torch.minimum(k.clamp(min=1), n) * (n > 0)
 
 
 def _top_k_per_unit(score: Tensor, mask: Tensor, units: Tensor, ratio: float) -> Tensor:
@@ -330,7 +323,7 @@ def _top_k_per_unit(score: Tensor, mask: Tensor, units: Tensor, ratio: float) ->
     counts = torch.bincount(u, minlength=n_units)
     starts = torch.cumsum(counts, 0) - counts
     rank = torch.arange(n, device=idx.device) - starts[u_sorted]
-    keep = rank < _ceil_count(ratio, counts)[u_sorted]
+    keep = rank < ceil_count(ratio, counts)[u_sorted]
     out[idx[order[keep]]] = True
     return out.view_as(mask)
 

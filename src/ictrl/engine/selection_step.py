@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ictrl.core.loss import LossSpec
 from ictrl.core.metrics import step_metrics
 from ictrl.core.selection import SelectionInputs, Selector
 from ictrl.core.stats import TokenStats
@@ -55,7 +56,7 @@ def drop_nan_metrics(metrics: dict[str, float]) -> dict[str, float]:
 
 
 def log_selection(metrics: dict[str, list[float]], g_mask: Tensor, g_stats: TokenStats | None,
-                  g_js: Tensor | None, g_selected: Tensor, warm: bool) -> None:
+                  g_js: Tensor | None, g_selected: Tensor, in_warmup: bool) -> None:
     """Append the ``ictrl/*`` selection metrics of one generation batch (all processes) to TRL's metric lists
     (none without statistics: a selector that reads none gets its metrics with the loss's forward)."""
     if g_stats is None:
@@ -66,7 +67,7 @@ def log_selection(metrics: dict[str, list[float]], g_mask: Tensor, g_stats: Toke
         for name, where in (("all", g_mask), ("selected", g_selected & g_mask)):
             if bool(where.any()):
                 metrics[f"ictrl/ict_score/{name}"].append(float(g_js[where].double().mean()))
-    metrics["ictrl/warmup"].append(float(warm))
+    metrics["ictrl/warmup"].append(float(in_warmup))
 
 
 def attach_normalisers(accelerator: Any, batches: list[dict[str, Any]], accumulation: int,
@@ -101,3 +102,26 @@ def attach_normalisers(accelerator: Any, batches: list[dict[str, Any]], accumula
         b["ictrl_num_responses"] = windows[w, 0].clone()
         b["ictrl_num_tokens"] = windows[w, token_col].clone()
         b["ictrl_num_mask_tokens"] = windows[w, 2].clone()
+
+
+def loss_spec(args: Any, eps_low: float, eps_high: float, kl_coef: float) -> LossSpec:
+    """The run's loss options from its ``ICTGRPOConfig`` and TRL's resolved clip range and KL coefficient,
+    checked once (``ValueError`` naming the option) rather than in every micro-batch's loss."""
+    return LossSpec(norm=args.loss_normalization, eps_low=eps_low, eps_high=eps_high, kl_coef=kl_coef,
+                    max_completion_length=args.max_completion_length, is_mode=args.vllm_importance_sampling_mode,
+                    is_clip_min=args.vllm_importance_sampling_clip_min,
+                    is_clip_max=args.vllm_importance_sampling_clip_max, objective=args.loss_objective())
+
+
+def metrics_logged(args: Any, state: Any, training: bool) -> bool:
+    """Whether the metrics of the optimizer step in progress reach a log: transformers' DefaultFlowCallback logs
+    after step ``global_step + 1`` when it is a multiple of ``logging_steps``, or is the first step with
+    ``logging_first_step``. True when not ``training`` (in ``train()`` with the model in train mode) and under
+    the epoch strategy (the last step of an epoch is not known here); False with ``logging_strategy="no"``. A log
+    another callback forces on a step off the cadence carries TRL's metrics without these."""
+    step = int(state.global_step) + 1
+    if not training or args.logging_strategy == "epoch":
+        return True
+    if bool(args.logging_first_step) and step == 1:
+        return True
+    return args.logging_strategy == "steps" and step % max(int(state.logging_steps), 1) == 0

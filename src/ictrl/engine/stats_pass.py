@@ -28,6 +28,7 @@ composes them and nothing here calls back into it.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -182,17 +183,30 @@ def model_stats(model: Any, head: nn.Module, batch: dict[str, Any], mask: Tensor
 # ------------------------------------------------------------------------------------- TRL's fused head
 
 
+# Whether TRL's fused head computes log Σp² in the current call: only inside fused_forward(..., sum_sq=True)
+_SUM_SQ: contextvars.ContextVar[bool] = contextvars.ContextVar("ictrl_fused_sum_sq", default=False)
+
+
+class FusedOutputs(tuple):  # type: ignore[type-arg]
+    """The fields the policy's fused head computes, log Σp² only where ictrl reads it (:func:`fused_forward` with
+    ``sum_sq``): TRL's kernel asks ``name in outputs`` on every call, and Σp² costs it one multiply and one sum
+    per logit tile, so TRL's own calls and the steps whose metrics are not logged go without it."""
+
+    def __contains__(self, name: object) -> bool:
+        return (name != "log_sum_sq_probs" or _SUM_SQ.get()) and tuple.__contains__(self, name)
+
+
 @contextlib.contextmanager
 def fused_head_with_sum_sq() -> Iterator[None]:
-    """While TRL's ``GRPOTrainer.__init__`` runs: its fused LM head on the policy also returns log Σp² (the kernel
-    computes it from the same tiles; TRL's own calls ignore it)."""
+    """While TRL's ``GRPOTrainer.__init__`` runs: its fused LM head on the policy can also return log Σp² (the
+    kernel computes it from the same tiles, :class:`FusedOutputs`)."""
     import trl.trainer.grpo_trainer as grpo
 
     original = grpo.add_fused_lm_head
 
     def patched(model: Any, *args: Any, outputs: tuple[str, ...] = ("log_probs",), **kwargs: Any) -> None:
         if "entropy" in outputs:  # the policy's head (the reference model's asks for log-probs only)
-            outputs = FUSED_OUTPUTS
+            outputs = FusedOutputs(FUSED_OUTPUTS)
         original(model, *args, outputs=outputs, **kwargs)
 
     grpo.add_fused_lm_head = patched
@@ -203,18 +217,19 @@ def fused_head_with_sum_sq() -> Iterator[None]:
 
 
 def fused_forward(model: Any, backbone: nn.Module, input_ids: Tensor, attention_mask: Tensor, T: int,
-                  autocast: Autocast, rows: int | None = None, keep_hidden: bool = False
+                  autocast: Autocast, rows: int | None = None, keep_hidden: bool = False, sum_sq: bool = True
                   ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
     """TRL's fused forward (its ``_get_per_token_logps_and_entropies`` for text) in chunks of ``rows``.
 
-    Returns [B, T] log-probs (with grad when enabled), entropy and log Σp² (None if the head does not return
-    it), and with ``keep_hidden`` the [B, T, H] final-norm hidden states (the LM head's input) captured from
-    ``backbone``'s output by a forward hook.
+    Returns [B, T] log-probs (with grad when enabled), entropy and log Σp² (None without ``sum_sq``, or if the
+    head does not return it), and with ``keep_hidden`` the [B, T, H] final-norm hidden states (the LM head's
+    input) captured from ``backbone``'s output by a forward hook.
     """
     rows = rows or input_ids.size(0)
     captured: list[Tensor] = []
     hook = backbone.register_forward_hook(lambda m, a, out: captured.append(out[0])) if keep_hidden else None
     parts: list[tuple[Tensor, Tensor, Tensor | None]] = []
+    token = _SUM_SQ.set(sum_sq)
     try:
         for r0 in range(0, input_ids.size(0), rows):
             ids, am = input_ids[r0:r0 + rows], attention_mask[r0:r0 + rows]
@@ -225,6 +240,7 @@ def fused_forward(model: Any, backbone: nn.Module, input_ids: Tensor, attention_
             parts.append((out.log_probs[:, -T:], out.entropy[:, -T:],
                           None if out.log_sum_sq_probs is None else out.log_sum_sq_probs[:, -T:]))
     finally:
+        _SUM_SQ.reset(token)
         if hook is not None:
             hook.remove()
     logps = torch.cat([p[0] for p in parts])

@@ -51,16 +51,17 @@ import torch
 from torch import Tensor
 from trl import GRPOTrainer
 
+from ictrl.core import selection
 from ictrl.core.logprobs import selected_token_logprobs
-from ictrl.core.loss import TRL_BUFFER_MEAN, policy_loss
-from ictrl.core.selection import get_selector, in_warmup
+from ictrl.core.loss import TRL_BUFFER_MEAN, LossExtras, policy_loss
 from ictrl.core.stats import TokenStats
 from ictrl.engine import vllm_engine, vllm_server
 from ictrl.engine.config import ICTGRPOConfig
 from ictrl.engine.dynamic_sampling import DynamicSamplingMixin
 from ictrl.engine.heads import backbone, call_head, output_head
 from ictrl.engine.sampler_topk import TopKRecorder, TopKRows, recorded_topk, recording_generate, split_vllm_logprobs
-from ictrl.engine.selection_step import attach_normalisers, gather_rows, gather_stats, log_selection, select_global
+from ictrl.engine.selection_step import (attach_normalisers, gather_rows, gather_stats, log_selection, loss_spec,
+                                         metrics_logged, select_global)
 from ictrl.engine.stats_pass import (
     STAT_FIELDS,
     STATS_PATHS,
@@ -97,7 +98,7 @@ class ICTGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
         if args.use_vllm:
             vllm_engine.engine_built(self)
         # The method is resolved once per run: the rule, its validated options, what it reads.
-        self._selector = get_selector(args.token_selector)
+        self._selector = selection.get_selector(args.token_selector)
         self._selector_options = args.selector_options()
         self._needs_js = "ict_score" in self._selector.needs
         self._stat_free = not (self._selector.needs & {"ict_score", "entropy", "prob"})
@@ -109,7 +110,7 @@ class ICTGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
                 f"per_device_train_batch_size * steps_per_generation = {per_process} must be a multiple of it"
             )
         self._server = vllm_server.server_settings(self)  # None unless vllm_mode='server'
-        self._objective = args.loss_objective()
+        self._loss_spec = loss_spec(args, self.epsilon_low, self.epsilon_high, self.beta)  # checked once, here
         if args.sparse_backward and self.aux_loss_enabled:
             raise ValueError("router_aux_loss_coef: the MoE router loss comes with TRL's dense forward, which "
                              "sparse_backward replaces; set router_aux_loss_coef=0 or turn sparse_backward off")
@@ -162,13 +163,17 @@ class ICTGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
                            chunk_size=args.stats_chunk_size, autocast=self.accelerator.autocast,
                            sampler_topk=sampler_topk)
 
+    def _in_warmup(self) -> bool:
+        """The selection's warm-up (the first Θ optimizer steps): every response token is selected."""
+        return selection.in_warmup(int(self.state.global_step), self.args.selection_warmup_steps)
+
     def _select(self, mask: Tensor, stats: TokenStats | None, js: Tensor | None, advantages: Tensor, G: int,
-                warm: bool) -> Tensor:
+                in_warmup: bool) -> Tensor:
         """The local rows' [B, T] selection (the same on every process as on one), with its metrics logged."""
         local, view = select_global(self.accelerator, self._selector, self._selector_options,
                                     self.args.selection_warmup_steps, int(self.state.global_step), mask, stats, js,
                                     advantages, G)
-        log_selection(self._metrics[self._mode()], *view, warm)
+        log_selection(self._metrics[self._mode()], *view, in_warmup)
         return local
 
     # ------------------------------------------------------------------------------------- generation
@@ -178,8 +183,8 @@ class ICTGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
         args = self.args
         mode = self._mode()
         G = self.num_generations if mode == "train" else self.num_generations_eval
-        warm = in_warmup(int(self.state.global_step), args.selection_warmup_steps)
-        need_js = self._needs_js and not warm
+        in_warmup = self._in_warmup()
+        need_js = self._needs_js and not in_warmup
         path = self._plan_stats_path()
         request = {"need_js": need_js, "G": G} if path == "shared_old_logps" else None
         with self._serving_old_logps(request):
@@ -197,7 +202,7 @@ class ICTGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
         if path == "training_forward":  # statistics and selection come with the loss's forward
             batch["ictrl_row"] = rank * B + torch.arange(B, device=mask.device)
             if self._stat_free:
-                batch["ictrl_selected"] = self._select(mask, None, None, batch["advantages"], G, warm)
+                batch["ictrl_selected"] = self._select(mask, None, None, batch["advantages"], G, in_warmup)
             return batch
         shared, self._shared_stats = self._shared_stats, None
         if path == "shared_old_logps" and shared is not None and shared[0] == B and "tool_mask" not in batch:
@@ -213,7 +218,7 @@ class ICTGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
             stats, js = self._selection_stats(batch, mask, groups, sampler_topk)
             metrics["ictrl/topk_from_sampler"].append(float(sampler_topk is not None))
         self._ensure_old_logps(batch)
-        batch["ictrl_selected"] = self._select(mask, stats, js, batch["advantages"], G, warm)
+        batch["ictrl_selected"] = self._select(mask, stats, js, batch["advantages"], G, in_warmup)
         metrics["ictrl/stats_path"].append(STATS_PATHS[path])
         metrics["ictrl/stats_time"].append(time.perf_counter() - start)
         return batch
@@ -327,18 +332,11 @@ class ICTGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
         if args.loss_type == "bnpo":
             count = selected & mask if args.loss_normalization == "token_mean_selected" else mask
             num_tokens = count.sum().to(logps.dtype) * accumulation
-        loss, m = policy_loss(
-            logps, old, inputs["advantages"], mask, selected,
-            eps_low=self.epsilon_low, eps_high=self.epsilon_high, norm=args.loss_normalization,
-            ref_logprobs=ref, kl_coef=self.beta,
-            num_responses=inputs["ictrl_num_responses"] / world, num_tokens=num_tokens,
-            num_mask_tokens=inputs["ictrl_num_mask_tokens"] / world,
-            max_completion_length=args.max_completion_length,
-            sampler_logprobs=inputs.get("sampling_per_token_logps") if self._importance_correction(inputs) else None,
-            is_mode=args.vllm_importance_sampling_mode, is_clip_min=args.vllm_importance_sampling_clip_min,
-            is_clip_max=args.vllm_importance_sampling_clip_max, objective=self._objective,
-            behaviour_logprobs=inputs.get("sampling_per_token_logps"),
-        )
+        sampler = inputs.get("sampling_per_token_logps")
+        loss, m = policy_loss(logps, old, inputs["advantages"], mask, selected, self._loss_spec, LossExtras(
+            ref_logprobs=ref, sampler_logprobs=sampler if self._importance_correction(inputs) else None,
+            behaviour_logprobs=sampler, num_responses=inputs["ictrl_num_responses"] / world, num_tokens=num_tokens,
+            num_mask_tokens=inputs["ictrl_num_mask_tokens"] / world))
         if self._entropy_bonus_enabled and entropy is not None:
             # TRL's bonus: the micro-batch's mean entropy over the tokens that carry the loss
             where = (selected & mask).to(entropy.dtype)
@@ -375,17 +373,19 @@ class ICTGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
         T = mask.size(1)
         metrics = self._metrics[self._mode()]
         metrics["ictrl/stats_path"].append(STATS_PATHS["training_forward"])
-        warm = in_warmup(int(self.state.global_step), args.selection_warmup_steps)
-        if self._stat_free:  # selected at generation; the metrics of this micro-batch on all processes
+        in_warmup = self._in_warmup()
+        if self._stat_free:  # selected at generation; only the metrics of this micro-batch on all processes
+            logged = metrics_logged(self.args, self.state, self.is_in_train and self.model.training)
             logps, entropy, lss, _ = fused_forward(model, backbone(acc, model), input_ids, attention_mask, T,
-                                                   acc.autocast)
-            start = time.perf_counter()
-            g_stats = gather_stats(acc, stats_from_fused(logps, entropy, lss, mask))
-            log_selection(metrics, gather_rows(acc, mask.to(torch.uint8)).bool(), g_stats, None,
-                          gather_rows(acc, inputs["ictrl_selected"].to(torch.uint8)).bool(), warm)
-            metrics["ictrl/stats_time"].append(time.perf_counter() - start)
+                                                   acc.autocast, sum_sq=logged)
+            if logged:
+                start = time.perf_counter()
+                g_stats = gather_stats(acc, stats_from_fused(logps, entropy, lss, mask))
+                log_selection(metrics, gather_rows(acc, mask.to(torch.uint8)).bool(), g_stats, None,
+                              gather_rows(acc, inputs["ictrl_selected"].to(torch.uint8)).bool(), in_warmup)
+                metrics["ictrl/stats_time"].append(time.perf_counter() - start)
             return logps
-        need_js = self._needs_js and not warm
+        need_js = self._needs_js and not in_warmup
         sparse = bool(args.sparse_backward)
         rank, B = acc.process_index, mask.size(0)
         local = inputs["ictrl_row"] - rank * B  # each micro-batch row's index in TRL's generation order
@@ -401,7 +401,7 @@ class ICTGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
                 hidden = final_hidden(model, input_ids, attention_mask, T, acc.autocast)
             else:
                 logps, _, _, hidden = fused_forward(model, backbone(acc, model), input_ids, attention_mask, T,
-                                                    acc.autocast, keep_hidden=True)
+                                                    acc.autocast, keep_hidden=True, sum_sq=False)
             start = time.perf_counter()
             groups = None
             if need_js:
@@ -413,7 +413,7 @@ class ICTGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
                                      chunk_size=args.stats_chunk_size, autocast=acc.autocast)
         ordered = TokenStats(**{f: getattr(stats, f)[order] for f in STAT_FIELDS})
         selected = self._select(mask[order], ordered, None if js is None else js[order], inputs["advantages"][order],
-                                self.num_generations, warm)[local]
+                                self.num_generations, in_warmup)[local]
         inputs["ictrl_selected"] = selected
         self._attach_normalisers([inputs], args.gradient_accumulation_steps)
         metrics["ictrl/stats_time"].append(time.perf_counter() - start)  # the no-grad sweep, selection, metrics
