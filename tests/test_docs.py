@@ -38,8 +38,8 @@ STEP_LIMITS: dict[str, list[str]] = {
     "sweep": ["--quick", "--seeds", "1", "--lrs", "1e-4,1e-3"],
     "eval": ["--limit", "2", "--max-new-tokens", "8"],
     "inspect": ["--max-new-tokens", "8"],
-    "train": ["--max_steps=1", "--prompts_per_step=1", "--per_device_train_batch_size=4", "--num_generations=4",
-              "--max_completion_length=8", "--dataset_limit=4", "--save_strategy=no", "--use_vllm=false"],
+    "train": ["--max_steps=2", "--prompts_per_step=1", "--per_device_train_batch_size=4", "--num_generations=4",
+              "--max_completion_length=8", "--dataset_limit=4", "--save_steps=2", "--use_vllm=false"],
     "tiny-model": ["--untrained"],  # the warm-started model takes minutes to build
 }
 

@@ -58,8 +58,9 @@ def test_engine_samples_what_the_trainer_computes(kind: str, temperature: float,
     assert 1 - 1e-4 < lo <= hi < 1 + 1e-4
     # the top-10% ICT selection from the sampler's top-16 log-probs is the one from the LM head's top-16
     assert r["selected"] > 0 and r["agree_head"] >= 0.95
-    # and mostly the exact full-vocabulary selection (the top-K approximation itself: bench/README.md)
-    assert r["agree_exact"] >= 0.6
+    # and, well above the ~0.1 a random pick would share, the exact full-vocabulary selection (the top-K
+    # approximation itself, on realistic distributions: bench_topk_agreement.py in bench/README.md)
+    assert r["agree_exact"] >= 0.3
     # after an optimizer step the engine holds the trained weights (the tied head included), and did not before
     assert r["stale_err"] > 1e-2 and r["sync_err"] < 1e-4
     assert r["threads"] == 1  # cpu_threads held: vLLM's thread binding is off
