@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import atexit
 import importlib.util
-import logging
 import os
 import weakref
 from typing import Any
@@ -55,20 +54,17 @@ def check_model(config: Any, where: str) -> None:
                         "(`ictrl tiny-model --shape qwen2.5-0.5b` builds one)")
 
 
-def cpu_environment(cpu_threads: int | None = None, verbose: bool = False) -> dict[str, str]:
+def cpu_environment(cpu_threads: int | None = None) -> dict[str, str]:
     """Set the CPU engine's settings the user left unset; returns those it set (for the log): the KV cache's
     size (vLLM otherwise reserves most of the machine's memory), an in-process engine (no ``__main__`` guard needed),
-    quiet logs, and no thread binding when ``cpu_threads`` sets the run's threads (vLLM's binding replaces
-    ``torch.set_num_threads`` with a no-op for the rest of the process)."""
+    and no thread binding when ``cpu_threads`` sets the run's threads (vLLM's binding replaces
+    ``torch.set_num_threads`` with a no-op for the rest of the process). vLLM's log lines are the CLI's to quiet
+    (``ictrl.cli.quiet``)."""
     wanted = {"VLLM_CPU_KVCACHE_SPACE": str(CPU_KVCACHE_GIB), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     if cpu_threads is not None:
         wanted["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
-    if not verbose:
-        wanted["VLLM_LOGGING_LEVEL"] = "ERROR"
     set_now = {k: v for k, v in wanted.items() if k not in os.environ}
     os.environ.update(set_now)
-    if not verbose:
-        logging.getLogger("vllm").setLevel(logging.ERROR)  # vLLM configured its logger when TRL imported it
     return set_now
 
 
@@ -81,8 +77,6 @@ def shutdown_before_exit(llm: Any) -> None:
     ``ictrl.engine.process_group``) and end a clean run with a traceback ("Invalid process group specified").
     :func:`shutdown_engines` runs at exit before vLLM's finalizer (registered after it) and from
     ``leave_process_group``."""
-    if not _ENGINES:
-        atexit.register(shutdown_engines)
     _ENGINES.append(weakref.ref(llm))
 
 
@@ -93,3 +87,6 @@ def shutdown_engines() -> None:
         engine = _ENGINES.pop()()
         if engine is not None:
             engine.llm_engine.engine_core.shutdown()
+
+
+atexit.register(shutdown_engines)  # a no-op unless an engine is still alive at exit

@@ -28,7 +28,6 @@ from typing import Any
 import torch
 
 from ictrl import vllm_env
-from ictrl.cliargs import VERBOSE_ENV, env_flag
 
 log = logging.getLogger(__name__)
 
@@ -46,9 +45,8 @@ def building_engine(model: Any, args: Any) -> Iterator[None]:
     communicator (which refuses any other device): the weights then travel through :func:`reload_sync`."""
     vllm_env.require_installed("use_vllm")
     if args.vllm_mode == "colocate" and vllm_env.on_cpu():  # a server is its own process, with its own settings
-        chosen = vllm_env.cpu_environment(args.cpu_threads, verbose=env_flag(VERBOSE_ENV))
-        log.info("vLLM on CPU in %s%s", engine_dtype(args),
-                 "".join(f", {k}={v}" for k, v in chosen.items() if k != "VLLM_LOGGING_LEVEL"))
+        chosen = vllm_env.cpu_environment(args.cpu_threads)
+        log.info("vLLM on CPU in %s%s", engine_dtype(args), "".join(f", {k}={v}" for k, v in chosen.items()))
         if not isinstance(model, str):
             vllm_env.check_model(model.config, "use_vllm")
     from trl.generation import vllm_generation
