@@ -12,7 +12,18 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--integration", action="store_true",
+                     help="also run the tests marked integration (slow end-to-end runs; CI runs them)")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # The default run is the quick suite; `--integration` (CI) or an explicit `-m` selects the slow tests too.
+    if not config.getoption("--integration") and not config.option.markexpr:
+        slow = [item for item in items if "integration" in item.keywords]
+        if slow:
+            config.hook.pytest_deselected(items=slow)
+            items[:] = [item for item in items if "integration" not in item.keywords]
     if torch.cuda.is_available():
         return
     skip_gpu = pytest.mark.skip(reason="needs a CUDA device")
