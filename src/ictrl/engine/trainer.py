@@ -98,8 +98,8 @@ class ICTGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
         if args.use_vllm:
             vllm_engine.engine_built(self)
         # The method is resolved once per run: the rule, its validated options, what it reads.
-        self._selector = selection.get_selector(args.token_selector)
-        self._selector_options = args.selector_options()
+        self._selector = args.selector
+        self._selector_options = args.selector_options
         self._needs_js = "ict_score" in self._selector.needs
         self._stat_free = not (self._selector.needs & {"ict_score", "entropy", "prob"})
         per_process = args.per_device_train_batch_size * args.steps_per_generation
