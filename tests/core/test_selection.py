@@ -95,11 +95,11 @@ def test_group_scope_ranks_across_non_adjacent_rows() -> None:
 
 def test_warmup_returns_whole_mask() -> None:
     base = ragged_batch()
-    for step, warm in [(0, True), (4, True), (5, False), (9, False)]:
+    for step, warming_up in [(0, True), (4, True), (5, False), (9, False)]:
         inputs = SelectionInputs(mask=base.mask, step=step, ict_score=base.ict_score)
         ict = select("ict", inputs, warmup_steps=5)
         freq = select("frequent", inputs, warmup_steps=5)
-        if warm:
+        if warming_up:
             assert torch.equal(ict, base.mask) and torch.equal(freq, base.mask)
         else:
             assert int(ict.sum()) < int(base.mask.sum())

@@ -77,6 +77,15 @@ def stub_trainer_class(one_pass: bool = False) -> type:
     return StubGenerationTrainer
 
 
+def separate_pass(trainer: Any) -> None:
+    """From now on the separate statistics pass in every mode: the path ``one_pass = False`` plans when the trainer
+    is built (``ictrl.engine.stats_pass``)."""
+    import dataclasses
+
+    source = trainer.stats_source
+    trainer.stats_source = dataclasses.replace(source, paths=dict.fromkeys(source.paths, "separate"))
+
+
 def make_config(output_dir: str | os.PathLike[str], **overrides: Any) -> Any:
     from ictrl.engine.config import ICTGRPOConfig
 

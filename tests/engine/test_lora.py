@@ -207,7 +207,6 @@ def test_statistics_pass_scores_the_adapted_model(tiny_model_dir: Path, tmp_path
     from the base model's: the adapter is in the statistics pass, on its own pass and in the loss's forward."""
     from peft import LoraConfig
 
-    import ictrl.engine.trainer as trainer_module
     from ictrl.engine import stats_pass
     from ictrl.engine.stats_pass import STATS_PATHS
     from ictrl.engine.trainer import ICTGRPOTrainer
@@ -219,7 +218,8 @@ def test_statistics_pass_scores_the_adapted_model(tiny_model_dir: Path, tmp_path
     trainer = ICTGRPOTrainer(model=model, reward_funcs=w.digit_reward, train_dataset=w.make_dataset(),
                              processing_class=tokenizer, peft_config=lora,
                              args=w.make_config(tmp_path, token_selector="ict", temperature=0.8, sparse_backward=True))
-    trainer.one_pass = path == "training_forward"
+    if path == "separate":
+        w.separate_pass(trainer)
     calls = _capture_stats(trainer)  # the separate pass: the batch in generation order
     seen: list[tuple[Any, Any, Any]] = []
     original = stats_pass.hidden_stats
@@ -229,8 +229,7 @@ def test_statistics_pass_scores_the_adapted_model(tiny_model_dir: Path, tmp_path
         seen.append((mask, group_ids, js))
         return stats, js
 
-    for module in (stats_pass, trainer_module):  # the separate pass reaches it through stats_pass, the loss directly
-        monkeypatch.setattr(module, "hidden_stats", recording)
+    monkeypatch.setattr(stats_pass, "hidden_stats", recording)  # the separate pass and the loss's forward alike
     trainer.model.train()
     inputs = trainer._prepare_inputs(_inputs(trainer))
     if path == "training_forward":

@@ -38,7 +38,7 @@ def test_one_ict_step_with_sparse_backward_at_qwen25_width(tmp_path: Path) -> No
 
     # The sparse head's loss equals TRL's fused head over all 151,936 logits on a fresh batch (separate pass, so
     # the batch carries its selection).
-    trainer.one_pass = False
+    w.separate_pass(trainer)
     trainer.model.train()
     inputs = trainer._prepare_inputs([{"prompt": p} for p in w.PROMPTS[:2] for _ in range(trainer.num_generations)])
     selected = inputs["ictrl_selected"] & inputs["completion_mask"].bool()

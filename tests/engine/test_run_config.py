@@ -45,7 +45,7 @@ def test_every_cell_validates_and_builds_trainer_args(path: Path) -> None:
     assert cfg.script.dataset_name == ["gsm8k_train", "math_train"] and cfg.script.reward_funcs == ["verifiable"]
     args = build_trainer_args(cfg, str(path), cpu=True)
     selector = get_selector(args.token_selector)
-    assert selector.label == method
+    assert args.selector is selector and selector.label == method
     # published values (docs/method.md §6) shared by the grid
     assert (args.learning_rate, args.temperature, args.beta) == (1e-6, 1.0, 0.0)
     assert (args.epsilon, args.epsilon_high) == (0.2, 0.28)
@@ -56,7 +56,7 @@ def test_every_cell_validates_and_builds_trainer_args(path: Path) -> None:
     # the method's defaults come from its registration, nowhere else
     assert args.selection_warmup_steps == selector.warmup_steps
     assert args.loss_normalization == selector.normalization
-    assert args.selector_options() == selector.resolve_options()
+    assert args.selector_options == selector.resolve_options()
 
 
 def test_flags_in_both_forms_as_trl_reads_them() -> None:
@@ -293,7 +293,7 @@ def test_custom_selector_by_module_function(tmp_path: Path, monkeypatch: pytest.
         cfg = config_from_dict({**MINIMAL, "token_selector": "my_selectors:first",
                                 "selection_options": {"count": 2}})
         args = build_trainer_args(cfg, "custom", cpu=True)
-        assert args.selection_warmup_steps == 3 and args.selector_options() == {"count": 2}
+        assert args.selection_warmup_steps == 3 and args.selector_options == {"count": 2}
         assert get_selector("my_selectors:first") is SELECTORS["first_token_test"]
         with pytest.raises(ConfigError, match=r"custom: token_selector: selector 'my_selectors:nope': cannot import"):
             build_trainer_args(config_from_dict({**MINIMAL, "token_selector": "my_selectors:nope"}), "custom",

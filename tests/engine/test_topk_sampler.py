@@ -40,17 +40,25 @@ def _inputs(trainer: Any, n_prompts: int = 2) -> list[dict[str, str]]:
     return [{"prompt": p} for p in w.PROMPTS[:n_prompts] for _ in range(trainer.num_generations)]
 
 
+class _RecordingSource:
+    """The trainer's statistics source, recording the arguments and results of each call."""
+
+    def __init__(self, source: Any, calls: list[dict[str, Any]]) -> None:
+        self.source, self.calls = source, calls
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.source, name)
+
+    def __call__(self, model: Any, batch: Any, mask: Any, group_ids: Any = None, **kwargs: Any) -> Any:
+        stats, js = self.source(model, batch, mask, group_ids, **kwargs)
+        self.calls.append({"batch": batch, "mask": mask, "sampler_topk": kwargs.get("sampler_topk"), "js": js})
+        return stats, js
+
+
 def _capture_stats(trainer: Any) -> list[dict[str, Any]]:
     """Record the arguments and results of each statistics pass."""
     calls: list[dict[str, Any]] = []
-    original = trainer._selection_stats
-
-    def recording(batch: Any, mask: Any, group_ids: Any, sampler_topk: Any = None) -> Any:
-        stats, js = original(batch, mask, group_ids, sampler_topk)
-        calls.append({"batch": batch, "mask": mask, "sampler_topk": sampler_topk, "js": js})
-        return stats, js
-
-    trainer._selection_stats = recording
+    trainer.stats_source = _RecordingSource(trainer.stats_source, calls)
     return calls
 
 
@@ -115,7 +123,7 @@ def test_small_k_from_generation_matches_head_topk(tiny_model_dir: Path, tmp_pat
     trainer._generate_and_score_completions(_inputs(trainer))
     (call,) = calls
     groups = torch.arange(call["mask"].size(0)) // trainer.num_generations
-    _, head_js = ICTGRPOTrainer._selection_stats(trainer, call["batch"], call["mask"], groups)  # head top-K
+    _, head_js = trainer.stats_source.source(trainer.model, call["batch"], call["mask"], groups)  # head top-K
     torch.testing.assert_close(call["js"], head_js, atol=2e-5, rtol=1e-4)
 
 
@@ -123,7 +131,7 @@ def test_auto_falls_back_to_the_head_and_sampler_refuses(tiny_model_dir: Path, t
                                                          no_head_topk: list[int]) -> None:
     trainer = _trainer(tiny_model_dir, tmp_path, token_selector="ict", selection_topk=8, repetition_penalty=1.2)
     assert trainer._sampler_topk is None  # a repetition penalty changes the sampler's logits
-    trainer.one_pass = False  # the statistics pass runs at generation (else in the loss, ictrl.engine.stats_pass)
+    w.separate_pass(trainer)  # the statistics pass runs at generation (else in the loss, ictrl.engine.stats_pass)
     trainer.model.train()
     trainer._generate_and_score_completions(_inputs(trainer))
     assert no_head_topk and trainer._metrics["train"]["ictrl/topk_from_sampler"] == [0.0]

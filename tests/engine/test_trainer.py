@@ -185,7 +185,7 @@ def test_all_computes_its_selection_metrics_only_on_logged_steps(tiny_model_dir:
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """log Σp² and the selection metrics are for the log only: steps off the logging cadence skip them, and the
     training is the same."""
-    import ictrl.engine.trainer as trainer_module
+    from ictrl.engine import stats_pass
 
     params = []
     for logging_steps in (1, 2):
@@ -193,12 +193,12 @@ def test_all_computes_its_selection_metrics_only_on_logged_steps(tiny_model_dir:
                            logging_steps=logging_steps)
         sum_sq: list[bool] = []
 
-        def recording(*args: Any, _real: Any = trainer_module.fused_forward, **kwargs: Any) -> Any:
+        def recording(*args: Any, _real: Any = stats_pass.fused_forward, **kwargs: Any) -> Any:
             out = _real(*args, **kwargs)
             sum_sq.append(out[2] is not None)
             return out
 
-        monkeypatch.setattr(trainer_module, "fused_forward", recording)
+        monkeypatch.setattr(stats_pass, "fused_forward", recording)
         trainer.train()
         params.append([p.detach().clone() for p in trainer.model.parameters()])
         rows = [h for h in trainer.state.log_history if "loss" in h]
@@ -219,7 +219,7 @@ def test_statistics_and_ict_mask_match_naive_reference(tiny_model_dir: Path, tmp
     batch = trainer._generate_and_score_completions(_generation_inputs(trainer))
     mask = _response_mask(batch)
     group_ids = torch.arange(mask.size(0)) // trainer.num_generations
-    stats, js = trainer._selection_stats(batch, mask, group_ids)
+    stats, js = trainer.stats_source(trainer.model, batch, mask, group_ids)
 
     ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
     attention = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
@@ -432,9 +432,9 @@ def test_selection_topk_full_vocab_equals_exact_and_small_k_trains(tiny_model_di
     mask = _response_mask(batch)
     group_ids = torch.arange(mask.size(0)) // exact.num_generations
 
-    stats_exact, js_exact = exact._selection_stats(batch, mask, group_ids)
-    stats_full, js_full = full._selection_stats(batch, mask, group_ids)
-    stats_small, js_small = small._selection_stats(batch, mask, group_ids)
+    stats_exact, js_exact = exact.stats_source(exact.model, batch, mask, group_ids)
+    stats_full, js_full = full.stats_source(full.model, batch, mask, group_ids)
+    stats_small, js_small = small.stats_source(small.model, batch, mask, group_ids)
     ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
     attention = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
     P, T = batch["prompt_ids"].size(1), batch["completion_ids"].size(1)

@@ -17,6 +17,7 @@ and writes what the tests assert on:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -120,12 +121,13 @@ def engine(kind: str, out: Path, temperature: float) -> None:
     result["is_ratio"] = [float(ratios.min()), float(ratios.max())]
     sampler = batch["ictrl_selected"] & mask
     groups = local_groups(0, mask.size(0), trainer.num_generations, mask.device)
-    head_topk = trainer._select(mask, *trainer._selection_stats(batch, mask, groups, None), batch["advantages"],
-                                trainer.num_generations, False)
-    trainer.args.selection_topk = None
-    exact = trainer._select(mask, *trainer._selection_stats(batch, mask, groups, None), batch["advantages"],
-                            trainer.num_generations, False)
-    trainer.args.selection_topk = 16
+    step, metrics = int(trainer.state.global_step), trainer._metrics["train"]
+    selections = []
+    for source in (trainer.stats_source, dataclasses.replace(trainer.stats_source, topk=None)):  # head top-K, exact
+        stats, js = source(trainer.model, batch, mask, groups)
+        selections.append(trainer.selection_step.select(metrics, step, mask, stats, js, batch["advantages"],
+                                                        trainer.num_generations))
+    head_topk, exact = selections
     result.update(agree_head=agreement(sampler, head_topk), agree_exact=agreement(sampler, exact),
                   selected=int(sampler.sum()), topk_mass=topk_mass(trainer, batch, mask))
 

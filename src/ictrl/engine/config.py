@@ -242,11 +242,7 @@ class ICTGRPOConfig(GRPOConfig):
         if self.prompts_per_step is not None:
             self._derive_step_shape()
         super().__post_init__()
-        try:
-            selector = get_selector(self.token_selector)
-        except ValueError as exc:
-            raise ValueError(f"token_selector: {exc}") from None
-        self._resolve_method(selector)
+        self._resolve_selector()
         if not self.temperature > 0:  # else the selection temperature it defaults to is named for it
             raise ValueError(f"temperature must be > 0, got {self.temperature!r}")
         if self.selection_temperature is None:
@@ -324,7 +320,7 @@ class ICTGRPOConfig(GRPOConfig):
         refused = refused_field_errors(self, {f.name: f.default for f in fields(GRPOConfig)})
         if refused:
             raise ValueError(refused[0])
-        dense = get_selector(self.token_selector).trl_loss
+        dense = self.selector.trl_loss
         if self.kl_scope is None:  # TRL's entropy mask leaves the KL term on every token
             self.kl_scope = "all_tokens" if self.top_entropy_quantile < 1.0 else "selected"
         if self.top_entropy_quantile < 1.0:
@@ -400,8 +396,29 @@ class ICTGRPOConfig(GRPOConfig):
         self.per_device_train_batch_size, self.gradient_accumulation_steps = step_shape(
             self.prompts_per_step, self.num_generations, process_count(), self.per_device_train_batch_size)
 
-    def _resolve_method(self, selector: Selector) -> None:
-        """Fill the ``None`` method fields from the selector's registration and check every option once."""
+    def _resolve_selector(self) -> None:
+        """Look ``token_selector`` up once: ``selector`` and its checked ``selector_options`` are what the trainer
+        and the run read. Attributes, not fields: ``asdict``, TRL's ``to_dict`` and the printed config hold the
+        fields as given, and a pickled config carries the name and looks it up again (:meth:`__setstate__`)."""
+        try:
+            self.selector: Selector = get_selector(self.token_selector)
+        except ValueError as exc:
+            raise ValueError(f"token_selector: {exc}") from None
+        self.selector_options: dict[str, Any] = self._resolve_method(self.selector)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state.pop("selector", None)
+        state.pop("selector_options", None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._resolve_selector()  # the fields are resolved already: this only looks the selector up again
+
+    def _resolve_method(self, selector: Selector) -> dict[str, Any]:
+        """Fill the ``None`` method fields from the selector's registration and check every option once; returns
+        the selector's resolved options."""
         if self.selection_seed is None:
             self.selection_seed = self.seed
         for option, name in OPTION_FIELDS.items():
@@ -443,6 +460,7 @@ class ICTGRPOConfig(GRPOConfig):
             self.loss_normalization = self._default_normaliser(selector)
         if self.loss_normalization not in NORM_MODES:
             raise ValueError(f"loss_normalization must be one of {list(NORM_MODES)}, got {self.loss_normalization!r}")
+        return options
 
     def _default_normaliser(self, selector: Selector) -> str:
         """TRL's normaliser for ``loss_type`` under ``all``; a sparse method's registered one otherwise."""
@@ -455,9 +473,3 @@ class ICTGRPOConfig(GRPOConfig):
                            "registered %r (set loss_normalization to change it)", self.loss_type,
                            self.token_selector, selector.normalization)
         return selector.normalization
-
-    def selector_options(self) -> dict[str, Any]:
-        """The keyword options ``ictrl.core.selection.select`` gets for ``token_selector`` (validated at init)."""
-        selector = get_selector(self.token_selector)
-        given = {o: getattr(self, f) for o, f in OPTION_FIELDS.items() if o in selector.options}
-        return selector.resolve_options({**given, **(self.selection_options or {})})

@@ -138,9 +138,8 @@ def write_run_labels(out: Path, args: Any) -> None:
     import json
 
     from ictrl.files import atomic_write_text
-    from ictrl.core.selection import get_selector
 
-    labels = {"method": get_selector(args.token_selector).label, "token_selector": args.token_selector,
+    labels = {"method": args.selector.label, "token_selector": args.token_selector,
               "seed": int(args.seed)}
     atomic_write_text(out / RUN_LABELS, json.dumps(labels, indent=1) + "\n")
 

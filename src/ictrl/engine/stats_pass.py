@@ -1,7 +1,10 @@
 """The statistics pass: per-token statistics and the group JS score of the sampling policy, and where they come from.
 
-Three paths, chosen per generation batch by :func:`plan_stats_path` and logged as ``ictrl/stats_path``
-(:data:`STATS_PATHS`):
+:class:`StatsSource` is the run's one source of statistics, built once when the trainer is (:meth:`StatsSource.plan`).
+It decides the path of each mode once, from :class:`PathFacts`, and is called one way,
+``source(model, batch, mask, group_ids, ...) -> (TokenStats, js)``, whether the statistics come from the model's
+own forward over the batch, from hidden states the loss's forward kept, or from TRL's fused head. Three paths,
+logged as ``ictrl/stats_path`` (:data:`STATS_PATHS`):
 
 - ``training_forward`` (2): the statistics come from the loss's own forward. Used for ``all`` (its selection is the
   response mask, so only the metrics need statistics: TRL's fused head returns log-probs, entropy and Σp² in the
@@ -17,6 +20,10 @@ Three paths, chosen per generation batch by :func:`plan_stats_path` and logged a
   the sampler, dynamic sampling, tools, a selection temperature other than the sampling one where the path would
   need it, or ``one_pass = False``).
 
+What a batch itself can change is decided by :func:`batch_path`: a batch whose sampler log-probs get the importance
+weight needs π_old at generation (``separate`` instead of ``training_forward``), and a batch with tool output, or
+whose old log-probs TRL did not ask of the policy, falls back from ``shared_old_logps`` to ``separate``.
+
 Selectors that need no group JS (``all``, ``entropy``, ``stapo``, ``random``, a warm-up step) take their statistics
 from TRL's fused head (``log_probs``, ``entropy``, ``log_sum_sq_probs``: Σp²) when the selection temperature is
 the sampling temperature, so they pay no sweep at all; every metric (h1, h2, purity, prob) is still there.
@@ -29,9 +36,9 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -83,7 +90,7 @@ def check_local_groups(batch: dict[str, Any], G: int) -> None:
 
 @dataclass(frozen=True)
 class PathFacts:
-    """What decides the statistics path of one generation batch (see the module docstring)."""
+    """What decides the statistics path of a run in one mode (see the module docstring)."""
 
     one_pass: bool                # False forces the separate pass (the reference the others are tested against)
     sampler_topk: bool            # the ICT score's top-K log-probs come from the sampler
@@ -106,6 +113,19 @@ def plan_stats_path(f: PathFacts) -> str:
     if f.trl_computes_old_logps:
         return "shared_old_logps" if not f.tools and f.same_temperature else "separate"
     return "training_forward" if f.on_policy_single_micro_batch else "separate"
+
+
+def batch_path(planned: str, *, importance_correction: bool, tool_output: bool, shared_rows: int | None,
+               rows: int) -> str:
+    """The path of one generation batch of ``rows`` rows: the planned one, or ``separate`` where the batch needs
+    it. ``importance_correction``: its sampler log-probs get the importance weight, which needs π_old at
+    generation; ``tool_output``: its response mask leaves tool output out, which TRL's old log-probs do not;
+    ``shared_rows``: the rows of the statistics served as TRL's old log-probs (None: TRL asked for none)."""
+    if planned == "training_forward":
+        return "separate" if importance_correction else planned
+    if planned == "shared_old_logps" and (tool_output or shared_rows != rows):
+        return "separate"
+    return planned
 
 
 # ------------------------------------------------------------------------------------- the full sweep
@@ -216,14 +236,23 @@ def fused_head_with_sum_sq() -> Iterator[None]:
         grpo.add_fused_lm_head = original
 
 
+class Fused(NamedTuple):
+    """What :func:`fused_forward` returns: [B, T] log-probs (with grad when enabled), entropy and log Σp², and the
+    [B, T, H] final-norm hidden states (the LM head's input) when they were kept."""
+
+    logps: Tensor
+    entropy: Tensor
+    log_sum_sq: Tensor | None
+    hidden: Tensor | None
+
+
 def fused_forward(model: Any, backbone: nn.Module, input_ids: Tensor, attention_mask: Tensor, T: int,
                   autocast: Autocast, rows: int | None = None, keep_hidden: bool = False, sum_sq: bool = True
-                  ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
+                  ) -> Fused:
     """TRL's fused forward (its ``_get_per_token_logps_and_entropies`` for text) in chunks of ``rows``.
 
-    Returns [B, T] log-probs (with grad when enabled), entropy and log Σp² (None without ``sum_sq``, or if the
-    head does not return it), and with ``keep_hidden`` the [B, T, H] final-norm hidden states (the LM head's
-    input) captured from ``backbone``'s output by a forward hook.
+    log Σp² is None without ``sum_sq`` or if the head does not return it; the hidden states, with ``keep_hidden``,
+    are captured from ``backbone``'s output by a forward hook.
     """
     rows = rows or input_ids.size(0)
     captured: list[Tensor] = []
@@ -247,7 +276,7 @@ def fused_forward(model: Any, backbone: nn.Module, input_ids: Tensor, attention_
     entropy = torch.cat([p[1] for p in parts])
     lss = None if any(p[2] is None for p in parts) else torch.cat([p[2] for p in parts])
     hidden = torch.cat([h[:, -T - 1:-1] for h in captured]) if keep_hidden else None
-    return logps, entropy, lss, hidden
+    return Fused(logps, entropy, lss, hidden)
 
 
 def stats_from_fused(logps: Tensor, entropy: Tensor, log_sum_sq: Tensor | None, mask: Tensor) -> TokenStats:
@@ -264,3 +293,62 @@ def stats_from_fused(logps: Tensor, entropy: Tensor, log_sum_sq: Tensor | None, 
     else:
         renyi2, purity = on(-log_sum_sq), on(log_sum_sq.exp())
     return TokenStats(entropy=on(entropy), renyi2=renyi2, purity=purity, logprob=on(logps), prob=on(logps.exp()))
+
+
+# ------------------------------------------------------------------------------------------ the source
+
+
+@dataclass(frozen=True)
+class StatsSource:
+    """The run's statistics: where they come from in each mode, decided once, and how they are computed.
+
+    Built by :meth:`plan` when the trainer is; what varies at run time is only the mode, the selection's warm-up
+    (no group JS: the caller passes no ``group_ids``) and the per-batch fallbacks of :func:`batch_path`.
+    """
+
+    paths: Mapping[str, str]      # mode ("train" / "eval") -> its planned path
+    needs_js: bool                # the selector reads the group JS score
+    stat_free: bool               # the selector reads no statistics (all, random)
+    same_temperature: bool        # selection temperature == sampling temperature
+    temperature: float            # the selection temperature
+    topk: int | None              # group JS from each position's top-K log-probs (selection_topk)
+    chunk_size: int               # rows of [V] logits at once in the head's sweep
+    rows: Mapping[str, int]       # mode -> rows per forward of the separate pass (the mode's per-device batch)
+    autocast: Autocast
+    head: Callable[[Any], nn.Module]      # model -> its LM head as the engine exposes it
+    backbone: Callable[[Any], nn.Module]  # model -> the module whose output is the final-norm hidden states
+
+    @classmethod
+    def plan(cls, facts: Callable[[bool], PathFacts], **settings: Any) -> StatsSource:
+        """The source with the path of each mode, from ``facts(training)``."""
+        return cls(paths={"train": plan_stats_path(facts(True)), "eval": plan_stats_path(facts(False))},
+                   **settings)
+
+    def fused(self, need_js: bool) -> bool:
+        """The statistics can come from TRL's fused head: no group JS, and its temperature is the selection's."""
+        return not need_js and self.same_temperature
+
+    def forward(self, model: Any, input_ids: Tensor, attention_mask: Tensor, T: int, rows: int | None = None,
+                keep_hidden: bool = False, sum_sq: bool = True) -> Fused:
+        """:func:`fused_forward` with the run's engine."""
+        return fused_forward(model, self.backbone(model), input_ids, attention_mask, T, self.autocast, rows,
+                             keep_hidden=keep_hidden, sum_sq=sum_sq)
+
+    def __call__(self, model: Any, batch: dict[str, Any], mask: Tensor, group_ids: Tensor | None = None, *,
+                 mode: str = "train", hidden: Tensor | None = None, fused: Fused | None = None,
+                 sampler_topk: tuple[Tensor, Tensor] | None = None) -> tuple[TokenStats, Tensor | None]:
+        """TokenStats ([B, T] fields) of the sampling policy at ``batch``'s completion positions and the [B, T]
+        group JS (None without ``group_ids``).
+
+        From ``fused`` (TRL's fused head: no group JS) when given, else the no-grad sweep of the LM head over
+        ``hidden`` ([B, T, H]) when given, else over the model's own forward of ``batch`` in chunks of the mode's
+        rows (:func:`model_stats`). ``sampler_topk``: the [B, T, K] top-K log-probs and ids the sampler recorded.
+        """
+        if fused is not None:
+            return stats_from_fused(fused.logps, fused.entropy, fused.log_sum_sq, mask), None
+        settings = dict(temperature=self.temperature, topk=self.topk, chunk_size=self.chunk_size,
+                        autocast=self.autocast, sampler_topk=sampler_topk)
+        if hidden is not None:
+            return hidden_stats(self.head(model), hidden.detach(), mask, batch["completion_ids"], group_ids,
+                                **settings)
+        return model_stats(model, self.head(model), batch, mask, group_ids, rows=self.rows[mode], **settings)

@@ -1,18 +1,22 @@
 """``ICTGRPOTrainer``: TRL's ``GRPOTrainer`` with a token-selection mask and ictrl's normalised loss.
 
-Override points (all checked against trl 1.16.0 by ``tests/engine/test_trainer.py``):
+A TRL batch reaches the loss through three modules, built into two objects at init: ``stats_source``
+(:class:`ictrl.engine.stats_pass.StatsSource`: the statistics, and which path they come from in each mode),
+``selection_step`` (:class:`ictrl.engine.selection_step.SelectionStep`: the global mask, its metrics and the loss's
+normalisers) and ``_loss_spec`` (:class:`ictrl.core.loss.LossSpec`). The selector and its options come resolved from
+``ICTGRPOConfig``. Override points (all checked against trl 1.16.0 by ``tests/engine/test_trainer.py``):
 
-- ``_generate_and_score_completions``: after TRL builds a generation batch, one no-grad pass over the
-  sampling-policy logits gives the per-token statistics (``ictrl.core.stats``; group JS only for ict/frequent, from
-  each position's top-K log-probs when ``selection_topk`` is set), the selection runs (``ictrl.core.selection.select``)
-  on the whole generation batch gathered from all processes, and the local rows of the bool mask are attached as
-  ``batch["ictrl_selected"]`` [B, T]. TRL's shuffle/split across ``steps_per_generation`` then carries it with the
-  other [B, ...] tensors.
-- Where the statistics come from (``ictrl.engine.stats_pass``, logged as ``ictrl/stats_path``): on-policy with one
-  micro-batch per generation batch they come from the loss's own forward (the selection is then made in
-  ``_compute_loss`` and ``ictrl_selected`` is attached there); when TRL computes old log-probs its no-grad pass is
-  the statistics pass (``_get_per_token_logps_and_entropies``); ``all`` and the selectors without group JS read
-  TRL's fused head. Otherwise the separate pass above runs (``one_pass = False`` forces it).
+- ``_generate_and_score_completions``: after TRL builds a generation batch, the statistics of the sampling policy
+  (``ictrl.core.stats``; group JS only for ict/frequent, from each position's top-K log-probs when
+  ``selection_topk`` is set) feed the selection on the whole generation batch gathered from all processes, and the
+  local rows of the bool mask are attached as ``batch["ictrl_selected"]`` [B, T]. TRL's shuffle/split across
+  ``steps_per_generation`` then carries it with the other [B, ...] tensors. The hooks TRL calls from inside its
+  generation hand their results back through one :class:`GenerationPass` that exists only during that call.
+- Where the statistics come from (logged as ``ictrl/stats_path``): on-policy with one micro-batch per generation
+  batch they come from the loss's own forward (the selection is then made in ``_compute_loss`` and
+  ``ictrl_selected`` is attached there); when TRL computes old log-probs its no-grad pass is the statistics pass
+  (``_get_per_token_logps_and_entropies``); ``all`` and the selectors without group JS read TRL's fused head.
+  Otherwise the separate pass runs (``one_pass = False`` forces it).
 - ``_prepare_inputs``: when TRL has just buffered a new generation batch, attach the global normalisers of each
   optimizer step (responses, tokens summed over its micro-batches and all processes) as 0-d tensors.
 - ``_generate_single_turn`` (only with ``selection_topk`` taken from the sampler, ``ictrl.engine.sampler_topk``):
@@ -45,13 +49,14 @@ import contextlib
 import logging
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
 from torch import Tensor
 from trl import GRPOTrainer
 
-from ictrl.core import selection
 from ictrl.core.logprobs import selected_token_logprobs
 from ictrl.core.loss import TRL_BUFFER_MEAN, LossExtras, policy_loss
 from ictrl.core.stats import TokenStats
@@ -60,32 +65,36 @@ from ictrl.engine.config import ICTGRPOConfig
 from ictrl.engine.dynamic_sampling import DynamicSamplingMixin
 from ictrl.engine.heads import backbone, call_head, output_head
 from ictrl.engine.sampler_topk import TopKRecorder, TopKRows, recorded_topk, recording_generate, split_vllm_logprobs
-from ictrl.engine.selection_step import (attach_normalisers, gather_rows, gather_stats, log_selection, loss_spec,
-                                         metrics_logged, select_global)
-from ictrl.engine.stats_pass import (
-    STAT_FIELDS,
-    STATS_PATHS,
-    PathFacts,
-    check_local_groups,
-    final_hidden,
-    fused_forward,
-    fused_head_with_sum_sq,
-    hidden_stats,
-    local_groups,
-    model_inputs,
-    model_stats,
-    plan_stats_path,
-    response_mask,
-    stats_from_fused,
-)
+from ictrl.engine.selection_step import SelectionStep, loss_spec, metrics_logged
+from ictrl.engine.stats_pass import (STAT_FIELDS, STATS_PATHS, PathFacts, StatsSource, batch_path, check_local_groups,
+                                     final_hidden, fused_head_with_sum_sq, local_groups, model_inputs, response_mask)
 from ictrl.errors import UserError
+
+
+@dataclass
+class GenerationPass:
+    """What ictrl's hooks inside one ``super()._generate_and_score_completions`` call hand back to the trainer.
+
+    TRL calls ``_generate_single_turn`` (and vLLM's ``generate``) and ``_get_per_token_logps_and_entropies`` from
+    inside that call and keeps only their usual return values, so the sampler's top-K and the statistics served as
+    TRL's old log-probs cannot come back in a return value or in the batch TRL builds. They are kept here, in a
+    record that exists only for that call (:meth:`ICTGRPOTrainer._generating`); outside it the hooks are TRL's.
+    """
+
+    path: str                      # the mode's planned statistics path
+    need_js: bool                  # the selector reads group JS and the step is past the warm-up
+    G: int                         # completions per prompt in this mode
+    rollout_calls: int = 0         # generation calls TRL made (the sampler's top-K must come from one)
+    rollout_topk: TopKRows | None = None              # the sampler's top-K rows of the last call
+    shared: tuple[int, TokenStats, Tensor | None] | None = None  # rows, statistics and JS served as old log-probs
 
 
 class ICTGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
     """``GRPOTrainer(model, reward_funcs, args, train_dataset, eval_dataset, processing_class, ...)`` with
     ``args`` an :class:`ICTGRPOConfig`. Logs ``ictrl/*`` metrics next to TRL's."""
 
-    #: False: always the separate statistics pass (the reference the one-pass paths are tested against).
+    #: False: always the separate statistics pass (the reference the one-pass paths are tested against); read when
+    #: the trainer is built, which decides the statistics path of each mode (``stats_source``).
     one_pass: bool = True
 
     def __init__(self, model: Any, reward_funcs: Any, args: ICTGRPOConfig | None = None, *pos: Any,
@@ -97,13 +106,9 @@ class ICTGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
             super().__init__(model, reward_funcs, args, *pos, **kwargs)
         if args.use_vllm:
             vllm_engine.engine_built(self)
-        # The method is resolved once per run: the rule, its validated options, what it reads.
-        self._selector = selection.get_selector(args.token_selector)
-        self._selector_options = args.selector_options()
-        self._needs_js = "ict_score" in self._selector.needs
-        self._stat_free = not (self._selector.needs & {"ict_score", "entropy", "prob"})
+        needs_js = "ict_score" in args.selector.needs  # the selector and its options: resolved by the config
         per_process = args.per_device_train_batch_size * args.steps_per_generation
-        if self._needs_js and per_process % self.num_generations != 0:
+        if needs_js and per_process % self.num_generations != 0:
             raise ValueError(
                 f"token_selector={args.token_selector!r} computes group JS on each process, so each prompt's "
                 f"num_generations={self.num_generations} completions must sit on one process: "
@@ -114,11 +119,13 @@ class ICTGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
         if args.sparse_backward and self.aux_loss_enabled:
             raise ValueError("router_aux_loss_coef: the MoE router loss comes with TRL's dense forward, which "
                              "sparse_backward replaces; set router_aux_loss_coef=0 or turn sparse_backward off")
-        self._sampler_topk = self._resolve_topk_source()
-        self._rollout_topk: TopKRows | None = None
-        self._rollout_calls = 0
-        self._old_logps_request: dict[str, Any] | None = None
-        self._shared_stats: tuple[int, TokenStats, Tensor | None] | None = None
+        self._sampler_topk = self._resolve_topk_source(needs_js)
+        self.stats_source = self._plan_stats(needs_js)
+        self.selection_step = SelectionStep(
+            self.accelerator, args.selector, args.selector_options, args.selection_warmup_steps,
+            count_selected=args.loss_normalization == "token_mean_selected",
+            buffer_mean=args.selector.trl_loss and args.loss_type in TRL_BUFFER_MEAN)
+        self._generation: GenerationPass | None = None  # set only inside _generate_and_score_completions
         if self._sampler_topk is not None and self.use_vllm:
             self._install_vllm_topk()
         vllm_server.check_logprobs_mode(self._server, args, self._sampler_topk)
@@ -128,139 +135,114 @@ class ICTGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
                 raise ValueError(f"model config sets {attr}; the statistics pass reads raw LM-head logits and "
                                  "does not apply it")
 
-    # --------------------------------------------------------------------- what the statistics pass reads
+    def _plan_stats(self, needs_js: bool) -> StatsSource:
+        """The run's statistics source, with the path of each mode decided here, once."""
+        args = self.args
+        stat_free = not (args.selector.needs & {"ict_score", "entropy", "prob"})
+        same_temperature = args.selection_temperature == self.temperature
+        generate_every = args.steps_per_generation * self.num_iterations
+        trl_computes_old_logps = args.gradient_accumulation_steps % generate_every != 0 or bool(
+            self.use_vllm and args.vllm_importance_sampling_correction)
+
+        def facts(training: bool) -> PathFacts:
+            return PathFacts(
+                one_pass=self.one_pass and not self._dense_trl_forward(), sampler_topk=self._sampler_topk is not None,
+                dynamic_sampling=bool(getattr(args, "dynamic_sampling", False)), stat_free=stat_free,
+                same_temperature=same_temperature, training=training, trl_computes_old_logps=trl_computes_old_logps,
+                tools=bool(self.tools),
+                on_policy_single_micro_batch=self.num_iterations == 1 and args.steps_per_generation == 1)
+
+        return StatsSource.plan(
+            facts, needs_js=needs_js, stat_free=stat_free, same_temperature=same_temperature,
+            temperature=args.selection_temperature, topk=args.selection_topk, chunk_size=args.stats_chunk_size,
+            rows={"train": args.per_device_train_batch_size, "eval": args.per_device_eval_batch_size},
+            autocast=self.accelerator.autocast, head=partial(output_head, self.accelerator),
+            backbone=partial(backbone, self.accelerator))
 
     def _mode(self) -> str:
         return "train" if self.model.training else "eval"
 
-    def _cheap_stats(self, need_js: bool) -> bool:
-        """The statistics can come from TRL's fused head: no group JS, and its temperature is the selection's."""
-        return not need_js and self.args.selection_temperature == self.temperature
-
-    def _trl_computes_old_logps(self) -> bool:
-        args = self.args
-        generate_every = args.steps_per_generation * self.num_iterations
-        return args.gradient_accumulation_steps % generate_every != 0 or bool(
-            self.use_vllm and args.vllm_importance_sampling_correction)
-
-    def _plan_stats_path(self) -> str:
-        args = self.args
-        return plan_stats_path(PathFacts(
-            one_pass=self.one_pass and not self._dense_trl_forward(), sampler_topk=self._sampler_topk is not None,
-            dynamic_sampling=bool(getattr(args, "dynamic_sampling", False)), stat_free=self._stat_free,
-            same_temperature=self._cheap_stats(False), training=self.model.training,
-            trl_computes_old_logps=self._trl_computes_old_logps(), tools=bool(self.tools),
-            on_policy_single_micro_batch=self.num_iterations == 1 and args.steps_per_generation == 1))
-
-    def _selection_stats(self, batch: dict[str, Any], mask: Tensor, group_ids: Tensor | None,
-                         sampler_topk: tuple[Tensor, Tensor] | None = None) -> tuple[TokenStats, Tensor | None]:
-        """Statistics of the sampling policy at every completion position of ``batch`` ([B, T] fields) and the
-        [B, T] group JS (None when ``group_ids`` is None), from one no-grad pass (:func:`model_stats`)."""
-        args = self.args
-        rows = args.per_device_train_batch_size if self.model.training else args.per_device_eval_batch_size
-        return model_stats(self.model, output_head(self.accelerator, self.model), batch, mask, group_ids,
-                           rows=rows, temperature=args.selection_temperature, topk=args.selection_topk,
-                           chunk_size=args.stats_chunk_size, autocast=self.accelerator.autocast,
-                           sampler_topk=sampler_topk)
-
-    def _in_warmup(self) -> bool:
-        """The selection's warm-up (the first Θ optimizer steps): every response token is selected."""
-        return selection.in_warmup(int(self.state.global_step), self.args.selection_warmup_steps)
-
-    def _select(self, mask: Tensor, stats: TokenStats | None, js: Tensor | None, advantages: Tensor, G: int,
-                in_warmup: bool) -> Tensor:
-        """The local rows' [B, T] selection (the same on every process as on one), with its metrics logged."""
-        local, view = select_global(self.accelerator, self._selector, self._selector_options,
-                                    self.args.selection_warmup_steps, int(self.state.global_step), mask, stats, js,
-                                    advantages, G)
-        log_selection(self._metrics[self._mode()], *view, in_warmup)
-        return local
-
     # ------------------------------------------------------------------------------------- generation
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
-        self._rollout_topk, self._rollout_calls = None, 0
-        args = self.args
         mode = self._mode()
         G = self.num_generations if mode == "train" else self.num_generations_eval
-        in_warmup = self._in_warmup()
-        need_js = self._needs_js and not in_warmup
-        path = self._plan_stats_path()
-        request = {"need_js": need_js, "G": G} if path == "shared_old_logps" else None
-        with self._serving_old_logps(request):
+        step = int(self.state.global_step)
+        source = self.stats_source
+        generation = GenerationPass(source.paths[mode], source.needs_js and not self.selection_step.in_warmup(step), G)
+        with self._generating(generation):
             batch = super()._generate_and_score_completions(inputs)
-        rollout_topk, self._rollout_topk = self._rollout_topk, None
         if "pixel_values" in batch:
             raise ValueError("ICTGRPOTrainer supports text-only models (its statistics pass has no image inputs)")
         start = time.perf_counter()
         mask = response_mask(batch)
         B, T = mask.shape
-        rank = self.accelerator.process_index
         metrics = self._metrics[mode]
-        if path == "training_forward" and self._importance_correction(batch):
-            path = "separate"  # the sampler's log-probs need π_old at generation (_ensure_old_logps)
+        shared = generation.shared
+        path = batch_path(generation.path, importance_correction=self._importance_correction(batch),
+                          tool_output="tool_mask" in batch, shared_rows=None if shared is None else shared[0], rows=B)
         if path == "training_forward":  # statistics and selection come with the loss's forward
-            batch["ictrl_row"] = rank * B + torch.arange(B, device=mask.device)
-            if self._stat_free:
-                batch["ictrl_selected"] = self._select(mask, None, None, batch["advantages"], G, in_warmup)
+            batch["ictrl_row"] = self.accelerator.process_index * B + torch.arange(B, device=mask.device)
+            if source.stat_free:
+                batch["ictrl_selected"] = self.selection_step.select(metrics, step, mask, None, None,
+                                                                     batch["advantages"], G)
             return batch
-        shared, self._shared_stats = self._shared_stats, None
-        if path == "shared_old_logps" and shared is not None and shared[0] == B and "tool_mask" not in batch:
+        if path == "shared_old_logps":
+            assert shared is not None
             _, stats, js = shared
         else:
-            path = "separate"
-            groups = None
-            if need_js:
+            groups = sampler_topk = None
+            if generation.need_js:
                 check_local_groups(batch, G)
-                groups = local_groups(rank, B, G, mask.device)
-            sampler_topk = recorded_topk(rollout_topk, self._rollout_calls, self._sampler_topk,
-                                         args.selection_topk_source, B, T, mask.device) if need_js else None
-            stats, js = self._selection_stats(batch, mask, groups, sampler_topk)
+                groups = local_groups(self.accelerator.process_index, B, G, mask.device)
+                sampler_topk = recorded_topk(generation.rollout_topk, generation.rollout_calls, self._sampler_topk,
+                                             self.args.selection_topk_source, B, T, mask.device)
+            stats, js = source(self.model, batch, mask, groups, mode=mode, sampler_topk=sampler_topk)
             metrics["ictrl/topk_from_sampler"].append(float(sampler_topk is not None))
         self._ensure_old_logps(batch)
-        batch["ictrl_selected"] = self._select(mask, stats, js, batch["advantages"], G, in_warmup)
+        batch["ictrl_selected"] = self.selection_step.select(metrics, step, mask, stats, js, batch["advantages"], G)
         metrics["ictrl/stats_path"].append(STATS_PATHS[path])
         metrics["ictrl/stats_time"].append(time.perf_counter() - start)
         return batch
+
+    @contextlib.contextmanager
+    def _generating(self, generation: GenerationPass) -> Iterator[GenerationPass]:
+        previous, self._generation = self._generation, generation
+        try:
+            yield generation
+        finally:
+            self._generation = previous
 
     def _get_per_token_logps_and_entropies(self, model: Any, input_ids: Tensor, attention_mask: Tensor,
                                            logits_to_keep: int, batch_size: int | None = None,
                                            compute_entropy: bool = False, compute_aux_loss: bool = False,
                                            **kwargs: Any) -> tuple[Tensor, Tensor | None, Tensor | None]:
-        """TRL's method; while ``_old_logps_request`` is armed (inside generation, path ``shared_old_logps``) its
-        one no-grad call on the policy is served by the statistics pass, whose results are kept for the trainer."""
-        request = self._old_logps_request
-        if (request is None or model is not self.model or torch.is_grad_enabled() or compute_entropy
-                or compute_aux_loss or any(v is not None for v in kwargs.values())):
+        """TRL's method; inside generation on path ``shared_old_logps`` its first no-grad call on the policy is
+        served by the statistics pass, whose results the generation record keeps for the trainer."""
+        generation = self._generation
+        if (generation is None or generation.path != "shared_old_logps" or generation.shared is not None
+                or model is not self.model or torch.is_grad_enabled() or compute_entropy or compute_aux_loss
+                or any(v is not None for v in kwargs.values())):
             return super()._get_per_token_logps_and_entropies(
                 model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size,
                 compute_entropy=compute_entropy, compute_aux_loss=compute_aux_loss, **kwargs)
-        self._old_logps_request = None
         T = logits_to_keep
         mask = attention_mask[:, -T:].bool()
-        if not request["need_js"] and self._cheap_stats(False):
-            logps, entropy, lss, _ = fused_forward(model, backbone(self.accelerator, model), input_ids,
-                                                   attention_mask, T, self.accelerator.autocast, batch_size)
-            stats, js = stats_from_fused(logps, entropy, lss, mask), None
+        batch = {"prompt_ids": input_ids[:, :-T], "completion_ids": input_ids[:, -T:],
+                 "prompt_mask": attention_mask[:, :-T], "completion_mask": attention_mask[:, -T:]}
+        source = self.stats_source
+        if source.fused(generation.need_js):
+            fused = source.forward(model, input_ids, attention_mask, T, rows=batch_size)
+            (stats, js), logps = source(model, batch, mask, fused=fused), fused.logps
         else:
-            batch = {"prompt_ids": input_ids[:, :-T], "completion_ids": input_ids[:, -T:],
-                     "prompt_mask": attention_mask[:, :-T], "completion_mask": attention_mask[:, -T:]}
             groups = None
-            if request["need_js"]:
-                check_local_groups(batch, request["G"])
-                groups = local_groups(self.accelerator.process_index, mask.size(0), request["G"], mask.device)
-            stats, js = self._selection_stats(batch, mask, groups)
+            if generation.need_js:
+                check_local_groups(batch, generation.G)
+                groups = local_groups(self.accelerator.process_index, mask.size(0), generation.G, mask.device)
+            stats, js = source(model, batch, mask, groups, mode=self._mode())
             logps = stats.logprob
-        self._shared_stats = (input_ids.size(0), stats, js)
+        generation.shared = (input_ids.size(0), stats, js)
         return logps, None, None
-
-    @contextlib.contextmanager
-    def _serving_old_logps(self, request: dict[str, Any] | None) -> Iterator[None]:
-        self._old_logps_request, self._shared_stats = request, None
-        try:
-            yield
-        finally:
-            self._old_logps_request = None
 
     # --------------------------------------------------------------------------------- global normalisers
 
@@ -270,16 +252,10 @@ class ICTGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
         if "ictrl_selected" not in inputs:
             pass  # path training_forward: the selection, and so the normalisers, come with the loss's forward
         elif not self.model.training:
-            self._attach_normalisers([inputs], accumulation=1)
+            self.selection_step.attach_normalisers([inputs], accumulation=1)
         elif self._buffered_inputs is not previous:
-            self._attach_normalisers(self._buffered_inputs, self.args.gradient_accumulation_steps)
+            self.selection_step.attach_normalisers(self._buffered_inputs, self.args.gradient_accumulation_steps)
         return inputs
-
-    def _attach_normalisers(self, batches: list[dict[str, Any]], accumulation: int) -> None:
-        args = self.args
-        attach_normalisers(self.accelerator, batches, accumulation,
-                           count_selected=args.loss_normalization == "token_mean_selected",
-                           buffer_mean=self._selector.trl_loss and args.loss_type in TRL_BUFFER_MEAN)
 
     # -------------------------------------------------------------------------------------------- loss
 
@@ -330,7 +306,7 @@ class ICTGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
         world = self.accelerator.num_processes
         num_tokens = inputs["ictrl_num_tokens"] / world
         if args.loss_type == "bnpo":
-            count = selected & mask if args.loss_normalization == "token_mean_selected" else mask
+            count = selected & mask if self.selection_step.count_selected else mask
             num_tokens = count.sum().to(logps.dtype) * accumulation
         sampler = inputs.get("sampling_per_token_logps")
         loss, m = policy_loss(logps, old, inputs["advantages"], mask, selected, self._loss_spec, LossExtras(
@@ -368,65 +344,55 @@ class ICTGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
         grad; the statistics sweep its hidden states without grad (TRL's fused entropy and Σp² for selectors
         without group JS); then the head with grad (``sparse_backward``: the selected positions only).
         """
-        args = self.args
-        acc = self.accelerator
+        source, step = self.stats_source, int(self.state.global_step)
         T = mask.size(1)
         metrics = self._metrics[self._mode()]
         metrics["ictrl/stats_path"].append(STATS_PATHS["training_forward"])
-        in_warmup = self._in_warmup()
-        if self._stat_free:  # selected at generation; only the metrics of this micro-batch on all processes
+        if source.stat_free:  # selected at generation; only the metrics of this micro-batch on all processes
             logged = metrics_logged(self.args, self.state, self.is_in_train and self.model.training)
-            logps, entropy, lss, _ = fused_forward(model, backbone(acc, model), input_ids, attention_mask, T,
-                                                   acc.autocast, sum_sq=logged)
+            fused = source.forward(model, input_ids, attention_mask, T, sum_sq=logged)
             if logged:
                 start = time.perf_counter()
-                g_stats = gather_stats(acc, stats_from_fused(logps, entropy, lss, mask))
-                log_selection(metrics, gather_rows(acc, mask.to(torch.uint8)).bool(), g_stats, None,
-                              gather_rows(acc, inputs["ictrl_selected"].to(torch.uint8)).bool(), in_warmup)
+                stats, _ = source(model, inputs, mask, fused=fused)
+                self.selection_step.log(metrics, step, mask, stats, inputs["ictrl_selected"])
                 metrics["ictrl/stats_time"].append(time.perf_counter() - start)
-            return logps
-        need_js = self._needs_js and not in_warmup
-        sparse = bool(args.sparse_backward)
-        rank, B = acc.process_index, mask.size(0)
-        local = inputs["ictrl_row"] - rank * B  # each micro-batch row's index in TRL's generation order
+            return fused.logps
+        need_js = source.needs_js and not self.selection_step.in_warmup(step)
+        sparse = bool(self.args.sparse_backward)
+        local = inputs["ictrl_row"] - self.accelerator.process_index * mask.size(0)  # index in generation order
         order = torch.argsort(local)
-        logps = hidden = None
-        if self._cheap_stats(need_js) and not sparse:
-            logps, entropy, lss, _ = fused_forward(model, backbone(acc, model), input_ids, attention_mask, T,
-                                                   acc.autocast)
+        if source.fused(need_js) and not sparse:
+            fused = source.forward(model, input_ids, attention_mask, T)
             start = time.perf_counter()
-            stats, js = stats_from_fused(logps, entropy, lss, mask), None
+            stats, js = source(model, inputs, mask, fused=fused)
         else:
             if sparse:
-                hidden = final_hidden(model, input_ids, attention_mask, T, acc.autocast)
+                fused, hidden = None, final_hidden(model, input_ids, attention_mask, T, source.autocast)
             else:
-                logps, _, _, hidden = fused_forward(model, backbone(acc, model), input_ids, attention_mask, T,
-                                                    acc.autocast, keep_hidden=True, sum_sq=False)
+                fused = source.forward(model, input_ids, attention_mask, T, keep_hidden=True, sum_sq=False)
+                hidden = fused.hidden
             start = time.perf_counter()
             groups = None
             if need_js:
-                G = self.num_generations
-                check_local_groups({k: inputs[k][order] for k in ("prompt_ids", "prompt_mask")}, G)
-                groups = inputs["ictrl_row"] // G
-            stats, js = hidden_stats(output_head(acc, model), hidden.detach(), mask, inputs["completion_ids"],
-                                     groups, temperature=args.selection_temperature, topk=args.selection_topk,
-                                     chunk_size=args.stats_chunk_size, autocast=acc.autocast)
+                check_local_groups({k: inputs[k][order] for k in ("prompt_ids", "prompt_mask")}, self.num_generations)
+                groups = inputs["ictrl_row"] // self.num_generations
+            stats, js = source(model, inputs, mask, groups, hidden=hidden)
         ordered = TokenStats(**{f: getattr(stats, f)[order] for f in STAT_FIELDS})
-        selected = self._select(mask[order], ordered, None if js is None else js[order], inputs["advantages"][order],
-                                self.num_generations, in_warmup)[local]
+        selected = self.selection_step.select(metrics, step, mask[order], ordered, None if js is None else js[order],
+                                              inputs["advantages"][order], self.num_generations)[local]
         inputs["ictrl_selected"] = selected
-        self._attach_normalisers([inputs], args.gradient_accumulation_steps)
+        self.selection_step.attach_normalisers([inputs], self.args.gradient_accumulation_steps)
         metrics["ictrl/stats_time"].append(time.perf_counter() - start)  # the no-grad sweep, selection, metrics
-        if logps is None:
-            logps = self._sparse_head(model, hidden, inputs["completion_ids"], selected & mask)
-        return logps
+        if fused is None:
+            return self._sparse_head(model, hidden, inputs["completion_ids"], selected & mask)
+        return fused.logps
 
     # ------------------------------------------------------------------ sampler top-K and importance weights
 
-    def _resolve_topk_source(self) -> int | None:
+    def _resolve_topk_source(self, needs_js: bool) -> int | None:
         """K when the ICT score's top-K log-probs are recorded by the sampler, else None (the head's logits)."""
         args = self.args
-        if args.selection_topk is None or not self._needs_js or args.selection_topk_source == "head":
+        if args.selection_topk is None or not needs_js or args.selection_topk_source == "head":
             return None
         why = self._sampler_topk_obstacle()
         if why is None:
@@ -457,7 +423,9 @@ class ICTGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
 
     def _generate_single_turn(self, prompt_ids: Any, images: Any, multimodal_fields: Any, num_generations: int,
                               has_tool_images: bool = False) -> Any:
-        self._rollout_calls += 1
+        generation = self._generation  # None outside generation: nothing to hand back
+        if generation is not None:
+            generation.rollout_calls += 1
         K = self._sampler_topk
         if K is None or self.use_vllm:  # vLLM records through _vllm_generate_recording_topk
             return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations,
@@ -466,7 +434,8 @@ class ICTGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
         with recording_generate(self.accelerator.unwrap_model(self.model_wrapped), recorder):
             out = super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations,
                                                 has_tool_images)
-        self._rollout_topk = recorder.rows()
+        if generation is not None:
+            generation.rollout_topk = recorder.rows()
         return out
 
     def _install_vllm_topk(self) -> None:
@@ -480,7 +449,9 @@ class ICTGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
         prompt_ids, completion_ids, logprobs, token_ids = self._vllm_generate(*args, **kwargs)
         if logprobs is None or token_ids is None:
             raise RuntimeError("vLLM returned no top-K log-probs (selection_topk_source)")
-        sampled, self._rollout_topk = split_vllm_logprobs(logprobs, token_ids, completion_ids, self._sampler_topk)
+        sampled, topk = split_vllm_logprobs(logprobs, token_ids, completion_ids, self._sampler_topk)
+        if self._generation is not None:
+            self._generation.rollout_topk = topk
         return prompt_ids, completion_ids, sampled, None
 
     def _importance_correction(self, batch: dict[str, Any]) -> bool:
@@ -493,6 +464,6 @@ class ICTGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
         if not self._importance_correction(batch) or "old_per_token_logps" in batch:
             return
         input_ids, attention_mask = model_inputs(batch)
-        rows = self.args.per_device_train_batch_size if self.model.training else self.args.per_device_eval_batch_size
         batch["old_per_token_logps"], _, _ = self._get_per_token_logps_and_entropies(
-            self.model, input_ids, attention_mask, batch["completion_ids"].size(1), batch_size=rows)
+            self.model, input_ids, attention_mask, batch["completion_ids"].size(1),
+            batch_size=self.stats_source.rows[self._mode()])
