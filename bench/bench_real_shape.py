@@ -11,8 +11,9 @@ largest over the whole process, model build included).
 
 Parts (``--part``; each merges its key into bench/results/real_shape.json, written atomically):
 
-    ratios   ict, ict+sparse, all, trl_q1.0 at --layers, --repeats rounds in rotated order: step time and its
-             parts (statistics, loss forward+backward, optimizer), ratios within a round, peaks
+    ratios   ict, ict+sparse, all, all:quiet (logging_steps 10: the measured step not logged), trl_q1.0
+             (--variants) at --layers, --repeats rounds in rotated order: step time and its parts (statistics, loss
+             forward+backward, optimizer), ratios within a round, peaks
     passes   the no-grad passes alone on one fixed batch: ictrl's statistics pass (``_selection_stats``: backbone
              + head sweep + token statistics + group JS) vs TRL's old-log-prob pass
              (``_get_per_token_logps_and_entropies``, what TRL runs when num_iterations > 1): time and peak extra
@@ -48,8 +49,10 @@ from bench_train_step import build_trainer, run_variant  # noqa: E402
 from ictrl.files import atomic_write_json  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "real_shape.json"
-VARIANTS = ["ict", "ict+sparse", "all", "trl_q1.0"]
-PAIRS = [("ict", "all"), ("ict+sparse", "all"), ("all", "trl_q1.0"), ("ict", "trl_q1.0")]
+# all:quiet: all with logging_steps 10, its measured step not logged (no selection metrics, no log Σp²)
+VARIANTS = ["ict", "ict+sparse", "all", "all:quiet", "trl_q1.0"]
+PAIRS = [("ict", "all"), ("ict+sparse", "all"), ("all", "trl_q1.0"), ("all:quiet", "trl_q1.0"), ("ict", "trl_q1.0"),
+         ("ict+sparse", "trl_q1.0")]
 PART_KEYS = ("step_s", "stats_s", "loss_s", "optimizer_s", "generate_s")
 
 
@@ -141,14 +144,15 @@ def run_worker(case: str, a: argparse.Namespace, **overrides: Any) -> dict[str, 
 
 
 def part_ratios(a: argparse.Namespace) -> dict[str, Any]:
-    runs: dict[str, list[dict[str, Any]]] = {v: [] for v in VARIANTS}
+    variants = a.variants.split(",")
+    runs: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
     for r in range(a.repeats):
-        for v in VARIANTS[r % len(VARIANTS):] + VARIANTS[:r % len(VARIANTS)]:
+        for v in variants[r % len(variants):] + variants[:r % len(variants)]:
             runs[v].append(run_worker(v, a))
     summary = {v: {k: statistics.median(run[k] for run in rs) for k in rs[0] if isinstance(rs[0][k], float)}
                for v, rs in runs.items()}
     ratios = {f"{x}/{y} {k[:-2]}": statistics.median(runs[x][i][k] / runs[y][i][k] for i in range(a.repeats))
-              for x, y in PAIRS for k in ("step_s", "loss_s")}
+              for x, y in PAIRS if x in runs and y in runs for k in ("step_s", "loss_s")}
     return {"layers": a.layers, "completion_len": a.completion_len, "repeats": a.repeats, "summary": summary,
             "ratios": ratios, "runs": runs}
 
@@ -249,6 +253,7 @@ def main() -> None:
     ap.add_argument("--completion-len", type=int, default=256)
     ap.add_argument("--lengths", default="128,256,512,1024")
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--variants", default=",".join(VARIANTS), help="--part ratios: the variants, rotated per round")
     ap.add_argument("--steps", type=int, default=2, help="optimizer steps per run; the last is measured")
     ap.add_argument("--stats-chunk-size", type=int, default=None,
                     help="passes: ICTGRPOConfig.stats_chunk_size of the statistics pass (default: the config's); "

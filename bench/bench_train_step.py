@@ -82,8 +82,9 @@ def with_fixed_generation(cls: type, a: argparse.Namespace) -> type:
 def build_trainer(variant: str, a: argparse.Namespace, out_dir: str, num_iterations: int = 1) -> Any:
     """A trainer for one variant on a fresh tiny model (same seed for all variants).
 
-    Variant names: ``SELECTOR[+sparse][@separate]`` (ICTGRPOTrainer; ``@separate`` forces the separate statistics
-    pass, ``one_pass = False``), ``trl_qQ`` (TRL's stock GRPOTrainer with top_entropy_quantile Q).
+    Variant names: ``SELECTOR[+sparse][@separate][:quiet]`` (ICTGRPOTrainer; ``@separate`` forces the separate
+    statistics pass, ``one_pass = False``; ``:quiet``: ``logging_steps`` 10), ``trl_qQ`` (TRL's stock GRPOTrainer
+    with top_entropy_quantile Q).
     """
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
@@ -104,6 +105,10 @@ def build_trainer(variant: str, a: argparse.Namespace, out_dir: str, num_iterati
                   num_generations=a.generations, max_completion_length=a.completion_len, learning_rate=1e-5,
                   seed=0, disable_tqdm=True, dataloader_num_workers=0, temperature=1.0,
                   num_iterations=num_iterations)
+    # NAME:quiet: logging_steps 10, so a 2-step run's measured step is not logged (ictrl computes its selection
+    # metrics and log Σp² only on logged steps; TRL computes its own metrics on every step)
+    variant, quiet = variant.removesuffix(":quiet"), variant.endswith(":quiet")
+    common["logging_steps"] = 10 if quiet else 1
     name, _, mode = variant.partition("@")
     if name.startswith("trl_q"):
         cls, args = GRPOTrainer, GRPOConfig(**common, top_entropy_quantile=float(name[5:]))

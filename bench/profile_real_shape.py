@@ -66,7 +66,6 @@ def measure(variant: str, spec: argparse.Namespace, count_ops: bool = False
 
     import bench_train_step as bts
 
-    name, _, mode = variant.partition(":")
     prof = op_counter() if count_ops else torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
     wall: list[float] = []
     cpu: list[float] = []
@@ -84,9 +83,7 @@ def measure(variant: str, spec: argparse.Namespace, count_ops: bool = False
                 cpu.append(time.process_time() - self.c0)
 
     with tempfile.TemporaryDirectory() as out_dir:
-        trainer = bts.build_trainer(name, spec, out_dir)
-        if mode == "quiet":
-            trainer.args.logging_steps = 10
+        trainer = bts.build_trainer(variant, spec, out_dir)
         trainer.remove_callback(PrinterCallback)
         trainer.add_callback(ProfileSecondStep())
         trainer.train()
