@@ -19,7 +19,7 @@ import os
 import re
 import shlex
 import sys
-from typing import Any
+from dataclasses import dataclass
 
 import yaml
 
@@ -82,7 +82,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     help_only = parser.parse_args
 
     def parse_args(args: list[str] | None = None, namespace: argparse.Namespace | None = None) -> argparse.Namespace:
-        # Overrides are open-ended (any trainer field), so argparse sees only -h; split_argv reads the rest.
+        # Overrides are open-ended (any trainer field), so argparse sees only -h; parse_argv reads the rest.
         args = list(sys.argv[1:] if args is None else args)
         if "-h" in args or "--help" in args:
             parser.epilog = flags_help + "\n\n" + config_keys_help()
@@ -107,58 +107,56 @@ def _launch_flag(arg: str) -> str | None:
     return key if key in LAUNCH_FLAGS else None
 
 
-def split_argv(argv: list[str]) -> tuple[str, list[str], set[str]]:
-    """(config path, overrides, flags) from the command line after ``ictrl train`` (launch flags: split_launch)."""
+@dataclass
+class TrainArgs:
+    """The command line after ``ictrl train``, read in one pass."""
+
+    config: str
+    overrides: list[str]
+    flags: set[str]
+    launch: Launch
+    child_argv: list[str]  # everything but the launch flags: what each process a launch starts is given
+
+
+def parse_argv(argv: list[str]) -> TrainArgs:
+    """The config file (positional or ``--config``), the ``--KEY=VALUE`` overrides (read later by TRL's parser),
+    ictrl's flags and the launch flags (:class:`ictrl.engine.launch.Launch`); a flag without its value, a bad launch
+    value or a second config file is a :class:`UsageError`."""
     config: str | None = None
     overrides: list[str] = []
     flags: set[str] = set()
-    i = 0
-    while i < len(argv):
-        arg = argv[i]
+    launch = Launch()
+    child_argv: list[str] = []
+    args = iter(argv)
+    for arg in args:
+        flag, eq, value = arg.partition("=")
+        field = _launch_flag(arg)
+        if field is not None or flag == "--config":
+            if not eq:
+                value = next(args, "")
+                if not value or (field is not None and value.startswith("--")):
+                    raise UsageError(f"{flag} needs a value" if field is not None else "--config needs a file")
+            if field is not None:
+                try:
+                    launch.set(field, value)
+                except LaunchError as exc:
+                    raise UsageError(str(exc)) from None
+                continue
+            if config is not None:
+                raise UsageError(f"two config files: {config} and {value}")
+            config = value
+            child_argv += [arg] if eq else [arg, value]
+            continue
+        child_argv.append(arg)
         if arg in FLAGS:
             flags.add(arg)
-        elif arg == "--config" or arg.startswith("--config="):
-            if arg == "--config":
-                if i + 1 == len(argv):
-                    raise UsageError("--config needs a file")
-                i += 1
-            path = argv[i] if arg == "--config" else arg.split("=", 1)[1]
-            if config is not None:
-                raise UsageError(f"two config files: {config} and {path}")
-            config = path
         elif not arg.startswith("--") and config is None and not overrides:
             config = arg
         else:
             overrides.append(arg)
-        i += 1
     if config is None:
         raise UsageError(f"no config file; usage: {USAGE}")
-    return config, overrides, flags
-
-
-def split_launch(argv: list[str]) -> tuple[list[str], Launch]:
-    """(the arguments without the launch flags, the :class:`ictrl.engine.launch.Launch` they give); a flag without a
-    value or with a bad one is a :class:`UsageError`."""
-    rest: list[str] = []
-    launch = Launch()
-    i = 0
-    while i < len(argv):
-        field = _launch_flag(argv[i])
-        if field is None:
-            rest.append(argv[i])
-        else:
-            flag, eq, value = argv[i].partition("=")
-            if not eq:
-                if i + 1 == len(argv) or argv[i + 1].startswith("--"):
-                    raise UsageError(f"{flag} needs a value")
-                i += 1
-                value = argv[i]
-            try:
-                launch.set(field, value)
-            except LaunchError as exc:
-                raise UsageError(str(exc)) from None
-        i += 1
-    return rest, launch
+    return TrainArgs(config, overrides, flags, launch, child_argv)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -168,9 +166,9 @@ def run(args: argparse.Namespace) -> int:
     die_with_launcher()  # a rank of `accelerate launch` / torchrun ends with it, not training on detached
     _setup_logging()
     try:
-        argv, launch = split_launch(list(args.argv))
-        config, overrides, flags = split_argv(argv)
-        cfg = load_config(config, overrides)
+        parsed = parse_argv(list(args.argv))
+        config, flags, launch, argv = parsed.config, parsed.flags, parsed.launch, parsed.child_argv
+        cfg = load_config(config, parsed.overrides)
         from ictrl.engine.process_group import process_group_left
         from ictrl.engine.run import build_trainer_args, train
 
