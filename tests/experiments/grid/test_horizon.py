@@ -165,6 +165,19 @@ def test_verdict_follows_the_stated_rule() -> None:
     assert event_text([100, None], 400).startswith("1/2 seeds, step 100")
 
 
+def test_beats_reads_the_welch_interval_of_ict_minus_each_method() -> None:
+    from ictrl.experiments.reports.horizon_report import beats
+
+    def runs(p4: list[float], p16: list[float]) -> list[dict]:
+        return [{"p4": a, "p16": b} for a, b in zip(p4, p16)]
+
+    summ = {"grpo": runs([0.50, 0.52, 0.51], [0.80, 0.82, 0.81]), "ict": runs([0.60, 0.62, 0.61], [0.80, 0.83, 0.80]),
+            "random10": runs([0.70, 0.72, 0.71], [0.81, 0.80, 0.82])}
+    text = beats(summ)
+    assert "pass@4: ICT beats grpo (+10.00 [" in text and "trails random10 (-10.00 [" in text
+    assert "pass@16: ICT is level with grpo" in text and "is level with random10" in text and "ICT beats ict" not in text
+
+
 def test_renyi2_verdict_follows_the_stated_rule() -> None:
     from ictrl.experiments.reports.horizon_report import renyi2_verdict
 

@@ -267,6 +267,7 @@ def render(out: Path, data: dict[str, Any]) -> dict[str, Path]:
     notes = [
         f"Definitions (fixed in commit {DEFINITIONS_COMMIT}"
         + ("" if defs_ok else "; WARNING: the text below differs from that commit's") + f"): {hz.DEFINITIONS}",
+        BEATS_RULE,
         VERDICT_RULE,
         hz.RENYI2_DEFINITION,
         f"Setting {name}: {setting.why}. Base model: task {warm['recipe']['task']}, warm start stopped at step "
@@ -308,9 +309,30 @@ def rerender(source: Path, out: Path) -> dict[str, Path]:
     return render(out, json.loads(gzip.decompress(source.read_bytes())))
 
 
+BEATS_RULE = ("ICT beats a method on pass@k when the 95% Welch interval of ict − method over seeds (final "
+              "held-out pass@k) lies above 0, trails it when the interval lies below 0, and is level otherwise.")
+
+
+def beats(summ: dict[str, list[dict[str, Any]]], ks: Sequence[int] = (4, 16)) -> str:
+    """Does ICT beat each other method on final pass@k (``BEATS_RULE``)? One clause per k."""
+    clauses = []
+    for k in ks:
+        parts = []
+        for m in summ:
+            if m == "ict":
+                continue
+            d = stats_tests.welch_diff([100 * r[f"p{k}"] for r in summ["ict"]],
+                                       [100 * r[f"p{k}"] for r in summ[m]])
+            word = ("beats" if d.lo is not None and d.lo > 0 else
+                    "trails" if d.hi is not None and d.hi < 0 else "is level with")
+            parts.append(f"{word} {m} ({d})")
+        clauses.append(f"pass@{k}: ICT " + ", ".join(parts))
+    return "At each method's tuned setting, on final held-out " + "; ".join(clauses) + " (ict − method, points)."
+
+
 def _answer(name: str, setting: Any, summ: dict[str, list[dict[str, Any]]], stops: dict[int, int], n: int,
             base: dict[str, Any]) -> str:
-    lines = [f"**{verdict(summ, n)}**", f"**{renyi2_verdict(summ)}**"]
+    lines = [f"**{beats(summ)}**", f"**{verdict(summ, n)}**", f"**{renyi2_verdict(summ)}**"]
     lines.append("Collapse (all-token H1 at most 0.2 x its start): " + "; ".join(
         f"{m} {event_text([r['collapse'] for r in summ[m]], n)}" for m in hz.METHODS) + ".")
     lines.append("Explosion: " + "; ".join(
