@@ -33,6 +33,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the tuned protocol: pick each method's lr (and normaliser) on tuning seeds and the "
                              "dev split, then fresh seeds at the chosen settings on the test split, with matched-"
                              "update-size rows (see ictrl.experiments.grid.tune)")
+    parser.add_argument("--setting", default=None, metavar="SETTING",
+                        help="--tune: the task and base-model recipe of a long-horizon setting (a file, or a name in "
+                             "./studies/horizon/; its tuned lrs may be absent) instead of --task's default base")
     parser.add_argument("--variants", default=",".join(ABLATION),
                         help=f"--tune: methods, from {', '.join(VARIANTS)} (default: all)")
     parser.add_argument("--lrs", default=",".join(f"{x:g}" for x in DEFAULT_LRS),
@@ -62,6 +65,13 @@ def run(args: argparse.Namespace) -> int:
     if args.config is not None:
         raise UserError("--tune runs on the embedded tasks (--task); --config is not supported with it")
     protocol = protocol_from_args(args)
+    if args.setting is not None:
+        from ictrl.experiments.grid import horizon as hz
+
+        setting = hz.load_setting(args.setting, need_tuned=False)
+        args.task, args.recipe = setting.task, setting.recipe
+        args.note = args.note or f"Base: the long-horizon setting {setting.name}'s (task {setting.task}, recipe " \
+                                 f"overrides {json.dumps(setting.recipe)})."
     start = time.perf_counter()
     experiment = gridcli.make_experiment(args)
     out: Path = args.output_dir

@@ -15,7 +15,8 @@ from ictrl.experiments.grid import horizon as hz
 
 ROOT = Path(__file__).resolve().parents[3]
 STUDIES = ROOT / "studies" / "horizon"  # the project's own settings, data beside the package
-SETTINGS = {p.stem: hz.load_setting(str(p)) for p in sorted(STUDIES.glob("*.json"))}
+SETTINGS = {p.stem: hz.load_setting(str(p), need_tuned=False) for p in sorted(STUDIES.glob("*.json"))}
+TUNED_HERE = ("paths-tuned", "paths-hard")  # settings whose own tuned protocol chooses their learning rates
 
 
 def log(h1: list[float], reward: list[float] | None = None) -> list[dict[str, float]]:
@@ -61,9 +62,10 @@ def test_stop_rule_waits_for_min_steps_and_the_fall() -> None:
 
 
 def test_the_projects_settings_are_the_ones_its_studies_ran() -> None:
-    assert set(SETTINGS) == {"tinyarith", "countdown", "countdown-lesstrained", "paths"}
-    for setting in SETTINGS.values():
-        assert set(setting.tuned) == set(hz.METHODS) and setting.seeds == (2000, 2001, 2002, 2003, 2004)
+    assert set(SETTINGS) == {"tinyarith", "countdown", "countdown-lesstrained", "paths", *TUNED_HERE}
+    for name, setting in SETTINGS.items():
+        assert setting.seeds == (2000, 2001, 2002, 2003, 2004)
+        assert set(setting.tuned) == set(hz.METHODS) or (name in TUNED_HERE and not setting.tuned)
     assert SETTINGS["tinyarith"].tuned["ict"] == (1e-4, "per_response_all")  # docs/results/tune-tinyarith-2026-11-23.md
     assert SETTINGS["countdown"].tuned["random10"] == (1e-4, "per_response_all")  # tune-countdown-2026-11-23.md
     assert SETTINGS["paths"].tuned == SETTINGS["countdown"].tuned  # paths ran at countdown's tuned settings
@@ -77,7 +79,9 @@ def test_each_setting_warm_starts_its_own_base_on_its_task() -> None:
     from ictrl.experiments.tasks.tinymodel import TinyRecipe
 
     full = {name: TinyRecipe(**base_recipe(s, False)) for name, s in SETTINGS.items()}
-    assert len({r.key() for r in full.values()}) == len(full)  # one cached base per setting
+    assert full["paths-tuned"] == full["paths"]  # the same base, its methods tuned on it
+    assert len({r.key() for r in full.values()}) == len(full) - 1  # otherwise one cached base per setting
+    assert full["paths-hard"].difficulty == (7, 8) and full["paths-hard"].target_dev < full["paths"].target_dev
     for name, setting in SETTINGS.items():
         quick = TinyRecipe(**base_recipe(setting, True))
         assert full[name].task == quick.task == setting.task
@@ -161,6 +165,19 @@ def test_verdict_follows_the_stated_rule() -> None:
     assert event_text([100, None], 400).startswith("1/2 seeds, step 100")
 
 
+def test_beats_reads_the_welch_interval_of_ict_minus_each_method() -> None:
+    from ictrl.experiments.reports.horizon_report import beats
+
+    def runs(p4: list[float], p16: list[float]) -> list[dict]:
+        return [{"p4": a, "p16": b} for a, b in zip(p4, p16)]
+
+    summ = {"grpo": runs([0.50, 0.52, 0.51], [0.80, 0.82, 0.81]), "ict": runs([0.60, 0.62, 0.61], [0.80, 0.83, 0.80]),
+            "random10": runs([0.70, 0.72, 0.71], [0.81, 0.80, 0.82])}
+    text = beats(summ)
+    assert "pass@4: ICT beats grpo (+10.00 [" in text and "trails random10 (-10.00 [" in text
+    assert "pass@16: ICT is level with grpo" in text and "is level with random10" in text and "ICT beats ict" not in text
+
+
 def test_renyi2_verdict_follows_the_stated_rule() -> None:
     from ictrl.experiments.reports.horizon_report import renyi2_verdict
 
@@ -205,6 +222,14 @@ def test_horizon_quick_end_to_end_and_resume(tmp_path: Path, monkeypatch: pytest
     assert "none within 6 steps" in text
     assert "pass@16 − pass@1 during training" in text and "| step 2 | step 4 | step 6 |" in text
 
+    # The kept compact metrics re-render the same report without the run directories.
+    from ictrl.experiments.reports import horizon_report
+
+    kept = tmp_path / "kept.json.gz"
+    kept.write_bytes((out / horizon_report.COMPACT).read_bytes())
+    assert horizon_report.main([str(kept), str(tmp_path / "again")]) == 0
+    assert (tmp_path / "again" / "results.md").read_text() == text
+
     # Resume: nothing trains again; a lost done marker reruns that run alone.
     calls: list[str] = []
     real = tinyrun.train_tiny
@@ -228,3 +253,56 @@ def test_horizon_quick_end_to_end_and_resume(tmp_path: Path, monkeypatch: pytest
     assert calls == ["lr0.0001/random10-per_response_all/seed0", "lr0.0001/random10-per_response_all/seed1"]
     table = (control / "control.md").read_text()
     assert "random10 at lr 0.0001 (per_response_all)" in table and "| P@16 |" in table and "6 steps" in table
+
+
+def test_tune_with_a_setting_tunes_on_the_base_its_long_runs_start_from(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    import argparse
+
+    from ictrl.errors import UserError
+    from ictrl.experiments import compare
+    from ictrl.experiments.horizoncli import base_recipe
+    from ictrl.experiments.tasks import tinymodel
+
+    class Built(Exception):
+        pass
+
+    def build(recipe: tinymodel.TinyRecipe, log: object = print) -> None:
+        raise Built(recipe)
+
+    monkeypatch.setattr(tinymodel, "build_tiny_base", build)
+    path = write_setting(tmp_path, recipe={"difficulty": [7, 8], "train_problems": 900}, tuned=None)
+    with pytest.raises(UserError, match="missing field 'tuned'"):
+        hz.load_setting(path)  # --horizon needs the tuned learning rates
+    setting = hz.load_setting(path, need_tuned=False)
+    parser = argparse.ArgumentParser()
+    compare.add_arguments(parser)
+    with pytest.raises(Built) as built:
+        compare.run(parser.parse_args(["--tune", "--setting", path, "--output-dir", str(tmp_path / "t")]))
+    recipe = built.value.args[0]
+    assert recipe == tinymodel.TinyRecipe(**base_recipe(setting, False)) and recipe.difficulty == (7, 8)
+
+
+def test_the_tuned_study_script_passes_each_settings_tune_options_to_the_tuned_protocol() -> None:
+    import argparse
+
+    from ictrl.experiments import compare, tunecli
+    from ictrl.experiments.grid import tune
+
+    study = runpy.run_path(str(STUDIES / "tuned.py"))
+    parser = argparse.ArgumentParser()
+    compare.add_arguments(parser)
+    for name in TUNED_HERE:
+        setting = SETTINGS[name]
+        args = parser.parse_args(["--tune", "--setting", name, *study["tune_flags"](setting.tune)])
+        protocol = tunecli.protocol_from_args(args)
+        assert set(protocol.variants) == set(hz.METHODS) and protocol.tune_seeds >= 2
+        tuning_seeds = range(tune.TUNE_SEED_START, tune.TUNE_SEED_START + protocol.tune_seeds)
+        assert not set(tuning_seeds) & set(setting.seeds)  # the long runs' seeds are fresh
+        assert (args.steps, args.prompts_per_step, args.selection_warmup) == (20, hz.PROMPTS_PER_STEP,
+                                                                              hz.SELECTION_WARMUP)
+    choices = {"chosen": {m: {"lr": 1e-4 * (i + 1), "norm": None if i % 2 else "per_response_all"}
+                          for i, m in enumerate(hz.METHODS)}}
+    tuned = study["chosen_tuned"](choices, list(hz.METHODS))
+    assert tuned["ict"] == [choices["chosen"]["ict"]["lr"], choices["chosen"]["ict"]["norm"]]
+    assert set(tuned) == set(hz.METHODS)

@@ -91,6 +91,11 @@ def make_experiment(args: Any, log: Callable[[str], None] = print) -> Experiment
         if args.quick:  # the quick recipe's own budget (steps, problems) wins
             extra = {k: v for k, v in extra.items() if k not in recipe_kw}
         recipe_kw.update(task=task, difficulty=DEFAULT_DIFFICULTY[task], **extra)
+    # A long-horizon setting's base-recipe overrides (``--tune --setting``), applied as ``--horizon`` applies them,
+    # so that the tuned protocol tunes on the base the setting's long runs start from.
+    # With --quick the quick recipe's own fields win, as there.
+    recipe_kw.update({k: v for k, v in (getattr(args, "recipe", None) or {}).items()
+                      if not (args.quick and k in recipe_kw)})
     if args.steps is not None:
         rl_kw["steps"] = args.steps
     if args.eval_problems is not None:

@@ -95,6 +95,7 @@ class Setting:
     recipe: dict[str, Any] = field(default_factory=dict)  # TinyRecipe overrides on top of the task's recipe
     why: str = ""
     tuned_source: str = ""  # where the learning rates were chosen
+    tune: dict[str, Any] = field(default_factory=dict)  # the tuned protocol's options that chose them (--tune)
 
 
 def _setting_error(where: object, message: str) -> Exception:
@@ -111,9 +112,10 @@ def setting_path(spec: str) -> Path:
     return SETTINGS_DIR / f"{spec}.json"
 
 
-def load_setting(spec: str) -> Setting:
+def load_setting(spec: str, need_tuned: bool = True) -> Setting:
     """The setting in file ``spec`` (or named ``spec`` in ``studies/horizon/``); a bad file or field is one
-    :class:`ictrl.errors.UserError` line naming it."""
+    :class:`ictrl.errors.UserError` line naming it. ``need_tuned=False`` accepts a file without ``tuned`` (a
+    setting whose learning rates its own tuned protocol is still to choose: ``ictrl compare --tune --setting``)."""
     from ictrl.core.loss import NORM_MODES
     from ictrl.experiments.tasks.registry import TASKS
 
@@ -126,14 +128,15 @@ def load_setting(spec: str) -> Setting:
         data = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise _setting_error(path, f"not valid JSON ({exc.msg}, line {exc.lineno})") from None
-    allowed, required = {"task", "tuned", "seeds", "recipe", "why", "tuned_source"}, {"task", "tuned", "seeds"}
+    allowed = {"task", "tuned", "seeds", "recipe", "why", "tuned_source", "tune"}
+    required = {"task", "tuned", "seeds"} if need_tuned else {"task", "seeds"}
     if not isinstance(data, dict) or required - data.keys() or data.keys() - allowed:
         what = sorted(required - data.keys()) if isinstance(data, dict) else ["an object"]
         extra = sorted(data.keys() - allowed) if isinstance(data, dict) else []
         raise _setting_error(path, f"missing field {what[0]!r}" if what else f"unknown field {extra[0]!r}")
     if data["task"] not in TASKS:
         raise _setting_error(path, f"field 'task': {data['task']!r} is not one of {', '.join(TASKS)}")
-    tuned = data["tuned"]
+    tuned = data.get("tuned", {m: [1.0, None] for m in METHODS})  # absent (need_tuned=False): checked as valid
     if not isinstance(tuned, dict) or set(tuned) != set(METHODS):
         raise _setting_error(path, f"field 'tuned': needs exactly the methods {', '.join(METHODS)}")
     for m, v in tuned.items():
@@ -153,8 +156,13 @@ def load_setting(spec: str) -> Setting:
     if not isinstance(recipe, dict) or recipe.keys() - names:
         bad = sorted(recipe.keys() - names)[0] if isinstance(recipe, dict) else recipe
         raise _setting_error(path, f"field 'recipe': {bad!r} is not a TinyRecipe field ({', '.join(sorted(names))})")
-    return Setting(path.stem, data["task"], {m: (float(v[0]), v[1]) for m, v in tuned.items()}, tuple(seeds),
-                   dict(data.get("recipe", {})), str(data.get("why", "")), str(data.get("tuned_source", "")))
+    tune = data.get("tune", {})
+    if not isinstance(tune, dict) or not all(isinstance(k, str) for k in tune):
+        raise _setting_error(path, f"field 'tune': expected an object of --tune options, got {tune!r}")
+    return Setting(path.stem, data["task"],
+                   {m: (float(v[0]), v[1]) for m, v in data["tuned"].items()} if "tuned" in data else {},
+                   tuple(seeds), dict(data.get("recipe", {})), str(data.get("why", "")),
+                   str(data.get("tuned_source", "")), dict(tune))
 
 
 def _values(records: Sequence[dict[str, Any]], key: str) -> list[tuple[int, float]]:

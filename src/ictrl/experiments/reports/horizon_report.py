@@ -195,27 +195,79 @@ def _entropy_table(summ: dict[str, list[dict[str, Any]]]) -> str:
     return "\n".join(rows)
 
 
+COMPACT = "metrics.json.gz"  # what the report is rendered from, small enough to keep beside it
+RECORD_KEYS = tuple(dict.fromkeys(("step", "loss", "reward", "eval/avg/pass@4", *CURVES.values(),
+                                   *SELECTED.values(), *ENTROPIES.values(), hz.H1_KEY, hz.H2_KEY)))
+DIGITS = 6  # significant digits kept per logged value: the report prints at most 3 decimals of quantities <= ~3
+
+
+def _keep(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    for r in records:
+        row = {k: (float(f"{v:.{DIGITS}g}") if isinstance(v, float) else v) for k, v in r.items()
+               if k in RECORD_KEYS and k != GAP_KEY}
+        if len(row) > 1:
+            out.append(row)
+    return out
+
+
+def compact(out: Path, name: str, setting: hz.Setting, specs: list[grid.RunSpec], results: dict[grid.RunSpec, Any],
+            base: dict[str, Any], warm: dict[str, Any], stops: dict[int, int], n: int, rl: Any,
+            plan: dict[str, Any], seconds: float, quick: bool = False) -> dict[str, Any]:
+    """Everything :func:`render` reads, from a finished study's directory ``out``: each run's logged rows (the keys
+    the report uses, ``DIGITS`` significant digits) and result, and the study's settings."""
+    import dataclasses
+
+    probe_extra = sum(float(json.loads((out / "probe" / s.relpath / grid.DONE_FILE).read_text())["seconds"])
+                      for s in specs if s.method == hz.PROBE_METHOD and stops.get(s.seed) != n
+                      and (out / "probe" / s.relpath / grid.DONE_FILE).exists())
+    return {"name": name, "setting": dataclasses.asdict(setting), "base": base,
+            "warm": {k: warm[k] for k in ("recipe", "best_step", "best_dev_pass1", "seconds")},
+            "stops": {str(k): v for k, v in stops.items()}, "n": n,
+            "rl": dataclasses.asdict(rl) if dataclasses.is_dataclass(rl) else dict(rl), "plan": plan,
+            "seconds": seconds, "probe_extra_seconds": probe_extra, "quick": quick,
+            "runs": [{"method": s.method, "seed": s.seed, "lr": s.lr, "norm": s.norm, "result": results[s],
+                      "records": _keep(load_metrics(out / "runs" / s.relpath / "metrics.jsonl"))} for s in specs]}
+
+
 def write(out: Path, name: str, setting: hz.Setting, specs: list[grid.RunSpec], results: dict[grid.RunSpec, Any],
           base: dict[str, Any], warm: dict[str, Any], stops: dict[int, int], n: int, rl: Any, plan: dict[str, Any],
           seconds: float, quick: bool = False) -> dict[str, Path]:
+    """``COMPACT`` (:func:`compact`), then the report rendered from it (:func:`render`)."""
+    import gzip
+
+    data = compact(out, name, setting, specs, results, base, warm, stops, n, rl, plan, seconds, quick)
+    blob = gzip.compress(json.dumps(data, separators=(",", ":"), default=str).encode(), mtime=0)
+    tmp = out / (COMPACT + ".tmp")
+    tmp.write_bytes(blob)
+    tmp.replace(out / COMPACT)
+    return render(out, data)
+
+
+def render(out: Path, data: dict[str, Any]) -> dict[str, Path]:
+    """``results.md``, ``results.json``, the curves and ``report.html`` in ``out`` from :func:`compact`'s data."""
+    from types import SimpleNamespace
+
+    name, base, warm, n, plan, quick = (data[k] for k in ("name", "base", "warm", "n", "plan", "quick"))
+    setting = SimpleNamespace(**data["setting"])
+    rl = SimpleNamespace(**data["rl"])
+    stops = {int(k): int(v) for k, v in data["stops"].items()}
     theta = int(rl.selection_warmup or 0)
-    runs = {m: [_gap(load_metrics(out / "runs" / s.relpath / "metrics.jsonl")) for s in specs if s.method == m]
+    runs = {m: [_gap(r["records"]) for r in data["runs"] if r["method"] == m] for m in hz.METHODS}
+    summ = {m: [run_summary(r["records"], r["result"], theta) for r in data["runs"] if r["method"] == m]
             for m in hz.METHODS}
-    summ = {m: [run_summary(rec, results[s], theta) for rec, s in zip(runs[m], [s for s in specs if s.method == m])]
-            for m in hz.METHODS}
-    lrs = {s.method: (s.lr, s.norm or "default") for s in specs}
+    lrs = {r["method"]: (r["lr"], r["norm"] or "default") for r in data["runs"]}
     answer, tables = _answer(name, setting, summ, stops, n, base), _tables(summ, lrs, n, base)
     tables.insert(1, ("Held-out pass@16 − pass@1 during training (percent points, mean over seeds; the first "
                       f"{plan['curve_problems']} test problems)", _over_time(runs)))
     images = figures.plot_curves(runs, CURVES, out_dir=out)
     defs_ok = hashlib.sha256(hz.DEFINITIONS.encode()).hexdigest()[:16] == DEFINITIONS_SHA
-    run_seconds = sum(float(r["seconds"]) for r in results.values())
-    probe_extra = sum(float(json.loads((out / "probe" / s.relpath / grid.DONE_FILE).read_text())["seconds"])
-                      for s in specs if s.method == hz.PROBE_METHOD and stops.get(s.seed) != n
-                      and (out / "probe" / s.relpath / grid.DONE_FILE).exists())
+    run_seconds = sum(float(r["result"]["seconds"]) for r in data["runs"])
+    probe_extra, seconds = float(data["probe_extra_seconds"]), float(data["seconds"])
     notes = [
         f"Definitions (fixed in commit {DEFINITIONS_COMMIT}"
         + ("" if defs_ok else "; WARNING: the text below differs from that commit's") + f"): {hz.DEFINITIONS}",
+        BEATS_RULE,
         VERDICT_RULE,
         hz.RENYI2_DEFINITION,
         f"Setting {name}: {setting.why}. Base model: task {warm['recipe']['task']}, warm start stopped at step "
@@ -249,9 +301,38 @@ def write(out: Path, name: str, setting: hz.Setting, specs: list[grid.RunSpec], 
     return {"table": table_path, "report": page}
 
 
-def _answer(name: str, setting: hz.Setting, summ: dict[str, list[dict[str, Any]]], stops: dict[int, int], n: int,
+def rerender(source: Path, out: Path) -> dict[str, Path]:
+    """The report again from a kept ``COMPACT`` file, without the study's run directories."""
+    import gzip
+
+    out.mkdir(parents=True, exist_ok=True)
+    return render(out, json.loads(gzip.decompress(source.read_bytes())))
+
+
+BEATS_RULE = ("ICT beats a method on pass@k when the 95% Welch interval of ict − method over seeds (final "
+              "held-out pass@k) lies above 0, trails it when the interval lies below 0, and is level otherwise.")
+
+
+def beats(summ: dict[str, list[dict[str, Any]]], ks: Sequence[int] = (4, 16)) -> str:
+    """Does ICT beat each other method on final pass@k (``BEATS_RULE``)? One clause per k."""
+    clauses = []
+    for k in ks:
+        parts = []
+        for m in summ:
+            if m == "ict":
+                continue
+            d = stats_tests.welch_diff([100 * r[f"p{k}"] for r in summ["ict"]],
+                                       [100 * r[f"p{k}"] for r in summ[m]])
+            word = ("beats" if d.lo is not None and d.lo > 0 else
+                    "trails" if d.hi is not None and d.hi < 0 else "is level with")
+            parts.append(f"{word} {m} ({d})")
+        clauses.append(f"pass@{k}: ICT " + ", ".join(parts))
+    return "At each method's tuned setting, on final held-out " + "; ".join(clauses) + " (ict − method, points)."
+
+
+def _answer(name: str, setting: Any, summ: dict[str, list[dict[str, Any]]], stops: dict[int, int], n: int,
             base: dict[str, Any]) -> str:
-    lines = [f"**{verdict(summ, n)}**", f"**{renyi2_verdict(summ)}**"]
+    lines = [f"**{beats(summ)}**", f"**{verdict(summ, n)}**", f"**{renyi2_verdict(summ)}**"]
     lines.append("Collapse (all-token H1 at most 0.2 x its start): " + "; ".join(
         f"{m} {event_text([r['collapse'] for r in summ[m]], n)}" for m in hz.METHODS) + ".")
     lines.append("Explosion: " + "; ".join(
@@ -322,3 +403,19 @@ def _tables(summ: dict[str, list[dict[str, Any]]], lrs: dict[str, tuple[float, s
              "for H1 and H2)", _entropy_table(summ)),
             ("Rényi-2 (the definition below; ratios: mean [95% t-CI] over seeds)", _renyi_table(summ)),
             ("Per seed", "\n".join(seeds))]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m ictrl.experiments.reports.horizon_report metrics.json.gz OUT_DIR``: re-render a kept study."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("source", type=Path, help=f"a study's {COMPACT}")
+    parser.add_argument("out", type=Path, help="where results.md, results.json, the curves and report.html go")
+    args = parser.parse_args(argv)
+    print(rerender(args.source, args.out)["table"].read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,77 @@
+"""A long-horizon setting at every method's own tuned setting, from a fresh clone, in one command::
+
+    OMP_NUM_THREADS=1 python studies/horizon/tuned.py paths-tuned --jobs 2
+
+1. The tuned protocol (``ictrl compare --tune --setting SETTING``: the setting's task and base recipe) with the
+   options of the setting's ``tune`` field, into ``RUNS/tune-SETTING``. Its choice rule is
+   ``ictrl.experiments.grid.tune.CHOICE_RULE``.
+2. Its choices (``choices.json``) become the setting's ``tuned`` field: written into the setting file when the
+   file has none, checked against it when it has one (a mismatch stops here: the file's learning rates are not
+   the ones this tune chose).
+3. The long-horizon protocol (``ictrl compare --horizon SETTING``) into ``RUNS/horizon-SETTING``.
+
+Rerunning the command resumes: both protocols skip the runs they finished.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+
+
+def tune_flags(tune: dict[str, Any]) -> list[str]:
+    """The setting's ``tune`` field as ``ictrl compare --tune`` options (a list is one comma-separated value)."""
+    out = []
+    for key, value in tune.items():
+        out += [f"--{key}", ",".join(map(str, value)) if isinstance(value, list) else str(value)]
+    return out
+
+
+def chosen_tuned(choices: dict[str, Any], methods: list[str]) -> dict[str, list[Any]]:
+    """``choices.json``'s choice per method as a setting's ``tuned`` field: [lr, normaliser or null]."""
+    return {m: [choices["chosen"][m]["lr"], choices["chosen"][m]["norm"]] for m in methods}
+
+
+def ictrl(*args: str) -> None:
+    print("+ ictrl " + " ".join(args), flush=True)
+    subprocess.run([sys.executable, "-m", "ictrl", *args], check=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("setting", help="a name in studies/horizon/ (its file needs a 'tune' field)")
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--runs", type=Path, default=Path("runs"), help="where the two output directories go")
+    args = parser.parse_args(argv)
+    path = HERE / f"{args.setting}.json"
+    data = json.loads(path.read_text(encoding="utf-8"))
+    if not data.get("tune"):
+        parser.error(f"{path}: no 'tune' field (the tuned protocol's options)")
+    tune_dir, horizon_dir = args.runs / f"tune-{args.setting}", args.runs / f"horizon-{args.setting}"
+    ictrl("compare", "--tune", "--setting", str(path), *tune_flags(data["tune"]), "--jobs", str(args.jobs),
+          "--output-dir", str(tune_dir))
+    choices = json.loads((tune_dir / "choices.json").read_text())
+    methods = [m.strip() for m in str(data["tune"]["variants"]).split(",")] if isinstance(
+        data["tune"]["variants"], str) else list(data["tune"]["variants"])
+    tuned = chosen_tuned(choices, methods)
+    if "tuned" not in data:
+        data["tuned"] = tuned
+        data["tuned_source"] = (f"this setting's own tuned protocol (studies/horizon/tuned.py {args.setting}: "
+                                f"ictrl compare --tune --setting {args.setting}, its choices.json)")
+        path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+        print(f"wrote the tuned settings into {path}: {json.dumps(tuned)}", flush=True)
+    elif data["tuned"] != tuned:
+        sys.exit(f"{path}: its 'tuned' field {json.dumps(data['tuned'])} is not what the tune in {tune_dir} chose "
+                 f"({json.dumps(tuned)})")
+    ictrl("compare", "--horizon", str(path), "--jobs", str(args.jobs), "--output-dir", str(horizon_dir))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
