@@ -318,11 +318,11 @@ def beats(summ: dict[str, list[dict[str, Any]]], ks: Sequence[int] = (4, 16)) ->
     clauses = []
     for k in ks:
         parts = []
-        for m in summ:
-            if m == "ict":
+        ict = summ["ict"]
+        for m, runs in summ.items():
+            if runs is ict:
                 continue
-            d = stats_tests.welch_diff([100 * r[f"p{k}"] for r in summ["ict"]],
-                                       [100 * r[f"p{k}"] for r in summ[m]])
+            d = stats_tests.welch_diff([100 * r[f"p{k}"] for r in ict], [100 * r[f"p{k}"] for r in runs])
             word = ("beats" if d.lo is not None and d.lo > 0 else
                     "trails" if d.hi is not None and d.hi < 0 else "is level with")
             parts.append(f"{word} {m} ({d})")
