@@ -22,6 +22,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ictrl.files import atomic_write_text
+
 HERE = Path(__file__).resolve().parent
 
 
@@ -64,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         data["tuned"] = tuned
         data["tuned_source"] = (f"this setting's own tuned protocol (studies/horizon/tuned.py {args.setting}: "
                                 f"ictrl compare --tune --setting {args.setting}, its choices.json)")
-        path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+        atomic_write_text(path, json.dumps(data, indent=2) + "\n")
         print(f"wrote the tuned settings into {path}: {json.dumps(tuned)}", flush=True)
     elif data["tuned"] != tuned:
         sys.exit(f"{path}: its 'tuned' field {json.dumps(data['tuned'])} is not what the tune in {tune_dir} chose "

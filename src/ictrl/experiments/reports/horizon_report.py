@@ -18,7 +18,7 @@ from typing import Any
 from ictrl.experiments.grid import horizon as hz
 from ictrl.experiments.grid import runner as grid
 from ictrl.experiments.reports import figures, report, stats_tests
-from ictrl.files import atomic_write_text, load_metrics
+from ictrl.files import atomic_write_bytes, atomic_write_text, load_metrics
 
 DEFINITIONS_COMMIT = "41bd2877f7bfcf71cc5720a9a0d02d7b97a38828"
 DEFINITIONS_SHA = "f79af8853dad29bf"  # sha256(DEFINITIONS)[:16] at that commit
@@ -238,9 +238,7 @@ def write(out: Path, name: str, setting: hz.Setting, specs: list[grid.RunSpec], 
 
     data = compact(out, name, setting, specs, results, base, warm, stops, n, rl, plan, seconds, quick)
     blob = gzip.compress(json.dumps(data, separators=(",", ":"), default=str).encode(), mtime=0)
-    tmp = out / (COMPACT + ".tmp")
-    tmp.write_bytes(blob)
-    tmp.replace(out / COMPACT)
+    atomic_write_bytes(out / COMPACT, blob)
     return render(out, data)
 
 
