@@ -9,9 +9,13 @@ those threads while the interpreter is whole.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import os
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import torch.distributed as dist
+
+T = TypeVar("T")
 
 
 def leave_process_group(wait: bool = True) -> None:
@@ -40,3 +44,26 @@ def process_group_left() -> Iterator[None]:
         ok = True
     finally:
         leave_process_group(wait=ok)
+
+
+
+def answered_once(question: Callable[[], T], what: str, per_node: bool = False) -> T:
+    """``question()`` asked by one process of the launch and its answer shared with all (a plain call without a
+    process group). For checks that read every byte of a directory (a checkpoint's or a model's sha256), which N
+    processes would otherwise read N times: rank 0 asks, or with ``per_node`` each node's local rank 0 (a directory
+    on node-local disk, as ``save_on_each_node`` writes it). When the nodes' answers differ, every process raises
+    the same :class:`ictrl.errors.ConfigError` naming ``what``, rather than the nodes going on from different states."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return question()
+    from ictrl.errors import ConfigError
+
+    rank = dist.get_rank()
+    asker = rank - int(os.environ.get("LOCAL_RANK", "0")) if per_node else 0
+    answers: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(answers, (rank, question()) if rank == asker else None)
+    asked = [answer for answer in answers if answer is not None]
+    differing = [(r, answer) for r, answer in asked if answer != asked[0][1]]
+    if differing:
+        raise ConfigError(f"{what}: the nodes' copies differ: rank {asked[0][0]} found {asked[0][1]!r}, rank "
+                          f"{differing[0][0]} found {differing[0][1]!r}")
+    return answers[asker][1]

@@ -23,6 +23,7 @@ from ictrl.checkpoints import (STAGING_PREFIX, check_weights, clear_staging, com
 from ictrl.cliargs import VERBOSE_ENV, env_flag
 from ictrl.engine.resumable import (check_resumable, check_unchanged, make_trainer_class, resume_point,
                                    save_final, verified_checkpoints)
+from ictrl.engine.process_group import answered_once
 from ictrl.engine.run_config import ConfigError, RunConfig, config_to_dict, save_config
 from ictrl.engine.run_inputs import (add_overlong_penalty, blame, build_rewards, check_enough_rows, check_sources, drop_long_prompts, load_train_dataset, reward_label)
 from ictrl.engine.run_guard import RunLock, StopRequest, add_stop_callback, stopped
@@ -121,7 +122,9 @@ def prepare_output_dir(cfg: RunConfig, resume: bool | str, source: str = "<confi
     clear_staging(out)
     if not resume or not checkpoints:
         return None
-    verified = verified_checkpoints(checkpoints)
+    # every file of every checkpoint is read to verify it: once per copy of output_dir, not once per process
+    verified = answered_once(lambda: verified_checkpoints(checkpoints), f"{source}: output_dir",
+                             per_node=bool(getattr(args, "save_on_each_node", False)))
     if args is None:
         return verified[0] if verified else None
     if verified and finished_run(verified[0], args.max_steps):
@@ -225,7 +228,8 @@ def check_inputs(cfg: RunConfig, init_kwargs: dict[str, Any], source: str = "<co
     from ictrl.engine import model_init
 
     preflight.check_model(cfg.model.model_name_or_path, "model_name_or_path")
-    damaged = check_weights(cfg.model.model_name_or_path)
+    damaged = answered_once(lambda: check_weights(cfg.model.model_name_or_path), f"{source}: model_name_or_path",
+                            per_node=True)
     if damaged is not None:
         raise ConfigError(f"{source}: model_name_or_path: {cfg.model.model_name_or_path}: {damaged}; the model "
                           "directory is damaged")
