@@ -96,6 +96,27 @@ def test_existing_checkpoints_refused_in_the_parent(tiny_dir: Path, launches: La
     assert "already holds checkpoint-3; pass --resume" in capsys.readouterr().err and launches.calls == []
 
 
+def test_sigterm_during_the_checks_is_one_line_and_starts_nothing(launches: Launches,
+                                                                  monkeypatch: pytest.MonkeyPatch,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    import signal
+
+    import ictrl.engine.run
+
+    real = ictrl.engine.run.check_before_launch
+
+    def checks_then_sigterm(*args: Any, **kwargs: Any) -> None:
+        real(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGTERM)  # a scheduler's, while the parent still reads the inputs
+
+    monkeypatch.setattr(ictrl.engine.run, "check_before_launch", checks_then_sigterm)
+    before = signal.getsignal(signal.SIGTERM)
+    assert cli.main(["train", TINY, "--num-processes", "2", *ONE_STEP[1:]]) == 143
+    assert capsys.readouterr().err == ("\nictrl train: terminated (SIGTERM) during the checks before the launch; no "
+                                       "process was started\n")
+    assert launches.calls == [] and signal.getsignal(signal.SIGTERM) == before
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [

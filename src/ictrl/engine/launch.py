@@ -218,7 +218,11 @@ def check_and_launch(cfg: Any, launch: Launch, child_argv: list[str], resume: bo
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 or "LOCAL_RANK" in os.environ:
         raise LaunchError("--num-processes / --accelerate-config: this process was already started by a launcher "
                           "(WORLD_SIZE is set); leave the flags out under `accelerate launch` or torchrun")
-    check_before_launch(cfg, launch.total_processes(), resume=resume, source=source, flags=flags)
+    from ictrl.errors import sigterm_raises
+
+    # the checks read every training row and the model's files; a scheduler's SIGTERM meanwhile gets one line
+    with sigterm_raises("terminated (SIGTERM) during the checks before the launch; no process was started"):
+        check_before_launch(cfg, launch.total_processes(), resume=resume, source=source, flags=flags)
     import torch
 
     if launch.config_value("distributed_type", None) == "FSDP" and not torch.cuda.is_available():
