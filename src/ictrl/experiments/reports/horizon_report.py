@@ -311,8 +311,9 @@ BEATS_RULE = ("ICT beats a method on pass@k when the 95% Welch interval of ict �
               "held-out pass@k) lies above 0, trails it when the interval lies below 0, and is level otherwise.")
 
 
-def beats(summ: dict[str, list[dict[str, Any]]], ks: Sequence[int] = (4, 16)) -> str:
-    """Does ICT beat each other method on final pass@k (``BEATS_RULE``)? One clause per k."""
+def beats(summ: dict[str, list[dict[str, Any]]], tuned_on: str | None = None, ks: Sequence[int] = (4, 16)) -> str:
+    """Does ICT beat each other method on final pass@k (``BEATS_RULE``)? One clause per k. ``tuned_on``: where the
+    settings were tuned, when that was not this setting's own task (the answer is then not at matched tuning)."""
     clauses = []
     for k in ks:
         parts = []
@@ -325,12 +326,22 @@ def beats(summ: dict[str, list[dict[str, Any]]], ks: Sequence[int] = (4, 16)) ->
                     "trails" if d.hi is not None and d.hi < 0 else "is level with")
             parts.append(f"{word} {m} ({d})")
         clauses.append(f"pass@{k}: ICT " + ", ".join(parts))
-    return "At each method's tuned setting, on final held-out " + "; ".join(clauses) + " (ict − method, points)."
+    where = f" (tuned {tuned_on}, not on this task)" if tuned_on else ""
+    return (f"At each method's tuned setting{where}, on final held-out " + "; ".join(clauses)
+            + " (ict − method, points).")
+
+
+def tuned_elsewhere(name: str, setting: Any) -> str | None:
+    """The task a setting's methods were tuned on, when its tuned source names another task's tune report."""
+    import re
+
+    found = re.search(r"tune-([a-z0-9-]+?)-\d{4}-\d{2}-\d{2}", setting.tuned_source or "")
+    return f"on {found.group(1)}" if found and found.group(1) not in (name, setting.task) else None
 
 
 def _answer(name: str, setting: Any, summ: dict[str, list[dict[str, Any]]], stops: dict[int, int], n: int,
             base: dict[str, Any]) -> str:
-    lines = [f"**{beats(summ)}**", f"**{verdict(summ, n)}**", f"**{renyi2_verdict(summ)}**"]
+    lines = [f"**{beats(summ, tuned_elsewhere(name, setting))}**", f"**{verdict(summ, n)}**", f"**{renyi2_verdict(summ)}**"]
     lines.append("Collapse (all-token H1 at most 0.2 x its start): " + "; ".join(
         f"{m} {event_text([r['collapse'] for r in summ[m]], n)}" for m in hz.METHODS) + ".")
     lines.append("Explosion: " + "; ".join(
