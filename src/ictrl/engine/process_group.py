@@ -46,7 +46,6 @@ def process_group_left() -> Iterator[None]:
         leave_process_group(wait=ok)
 
 
-
 def answered_once(question: Callable[[], T], what: str, per_node: bool = False) -> T:
     """``question()`` asked by one process of the launch and its answer shared with all (a plain call without a
     process group). For checks that read every byte of a directory (a checkpoint's or a model's sha256), which N

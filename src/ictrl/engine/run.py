@@ -21,9 +21,9 @@ import torch
 from ictrl.checkpoints import (STAGING_PREFIX, check_weights, clear_staging, complete_checkpoints, finished_run,
                                trainer_state)
 from ictrl.cliargs import VERBOSE_ENV, env_flag
+from ictrl.engine.process_group import answered_once
 from ictrl.engine.resumable import (check_resumable, check_unchanged, make_trainer_class, resume_point,
                                    save_final, verified_checkpoints)
-from ictrl.engine.process_group import answered_once
 from ictrl.engine.run_config import ConfigError, RunConfig, config_to_dict, save_config
 from ictrl.engine.run_inputs import (add_overlong_penalty, blame, build_rewards, check_enough_rows, check_sources, drop_long_prompts, load_train_dataset, reward_label)
 from ictrl.engine.run_guard import RunLock, StopRequest, add_stop_callback, stopped

@@ -341,7 +341,8 @@ def tuned_elsewhere(name: str, setting: Any) -> str | None:
 
 def _answer(name: str, setting: Any, summ: dict[str, list[dict[str, Any]]], stops: dict[int, int], n: int,
             base: dict[str, Any]) -> str:
-    lines = [f"**{beats(summ, tuned_elsewhere(name, setting))}**", f"**{verdict(summ, n)}**", f"**{renyi2_verdict(summ)}**"]
+    lines = [f"**{beats(summ, tuned_elsewhere(name, setting))}**", f"**{verdict(summ, n)}**",
+             f"**{renyi2_verdict(summ)}**"]
     lines.append("Collapse (all-token H1 at most 0.2 x its start): " + "; ".join(
         f"{m} {event_text([r['collapse'] for r in summ[m]], n)}" for m in hz.METHODS) + ".")
     lines.append("Explosion: " + "; ".join(
