@@ -157,6 +157,7 @@ def test_verdict_follows_the_stated_rule() -> None:
     summ = {"grpo": collapsed, "ict": kept, "random10": collapsed}
     assert verdict(summ, 400).startswith("Supported here") and "JS score matters" in verdict(summ, 400)
     assert "sparsity" in verdict({**summ, "random10": kept}, 400)
+    assert "the learning rate explains it" in verdict(summ, 400, {"ict": (2e-4, "a"), "random10": (1e-4, "a")})
     assert verdict({**summ, "ict": collapsed}, 400).startswith("Not supported here: ICT collapsed too")
     worse = summary([None] * 3, [0.2, 0.21, 0.22])
     assert "below GRPO's" in verdict({**summ, "ict": worse}, 400)
@@ -203,6 +204,9 @@ def test_renyi2_verdict_follows_the_stated_rule() -> None:
     summ = {"grpo": runs(False, False, True), "ict": runs(True, True, False), "random10": runs(False, False, False)}
     assert renyi2_verdict(summ).startswith("Rényi-2 half: supported here") and "JS score matters" in renyi2_verdict(summ)
     assert "sparsity" in renyi2_verdict({**summ, "random10": runs(True, True, True)})
+    unequal = renyi2_verdict(summ, {"ict": (1e-4, "default"), "random10": (2e-4, "default")})
+    assert "JS score matters" not in unequal and "random10 ran at lr 0.0002 and ICT at 0.0001" in unequal
+    assert "JS score matters" in renyi2_verdict(summ, {"ict": (2e-4, "default"), "random10": (2e-4, "x")})
     assert renyi2_verdict({**summ, "ict": runs(False, False, True)}).startswith("Rényi-2 half: not supported here")
     assert "cannot separate" in renyi2_verdict({**summ, "grpo": runs(True, True, True)})
 

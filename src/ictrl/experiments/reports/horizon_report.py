@@ -116,8 +116,18 @@ VERDICT_RULE = (
 )
 
 
-def verdict(summ: dict[str, list[dict[str, Any]]], n: int) -> str:
-    """The answer to the paper's claim under ``VERDICT_RULE``."""
+def js_matters(lrs: dict[str, tuple[float, str]] | None) -> str:
+    """The conclusion when random10 fails where ICT holds: the JS score matters, unless the two ran at different
+    learning rates (each at its own tuned one), when the lr is an explanation as good."""
+    ict, rand = (lrs or {}).get("ict", (None, ""))[0], (lrs or {}).get("random10", (None, ""))[0]
+    if ict is None or rand is None or ict == rand:
+        return "so the JS score matters here"
+    return (f"but random10 ran at lr {rand:g} and ICT at {ict:g}, so the learning rate explains it as well as the "
+            "JS score could")
+
+
+def verdict(summ: dict[str, list[dict[str, Any]]], n: int, lrs: dict[str, tuple[float, str]] | None = None) -> str:
+    """The answer to the paper's claim under ``VERDICT_RULE``; ``lrs``: each method's (lr, normaliser)."""
     def count(m: str, key: str) -> int:
         return sum(1 for r in summ.get(m, []) if r[key] is not None)
 
@@ -135,7 +145,7 @@ def verdict(summ: dict[str, list[dict[str, Any]]], n: int) -> str:
     keeps = p16.hi is None or p16.hi >= 0
     if later and ict_e == 0 and keeps:
         control = ("random10 avoided it as well, so sparsity, not the JS score, explains it"
-                   if not collapses("random10") else "random10 collapsed, so the JS score matters here")
+                   if not collapses("random10") else f"random10 collapsed, {js_matters(lrs)}")
         return (f"Supported here: GRPO collapsed, ICT did not (or later than every GRPO seed) and did not explode, "
                 f"and its pass@16 is not below GRPO's; {control}.")
     why = []
@@ -148,8 +158,8 @@ def verdict(summ: dict[str, list[dict[str, Any]]], n: int) -> str:
     return "Not supported here: " + "; ".join(why) + "."
 
 
-def renyi2_verdict(summ: dict[str, list[dict[str, Any]]]) -> str:
-    """The Rényi-2 half of the claim under ``grid.horizon.RENYI2_DEFINITION``."""
+def renyi2_verdict(summ: dict[str, list[dict[str, Any]]], lrs: dict[str, tuple[float, str]] | None = None) -> str:
+    """The Rényi-2 half of the claim under ``grid.horizon.RENYI2_DEFINITION``; ``lrs`` as for :func:`verdict`."""
     def count(m: str) -> int:
         return sum(1 for r in summ.get(m, []) if r["renyi2"]["controls"])
 
@@ -159,7 +169,7 @@ def renyi2_verdict(summ: dict[str, list[dict[str, Any]]]) -> str:
     seeds = ", ".join(f"{m} {count(m)}/{len(summ[m])}" for m in summ)
     if controls("ict") and not controls("grpo"):
         control = ("random10 controls it as well, so sparsity, not the JS score, explains it"
-                   if controls("random10") else "random10 does not, so the JS score matters here")
+                   if controls("random10") else f"random10 does not, {js_matters(lrs)}")
         return f"Rényi-2 half: supported here (seeds that control Rényi-2: {seeds}); {control}."
     if not controls("ict"):
         held = sum(1 for r in summ["ict"] if r["renyi2"]["h2_held"])
@@ -255,7 +265,7 @@ def render(out: Path, data: dict[str, Any]) -> dict[str, Path]:
     summ = {m: [run_summary(r["records"], r["result"], theta) for r in data["runs"] if r["method"] == m]
             for m in hz.METHODS}
     lrs = {r["method"]: (r["lr"], r["norm"] or "default") for r in data["runs"]}
-    answer, tables = _answer(name, setting, summ, stops, n, base), _tables(summ, lrs, n, base)
+    answer, tables = _answer(name, setting, summ, stops, n, base, lrs), _tables(summ, lrs, n, base)
     tables.insert(1, ("Held-out pass@16 − pass@1 during training (percent points, mean over seeds; the first "
                       f"{plan['curve_problems']} test problems)", _over_time(runs)))
     images = figures.plot_curves(runs, CURVES, out_dir=out)
@@ -340,9 +350,9 @@ def tuned_elsewhere(name: str, setting: Any) -> str | None:
 
 
 def _answer(name: str, setting: Any, summ: dict[str, list[dict[str, Any]]], stops: dict[int, int], n: int,
-            base: dict[str, Any]) -> str:
-    lines = [f"**{beats(summ, tuned_elsewhere(name, setting))}**", f"**{verdict(summ, n)}**",
-             f"**{renyi2_verdict(summ)}**"]
+            base: dict[str, Any], lrs: dict[str, tuple[float, str]]) -> str:
+    lines = [f"**{beats(summ, tuned_elsewhere(name, setting))}**", f"**{verdict(summ, n, lrs)}**",
+             f"**{renyi2_verdict(summ, lrs)}**"]
     lines.append("Collapse (all-token H1 at most 0.2 x its start): " + "; ".join(
         f"{m} {event_text([r['collapse'] for r in summ[m]], n)}" for m in hz.METHODS) + ".")
     lines.append("Explosion: " + "; ".join(
