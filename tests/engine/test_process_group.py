@@ -1,6 +1,7 @@
 """ictrl.engine.process_group: a process leaves the group it joined, after a barrier on success and at once on an
-error (a failed peer would never reach the barrier). One-process gloo groups here; the 2-process launches
-(test_engines, test_accelerate_launch) end through the same code."""
+error (a failed peer would never reach the barrier), on one-process gloo groups; the 2-process launches
+(test_engines, test_accelerate_launch) end through the same code. A question asked once per launch (or per node)
+and its answer shared, on forked 2-process gloo groups."""
 
 from __future__ import annotations
 

@@ -178,7 +178,8 @@ def test_beats_reads_the_welch_interval_of_ict_minus_each_method() -> None:
     assert "pass@4: ICT beats grpo (+10.00 [" in text and "trails random10 (-10.00 [" in text
     assert "pass@16: ICT is level with grpo" in text and "is level with random10" in text and "ICT beats ict" not in text
     assert text.startswith("At each method's tuned setting, on final")
-    assert beats(summ, "on countdown").startswith("At each method's tuned setting (tuned on countdown, not on this task)")
+    assert beats(summ, "on countdown").startswith(
+        "At each method's tuned setting (tuned on countdown, not on this task)")
 
 
 def test_a_setting_tuned_on_another_task_says_so() -> None:
@@ -189,9 +190,10 @@ def test_a_setting_tuned_on_another_task_says_so() -> None:
     def setting(task: str, source: str) -> SimpleNamespace:
         return SimpleNamespace(task=task, tuned_source=source)
 
-    assert tuned_elsewhere("paths", setting("paths", "docs/results/tune-countdown-2026-11-23.md, table")) == "on countdown"
-    assert tuned_elsewhere("countdown-lesstrained", setting("countdown", "docs/results/tune-countdown-2026-11-23.md")) is None
-    assert tuned_elsewhere("paths-hard", setting("paths", "own protocol, docs/results/tune-paths-hard-2026-11-26.md")) is None
+    countdown, hard = "docs/results/tune-countdown-2026-11-23.md, table", "docs/results/tune-paths-hard-2026-11-26.md"
+    assert tuned_elsewhere("paths", setting("paths", countdown)) == "on countdown"
+    assert tuned_elsewhere("countdown-lesstrained", setting("countdown", countdown)) is None
+    assert tuned_elsewhere("paths-hard", setting("paths", "own protocol, " + hard)) is None
     assert tuned_elsewhere("mine", setting("paths", "")) is None
 
 
