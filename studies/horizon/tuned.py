@@ -7,7 +7,9 @@
    ``ictrl.experiments.grid.tune.CHOICE_RULE``.
 2. Its choices (``choices.json``) become the setting's ``tuned`` field: written into the setting file when the
    file has none, checked against it when it has one (a mismatch stops here: the file's learning rates are not
-   the ones this tune chose).
+   the ones this tune chose). The base is warm-started on the machine that runs the study, and another machine
+   can build another base and tune to other choices: ``--own-choices`` then writes the setting with this tune's
+   choices to ``RUNS/SETTING.json`` and runs the horizon from it, leaving the project's file as it is.
 3. The long-horizon protocol (``ictrl compare --horizon SETTING``) into ``RUNS/horizon-SETTING``.
 
 Rerunning the command resumes: both protocols skip the runs they finished.
@@ -40,6 +42,34 @@ def chosen_tuned(choices: dict[str, Any], methods: list[str]) -> dict[str, list[
     return {m: [choices["chosen"][m]["lr"], choices["chosen"][m]["norm"]] for m in methods}
 
 
+def horizon_setting(path: Path, data: dict[str, Any], tuned: dict[str, list[Any]], runs: Path,
+                    own_choices: bool) -> Path:
+    """The setting file the long runs start from, given this tune's choices ``tuned``: the project's file (its
+    ``tuned`` field written when absent, checked when present), or with ``own_choices`` and a file that differs,
+    a copy with this tune's choices in ``runs``. A mismatch without ``own_choices`` stops with one line."""
+    if "tuned" not in data:
+        data = {**data, "tuned": tuned,
+                "tuned_source": f"this setting's own tuned protocol (studies/horizon/tuned.py {path.stem}: "
+                                f"ictrl compare --tune --setting {path.stem}, its choices.json)"}
+        atomic_write_text(path, json.dumps(data, indent=2) + "\n")
+        print(f"wrote the tuned settings into {path}: {json.dumps(tuned)}", flush=True)
+        return path
+    if data["tuned"] == tuned:
+        return path
+    if not own_choices:
+        sys.exit(f"{path}: its 'tuned' field {json.dumps(data['tuned'])} is not what the tune in "
+                 f"{runs / f'tune-{path.stem}'} chose ({json.dumps(tuned)}); --own-choices runs the long "
+                 f"horizon at the tune's choices")
+    own = runs / path.name
+    source = (f"this setting's own tuned protocol on this machine's base (studies/horizon/tuned.py {path.stem} "
+              f"--own-choices: {runs / f'tune-{path.stem}'}/choices.json; the project's file chose "
+              f"{json.dumps(data['tuned'])})")
+    atomic_write_text(own, json.dumps({**data, "tuned": tuned, "tuned_source": source}, indent=2) + "\n")
+    print(f"this tune chose other settings than {path}; the long runs start from {own}: {json.dumps(tuned)}",
+          flush=True)
+    return own
+
+
 def ictrl(*args: str) -> None:
     print("+ ictrl " + " ".join(args), flush=True)
     subprocess.run([sys.executable, "-m", "ictrl", *args], check=True)
@@ -50,6 +80,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("setting", help="a name in studies/horizon/ (its file needs a 'tune' field)")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--runs", type=Path, default=Path("runs"), help="where the two output directories go")
+    parser.add_argument("--own-choices", action="store_true",
+                        help="where the tune chooses other settings than the setting file's, run the long horizon "
+                             "at the tune's choices (written to RUNS/SETTING.json) instead of stopping")
     args = parser.parse_args(argv)
     path = HERE / f"{args.setting}.json"
     data = json.loads(path.read_text(encoding="utf-8"))
@@ -61,17 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     choices = json.loads((tune_dir / "choices.json").read_text())
     methods = [m.strip() for m in str(data["tune"]["variants"]).split(",")] if isinstance(
         data["tune"]["variants"], str) else list(data["tune"]["variants"])
-    tuned = chosen_tuned(choices, methods)
-    if "tuned" not in data:
-        data["tuned"] = tuned
-        data["tuned_source"] = (f"this setting's own tuned protocol (studies/horizon/tuned.py {args.setting}: "
-                                f"ictrl compare --tune --setting {args.setting}, its choices.json)")
-        atomic_write_text(path, json.dumps(data, indent=2) + "\n")
-        print(f"wrote the tuned settings into {path}: {json.dumps(tuned)}", flush=True)
-    elif data["tuned"] != tuned:
-        sys.exit(f"{path}: its 'tuned' field {json.dumps(data['tuned'])} is not what the tune in {tune_dir} chose "
-                 f"({json.dumps(tuned)})")
-    ictrl("compare", "--horizon", str(path), "--jobs", str(args.jobs), "--output-dir", str(horizon_dir))
+    setting = horizon_setting(path, data, chosen_tuned(choices, methods), args.runs, args.own_choices)
+    ictrl("compare", "--horizon", str(setting), "--jobs", str(args.jobs), "--output-dir", str(horizon_dir))
     return 0
 
 

@@ -328,3 +328,29 @@ def test_the_tuned_study_script_passes_each_settings_tune_options_to_the_tuned_p
     tuned = study["chosen_tuned"](choices, list(hz.METHODS))
     assert tuned["ict"] == [choices["chosen"]["ict"]["lr"], choices["chosen"]["ict"]["norm"]]
     assert set(tuned) == set(hz.METHODS)
+
+
+def test_the_tuned_study_script_runs_from_the_file_or_with_own_choices_from_a_copy(tmp_path: Path) -> None:
+    study = runpy.run_path(str(STUDIES / "tuned.py"))
+    horizon_setting = study["horizon_setting"]
+    project = json.loads((STUDIES / "paths-tuned.json").read_text())
+    path, runs = tmp_path / "paths-tuned.json", tmp_path / "runs"
+    runs.mkdir()
+    path.write_text(json.dumps(project))
+    other = {**project["tuned"], "random10": [project["tuned"]["random10"][0], "per_response_all"]}
+    assert other != project["tuned"]
+
+    assert horizon_setting(path, project, project["tuned"], runs, False) == path  # the file's own choices
+    with pytest.raises(SystemExit, match=r"paths-tuned\.json: its 'tuned' field .* --own-choices") as stop:
+        horizon_setting(path, project, other, runs, False)
+    assert "\n" not in str(stop.value) and not list(runs.iterdir())
+
+    own = horizon_setting(path, project, other, runs, True)
+    assert own == runs / "paths-tuned.json" and json.loads(path.read_text()) == project  # the project's file stays
+    loaded = hz.load_setting(str(own))
+    assert loaded.tuned["random10"] == (other["random10"][0], "per_response_all")
+    assert loaded.tuned["ict"] == tuple(project["tuned"]["ict"]) and "--own-choices" in loaded.tuned_source
+
+    untuned = {k: v for k, v in project.items() if k not in ("tuned", "tuned_source")}
+    assert horizon_setting(path, untuned, other, runs, False) == path  # no 'tuned' field: this tune's is written
+    assert hz.load_setting(str(path)).tuned["random10"] == (other["random10"][0], "per_response_all")
