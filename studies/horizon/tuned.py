@@ -56,14 +56,13 @@ def horizon_setting(path: Path, data: dict[str, Any], tuned: dict[str, list[Any]
         return path
     if data["tuned"] == tuned:
         return path
+    tune_dir = runs / f"tune-{path.stem}"
     if not own_choices:
-        sys.exit(f"{path}: its 'tuned' field {json.dumps(data['tuned'])} is not what the tune in "
-                 f"{runs / f'tune-{path.stem}'} chose ({json.dumps(tuned)}); --own-choices runs the long "
-                 f"horizon at the tune's choices")
+        sys.exit(f"{path}: its 'tuned' field {json.dumps(data['tuned'])} is not what the tune in {tune_dir} chose "
+                 f"({json.dumps(tuned)}); --own-choices runs the long horizon at the tune's choices")
     own = runs / path.name
     source = (f"this setting's own tuned protocol on this machine's base (studies/horizon/tuned.py {path.stem} "
-              f"--own-choices: {runs / f'tune-{path.stem}'}/choices.json; the project's file chose "
-              f"{json.dumps(data['tuned'])})")
+              f"--own-choices: {tune_dir / 'choices.json'}; the project's file chose {json.dumps(data['tuned'])})")
     atomic_write_text(own, json.dumps({**data, "tuned": tuned, "tuned_source": source}, indent=2) + "\n")
     print(f"this tune chose other settings than {path}; the long runs start from {own}: {json.dumps(tuned)}",
           flush=True)
