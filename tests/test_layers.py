@@ -5,7 +5,9 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-SRC = Path(__file__).resolve().parents[1] / "src" / "ictrl"
+ROOT = Path(__file__).resolve().parents[1]
+SRC = ROOT / "src" / "ictrl"
+STUDIES = ROOT / "studies"
 
 # Lower number = lower layer. A module may import ictrl modules of its own layer or below.
 LAYERS: dict[str, int] = {
@@ -60,6 +62,15 @@ def test_imports_go_only_downward() -> None:
             if _layer_of(imported) > own:
                 bad.append(f"{name} (layer {own}) imports {imported} (layer {_layer_of(imported)})")
     assert not bad, "\n".join(bad)
+
+
+def test_the_package_never_imports_the_studies() -> None:
+    """studies/ is the project's own code on top of ictrl (not installed): it may import ictrl, never the reverse."""
+    bad = [f"{name} imports {imported}" for name, path in _modules() for imported in _imports(path)
+           if imported.split(".")[0] == "studies"]
+    assert not bad, "\n".join(bad)
+    uses = {imported.split(".")[0] for path in STUDIES.rglob("*.py") for imported in _imports(path)}
+    assert {"ictrl", "studies"} <= uses  # the check reads real study modules
 
 
 def test_core_is_pure_torch() -> None:

@@ -38,7 +38,6 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "table": ("ictrl.eval.table", "the paper's Table 1 (methods x training seeds) from `ictrl eval` results"),
     "demo": ("ictrl.experiments.demo", "build the tiny embedded model and watch ICT improve it on CPU"),
     "compare": ("ictrl.experiments.compare", "run methods x seeds and write a comparison report"),
-    "sweep": ("ictrl.experiments.sweep", "learning-rate x method x seed stability study"),
     "inspect": ("ictrl.experiments.inspect", "HTML heatmap of ICT scores and entropy over response tokens"),
     "regime": ("ictrl.experiments.regime", "whether ICT's tokens differ from random ones on a model and prompt set "
                "(π, H1, overlap with 20-Entropy; HTML + JSON)"),

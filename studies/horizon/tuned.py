@@ -2,15 +2,15 @@
 
     OMP_NUM_THREADS=1 python studies/horizon/tuned.py paths-tuned --jobs 2
 
-1. The tuned protocol (``ictrl compare --tune --setting SETTING``: the setting's task and base recipe) with the
+1. The tuned protocol (``python -m studies compare --tune --setting SETTING``: the setting's task and base recipe) with the
    options of the setting's ``tune`` field, into ``RUNS/tune-SETTING``. Its choice rule is
-   ``ictrl.experiments.grid.tune.CHOICE_RULE``.
+   ``studies.protocols.tune.CHOICE_RULE``.
 2. Its choices (``choices.json``) become the setting's ``tuned`` field: written into the setting file when the
    file has none, checked against it when it has one (a mismatch stops here: the file's learning rates are not
    the ones this tune chose). The base is warm-started on the machine that runs the study, and another machine
    can build another base and tune to other choices: ``--own-choices`` then writes the setting with this tune's
    choices to ``RUNS/SETTING.json`` and runs the horizon from it, leaving the project's file as it is.
-3. The long-horizon protocol (``ictrl compare --horizon SETTING``) into ``RUNS/horizon-SETTING``.
+3. The long-horizon protocol (``python -m studies compare --horizon SETTING``) into ``RUNS/horizon-SETTING``.
 
 Rerunning the command resumes: both protocols skip the runs they finished.
 """
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -30,7 +31,7 @@ HERE = Path(__file__).resolve().parent
 
 
 def tune_flags(tune: dict[str, Any]) -> list[str]:
-    """The setting's ``tune`` field as ``ictrl compare --tune`` options (a list is one comma-separated value)."""
+    """The setting's ``tune`` field as ``python -m studies compare --tune`` options (a list is one comma-separated value)."""
     out = []
     for key, value in tune.items():
         out += [f"--{key}", ",".join(map(str, value)) if isinstance(value, list) else str(value)]
@@ -50,7 +51,7 @@ def horizon_setting(path: Path, data: dict[str, Any], tuned: dict[str, list[Any]
     if "tuned" not in data:
         data = {**data, "tuned": tuned,
                 "tuned_source": f"this setting's own tuned protocol (studies/horizon/tuned.py {path.stem}: "
-                                f"ictrl compare --tune --setting {path.stem}, its choices.json)"}
+                                f"python -m studies compare --tune --setting {path.stem}, its choices.json)"}
         atomic_write_text(path, json.dumps(data, indent=2) + "\n")
         print(f"wrote the tuned settings into {path}: {json.dumps(tuned)}", flush=True)
         return path
@@ -69,9 +70,11 @@ def horizon_setting(path: Path, data: dict[str, Any], tuned: dict[str, list[Any]
     return own
 
 
-def ictrl(*args: str) -> None:
-    print("+ ictrl " + " ".join(args), flush=True)
-    subprocess.run([sys.executable, "-m", "ictrl", *args], check=True)
+def studies(*args: str) -> None:
+    """``python -m studies ARGS`` with the repository's root on the path, from any working directory."""
+    print("+ python -m studies " + " ".join(args), flush=True)
+    path = os.pathsep.join(p for p in (str(HERE.parents[1]), os.environ.get("PYTHONPATH", "")) if p)
+    subprocess.run([sys.executable, "-m", "studies", *args], check=True, env={**os.environ, "PYTHONPATH": path})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -88,13 +91,13 @@ def main(argv: list[str] | None = None) -> int:
     if not data.get("tune"):
         parser.error(f"{path}: no 'tune' field (the tuned protocol's options)")
     tune_dir, horizon_dir = args.runs / f"tune-{args.setting}", args.runs / f"horizon-{args.setting}"
-    ictrl("compare", "--tune", "--setting", str(path), *tune_flags(data["tune"]), "--jobs", str(args.jobs),
+    studies("compare", "--tune", "--setting", str(path), *tune_flags(data["tune"]), "--jobs", str(args.jobs),
           "--output-dir", str(tune_dir))
     choices = json.loads((tune_dir / "choices.json").read_text())
     methods = [m.strip() for m in str(data["tune"]["variants"]).split(",")] if isinstance(
         data["tune"]["variants"], str) else list(data["tune"]["variants"])
     setting = horizon_setting(path, data, chosen_tuned(choices, methods), args.runs, args.own_choices)
-    ictrl("compare", "--horizon", str(setting), "--jobs", str(args.jobs), "--output-dir", str(horizon_dir))
+    studies("compare", "--horizon", str(setting), "--jobs", str(args.jobs), "--output-dir", str(horizon_dir))
     return 0
 
 

@@ -1,6 +1,9 @@
-"""Experiments on the engine: the commands (demo, compare, sweep, inspect, ``compare --tune``) on top of three rooms.
+"""Experiments on the engine: the commands (demo, compare, inspect, regime, tiny-model) on top of three rooms.
 
 - :mod:`ictrl.experiments.tasks`: the embedded tasks (tinyarith, countdown, paths) and the tiny model they warm-start.
 - :mod:`ictrl.experiments.grid`: method x seed x lr grids of runs, resumable, in worker processes.
-- :mod:`ictrl.experiments.reports`: tables, figures, statistical tests and the HTML report pages.
+- :mod:`ictrl.experiments.reports`: tables, curves, statistical tests and the HTML report pages.
+
+The project's own studies (the tuned comparison, the long horizon, the lr sweep) are not here: they live in the
+repository's ``studies/`` and import this package.
 """

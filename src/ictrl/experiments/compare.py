@@ -12,11 +12,9 @@ Writes into ``--output-dir``:
 A rerun skips finished runs (see ``ictrl.experiments.grid.runner``), so an interrupted compare continues where it
 stopped and a finished one only rebuilds the report.
 
-``--task countdown`` and ``--task paths`` run on the other embedded tasks (``ictrl.experiments.tasks``); ``--tune`` runs the tuned
-protocol instead (each method at its own tuned learning rate and normaliser, fresh seeds, matched update size:
-``ictrl.experiments.grid.tune``); ``--horizon SETTING`` runs the long-horizon protocol
-(``ictrl.experiments.grid.horizon``: collapse / explosion over at least 400 steps, held-out pass@1/4/16 along
-the way).
+``--task countdown`` and ``--task paths`` run on the other embedded tasks (``ictrl.experiments.tasks``). The
+project's study protocols on top of this command (the tuned comparison, the long horizon) live in the repository's
+``studies/`` (``python -m studies compare --tune`` / ``--horizon SETTING``).
 """
 
 from __future__ import annotations
@@ -29,10 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from ictrl.errors import UserError
-from ictrl.experiments import horizoncli, tunecli
 from ictrl.experiments.grid import configrun
 from ictrl.experiments.grid import runner as grid
 from ictrl.experiments.grid import cli as gridcli
+from ictrl.experiments.tasks.registry import TASKS
 from ictrl.experiments.reports import report
 from ictrl.experiments.reports import figures
 from ictrl.files import atomic_write_text
@@ -45,17 +43,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--learning-rate", "--lr", dest="lr", type=float, default=None,
                         help="learning rate (default: the recipe's / config's)")
     parser.add_argument("--note", default="", help="a line put at the top of the report and stored in results.json")
-    tunecli.add_arguments(parser)  # --task, --tune and the tuned protocol's grid
-    horizoncli.add_arguments(parser)  # --horizon SETTING: the long-horizon protocol
+    parser.add_argument("--task", default="tinyarith", choices=tuple(TASKS),
+                        help="embedded task: tinyarith (operator precedence), countdown (reach a target from "
+                             "given numbers: choices, several valid orders) or paths (a walk of a given length "
+                             "through a fixed graph: a choice at every letter)")
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.tune and args.horizon:
-        raise UserError("--tune and --horizon are two protocols: choose one")
-    if args.horizon:
-        return horizoncli.run(args)
-    if args.tune:
-        return tunecli.run(args)
     methods = grid.parse_methods(args.methods)
     if args.lr is not None and not args.lr > 0:
         raise UserError(f"--learning-rate must be > 0, got {args.lr}")

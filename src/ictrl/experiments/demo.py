@@ -31,10 +31,8 @@ from ictrl.core.selection import get_selector, method_names
 
 REWARD_NAME = tinytask.tinyarith_reward.__name__
 
-# The full plan, at one torch thread (DEMO_THREADS): pass@1 21.5% -> 30.2%, pass@4 50.5% -> 51.0% (2026-11-25, from
-# an empty cache, idle-ish and under load alike). lr 1e-4: at 2e-4 ICT sits at its stability edge on this task (it
-# collapsed to 7.4% with two threads and reached 31.2% with one on an earlier base; `ictrl compare --tune` puts ICT's
-# stable range at <= 2e-4). A tiny plan for tests.
+# The full plan (its measured numbers: README) and a tiny plan for tests. lr 1e-4: half the edge of ICT's stable
+# range on this task (studies/README.md, "The demo's learning rate").
 FULL = {"steps": 120, "lr": 1e-4, "prompts": 32, "generations": 8, "eval_problems": 200, "eval_samples": 8}
 QUICK = {"steps": 4, "lr": 2e-4, "prompts": 4, "generations": 4, "eval_problems": 16, "eval_samples": 4}
 # Torch threads of the whole demo (base build, RL, evaluation): float reductions round differently with another

@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 
 from ictrl.experiments.inspect import H_RGB, U_RGB, Rollout, render_inspect_html
-from ictrl.experiments.reports.figures import plot_curves, plot_prob_vs_purity, plot_stability_heatmap
+from ictrl.experiments.reports.figures import plot_curves
 from ictrl.experiments.reports.report import render_report, results_table
+from studies.reports.sweep_figures import plot_prob_vs_purity, plot_stability_heatmap
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = [pytest.mark.integration, pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed")]

@@ -16,8 +16,6 @@ from ictrl.experiments.reports.figures import (
     DEFAULT_CURVE_KEYS,
     aggregate_curves,
     plot_curves,
-    plot_prob_vs_purity,
-    plot_stability_heatmap,
 )
 from ictrl.experiments.reports.report import PNG_MAGIC, markdown_table_to_html, render_report, results_table
 from ictrl.experiments.reports.stats_tests import welch_diff
@@ -90,21 +88,6 @@ def test_plot_curves_writes_pngs_and_skips_missing_keys(curve_pngs: list[Path], 
         assert_png(p)
     assert not list(curve_pngs[0].parent.glob(".*tmp"))  # atomic writes leave no temp files
     assert plot_curves(synthetic_runs(), {"x": "missing"}, tmp_path) == []
-
-
-def test_stability_heatmap_and_prob_vs_purity(tmp_path: Path) -> None:
-    labels = {
-        "grpo": {1e-4: ["stable", "stable"], 5e-4: ["exploded", "stable"], 1e-3: ["exploded", "exploded"]},
-        "ict": {1e-4: ["stable", "stable"], 5e-4: ["stable", "stable"], 1e-3: ["stable", "collapsed"]},
-        "random10": {1e-4: ["stable"]},  # missing cells are allowed (grey)
-    }
-    assert_png(plot_stability_heatmap(labels, tmp_path / "heat.png"))
-    with pytest.raises(ValueError, match="unknown label"):
-        plot_stability_heatmap({"grpo": {1e-4: ["ok"]}}, tmp_path / "bad.png")
-    runs = synthetic_runs()
-    assert_png(plot_prob_vs_purity(runs, tmp_path / "pb.png"))
-    assert plot_prob_vs_purity(runs, tmp_path / "none.png", purity_key="missing") is None
-    assert not (tmp_path / "none.png").exists()
 
 
 def test_results_table_matches_hand_computation() -> None:
@@ -226,19 +209,6 @@ def test_curve_captions_and_bands_follow_the_seed_count(tmp_path: Path) -> None:
     assert "<figcaption>reward per training step, one run per line</figcaption>" in page
     assert "<figcaption>my own caption</figcaption>" in page
     assert "curve_reward</figcaption>" not in page  # no file slugs as captions
-
-
-def test_heatmap_text_contrast_and_legend(tmp_path: Path) -> None:
-    from matplotlib import colormaps
-
-    from ictrl.experiments.reports.figures import HEATMAP_LEGEND, _text_colour, png_caption
-
-    cmap = colormaps["RdYlGn"]
-    assert _text_colour(cmap(1.0)) == "white" and _text_colour(cmap(0.0)) == "white"  # dark green, dark red
-    assert _text_colour(cmap(0.5)) == "black"  # pale yellow
-    path = plot_stability_heatmap({"ict": {1e-4: ["stable", "exploded"]}}, tmp_path / "h.png")
-    assert "C = collapsed, E = exploded, D = degraded" in png_caption(path)
-    assert "C = collapsed" in HEATMAP_LEGEND
 
 
 def test_note_answer_and_caveats_come_before_the_tables(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""The options ``ictrl compare`` and ``ictrl sweep`` share, and the :class:`Experiment` they build from them: an
+"""The options of ``ictrl compare`` (and of the studies built on it), and the :class:`Experiment` they build from them: an
 embedded task (``tinyrun``) or a run config (``configrun``)."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ PIPELINE_CHECK = ("PIPELINE CHECK (--quick: a tiny base model, a few steps per r
 
 
 def add_common_arguments(parser: Any, default_output: str) -> None:
-    """Options shared by ``ictrl compare`` and ``ictrl sweep``."""
+    """The grid options of ``ictrl compare``, which the studies' grids share."""
     parser.add_argument("--methods", default=",".join(DEFAULT_METHODS),
                         help=f"comma-separated methods from: {', '.join(METHODS)}, their selector names, or "
                              "module:function (default: %(default)s)")
@@ -91,9 +91,8 @@ def make_experiment(args: Any, log: Callable[[str], None] = print) -> Experiment
         if args.quick:  # the quick recipe's own budget (steps, problems) wins
             extra = {k: v for k, v in extra.items() if k not in recipe_kw}
         recipe_kw.update(task=task, difficulty=DEFAULT_DIFFICULTY[task], **extra)
-    # A long-horizon setting's base-recipe overrides (``--tune --setting``), applied as ``--horizon`` applies them,
-    # so that the tuned protocol tunes on the base the setting's long runs start from.
-    # With --quick the quick recipe's own fields win, as there.
+    # Base-recipe overrides a caller puts on ``args.recipe`` (a study's base: its tuning runs start from the same base
+    # as its long runs). With --quick the quick recipe's own fields win.
     recipe_kw.update({k: v for k, v in (getattr(args, "recipe", None) or {}).items()
                       if not (args.quick and k in recipe_kw)})
     if args.steps is not None:

@@ -1,4 +1,4 @@
-"""Grid runs from a run config (``ictrl compare/sweep --config``): ``ictrl train``'s own ``engine.run.train`` with
+"""Grid runs from a run config (``ictrl compare --config``): ``ictrl train``'s own ``engine.run.train`` with
 the grid's method, seed, learning rate and step budget, resumed from its last complete checkpoint, then evaluated
 on the config's ``eval_datasets``."""
 

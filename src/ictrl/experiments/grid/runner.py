@@ -1,4 +1,4 @@
-"""The resumable (method, seed[, lr]) grid shared by ``ictrl compare`` and ``ictrl sweep``.
+"""The resumable (method, seed[, lr]) grid of ``ictrl compare`` (and of the studies built on it).
 
 One *run* = RL training with one method and seed (and learning rate), then a held-out pass@k evaluation. Each
 run owns a directory ``<root>/[lr<lr>/]<method>/seed<seed>/`` holding ``metrics.jsonl`` (the trainer's per-step
@@ -68,7 +68,7 @@ def theta(rl: dict[str, Any]) -> int:
 @dataclass(frozen=True)
 class RunSpec:
     """One cell of the grid; ``lr`` None means the recipe's learning rate. ``ratio`` / ``norm`` override the
-    method's selected fraction / loss normaliser (``ictrl compare --tune``'s variants); None keeps its default."""
+    method's selected fraction / loss normaliser (a tuning grid's variants); None keeps its default."""
 
     method: str
     seed: int

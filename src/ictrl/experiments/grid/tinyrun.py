@@ -22,7 +22,7 @@ from ictrl.experiments.grid.runner import EVAL_DIR, RunSpec, final_reward
 @dataclass(frozen=True)
 class TinyRL:
     """RL and evaluation budget on the embedded task (``default_tiny_settings`` fills it from ``ictrl demo``'s
-    recipe, so compare / sweep runs are demo runs with another method, seed or lr)."""
+    recipe, so compare runs are demo runs with another method, seed or lr)."""
 
     steps: int = field(default=60, metadata={"help": "optimizer steps per run"})
     lr: float = field(default=1e-4, metadata={"help": "Adam learning rate (constant after warm-up)"})
@@ -38,7 +38,7 @@ class TinyRL:
     eval_problems: int = field(default=200, metadata={"help": "held-out problems (test split)"})
     eval_n: int = field(default=4, metadata={"help": "samples per held-out problem (>= 4 for P@4)"})
     eval_split: str = field(default="test", metadata={"help": "split evaluated after training: test, or dev "
-                                                      "for tuning runs (ictrl compare --tune)"})
+                                                      "for tuning runs"})
     eval_every: int = field(default=0, metadata={"help": "optimizer steps between held-out pass@k evaluations "
                                                  "during training (the eval/* curves); 0: only after training"})
     curve_problems: int = field(default=64, metadata={"help": "held-out problems (the first of the test split) "
@@ -189,7 +189,7 @@ def train_tiny(settings: TinyRL, base: Path, spec: RunSpec, run_dir: Path,
 
 def curve_callback(settings: TinyRL, base: Path, spec: RunSpec) -> Any:
     """Held-out pass@k every ``settings.eval_every`` steps on the first ``curve_problems`` test problems, with the
-    end-of-run evaluation's sampling settings and seed: the ``eval/avg/pass@1`` curves of compare/sweep."""
+    end-of-run evaluation's sampling settings and seed: the ``eval/avg/pass@1`` curves of the grid's reports."""
     from ictrl.engine.eval_callback import PassAtKCallback
     from ictrl.eval.harness import EvalConfig, EvalTask
 

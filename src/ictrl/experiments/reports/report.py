@@ -1,6 +1,6 @@
-"""Results tables and a self-contained report.html for compare / sweep.
+"""Results tables and a self-contained report.html for ``ictrl compare`` (and the studies' reports).
 
-Inputs are plain Python data so that compare.py and sweep.py can call these functions directly:
+Inputs are plain Python data so that compare.py (and a study) can call these functions directly:
 
 - a *run* is the list of records of one ``metrics.jsonl`` (``ictrl.files.load_metrics``): dicts with ``"step"`` and any of the
   keys named in a curve mapping (display name -> metrics key, ``DEFAULT_CURVE_KEYS``). Missing keys are tolerated:

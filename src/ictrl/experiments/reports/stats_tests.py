@@ -1,4 +1,4 @@
-"""Significance tests for the compare / sweep reports, from scipy (no hand-written special functions).
+"""Significance tests for the compare reports, from scipy (no hand-written special functions).
 
 The studies afford 3-5 seeds per method, so the difference of two methods' means gets a Welch t-interval: exact
 for normal seed noise and honest about small n, where a percentile bootstrap over seeds under-covers badly. Seeds

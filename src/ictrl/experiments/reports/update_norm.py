@@ -1,6 +1,6 @@
 """The size of each optimizer step, ``||θ_after − θ_before||₂``, logged as ``ictrl/update_norm``.
 
-The matched-update rows of ``ictrl compare --tune`` scale a sparse method's learning rate so that this norm
+The matched-update rows of the tuned study (``studies/``) scale a sparse method's learning rate so that this norm
 matches GRPO's, and the report shows the measured norms side by side. Measured on the weights themselves (not
 the gradient), so the optimizer's own scaling (Adam's) is inside the number.
 """

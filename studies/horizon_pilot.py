@@ -18,10 +18,10 @@ import json
 import time
 from pathlib import Path
 
-from ictrl.experiments.grid import horizon as hz
+from studies.protocols import horizon as hz
 from ictrl.experiments.grid import runner as grid
 from ictrl.experiments.grid import tinyrun
-from ictrl.experiments.horizoncli import base_recipe
+from studies.horizoncli import base_recipe
 from ictrl.experiments.tasks.tinymodel import TinyRecipe, build_tiny_base
 from ictrl.files import load_metrics
 

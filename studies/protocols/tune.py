@@ -1,4 +1,4 @@
-"""``ictrl compare --tune``: every method at its own tuned setting, then fresh seeds.
+"""``python -m studies compare --tune``: every method at its own tuned setting, then fresh seeds.
 
 The protocol, fixed before any run (``CHOICE_RULE`` is printed into the report):
 
@@ -19,7 +19,7 @@ The protocol, fixed before any run (``CHOICE_RULE`` is printed into the report):
 Layout under ``--output-dir``: ``tune/`` and ``final/`` are two ``grid.run_grid`` trees (``done.json`` per run, so
 a rerun skips what finished and redoes what did not), ``base-dev/`` and ``base/`` the base model's evaluations,
 ``choices.json`` the choices, then ``results.md``, ``results.json`` and ``report.html`` (``tune_report``).
-The command line (``ictrl compare --tune``) is ``tunecli``.
+The command line (``python -m studies compare --tune``) is ``studies.tunecli``.
 """
 
 from __future__ import annotations

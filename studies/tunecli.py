@@ -1,5 +1,5 @@
-"""``ictrl compare --tune``'s options and driver: the protocol of ``tune`` run through the grid, reported by
-``tune_report`` (kept apart from both so that neither imports the other back)."""
+"""``python -m studies compare --tune``'s options and driver: the protocol of ``protocols.tune`` run through
+ictrl's grid, reported by ``reports.tune_report`` (kept apart from both so that neither imports the other back)."""
 
 from __future__ import annotations
 
@@ -15,27 +15,22 @@ from ictrl.errors import UserError
 from ictrl.experiments.grid import runner as grid
 from ictrl.experiments.grid import cli as gridcli
 from ictrl.experiments.grid import tinyrun
-from ictrl.experiments.reports import tune_report
+from studies.reports import tune_report
 from ictrl.files import atomic_write_text
-from ictrl.experiments.tasks.registry import TASKS
-from ictrl.experiments.grid.tune import (ABLATION, CHOICE_RULE, DEFAULT_FINAL_SEEDS, DEFAULT_LRS, DEFAULT_NORMS,
+from studies.protocols.tune import (ABLATION, CHOICE_RULE, DEFAULT_FINAL_SEEDS, DEFAULT_LRS, DEFAULT_NORMS,
                                     DEFAULT_TUNE_SEEDS, VARIANTS, Protocol, choose, final_rows, matched_lrs,
                                     tuning_specs)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The --tune options of ``ictrl compare`` (and --task, which plain compare also takes)."""
-    parser.add_argument("--task", default="tinyarith", choices=tuple(TASKS),
-                        help="embedded task: tinyarith (operator precedence), countdown (reach a target from "
-                             "given numbers: choices, several valid orders) or paths (a walk of a given length "
-                             "through a fixed graph: a choice at every letter)")
+    """The --tune options, added to ``ictrl compare``'s (whose --task names the tuned protocol's task)."""
     parser.add_argument("--tune", action="store_true",
                         help="the tuned protocol: pick each method's lr (and normaliser) on tuning seeds and the "
                              "dev split, then fresh seeds at the chosen settings on the test split, with matched-"
-                             "update-size rows (see ictrl.experiments.grid.tune)")
+                             "update-size rows (see studies.protocols.tune)")
     parser.add_argument("--setting", default=None, metavar="SETTING",
                         help="--tune: the task and base-model recipe of a long-horizon setting (a file, or a name in "
-                             "./studies/horizon/; its tuned lrs may be absent) instead of --task's default base")
+                             "studies/horizon/; its tuned lrs may be absent) instead of --task's default base")
     parser.add_argument("--variants", default=",".join(ABLATION),
                         help=f"--tune: methods, from {', '.join(VARIANTS)} (default: all)")
     parser.add_argument("--lrs", default=",".join(f"{x:g}" for x in DEFAULT_LRS),
@@ -66,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--tune runs on the embedded tasks (--task); --config is not supported with it")
     protocol = protocol_from_args(args)
     if args.setting is not None:
-        from ictrl.experiments.grid import horizon as hz
+        from studies.protocols import horizon as hz
 
         setting = hz.load_setting(args.setting, need_tuned=False)
         args.task, args.recipe = setting.task, setting.recipe

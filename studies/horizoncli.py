@@ -1,5 +1,5 @@
-"""``ictrl compare --horizon SETTING``: the long-horizon protocol of ``grid.horizon`` run through the grid and
-reported by ``reports.horizon_report``.
+"""``python -m studies compare --horizon SETTING``: the long-horizon protocol of ``protocols.horizon`` run
+through ictrl's grid and reported by ``reports.horizon_report``.
 
 Layout under ``--output-dir``: ``probe/`` (phase 1: GRPO's seeds with the stop rule), ``horizon.json`` (N and each
 GRPO seed's stop step), ``runs/`` (phase 2: every method for N steps), ``base/`` (the base model's held-out
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ictrl.errors import UserError
-from ictrl.experiments.grid import horizon as hz
+from studies.protocols import horizon as hz
 from ictrl.experiments.grid import runner as grid
 from ictrl.experiments.grid import tinyrun
 from ictrl.files import atomic_write_text
@@ -32,8 +32,8 @@ QUICK = dict(min_steps=4, cap=6, seeds=(0, 1), eval_every=2, curve_problems=8, e
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--horizon", default=None, metavar="SETTING",
-                        help="the long-horizon protocol (ictrl.experiments.grid.horizon) on SETTING: a setting file "
-                             "(JSON: task, tuned lrs, seeds) or the name of one in ./studies/horizon/ (the project's: "
+                        help="the long-horizon protocol (studies.protocols.horizon) on SETTING: a setting file "
+                             "(JSON: task, tuned lrs, seeds) or the name of one in studies/horizon/ (the project's: "
                              "tinyarith, countdown, countdown-lesstrained, paths); steps and rules are the "
                              "protocol's (with --quick: a tiny plan for tests)")
 
@@ -68,7 +68,7 @@ def base_recipe(setting: hz.Setting, quick: bool) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ictrl.experiments.reports import horizon_report
+    from studies.reports import horizon_report
     from ictrl.experiments.tasks.tinymodel import TinyRecipe, build_tiny_base
 
     if args.config is not None:

@@ -17,11 +17,11 @@ import functools
 import json
 from pathlib import Path
 
-from ictrl.experiments.grid import horizon as hz
+from studies.protocols import horizon as hz
 from ictrl.experiments.grid import runner as grid
 from ictrl.experiments.grid import tinyrun
-from ictrl.experiments.horizoncli import base_recipe, plan, rl_settings
-from ictrl.experiments.reports import horizon_report as hr
+from studies.horizoncli import base_recipe, plan, rl_settings
+from studies.reports import horizon_report as hr
 from ictrl.experiments.reports import stats_tests
 from ictrl.experiments.tasks.tinymodel import TinyRecipe, build_tiny_base
 from ictrl.files import atomic_write_text, load_metrics
@@ -44,7 +44,7 @@ def main() -> None:
     args = parser.parse_args()
     summary_path = args.study / "results.json"
     if not summary_path.is_file():
-        parser.error(f"--study {args.study}: no results.json; finish the study first (ictrl compare --horizon)")
+        parser.error(f"--study {args.study}: no results.json; finish the study first (python -m studies compare --horizon)")
     study = json.loads(summary_path.read_text())
     setting = hz.load_setting(args.setting)
     if study["setting"] != setting.name:

@@ -9,13 +9,12 @@ import math
 from pathlib import Path
 
 import pytest
-import torch
 
-from ictrl.experiments import compare
+from studies import compare
 from ictrl.experiments.grid import runner as grid
 from ictrl.experiments.grid import tinyrun
-from ictrl.experiments.grid import tune
-from ictrl.experiments.reports.update_norm import KEY, UpdateNorm
+from studies.protocols import tune
+from ictrl.experiments.reports.update_norm import KEY
 
 
 def proto(**kw) -> tune.Protocol:  # type: ignore[no-untyped-def]
@@ -95,36 +94,17 @@ def test_matched_lr_scales_by_the_measured_update_norms(tmp_path: Path) -> None:
     assert "random10-matched" not in tune.matched_lrs(p, chosen, tmp_path, theta=2)
 
 
-def test_update_norm_callback_is_the_float64_weight_distance() -> None:
-    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
-    model[1].bias.requires_grad_(False)  # frozen parameters are not counted
-    cb = UpdateNorm()
-    cb.on_train_begin(None, None, None, model=model)
-    deltas = []
-    for step in range(2):
-        before = [q.detach().clone().double() for q in model.parameters()]
-        with torch.no_grad():
-            for q in model.parameters():
-                q.add_(torch.randn_like(q) * (step + 1))
-        deltas.append(sum(float(((q.detach().double() - b) ** 2).sum()) for q, b in zip(model.parameters(), before)
-                          if q.requires_grad))
-        cb.on_step_end(None, None, None, model=model)
-        if step == 0:
-            logs: dict = {}
-            cb.on_log(None, None, None, logs=logs)
-            assert math.isclose(logs[KEY], math.sqrt(deltas[0]), rel_tol=1e-12)
-    logs = {}
-    cb.on_log(None, None, None, logs=logs)
-    assert math.isclose(logs[KEY], math.sqrt(deltas[1]), rel_tol=1e-12)
-    empty: dict = {}
-    cb.on_log(None, None, None, logs=empty)  # no step since the last log: nothing added
-    assert KEY not in empty
-
-
 def parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     compare.add_arguments(parser)
     return parser.parse_args(argv)
+
+
+def test_a_bad_lr_grid_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from studies.__main__ import main
+
+    assert main(["compare", "--tune", "--lrs", "1e-4,x", "--output-dir", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.startswith("studies compare: error: --lrs: expected comma-separated numbers")
 
 
 @pytest.mark.integration
@@ -172,7 +152,7 @@ def test_report_answers_first_with_the_welch_ci_stable_range_and_norms(tmp_path:
     stable range, the update-norm ratio is the measured one, and a full run is not called a quick one."""
     from scipy import stats
 
-    from ictrl.experiments.reports import tune_report
+    from studies.reports import tune_report
 
     p = proto(tune_seeds=1, final_seeds=3, lrs=(1e-4, 2e-4))
     seed = tune.TUNE_SEED_START
@@ -227,7 +207,7 @@ def test_report_answers_first_with_the_welch_ci_stable_range_and_norms(tmp_path:
 
 
 def test_edge_choices_name_choices_at_either_end_of_the_grid_only() -> None:
-    from ictrl.experiments.reports.tune_report import edge_choices
+    from studies.reports.tune_report import edge_choices
 
     lrs = (1e-4, 2e-4, 4e-4)
     chosen = {"grpo": {"lr": 4e-4}, "ict": {"lr": 2e-4}, "random10": {"lr": 1e-4}}

@@ -1,4 +1,4 @@
-"""``ictrl sweep``: learning rate x method x seed stability study.
+"""``python -m studies sweep``: learning rate x method x seed stability study.
 
 Every run is labelled collapsed / exploded / degraded / stable by ``outcomes.summarize_run`` against the base
 model's reward (a run whose weights went non-finite, so that sampling failed, is exploded), with the rule set
@@ -31,7 +31,8 @@ from ictrl.experiments.grid import cli as gridcli
 from ictrl.experiments.reports import report
 from ictrl.experiments.reports import figures
 from ictrl.files import atomic_write_text
-from ictrl.experiments.reports.outcomes import (
+from studies.reports import sweep_figures
+from studies.reports.outcomes import (
     PRESETS,
     OutcomeThresholds,
     describe_thresholds,
@@ -52,7 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--learning-rate", "--lrs", dest="lrs", default=",".join(f"{lr:g}" for lr in DEFAULT_LRS),
                         help="comma-separated learning rates (default: %(default)s)")
     parser.add_argument("--thresholds", choices=PRESETS, default="v2",
-                        help="outcome rule set of ictrl.experiments.reports.outcomes (default: %(default)s)")
+                        help="outcome rule set of studies.reports.outcomes (default: %(default)s)")
     parser.add_argument("--note", default="",
                         help="a line put at the top of stability.md and the report, and stored in sweep.json "
                              "(e.g. which data the thresholds were set on)")
@@ -197,14 +198,14 @@ def write_report(out: Path, methods: list[str], lrs: list[float], specs: list[gr
     rows, metrics = label_runs(out, specs, results, base["p1"], thresholds)
     stab = stability(rows, methods, lrs)
     tables = stability_markdown(rows, stab, methods, lrs)
-    head = f"Labels: outcome thresholds {thresholds.version} (ictrl.experiments.reports.outcomes)."
+    head = f"Labels: outcome thresholds {thresholds.version} (studies.reports.outcomes)."
     if note:
         head = f"**{note}**\n\n{head}"
     atomic_write_text(out / "stability.md", "\n\n".join([head, *tables]) + "\n")
     heat_labels = {m: {lr: [r["label"] for r in rows if r["method"] == m and r["lr"] == lr] for lr in lrs}
                    for m in methods}
     heat_labels = {m: {lr: seq for lr, seq in cells.items() if seq} for m, cells in heat_labels.items()}
-    images: list[Any] = [figures.plot_stability_heatmap(
+    images: list[Any] = [sweep_figures.plot_stability_heatmap(
         heat_labels, out / "stability_heatmap.png",
         title=f"Stable fraction per method and learning rate (outcome rules {thresholds.version})")]
 
@@ -218,7 +219,7 @@ def write_report(out: Path, methods: list[str], lrs: list[float], specs: list[gr
             images.append((path, f"{name} per training step of one example run per outcome label "
                                  "(the legend names each run)"))
     purity_runs = {m: [after_warmup(metrics[s]) for s in specs if s.method == m] for m in methods}
-    scatter = figures.plot_prob_vs_purity(purity_runs, out / "prob_vs_purity.png")
+    scatter = sweep_figures.plot_prob_vs_purity(purity_runs, out / "prob_vs_purity.png")
     if scatter is not None:
         images.append(scatter)
 
@@ -230,7 +231,7 @@ def write_report(out: Path, methods: list[str], lrs: list[float], specs: list[gr
     atomic_write_text(out / "sweep.json", json.dumps(summary, indent=1) + "\n")
     answer, caveats = _answer(stab, methods, specs, thresholds, settings)
     return report.render_report(
-        "ictrl sweep: learning-rate stability",
+        "python -m studies sweep: learning-rate stability",
         [("Stable seeds per method and learning rate", tables[0]),
          ("Held-out P@1 / P@4 (%) per method and learning rate", tables[1])],
         images, _notes(rows, picks, base, thresholds, settings), out / "report.html",
@@ -263,7 +264,7 @@ def _notes(rows: list[dict[str, Any]], picks: dict[str, dict[str, Any] | None], 
     notes = [
         f"Each run is labelled from its logged curves against the base model's reward {base['p1']:.3f} (its "
         f"held-out P@1 at the training temperature), by the outcome rules {thresholds.version} "
-        "(ictrl.experiments.reports.outcomes says when each rule set was fixed):",
+        "(studies.reports.outcomes says when each rule set was fixed):",
         *describe_thresholds(thresholds),
         "The windows shrink to half the run when it has fewer than twice the window of logged steps. A run whose "
         "weights went non-finite (sampling failed) counts as exploded with P@1 = P@4 = 0: "

@@ -1,8 +1,8 @@
-"""The long-horizon report (``ictrl compare --horizon``): answer first, then collapse / explosion steps per method,
+"""The long-horizon report (``python -m studies compare --horizon``): answer first, then collapse / explosion steps per method,
 final pass@k with Welch intervals, the selected tokens' π and entropy against the paper's description, and the
 curves with seed bands (H1, H2, purity of all and of selected tokens, reward, held-out pass@k, pass@16 − pass@1).
 
-The collapse / explosion definitions are ``grid.horizon.DEFINITIONS``; the report prints them with the commit that
+The collapse / explosion definitions are ``protocols.horizon.DEFINITIONS``; the report prints them with the commit that
 fixed them (``DEFINITIONS_COMMIT``) and says so if the text no longer matches that commit's (``DEFINITIONS_SHA``).
 """
 
@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ictrl.experiments.grid import horizon as hz
+from studies.protocols import horizon as hz
 from ictrl.experiments.grid import runner as grid
 from ictrl.experiments.reports import figures, report, stats_tests
 from ictrl.files import atomic_write_bytes, atomic_write_text, load_metrics
@@ -159,7 +159,7 @@ def verdict(summ: dict[str, list[dict[str, Any]]], n: int, lrs: dict[str, tuple[
 
 
 def renyi2_verdict(summ: dict[str, list[dict[str, Any]]], lrs: dict[str, tuple[float, str]] | None = None) -> str:
-    """The Rényi-2 half of the claim under ``grid.horizon.RENYI2_DEFINITION``; ``lrs`` as for :func:`verdict`."""
+    """The Rényi-2 half of the claim under ``protocols.horizon.RENYI2_DEFINITION``; ``lrs`` as for :func:`verdict`."""
     def count(m: str) -> int:
         return sum(1 for r in summ.get(m, []) if r["renyi2"]["controls"])
 
@@ -426,7 +426,7 @@ def _tables(summ: dict[str, list[dict[str, Any]]], lrs: dict[str, tuple[float, s
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m ictrl.experiments.reports.horizon_report metrics.json.gz OUT_DIR``: re-render a kept study."""
+    """``python -m studies.reports.horizon_report metrics.json.gz OUT_DIR``: re-render a kept study."""
     import argparse
 
     parser = argparse.ArgumentParser(description=main.__doc__)

@@ -1,4 +1,4 @@
-"""The report of ``ictrl compare --tune`` (``ictrl.experiments.grid.tune``): answer first, then the tables.
+"""The report of ``python -m studies compare --tune`` (``studies.protocols.tune``): answer first, then the tables.
 
 First lines, per task: does ICT beat random10 beyond seed noise at tuned settings (Welch 95% CI over fresh seeds),
 does it widen the stable learning-rate range (tuning grid), and how its H1/H2 curves differ (last-steps means with
@@ -18,7 +18,7 @@ from ictrl.experiments.reports import report
 from ictrl.experiments.reports import figures
 from ictrl.files import atomic_write_text
 from ictrl.experiments.reports.stats_tests import sample_std, welch_diff
-from ictrl.experiments.grid.tune import CHOICE_RULE, TUNE_SEED_START, UPDATE_KEY, Protocol, mean_update_norm, norms_for, total
+from studies.protocols.tune import CHOICE_RULE, TUNE_SEED_START, UPDATE_KEY, Protocol, mean_update_norm, norms_for, total
 
 CURVE_KEYS = {**figures.DEFAULT_CURVE_KEYS, "update norm ||θ_after − θ_before||": UPDATE_KEY}
 # End-of-run diagnostics of what each method trains on: entropies (nats), and the paper's two descriptions of ICT's
@@ -51,7 +51,7 @@ def stable_lrs(protocol: Protocol, label: str, norm: str | None, results: dict[g
                base_dev_total: float) -> list[float]:
     """Grid lrs at which ``label`` (at ``norm``) is stable: no tuning seed diverged and the mean dev Total is at
     least the base model's (training did not leave it worse than it started)."""
-    from ictrl.experiments.grid.tune import spec_of
+    from studies.protocols.tune import spec_of
 
     seeds = range(TUNE_SEED_START, TUNE_SEED_START + protocol.tune_seeds)
     out = []

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from ictrl.experiments.reports.outcomes import (
+from studies.reports.outcomes import (
     LABELS,
     OutcomeThresholds,
     label_run,

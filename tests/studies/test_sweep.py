@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from ictrl.experiments import sweep
+from studies import sweep
 from ictrl.experiments.grid import runner as grid
 from ictrl.experiments.grid import tinyrun
-from ictrl.experiments.reports.outcomes import OutcomeThresholds
+from studies.reports.outcomes import OutcomeThresholds
 from ictrl.experiments.reports.report import PNG_MAGIC
 
 LRS = [1e-4, 5e-4, 2e-3]
@@ -148,10 +148,10 @@ def test_defaults_and_bad_arguments(tmp_path: Path, capsys: pytest.CaptureFixtur
     for bad in ("1e-4,x", "0,1e-3", ""):
         with pytest.raises(ValueError, match="--learning-rate"):
             sweep.parse_lrs(bad)
-    from ictrl.cli import main
+    from studies.__main__ import main
 
     assert main(["sweep", "--methods", "ict,stapoo", "--output-dir", str(tmp_path)]) == 2
-    assert capsys.readouterr().err.startswith("ictrl sweep: error: methods: unknown method 'stapoo'")
+    assert capsys.readouterr().err.startswith("studies sweep: error: methods: unknown method 'stapoo'")
 
 
 @pytest.mark.integration

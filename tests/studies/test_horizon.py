@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from ictrl.experiments.grid import horizon as hz
+from studies.protocols import horizon as hz
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 STUDIES = ROOT / "studies" / "horizon"  # the project's own settings, data beside the package
 SETTINGS = {p.stem: hz.load_setting(str(p), need_tuned=False) for p in sorted(STUDIES.glob("*.json"))}
 TUNED_HERE = ("paths-tuned", "paths-hard")  # settings whose own tuned protocol chooses their learning rates
@@ -74,7 +74,7 @@ def test_the_projects_settings_are_the_ones_its_studies_ran() -> None:
 
 def test_each_setting_warm_starts_its_own_base_on_its_task() -> None:
     from ictrl.experiments import demo
-    from ictrl.experiments.horizoncli import base_recipe
+    from studies.horizoncli import base_recipe
     from ictrl.experiments.tasks.registry import DEFAULT_DIFFICULTY
     from ictrl.experiments.tasks.tinymodel import TinyRecipe
 
@@ -88,6 +88,9 @@ def test_each_setting_warm_starts_its_own_base_on_its_task() -> None:
         assert quick.max_steps == demo.QUICK_RECIPE["max_steps"]  # --quick keeps its own budget
     assert full["paths"].difficulty == DEFAULT_DIFFICULTY["paths"] and full["paths"].order_error == 0.5
     assert full["countdown-lesstrained"].max_steps == 1500 < full["countdown"].max_steps
+    from ictrl.experiments.tasks.registry import task_recipe
+
+    assert task_recipe("paths") == base_recipe(SETTINGS["paths"], False)  # `ictrl tiny-model --task paths` exports it
 
 
 def write_setting(tmp_path: Path, **changes: object) -> str:
@@ -117,14 +120,14 @@ def test_a_bad_setting_file_is_one_line_naming_the_field(tmp_path: Path, changes
     assert hz.load_setting(write_setting(tmp_path)).name == "mine"
 
 
-def test_a_setting_is_found_by_name_from_the_clone(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_a_setting_is_found_by_name_from_any_directory(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     from ictrl.errors import UserError
 
-    monkeypatch.chdir(ROOT)
-    assert hz.load_setting("paths") == SETTINGS["paths"]
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(UserError, match="--horizon paths: no setting file studies/horizon/paths.json"):
-        hz.load_setting("paths")
+    assert hz.load_setting("paths") == SETTINGS["paths"]  # studies/horizon/ beside the code, not the cwd's
+    with pytest.raises(UserError, match=r"--horizon pathz: no setting file .*studies/horizon/pathz\.json "
+                                        r"\(settings in .*: countdown, .*paths, "):
+        hz.load_setting("pathz")
 
 
 def test_renyi2_control_needs_h1_lowered_and_h2_held() -> None:
@@ -150,7 +153,7 @@ def summary(collapse: list[int | None], p16: list[float], explosion: list[int | 
 
 
 def test_verdict_follows_the_stated_rule() -> None:
-    from ictrl.experiments.reports.horizon_report import event_text, verdict
+    from studies.reports.horizon_report import event_text, verdict
 
     collapsed = summary([100, 120, 110], [0.5, 0.52, 0.51])
     kept = summary([None, None, 300], [0.6, 0.62, 0.61])
@@ -167,7 +170,7 @@ def test_verdict_follows_the_stated_rule() -> None:
 
 
 def test_beats_reads_the_welch_interval_of_ict_minus_each_method() -> None:
-    from ictrl.experiments.reports.horizon_report import beats
+    from studies.reports.horizon_report import beats
 
     def runs(p4: list[float], p16: list[float]) -> list[dict]:
         return [{"p4": a, "p16": b} for a, b in zip(p4, p16)]
@@ -185,7 +188,7 @@ def test_beats_reads_the_welch_interval_of_ict_minus_each_method() -> None:
 def test_a_setting_tuned_on_another_task_says_so() -> None:
     from types import SimpleNamespace
 
-    from ictrl.experiments.reports.horizon_report import tuned_elsewhere
+    from studies.reports.horizon_report import tuned_elsewhere
 
     def setting(task: str, source: str) -> SimpleNamespace:
         return SimpleNamespace(task=task, tuned_source=source)
@@ -198,7 +201,7 @@ def test_a_setting_tuned_on_another_task_says_so() -> None:
 
 
 def test_renyi2_verdict_follows_the_stated_rule() -> None:
-    from ictrl.experiments.reports.horizon_report import renyi2_verdict
+    from studies.reports.horizon_report import renyi2_verdict
 
     def runs(*controls: bool) -> list[dict]:
         return [{"renyi2": {"controls": c, "h1_lowered": c, "h2_held": True}} for c in controls]
@@ -216,7 +219,7 @@ def test_renyi2_verdict_follows_the_stated_rule() -> None:
 def test_horizon_quick_end_to_end_and_resume(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import argparse
 
-    from ictrl.experiments import compare
+    from studies import compare
     from ictrl.experiments.grid import runner as grid
     from ictrl.experiments.grid import tinyrun
 
@@ -245,7 +248,7 @@ def test_horizon_quick_end_to_end_and_resume(tmp_path: Path, monkeypatch: pytest
     assert "pass@16 − pass@1 during training" in text and "| step 2 | step 4 | step 6 |" in text
 
     # The kept compact metrics re-render the same report without the run directories.
-    from ictrl.experiments.reports import horizon_report
+    from studies.reports import horizon_report
 
     kept = tmp_path / "kept.json.gz"
     kept.write_bytes((out / horizon_report.COMPACT).read_bytes())
@@ -271,7 +274,7 @@ def test_horizon_quick_end_to_end_and_resume(tmp_path: Path, monkeypatch: pytest
     control = tmp_path / "control"
     monkeypatch.setattr(sys, "argv", ["horizon_control.py", str(STUDIES / "tinyarith.json"), "--study", str(out), "--method", "random10",
                                       "--lr", "1e-4", "--norm", "per_response_all", "--quick", "--out", str(control)])
-    runpy.run_path(str(ROOT / "scripts" / "horizon_control.py"), run_name="__main__")
+    runpy.run_path(str(ROOT / "studies" / "horizon_control.py"), run_name="__main__")
     assert calls == ["lr0.0001/random10-per_response_all/seed0", "lr0.0001/random10-per_response_all/seed1"]
     table = (control / "control.md").read_text()
     assert "random10 at lr 0.0001 (per_response_all)" in table and "| P@16 |" in table and "6 steps" in table
@@ -282,8 +285,8 @@ def test_tune_with_a_setting_tunes_on_the_base_its_long_runs_start_from(tmp_path
     import argparse
 
     from ictrl.errors import UserError
-    from ictrl.experiments import compare
-    from ictrl.experiments.horizoncli import base_recipe
+    from studies import compare
+    from studies.horizoncli import base_recipe
     from ictrl.experiments.tasks import tinymodel
 
     class Built(Exception):
@@ -308,8 +311,8 @@ def test_tune_with_a_setting_tunes_on_the_base_its_long_runs_start_from(tmp_path
 def test_the_tuned_study_script_passes_each_settings_tune_options_to_the_tuned_protocol() -> None:
     import argparse
 
-    from ictrl.experiments import compare, tunecli
-    from ictrl.experiments.grid import tune
+    from studies import compare, tunecli
+    from studies.protocols import tune
 
     study = runpy.run_path(str(STUDIES / "tuned.py"))
     parser = argparse.ArgumentParser()
