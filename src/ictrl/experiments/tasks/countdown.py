@@ -25,11 +25,9 @@ import itertools
 import random
 import re
 from functools import lru_cache
-from typing import Any
 
 from ictrl.data import Problem
-from ictrl.experiments.tasks.registry import question_eval_task, train_prompts
-from ictrl.rewards import completion_text
+from ictrl.experiments.tasks.registry import task_functions
 
 TASK_NAME = "countdown"
 SPLITS = ("train", "dev", "test")
@@ -193,25 +191,12 @@ def grade(completion: str, gold: str) -> float:
     return 1.0 if check_chain(completion, numbers, target) else 0.0
 
 
-def countdown_reward(prompts: list[Any], completions: list[Any], gold: list[str], **_: Any) -> list[float]:
-    """TRL reward signature; the dataset column ``gold`` holds the problem keys."""
-    return [grade(completion_text(c), g) for c, g in zip(completions, gold)]
-
-
-reward = countdown_reward
-
-
 def max_new_tokens(difficulty: tuple[int, ...]) -> int:
     """Room for (k - 1) steps of up to ``"-27-9=-36;"`` (10 bytes), plus EOS and slack."""
     return 12 * (max(difficulty) - 1) + 8
 
 
-def train_dataset(prompts_per_step: int, steps: int, difficulty: int | tuple[int, ...], seed: int) -> Any:
-    """RL prompts (columns ``prompt``, ``gold``); see ``registry.train_prompts``."""
-    levels = (difficulty,) if isinstance(difficulty, int) else tuple(difficulty)
-    available = sum(len(problem_keys("train", d)) for d in set(levels))
-    return train_prompts(generate_problems, available, prompts_per_step, steps, difficulty, seed)
-
-
-def eval_task(problems: list[Problem]) -> Any:
-    return question_eval_task(TASK_NAME, problems, grade, extract_answer)
+countdown_reward, train_dataset, eval_task = task_functions(
+    TASK_NAME, generate_problems, grade, extract_answer,
+    available=lambda levels: sum(len(problem_keys("train", d)) for d in set(levels)))
+reward = countdown_reward

@@ -3,7 +3,8 @@ from given numbers, ``countdown``) and ``paths`` (a walk of a given length throu
 
 Each module offers the same functions: ``generate_problems``, ``demonstration``, ``grade``, ``reward`` (TRL
 signature), ``train_dataset``, ``eval_task`` and ``max_new_tokens``; the warm start (``tinymodel``) and the grid
-(``grid``) read the task from the base model's recipe. The two helpers below build the last two pieces alike."""
+(``grid``) read the task from the base model's recipe. :func:`task_functions` builds the reward, the RL dataset
+and the eval task of each alike."""
 
 from __future__ import annotations
 
@@ -43,20 +44,41 @@ def get_task(name: str) -> ModuleType:
     return importlib.import_module(TASKS[name])
 
 
-def train_prompts(generate: Callable[..., list[Problem]], available: int, prompts_per_step: int, steps: int,
-                  difficulty: int | tuple[int, ...], seed: int) -> Any:
-    """A run's RL prompts as a ``datasets.Dataset``: ``generate``'s distinct train-split problems for the run's
-    steps, at least 64 and at most ``available`` (TRL cycles if a run needs more), drawn with the run's seed.
-    Columns ``prompt`` (the question as the model saw it in its warm start) and ``gold`` (what the reward reads)."""
-    import datasets
+def task_functions(name: str, generate: Callable[..., list[Problem]], grade: Callable[[str, str], float],
+                   extract: Callable[[str], str | None], available: Callable[[tuple[int, ...]], int]
+                   ) -> tuple[Callable[..., list[float]], Callable[..., Any], Callable[[list[Problem]], Any]]:
+    """``(reward, train_dataset, eval_task)`` of the embedded task ``name``, built alike from its own pieces.
 
-    problems = generate(min(available, max(64, prompts_per_step * steps)), "train", difficulty, seed=seed)
-    return datasets.Dataset.from_dict({"prompt": [p.question for p in problems], "gold": [p.gold for p in problems]})
+    - ``reward(prompts, completions, gold)``: TRL's reward signature, named ``<name>_reward`` (the name TRL logs),
+      ``grade`` of each completion's text against its ``gold`` column.
+    - ``train_dataset(prompts_per_step, steps, difficulty, seed)``: a run's RL prompts as a ``datasets.Dataset``,
+      ``generate``'s distinct train-split problems for the run's steps, at least 64 and at most
+      ``available(levels)`` (TRL cycles if a run needs more), drawn with the run's seed. Columns ``prompt`` (the
+      question as the model saw it in its warm start) and ``gold`` (what the reward reads).
+    - ``eval_task(problems)``: an ``ictrl.eval`` task over ``problems``, the plain question as the prompt, graded
+      by ``grade``.
+    """
 
+    def reward(prompts: list[Any], completions: list[Any], gold: list[str], **_: Any) -> list[float]:
+        from ictrl.rewards import completion_text
 
-def question_eval_task(name: str, problems: list[Problem], grade: Callable[[str, str], float],
-                       extract: Callable[[str], str | None]) -> Any:
-    """An ``ictrl.eval`` task over ``problems``: the plain question as the prompt, graded by ``grade``."""
-    from ictrl.eval.harness import EvalTask
+        return [grade(completion_text(c), g) for c, g in zip(completions, gold)]
 
-    return EvalTask(name, problems, prompt_fn=lambda p: p.question, reward_fn=grade, extract_fn=extract)
+    # The task module's own attribute by this name, so that pickle and ``module:function`` find it.
+    reward.__name__ = reward.__qualname__ = f"{name}_reward"
+    reward.__module__ = generate.__module__
+
+    def train_dataset(prompts_per_step: int, steps: int, difficulty: int | tuple[int, ...], seed: int) -> Any:
+        import datasets
+
+        levels = (difficulty,) if isinstance(difficulty, int) else tuple(difficulty)
+        problems = generate(min(available(levels), max(64, prompts_per_step * steps)), "train", difficulty, seed=seed)
+        return datasets.Dataset.from_dict({"prompt": [p.question for p in problems],
+                                           "gold": [p.gold for p in problems]})
+
+    def eval_task(problems: list[Problem]) -> Any:
+        from ictrl.eval.harness import EvalTask
+
+        return EvalTask(name, problems, prompt_fn=lambda p: p.question, reward_fn=grade, extract_fn=extract)
+
+    return reward, train_dataset, eval_task

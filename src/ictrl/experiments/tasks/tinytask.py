@@ -20,11 +20,10 @@ from __future__ import annotations
 import hashlib
 import random
 import re
-from typing import Any
 
 from ictrl.data import Problem
-from ictrl.experiments.tasks.registry import question_eval_task, train_prompts
-from ictrl.rewards import MathExtractor, completion_text, math_reward
+from ictrl.experiments.tasks.registry import task_functions
+from ictrl.rewards import MathExtractor, math_reward
 
 SPLITS = ("train", "dev", "test")
 OPS = ("+", "*")
@@ -165,25 +164,12 @@ def grade(completion: str, gold: str) -> float:
     return math_reward(completion, gold, extractor=TASK_EXTRACTOR)
 
 
-def tinyarith_reward(prompts: list[Any], completions: list[Any], gold: list[str], **_: Any) -> list[float]:
-    """TRL reward signature; the dataset column ``gold`` holds the answers."""
-    return [grade(completion_text(c), g) for c, g in zip(completions, gold)]
-
-
-reward = tinyarith_reward  # the name ictrl.experiments.tasks.registry looks up
-
-
 def max_new_tokens(difficulty: tuple[int, ...]) -> int:
     """Room for the longest left-to-right chain (products up to 4 digits) plus the answer and EOS."""
     return 14 * max(difficulty) + 16
 
 
-def train_dataset(prompts_per_step: int, steps: int, difficulty: int | tuple[int, ...], seed: int) -> Any:
-    """RL prompts (columns ``prompt``, ``gold``, read by :func:`tinyarith_reward`); at most 2,000, most of the split
-    at difficulty 2 (``registry.train_prompts``)."""
-    return train_prompts(generate_problems, 2000, prompts_per_step, steps, difficulty, seed)
-
-
-def eval_task(problems: list[Problem]) -> Any:
-    """An ``ictrl.eval`` task over ``problems``: the plain question as prompt, graded by :func:`grade`."""
-    return question_eval_task(TASK_NAME, problems, grade, extract_answer)
+# RL prompts: at most 2,000, most of the split at difficulty 2.
+tinyarith_reward, train_dataset, eval_task = task_functions(TASK_NAME, generate_problems, grade, extract_answer,
+                                                            available=lambda levels: 2000)
+reward = tinyarith_reward  # the name ictrl.experiments.tasks.registry looks up
