@@ -6,7 +6,7 @@ their tokens; this script runs, say, random10 at ICT's lr to separate the two. I
 study, not part of the protocol fixed before it. Resumable like the study (``done.json`` per run); writes
 ``control.md`` to ``--out``. Usage:
 
-    OMP_NUM_THREADS=1 python scripts/horizon_control.py paths --study runs/horizon-paths \\
+    OMP_NUM_THREADS=1 python -m studies.horizon_control paths --study runs/horizon-paths \\
         --method random10 --lr 2e-4 --norm per_response_all --jobs 2 --out runs/horizon-paths-random10-lr2e-4
 """
 

@@ -7,8 +7,8 @@ reward as one JSON line. With ``--base-eval N`` it first measures the base's hel
 test problems x 16 samples (a harder setting must leave pass@16 well below its ceiling). Usage (a cached base is
 reused, a missing one is built first):
 
-    OMP_NUM_THREADS=1 python scripts/horizon_pilot.py countdown-lesstrained --temperature 1.0 --out /tmp/pilot
-    OMP_NUM_THREADS=1 python scripts/horizon_pilot.py studies/horizon/paths-hard.json --base-eval 100 --out /tmp/p
+    OMP_NUM_THREADS=1 python -m studies.horizon_pilot countdown-lesstrained --temperature 1.0 --out /tmp/pilot
+    OMP_NUM_THREADS=1 python -m studies.horizon_pilot studies/horizon/paths-hard.json --base-eval 100 --out /tmp/p
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ distributions have different supports. That is the regime of the paper's ICT tok
 response departs from its group), which the other two tasks hardly reach: there the JS score's top tokens are
 near-certain ones (π 0.8-0.95). An idealised base (the exact conditional of the demonstration mixture below) puts
 ICT's top-10% tokens at π ≈ 0.3 on this graph (``tests/experiments/tasks/test_paths.py``); the trained base is
-measured, not assumed (``scripts/horizon_pilot.py``).
+measured, not assumed (``studies/horizon_pilot.py``).
 
 The demonstrations of the warm start are uniformly drawn valid walks or, with probability ``order_error``, a
 *choice* error: a walk along valid edges that ends on another node; then with probability ``digit_error`` one
