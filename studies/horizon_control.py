@@ -44,7 +44,8 @@ def main() -> None:
     args = parser.parse_args()
     summary_path = args.study / "results.json"
     if not summary_path.is_file():
-        parser.error(f"--study {args.study}: no results.json; finish the study first (python -m studies compare --horizon)")
+        parser.error(f"--study {args.study}: no results.json; finish the study first "
+                     "(python -m studies compare --horizon)")
     study = json.loads(summary_path.read_text())
     setting = hz.load_setting(args.setting)
     if study["setting"] != setting.name:

@@ -2,8 +2,8 @@
 
     OMP_NUM_THREADS=1 python studies/horizon/tuned.py paths-tuned --jobs 2
 
-1. The tuned protocol (``python -m studies compare --tune --setting SETTING``: the setting's task and base recipe) with the
-   options of the setting's ``tune`` field, into ``RUNS/tune-SETTING``. Its choice rule is
+1. The tuned protocol (``python -m studies compare --tune --setting SETTING``: the setting's task and base
+   recipe) with the options of the setting's ``tune`` field, into ``RUNS/tune-SETTING``. Its choice rule is
    ``studies.protocols.tune.CHOICE_RULE``.
 2. Its choices (``choices.json``) become the setting's ``tuned`` field: written into the setting file when the
    file has none, checked against it when it has one (a mismatch stops here: the file's learning rates are not
@@ -31,7 +31,8 @@ HERE = Path(__file__).resolve().parent
 
 
 def tune_flags(tune: dict[str, Any]) -> list[str]:
-    """The setting's ``tune`` field as ``python -m studies compare --tune`` options (a list is one comma-separated value)."""
+    """The setting's ``tune`` field as ``python -m studies compare --tune`` options (a list is one comma-separated
+    value)."""
     out = []
     for key, value in tune.items():
         out += [f"--{key}", ",".join(map(str, value)) if isinstance(value, list) else str(value)]

@@ -1,4 +1,5 @@
-"""``python -m studies compare --horizon SETTING``: the long-horizon protocol, and the collapse / explosion definitions.
+"""``python -m studies compare --horizon SETTING``: the long-horizon protocol, and the collapse / explosion
+definitions.
 
 Everything here is fixed before the first full run and not tuned on its results:
 
@@ -115,7 +116,8 @@ def setting_path(spec: str) -> Path:
 def load_setting(spec: str, need_tuned: bool = True) -> Setting:
     """The setting in file ``spec`` (or named ``spec`` in ``studies/horizon/``); a bad file or field is one
     :class:`ictrl.errors.UserError` line naming it. ``need_tuned=False`` accepts a file without ``tuned`` (a
-    setting whose learning rates its own tuned protocol is still to choose: ``python -m studies compare --tune --setting``)."""
+    setting whose learning rates its own tuned protocol is still to choose: ``python -m studies compare --tune
+    --setting``)."""
     from ictrl.core.loss import NORM_MODES
     from ictrl.experiments.tasks.registry import TASKS
 

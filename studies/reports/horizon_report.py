@@ -1,6 +1,6 @@
-"""The long-horizon report (``python -m studies compare --horizon``): answer first, then collapse / explosion steps per method,
-final pass@k with Welch intervals, the selected tokens' π and entropy against the paper's description, and the
-curves with seed bands (H1, H2, purity of all and of selected tokens, reward, held-out pass@k, pass@16 − pass@1).
+"""The long-horizon report (``python -m studies compare --horizon``): answer first, then collapse / explosion steps per
+method, final pass@k with Welch intervals, the selected tokens' π and entropy against the paper's description, and
+the curves with seed bands (H1, H2, purity of all and of selected tokens, reward, held-out pass@k, pass@16 − pass@1).
 
 The collapse / explosion definitions are ``protocols.horizon.DEFINITIONS``; the report prints them with the commit that
 fixed them (``DEFINITIONS_COMMIT``) and says so if the text no longer matches that commit's (``DEFINITIONS_SHA``).

@@ -1,5 +1,5 @@
-"""The options of ``ictrl compare`` (and of the studies built on it), and the :class:`Experiment` they build from them: an
-embedded task (``tinyrun``) or a run config (``configrun``)."""
+"""The options of ``ictrl compare`` (and of the studies built on it), and the :class:`Experiment` they build
+from them: an embedded task (``tinyrun``) or a run config (``configrun``)."""
 
 from __future__ import annotations
 

@@ -2,8 +2,8 @@
 
 Inputs are plain Python data (see ``ictrl.experiments.reports.report``). Every figure is drawn for a reader at a glance:
 plain axis labels with no offset notation (``1e-5+5.549`` makes a tiny difference look dramatic), a line style
-and marker per method so that coinciding lines stay visible, a band only where there are >= 2 seeds. Each PNG carries its human caption in
-its ``Description`` metadata, which ``report.render_report`` shows under it.
+and marker per method so that coinciding lines stay visible, a band only where there are >= 2 seeds. Each PNG
+carries its human caption in its ``Description`` metadata, which ``report.render_report`` shows under it.
 
 Figures use matplotlib's object API on the Agg canvas (no pyplot, no global backend state); files are written
 atomically.
