@@ -220,6 +220,6 @@ def write(out: Path, protocol: Protocol, settings: dict[str, Any], tune_results:
               ("Tuning grid: mean dev Total (%), chosen in bold", tuning_table(protocol, chosen))]
     caveats = [f"{protocol.final_seeds} fresh seeds per row, treated as independent samples",
                f"the tiny embedded {task} task and model: not the paper's setting"]
-    page = report.render_report(f"ictrl compare --tune ({task})", tables, images, notes, out / "report.html",
+    page = report.render_report(f"python -m studies compare --tune ({task})", tables, images, notes, out / "report.html",
                                 note=note, answer=text, caveats=caveats)
     return {"table": table_path, "report": page}

@@ -1,4 +1,4 @@
-"""ictrl compare --horizon: the collapse / explosion / stop rules on synthetic logs, the tuned settings table,
+"""python -m studies compare --horizon: the collapse / explosion / stop rules on synthetic logs, the tuned settings table,
 and the protocol end to end with resume (--quick)."""
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""ictrl sweep: labels, stable fractions, widest ranges and the report from synthetic runs; end to end (--quick)."""
+"""python -m studies sweep: labels, stable fractions, widest ranges and the report from synthetic runs; end to end
+(--quick)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""ictrl compare --tune: the tuning grid, the fixed choice rule, matched update size, the update-norm callback,
-and the whole protocol end to end with resume (--quick, countdown)."""
+"""python -m studies compare --tune: the tuning grid, the fixed choice rule, matched update size, and the whole
+protocol end to end with resume (--quick, countdown)."""
 
 from __future__ import annotations
 
