@@ -42,6 +42,9 @@ LOSS_FIELDS = {
 logger = logging.getLogger(__name__)
 _METHODS_HELP = "; ".join(f"'{s.name}'" + (f" (= {s.label})" if s.label != s.name else "") + f": {s.help}"
                           for s in SELECTORS.values())
+# the registrations' defaults, as the help states them
+_WARMUP_HELP = ", ".join(f"{s.name} {s.warmup_steps}" for s in SELECTORS.values())
+_TRL_NORM_HELP = "; ".join(f"{name}: {kind.trl_norm}" for name, kind in LOSS_TYPES.items())
 
 
 _PLANNED: list[int] = []
@@ -119,7 +122,7 @@ class ICTGRPOConfig(GRPOConfig):
     selection_warmup_steps: int | None = field(
         default=None,
         metadata={"help": "Θ: for the first Θ optimizer steps every response token is selected. None: the "
-                  "selector's default (10 for ict/random/frequent, 0 otherwise)."},
+                  "selector's registered default (" + _WARMUP_HELP + ")."},
     )
     loss_normalization: str | None = field(
         default=None,
@@ -127,9 +130,8 @@ class ICTGRPOConfig(GRPOConfig):
                   "STAPO), 'token_mean_all' (TRL's top_entropy_quantile), 'per_response_all' (original GRPO), 'dr_grpo' "
                   "(Dr.GRPO: sum over the selected tokens / (responses * max_completion_length)), 'sequence_sum' (each "
                   "response's sum, then the mean over responses: TRL's luspo). None: for token_selector 'all' the "
-                  "normaliser TRL uses for loss_type (dapo, bnpo, cispo, vespo: token_mean_all; grpo, sapo: "
-                  "per_response_all; dr_grpo; luspo: sequence_sum), so a TRL config gives TRL's step; for the other "
-                  "selectors their registered normaliser ('dr_grpo' when loss_type='dr_grpo'). Denominators are "
+                  "normaliser TRL uses for loss_type (" + _TRL_NORM_HELP + "), so a TRL config gives TRL's step; for "
+                  "the other selectors their registered normaliser ('dr_grpo' when loss_type='dr_grpo'). Denominators are "
                   "global over the optimizer step (all micro-batches and processes), except loss_type='bnpo', whose "
                   "token mean is local to each micro-batch as in TRL."},
     )
