@@ -364,7 +364,7 @@ def policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask
     if weight is not None and not kind.whole_response:
         policy = policy * torch.where(active, weight, 0.0).to(policy.dtype)
     if behaviour is not None:  # the off-policy sequence mask
-        policy = policy * _on_policy_enough(x, behaviour, spec.off_policy_threshold).to(policy.dtype)
+        policy = policy * _on_policy_enough(x, behaviour, spec).to(policy.dtype)
     counts = dict(num_responses=extras.num_responses, max_completion_length=spec.max_completion_length)
     loss = aggregate(policy, active, mask, spec.norm, num_tokens=extras.num_tokens, **counts)
     kl = None if ref_logprobs is None else _kl_term(x, ref_logprobs, kl_where, spec)
@@ -402,13 +402,13 @@ def _behaviour_logprobs(old_logprobs: Tensor, spec: LossSpec, extras: LossExtras
     return old_logprobs if extras.behaviour_logprobs is None else extras.behaviour_logprobs
 
 
-def _on_policy_enough(x: Tokens, behaviour: Tensor, threshold: float) -> Tensor:
-    """[B, T] bool: False for a response with Â < 0 whose mean (behaviour − log π_θ) over its mask exceeds the
-    threshold (it drifted too far from the policy that sampled it to push down)."""
+def _on_policy_enough(x: Tokens, behaviour: Tensor, spec: LossSpec) -> Tensor:
+    """[B, T] bool: False for a response with Â < 0 whose mean (behaviour − log π_θ) over its mask exceeds
+    ``off_policy_threshold`` (it drifted too far from the policy that sampled it to push down)."""
     lp = x.logprobs.detach()
     gap = torch.nan_to_num(torch.where(x.mask, behaviour.detach().to(lp.dtype), 0.0) - lp, nan=0.0)
     mean_gap = gap.sum(dim=1, keepdim=True) / x.mask.sum(dim=1, keepdim=True).clamp(min=1)
-    return (x.advantages >= 0) | (mean_gap <= threshold)
+    return (x.advantages >= 0) | (mean_gap <= spec.off_policy_threshold)  # type: ignore[operator]
 
 
 def _kl_term(x: Tokens, ref_logprobs: Tensor, where: Tensor, spec: LossSpec) -> Tensor:
