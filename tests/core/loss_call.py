@@ -1,5 +1,5 @@
 """``policy_loss`` called with its options as keywords, as the loss tests read best: every keyword is a field of
-``LossSpec`` (the run's options, ``objective`` included) or of ``LossExtras`` (the batch's optional tensors and
+``LossSpec`` (the run's options) or of ``LossExtras`` (the batch's optional tensors and
 counts); a bad option raises when the spec is built, as in a run."""
 
 from __future__ import annotations

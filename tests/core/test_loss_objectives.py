@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from ictrl.core.loss import Objective, aggregate
+from ictrl.core.loss import LossSpec, aggregate
 from loss_call import policy_loss_kw
 
 L_MAX = 16
@@ -30,7 +30,7 @@ def batch(seed: int, B: int = 7, T: int = 9, spread: float = 0.5):
     return lp, old, adv, mask, sel, ref, behaviour
 
 
-def naive(lp, old, adv, mask, sel, obj: Objective, norm: str, ref=None, beta=0.0, behaviour=None, eps=(0.2, 0.28)):
+def naive(lp, old, adv, mask, sel, obj: LossSpec, norm: str, ref=None, beta=0.0, behaviour=None, eps=(0.2, 0.28)):
     """The loss as a float64 expression over scalars, response by response (autograd gives the reference grad)."""
     B, T = lp.shape
     pol_rows, kl_rows = [], []
@@ -85,29 +85,29 @@ def naive(lp, old, adv, mask, sel, obj: Objective, norm: str, ref=None, beta=0.0
 
 
 CASES = [
-    (Objective(loss_type="grpo", level="sequence"), "per_response_selected"),
-    (Objective(loss_type="dapo", level="sequence", delta=1.3), "token_mean_selected"),
-    (Objective(loss_type="cispo"), "token_mean_all"),
-    (Objective(loss_type="cispo", level="sequence"), "per_response_selected"),
-    (Objective(loss_type="sapo"), "per_response_all"),
-    (Objective(loss_type="luspo", level="sequence"), "sequence_sum"),
-    (Objective(delta=1.2), "dr_grpo"),
-    (Objective(bias_correction_kl=True), "per_response_selected"),
-    (Objective(bias_correction_kl=True, kl_scope="all_tokens"), "token_mean_selected"),
-    (Objective(kl_scope="all_tokens"), "per_response_selected"),
-    (Objective(level="sequence", bias_correction_kl=True, kl_scope="all_tokens"), "token_mean_all"),
-    (Objective(off_policy_threshold=0.0), "token_mean_selected"),
+    (dict(loss_type="grpo", level="sequence"), "per_response_selected"),
+    (dict(loss_type="dapo", level="sequence", delta=1.3), "token_mean_selected"),
+    (dict(loss_type="cispo"), "token_mean_all"),
+    (dict(loss_type="cispo", level="sequence"), "per_response_selected"),
+    (dict(loss_type="sapo"), "per_response_all"),
+    (dict(loss_type="luspo", level="sequence"), "sequence_sum"),
+    (dict(delta=1.2), "dr_grpo"),
+    (dict(bias_correction_kl=True), "per_response_selected"),
+    (dict(bias_correction_kl=True, kl_scope="all_tokens"), "token_mean_selected"),
+    (dict(kl_scope="all_tokens"), "per_response_selected"),
+    (dict(level="sequence", bias_correction_kl=True, kl_scope="all_tokens"), "token_mean_all"),
+    (dict(off_policy_threshold=0.0), "token_mean_selected"),
 ]
 
 
 @pytest.mark.parametrize(("obj", "norm"), CASES)
-def test_objective_with_a_selection_vs_float64_reference(obj: Objective, norm: str) -> None:
+def test_objective_with_a_selection_vs_float64_reference(obj: dict, norm: str) -> None:
     lp, old, adv, mask, sel, ref, behaviour = batch(11)
-    eps_high = 1.5 if obj.loss_type == "cispo" else 0.28
+    eps_high = 1.5 if obj.get("loss_type") == "cispo" else 0.28
     kw = dict(max_completion_length=L_MAX) if norm == "dr_grpo" else {}
     loss, _ = policy_loss_kw(lp, old, adv, mask, sel, eps_low=0.2, eps_high=eps_high, norm=norm, ref_logprobs=ref,
-                          kl_coef=0.1, objective=obj, behaviour_logprobs=behaviour, **kw)
-    expected = naive(lp, old, adv, mask, sel, obj, norm, ref, 0.1, behaviour, eps=(0.2, eps_high))
+                          kl_coef=0.1, **obj, behaviour_logprobs=behaviour, **kw)
+    expected = naive(lp, old, adv, mask, sel, LossSpec(**obj), norm, ref, 0.1, behaviour, eps=(0.2, eps_high))
     assert loss.item() == pytest.approx(expected.item(), rel=1e-10, abs=1e-14)
     (grad,) = torch.autograd.grad(loss, lp)
     (expected_grad,) = torch.autograd.grad(expected, lp)
@@ -120,10 +120,10 @@ def test_objective_with_a_selection_vs_float64_reference(obj: Objective, norm: s
 
 
 @pytest.mark.parametrize(("obj", "norm"), CASES)
-def test_padding_never_reaches_loss_or_gradient(obj: Objective, norm: str) -> None:
+def test_padding_never_reaches_loss_or_gradient(obj: dict, norm: str) -> None:
     lp, old, adv, mask, sel, ref, behaviour = batch(15)
     kw = dict(max_completion_length=L_MAX) if norm == "dr_grpo" else {}
-    args = dict(norm=norm, ref_logprobs=ref, kl_coef=0.1, objective=obj, behaviour_logprobs=behaviour, **kw)
+    args = dict(norm=norm, ref_logprobs=ref, kl_coef=0.1, **obj, behaviour_logprobs=behaviour, **kw)
     clean, _ = policy_loss_kw(lp, old, adv, mask, sel, **args)
     padded = lp.detach().clone()
     padded[~mask] = -math.inf
@@ -140,11 +140,10 @@ def test_padding_never_reaches_loss_or_gradient(obj: Objective, norm: str) -> No
 def test_sequence_ratio_spans_the_selected_tokens_only() -> None:
     """GSPO over a selection: changing log-probs at unselected tokens changes neither loss nor ratio."""
     lp, old, adv, mask, sel, _, _ = batch(12)
-    obj = Objective(level="sequence")
-    base, _ = policy_loss_kw(lp, old, adv, mask, sel, objective=obj)
+    base, _ = policy_loss_kw(lp, old, adv, mask, sel, level="sequence")
     moved = lp.detach().clone()
     moved[~sel] += 5.0
-    again, _ = policy_loss_kw(moved, old, adv, mask, sel, objective=obj)
+    again, _ = policy_loss_kw(moved, old, adv, mask, sel, level="sequence")
     assert again.item() == pytest.approx(base.item(), rel=1e-12)
 
 
@@ -153,7 +152,7 @@ def test_kl_scope_all_tokens_needs_no_selected_token() -> None:
     lp, old, adv, mask, sel, ref, _ = batch(13)
     sel = torch.zeros_like(sel)
     loss, m = policy_loss_kw(lp, old, adv, mask, sel, ref_logprobs=ref, kl_coef=0.1,
-                          objective=Objective(kl_scope="all_tokens"))
+                          kl_scope="all_tokens")
     d = ref - lp.detach()
     k3 = torch.where(mask, torch.exp(d) - d - 1, 0.0)
     rows = k3.sum(1) / mask.sum(1).clamp(min=1)  # per_response_selected with K = mask: per-response mean
@@ -164,8 +163,7 @@ def test_kl_scope_all_tokens_needs_no_selected_token() -> None:
 
 def test_vespo_without_a_selection_vs_float64_reference() -> None:
     lp, old, adv, mask, _, _, _ = batch(14, spread=0.05)
-    obj = Objective(loss_type="vespo")
-    loss, _ = policy_loss_kw(lp, old, adv, mask, None, norm="token_mean_all", objective=obj)
+    loss, _ = policy_loss_kw(lp, old, adv, mask, None, norm="token_mean_all", loss_type="vespo")
     total, n = lp.sum() * 0.0, int(mask.sum())
     for b in range(lp.size(0)):
         toks = [t for t in range(lp.size(1)) if mask[b, t]]
@@ -187,3 +185,52 @@ def test_aggregate_drops_what_it_does_not_cover() -> None:
     assert aggregate(per_token, where, mask, "token_mean_all").item() == pytest.approx(6.0 / 5)
     assert aggregate(per_token, where, mask, "per_response_selected").item() == pytest.approx((2.0 + 2.0) / 2)
     assert aggregate(per_token, where, mask, "sequence_sum", num_responses=4).item() == pytest.approx(6.0 / 4)
+
+
+def test_loss_types_are_trl_s_with_trl_s_normalisers() -> None:
+    from ictrl.core.loss import LOSS_TYPES, clipped_surrogate
+
+    trl = {"grpo": "per_response_all", "sapo": "per_response_all", "bnpo": "token_mean_all",
+           "dapo": "token_mean_all", "cispo": "token_mean_all", "vespo": "token_mean_all", "dr_grpo": "dr_grpo",
+           "luspo": "sequence_sum"}
+    assert {name: kind.trl_norm for name, kind in LOSS_TYPES.items()} == trl
+    assert {n for n, k in LOSS_TYPES.items() if k.term is clipped_surrogate} == {"grpo", "bnpo", "dr_grpo", "dapo",
+                                                                                 "luspo"}
+    assert {n for n, k in LOSS_TYPES.items() if k.buffer_mean} == {"dapo", "cispo", "vespo"}
+    assert {n for n, k in LOSS_TYPES.items() if k.whole_response} == {"vespo"}
+
+
+def test_a_registered_loss_type_is_one_function_usable_by_name() -> None:
+    """A new loss type is one function of (Tokens, LossSpec): registered, LossSpec accepts it and policy_loss runs it
+    through the same importance weight and aggregation as TRL's."""
+    from ictrl.core.loss import LOSS_TYPES, LossSpec, Tokens, register_loss_type
+
+    @register_loss_type("test_reinforce", "token_mean_selected")
+    def reinforce(x: Tokens, spec: LossSpec) -> torch.Tensor:
+        return -x.advantages * x.logprobs
+
+    try:
+        with pytest.raises(ValueError, match="already registered"):
+            register_loss_type("test_reinforce", "token_mean_all")
+        lp, old, adv, mask, sel, _, _ = batch(16)
+        loss, _ = policy_loss_kw(lp, old, adv, mask, sel, loss_type="test_reinforce", norm="token_mean_selected")
+        M = mask & sel
+        expected = (-adv[:, None] * lp)[M].sum() / M.sum()
+        assert loss.item() == pytest.approx(expected.item(), rel=1e-12)
+    finally:
+        LOSS_TYPES.pop("test_reinforce", None)
+    with pytest.raises(ValueError, match="trl_norm"):
+        register_loss_type("test_bad_norm", "mean")
+    assert "test_bad_norm" not in LOSS_TYPES
+
+
+def test_spec_errors_name_the_field_they_check() -> None:
+    from ictrl.core.checks import OptionError
+
+    for kwargs, field in [({"loss_type": "ppo"}, "loss_type"), ({"level": "response"}, "level"),
+                          ({"kl_scope": "tokens"}, "kl_scope"), ({"delta": 0.0}, "delta"),
+                          ({"sapo_temperature_pos": -1.0}, "sapo_temperature_pos"),
+                          ({"off_policy_threshold": -1.0}, "off_policy_threshold"), ({"eps_high": "0.2"}, "eps_high")]:
+        with pytest.raises(OptionError) as err:
+            LossSpec(**kwargs)
+        assert err.value.field == field and str(err.value) == f"{field} {err.value.reason}"

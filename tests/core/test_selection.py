@@ -385,3 +385,27 @@ def test_registry_records_each_method_once() -> None:
     for selector in SELECTORS.values():
         assert get_selector(selector.label) is selector and selector.help
         assert selector.resolve_options() == selector.options
+
+
+def test_warmup_is_resolved_once_from_the_registration() -> None:
+    ict = get_selector("ict")
+    assert ict.resolve_warmup() == ict.warmup_steps == 10 and ict.resolve_warmup(0) == 0
+    for bad in (-1, 1.5, True, "3"):
+        with pytest.raises(ValueError, match="warmup_steps must be an int >= 0"):
+            ict.resolve_warmup(bad)
+    with pytest.raises(ValueError, match="normalization must be one of"):
+        register_selector("test_bad_norm", normalization="mean")(lambda inputs: inputs.mask)
+    with pytest.raises(ValueError, match="warmup_steps"):
+        register_selector("test_bad_warmup", warmup_steps=-2)(lambda inputs: inputs.mask)
+    assert "test_bad_norm" not in SELECTORS and "test_bad_warmup" not in SELECTORS
+
+
+def test_option_errors_carry_the_option_name() -> None:
+    from ictrl.core.checks import OptionError
+
+    for selector, given, field in [("ict", {"ratio": 0.0}, "ratio"), ("ict", {"scope": "prompt"}, "scope"),
+                                   ("random", {"seed": -1}, "seed"), ("stapo", {"tau_p": 2.0}, "tau_p"),
+                                   ("entropy", {"ties": "all"}, "ties")]:
+        with pytest.raises(OptionError) as err:
+            get_selector(selector).resolve_options(given)
+        assert err.value.field == field and str(err.value).startswith(f"{field} must be")

@@ -10,6 +10,17 @@ import torch
 from torch import Tensor
 
 
+class OptionError(ValueError):
+    """A bad option value, raised where the option is defined: ``field`` names it there and ``reason`` says what it
+    must be (``str`` is ``f"{field} {reason}"``). A caller that reads the option under another name (``ICTGRPOConfig``'s
+    ``epsilon_high`` for ``LossSpec.eps_high``) says ``f"{its name} {reason}"`` instead, without checking it again."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(f"{field} {reason}")
+        self.field = field
+        self.reason = reason
+
+
 def as_bool_mask(mask: Tensor, name: str = "mask") -> Tensor:
     """Return ``mask`` as a bool tensor; it must be bool or hold only 0 and 1."""
     if not isinstance(mask, Tensor):

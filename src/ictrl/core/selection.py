@@ -33,8 +33,10 @@ Counting and ties, shared by every ratio-based selector:
   ties, then one sort on the unique key (unit, score rank); no Python loop over positions or units.
 
 ``Selector.needs`` lists the ``SelectionInputs`` fields a selector always reads; ``scope="group"`` additionally
-reads ``group_ids``. A missing field, an unknown option, or a bad option value raises ``ValueError`` naming it;
-each option is checked once, in :meth:`Selector.resolve_options`.
+reads ``group_ids``. A missing field, an unknown option, or a bad option value raises ``ValueError`` naming it.
+Each value is checked once: an option in :meth:`Selector.resolve_options`, Θ in :meth:`Selector.resolve_warmup`
+(``ICTGRPOConfig`` calls both once per run; :meth:`Selector.apply` and :func:`in_warmup` take the resolved values),
+a method's defaults when it is registered.
 """
 
 from __future__ import annotations
@@ -49,7 +51,8 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
-from ictrl.core.checks import as_bool_mask, check_group_ids
+from ictrl.core.checks import OptionError, as_bool_mask, check_group_ids
+from ictrl.core.loss import NORM_MODES
 from ictrl.core.reference import ceil_count
 
 _FIELDS = ("ict_score", "entropy", "prob", "advantages", "group_ids")
@@ -124,7 +127,8 @@ class Selector:
     trl_loss: bool = False
 
     def resolve_options(self, given: dict[str, Any] | None = None) -> dict[str, Any]:
-        """The selector's defaults updated with ``given``, each value checked once (``ValueError`` naming it)."""
+        """The selector's defaults updated with ``given``, each value checked once (an option's bad value is an
+        :class:`OptionError` naming the option; an unknown option a ``ValueError``)."""
         given = dict(given or {})
         unknown = sorted(set(given) - set(self.options))
         if unknown:
@@ -138,13 +142,17 @@ class Selector:
                 options[key] = _OPTION_CHECKS[key](value, key)
         return options
 
+    def resolve_warmup(self, given: int | None = None) -> int:
+        """Θ: ``given``, or the method's registered default when None, checked (an int >= 0)."""
+        return _check_nonneg_int(self.warmup_steps if given is None else given, "warmup_steps")
+
     def __call__(self, inputs: SelectionInputs, *, warmup_steps: int = 0, **options: Any) -> Tensor:
         """Apply the rule; while ``in_warmup(inputs.step, warmup_steps)`` return the whole mask instead."""
-        return self.apply(inputs, warmup_steps, self.resolve_options(options))
+        return self.apply(inputs, self.resolve_warmup(warmup_steps), self.resolve_options(options))
 
     def apply(self, inputs: SelectionInputs, warmup_steps: int, options: dict[str, Any]) -> Tensor:
-        """:meth:`__call__` with ``options`` already resolved by :meth:`resolve_options` (the trainer resolves them
-        once per run, not once per batch)."""
+        """:meth:`__call__` with Θ and ``options`` already resolved by :meth:`resolve_warmup` and
+        :meth:`resolve_options` (the trainer resolves them once per run, not once per batch)."""
         if in_warmup(inputs.step, warmup_steps):
             return inputs.mask.clone()
         for field in sorted(self.needs):
@@ -158,8 +166,9 @@ _ALIASES: dict[str, str] = {}  # alias -> registered name
 
 
 def in_warmup(step: int, warmup_steps: int) -> bool:
-    """True during the first Θ = ``warmup_steps`` optimizer steps, when every response token is selected."""
-    return step < _check_nonneg_int(warmup_steps, "warmup_steps")
+    """True during the first Θ = ``warmup_steps`` optimizer steps (as :meth:`Selector.resolve_warmup` resolved
+    it), when every response token is selected."""
+    return step < warmup_steps
 
 
 def register_selector(
@@ -176,11 +185,13 @@ def register_selector(
     trl_loss: bool = False,
 ) -> Callable[[Callable[..., Tensor]], Callable[..., Tensor]]:
     """Decorator registering ``fn(inputs, *, option=default, ...)`` under ``name`` (default: ``fn.__name__``),
-    with the method defaults described on :class:`Selector`. ``scopes`` defaults to every scope when ``fn`` has
-    a ``scope`` option; ``help`` defaults to the first line of ``fn``'s docstring."""
+    with the method defaults described on :class:`Selector`, each checked here. ``scopes`` defaults to every scope
+    when ``fn`` has a ``scope`` option; ``help`` defaults to the first line of ``fn``'s docstring."""
     bad = sorted(set(needs) - set(_FIELDS))
     if bad:
         raise ValueError(f"needs holds unknown field(s) {bad}; valid: {list(_FIELDS)}")
+    if normalization not in NORM_MODES:
+        raise ValueError(f"normalization must be one of {list(NORM_MODES)}, got {normalization!r}")
 
     def decorator(fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
         key = name or fn.__name__
@@ -194,10 +205,12 @@ def register_selector(
             raise ValueError(f"selector {taken[0]!r} is already registered")
         allowed = tuple(scopes) if scopes is not None else (SCOPES if "scope" in options else ())
         doc = (fn.__doc__ or "").strip().splitlines()
-        SELECTORS[key] = Selector(key, fn, frozenset(needs), options, allowed, _check_nonneg_int(warmup_steps,
-                                  "warmup_steps"), normalization, label or key, tuple(aliases),
-                                  help if help is not None else (doc[0] if doc else ""), in_default_grid, trl_loss)
-        SELECTORS[key].resolve_options()  # the defaults themselves must pass the option checks
+        selector = Selector(key, fn, frozenset(needs), options, allowed, warmup_steps, normalization, label or key,
+                            tuple(aliases), help if help is not None else (doc[0] if doc else ""), in_default_grid,
+                            trl_loss)
+        selector.resolve_warmup()  # the defaults themselves must pass the checks
+        selector.resolve_options()
+        SELECTORS[key] = selector
         _ALIASES.update({alias: key for alias in names[1:]})
         return fn
 
@@ -250,25 +263,25 @@ def select(name: str, inputs: SelectionInputs, *, warmup_steps: int = 0, **optio
 
 def _check_fraction(value: Any, name: str = "ratio") -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < float(value) <= 1.0:
-        raise ValueError(f"{name} must be a number in (0, 1], got {value!r}")
+        raise OptionError(name, f"must be a number in (0, 1], got {value!r}")
     return float(value)
 
 
 def _check_scope(scope: Any, allowed: tuple[str, ...]) -> str:
     if scope not in allowed:
-        raise ValueError(f"scope must be one of {list(allowed)}, got {scope!r}")
+        raise OptionError("scope", f"must be one of {list(allowed)}, got {scope!r}")
     return scope
 
 
 def _check_nonneg_int(value: Any, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+        raise OptionError(name, f"must be an int >= 0, got {value!r}")
     return value
 
 
 def _check_ties(value: Any, name: str) -> str:
     if value not in ("position", "include"):
-        raise ValueError(f"{name} must be 'position' or 'include', got {value!r}")
+        raise OptionError(name, f"must be 'position' or 'include', got {value!r}")
     return value
 
 

@@ -17,7 +17,8 @@ from typing import Any
 
 from trl import GRPOConfig
 
-from ictrl.core.loss import IS_MODES, LOSS_TYPES, NORM_MODES, TRL_NORMALISER, Objective
+from ictrl.core.checks import OptionError
+from ictrl.core.loss import LOSS_TYPES, LossSpec
 from ictrl.engine import field_bounds
 from ictrl.engine.trl_fields import refused_field_errors
 from ictrl.preflight import check_liger, check_trackers
@@ -26,9 +27,24 @@ from ictrl.core.selection import SELECTORS, Selector, get_selector
 # Selector options that have their own config field (the rest go through ``selection_options``).
 SCALE_REWARDS = ("group", "batch", "none")  # TRL's advantage scalings
 OPTION_FIELDS = {"ratio": "selection_ratio", "scope": "selection_scope", "seed": "selection_seed"}
+# LossSpec's fields and the config field each is read from: the spec checks every value once, and its error is
+# re-worded to name the config's field.
+LOSS_FIELDS = {
+    "loss_type": "loss_type", "level": "importance_sampling_level", "eps_low": "epsilon", "eps_high": "epsilon_high",
+    "delta": "delta", "sapo_temperature_pos": "sapo_temperature_pos", "sapo_temperature_neg": "sapo_temperature_neg",
+    "vespo_k_pos": "vespo_k_pos", "vespo_lambda_pos": "vespo_lambda_pos", "vespo_k_neg": "vespo_k_neg",
+    "vespo_lambda_neg": "vespo_lambda_neg", "off_policy_threshold": "off_policy_mask_threshold",
+    "is_mode": "vllm_importance_sampling_mode", "is_clip_min": "vllm_importance_sampling_clip_min",
+    "is_clip_max": "vllm_importance_sampling_clip_max", "kl_coef": "beta", "kl_scope": "kl_scope",
+    "bias_correction_kl": "use_bias_correction_kl", "norm": "loss_normalization",
+    "max_completion_length": "max_completion_length",
+}
 logger = logging.getLogger(__name__)
 _METHODS_HELP = "; ".join(f"'{s.name}'" + (f" (= {s.label})" if s.label != s.name else "") + f": {s.help}"
                           for s in SELECTORS.values())
+# the registrations' defaults, as the help states them
+_WARMUP_HELP = ", ".join(f"{s.name} {s.warmup_steps}" for s in SELECTORS.values())
+_TRL_NORM_HELP = "; ".join(f"{name}: {kind.trl_norm}" for name, kind in LOSS_TYPES.items())
 
 
 _PLANNED: list[int] = []
@@ -106,7 +122,7 @@ class ICTGRPOConfig(GRPOConfig):
     selection_warmup_steps: int | None = field(
         default=None,
         metadata={"help": "Θ: for the first Θ optimizer steps every response token is selected. None: the "
-                  "selector's default (10 for ict/random/frequent, 0 otherwise)."},
+                  "selector's registered default (" + _WARMUP_HELP + ")."},
     )
     loss_normalization: str | None = field(
         default=None,
@@ -114,9 +130,8 @@ class ICTGRPOConfig(GRPOConfig):
                   "STAPO), 'token_mean_all' (TRL's top_entropy_quantile), 'per_response_all' (original GRPO), 'dr_grpo' "
                   "(Dr.GRPO: sum over the selected tokens / (responses * max_completion_length)), 'sequence_sum' (each "
                   "response's sum, then the mean over responses: TRL's luspo). None: for token_selector 'all' the "
-                  "normaliser TRL uses for loss_type (dapo, bnpo, cispo, vespo: token_mean_all; grpo, sapo: "
-                  "per_response_all; dr_grpo; luspo: sequence_sum), so a TRL config gives TRL's step; for the other "
-                  "selectors their registered normaliser ('dr_grpo' when loss_type='dr_grpo'). Denominators are "
+                  "normaliser TRL uses for loss_type (" + _TRL_NORM_HELP + "), so a TRL config gives TRL's step; for "
+                  "the other selectors their registered normaliser ('dr_grpo' when loss_type='dr_grpo'). Denominators are "
                   "global over the optimizer step (all micro-batches and processes), except loss_type='bnpo', whose "
                   "token mean is local to each micro-batch as in TRL."},
     )
@@ -272,15 +287,7 @@ class ICTGRPOConfig(GRPOConfig):
 
         self._check_eval_during_training()
         self._check_scheduler()
-
-        self._check_trl_loss_options()
-        if self.vllm_importance_sampling_mode not in IS_MODES:
-            raise ValueError(f"vllm_importance_sampling_mode must be one of {list(IS_MODES)}, got "
-                             f"{self.vllm_importance_sampling_mode!r}")
-        for bound in ("vllm_importance_sampling_clip_min", "vllm_importance_sampling_clip_max"):
-            value = getattr(self, bound)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0):
-                raise ValueError(f"{bound} must be None or a number >= 0, got {value!r}")
+        self._resolve_loss()
 
     def _check_scheduler(self) -> None:
         """Build the schedule transformers' Trainer will build, on a one-parameter optimizer (no model needed), so
@@ -315,26 +322,41 @@ class ICTGRPOConfig(GRPOConfig):
                                  f"{value!r}") from None
         self.scale_rewards = {True: "group", False: "none"}.get(value, value)  # type: ignore[arg-type]
 
-    def _check_trl_loss_options(self) -> None:
-        """TRL's loss options: each honoured as TRL does, or refused here with one line saying why."""
+    def _resolve_loss(self) -> None:
+        """The run's ``loss_spec`` (:class:`ictrl.core.loss.LossSpec`, an attribute like ``selector``): the one
+        check of every loss value, its error naming this config's field; then TRL's loss options, each honoured as
+        TRL does or refused here with one line saying why."""
         refused = refused_field_errors(self, {f.name: f.default for f in fields(GRPOConfig)})
         if refused:
             raise ValueError(refused[0])
         dense = self.selector.trl_loss
         if self.kl_scope is None:  # TRL's entropy mask leaves the KL term on every token
             self.kl_scope = "all_tokens" if self.top_entropy_quantile < 1.0 else "selected"
+        if self.loss_normalization is None:
+            self.loss_normalization = self._default_normaliser(self.selector)
+        values = {spec: getattr(self, name) for spec, name in LOSS_FIELDS.items()}
+        if self.epsilon_high is None:  # TRL clips symmetrically at epsilon
+            values["eps_high"] = self.epsilon
+        values["bias_correction_kl"] = bool(self.use_bias_correction_kl)
+        try:
+            self.loss_spec: LossSpec = LossSpec(**values)
+        except OptionError as err:
+            raise ValueError(f"{LOSS_FIELDS[err.field]} {err.reason}") from None
+        if self.loss_type == "dr_grpo" and self.loss_normalization != "dr_grpo":
+            raise ValueError(f"loss_type='dr_grpo' asks for Dr.GRPO's constant normaliser, but loss_normalization="
+                             f"{self.loss_normalization!r}: leave loss_normalization unset or set it to 'dr_grpo'")
         if self.top_entropy_quantile < 1.0:
             self._check_top_entropy_quantile(dense)
-        if not dense and self.loss_type == "vespo":
-            raise ValueError(f"loss_type='vespo' does not combine with token_selector={self.token_selector!r}: its "
-                             "gamma weight is a function of the whole response's ratio, not of selected tokens")
+        if not dense and LOSS_TYPES[self.loss_type].whole_response:
+            raise ValueError(f"loss_type={self.loss_type!r} does not combine with token_selector="
+                             f"{self.token_selector!r}: its weight is a function of the whole response's ratio, not "
+                             "of selected tokens")
         if self.sparse_backward and self.entropy_coef != 0.0:
             raise ValueError("entropy_coef needs the entropy at every selected position with gradient, which "
                              "sparse_backward does not compute; turn one of them off")
         if self.sparse_backward and self.kl_scope == "all_tokens" and self.beta != 0.0:
             raise ValueError("kl_scope='all_tokens' needs log-probs at every response token, which sparse_backward "
                              "computes only at the selected ones; use kl_scope='selected' or turn sparse_backward off")
-        self.loss_objective().check()
 
     def _check_top_entropy_quantile(self, dense: bool) -> None:
         q = self.top_entropy_quantile
@@ -351,15 +373,6 @@ class ICTGRPOConfig(GRPOConfig):
         if self.loss_normalization == "token_mean_selected":
             raise ValueError("loss_normalization='token_mean_selected' with top_entropy_quantile: TRL's entropy mask "
                              "is made per micro-batch, after the optimizer step's token count; use token_mean_all")
-
-    def loss_objective(self) -> Objective:
-        """The per-token policy term and KL options of ``ictrl.core.loss.policy_loss`` this config asks for."""
-        return Objective(loss_type=self.loss_type, level=self.importance_sampling_level, delta=self.delta,
-                         sapo_temperature_pos=self.sapo_temperature_pos,
-                         sapo_temperature_neg=self.sapo_temperature_neg, vespo_k_pos=self.vespo_k_pos,
-                         vespo_lambda_pos=self.vespo_lambda_pos, vespo_k_neg=self.vespo_k_neg,
-                         vespo_lambda_neg=self.vespo_lambda_neg, bias_correction_kl=bool(self.use_bias_correction_kl),
-                         kl_scope=self.kl_scope, off_policy_threshold=self.off_policy_mask_threshold)
 
     def _check_eval_during_training(self) -> None:
         if self.eval_benchmarks is None:
@@ -439,36 +452,34 @@ class ICTGRPOConfig(GRPOConfig):
                  and getattr(self, f) is not None}
         try:
             options = selector.resolve_options({**given, **extra})
+        except OptionError as err:  # an option's own value: named by its config field
+            raise ValueError(f"{OPTION_FIELDS.get(err.field, 'selection_options')}: {err}") from None
         except ValueError as exc:
-            where = next((OPTION_FIELDS[o] for o in OPTION_FIELDS if str(exc).startswith(o)), "selection_options")
-            raise ValueError(f"{where}: {exc}") from None
+            raise ValueError(f"selection_options: {exc}") from None
         if "ratio" in options:
             self.selection_ratio = options["ratio"]
         if "scope" in options:
             self.selection_scope = options["scope"]
-        if self.selection_warmup_steps is None:
-            self.selection_warmup_steps = selector.warmup_steps
-        if isinstance(self.selection_warmup_steps, bool) or not isinstance(self.selection_warmup_steps, int) \
-                or self.selection_warmup_steps < 0:
-            raise ValueError(f"selection_warmup_steps must be an int >= 0, got {self.selection_warmup_steps!r}")
-        if self.loss_type == "dr_grpo" and self.loss_normalization not in (None, "dr_grpo"):
-            raise ValueError(f"loss_type='dr_grpo' asks for Dr.GRPO's constant normaliser, but loss_normalization="
-                             f"{self.loss_normalization!r}: leave loss_normalization unset or set it to 'dr_grpo'")
-        if self.loss_type not in LOSS_TYPES:
-            raise ValueError(f"loss_type must be one of {list(LOSS_TYPES)}, got {self.loss_type!r}")
-        if self.loss_normalization is None:
-            self.loss_normalization = self._default_normaliser(selector)
-        if self.loss_normalization not in NORM_MODES:
-            raise ValueError(f"loss_normalization must be one of {list(NORM_MODES)}, got {self.loss_normalization!r}")
+        try:
+            self.selection_warmup_steps = selector.resolve_warmup(self.selection_warmup_steps)
+        except ValueError as exc:
+            raise ValueError(f"selection_warmup_steps: {exc}") from None
+        per_process = self.per_device_train_batch_size * self.steps_per_generation
+        if "ict_score" in selector.needs and per_process % self.num_generations:
+            raise ValueError(
+                f"token_selector={self.token_selector!r} computes group JS on each process, so each prompt's "
+                f"num_generations={self.num_generations} completions must sit on one process: "
+                f"per_device_train_batch_size * steps_per_generation = {per_process} must be a multiple of it")
         return options
 
     def _default_normaliser(self, selector: Selector) -> str:
         """TRL's normaliser for ``loss_type`` under ``all``; a sparse method's registered one otherwise."""
-        if selector.trl_loss:
-            return TRL_NORMALISER[self.loss_type]
+        kind = LOSS_TYPES.get(self.loss_type)  # None: refused by the LossSpec built next, which lists the choices
+        if selector.trl_loss and kind is not None:
+            return kind.trl_norm
         if self.loss_type == "dr_grpo":
             return "dr_grpo"
-        if self.loss_type != "dapo":  # TRL's default carries no choice; any other is said once
+        if self.loss_type != "dapo" and kind is not None:  # TRL's default carries no choice; any other is said once
             logger.warning("loss_type=%r sets the per-token policy term; token_selector=%r normalises it with its "
                            "registered %r (set loss_normalization to change it)", self.loss_type,
                            self.token_selector, selector.normalization)

@@ -45,7 +45,9 @@ UNIT = Range(0, 1)
 SEED = Range(0, SEED_LIMIT, open_high=True)
 
 # Trainer field -> the range its value must lie in (None values are skipped: they mean "the default"). Fields
-# whose value is resolved first (temperature, selection_ratio, selection_temperature) are checked there.
+# whose value is resolved first (temperature, selection_temperature) are checked there; the loss's values (epsilon,
+# epsilon_high, beta, the vllm_importance_sampling_* options, ...) by the LossSpec the config builds
+# (ictrl.core.loss), the selector's (selection_ratio, selection_seed, ...) by its registration (ictrl.core.selection).
 RANGES: dict[str, Range] = {
     "learning_rate": NON_NEGATIVE,
     "weight_decay": NON_NEGATIVE,
@@ -57,7 +59,6 @@ RANGES: dict[str, Range] = {
     "warmup_steps": NON_NEGATIVE,
     "seed": SEED,
     "data_seed": SEED,
-    "selection_seed": SEED,
     "eval_seed": SEED,
     "per_device_train_batch_size": AT_LEAST_ONE,
     "gradient_accumulation_steps": AT_LEAST_ONE,
@@ -69,9 +70,6 @@ RANGES: dict[str, Range] = {
     "top_k": NON_NEGATIVE,
     "min_p": UNIT,
     "repetition_penalty": POSITIVE,
-    "beta": NON_NEGATIVE,
-    "epsilon": NON_NEGATIVE,
-    "epsilon_high": NON_NEGATIVE,
     "logging_steps": POSITIVE,
     "save_steps": POSITIVE,
     "prompts_per_step": AT_LEAST_ONE,

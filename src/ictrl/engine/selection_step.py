@@ -18,7 +18,6 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ictrl.core.loss import LossSpec
 from ictrl.core.metrics import step_metrics
 from ictrl.core.selection import SelectionInputs, Selector, in_warmup
 from ictrl.core.stats import TokenStats
@@ -131,15 +130,6 @@ class SelectionStep:
             b["ictrl_num_responses"] = windows[w, 0].clone()
             b["ictrl_num_tokens"] = windows[w, token_col].clone()
             b["ictrl_num_mask_tokens"] = windows[w, 2].clone()
-
-
-def loss_spec(args: Any, eps_low: float, eps_high: float, kl_coef: float) -> LossSpec:
-    """The run's loss options from its ``ICTGRPOConfig`` and TRL's resolved clip range and KL coefficient,
-    checked once (``ValueError`` naming the option) rather than in every micro-batch's loss."""
-    return LossSpec(norm=args.loss_normalization, eps_low=eps_low, eps_high=eps_high, kl_coef=kl_coef,
-                    max_completion_length=args.max_completion_length, is_mode=args.vllm_importance_sampling_mode,
-                    is_clip_min=args.vllm_importance_sampling_clip_min,
-                    is_clip_max=args.vllm_importance_sampling_clip_max, objective=args.loss_objective())
 
 
 def metrics_logged(args: Any, state: Any, training: bool) -> bool:

@@ -3,8 +3,8 @@
 A TRL batch reaches the loss through three modules, built into two objects at init: ``stats_source``
 (:class:`ictrl.engine.stats_pass.StatsSource`: the statistics, and which path they come from in each mode),
 ``selection_step`` (:class:`ictrl.engine.selection_step.SelectionStep`: the global mask, its metrics and the loss's
-normalisers) and ``_loss_spec`` (:class:`ictrl.core.loss.LossSpec`). The selector and its options come resolved from
-``ICTGRPOConfig``. Override points (all checked against trl 1.16.0 by ``tests/engine/test_trainer.py``):
+normalisers) and ``_loss_spec`` (:class:`ictrl.core.loss.LossSpec`). The selector, its options and the loss spec come
+resolved and checked from ``ICTGRPOConfig``. Override points (all checked against trl 1.16.0 by ``tests/engine/test_trainer.py``):
 
 - ``_generate_and_score_completions``: after TRL builds a generation batch, the statistics of the sampling policy
   (``ictrl.core.stats``; group JS only for ict/frequent, from each position's top-K log-probs when
@@ -26,7 +26,7 @@ normalisers) and ``_loss_spec`` (:class:`ictrl.core.loss.LossSpec`). The selecto
 - ``_compute_loss``: TRL's fused per-token log-probs (or, with ``sparse_backward``, the LM head over the selected
   positions only: ``ictrl.core.logprobs``), then ``ictrl.core.loss.policy_loss`` with the mask, the chosen
   normalisation, TRL's per-token objective (``loss_type``, ``importance_sampling_level``, ``delta``, KL options,
-  ``off_policy_mask_threshold``: ``ICTGRPOConfig.loss_objective``) and the global normalisers divided by the process
+  ``off_policy_mask_threshold``: ``ICTGRPOConfig.loss_spec``) and the global normalisers divided by the process
   count (DDP averages gradients), so any split of one optimizer batch over micro-batches and processes gives the
   one-big-batch gradient. TRL's entropy bonus, its ``top_entropy_quantile`` mask and a MoE model's router loss come
   from TRL's own dense forward, as in TRL. When the rollout engine reported its own log-probs
@@ -58,14 +58,14 @@ from torch import Tensor
 from trl import GRPOTrainer
 
 from ictrl.core.logprobs import selected_token_logprobs
-from ictrl.core.loss import TRL_BUFFER_MEAN, LossExtras, policy_loss
+from ictrl.core.loss import LOSS_TYPES, LossExtras, policy_loss
 from ictrl.core.stats import TokenStats
 from ictrl.engine import vllm_engine, vllm_server
 from ictrl.engine.config import ICTGRPOConfig
 from ictrl.engine.dynamic_sampling import DynamicSamplingMixin
 from ictrl.engine.heads import backbone, call_head, output_head
 from ictrl.engine.sampler_topk import TopKRecorder, TopKRows, recorded_topk, recording_generate, split_vllm_logprobs
-from ictrl.engine.selection_step import SelectionStep, loss_spec, metrics_logged
+from ictrl.engine.selection_step import SelectionStep, metrics_logged
 from ictrl.engine.stats_pass import (STAT_FIELDS, STATS_PATHS, PathFacts, StatsSource, batch_path, check_local_groups,
                                      final_hidden, fused_head_with_sum_sq, local_groups, model_inputs, response_mask)
 from ictrl.errors import UserError
@@ -106,16 +106,10 @@ class ICTGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
             super().__init__(model, reward_funcs, args, *pos, **kwargs)
         if args.use_vllm:
             vllm_engine.engine_built(self)
-        needs_js = "ict_score" in args.selector.needs  # the selector and its options: resolved by the config
-        per_process = args.per_device_train_batch_size * args.steps_per_generation
-        if needs_js and per_process % self.num_generations != 0:
-            raise ValueError(
-                f"token_selector={args.token_selector!r} computes group JS on each process, so each prompt's "
-                f"num_generations={self.num_generations} completions must sit on one process: "
-                f"per_device_train_batch_size * steps_per_generation = {per_process} must be a multiple of it"
-            )
+        # the selector, its options and the loss spec come resolved and checked by the config
+        needs_js = "ict_score" in args.selector.needs
         self._server = vllm_server.server_settings(self)  # None unless vllm_mode='server'
-        self._loss_spec = loss_spec(args, self.epsilon_low, self.epsilon_high, self.beta)  # checked once, here
+        self._loss_spec = args.loss_spec
         if args.sparse_backward and self.aux_loss_enabled:
             raise ValueError("router_aux_loss_coef: the MoE router loss comes with TRL's dense forward, which "
                              "sparse_backward replaces; set router_aux_loss_coef=0 or turn sparse_backward off")
@@ -124,7 +118,7 @@ class ICTGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
         self.selection_step = SelectionStep(
             self.accelerator, args.selector, args.selector_options, args.selection_warmup_steps,
             count_selected=args.loss_normalization == "token_mean_selected",
-            buffer_mean=args.selector.trl_loss and args.loss_type in TRL_BUFFER_MEAN)
+            buffer_mean=args.selector.trl_loss and LOSS_TYPES[args.loss_type].buffer_mean)
         self._generation: GenerationPass | None = None  # set only inside _generate_and_score_completions
         if self._sampler_topk is not None and self.use_vllm:
             self._install_vllm_topk()
