@@ -166,3 +166,16 @@ def test_bad_rows_and_long_prompts_stop_before_the_model(rows: list, message: st
     assert not out.exists()  # no samples.jsonl
     if "2MB" in message:
         assert spent < 10  # refused by the character bound, not by tokenising two megabytes
+
+
+def test_help_names_the_file_the_labels_come_from(capsys: pytest.CaptureFixture[str]) -> None:
+    """``train_run_labels`` reads run.json first: the help of --method and --train-seed says so."""
+    from ictrl.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["eval", "--help"])
+    assert exit_info.value.code == 0
+    options = " ".join(capsys.readouterr().out.split()).split("options:")[1]
+    method = options.split("--method METHOD, --method-label METHOD")[1].split("--train-seed TRAIN_SEED")[0]
+    seed = options.split("--train-seed TRAIN_SEED")[1].split("--backend")[0]
+    assert "run.json" in method and "run.json" in seed
