@@ -12,6 +12,8 @@ Files in ``output_dir`` (all optional; ``output_dir=None`` keeps everything in m
   backend call, so a crash loses at most the call in flight; a rerun skips what is there.
 - ``results.json``   settings + summary + every sample, rewritten atomically at the end.
 - ``results.md``     the table in the paper's layout.
+- ``<model>/results_<date>.json`` and ``<model>/samples_<benchmark>_<date>.jsonl``: the same scores in
+  lm-evaluation-harness's layout (``ictrl.eval.lmeval``), for its readers and dashboards.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import hashlib
 import json
 import math
 import os
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -330,6 +333,7 @@ def evaluate(
     finished problems are not regenerated. Raises :class:`ResumeMismatchError` naming
     the fields that differ.
     """
+    started = time.perf_counter()
     validate_tasks(tasks)
     for task in tasks:
         task.generation(config)  # every generation setting resolves before anything is sampled
@@ -395,6 +399,10 @@ def evaluate(
         payload = {"summary": summary, "records": records}
         atomic_write_text(out / RESULTS_JSON, json.dumps(_json_safe(payload), indent=1, ensure_ascii=False) + "\n")
         atomic_write_text(out / RESULTS_MD, markdown)
+        from ictrl import __version__
+        from ictrl.eval import lmeval
+
+        lmeval.write(out, _json_safe(summary), records, time.perf_counter() - started, __version__)
     return EvalResult(summary=_json_safe(summary), records=records, markdown=markdown)
 
 
