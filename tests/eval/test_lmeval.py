@@ -83,6 +83,7 @@ def comb_pass(n: int, c: int, k: int) -> float:
 def test_values_match_a_float64_reference(evaluated: tuple[Path, Any]) -> None:
     out, result = evaluated
     results_path, samples = files(out)
+    assert result.harness_file == results_path and len(samples) == len(NAMES)
     data = json.loads(results_path.read_text(encoding="utf-8"))
     for name in NAMES:
         per_problem: dict[str, list[float]] = {}

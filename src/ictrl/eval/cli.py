@@ -47,7 +47,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="evaluation seeds 0..N-1 (as in compare and sweep), one full evaluation each")
     parser.add_argument("--seed-start", type=int, default=0, help="first evaluation seed (default 0)")
     parser.add_argument("--output-dir", "--output_dir", type=Path, default=None,
-                        help="where samples, results.json and results.md go; a rerun resumes. Omit to only print")
+                        help="where samples, results.json and results.md go, and the same scores in "
+                             "lm-evaluation-harness's layout (MODEL/results_DATE.json, MODEL/samples_TASK_DATE.jsonl); "
+                             "a rerun resumes. Omit to only print")
     parser.add_argument("--data-root", type=Path, default=None,
                         help="benchmark files root (default $ICTRL_DATA_ROOT or ../shared/data)")
     parser.add_argument("--dtype", default="auto", help="model dtype: auto, float32, bfloat16, float16")
@@ -204,5 +206,6 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"{kind}{err}") from err
     print(result.markdown)
     if args.output_dir is not None:
-        print(f"wrote {args.output_dir / RESULTS_JSON} and {args.output_dir / RESULTS_MD}", file=sys.stderr)
+        print(f"wrote {args.output_dir / RESULTS_JSON}, {args.output_dir / RESULTS_MD} and, in lm-evaluation-harness's "
+              f"layout, {result.harness_file} with its samples files", file=sys.stderr)
     return 0
