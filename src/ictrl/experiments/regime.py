@@ -70,12 +70,14 @@ EVIDENCE = {
 }
 ACTION = {
     "paper": "ICT's tokens are the kind the method is meant for, which does not predict a gain: before adopting ICT, "
-             "compare it with grpo and random10 at matched tuning on your task (`ictrl compare --methods "
-             "grpo,random10,ict`, or tune each method's learning rate first).",
-    "confident": "ICT's selection is not the paper's kind here: expect no more from ICT than from random10 (which "
-                 "needs no JS score) or grpo; train with those, or compare them on your task before choosing ICT.",
-    "random": "ICT's selection is, on π, a random 10% here: expect no more from ICT than from random10 (which needs "
-              "no JS score) or grpo; train with those, or compare them on your task before choosing ICT.",
+             "compare it with GRPO and random-10% at matched tuning on your task (`ictrl train` with token_selector "
+             "all, random and ict, each at its own tuned learning rate, then `ictrl eval` and `ictrl table`).",
+    "confident": "ICT's selection is not the paper's kind here: expect no more from ICT than from random-10% "
+                 "(token_selector random, which needs no JS score) or GRPO (all); train with those, or compare them "
+                 "on your task before choosing ICT.",
+    "random": "ICT's selection is, on π, a random 10% here: expect no more from ICT than from random-10% "
+              "(token_selector random, which needs no JS score) or GRPO (all); train with those, or compare them on "
+              "your task before choosing ICT.",
     "undecided": "Sample more before deciding: raise --seeds or --num-prompts (the interval shrinks with the square "
                  "root of the prompts).",
     "unknown": "Sample more prompts, more seeds or at a higher --temperature, so that groups' responses differ.",
