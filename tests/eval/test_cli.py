@@ -117,6 +117,13 @@ def test_generation_defaults_come_from_the_registry_and_run_labels_from_the_trai
     assert summary["settings"]["method"] == "ict" and summary["settings"]["train_seed"] == 3
     assert "method=ict, train seed=3" in (out / RESULTS_MD).read_text()
     assert "max_new_tokens=5, temperature=0.6, top_p=0.95" in (out / RESULTS_MD).read_text()
+    # the same scores in lm-evaluation-harness's layout, beside them (tests/eval/test_lmeval.py reads it)
+    (harness,) = out.rglob("results_*.json")
+    data = json.loads(harness.read_text())
+    assert data["results"]["gsm8k:max_new_tokens=5"]["pass@4,none"] == pytest.approx(
+        summary["benchmarks"]["gsm8k:max_new_tokens=5"]["pass_at_k"]["4"]["mean"])
+    assert data["config"]["method"] == "ict" and data["config"]["train_seed"] == 3
+    assert [p.name.split("_2")[0] for p in harness.parent.glob("samples_*.jsonl")] == ["samples_gsm8k_max_new_tokens_5"]
 
     # flags override both the registry's generation defaults and the labels
     out2 = tmp_path / "eval2"
@@ -166,3 +173,16 @@ def test_bad_rows_and_long_prompts_stop_before_the_model(rows: list, message: st
     assert not out.exists()  # no samples.jsonl
     if "2MB" in message:
         assert spent < 10  # refused by the character bound, not by tokenising two megabytes
+
+
+def test_help_names_the_file_the_labels_come_from(capsys: pytest.CaptureFixture[str]) -> None:
+    """``train_run_labels`` reads run.json first: the help of --method and --train-seed says so."""
+    from ictrl.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["eval", "--help"])
+    assert exit_info.value.code == 0
+    options = " ".join(capsys.readouterr().out.split()).split("options:")[1]
+    method = options.split("--method METHOD, --method-label METHOD")[1].split("--train-seed TRAIN_SEED")[0]
+    seed = options.split("--train-seed TRAIN_SEED")[1].split("--backend")[0]
+    assert "run.json" in method and "run.json" in seed

@@ -148,9 +148,13 @@ def cell(mean: float, lo: float | None, hi: float | None, n: int = 20) -> dict[s
 
 @pytest.mark.parametrize("ict,diff,regime_name", [
     (0.26, cell(-0.12, -0.15, -0.09), "paper"),
-    (0.95, cell(0.03, 0.01, 0.05), "confident"),
+    (0.95, cell(0.08, 0.06, 0.10), "confident"),
     (0.60, cell(-0.12, -0.15, -0.09), "confident"),  # below random, but not at low π
+    (0.95, cell(0.03, 0.01, 0.05), "random"),  # differs from 0, but by less than the margin
     (0.26, cell(-0.01, -0.05, 0.03), "random"),
+    (0.26, cell(-0.04, -0.07, -0.01), "undecided"),  # not within ±0.05, mean not beyond it
+    (0.26, cell(-0.07, -0.12, 0.02), "undecided"),  # mean beyond -0.05, interval holds 0
+    (0.90, cell(0.04, 0.02, 0.07), "undecided"),
     (0.26, cell(-0.01, None, None, 1), "unknown"),
 ])
 def test_verdict_rule(ict: float, diff: dict[str, Any], regime_name: str) -> None:
@@ -158,6 +162,45 @@ def test_verdict_rule(ict: float, diff: dict[str, Any], regime_name: str) -> Non
                         "pi/ict-random10": diff})
     assert v["regime"] == regime_name
     assert ("differs from random" in v["line"]) == (regime_name in ("paper", "confident"))
+    assert v["action"] == regime.ACTION[regime_name]
+    assert (v["evidence"] is None) == (regime_name in ("undecided", "unknown"))
+    text = regime.verdict_text(v)
+    assert text.splitlines()[0] == v["line"] and "What to do: " in text
+    if v["evidence"]:
+        assert regime.EVIDENCE_DOC in text
+
+
+def test_advice_embeds_no_study_numbers_and_promises_no_gain() -> None:
+    """The studies' numbers live in the evidence doc, which the advice points to; the paper's-regime advice says the
+    verdict does not predict a gain, since in the studies with that verdict ICT beat no baseline."""
+    import re
+
+    for text in [*regime.ACTION.values(), *(f for _, f in regime.EVIDENCE.values())]:
+        assert not re.search(r"\d\.\d|\d{4}-\d\d-\d\d", text), text
+    # the rule's own constants, and no study's π
+    assert set(re.findall(r"\d+\.\d+", regime.VERDICT_RULE)) == {f"{regime.MARGIN:g}", f"{regime.PAPER_PI:g}"}
+    assert "does not predict a gain" in regime.ACTION["paper"]
+    assert "beat none" in regime.EVIDENCE["paper"][1]
+    doc = (Path(__file__).parents[2] / regime.EVIDENCE_DOC).read_text(encoding="utf-8")
+    for where, _ in regime.EVIDENCE.values():
+        anchor = where.split("#")[1]
+        headings = {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
+                    for h in re.findall(r"^#+ (.*)$", doc, flags=re.M)}
+        assert anchor in headings, (anchor, headings)
+
+
+def test_a_prompts_numbers_average_its_diverged_groups() -> None:
+    groups = [{"responses": 4, "tokens": 20, "divergence": 2, "pi/ict": 0.2, "pi/random10": 0.5},
+              {"responses": 4, "tokens": 12, "divergence": None, "pi/ict": 0.9, "pi/random10": 0.9},
+              {"responses": 4, "tokens": 16, "divergence": 5, "pi/ict": 0.4, "pi/random10": None}]
+    rec = regime.prompt_record(groups)
+    assert rec["divergence"] == 3.5 and rec["tokens"] == 16 and rec["responses"] == 4
+    assert rec["pi/ict"] == pytest.approx(0.3) and rec["pi/random10"] == 0.5  # identical group and None left out
+    assert rec["identical_groups"] == 1 and rec["groups"] == groups
+    none = regime.prompt_record(groups[1:2])
+    assert none["divergence"] is None and none["pi/ict"] is None
+    summ = regime.summarize([{"id": 0, **rec}, {"id": 1, **none}])
+    assert summ["groups"] == 4 and summ["identical_groups"] == 2 and summ["pi/ict"]["n"] == 1
 
 
 # ---------------------------------------------------------------------------------------------------- ideal bases
@@ -248,15 +291,18 @@ def test_command_writes_json_and_html(tiny_model_dir: Path, tmp_path: Path,
 
     out = tmp_path / "out"
     rc = main(["regime", "--model", str(tiny_model_dir), "--prompts", "paths", "--num-prompts", "3",
-               "--num-generations", "4", "--output-dir", str(out)])
+               "--num-generations", "4", "--seeds", "2", "--threads", "1", "--output-dir", str(out)])
     assert rc == 0, capsys.readouterr().err
     result = json.loads((out / "regime.json").read_text())  # strict JSON: no NaN
     assert len(result["prompts"]) == 3 and result["settings"]["max_new_tokens"] == 10  # paths' own budget
-    assert result["summary"]["prompts"] == 3
-    assert all(r["responses"] == 4 and 0 <= r["before/ict"] <= 1 for r in result["prompts"])
+    assert result["summary"]["prompts"] == 3 and result["summary"]["groups"] == 6
+    assert all(r["responses"] == 4 and len(r["groups"]) == 2 for r in result["prompts"])
+    assert all(0 <= r["before/ict"] <= 1 for r in result["prompts"] if r["before/ict"] is not None)
     page = (out / "regime.html").read_text()
     assert html.escape(result["verdict"]["line"]) in page and "entropy20" in page and "share after it" in page
-    assert result["verdict"]["line"] in capsys.readouterr().out
+    assert html.escape(result["verdict"]["action"]) in page and "sampling seeds 0-1" in page
+    printed = capsys.readouterr().out
+    assert regime.verdict_text(result["verdict"]) in printed
 
 
 @pytest.mark.parametrize("argv,message", [
@@ -264,6 +310,13 @@ def test_command_writes_json_and_html(tiny_model_dir: Path, tmp_path: Path,
     (["--model", "{model}", "--prompts", "pathz"], "--prompts: unknown source 'pathz'; did you mean 'paths'?"),
     (["--model", "{model}", "--prompts", "{tmp}/rows.jsonl"], "--prompts: {tmp}/rows.jsonl: no such file"),
     (["--model", "{model}", "--prompts", "paths", "--num-generations", "1"], "--num-generations must be at least 2"),
+    (["--model", "{model}", "--prompts", "paths", "--num-generation", "8"], "unrecognized arguments: --num-generation"),
+    (["--model", "{model}", "--prompts", "paths", "--device", "foo"], "--device: 'foo' is not a torch device"),
+    (["--model", "{model}", "--prompts", "paths", "--device", "xla"], "--device xla: only cpu, cuda and mps"),
+    (["--model", "{model}", "--prompts", "paths", "--threads", "0"], "--threads must be at least 1"),
+    (["--model", "{model}", "--prompts", "paths", "--seeds", "0"], "--seeds must be at least 1"),
+    pytest.param(["--model", "{model}", "--prompts", "paths", "--device", "cuda"], "this machine has no CUDA device",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="the machine has CUDA")),
 ])
 def test_bad_input_is_one_line_before_the_model_loads(argv: list[str], message: str, tiny_model_dir: Path,
                                                       tmp_path: Path, capsys: pytest.CaptureFixture[str],
@@ -276,6 +329,10 @@ def test_bad_input_is_one_line_before_the_model_loads(argv: list[str], message: 
 
     monkeypatch.setattr(ictrl.models, "load_model_and_tokenizer", no_load)
     fill = {"tmp": str(tmp_path), "model": str(tiny_model_dir)}
-    assert main(["regime", *[a.format(**fill) for a in argv]]) == 2
+    try:
+        rc = main(["regime", *[a.format(**fill) for a in argv]])
+    except SystemExit as exc:  # argparse's own errors (an unknown flag) exit from the parser
+        rc = exc.code
+    assert rc == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and message.format(**fill) in err, err

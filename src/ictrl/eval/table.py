@@ -1,6 +1,7 @@
 """``ictrl table``: the paper's Table 1 from ``ictrl eval`` results of several methods x training seeds.
 
-Each run is one ``results.json`` (what ``ictrl eval --output-dir`` writes); its ``settings.method`` and
+Each run is one ``results.json`` (what ``ictrl eval --output-dir`` writes) or one lm-evaluation-harness results file
+(``results_<date>.json``, which ``ictrl eval`` writes beside it: ``ictrl.eval.lmeval``); its ``settings.method`` and
 ``settings.train_seed`` (read from the trained run's ``config.yaml`` or given by ``--method`` / ``--train-seed``)
 place it in the table. A run's score on a benchmark is its pass@k averaged over its evaluation seeds.
 
@@ -32,6 +33,7 @@ import numpy as np
 from ictrl.cliargs import CommaList, comma_list
 from ictrl.errors import UserError
 from ictrl.eval.harness import RESULTS_JSON, _json_safe
+from ictrl.eval.lmeval import FILTER, RESULTS_GLOB, generation_of
 from ictrl.files import atomic_write_text
 
 TABLE_MD, TABLE_JSON, TABLE_HTML = "table.md", "table.json", "table.html"
@@ -55,34 +57,49 @@ class RunScores:
 
 
 def find_results(paths: Sequence[str | Path]) -> list[Path]:
-    """Each argument is a ``results.json``, a directory holding one, or a directory searched recursively."""
+    """Each argument is a results file (``results.json`` or lm-evaluation-harness's ``results_<date>.json``), a
+    directory holding one, or a directory searched recursively. A directory's ``results.json`` stands for its
+    evaluation: the harness files ``ictrl eval`` wrote beside it (one folder down) are the same scores and are
+    skipped; of several harness files in one folder (reruns), the latest is taken, as lm-evaluation-harness's
+    readers take it (``lm_eval.utils.get_latest_filename``)."""
     found: list[Path] = []
     for arg in paths:
         path = Path(arg)
         if path.is_file():
             found.append(path)
-        elif (path / RESULTS_JSON).is_file():
+            continue
+        if (path / RESULTS_JSON).is_file():
             found.append(path / RESULTS_JSON)
-        elif path.is_dir() and (hits := sorted(path.rglob(RESULTS_JSON))):
-            found.extend(hits)
-        else:
-            raise TableError(f"{path}: no {RESULTS_JSON} (the file `ictrl eval --output-dir` writes)")
+            continue
+        own = sorted(path.rglob(RESULTS_JSON)) if path.is_dir() else []
+        harness = [p for p in (sorted(path.rglob(RESULTS_GLOB)) if path.is_dir() else [])
+                   if not (p.parent / RESULTS_JSON).is_file() and not (p.parent.parent / RESULTS_JSON).is_file()]
+        latest = {p.parent: p for p in sorted(harness, key=lambda p: (p.parent, p.name))}
+        if not own and not latest:
+            raise TableError(f"{path}: no {RESULTS_JSON} (the file `ictrl eval --output-dir` writes) and no "
+                             f"lm-evaluation-harness {RESULTS_GLOB}")
+        found.extend(own + list(latest.values()))
     return list(dict.fromkeys(p.resolve() for p in found))
 
 
 def load_run(path: Path) -> RunScores:
-    """Read one ``results.json``; every missing or malformed field is named with the file."""
+    """Read one ``results.json`` (or a harness results file: :func:`load_harness_run`); every missing or malformed
+    field is named with the file."""
     try:
-        summary = json.loads(path.read_text(encoding="utf-8"))["summary"]
-        settings, benchmarks = summary["settings"], summary["benchmarks"]
+        data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as err:
         raise TableError(f"{path}: cannot read ({err})") from None
+    if isinstance(data, dict) and "results" in data and "summary" not in data:
+        return load_harness_run(path, data)
+    try:
+        summary = data["summary"]
+        settings, benchmarks = summary["settings"], summary["benchmarks"]
     except (KeyError, TypeError):
         raise TableError(f"{path}: no summary.settings / summary.benchmarks (not an `ictrl eval` result)") from None
     method = settings.get("method")
     if not method:
         raise TableError(f"{path}: settings.method is not set; rerun `ictrl eval` with --method NAME (or evaluate "
-                         "a model saved by `ictrl train`, whose config.yaml names the method)")
+                         "a model saved by `ictrl train`, whose run.json names the method)")
     seed = settings.get("train_seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise TableError(f"{path}: settings.train_seed: expected an integer or null, got {seed!r}")
@@ -97,6 +114,42 @@ def load_run(path: Path) -> RunScores:
     num = {name: int(bench.get("num_problems", -1)) for name, bench in benchmarks.items()}
     gen = settings.get("generation") or {}
     n = settings.get("n")
+    return RunScores(path, str(method), seed, scores, num, gen, n if isinstance(n, int) else None)
+
+
+def load_harness_run(path: Path, data: dict[str, Any]) -> RunScores:
+    """One lm-evaluation-harness results file: ``results[task]["pass@k,none"]``, problems from ``n-samples``,
+    generation settings from ``configs[task].generation_kwargs``, samples per problem from ``repeats``, and the
+    method and training seed from ``config`` (where ``ictrl eval`` puts them; the harness itself has no method)."""
+    config = data.get("config") if isinstance(data.get("config"), dict) else {}
+    method = config.get("method")
+    if not method:
+        raise TableError(f"{path}: config.method is not set (lm-evaluation-harness results name no training method; "
+                         "`ictrl eval --method NAME` writes one)")
+    seed = config.get("train_seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise TableError(f"{path}: config.train_seed: expected an integer or null, got {seed!r}")
+    scores: dict[str, dict[str, float]] = {}
+    num: dict[str, int] = {}
+    gen: dict[str, Any] = {}
+    repeats: set[Any] = set()
+    if not isinstance(data["results"], dict) or not data["results"]:
+        raise TableError(f"{path}: results: expected {{task: {{metric,filter: value}}}}")
+    for task, metrics in data["results"].items():
+        keys = {m.split(",", 1)[0][len("pass@"):]: v for m, v in (metrics or {}).items()
+                if m.startswith("pass@") and m.endswith(f",{FILTER}") and "_stderr" not in m}
+        if not keys or not all(isinstance(v, (int, float)) and math.isfinite(v) for v in keys.values()):
+            raise TableError(f"{path}: results.{task}: no finite pass@k,{FILTER} values")
+        scores[task] = {k: float(v) for k, v in keys.items()}
+        counts = (data.get("n-samples") or {}).get(task) or {}
+        num[task] = int(counts.get("effective", -1))
+        task_config = (data.get("configs") or {}).get(task) or {}
+        try:
+            gen[task] = generation_of(task_config["generation_kwargs"])
+        except (KeyError, TypeError):
+            gen[task] = None
+        repeats.add(task_config.get("repeats"))
+    n = repeats.pop() if len(repeats) == 1 else None
     return RunScores(path, str(method), seed, scores, num, gen, n if isinstance(n, int) else None)
 
 
@@ -336,7 +389,8 @@ def write_table(table: dict[str, Any], output_dir: Path) -> list[Path]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("runs", nargs="+", metavar="RUN_DIR",
-                        help="`ictrl eval` output directories (or results.json files, or folders searched for them)")
+                        help="`ictrl eval` output directories (or results.json files, lm-evaluation-harness "
+                             "results_<date>.json files, or folders searched for them)")
     parser.add_argument("--target", default="ict", help="method compared against every other one (default: ict)")
     parser.add_argument("--methods", nargs="+", type=comma_list(), action=CommaList, default=None,
                         help="methods to show, comma-separated, in this order (default: all, base first, the target "

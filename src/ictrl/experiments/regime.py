@@ -1,20 +1,22 @@
 """``ictrl regime``: does ICT's token selection differ from a random one on this model and these prompts?
 
-ICT helps, if at all, where a group's responses are uncertain at aligned forks: there the JS score's top tokens
-sit at low sampled-token probability π (the paper: 0.18 ± 0.09). Where the responses disagree confidently (π near
-1 at ICT's tokens), the long-horizon study found random-10% doing as well as ICT. This command measures which of the
-two a model is in before any training: it samples ``G`` responses to each prompt (HF ``generate``, plain sampling at
-``--temperature``, so the sampler is the policy whose logits are scored), scores each group with the trainer's own
-statistics (``ictrl.core.stats.token_stats`` with the group as one prompt label) and selectors
-(``ictrl.core.selection.select``: ICT top-10% per response, random-10% per response, 20-Entropy's top 20% of the
-group), and reports over prompts (mean and 95% t-interval, a prompt being the unit):
+ICT's JS score is meant for groups whose responses are uncertain at aligned forks: there its top tokens sit at low
+sampled-token probability π (the paper: 0.18 ± 0.09). Where the responses disagree confidently, its tokens sit at π
+near 1, much like a random 10%'s. This command measures which of the two a model is in before any training: it
+samples ``G`` responses to each prompt (HF ``generate``, plain sampling at ``--temperature``, so the sampler is the
+policy whose logits are scored), once per sampling seed (``--seeds``, the same prompts each time), scores each
+group with the trainer's own statistics (``ictrl.core.stats.token_stats`` with the group as one prompt label) and
+selectors (``ictrl.core.selection.select``: ICT top-10% per response, random-10% per response, 20-Entropy's top 20%
+of the group), averages each prompt's numbers over its seeds, and reports over prompts (mean and 95% t-interval, a
+prompt being the unit):
 
 - π and H1 at ICT's tokens against random-10%'s, 20-Entropy's and all tokens', and the paired per-prompt
   differences ICT − random-10% and ICT − 20-Entropy;
 - the share of ICT's tokens that 20-Entropy also picks (and random-10%'s share, the chance level);
 - the share of ICT's tokens at or before the group's first divergence (the first position where its responses
   differ; up to and including it every response has the same prefix, hence the same distribution, and u = 0);
-- one verdict line (:data:`VERDICT_RULE`).
+- one verdict (:data:`VERDICT_RULE`), what to do about it, and where the evidence for that advice is
+  (:data:`EVIDENCE`: the project's studies, in the docs, not here).
 
 A group whose responses are all identical has u = 0 everywhere (ICT's pick is then arbitrary, and in training its
 advantages are 0): it is counted and left out of the comparisons.
@@ -40,14 +42,46 @@ from ictrl.errors import UserError
 REFERENCE = "ict"  # the selector under test, by registered name
 CONTROLS = ("random", "entropy")  # what it is compared with: random-10% (chance) first, then 20-Entropy
 PAPER_PI = 0.5  # π at ICT's tokens at most this: the paper's regime (its tokens: 0.18 ± 0.09), as the horizon report
+# The smallest π difference from random-10% that counts as a different selection. Sampled-token probabilities move
+# by a few hundredths between draws of the same model, so without a margin a selection that matches random's up to
+# that noise would flip between "differs" and "does not" from one seed to the next.
+MARGIN = 0.05
 CONFIDENCE = 0.95
+# Sampling a tiny model is many small matrix products, which extra threads slow down: torch's default (every core
+# it sees) oversubscribes a shared machine.
+DEFAULT_THREADS = 1
 VERDICT_RULE = (
-    f"Verdict rule: ICT's selection differs from random here when the {CONFIDENCE:.0%} t-interval over prompts of "
-    "the per-prompt difference π(ICT) − π(random-10%) excludes 0; it is the paper's regime when that difference is "
-    f"negative and the mean π at ICT's tokens is at most {PAPER_PI:g} (uncertain tokens where a response departs "
-    "from its group); otherwise the JS score picks confident disagreements, as on the embedded tinyarith and "
-    "countdown bases (π 0.83-0.95 at ICT's tokens in the long-horizon study)."
+    f"Verdict rule, on the mean and {CONFIDENCE:.0%} t-interval over prompts of the per-prompt difference π(ICT) − "
+    f"π(random-10%): ICT's selection differs from random when the interval excludes 0 and the mean is beyond "
+    f"±{MARGIN:g}, in the paper's regime when the mean is below −{MARGIN:g} and the mean π at ICT's tokens is at most "
+    f"{PAPER_PI:g} (uncertain tokens where a response departs from its group), else as confident disagreements; it "
+    f"is like random when the whole interval lies within ±{MARGIN:g}; undecided otherwise."
 )
+# Where the project's studies in each regime are described, with their numbers and reports (kept out of the code,
+# which cannot say when they were measured).
+EVIDENCE_DOC = "docs/regime.md"
+EVIDENCE = {
+    "paper": (f"{EVIDENCE_DOC}#the-papers-regime", "in the project's long-horizon studies on bases with this "
+              "verdict, ICT at each method's own tuned setting beat none of GRPO, STAPO and random-10% on pass@k"),
+    "confident": (f"{EVIDENCE_DOC}#confident-disagreements-or-like-random", "in the project's long-horizon studies "
+                  "on bases whose ICT tokens were confident, ICT trailed random-10% and GRPO on pass@k"),
+    "random": (f"{EVIDENCE_DOC}#confident-disagreements-or-like-random", "in the project's long-horizon studies on "
+               "bases whose ICT tokens were confident, ICT trailed random-10% and GRPO on pass@k"),
+}
+ACTION = {
+    "paper": "ICT's tokens are the kind the method is meant for, which does not predict a gain: before adopting ICT, "
+             "compare it with GRPO and random-10% at matched tuning on your task (`ictrl train` with token_selector "
+             "all, random and ict, each at its own tuned learning rate, then `ictrl eval` and `ictrl table`).",
+    "confident": "ICT's selection is not the paper's kind here: expect no more from ICT than from random-10% "
+                 "(token_selector random, which needs no JS score) or GRPO (all); train with those, or compare them "
+                 "on your task before choosing ICT.",
+    "random": "ICT's selection is, on π, a random 10% here: expect no more from ICT than from random-10% "
+              "(token_selector random, which needs no JS score) or GRPO (all); train with those, or compare them on "
+              "your task before choosing ICT.",
+    "undecided": "Sample more before deciding: raise --seeds or --num-prompts (the interval shrinks with the square "
+                 "root of the prompts).",
+    "unknown": "Sample more prompts, more seeds or at a higher --temperature, so that groups' responses differ.",
+}
 
 
 # ---------------------------------------------------------------------------------------------------- one group
@@ -150,14 +184,16 @@ def mean_ci(values: Sequence[float], confidence: float = CONFIDENCE,
 
 
 def summarize(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Every numeric field's mean and t-interval over the prompts whose group diverged."""
+    """Every numeric field's mean and t-interval over the prompts whose groups diverged (one at least)."""
     diverged = [r for r in records if r["divergence"] is not None]
     keys = [k for k in records[0] if "/" in k] if records else []
     shares = ("overlap/", "before/")  # fractions of a selection: intervals clipped to [0, 1]
     out: dict[str, Any] = {k: mean_ci([r[k] for r in diverged if r[k] is not None],
                                       bounds=(0.0, 1.0) if k.startswith(shares) else None) for k in keys}
     out["prompts"] = len(records)
-    out["identical_groups"] = len(records) - len(diverged)
+    # a record of one group (no "groups") is identical or not; a prompt's record counts its seeds' groups
+    out["groups"] = sum(len(r.get("groups", [r])) for r in records)
+    out["identical_groups"] = sum(r.get("identical_groups", int(r["divergence"] is None)) for r in records)
     out["divergence"] = mean_ci([float(r["divergence"]) for r in diverged])
     out["tokens_per_response"] = mean_ci([r["tokens"] / r["responses"] for r in records])
     return out
@@ -165,23 +201,40 @@ def summarize(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 def verdict(summary: dict[str, Any]) -> dict[str, Any]:
     """The regime under :data:`VERDICT_RULE`: ``paper``, ``confident`` (differs from random, not the paper's
-    regime), ``random`` (no difference shown) or ``unknown`` (fewer than two diverging groups), and its line."""
+    regime), ``random`` (within the margin of random), ``undecided`` (neither) or
+    ``unknown`` (fewer than two prompts whose groups diverged); its ``line`` with this run's numbers, the
+    ``action`` to take and the ``evidence`` behind it (None where there is none to cite)."""
     a, b = pairs()[0]
     diff, ict, rnd = summary[f"pi/{a}-{b}"], summary[f"pi/{a}"], summary[f"pi/{b}"]
     if diff["lo"] is None:
-        return {"regime": "unknown", "line": f"Too few groups whose responses differ ({diff['n']}) to tell: sample "
-                                             "more prompts or a higher temperature."}
-    d = f"{diff['mean']:+.3f} [{diff['lo']:+.3f}, {diff['hi']:+.3f}]"
-    pis = f"π at ICT's tokens {ict['mean']:.3f}, at random-10%'s {rnd['mean']:.3f}; difference {d}"
-    if diff["hi"] < 0 and ict["mean"] <= PAPER_PI:
-        return {"regime": "paper", "line": f"ICT's selection differs from random here, in the paper's regime: {pis}, "
-                                           f"below 0, and ICT's tokens at π ≤ {PAPER_PI:g}."}
-    if diff["lo"] > 0 or diff["hi"] < 0:
-        return {"regime": "confident", "line": f"ICT's selection differs from random here, but not in the paper's "
-                                               f"regime: {pis}; ICT picks confident disagreements, as on the "
-                                               "embedded tinyarith and countdown bases."}
-    return {"regime": "random", "line": f"ICT's selection does not differ from random here on π: {pis}, an interval "
-                                        "that contains 0."}
+        name = "unknown"
+        line = f"Too few prompts whose responses differ ({diff['n']}) to tell."
+    else:
+        d = f"{diff['mean']:+.3f} [{diff['lo']:+.3f}, {diff['hi']:+.3f}]"
+        pis = f"π at ICT's tokens {ict['mean']:.3f}, at random-10%'s {rnd['mean']:.3f}; difference {d}"
+        differs = (diff["lo"] > 0 or diff["hi"] < 0) and abs(diff["mean"]) > MARGIN
+        if differs and diff["mean"] < 0 and ict["mean"] <= PAPER_PI:
+            name = "paper"
+            line = (f"ICT's selection differs from random here, in the paper's regime: {pis}, below −{MARGIN:g}, and "
+                    f"ICT's tokens at π ≤ {PAPER_PI:g}.")
+        elif differs:
+            name = "confident"
+            line = (f"ICT's selection differs from random here, but not in the paper's regime: {pis}; ICT picks "
+                    "confident disagreements.")
+        elif -MARGIN <= diff["lo"] and diff["hi"] <= MARGIN:
+            name = "random"
+            line = f"ICT's selection does not differ from random here on π: {pis}, within ±{MARGIN:g}."
+        else:
+            name = "undecided"
+            line = f"Undecided: {pis}; the interval is not within ±{MARGIN:g}, nor the mean beyond it with 0 outside."
+    where, finding = EVIDENCE.get(name, (None, None))
+    evidence = None if where is None else f"{finding[0].upper()}{finding[1:]} (see {where})."
+    return {"regime": name, "line": line, "action": ACTION[name], "evidence": evidence}
+
+
+def verdict_text(v: dict[str, Any]) -> str:
+    """The verdict as the command prints it: the line, what to do, and the evidence."""
+    return "\n".join([v["line"], f"What to do: {v['action']}", *([f"Evidence: {v['evidence']}"] if v["evidence"] else [])])
 
 
 # ---------------------------------------------------------------------------------------------------- sources
@@ -239,40 +292,88 @@ def response_mask(response: Any, eos: Sequence[int]) -> Any:
     return (is_eos.cumsum(1) - is_eos) == 0
 
 
-def score_prompt(model: Any, tokenizer: Any, prompt: str, index: int, args: argparse.Namespace) -> dict[str, Any]:
-    """Sample one group for ``prompt`` (``ictrl inspect``'s sampler), one no-grad forward over prompt + responses
-    for the logits that produced them, then :func:`group_record`."""
+def score_prompt(model: Any, tokenizer: Any, prompt: str, index: int, args: argparse.Namespace,
+                 seed: int) -> dict[str, Any]:
+    """Sample one group for ``prompt`` with sampling seed ``seed`` (``ictrl inspect``'s sampler), one no-grad forward
+    over prompt + responses for the logits that produced them, then :func:`group_record`."""
     import torch
 
     from ictrl.experiments.inspect import generate_group
 
     prompt_ids, response, _ = generate_group(model, tokenizer, prompt, args.num_generations, args.max_new_tokens,
-                                             args.temperature, seed=args.seed * 1_000_003 + index)
+                                             args.temperature, seed=seed * 1_000_003 + index)
     mask = response_mask(response, eos_ids(model, tokenizer))
     g, p_len = response.shape[0], prompt_ids.shape[1]
     with torch.no_grad():
         logits = model(torch.cat([prompt_ids.expand(g, -1), response], dim=1)).logits[:, p_len - 1:-1].float()
-        stats, masks = group_selections(logits, response, mask, args.temperature, args.seed, index)
+        stats, masks = group_selections(logits, response, mask, args.temperature, seed, index)
     return group_record(stats, masks, response, mask)
+
+
+def prompt_record(groups: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One prompt's numbers over its sampling seeds: each field's mean over the groups that diverged (a group of
+    identical responses says nothing about ICT's pick), the divergence None when none did; ``tokens`` the mean
+    response tokens of a group; ``groups`` every seed's own record."""
+    diverged = [g for g in groups if g["divergence"] is not None]
+    rec: dict[str, Any] = {"responses": groups[0]["responses"],
+                           "tokens": math.fsum(g["tokens"] for g in groups) / len(groups),
+                           "divergence": (math.fsum(g["divergence"] for g in diverged) / len(diverged)
+                                          if diverged else None)}
+    for key in (k for k in groups[0] if "/" in k):
+        values = [g[key] for g in diverged if g[key] is not None]
+        rec[key] = math.fsum(values) / len(values) if values else None
+    rec["identical_groups"] = len(groups) - len(diverged)
+    rec["groups"] = list(groups)
+    return rec
 
 
 # ---------------------------------------------------------------------------------------------------- CLI
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    # no prefixes: `--num-generation 8` must be an error, not --num-generations
+    parser.allow_abbrev = False
     parser.add_argument("--model", required=True, help="model directory or hub id (loaded with from_pretrained)")
     parser.add_argument("--prompts", required=True, metavar="SOURCE",
                         help="an embedded task (tinyarith, countdown, paths), a benchmark or spec (gsm8k, "
                              "math500, math_train:levels=3,4,5, jsonl:PATH) or a .jsonl/.json file")
     parser.add_argument("--num-generations", type=int, default=8, help="G, responses per prompt (>= 2)")
     parser.add_argument("--num-prompts", type=int, default=64, help="prompts sampled (default: %(default)s)")
+    parser.add_argument("--seeds", type=int, default=3,
+                        help="sampling seeds SEED..SEED+N-1: one group per prompt and seed, a prompt's numbers "
+                             "averaged over its seeds (default: %(default)s)")
     parser.add_argument("--max-new-tokens", type=int, default=None,
                         help="response budget (default: an embedded task's own, else 512)")
     parser.add_argument("--temperature", type=float, default=1.0, help="sampling and statistics temperature")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the sampling and of random-10%%'s draw")
-    parser.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="draws the embedded task's prompts and is the first sampling seed (default 0)")
+    parser.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available, else cpu)")
+    parser.add_argument("--threads", type=int, default=DEFAULT_THREADS,
+                        help="CPU threads of torch (default: %(default)s; more than the cores, or than the cores "
+                             "other jobs leave free, slows the small matrix products of sampling)")
     parser.add_argument("--output-dir", "--output_dir", type=Path, default=Path("runs/regime"),
                         help="where regime.json and regime.html go (default: %(default)s)")
+
+
+def check_device(device: str | None) -> None:
+    """``--device`` names a device torch has here: one line for a typo or a GPU this machine lacks."""
+    if device is None:
+        return
+    import torch
+
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise UserError(f"--device: {device!r} is not a torch device (cpu, cuda, cuda:N)") from None
+    if parsed.type == "cuda":
+        if not torch.cuda.is_available():
+            raise UserError(f"--device {device}: this machine has no CUDA device; use --device cpu or leave it out")
+        if parsed.index is not None and parsed.index >= torch.cuda.device_count():
+            raise UserError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    elif parsed.type == "mps" and not torch.backends.mps.is_available():
+        raise UserError(f"--device {device}: MPS is not available here; use --device cpu or leave it out")
+    elif parsed.type not in ("cpu", "cuda", "mps"):
+        raise UserError(f"--device {device}: only cpu, cuda and mps are supported")
 
 
 def check_args(args: argparse.Namespace) -> None:
@@ -282,15 +383,21 @@ def check_args(args: argparse.Namespace) -> None:
                         f"{args.num_generations}")
     if args.num_prompts < 2:
         raise UserError(f"--num-prompts must be at least 2 (the intervals are over prompts), got {args.num_prompts}")
+    if args.seeds < 1:
+        raise UserError(f"--seeds must be at least 1, got {args.seeds}")
     if args.max_new_tokens is not None and args.max_new_tokens < 1:
         raise UserError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
     if not args.temperature > 0:
         raise UserError(f"--temperature must be > 0, got {args.temperature}")
     if args.seed < 0:
         raise UserError(f"--seed must be >= 0, got {args.seed}")
+    if args.threads < 1:
+        raise UserError(f"--threads must be at least 1, got {args.threads}")
+    check_device(args.device)
 
 
 def run(args: argparse.Namespace) -> int:
+    import torch
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
@@ -307,21 +414,26 @@ def run(args: argparse.Namespace) -> int:
     from ictrl.data import build_prompt
     from ictrl.models import load_model_and_tokenizer
 
+    torch.set_num_threads(args.threads)
     start = time.perf_counter()
     model, tokenizer = load_model_and_tokenizer(args.model, device=args.device)
+    seeds = range(args.seed, args.seed + args.seeds)
     records = []
     columns = (TextColumn("regime check"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
     with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
-        task = bar.add_task("prompts", total=len(problems))
+        task = bar.add_task("groups", total=len(problems) * len(seeds))
         for i, problem in enumerate(problems):
             prompt = problem.question if bench is None else build_prompt(problem, bench, tokenizer)
-            records.append({"id": problem.id, **score_prompt(model, tokenizer, prompt, i, args)})
-            bar.advance(task)
+            groups = []
+            for seed in seeds:
+                groups.append(score_prompt(model, tokenizer, prompt, i, args, seed))
+                bar.advance(task)
+            records.append({"id": problem.id, **prompt_record(groups)})
     summary = summarize(records)
     result = {"settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-              "selections": selection_labels(), "pairs": pairs(), "summary": summary, "verdict": verdict(summary), "verdict_rule": VERDICT_RULE,
-              "seconds": time.perf_counter() - start, "prompts": records}
+              "selections": selection_labels(), "pairs": pairs(), "summary": summary, "verdict": verdict(summary),
+              "verdict_rule": VERDICT_RULE, "seconds": time.perf_counter() - start, "prompts": records}
     paths = regime_report.write(args.output_dir, result)
-    print(result["verdict"]["line"])
-    print(f"wrote {paths['json']} and {paths['html']}")
+    print(verdict_text(result["verdict"]))
+    print(f"wrote {paths['json']} and {paths['html']} ({result['seconds']:.0f} s)")
     return 0

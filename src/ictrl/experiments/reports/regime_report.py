@@ -56,21 +56,31 @@ def tables(result: dict[str, Any]) -> list[tuple[str, str]]:
 
 def notes(result: dict[str, Any]) -> str:
     s, summ = result["settings"], result["summary"]
-    return "\n\n".join([
+    return "\n\n".join(part for part in [
         result["verdict_rule"],
         f"Model {s['model']}; prompts {s['prompts']} ({summ['prompts']} prompts, {s['num_generations']} responses "
-        f"each, at most {s['max_new_tokens']} new tokens, temperature {s['temperature']:g}, seed {s['seed']}); "
-        f"{summ['identical_groups']} groups with identical responses left out (u = 0 everywhere). Mean response "
-        f"length {ci(summ['tokens_per_response'], 1)} tokens; first divergence at position "
-        f"{ci(summ['divergence'], 1)}.",
+        f"each, at most {s['max_new_tokens']} new tokens, temperature {s['temperature']:g}; {seeds(s)}); "
+        f"{summ['identical_groups']} of {summ.get('groups', summ['prompts'])} groups had identical responses and "
+        f"are left out (u = 0 everywhere). Mean response length {ci(summ['tokens_per_response'], 1)} tokens; first "
+        f"divergence at position {ci(summ['divergence'], 1)}.",
+        f"What to do: {result['verdict']['action']}" if result["verdict"].get("action") else "",
+        f"Evidence: {result['verdict']['evidence']}" if result["verdict"].get("evidence") else "",
         "Statistics and selections are the trainer's (ictrl.core.stats.token_stats, ictrl.core.selection.select), "
         "one prompt's responses as one group: ICT the top 10% of each response by JS divergence to the group mean, "
         "random-10% as many per response drawn uniformly, 20-Entropy the top 20% of the group by entropy. A "
-        "selection's π and H1 are averaged over its tokens in the group, then over prompts. The first divergence is "
+        "selection's π and H1 are averaged over its tokens in the group, then over the prompt's seeds, then over "
+        "prompts. The first divergence is "
         "the first position where the group's responses differ; up to and including it they share their prefix, "
         "so their distributions agree and u = 0 there.",
-        f"Time: {result['seconds']:.0f} s (model load, sampling and scoring).",
-    ])
+        f"Time: {result['seconds']:.0f} s (model load, sampling and scoring"
+        + (f", {s['threads']} CPU thread{'s' if s['threads'] != 1 else ''}" if s.get("threads") else "") + ").",
+    ] if part)
+
+
+def seeds(settings: dict[str, Any]) -> str:
+    """'sampling seeds 0-2' (or 'seed 0'), with the prompts drawn by the first."""
+    first, count = settings["seed"], settings.get("seeds", 1)
+    return f"seed {first}" if count == 1 else f"sampling seeds {first}-{first + count - 1}, prompts drawn by {first}"
 
 
 def _finite(value: Any) -> Any:
@@ -91,6 +101,6 @@ def write(out: str | Path, result: dict[str, Any]) -> dict[str, Path]:
     page = report.render_report(
         f"Regime check: {result['settings']['model']} on {result['settings']['prompts']}", tables(result),
         [], notes(result), out / "regime.html", answer=result["verdict"]["line"],
-        caveats=[f"{result['summary']['prompts']} prompts from one sampling seed; the verdict is about the model "
-                 "before training, and a model's regime can move during RL"])
+        caveats=[f"{result['summary']['prompts']} prompts, {seeds(result['settings'])}; the verdict is about the "
+                 "model before training, and a model's regime can move during RL"])
     return {"json": path, "html": page}
