@@ -200,7 +200,7 @@ def build_trainer(out_dir: Path, model_dir: str, selector: str, engine: str = "d
     """The stub-generation trainer (with ictrl's atomic checkpoints) for one comparison run."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from ictrl.engine.run import make_trainer_class
+    from ictrl.train_cli.run import make_trainer_class
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     tokenizer.padding_side = "left"
@@ -248,7 +248,7 @@ def run_one_step(out_dir: Path, model_dir: str, selector: str, per_device: int |
     with recorded_heads() as heads:
         trainer.train()
     if final_dir is not None:
-        from ictrl.engine.run import STAGING_PREFIX, save_final
+        from ictrl.train_cli.run import STAGING_PREFIX, save_final
 
         save_final(trainer, final_dir.with_name(STAGING_PREFIX + final_dir.name), final_dir)
     paths = sorted({h["ictrl/stats_path"] for h in trainer.state.log_history if "ictrl/stats_path" in h})
@@ -474,7 +474,7 @@ def compare_resume(out: Path, model_dir: str, engine: str, tol: float = 1e-5) ->
 
 
 if __name__ == "__main__":
-    from ictrl.engine.process_group import process_group_left
+    from ictrl.train_cli.process_group import process_group_left
 
     with process_group_left():  # as ictrl train: every exit leaves the process group
         main(sys.argv[1:])

@@ -9,7 +9,7 @@ from datetime import datetime
 from pathlib import Path
 from types import SimpleNamespace
 
-from ictrl.engine.callbacks import MetricsJSONL
+from ictrl.train_cli.callbacks import MetricsJSONL
 
 
 def _state(step: int) -> SimpleNamespace:
@@ -70,7 +70,7 @@ def test_log_line_shows_the_running_mean_of_the_logged_rewards() -> None:
 
     from rich.console import Console
 
-    from ictrl.engine.callbacks import TREND, RichProgress, step_line
+    from ictrl.train_cli.callbacks import TREND, RichProgress, step_line
 
     assert step_line(3, 9, {"reward": 0.5}, None).startswith("step 3/9  reward 0.500  acc -")
     assert step_line(3, 9, {"reward": 0.5}, None, [0.25, 0.5]).startswith("step 3/9  reward 0.500 (avg2 0.375)  ")

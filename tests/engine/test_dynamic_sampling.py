@@ -172,7 +172,7 @@ def test_resume_mid_run_reproduces_the_metrics(tiny_model_dir: Path, tmp_path: P
     """Real sampling: 4 steps saving at 2, then a fresh trainer resumed from checkpoint-2 matches steps 3-4."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from ictrl.engine.run import make_trainer_class
+    from ictrl.train_cli.run import make_trainer_class
     from ictrl.engine.trainer import ICTGRPOTrainer
 
     def run(out: Path, resume: Path | None) -> list[dict[str, Any]]:

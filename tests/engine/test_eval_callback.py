@@ -1,4 +1,4 @@
-"""Evaluation during training (ictrl.engine.eval_callback) on CPU with the tiny Qwen2."""
+"""Evaluation during training (ictrl.train_cli.eval_callback) on CPU with the tiny Qwen2."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import mp_worker as w
-from ictrl.engine.eval_callback import PassAtKCallback, eval_metrics
+from ictrl.train_cli.eval_callback import PassAtKCallback, eval_metrics
 
 
 def digits_benchmark(tmp_path: Path) -> str:
@@ -47,8 +47,8 @@ def test_pass_at_k_every_eval_steps_logged_and_the_best_checkpoint_kept(tiny_mod
                                                                        digits_only: Any) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from ictrl.engine.callbacks import MetricsJSONL
-    from ictrl.engine.run import make_trainer_class
+    from ictrl.train_cli.callbacks import MetricsJSONL
+    from ictrl.train_cli.run import make_trainer_class
     from ictrl.engine.trainer import ICTGRPOTrainer
     from ictrl.eval.generate import HFBackend
     from ictrl.eval.harness import evaluate

@@ -154,8 +154,8 @@ class _FakeTrainer:
 def test_checkpoints_appear_whole_or_not_at_all(tmp_path: Path) -> None:
     from ictrl.checkpoints import complete_checkpoints
     from ictrl.engine.resumable import make_trainer_class
-    from ictrl.engine.run import prepare_output_dir
-    from ictrl.engine.run_config import config_from_dict
+    from ictrl.train_cli.run import prepare_output_dir
+    from ictrl.train_cli.run_config import config_from_dict
 
     cls = make_trainer_class(_FakeTrainer)
     for step in (1, 2, 3):
@@ -232,8 +232,8 @@ def test_resume_at_max_steps_trains_no_step(tiny_model_dir: Path, shared_data: P
 
     import ictrl.models
 
-    from ictrl.engine.run import train
-    from ictrl.engine.run_config import load_config
+    from ictrl.train_cli.run import train
+    from ictrl.train_cli.run_config import load_config
 
     out = tmp_path / "out"
     cfg = load_config(CONFIGS / "qwen2.5-0.5b" / "ict.yaml", [

@@ -1,6 +1,6 @@
 """The TRL engine: ``ICTGRPOConfig`` / ``ICTGRPOTrainer`` (token-selective GRPO on top of ``trl.GRPOTrainer``).
 
-Names load lazily so that ``import ictrl.engine.cli`` does not pay TRL's import time (~7 s) up front.
+Names load lazily so that ``import ictrl.train_cli.cli`` does not pay TRL's import time (~7 s) up front.
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ _PLANNED: list[int] = []
 @contextlib.contextmanager
 def planned_processes(processes: int) -> Iterator[None]:
     """Inside the block :func:`process_count` is ``processes``: the parent of a launch checks the config of the
-    run it is about to start (``ictrl.engine.launch``) from its own single process."""
+    run it is about to start (``ictrl.train_cli.launch``) from its own single process."""
     _PLANNED.append(processes)
     try:
         yield
@@ -210,7 +210,7 @@ class ICTGRPOConfig(GRPOConfig):
                   "eval_steps optimizer steps during training, on fixed problems with a fixed sampling seed; logged "
                   "as eval/<benchmark>/pass@k, eval/avg/pass@k and eval/total beside the training metrics. "
                   "metric_for_best_model='eval/total' (or another of these keys) keeps the best checkpoint. None: "
-                  "no evaluation during training (ictrl.engine.eval_callback)."},
+                  "no evaluation during training (ictrl.train_cli.eval_callback)."},
     )
     eval_limit: int | None = field(
         default=None, metadata={"help": "Evaluate the first eval_limit problems of each benchmark; None: all."})

@@ -22,11 +22,11 @@
   resumed epoch on several processes).
 - TRL buffers one generation batch for ``steps_per_generation x num_iterations`` micro-steps and does not save
   the buffer, so a checkpoint must fall on a buffer boundary: ``build_trainer_args`` checks ``save_steps``, and
-  SIGTERM stops at the next boundary (``ictrl.engine.callbacks.StopOnRequest``).
+  SIGTERM stops at the next boundary (``ictrl.train_cli.callbacks.StopOnRequest``).
 - Trainer stops at ``max_steps`` only after a step (``DefaultFlowCallback.on_step_end``). A run resumed from a
   checkpoint at ``max_steps`` that falls inside an epoch re-enters that epoch and trains one step too many
   (at an epoch boundary the epoch loop is empty). :meth:`ResumableMixin._run_epoch` skips the epoch when no
-  step is left, and ``ictrl.engine.run.train`` returns at once when ``final/`` already holds the last checkpoint's step.
+  step is left, and ``ictrl.train_cli.run.train`` returns at once when ``final/`` already holds the last checkpoint's step.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ import torch
 
 from ictrl.checkpoints import (STAGING_PREFIX, checkpoint_world_size, publish_dir, trainer_state, verify_checkpoint,
                                write_manifest)
-from ictrl.engine.run_config import ConfigError
+from ictrl.errors import ConfigError
 from ictrl.files import is_write_failure, write_error
 
 log = logging.getLogger("ictrl.train")
