@@ -63,6 +63,14 @@ def test_imports_go_only_downward() -> None:
     assert not bad, "\n".join(bad)
 
 
+def test_the_library_imports_nothing_of_a_command() -> None:
+    """``ictrl.engine`` (what ``from ictrl.engine import ICTGRPOTrainer`` gives) reaches no command-side module: not
+    ``ictrl train``'s (a higher layer, checked above) and not the commands' shared preflight checks either."""
+    bad = [f"{name} imports {imported}" for name, path in _modules() if name.startswith("ictrl.engine")
+           for imported in _imports(path) if imported.split(".")[:2] in (["ictrl", "preflight"], ["ictrl", "train_cli"])]
+    assert not bad, "\n".join(bad)
+
+
 def test_core_is_pure_torch() -> None:
     """The core carries no trainer state: it imports only torch, the standard library and the core itself."""
     bad = []

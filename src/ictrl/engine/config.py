@@ -20,7 +20,6 @@ from trl import GRPOConfig
 from ictrl.core.loss import IS_MODES, LOSS_TYPES, NORM_MODES, TRL_NORMALISER, Objective
 from ictrl.engine import field_bounds
 from ictrl.engine.trl_fields import refused_field_errors
-from ictrl.preflight import check_liger, check_trackers
 from ictrl.core.selection import SELECTORS, Selector, get_selector
 
 # Selector options that have their own config field (the rest go through ``selection_options``).
@@ -236,8 +235,8 @@ class ICTGRPOConfig(GRPOConfig):
         field_bounds.check_trains_something(self)
         # several trackers as TRL users write them (a list, or "tensorboard,wandb"); a missing package is one
         # line naming what to install, here rather than when the trainer builds its callbacks after the model loads
-        self.report_to = check_trackers(self.report_to, "report_to") or "none"
-        check_liger(self.use_liger_kernel)
+        self.report_to = field_bounds.check_trackers(self.report_to, "report_to") or "none"
+        field_bounds.check_liger(self.use_liger_kernel)
         self._read_scale_rewards()
         if self.prompts_per_step is not None:
             self._derive_step_shape()
