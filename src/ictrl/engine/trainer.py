@@ -60,7 +60,7 @@ from trl import GRPOTrainer
 from ictrl.core.logprobs import selected_token_logprobs
 from ictrl.core.loss import TRL_BUFFER_MEAN, LossExtras, policy_loss
 from ictrl.core.stats import TokenStats
-from ictrl.engine import vllm_engine, vllm_server
+from ictrl.engine import vllm_engine
 from ictrl.engine.config import ICTGRPOConfig
 from ictrl.engine.dynamic_sampling import DynamicSamplingMixin
 from ictrl.engine.heads import backbone, call_head, output_head
@@ -114,7 +114,7 @@ class ICTGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
                 f"num_generations={self.num_generations} completions must sit on one process: "
                 f"per_device_train_batch_size * steps_per_generation = {per_process} must be a multiple of it"
             )
-        self._server = vllm_server.server_settings(self)  # None unless vllm_mode='server'
+        self._server = vllm_engine.server_settings(self)  # None unless vllm_mode='server'
         self._loss_spec = loss_spec(args, self.epsilon_low, self.epsilon_high, self.beta)  # checked once, here
         if args.sparse_backward and self.aux_loss_enabled:
             raise ValueError("router_aux_loss_coef: the MoE router loss comes with TRL's dense forward, which "
@@ -128,7 +128,7 @@ class ICTGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
         self._generation: GenerationPass | None = None  # set only inside _generate_and_score_completions
         if self._sampler_topk is not None and self.use_vllm:
             self._install_vllm_topk()
-        vllm_server.check_logprobs_mode(self._server, args, self._sampler_topk)
+        vllm_engine.check_logprobs_mode(self._server, args, self._sampler_topk)
         text_config = self.model.config.get_text_config()
         for attr in ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier"):
             if getattr(text_config, attr, None) not in (None, 1, 1.0):
@@ -418,7 +418,7 @@ class ICTGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
         if self.top_p != 1.0 or self.top_k not in (None, 0, -1) or self.min_p not in (None, 0.0):
             return "vLLM reports log-probs after top_p/top_k/min_p truncation, which the statistics pass does not apply"
         if self._server is not None:
-            return vllm_server.topk_obstacle(self._server, args.selection_topk)
+            return vllm_engine.topk_obstacle(self._server, args.selection_topk)
         return None
 
     def _generate_single_turn(self, prompt_ids: Any, images: Any, multimodal_fields: Any, num_generations: int,
