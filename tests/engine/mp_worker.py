@@ -200,8 +200,6 @@ def build_trainer(out_dir: Path, model_dir: str, selector: str, engine: str = "d
     """The stub-generation trainer (with ictrl's atomic checkpoints) for one comparison run."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from ictrl.train_cli.run import make_trainer_class
-
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     tokenizer.padding_side = "left"
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
@@ -213,7 +211,7 @@ def build_trainer(out_dir: Path, model_dir: str, selector: str, engine: str = "d
                                   max_grad_norm=0.0,
                                   # ict takes the sparse LM-head path (ictrl.core.logprobs), the others TRL's fused one
                                   sparse_backward=selector == "ict")
-    cls = make_trainer_class(stub_trainer_class(one_pass))
+    cls = stub_trainer_class(one_pass)
     if engine == "fsdp2":
         kwargs.update(FSDP2_ARGS)
         cls = cpu_fsdp2(cls)

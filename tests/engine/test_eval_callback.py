@@ -48,7 +48,6 @@ def test_pass_at_k_every_eval_steps_logged_and_the_best_checkpoint_kept(tiny_mod
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from ictrl.train_cli.callbacks import MetricsJSONL
-    from ictrl.train_cli.run import make_trainer_class
     from ictrl.engine.trainer import ICTGRPOTrainer
     from ictrl.eval.generate import HFBackend
     from ictrl.eval.harness import evaluate
@@ -65,8 +64,8 @@ def test_pass_at_k_every_eval_steps_logged_and_the_best_checkpoint_kept(tiny_mod
                          save_steps=2, save_total_limit=1, eval_benchmarks=[digits_benchmark(tmp_path)], eval_steps=2,
                          eval_limit=10, eval_num_samples=8, eval_ks=[1, 4], eval_seed=5, eval_max_new_tokens=1,
                          eval_temperature=1.0, metric_for_best_model="eval/total", per_device_eval_batch_size=16)
-    trainer = make_trainer_class(ICTGRPOTrainer)(model=model, reward_funcs=w.digit_reward, args=args,
-                                                 train_dataset=w.make_dataset(), processing_class=tokenizer)
+    trainer = ICTGRPOTrainer(model=model, reward_funcs=w.digit_reward, args=args, train_dataset=w.make_dataset(),
+                             processing_class=tokenizer)
     callback = PassAtKCallback.from_args(args, tokenizer).bind(trainer)
     trainer.add_callback(callback)
     trainer.add_callback(MetricsJSONL(out / "metrics.jsonl"))

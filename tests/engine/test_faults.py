@@ -39,9 +39,10 @@ class _FakeTrainer:
 
 
 def _save(run_dir: Path, step: int, **kwargs: Any) -> None:
-    from ictrl.engine.resumable import make_trainer_class
+    from ictrl.engine.resumable import Resumable
 
-    make_trainer_class(_FakeTrainer)(run_dir, step, **kwargs)._save_checkpoint(None, None)
+    trainer = _FakeTrainer(run_dir, step, **kwargs)
+    Resumable(trainer).save_checkpoint(trainer._save_checkpoint, None, None)
 
 
 def _args(**kwargs: Any) -> SimpleNamespace:

@@ -153,13 +153,16 @@ class _FakeTrainer:
 
 def test_checkpoints_appear_whole_or_not_at_all(tmp_path: Path) -> None:
     from ictrl.checkpoints import complete_checkpoints
-    from ictrl.engine.resumable import make_trainer_class
+    from ictrl.engine.resumable import Resumable
     from ictrl.train_cli.run import prepare_output_dir
     from ictrl.train_cli.run_config import config_from_dict
 
-    cls = make_trainer_class(_FakeTrainer)
+    def save(*args: Any, **kwargs: Any) -> None:  # the fake Trainer's save through the trainer's checkpoint part
+        trainer = _FakeTrainer(*args, **kwargs)
+        Resumable(trainer).save_checkpoint(trainer._save_checkpoint, None, None)
+
     for step in (1, 2, 3):
-        cls(tmp_path, step)._save_checkpoint(None, None)
+        save(tmp_path, step)
     # save_total_limit=2 keeps the two newest; each is complete
     assert [p.name for p in complete_checkpoints(tmp_path)] == ["checkpoint-2", "checkpoint-3"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-2", "checkpoint-3"]
@@ -167,7 +170,7 @@ def test_checkpoints_appear_whole_or_not_at_all(tmp_path: Path) -> None:
         "manifest.json", "model.safetensors", "optimizer.pt", "rng_state.pth", "trainer_state.json"]
 
     with pytest.raises(KeyboardInterrupt):
-        cls(tmp_path, 4, fail_after=2)._save_checkpoint(None, None)
+        save(tmp_path, 4, fail_after=2)
     assert not (tmp_path / "checkpoint-4").exists()  # plain Trainer would leave a half-written checkpoint-4
     assert (tmp_path / ".staging-checkpoint-4" / "checkpoint-4" / "optimizer.pt").is_file()
     cfg = config_from_dict({"model_name_or_path": "m", "output_dir": str(tmp_path)})

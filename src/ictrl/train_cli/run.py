@@ -22,8 +22,8 @@ from ictrl.checkpoints import (STAGING_PREFIX, check_weights, clear_staging, com
                                trainer_state)
 from ictrl.cliargs import VERBOSE_ENV, env_flag
 from ictrl.train_cli.process_group import answered_once
-from ictrl.engine.resumable import (check_resumable, check_unchanged, make_trainer_class, resume_point,
-                                   save_final, verified_checkpoints)
+from ictrl.engine.resumable import (check_resumable, check_unchanged, resume_point, save_final,
+                                   verified_checkpoints)
 from ictrl.train_cli.run_config import ConfigError, RunConfig, config_to_dict, save_config
 from ictrl.train_cli.run_inputs import (add_overlong_penalty, blame, build_rewards, check_enough_rows, check_sources, drop_long_prompts, load_train_dataset, reward_label)
 from ictrl.train_cli.run_guard import RunLock, StopRequest, add_stop_callback, stopped
@@ -307,7 +307,7 @@ def _train_locked(cfg: RunConfig, args: Any, reward_funcs: list[Callable[..., An
 
     accuracy = reward_label(reward_funcs[0])
     _, trainer_cls = trainer_classes()
-    trainer = make_trainer_class(trainer_cls)(
+    trainer = trainer_cls(
         model=model, reward_funcs=reward_funcs, args=args, train_dataset=dataset, processing_class=tokenizer,
         peft_config=lora,
     )

@@ -144,7 +144,7 @@ def train_tiny(settings: TinyRL, base: Path, spec: RunSpec, run_dir: Path,
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
     from ictrl.train_cli.callbacks import MetricsJSONL
-    from ictrl.train_cli.run import build_trainer_args, make_trainer_class, skip_deepspeed_unless_imported, trainer_classes
+    from ictrl.train_cli.run import build_trainer_args, skip_deepspeed_unless_imported, trainer_classes
     from ictrl.files import load_metrics
     from ictrl.experiments.tasks.registry import get_task
     from ictrl.experiments.tasks.tinymodel import load_tiny_base
@@ -159,8 +159,8 @@ def train_tiny(settings: TinyRL, base: Path, spec: RunSpec, run_dir: Path,
     task = get_task(base_task(base))
     dataset = task.train_dataset(settings.prompts_per_step, settings.steps, _base_difficulty(base), spec.seed)
     _, trainer_cls = trainer_classes()
-    trainer = make_trainer_class(trainer_cls)(model=model, reward_funcs=[task.reward], args=args,
-                                              train_dataset=dataset, processing_class=tokenizer)
+    trainer = trainer_cls(model=model, reward_funcs=[task.reward], args=args, train_dataset=dataset,
+                          processing_class=tokenizer)
     for cb in (PrinterCallback, ProgressCallback):
         trainer.remove_callback(cb)
     metrics_path = run_dir / "metrics.jsonl"
