@@ -178,6 +178,26 @@ def test_checkpoints_appear_whole_or_not_at_all(tmp_path: Path) -> None:
     assert not (tmp_path / ".staging-checkpoint-4").exists()  # cleaned up on restart
 
 
+def test_the_trainer_hooks_are_the_pinned_ones() -> None:
+    """ICTGRPOTrainer hands these Trainer/TRL methods to its Resumable part; run_epoch reads the epoch as the
+    second positional argument."""
+    import inspect
+
+    from trl import GRPOTrainer
+
+    from ictrl.engine.trainer import ICTGRPOTrainer
+
+    def params(name: str) -> list[str]:
+        return list(inspect.signature(getattr(GRPOTrainer, name)).parameters)
+
+    assert params("_run_epoch")[:3] == ["self", "model", "epoch"]
+    assert params("_save_checkpoint") == ["self", "model", "trial"]
+    assert params("_get_train_sampler") == ["self", "dataset"]
+    assert params("_get_output_dir") == ["self", "trial"]
+    for name in ("_run_epoch", "_save_checkpoint", "_get_train_sampler"):
+        assert getattr(ICTGRPOTrainer, name) is not getattr(GRPOTrainer, name)
+
+
 def test_epoch_sampler_matches_trl_order_per_epoch() -> None:
     from trl.trainer.utils import RepeatSampler
 
