@@ -179,7 +179,7 @@ def multinode_part(root: Path) -> dict[str, Any]:
 
 def main() -> None:
     if sys.argv[1:2] == ["--worker"]:
-        from ictrl.engine.process_group import process_group_left
+        from ictrl.train_cli.process_group import process_group_left
 
         with process_group_left():
             worker(Path(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5])

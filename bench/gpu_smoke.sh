@@ -91,7 +91,7 @@ args = ICTGRPOConfig(
     vllm_max_model_length=256, vllm_importance_sampling_correction=True,
     vllm_importance_sampling_mode="token_truncate", vllm_importance_sampling_clip_max=2.0,
 )
-from ictrl.engine.process_group import process_group_left
+from ictrl.train_cli.process_group import process_group_left
 
 with process_group_left():  # leave the launch's process group at every exit, as ictrl train does
     model = AutoModelForCausalLM.from_pretrained(model_dir)

@@ -89,3 +89,18 @@ def _digits_only(model_dir: Path) -> None:
 def digits_only() -> Any:
     """``digits_only(model_dir)``: make a saved model's generation answer only digits (see ``_digits_only``)."""
     return _digits_only
+
+
+@pytest.fixture
+def loader_calls(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Replace the model loader with one that records its calls and refuses to load."""
+    import ictrl.models
+
+    calls: list[Any] = []
+
+    def fake(*args: Any, **kwargs: Any) -> Any:
+        calls.append((args, kwargs))
+        raise AssertionError("the model loader must not be reached")
+
+    monkeypatch.setattr(ictrl.models, "load_model_and_tokenizer", fake)
+    return calls

@@ -63,7 +63,7 @@ def test_user_error_is_printed_by_rank_zero_only(monkeypatch: pytest.MonkeyPatch
 
 
 def test_interrupted_names_the_step_checkpoint_and_resume_command(tmp_path: Path) -> None:
-    from ictrl.engine.run_guard import stopped as interrupted
+    from ictrl.train_cli.run_guard import stopped as interrupted
     from ictrl.errors import Terminated
 
     command = "ictrl train configs/tiny/ict.yaml --resume"
@@ -83,7 +83,7 @@ def test_interrupted_names_the_step_checkpoint_and_resume_command(tmp_path: Path
 
 
 def test_trl_flags_and_dashed_keys() -> None:
-    from ictrl.engine.run_config import config_from_dict
+    from ictrl.train_cli.run_config import config_from_dict
 
     cfg = config_from_dict({}, flags=["--output-dir=runs/x", "--learning-rate", "1e-5", "--model_name_or_path=m",
                                       "--max-prompt-length=64", "--dataset_name=openai/gsm8k"])
@@ -131,7 +131,7 @@ def _record_exit(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
     import torch.distributed as dist
 
-    from ictrl.engine import process_group
+    from ictrl.train_cli import process_group
 
     events: list[str] = []
     real_leave = process_group.leave_process_group

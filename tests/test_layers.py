@@ -13,9 +13,10 @@ STUDIES = ROOT / "studies"
 LAYERS: dict[str, int] = {
     "files": 0, "checkpoints": 0, "errors": 0, "core": 0, "cliargs": 1,
     "rewards": 1, "data": 1, "models": 1, "eval": 1, "preflight": 1, "vllm_env": 1,
-    "engine": 2,
-    "experiments": 3,
-    "cli": 4, "__main__": 4,
+    "engine": 2,  # the library: ICTGRPOConfig, ICTGRPOTrainer and the parts composed into it
+    "train_cli": 3,  # the `ictrl train` command: it imports the library, the library nothing from it
+    "experiments": 4,
+    "cli": 5, "__main__": 5,
 }
 CORE_THIRD_PARTY = {"torch", "math", "dataclasses", "typing", "collections", "__future__", "hashlib", "inspect",
                     "difflib", "importlib", "fractions",
@@ -71,6 +72,14 @@ def test_the_package_never_imports_the_studies() -> None:
     assert not bad, "\n".join(bad)
     uses = {imported.split(".")[0] for path in STUDIES.rglob("*.py") for imported in _imports(path)}
     assert {"ictrl", "studies"} <= uses  # the check reads real study modules
+
+
+def test_the_library_imports_nothing_of_a_command() -> None:
+    """``ictrl.engine`` (what ``from ictrl.engine import ICTGRPOTrainer`` gives) reaches no command-side module: not
+    ``ictrl train``'s (a higher layer, checked above) and not the commands' shared preflight checks either."""
+    bad = [f"{name} imports {imported}" for name, path in _modules() if name.startswith("ictrl.engine")
+           for imported in _imports(path) if imported.split(".")[:2] in (["ictrl", "preflight"], ["ictrl", "train_cli"])]
+    assert not bad, "\n".join(bad)
 
 
 def test_core_is_pure_torch() -> None:

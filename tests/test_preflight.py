@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from ictrl import preflight
+from ictrl.engine import field_bounds
 from ictrl.cli import main
 from ictrl.errors import MissingExtraError, ModelNotFoundError, UserError, one_line
 
@@ -127,16 +128,16 @@ def test_one_line_folds_newlines() -> None:
 
 
 def test_trackers_list_comma_string_and_missing_extra(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert preflight.report_to_list("tensorboard, wandb") == ["tensorboard", "wandb"]
-    assert preflight.report_to_list(["tensorboard"]) == ["tensorboard"]
-    assert preflight.report_to_list("none") == [] and preflight.report_to_list(None) == []
-    assert preflight.check_trackers("tensorboard") == ["tensorboard"]  # installed in dev
-    monkeypatch.setitem(preflight.TRACKERS, "tensorboard", ("ictrl_no_such_package", "pip install 'ictrl[tensorboard]'"))
+    assert field_bounds.report_to_list("tensorboard, wandb") == ["tensorboard", "wandb"]
+    assert field_bounds.report_to_list(["tensorboard"]) == ["tensorboard"]
+    assert field_bounds.report_to_list("none") == [] and field_bounds.report_to_list(None) == []
+    assert field_bounds.check_trackers("tensorboard") == ["tensorboard"]  # installed in dev
+    monkeypatch.setitem(field_bounds.TRACKERS, "tensorboard", ("ictrl_no_such_package", "pip install 'ictrl[tensorboard]'"))
     with pytest.raises(MissingExtraError, match=r"logging.report_to: tensorboard needs the 'ictrl_no_such_package' "
                                                 r"package, which is not installed: pip install 'ictrl\[tensorboard\]'"):
-        preflight.check_trackers("none,tensorboard", "logging.report_to")
+        field_bounds.check_trackers("none,tensorboard", "logging.report_to")
     with pytest.raises(UserError, match=r"unknown tracker 'tensorbord'; did you mean 'tensorboard'\?"):
-        preflight.check_trackers(["tensorbord"])
+        field_bounds.check_trackers(["tensorbord"])
 
 
 def test_check_file_and_data_errors_are_user_errors(tmp_path: Path) -> None:
@@ -200,7 +201,7 @@ def test_train_missing_model_path_and_offline_hub_id(tmp_path: Path, offline: No
 def test_long_prompts_are_named(tiny_model_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
     import datasets
 
-    from ictrl.engine.run import check_enough_rows, drop_long_prompts
+    from ictrl.train_cli.run import check_enough_rows, drop_long_prompts
     from ictrl.errors import DataError
     from ictrl.models import build_byte_tokenizer
 

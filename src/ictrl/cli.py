@@ -33,7 +33,7 @@ from ictrl.errors import Interrupted, UserError, note_reported, one_line
 
 # command -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "train": ("ictrl.engine.cli", "train a model with ICT or a baseline from a YAML config"),
+    "train": ("ictrl.train_cli.cli", "train a model with ICT or a baseline from a YAML config"),
     "eval": ("ictrl.eval.cli", "evaluate a model on benchmarks with pass@k"),
     "table": ("ictrl.eval.table", "the paper's Table 1 (methods x training seeds) from `ictrl eval` results"),
     "demo": ("ictrl.experiments.demo", "build the tiny embedded model and watch ICT improve it on CPU"),
@@ -93,7 +93,7 @@ def quiet() -> None:
     """The libraries' noise off (``--verbose`` keeps it): the weight loading / shard writing bars of transformers
     and huggingface_hub (read from the environment when they are first imported), and DeepSpeed's "Setting
     accelerator to CPU" warning, which it logs whenever it is imported on a machine without a GPU (a ZeRO run
-    imports it; other runs do not, :func:`ictrl.engine.run.skip_deepspeed_unless_imported`), accelerate's note on
+    imports it; other runs do not, :func:`ictrl.train_cli.run.skip_deepspeed_unless_imported`), accelerate's note on
     the gradient accumulation count under DeepSpeed, the deprecation warnings of ZeRO's collectives, and vLLM's
     info and warning lines (its logger is configured when TRL imports it)."""
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
@@ -187,7 +187,7 @@ def exit_launched(code: object) -> NoReturn:
     is 1).
     """
     if "torch.distributed" in sys.modules:
-        from ictrl.engine.process_group import leave_process_group
+        from ictrl.train_cli.process_group import leave_process_group
 
         leave_process_group(wait=False)  # a no-op after `ictrl train`, which leaves the group on every path
     if code is not None and not isinstance(code, int):

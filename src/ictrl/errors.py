@@ -121,7 +121,7 @@ def sigterm_raises(message: str = "terminated (SIGTERM)") -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-# Set by `ictrl train --num-processes` (ictrl.engine.launch) for the processes it starts: a file rank 0 writes its
+# Set by `ictrl train --num-processes` (ictrl.train_cli.launch) for the processes it starts: a file rank 0 writes its
 # exit status to once it has printed the run's one line, so the launching parent adds nothing of its own.
 REPORTED_FILE_ENV = "ICTRL_REPORTED_FILE"
 

@@ -9,26 +9,14 @@ from __future__ import annotations
 
 import difflib
 import functools
-import importlib.util
 import os
 import socket
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from urllib.parse import urlparse
 
-from ictrl.errors import DataError, MissingExtraError, ModelNotFoundError, UserError
+from ictrl.errors import DataError, ModelNotFoundError, UserError
 
-# tracker name (as transformers' report_to spells it) -> (module that must import, pip install hint)
-TRACKERS: dict[str, tuple[str, str]] = {
-    "tensorboard": ("tensorboard", "pip install 'ictrl[tensorboard]'"),
-    "wandb": ("wandb", "pip install wandb"),
-    "trackio": ("trackio", "pip install trackio"),
-    "mlflow": ("mlflow", "pip install mlflow"),
-    "comet_ml": ("comet_ml", "pip install comet_ml"),
-    "clearml": ("clearml", "pip install clearml"),
-    "dvclive": ("dvclive", "pip install dvclive"),
-    "swanlab": ("swanlab", "pip install swanlab"),
-}
 _TRUTHY = {"1", "true", "yes", "on"}
 
 
@@ -139,36 +127,3 @@ def check_file(path: str | os.PathLike[str], option: str) -> Path:
     if not p.is_file():
         raise UserError(f"{option}: {path}: not a file")
     return p
-
-
-def report_to_list(value: str | Sequence[str] | None) -> list[str]:
-    """transformers' ``report_to`` as a list: a list, a comma-separated string, "none"/None -> [], "all" kept."""
-    if value is None:
-        return []
-    items = value.split(",") if isinstance(value, str) else list(value)
-    return [n for n in (str(v).strip() for v in items) if n and n != "none"]
-
-
-def check_trackers(value: str | Sequence[str] | None, option: str = "report_to") -> list[str]:
-    """Each tracker known and its package importable; returns the list. A missing package names the install
-    command (the ``tensorboard`` extra for TensorBoard)."""
-    names = report_to_list(value)
-    for name in names:
-        if name == "all":
-            continue
-        if name not in TRACKERS:
-            raise UserError(f"{option}: unknown tracker {name!r}{_suggest(name, TRACKERS)} "
-                            f"(choose from none, all, {', '.join(TRACKERS)})")
-        module, hint = TRACKERS[name]
-        if importlib.util.find_spec(module) is None:
-            raise MissingExtraError(f"{option}: {name} needs the {module!r} package, which is not installed: {hint}")
-    return names
-
-
-def check_liger(enabled: bool, option: str = "use_liger_kernel") -> None:
-    """``use_liger_kernel`` in TRL 1.16's GRPOTrainer swaps in Liger's layer kernels (RMSNorm, RoPE, SwiGLU; its
-    fused cross-entropy is refused by TRL), the same step up to kernel numerics; transformers imports the package
-    only when training starts, after the model loaded. Checked here instead."""
-    if enabled and importlib.util.find_spec("liger_kernel") is None:
-        raise MissingExtraError(f"{option}: needs the liger-kernel package, which is not installed: "
-                                "pip install liger-kernel (or trl's liger extra)")

@@ -74,7 +74,7 @@ _ENGINES: list[weakref.ref[Any]] = []
 def shutdown_before_exit(llm: Any) -> None:
     """Stop ``llm``'s engine before the process lets go of ``torch.distributed``: vLLM's own exit-time finalizer
     would tear its process groups down after that (ictrl train destroys the default group on its way out,
-    ``ictrl.engine.process_group``) and end a clean run with a traceback ("Invalid process group specified").
+    ``ictrl.train_cli.process_group``) and end a clean run with a traceback ("Invalid process group specified").
     :func:`shutdown_engines` runs at exit before vLLM's finalizer (registered after it) and from
     ``leave_process_group``."""
     _ENGINES.append(weakref.ref(llm))

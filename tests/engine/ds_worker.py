@@ -41,7 +41,7 @@ def main(out: Path, model_dir: str) -> None:
 
 
 if __name__ == "__main__":
-    from ictrl.engine.process_group import process_group_left
+    from ictrl.train_cli.process_group import process_group_left
 
     with process_group_left():
         main(Path(sys.argv[1]), sys.argv[2])

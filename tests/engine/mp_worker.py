@@ -200,8 +200,6 @@ def build_trainer(out_dir: Path, model_dir: str, selector: str, engine: str = "d
     """The stub-generation trainer (with ictrl's atomic checkpoints) for one comparison run."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from ictrl.engine.run import make_trainer_class
-
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     tokenizer.padding_side = "left"
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
@@ -213,7 +211,7 @@ def build_trainer(out_dir: Path, model_dir: str, selector: str, engine: str = "d
                                   max_grad_norm=0.0,
                                   # ict takes the sparse LM-head path (ictrl.core.logprobs), the others TRL's fused one
                                   sparse_backward=selector == "ict")
-    cls = make_trainer_class(stub_trainer_class(one_pass))
+    cls = stub_trainer_class(one_pass)
     if engine == "fsdp2":
         kwargs.update(FSDP2_ARGS)
         cls = cpu_fsdp2(cls)
@@ -248,7 +246,7 @@ def run_one_step(out_dir: Path, model_dir: str, selector: str, per_device: int |
     with recorded_heads() as heads:
         trainer.train()
     if final_dir is not None:
-        from ictrl.engine.run import STAGING_PREFIX, save_final
+        from ictrl.train_cli.run import STAGING_PREFIX, save_final
 
         save_final(trainer, final_dir.with_name(STAGING_PREFIX + final_dir.name), final_dir)
     paths = sorted({h["ictrl/stats_path"] for h in trainer.state.log_history if "ictrl/stats_path" in h})
@@ -474,7 +472,7 @@ def compare_resume(out: Path, model_dir: str, engine: str, tol: float = 1e-5) ->
 
 
 if __name__ == "__main__":
-    from ictrl.engine.process_group import process_group_left
+    from ictrl.train_cli.process_group import process_group_left
 
     with process_group_left():  # as ictrl train: every exit leaves the process group
         main(sys.argv[1:])

@@ -22,7 +22,7 @@ TINY = w.REPO_ROOT / "configs" / "tiny" / "ict.yaml"
 
 
 def test_tiny_config_and_accelerate_configs_parse() -> None:
-    from ictrl.engine.run_config import load_config
+    from ictrl.train_cli.run_config import load_config
 
     cfg = load_config(str(TINY), [])
     assert cfg.trainer["token_selector"] == "ict" and cfg.model.model_name_or_path == "runs/tiny-model"

@@ -1,4 +1,4 @@
-"""Evaluation during training (ictrl.engine.eval_callback) on CPU with the tiny Qwen2."""
+"""Evaluation during training (ictrl.train_cli.eval_callback) on CPU with the tiny Qwen2."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import mp_worker as w
-from ictrl.engine.eval_callback import PassAtKCallback, eval_metrics
+from ictrl.train_cli.eval_callback import PassAtKCallback, eval_metrics
 
 
 def digits_benchmark(tmp_path: Path) -> str:
@@ -47,8 +47,7 @@ def test_pass_at_k_every_eval_steps_logged_and_the_best_checkpoint_kept(tiny_mod
                                                                        digits_only: Any) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from ictrl.engine.callbacks import MetricsJSONL
-    from ictrl.engine.run import make_trainer_class
+    from ictrl.train_cli.callbacks import MetricsJSONL
     from ictrl.engine.trainer import ICTGRPOTrainer
     from ictrl.eval.generate import HFBackend
     from ictrl.eval.harness import evaluate
@@ -65,8 +64,8 @@ def test_pass_at_k_every_eval_steps_logged_and_the_best_checkpoint_kept(tiny_mod
                          save_steps=2, save_total_limit=1, eval_benchmarks=[digits_benchmark(tmp_path)], eval_steps=2,
                          eval_limit=10, eval_num_samples=8, eval_ks=[1, 4], eval_seed=5, eval_max_new_tokens=1,
                          eval_temperature=1.0, metric_for_best_model="eval/total", per_device_eval_batch_size=16)
-    trainer = make_trainer_class(ICTGRPOTrainer)(model=model, reward_funcs=w.digit_reward, args=args,
-                                                 train_dataset=w.make_dataset(), processing_class=tokenizer)
+    trainer = ICTGRPOTrainer(model=model, reward_funcs=w.digit_reward, args=args, train_dataset=w.make_dataset(),
+                             processing_class=tokenizer)
     callback = PassAtKCallback.from_args(args, tokenizer).bind(trainer)
     trainer.add_callback(callback)
     trainer.add_callback(MetricsJSONL(out / "metrics.jsonl"))

@@ -39,9 +39,10 @@ class _FakeTrainer:
 
 
 def _save(run_dir: Path, step: int, **kwargs: Any) -> None:
-    from ictrl.engine.resumable import make_trainer_class
+    from ictrl.engine.resumable import Resumable
 
-    make_trainer_class(_FakeTrainer)(run_dir, step, **kwargs)._save_checkpoint(None, None)
+    trainer = _FakeTrainer(run_dir, step, **kwargs)
+    Resumable(trainer).save_checkpoint(trainer._save_checkpoint, None, None)
 
 
 def _args(**kwargs: Any) -> SimpleNamespace:
@@ -51,7 +52,7 @@ def _args(**kwargs: Any) -> SimpleNamespace:
 
 
 def _cfg(out: Path) -> Any:
-    from ictrl.engine.run_config import config_from_dict
+    from ictrl.train_cli.run_config import config_from_dict
 
     return config_from_dict({"model_name_or_path": "m", "output_dir": str(out)})
 
@@ -78,7 +79,7 @@ def test_manifest_lists_every_file_with_its_size_and_hash(tmp_path: Path) -> Non
 ])
 def test_a_damaged_checkpoint_is_skipped_for_the_previous_one(tmp_path: Path, caplog: pytest.LogCaptureFixture,
                                                               damage: Any, reason: str) -> None:
-    from ictrl.engine.run import prepare_output_dir
+    from ictrl.train_cli.run import prepare_output_dir
 
     for step in (2, 4):
         _save(tmp_path, step)
@@ -89,7 +90,7 @@ def test_a_damaged_checkpoint_is_skipped_for_the_previous_one(tmp_path: Path, ca
 
 
 def test_no_intact_checkpoint_is_one_error(tmp_path: Path) -> None:
-    from ictrl.engine.run import prepare_output_dir
+    from ictrl.train_cli.run import prepare_output_dir
     from ictrl.errors import ConfigError
 
     _save(tmp_path, 2)
@@ -141,7 +142,7 @@ def test_checkpoint_world_size_from_its_rng_states(tmp_path: Path) -> None:
 
 
 def test_resume_without_a_checkpoint_refuses_unless_auto(tmp_path: Path) -> None:
-    from ictrl.engine.run import prepare_output_dir
+    from ictrl.train_cli.run import prepare_output_dir
     from ictrl.errors import ConfigError
 
     with pytest.raises(ConfigError, match=f"output_dir {tmp_path / 'typo'} does not exist;.*--resume=auto"):
@@ -210,7 +211,7 @@ def _state(step: int) -> SimpleNamespace:
 
 
 def test_resume_cuts_metrics_in_place_so_tail_follows(tmp_path: Path) -> None:
-    from ictrl.engine.callbacks import MetricsJSONL
+    from ictrl.train_cli.callbacks import MetricsJSONL
 
     path = tmp_path / "metrics.jsonl"
     rows = "".join(json.dumps({"step": s, "loss": s / 10}) + "\n" for s in range(1, 6))
@@ -229,7 +230,7 @@ def test_a_metrics_row_the_disk_has_no_room_for_is_not_written(tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     import os
 
-    from ictrl.engine.callbacks import MetricsJSONL
+    from ictrl.train_cli.callbacks import MetricsJSONL
     from ictrl.errors import WriteError
 
     path = tmp_path / "metrics.jsonl"
@@ -256,7 +257,7 @@ def test_a_metrics_row_the_disk_has_no_room_for_is_not_written(tmp_path: Path,
 def test_no_room_for_the_lock_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import os
 
-    from ictrl.engine.run_guard import LOCK_NAME, OutputDirLock
+    from ictrl.train_cli.run_guard import LOCK_NAME, OutputDirLock
     from ictrl.errors import WriteError
 
     def full(*args: Any) -> int:
@@ -278,7 +279,7 @@ def test_sigterm_outside_the_loop_raises_and_inside_it_is_a_request(caplog: pyte
     import os
     import signal
 
-    from ictrl.engine.run_guard import StopRequest
+    from ictrl.train_cli.run_guard import StopRequest
     from ictrl.errors import Terminated
 
     before = signal.getsignal(signal.SIGTERM)
@@ -296,7 +297,7 @@ def test_sigterm_outside_the_loop_raises_and_inside_it_is_a_request(caplog: pyte
 
 
 def test_a_requested_stop_waits_for_the_end_of_the_generation_batch() -> None:
-    from ictrl.engine.callbacks import StopNow, StopOnRequest
+    from ictrl.train_cli.callbacks import StopNow, StopOnRequest
 
     saved: list[int] = []
     state = SimpleNamespace(global_step=1, max_steps=10)

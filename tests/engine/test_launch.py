@@ -42,7 +42,7 @@ class Launches:
         self.launch_argv = ""
 
     def __call__(self, args: Any) -> None:
-        from ictrl.engine.cli import LAUNCH_ARGV_ENV
+        from ictrl.train_cli.cli import LAUNCH_ARGV_ENV
 
         self.calls.append(args)
         self.launch_argv = os.environ[LAUNCH_ARGV_ENV]  # what the processes' Ctrl-C line offers to resume
@@ -101,15 +101,15 @@ def test_sigterm_during_the_checks_is_one_line_and_starts_nothing(launches: Laun
                                                                   capsys: pytest.CaptureFixture[str]) -> None:
     import signal
 
-    import ictrl.engine.run
+    import ictrl.train_cli.run
 
-    real = ictrl.engine.run.check_before_launch
+    real = ictrl.train_cli.run.check_before_launch
 
     def checks_then_sigterm(*args: Any, **kwargs: Any) -> None:
         real(*args, **kwargs)
         os.kill(os.getpid(), signal.SIGTERM)  # a scheduler's, while the parent still reads the inputs
 
-    monkeypatch.setattr(ictrl.engine.run, "check_before_launch", checks_then_sigterm)
+    monkeypatch.setattr(ictrl.train_cli.run, "check_before_launch", checks_then_sigterm)
     before = signal.getsignal(signal.SIGTERM)
     assert cli.main(["train", TINY, "--num-processes", "2", *ONE_STEP[1:]]) == 143
     assert capsys.readouterr().err == ("\nictrl train: terminated (SIGTERM) during the checks before the launch; no "

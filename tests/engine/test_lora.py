@@ -20,7 +20,7 @@ import mp_worker as w
 from ictrl.core import reference as core_ref
 from ictrl import cli
 from test_topk_sampler import _capture_stats, _full_logits, _inputs, _load
-from test_train_cli import CELL, read_metrics, tiny_overrides
+from train_cli.test_train_cli import CELL, read_metrics, tiny_overrides
 
 def letters(prompts: Any = None, completions: Any = None, **columns: Any) -> list[float]:
     """A graded reward (the completion's share of letters), so advantages are non-zero on a random model."""
@@ -81,8 +81,8 @@ def test_a_missing_package_is_one_line_naming_it(override: str, module: str, mes
 
 
 def test_model_init_kwargs_update_model_config_as_trl_grpo(tiny_model_dir: Path) -> None:
-    from ictrl.engine.model_init import load_kwargs
-    from ictrl.engine.run_config import config_from_dict
+    from ictrl.train_cli.model_init import load_kwargs
+    from ictrl.train_cli.run_config import config_from_dict
 
     base = {"model_name_or_path": str(tiny_model_dir), "output_dir": "x"}
     kwargs = load_kwargs(config_from_dict({**base, "model_init_kwargs": {"attn_implementation": "eager",
@@ -104,8 +104,8 @@ def test_model_init_kwargs_update_model_config_as_trl_grpo(tiny_model_dir: Path)
 
 
 def test_peft_section_round_trips_and_turns_off(tiny_model_dir: Path, tmp_path: Path) -> None:
-    from ictrl.engine.model_init import peft_config
-    from ictrl.engine.run_config import config_from_dict, load_config, save_config
+    from ictrl.train_cli.model_init import peft_config
+    from ictrl.train_cli.run_config import config_from_dict, load_config, save_config
 
     cfg = config_from_dict({"model_name_or_path": str(tiny_model_dir), "output_dir": "x", **LORA})
     lora = peft_config(cfg)
@@ -155,8 +155,8 @@ def _adapter(directory: Path) -> dict[str, torch.Tensor]:
 @pytest.mark.integration
 def test_lora_trains_saves_and_resumes_from_a_yaml_peft_section(tiny_model_dir: Path, shared_data: Path,
                                                                 tmp_path: Path) -> None:
-    from ictrl.engine.run import train
-    from ictrl.engine.run_config import load_config
+    from ictrl.train_cli.run import train
+    from ictrl.train_cli.run_config import load_config
     from ictrl.models import load_model_and_tokenizer
 
     cell = _lora_cell(tmp_path)

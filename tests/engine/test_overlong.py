@@ -105,7 +105,7 @@ def test_trl_pieces_give_the_exact_shaped_rewards(tiny_model_dir: Path, tmp_path
 
 
 def run_config(tmp_path: Path, *overrides: str) -> Any:
-    from ictrl.engine.run_config import load_config
+    from ictrl.train_cli.run_config import load_config
 
     cell = Path(__file__).resolve().parents[2] / "configs" / "qwen2.5-0.5b" / "ict.yaml"
     return load_config(cell, [f"--output_dir={tmp_path / 'out'}", f"--max_completion_length={MAX_LEN}",
@@ -113,7 +113,7 @@ def run_config(tmp_path: Path, *overrides: str) -> Any:
 
 
 def built(tmp_path: Path, *overrides: str) -> tuple[Any, list[Any]]:
-    from ictrl.engine.run import add_overlong_penalty, build_rewards, build_trainer_args
+    from ictrl.train_cli.run import add_overlong_penalty, build_rewards, build_trainer_args
 
     cfg = run_config(tmp_path, *overrides)
     args = build_trainer_args(cfg, "test", cpu=True)
@@ -148,7 +148,7 @@ def test_a_buffer_as_long_as_the_completions_is_said(tmp_path: Path, caplog: pyt
     ],
 )
 def test_bad_overlong_settings_are_named(tmp_path: Path, override: str, message: str) -> None:
-    from ictrl.engine.run_config import ConfigError
+    from ictrl.train_cli.run_config import ConfigError
 
     with pytest.raises(ConfigError, match=message):
         built(tmp_path, override)

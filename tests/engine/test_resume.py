@@ -153,13 +153,16 @@ class _FakeTrainer:
 
 def test_checkpoints_appear_whole_or_not_at_all(tmp_path: Path) -> None:
     from ictrl.checkpoints import complete_checkpoints
-    from ictrl.engine.resumable import make_trainer_class
-    from ictrl.engine.run import prepare_output_dir
-    from ictrl.engine.run_config import config_from_dict
+    from ictrl.engine.resumable import Resumable
+    from ictrl.train_cli.run import prepare_output_dir
+    from ictrl.train_cli.run_config import config_from_dict
 
-    cls = make_trainer_class(_FakeTrainer)
+    def save(*args: Any, **kwargs: Any) -> None:  # the fake Trainer's save through the trainer's checkpoint part
+        trainer = _FakeTrainer(*args, **kwargs)
+        Resumable(trainer).save_checkpoint(trainer._save_checkpoint, None, None)
+
     for step in (1, 2, 3):
-        cls(tmp_path, step)._save_checkpoint(None, None)
+        save(tmp_path, step)
     # save_total_limit=2 keeps the two newest; each is complete
     assert [p.name for p in complete_checkpoints(tmp_path)] == ["checkpoint-2", "checkpoint-3"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-2", "checkpoint-3"]
@@ -167,12 +170,32 @@ def test_checkpoints_appear_whole_or_not_at_all(tmp_path: Path) -> None:
         "manifest.json", "model.safetensors", "optimizer.pt", "rng_state.pth", "trainer_state.json"]
 
     with pytest.raises(KeyboardInterrupt):
-        cls(tmp_path, 4, fail_after=2)._save_checkpoint(None, None)
+        save(tmp_path, 4, fail_after=2)
     assert not (tmp_path / "checkpoint-4").exists()  # plain Trainer would leave a half-written checkpoint-4
     assert (tmp_path / ".staging-checkpoint-4" / "checkpoint-4" / "optimizer.pt").is_file()
     cfg = config_from_dict({"model_name_or_path": "m", "output_dir": str(tmp_path)})
     assert prepare_output_dir(cfg, resume=True) == tmp_path / "checkpoint-3"
     assert not (tmp_path / ".staging-checkpoint-4").exists()  # cleaned up on restart
+
+
+def test_the_trainer_hooks_are_the_pinned_ones() -> None:
+    """ICTGRPOTrainer hands these Trainer/TRL methods to its Resumable part; run_epoch reads the epoch as the
+    second positional argument."""
+    import inspect
+
+    from trl import GRPOTrainer
+
+    from ictrl.engine.trainer import ICTGRPOTrainer
+
+    def params(name: str) -> list[str]:
+        return list(inspect.signature(getattr(GRPOTrainer, name)).parameters)
+
+    assert params("_run_epoch")[:3] == ["self", "model", "epoch"]
+    assert params("_save_checkpoint") == ["self", "model", "trial"]
+    assert params("_get_train_sampler") == ["self", "dataset"]
+    assert params("_get_output_dir") == ["self", "trial"]
+    for name in ("_run_epoch", "_save_checkpoint", "_get_train_sampler"):
+        assert getattr(ICTGRPOTrainer, name) is not getattr(GRPOTrainer, name)
 
 
 def test_epoch_sampler_matches_trl_order_per_epoch() -> None:
@@ -232,8 +255,8 @@ def test_resume_at_max_steps_trains_no_step(tiny_model_dir: Path, shared_data: P
 
     import ictrl.models
 
-    from ictrl.engine.run import train
-    from ictrl.engine.run_config import load_config
+    from ictrl.train_cli.run import train
+    from ictrl.train_cli.run_config import load_config
 
     out = tmp_path / "out"
     cfg = load_config(CONFIGS / "qwen2.5-0.5b" / "ict.yaml", [

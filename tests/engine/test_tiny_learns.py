@@ -47,7 +47,7 @@ def test_tiny_config_reward_rises(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
 def test_no_learning_signal_is_said_once() -> None:
     from types import SimpleNamespace
 
-    from ictrl.engine.callbacks import NoSignalWarning
+    from ictrl.train_cli.callbacks import NoSignalWarning
 
     said: list[str] = []
     cb = NoSignalWarning(patience=3, log=said.append)

@@ -213,7 +213,7 @@ def test_ictrl_train_takes_topk_from_generation(tiny_model_dir: Path, shared_dat
                                                 no_head_topk: list[int]) -> None:
     """`ictrl train` with selection_topk on CPU: 2 ICT steps whose score came from generation."""
     from ictrl import cli
-    from test_train_cli import CELL, read_metrics, tiny_overrides
+    from train_cli.test_train_cli import CELL, read_metrics, tiny_overrides
 
     out = tmp_path / "out"
     assert cli.main(["train", str(CELL), *tiny_overrides(tiny_model_dir, out), "--selection_topk=16"]) == 0

@@ -1,6 +1,9 @@
-"""The TRL engine: ``ICTGRPOConfig`` / ``ICTGRPOTrainer`` (token-selective GRPO on top of ``trl.GRPOTrainer``).
+"""The library: ``ICTGRPOConfig`` / ``ICTGRPOTrainer`` (token-selective GRPO on top of ``trl.GRPOTrainer``) and the
+parts the trainer is made of. The ``ictrl train`` command (:mod:`ictrl.train_cli`) builds on it; nothing here
+imports the command.
 
-Names load lazily so that ``import ictrl.engine.cli`` does not pay TRL's import time (~7 s) up front.
+Names load lazily so that importing one module of the package (the command imports ``resumable``'s resume checks
+at start-up) does not pay TRL's import time (~7 s) up front.
 """
 
 from __future__ import annotations

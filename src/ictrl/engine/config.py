@@ -21,7 +21,6 @@ from ictrl.core.checks import OptionError
 from ictrl.core.loss import LOSS_TYPES, LossSpec
 from ictrl.engine import field_bounds
 from ictrl.engine.trl_fields import refused_field_errors
-from ictrl.preflight import check_liger, check_trackers
 from ictrl.core.selection import SELECTORS, Selector, get_selector
 
 # Selector options that have their own config field (the rest go through ``selection_options``).
@@ -53,7 +52,7 @@ _PLANNED: list[int] = []
 @contextlib.contextmanager
 def planned_processes(processes: int) -> Iterator[None]:
     """Inside the block :func:`process_count` is ``processes``: the parent of a launch checks the config of the
-    run it is about to start (``ictrl.engine.launch``) from its own single process."""
+    run it is about to start (``ictrl.train_cli.launch``) from its own single process."""
     _PLANNED.append(processes)
     try:
         yield
@@ -225,7 +224,7 @@ class ICTGRPOConfig(GRPOConfig):
                   "eval_steps optimizer steps during training, on fixed problems with a fixed sampling seed; logged "
                   "as eval/<benchmark>/pass@k, eval/avg/pass@k and eval/total beside the training metrics. "
                   "metric_for_best_model='eval/total' (or another of these keys) keeps the best checkpoint. None: "
-                  "no evaluation during training (ictrl.engine.eval_callback)."},
+                  "no evaluation during training (ictrl.train_cli.eval_callback)."},
     )
     eval_limit: int | None = field(
         default=None, metadata={"help": "Evaluate the first eval_limit problems of each benchmark; None: all."})
@@ -251,8 +250,8 @@ class ICTGRPOConfig(GRPOConfig):
         field_bounds.check_trains_something(self)
         # several trackers as TRL users write them (a list, or "tensorboard,wandb"); a missing package is one
         # line naming what to install, here rather than when the trainer builds its callbacks after the model loads
-        self.report_to = check_trackers(self.report_to, "report_to") or "none"
-        check_liger(self.use_liger_kernel)
+        self.report_to = field_bounds.check_trackers(self.report_to, "report_to") or "none"
+        field_bounds.check_liger(self.use_liger_kernel)
         self._read_scale_rewards()
         if self.prompts_per_step is not None:
             self._derive_step_shape()

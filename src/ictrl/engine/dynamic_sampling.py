@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -115,51 +116,58 @@ def _trim(batch: dict[str, Any]) -> dict[str, Any]:
     return batch
 
 
-class DynamicSamplingMixin:
-    """Mixed in between ``ICTGRPOTrainer`` and ``GRPOTrainer``: its ``_generate_and_score_completions`` returns a
-    generation batch of informative groups when ``args.dynamic_sampling`` is on (training only)."""
+class DynamicSampling:
+    """The generation-batch filter of ``args.dynamic_sampling``, one per trainer (``ICTGRPOTrainer.batch_filter``):
+    :meth:`generate` runs TRL's generation, in rounds, into a batch of informative groups (training only); the
+    trainer hands it TRL's gathered rewards of each round through :meth:`keep_rewards`."""
 
-    _ictrl_rewards: Tensor | None = None
+    def __init__(self, trainer: Any) -> None:
+        self.trainer = trainer  # the ICTGRPOTrainer this filter is part of
+        self.rewards: Tensor | None = None
 
-    def _calculate_rewards(self, *args: Any, **kwargs: Any) -> Tensor:
-        rewards_per_func = super()._calculate_rewards(*args, **kwargs)  # type: ignore[misc]
-        self._ictrl_rewards = rewards_per_func  # [global rows, reward funcs], all processes
+    def keep_rewards(self, rewards_per_func: Tensor) -> Tensor:
+        self.rewards = rewards_per_func  # [global rows, reward funcs], all processes
         return rewards_per_func
 
     def _local_informative(self, rows: int) -> Tensor:
         """[rows / G] bool: this process's groups of the last scored batch whose weighted rewards differ."""
-        weights = self.reward_weights.to(self._ictrl_rewards.device)  # type: ignore[attr-defined]
-        per_func = self._ictrl_rewards
-        rewards = (per_func * weights).nansum(dim=1)
+        per_func, trainer = self.rewards, self.trainer
+        assert per_func is not None, "TRL scored the batch without its _calculate_rewards"
+        rewards = (per_func * trainer.reward_weights.to(per_func.device)).nansum(dim=1)
         rewards[torch.isnan(per_func).all(dim=1)] = float("nan")
-        rank = self.accelerator.process_index  # type: ignore[attr-defined]
-        return informative_groups(rewards[rank * rows:(rank + 1) * rows], self.num_generations)  # type: ignore
+        rank = trainer.accelerator.process_index
+        return informative_groups(rewards[rank * rows:(rank + 1) * rows], trainer.num_generations)
 
     def _refill_inputs(self, round_index: int, groups: int) -> list[dict[str, Any]]:
-        dataset = self.train_dataset  # type: ignore[attr-defined]
+        trainer = self.trainer
+        dataset = trainer.train_dataset
         if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
             raise ValueError("dynamic_sampling draws extra prompts by index: it needs a map-style train_dataset")
-        acc = self.accelerator  # type: ignore[attr-defined]
-        indices = draw_prompts(len(dataset), groups * acc.num_processes, self.args.seed,  # type: ignore
-                               int(self.state.global_step), round_index)  # type: ignore[attr-defined]
+        acc = trainer.accelerator
+        indices = draw_prompts(len(dataset), groups * acc.num_processes, trainer.args.seed,
+                               int(trainer.state.global_step), round_index)
         local = indices[acc.process_index * groups:(acc.process_index + 1) * groups]
-        return [dataset[int(i)] for i in local for _ in range(self.num_generations)]  # type: ignore[attr-defined]
+        return [dataset[int(i)] for i in local for _ in range(trainer.num_generations)]
 
-    def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
-        args = self.args  # type: ignore[attr-defined]
-        if not (getattr(args, "dynamic_sampling", False) and self.model.training):  # type: ignore[attr-defined]
-            return super()._generate_and_score_completions(inputs)  # type: ignore[misc]
-        G, rows = self.num_generations, len(inputs)  # type: ignore[attr-defined]
+    def generate(self, score: Callable[[list[dict[str, Any]]], dict[str, Any]],
+                 inputs: list[dict[str, Any]]) -> dict[str, Any]:
+        """``score(inputs)`` (TRL's ``_generate_and_score_completions``), or with dynamic sampling on in training,
+        its rounds filtered into one generation batch of ``len(inputs) / G`` informative groups."""
+        trainer = self.trainer
+        args = trainer.args
+        if not (getattr(args, "dynamic_sampling", False) and trainer.model.training):
+            return score(inputs)
+        G, rows = trainer.num_generations, len(inputs)
         if rows % G:
             raise RuntimeError(f"dynamic sampling keeps whole groups on each process, but this process holds {rows} "
                                f"completions, not a multiple of num_generations={G}")
         quota = rows // G
-        acc = self.accelerator  # type: ignore[attr-defined]
+        acc = trainer.accelerator
         parts: list[tuple[dict[str, Any], Tensor]] = []
         kept, extra_rounds, batch_inputs = 0, 0, inputs
         first: tuple[dict[str, Any], Tensor] | None = None
         while True:
-            batch = super()._generate_and_score_completions(batch_inputs)  # type: ignore[misc]
+            batch = score(batch_inputs)
             informative = self._local_informative(rows)
             if first is None:
                 first = (batch, informative)
@@ -178,10 +186,10 @@ class DynamicSamplingMixin:
                         "groups", kept, quota, extra_rounds)
             uniform = (~first[1]).nonzero().flatten()[:quota - kept]
             parts.append((first[0], _group_rows(uniform, G)))
-        out = take_rows(parts, self._tokenizer.pad_token_id)  # type: ignore[attr-defined]
+        out = take_rows(parts, trainer._tokenizer.pad_token_id)
         loss_mask = out["completion_mask"] * out["tool_mask"] if "tool_mask" in out else out["completion_mask"]
         out["num_items_in_batch"] = acc.reduce(loss_mask.sum().to(acc.device), reduction="sum")  # as TRL counts it
-        metrics = self._metrics["train"]  # type: ignore[attr-defined]
+        metrics = trainer._metrics["train"]
         metrics["ictrl/dynamic_sampling_rounds"].append(float(extra_rounds))
         metrics["ictrl/informative_groups"].append(float(informative_total))
         metrics["ictrl/informative_groups_first_round"].append(

@@ -1,15 +1,19 @@
-"""The numeric checks of ``ICTGRPOConfig``'s fields that TRL leaves unchecked, run by its ``__post_init__`` before
-anything else: each value in its range (:data:`RANGES`), every number finite and within int64, and a run that trains
-something. Each raises a one-line ``ValueError`` naming the field."""
+"""The checks of ``ICTGRPOConfig``'s fields that TRL leaves unchecked, run by its ``__post_init__`` before anything
+else: each value in its range (:data:`RANGES`), every number finite and within int64, and a run that trains
+something, each a one-line ``ValueError`` naming the field; and the trackers (``report_to``) and kernels
+(``use_liger_kernel``) it names installed, a one-line :class:`ictrl.errors.UserError` naming what to install."""
 
 from __future__ import annotations
 
+import difflib
+import importlib.util
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ictrl.errors import quote
+from ictrl.errors import MissingExtraError, UserError, quote
 
 INT64 = 1 << 63
 SEED_LIMIT = 1 << 32  # numpy's seed range, which transformers' set_seed feeds
@@ -129,3 +133,54 @@ def check_trains_something(args: Any) -> None:
     if steps == -1 and not epochs > 0:
         raise ValueError(f"num_train_epochs: must be > 0 when max_steps is -1 (unset), got "
                           f"{quote(epochs)}, which trains nothing")
+
+
+# tracker name (as transformers' report_to spells it) -> (module that must import, pip install hint)
+TRACKERS: dict[str, tuple[str, str]] = {
+    "tensorboard": ("tensorboard", "pip install 'ictrl[tensorboard]'"),
+    "wandb": ("wandb", "pip install wandb"),
+    "trackio": ("trackio", "pip install trackio"),
+    "mlflow": ("mlflow", "pip install mlflow"),
+    "comet_ml": ("comet_ml", "pip install comet_ml"),
+    "clearml": ("clearml", "pip install clearml"),
+    "dvclive": ("dvclive", "pip install dvclive"),
+    "swanlab": ("swanlab", "pip install swanlab"),
+}
+
+
+def report_to_list(value: str | Sequence[str] | None) -> list[str]:
+    """transformers' ``report_to`` as a list: a list, a comma-separated string, "none"/None -> [], "all" kept."""
+    if value is None:
+        return []
+    items = value.split(",") if isinstance(value, str) else list(value)
+    return [n for n in (str(v).strip() for v in items) if n and n != "none"]
+
+
+def check_trackers(value: str | Sequence[str] | None, option: str = "report_to") -> list[str]:
+    """Each tracker known and its package importable; returns the list. A missing package names the install
+    command (the ``tensorboard`` extra for TensorBoard)."""
+    names = report_to_list(value)
+    for name in names:
+        if name == "all":
+            continue
+        if name not in TRACKERS:
+            raise UserError(f"{option}: unknown tracker {name!r}{_suggest(name, TRACKERS)} "
+                            f"(choose from none, all, {', '.join(TRACKERS)})")
+        module, hint = TRACKERS[name]
+        if importlib.util.find_spec(module) is None:
+            raise MissingExtraError(f"{option}: {name} needs the {module!r} package, which is not installed: {hint}")
+    return names
+
+
+def check_liger(enabled: bool, option: str = "use_liger_kernel") -> None:
+    """``use_liger_kernel`` in TRL 1.16's GRPOTrainer swaps in Liger's layer kernels (RMSNorm, RoPE, SwiGLU; its
+    fused cross-entropy is refused by TRL), the same step up to kernel numerics; transformers imports the package
+    only when training starts, after the model loaded. Checked here instead."""
+    if enabled and importlib.util.find_spec("liger_kernel") is None:
+        raise MissingExtraError(f"{option}: needs the liger-kernel package, which is not installed: "
+                                "pip install liger-kernel (or trl's liger extra)")
+
+
+def _suggest(name: str, choices: Sequence[str]) -> str:
+    close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""

@@ -1,9 +1,9 @@
-"""Resumable training: trainer hooks that make every checkpoint complete and a resumed run continue exactly
-(checked against transformers 5.23 / trl 1.16 by tests/engine/test_resume.py). The files themselves are handled by
-``ictrl.checkpoints``.
+"""Resumable training: the part of ``ICTGRPOTrainer`` that makes every checkpoint complete and a resumed run continue
+exactly (checked against transformers 5.23 / trl 1.16 by tests/engine/test_resume.py). The files themselves are
+handled by ``ictrl.checkpoints``.
 
 - ``Trainer._save_checkpoint`` writes ``checkpoint-N/`` file by file, in place: a kill mid-save leaves a
-  directory that ``get_last_checkpoint`` would pick. :class:`ResumableMixin` makes it write into
+  directory that ``get_last_checkpoint`` would pick. :class:`Resumable` makes it write into
   ``.staging-checkpoint-N/``, records each file's size and sha256 in ``manifest.json``, fsyncs the files, then
   renames the directory into place, so every ``checkpoint-N`` is complete. A save that fails to write (a full
   disk) removes the staging directory on every process and raises one line (``ictrl.files.write_error``).
@@ -22,11 +22,12 @@
   resumed epoch on several processes).
 - TRL buffers one generation batch for ``steps_per_generation x num_iterations`` micro-steps and does not save
   the buffer, so a checkpoint must fall on a buffer boundary: ``build_trainer_args`` checks ``save_steps``, and
-  SIGTERM stops at the next boundary (``ictrl.engine.callbacks.StopOnRequest``).
+  SIGTERM stops at the next boundary (``ictrl.train_cli.callbacks.StopOnRequest``).
 - Trainer stops at ``max_steps`` only after a step (``DefaultFlowCallback.on_step_end``). A run resumed from a
   checkpoint at ``max_steps`` that falls inside an epoch re-enters that epoch and trains one step too many
-  (at an epoch boundary the epoch loop is empty). :meth:`ResumableMixin._run_epoch` skips the epoch when no
-  step is left, and ``ictrl.engine.run.train`` returns at once when ``final/`` already holds the last checkpoint's step.
+  (at an epoch boundary the epoch loop is empty). :meth:`Resumable.run_epoch` skips the epoch when no step is
+  left, and ``ictrl.train_cli.run.train`` returns at once when ``final/`` already holds the last checkpoint's
+  step.
 """
 
 from __future__ import annotations
@@ -35,13 +36,13 @@ import logging
 import re
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
 from ictrl.checkpoints import (STAGING_PREFIX, checkpoint_world_size, publish_dir, trainer_state, verify_checkpoint,
                                write_manifest)
-from ictrl.engine.run_config import ConfigError
+from ictrl.errors import ConfigError
 from ictrl.files import is_write_failure, write_error
 
 log = logging.getLogger("ictrl.train")
@@ -179,62 +180,73 @@ def _restore_cpu_index(storage: Any, location: str) -> Any:
 torch.serialization.register_package(11, lambda obj: None, _restore_cpu_index)
 
 
-class ResumableMixin:
-    """Atomic checkpoint directories and epoch-exact prompt order; mixed in front of the trainer class."""
+class Resumable:
+    """Atomic checkpoint directories and epoch-exact prompt order, one per trainer (``ICTGRPOTrainer.resumable``):
+    the trainer's ``_get_train_sampler``, ``_run_epoch`` and ``_save_checkpoint`` hand Trainer's own result or
+    method to the one here."""
 
-    def _get_train_sampler(self, dataset: Any = None) -> Any:
-        sampler = super()._get_train_sampler(dataset)  # type: ignore[misc]
+    def __init__(self, trainer: Any) -> None:
+        self.trainer = trainer  # the Trainer this is part of
+        self.epoch_sampler: EpochRepeatSampler | None = None
+
+    def train_sampler(self, sampler: Any) -> Any:
+        """TRL's ``RepeatSampler`` wrapped so epoch e's prompt order depends only on (seed, e)."""
         if getattr(sampler, "seed", None) is None:
             return sampler
-        self._epoch_sampler = EpochRepeatSampler(sampler)
-        return self._epoch_sampler
+        self.epoch_sampler = EpochRepeatSampler(sampler)
+        return self.epoch_sampler
 
-    def _run_epoch(self, *args: Any, **kwargs: Any) -> None:
-        state = self.state  # type: ignore[attr-defined]
+    def run_epoch(self, run_epoch: Callable[..., None], *args: Any, **kwargs: Any) -> None:
+        """Trainer's ``_run_epoch(*args, **kwargs)`` with the sampler set to its epoch, or nothing when a resumed run
+        has no step left."""
+        state = self.trainer.state
         if 0 < state.max_steps <= state.global_step:  # resumed at max_steps: the epoch would still run a step
-            self.control.should_training_stop = True  # type: ignore[attr-defined]
+            self.trainer.control.should_training_stop = True
             return
-        sampler = getattr(self, "_epoch_sampler", None)
+        sampler = self.epoch_sampler
         if sampler is not None:
             # Trainer's set_epoch reaches the sampler through accelerate's wrappers, except in a resumed epoch on
             # several processes: SkipBatchSampler(BatchSamplerShard(BatchSampler(sampler))) is one level deeper
             # than it looks, so that epoch replayed epoch 0's prompt order.
             sampler.set_epoch(int(kwargs["epoch"] if "epoch" in kwargs else args[1]))
-        super()._run_epoch(*args, **kwargs)  # type: ignore[misc]
+        run_epoch(*args, **kwargs)
 
-    def _save_checkpoint(self, model: Any, trial: Any) -> None:
+    def save_checkpoint(self, save: Callable[[Any, Any], None], model: Any, trial: Any) -> None:
+        """Trainer's ``_save_checkpoint`` (``save``) into a staging directory, then a manifest and a rename: every
+        ``checkpoint-N`` is complete."""
         from transformers.trainer_utils import rotate_checkpoints
 
-        run_dir = Path(self._get_output_dir(trial=trial))  # type: ignore[attr-defined]
-        name = f"checkpoint-{self.state.global_step}"  # type: ignore[attr-defined]
+        trainer = self.trainer
+        run_dir = Path(trainer._get_output_dir(trial=trial))
+        name = f"checkpoint-{trainer.state.global_step}"
         staging = run_dir / f"{STAGING_PREFIX}{name}"
-        barrier = self.accelerator.wait_for_everyone  # type: ignore[attr-defined]
+        barrier = trainer.accelerator.wait_for_everyone
         failure: BaseException | None = None
-        if self.args.should_save:  # type: ignore[attr-defined]
+        if trainer.args.should_save:
             shutil.rmtree(staging, ignore_errors=True)
             failure = _attempt(lambda: staging.mkdir(parents=True))
-        failure = _agree(failure, barrier, getattr(self.args, "device", None))  # type: ignore[attr-defined]
+        failure = _agree(failure, barrier, getattr(trainer.args, "device", None))
         if failure is None:
             # Trainer and TRL build the checkpoint path from _get_output_dir: point it at the staging directory.
-            self._get_output_dir = lambda trial=None: str(staging)  # type: ignore[method-assign]
+            trainer._get_output_dir = lambda trial=None: str(staging)
             try:
-                failure = _attempt(lambda: super(ResumableMixin, self)._save_checkpoint(model, trial))  # type: ignore
+                failure = _attempt(lambda: save(model, trial))
             finally:
-                del self._get_output_dir
+                del trainer._get_output_dir
             # every process has written its files (per-process RNG states) before the manifest and the rename
-            failure = _agree(failure, barrier, getattr(self.args, "device", None))  # type: ignore[attr-defined]
-        if failure is None and self.args.should_save:  # type: ignore[attr-defined]
+            failure = _agree(failure, barrier, getattr(trainer.args, "device", None))
+        if failure is None and trainer.args.should_save:
             failure = _attempt(lambda: (write_manifest(staging / name), publish_dir(staging / name, run_dir / name)))
         if failure is not None:
             shutil.rmtree(staging, ignore_errors=True)  # nothing half-written stays; earlier checkpoints untouched
             raise _save_failed(run_dir / name, failure)
-        if self.args.should_save:  # type: ignore[attr-defined]
+        if trainer.args.should_save:
             staging.rmdir()
-            best = self.state.best_model_checkpoint  # type: ignore[attr-defined]
+            best = trainer.state.best_model_checkpoint
             if best and str(staging) in best:
-                self.state.best_model_checkpoint = best.replace(str(staging / name), str(run_dir / name))
-            rotate_checkpoints(output_dir=str(run_dir), save_total_limit=self.args.save_total_limit,  # type: ignore
-                               best_model_checkpoint=self.state.best_model_checkpoint, use_mtime=False)
+                trainer.state.best_model_checkpoint = best.replace(str(staging / name), str(run_dir / name))
+            rotate_checkpoints(output_dir=str(run_dir), save_total_limit=trainer.args.save_total_limit,
+                               best_model_checkpoint=trainer.state.best_model_checkpoint, use_mtime=False)
         barrier()
 
 
@@ -271,10 +283,6 @@ def _save_failed(path: Path, exc: BaseException) -> Exception:
     after = (f"{kept[-1].name} is intact; free space and resume with --resume" if kept
              else "no earlier checkpoint; free space and run again")
     return write_error(path, exc, after)
-
-
-def make_trainer_class(base: type) -> type:
-    return type(f"Resumable{base.__name__}", (ResumableMixin, base), {})
 
 
 def save_final(trainer: Any, staging: Path, final: Path) -> None:

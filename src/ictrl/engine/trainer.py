@@ -34,6 +34,10 @@ resolved and checked from ``ICTGRPOConfig``. Override points (all checked agains
   the policy term carries TRL's sampler/trainer importance weight (``vllm_importance_sampling_mode`` /
   ``_clip_min`` / ``_clip_max``), with every selector and normaliser. docs/trl-contract.md lists every
   ``GRPOConfig`` field.
+- Two parts composed in, each reached through one-line overrides: ``batch_filter`` (DAPO dynamic sampling,
+  :class:`ictrl.engine.dynamic_sampling.DynamicSampling`: ``_calculate_rewards`` and TRL's generation) and
+  ``resumable`` (:class:`ictrl.engine.resumable.Resumable`: ``_get_train_sampler``, ``_run_epoch``,
+  ``_save_checkpoint``), so ``ictrl train`` trains this very class.
 
 Groups and processes: TRL's sampler places each prompt's G completions contiguously in the global generation
 batch, and process p holds rows [p·n, (p+1)·n). Group JS needs each group's full distributions, so for ict and
@@ -60,10 +64,11 @@ from trl import GRPOTrainer
 from ictrl.core.logprobs import selected_token_logprobs
 from ictrl.core.loss import LOSS_TYPES, LossExtras, policy_loss
 from ictrl.core.stats import TokenStats
-from ictrl.engine import vllm_engine, vllm_server
+from ictrl.engine import vllm_engine
 from ictrl.engine.config import ICTGRPOConfig
-from ictrl.engine.dynamic_sampling import DynamicSamplingMixin
+from ictrl.engine.dynamic_sampling import DynamicSampling
 from ictrl.engine.heads import backbone, call_head, output_head
+from ictrl.engine.resumable import Resumable
 from ictrl.engine.sampler_topk import TopKRecorder, TopKRows, recorded_topk, recording_generate, split_vllm_logprobs
 from ictrl.engine.selection_step import SelectionStep, metrics_logged
 from ictrl.engine.stats_pass import (STAT_FIELDS, STATS_PATHS, PathFacts, StatsSource, batch_path, check_local_groups,
@@ -89,7 +94,7 @@ class GenerationPass:
     shared: tuple[int, TokenStats, Tensor | None] | None = None  # rows, statistics and JS served as old log-probs
 
 
-class ICTGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
+class ICTGRPOTrainer(GRPOTrainer):
     """``GRPOTrainer(model, reward_funcs, args, train_dataset, eval_dataset, processing_class, ...)`` with
     ``args`` an :class:`ICTGRPOConfig`. Logs ``ictrl/*`` metrics next to TRL's."""
 
@@ -101,6 +106,7 @@ class ICTGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
                  **kwargs: Any) -> None:
         if not isinstance(args, ICTGRPOConfig):
             raise ValueError(f"args must be an ICTGRPOConfig, got {type(args).__name__}")
+        self.batch_filter, self.resumable = DynamicSampling(self), Resumable(self)  # parts, not mixins
         engine = vllm_engine.building_engine(model, args) if args.use_vllm else contextlib.nullcontext()
         with fused_head_with_sum_sq(), engine:
             super().__init__(model, reward_funcs, args, *pos, **kwargs)
@@ -108,7 +114,7 @@ class ICTGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
             vllm_engine.engine_built(self)
         # the selector, its options and the loss spec come resolved and checked by the config
         needs_js = "ict_score" in args.selector.needs
-        self._server = vllm_server.server_settings(self)  # None unless vllm_mode='server'
+        self._server = vllm_engine.server_settings(self)  # None unless vllm_mode='server'
         self._loss_spec = args.loss_spec
         if args.sparse_backward and self.aux_loss_enabled:
             raise ValueError("router_aux_loss_coef: the MoE router loss comes with TRL's dense forward, which "
@@ -122,7 +128,7 @@ class ICTGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
         self._generation: GenerationPass | None = None  # set only inside _generate_and_score_completions
         if self._sampler_topk is not None and self.use_vllm:
             self._install_vllm_topk()
-        vllm_server.check_logprobs_mode(self._server, args, self._sampler_topk)
+        vllm_engine.check_logprobs_mode(self._server, args, self._sampler_topk)
         text_config = self.model.config.get_text_config()
         for attr in ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier"):
             if getattr(text_config, attr, None) not in (None, 1, 1.0):
@@ -164,8 +170,8 @@ class ICTGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
         step = int(self.state.global_step)
         source = self.stats_source
         generation = GenerationPass(source.paths[mode], source.needs_js and not self.selection_step.in_warmup(step), G)
-        with self._generating(generation):
-            batch = super()._generate_and_score_completions(inputs)
+        with self._generating(generation):  # in rounds under dynamic sampling
+            batch = self.batch_filter.generate(super()._generate_and_score_completions, inputs)
         if "pixel_values" in batch:
             raise ValueError("ICTGRPOTrainer supports text-only models (its statistics pass has no image inputs)")
         start = time.perf_counter()
@@ -237,6 +243,20 @@ class ICTGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
             logps = stats.logprob
         generation.shared = (input_ids.size(0), stats, js)
         return logps, None, None
+
+    # ------------------------------------------- the composed parts' hooks: dynamic sampling, exact resume
+
+    def _calculate_rewards(self, *args: Any, **kwargs: Any) -> Tensor:
+        return self.batch_filter.keep_rewards(super()._calculate_rewards(*args, **kwargs))
+
+    def _get_train_sampler(self, dataset: Any = None) -> Any:
+        return self.resumable.train_sampler(super()._get_train_sampler(dataset))
+
+    def _run_epoch(self, *args: Any, **kwargs: Any) -> None:
+        self.resumable.run_epoch(super()._run_epoch, *args, **kwargs)
+
+    def _save_checkpoint(self, model: Any, trial: Any) -> None:
+        self.resumable.save_checkpoint(super()._save_checkpoint, model, trial)
 
     # --------------------------------------------------------------------------------- global normalisers
 
@@ -412,7 +432,7 @@ class ICTGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
         if self.top_p != 1.0 or self.top_k not in (None, 0, -1) or self.min_p not in (None, 0.0):
             return "vLLM reports log-probs after top_p/top_k/min_p truncation, which the statistics pass does not apply"
         if self._server is not None:
-            return vllm_server.topk_obstacle(self._server, args.selection_topk)
+            return vllm_engine.topk_obstacle(self._server, args.selection_topk)
         return None
 
     def _generate_single_turn(self, prompt_ids: Any, images: Any, multimodal_fields: Any, num_generations: int,

@@ -1,7 +1,8 @@
-"""vLLM as ictrl starts it: the engine's precision, the CPU build's settings, and a weight sync the CPU engine takes.
+"""vLLM as ictrl starts it: the engine's precision, the CPU build's settings, a weight sync the CPU engine takes,
+and what a hand-started server must be set to.
 
 TRL builds the engine (``trl.generation.vllm_generation.VLLMGeneration``); ictrl changes three things around it, in
-:func:`building_engine` (during ``GRPOTrainer.__init__``) and :func:`engine_built` (after it):
+:func:`building_engine` (during ``GRPOTrainer.__init__``) and :func:`engine_built` (after it), and checks a server:
 
 - Precision. TRL's colocated ``LLM(...)`` leaves vLLM's ``dtype="auto"``, which turns an fp32 checkpoint into half
   precision, so the sampler's log-probs and the trainer's differ by ~3e-3 per token. ictrl passes the trainer's own
@@ -15,6 +16,14 @@ TRL builds the engine (``trl.generation.vllm_generation.VLLMGeneration``); ictrl
   ``reload_weights`` (colocate: in process; server: saved to ``output_dir`` and reloaded by ``/collective_rpc``),
   the tied head included: iterating ``named_parameters()`` alone (TRL's walk) leaves a tied ``lm_head`` stale and the
   engine's log-probs silently wrong. TRL's own sync runs everywhere else.
+- A hand-started ``vllm serve`` (TRL's ``vllm_mode='server'``): what the trainer needs from it is read once at
+  start-up through TRL's client (:func:`server_settings`; ``VLLMClient.get_server_info()`` is the server's resolved
+  ``VllmConfig``, served with ``VLLM_SERVER_DEV_MODE=1``, which TRL's weight sync needs anyway).
+  ``model_config.max_logprobs`` (vLLM's default 20; -1: no cap) must admit the sampler's top-K (``selection_topk``),
+  or the first rollout fails. ``model_config.logprobs_mode`` (vLLM's default ``raw_logprobs``, before temperature)
+  must be ``processed_logprobs`` when the importance weight or the sampler's top-K reads the server's log-probs: TRL
+  only warns, and with ``temperature != 1`` raw log-probs silently give another weight and another ICT score, so
+  ictrl stops. The full server command is in docs/vllm.md.
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ from typing import Any
 import torch
 
 from ictrl import vllm_env
+from ictrl.errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -133,3 +143,46 @@ def engine_built(trainer: Any) -> None:
         generation.sync_weights = lambda: reload_sync(generation, trainer.args.output_dir)
     if generation.mode == "colocate":
         vllm_env.shutdown_before_exit(generation.llm)
+
+
+# --- a hand-started vLLM server (vllm_mode='server') ------------------------------------------------------------
+
+SERVER_DOC = "docs/vllm.md"
+
+
+def server_settings(trainer: Any) -> dict[str, Any] | None:
+    """``{"max_logprobs": int, "logprobs_mode": str}`` of the trainer's vLLM server (None unless it generates
+    with one), read by the main process (the only one with a client) and broadcast to the others."""
+    from accelerate.utils import broadcast_object_list
+
+    if not trainer.use_vllm or trainer.args.vllm_mode != "server":
+        return None
+    box: list[Any] = [None]
+    if trainer.accelerator.is_main_process:
+        model_config = trainer.vllm_generation.vllm_client.get_server_info()["model_config"]
+        box = [{key: model_config.get(key) for key in ("max_logprobs", "logprobs_mode")}]
+    broadcast_object_list(box, from_process=0)
+    return box[0]
+
+
+def topk_obstacle(settings: dict[str, Any], k: int) -> str | None:
+    """Why the server cannot return ``k`` log-probs per position (None: it can)."""
+    limit = settings.get("max_logprobs")
+    if limit is None or limit == -1 or k <= limit:
+        return None
+    return (f"the vLLM server caps log-probs at max_logprobs={limit}, below selection_topk={k}; restart it with "
+            f"--max-logprobs -1 ({SERVER_DOC})")
+
+
+def check_logprobs_mode(settings: dict[str, Any] | None, args: Any, sampler_topk: int | None) -> None:
+    """Stop when the server's log-probs are not the sampled distribution and something reads them: the
+    importance weight (``vllm_importance_sampling_correction``) or the sampler's top-K (``sampler_topk``)."""
+    if settings is None:
+        return
+    users = ["vllm_importance_sampling_correction"] * bool(args.vllm_importance_sampling_correction) + \
+        ["the sampler's top-K (selection_topk_source)"] * (sampler_topk is not None)
+    mode = settings.get("logprobs_mode")
+    if users and mode != "processed_logprobs":
+        raise UserError(f"vllm_mode='server': the vLLM server reports logprobs_mode={mode!r} (before temperature "
+                        f"and top-p/top-k), but {' and '.join(users)} need the sampled distribution: restart it with "
+                        f"--logprobs-mode processed_logprobs ({SERVER_DOC})")

@@ -158,8 +158,8 @@ def _run(args: argparse.Namespace) -> int:
 
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
-    from ictrl.engine.callbacks import MetricsJSONL, RichProgress
-    from ictrl.engine.run import skip_deepspeed_unless_imported
+    from ictrl.train_cli.callbacks import MetricsJSONL, RichProgress
+    from ictrl.train_cli.run import skip_deepspeed_unless_imported
     from ictrl.engine.trainer import ICTGRPOTrainer
 
     dataset = tinytask.train_dataset(plan["prompts"], plan["steps"], recipe.difficulty, seed=args.seed)

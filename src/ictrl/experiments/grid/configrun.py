@@ -1,4 +1,4 @@
-"""Grid runs from a run config (``ictrl compare --config``): ``ictrl train``'s own ``engine.run.train`` with
+"""Grid runs from a run config (``ictrl compare --config``): ``ictrl train``'s own ``train_cli.run.train`` with
 the grid's method, seed, learning rate and step budget, resumed from its last complete checkpoint, then evaluated
 on the config's ``eval_datasets``."""
 
@@ -19,7 +19,7 @@ def config_run(config_path: Path, steps: int | None, eval_limit: int | None, spe
                run_dir: Path) -> dict[str, Any]:
     """One run of ``ictrl train`` from ``config_path`` with the grid's method / seed / lr / steps, resumed from
     its last complete checkpoint when there is one, then evaluated on the config's ``eval_datasets``."""
-    from ictrl.engine.run import complete_checkpoints, train
+    from ictrl.train_cli.run import complete_checkpoints, train
     from ictrl.files import load_metrics
     from ictrl.models import load_model_and_tokenizer
 
@@ -37,7 +37,7 @@ def config_run(config_path: Path, steps: int | None, eval_limit: int | None, spe
 
 def load_run_config(config_path: Path, spec: RunSpec, run_dir: Path, steps: int | None) -> Any:
     """The config file with the method section replaced and output_dir / seed / lr / max_steps set."""
-    from ictrl.engine.run_config import METHOD_FIELDS, config_from_dict, method_config, read_yaml
+    from ictrl.train_cli.run_config import METHOD_FIELDS, config_from_dict, method_config, read_yaml
 
     data = read_yaml(config_path)
     for key in METHOD_FIELDS:

@@ -68,7 +68,7 @@ class TinyRL:
 
 def tiny_run_config(settings: TinyRL, base: Path, spec: RunSpec, run_dir: Path) -> Any:
     """The validated ``RunConfig`` of one embedded-task run (the engine maps it onto ICTGRPOConfig)."""
-    from ictrl.engine.run_config import config_from_dict, method_config
+    from ictrl.train_cli.run_config import config_from_dict, method_config
     from ictrl.experiments.tasks.tinymodel import max_new_tokens
 
     difficulty = _base_difficulty(base)
@@ -143,8 +143,8 @@ def train_tiny(settings: TinyRL, base: Path, spec: RunSpec, run_dir: Path,
     metrics log (so they see each step's row once it is written)."""
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
-    from ictrl.engine.callbacks import MetricsJSONL
-    from ictrl.engine.run import build_trainer_args, make_trainer_class, skip_deepspeed_unless_imported, trainer_classes
+    from ictrl.train_cli.callbacks import MetricsJSONL
+    from ictrl.train_cli.run import build_trainer_args, skip_deepspeed_unless_imported, trainer_classes
     from ictrl.files import load_metrics
     from ictrl.experiments.tasks.registry import get_task
     from ictrl.experiments.tasks.tinymodel import load_tiny_base
@@ -159,8 +159,8 @@ def train_tiny(settings: TinyRL, base: Path, spec: RunSpec, run_dir: Path,
     task = get_task(base_task(base))
     dataset = task.train_dataset(settings.prompts_per_step, settings.steps, _base_difficulty(base), spec.seed)
     _, trainer_cls = trainer_classes()
-    trainer = make_trainer_class(trainer_cls)(model=model, reward_funcs=[task.reward], args=args,
-                                              train_dataset=dataset, processing_class=tokenizer)
+    trainer = trainer_cls(model=model, reward_funcs=[task.reward], args=args, train_dataset=dataset,
+                          processing_class=tokenizer)
     for cb in (PrinterCallback, ProgressCallback):
         trainer.remove_callback(cb)
     metrics_path = run_dir / "metrics.jsonl"
@@ -190,7 +190,7 @@ def train_tiny(settings: TinyRL, base: Path, spec: RunSpec, run_dir: Path,
 def curve_callback(settings: TinyRL, base: Path, spec: RunSpec) -> Any:
     """Held-out pass@k every ``settings.eval_every`` steps on the first ``curve_problems`` test problems, with the
     end-of-run evaluation's sampling settings and seed: the ``eval/avg/pass@1`` curves of the grid's reports."""
-    from ictrl.engine.eval_callback import PassAtKCallback
+    from ictrl.train_cli.eval_callback import PassAtKCallback
     from ictrl.eval.harness import EvalConfig, EvalTask
 
     (task,) = tiny_eval_tasks(settings, base)

@@ -151,7 +151,7 @@ def die_with_launcher() -> bool:
 
 class StopRequest:
     """SIGTERM during ``ictrl train`` (``with StopRequest() as stop:``). While the training loop runs it is a request
-    (``received``) that :class:`ictrl.engine.callbacks.StopOnRequest` honours at the end of TRL's generation batch,
+    (``received``) that :class:`ictrl.train_cli.callbacks.StopOnRequest` honours at the end of TRL's generation batch,
     with a checkpoint; later SIGTERMs add nothing (a launcher forwards the scheduler's, and the scheduler's SIGKILL
     ends the wait). Outside the loop (checks and loading before it, ``final/`` after it) nothing new is left to
     save and it raises :class:`ictrl.errors.Terminated` at once."""
@@ -196,12 +196,12 @@ class StopRequest:
 
 
 def add_stop_callback(trainer: Any, stop: StopRequest, out: Path) -> None:
-    """Honour ``stop`` in ``trainer``'s loop (:class:`ictrl.engine.callbacks.StopOnRequest`). ictrl's stop is what
+    """Honour ``stop`` in ``trainer``'s loop (:class:`ictrl.train_cli.callbacks.StopOnRequest`). ictrl's stop is what
     transformers' ``enable_jit_checkpoint`` asks for, made exact: its own callback, which saves wherever the
     signal finds the run (inside a generation batch), is not installed."""
     from transformers.trainer_jit_checkpoint import JITCheckpointCallback
 
-    from ictrl.engine.callbacks import StopOnRequest
+    from ictrl.train_cli.callbacks import StopOnRequest
     from ictrl.engine.resumable import at_buffer_boundary
 
     trainer.remove_callback(JITCheckpointCallback)

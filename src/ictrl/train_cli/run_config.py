@@ -29,7 +29,7 @@ import trl
 from trl import TrlParser
 from trl.scripts.grpo import GRPOScriptArguments
 
-from ictrl.engine.config_yaml import MAX_CONFIG_BYTES, load_yaml_text, load_yaml_value
+from ictrl.train_cli.config_yaml import MAX_CONFIG_BYTES, load_yaml_text, load_yaml_value
 from ictrl.errors import QUOTE_LIMIT, ConfigError, quote, shorten
 from ictrl.files import atomic_write_text
 
@@ -121,7 +121,7 @@ class ModelConfig(trl.ModelConfig):
 @dataclass
 class RunConfig:
     """A parsed run config: TRL's three argument dataclasses, the trainer's as the keys given (``trainer``:
-    ``ICTGRPOConfig`` is built from them by :func:`ictrl.engine.run.build_trainer_args`, which needs the process
+    ``ICTGRPOConfig`` is built from them by :func:`ictrl.train_cli.run.build_trainer_args`, which needs the process
     count), and the keys set by command-line flags (``flags``: key -> the value read, as text), which errors
     blame."""
 

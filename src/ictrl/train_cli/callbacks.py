@@ -141,7 +141,7 @@ class RichProgress(TrainerCallback):
     """A rich bar (step, reward, selected fraction) plus one printed line per logged step.
 
     Replaces transformers' tqdm bar and its dict printer (``disable_tqdm=True`` and the PrinterCallback
-    removed by ``ictrl.engine.run``). On a non-terminal (CI, a log file) rich shows no live bar, and the
+    removed by ``ictrl.train_cli.run``). On a non-terminal (CI, a log file) rich shows no live bar, and the
     printed lines are the record.
     """
 
@@ -220,7 +220,7 @@ class StopNow(Exception):
 
 
 class StopOnRequest(TrainerCallback):
-    """Ends training after a stop request (``request.received``: SIGTERM, :class:`ictrl.engine.run_guard.StopRequest`)
+    """Ends training after a stop request (``request.received``: SIGTERM, :class:`ictrl.train_cli.run_guard.StopRequest`)
     at the first step where TRL's generation batch is used up (``at_boundary(step)``), with a checkpoint of that
     step: a checkpoint inside the batch would not hold the rest of it and could not resume exactly. The steps to
     that point reuse completions already generated, so finishing them costs no generation. Every process asks

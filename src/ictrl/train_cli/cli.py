@@ -1,14 +1,14 @@
 """``ictrl train CONFIG.yaml [--KEY=VALUE | --KEY VALUE ...] [--resume] [--print-config]``.
 
 ``--config CONFIG.yaml`` (TRL's habit) works as well as the positional file. The file is a ``trl grpo --config``
-file (``src/ictrl/engine/run_config.py``): keys of TRL's ``GRPOScriptArguments``, ``GRPOConfig`` and ``ModelConfig``
+file (``src/ictrl/train_cli/run_config.py``): keys of TRL's ``GRPOScriptArguments``, ``GRPOConfig`` and ``ModelConfig``
 plus ictrl's own; flags set any of them as TRL's parser reads them (``--learning_rate=2e-6``, ``--use_peft``,
 ``--scale_rewards=false``, dashes or underscores). A bad key or value exits with status 2 and one line naming the
 flag or the file and the key, before any model loads. ``ictrl train --help`` lists the keys with their help.
 
 ``--num-processes N [--accelerate-config FILE] [--main-process-port PORT]`` (TRL's underscore spellings too) starts
 the run on ``N`` processes through accelerate's launcher from this process, after checking the config for them:
-``ictrl.engine.launch``.
+``ictrl.train_cli.launch``.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from dataclasses import dataclass
 import yaml
 
 from ictrl.cliargs import VERBOSE_ENV, env_flag
-from ictrl.engine.launch import FLAGS as LAUNCH_FLAGS
-from ictrl.engine.launch import Launch, LaunchError
+from ictrl.train_cli.launch import FLAGS as LAUNCH_FLAGS
+from ictrl.train_cli.launch import Launch, LaunchError
 
 FLAGS = ("--resume", "--resume=auto", "--print-config")
 USAGE = ("ictrl train (CONFIG.yaml | --config CONFIG.yaml) [--KEY=VALUE | --KEY VALUE ...] [--resume] [--print-config]"
@@ -53,7 +53,7 @@ def config_keys_help() -> str:
     from trl import GRPOConfig, ModelConfig
     from trl.scripts.grpo import GRPOScriptArguments
 
-    from ictrl.engine.run_config import owners
+    from ictrl.train_cli.run_config import owners
 
     def rows(names: list[str]) -> list[str]:
         fields = {f.name: f for cls in set(owners().values()) for f in dataclasses.fields(cls)}
@@ -120,7 +120,7 @@ class TrainArgs:
 
 def parse_argv(argv: list[str]) -> TrainArgs:
     """The config file (positional or ``--config``), the ``--KEY=VALUE`` overrides (read later by TRL's parser),
-    ictrl's flags and the launch flags (:class:`ictrl.engine.launch.Launch`); a flag without its value, a bad launch
+    ictrl's flags and the launch flags (:class:`ictrl.train_cli.launch.Launch`); a flag without its value, a bad launch
     value or a second config file is a :class:`UsageError`."""
     config: str | None = None
     overrides: list[str] = []
@@ -160,8 +160,8 @@ def parse_argv(argv: list[str]) -> TrainArgs:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ictrl.engine.run_config import config_to_dict, load_config
-    from ictrl.engine.run_guard import die_with_launcher
+    from ictrl.train_cli.run_config import config_to_dict, load_config
+    from ictrl.train_cli.run_guard import die_with_launcher
 
     die_with_launcher()  # a rank of `accelerate launch` / torchrun ends with it, not training on detached
     _setup_logging()
@@ -169,12 +169,12 @@ def run(args: argparse.Namespace) -> int:
         parsed = parse_argv(list(args.argv))
         config, flags, launch, argv = parsed.config, parsed.flags, parsed.launch, parsed.child_argv
         cfg = load_config(config, parsed.overrides)
-        from ictrl.engine.process_group import process_group_left
-        from ictrl.engine.run import build_trainer_args, train
+        from ictrl.train_cli.process_group import process_group_left
+        from ictrl.train_cli.run import build_trainer_args, train
 
         set_by_flag = cfg.flags
         if launch.requested() and "--print-config" not in flags:
-            from ictrl.engine.launch import check_and_launch
+            from ictrl.train_cli.launch import check_and_launch
 
             # the processes' Ctrl-C line names the command that resumes the launch, flags included
             os.environ[LAUNCH_ARGV_ENV] = shlex.join(args.argv)
@@ -185,7 +185,7 @@ def run(args: argparse.Namespace) -> int:
         # Building the trainer arguments joins the launcher's process group; every exit leaves it.
         with process_group_left():
             if "--print-config" in flags:
-                from ictrl.engine import model_init
+                from ictrl.train_cli import model_init
                 from ictrl.engine.config import planned_processes, process_count
 
                 # every value checked before it is shown, for the processes the run will have

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from ictrl import cli
-from ictrl.engine.run_config import load_config, read_yaml
+from ictrl.train_cli.run_config import load_config, read_yaml
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 CELL = CONFIGS / "qwen2.5-0.5b" / "ict.yaml"
@@ -125,7 +125,7 @@ def read_metrics(out: Path) -> list[dict[str, Any]]:
 @pytest.mark.integration
 @pytest.mark.parametrize("method", METHODS)
 def test_cpu_run_of_each_method(method: str, tiny_model_dir: Path, shared_data: Path, tmp_path: Path) -> None:
-    from ictrl.engine.run import train
+    from ictrl.train_cli.run import train
 
     out = tmp_path / "out"
     cfg = load_config(method_config(method, tmp_path), tiny_overrides(tiny_model_dir, out))
@@ -166,7 +166,7 @@ def test_cpu_run_of_each_method(method: str, tiny_model_dir: Path, shared_data: 
 @pytest.mark.integration
 def test_cli_runs_a_paper_config(tiny_model_dir: Path, shared_data: Path, tmp_path: Path,
                                  capsys: pytest.CaptureFixture[str]) -> None:
-    from ictrl.engine.run import _note_cpu
+    from ictrl.train_cli.run import _note_cpu
 
     _note_cpu.cache_clear()  # said once per process: earlier tests in this one may have said it
     out = tmp_path / "out"
@@ -189,7 +189,7 @@ def test_deepspeed_is_not_imported_before_a_deepspeed_run_imports_it() -> None:
     import sys
 
     # a fresh interpreter: this one may have imported DeepSpeed in another test
-    probe = ("import sys, torch; from ictrl.engine.run import skip_deepspeed_unless_imported; "
+    probe = ("import sys, torch; from ictrl.train_cli.run import skip_deepspeed_unless_imported; "
              "from accelerate.utils import extract_model_from_parallel; import accelerate.utils.other as o; "
              "skip_deepspeed_unless_imported(); model = torch.nn.Linear(2, 2); "
              "assert extract_model_from_parallel(model) is model; "

@@ -20,7 +20,7 @@ import importlib.util
 import json
 from typing import Any
 
-from ictrl.engine.run_config import ConfigError, RunConfig
+from ictrl.train_cli.run_config import ConfigError, RunConfig
 
 KEY = "model_init_kwargs"
 # The dtype names TRL's create_model_from_path accepts (plus a torch.dtype, which YAML cannot write).

@@ -9,7 +9,7 @@ from datetime import datetime
 from pathlib import Path
 from types import SimpleNamespace
 
-from ictrl.engine.callbacks import MetricsJSONL
+from ictrl.train_cli.callbacks import MetricsJSONL
 
 
 def _state(step: int) -> SimpleNamespace:
@@ -51,14 +51,13 @@ def test_resume_keeps_rows_up_to_the_checkpoint(tmp_path: Path) -> None:
 def test_report_to_list_comma_string_and_missing_tracker(monkeypatch) -> None:
     import pytest
 
-    from ictrl import preflight
-    from ictrl.engine import ICTGRPOConfig
+    from ictrl.engine import ICTGRPOConfig, field_bounds
 
     common = dict(output_dir="unused", use_cpu=True, bf16=False, num_generations=2, per_device_train_batch_size=2)
     assert ICTGRPOConfig(report_to="tensorboard, none", **common).report_to == ["tensorboard"]
     assert ICTGRPOConfig(report_to=["tensorboard"], **common).report_to == ["tensorboard"]
     assert ICTGRPOConfig(report_to="none", **common).report_to in ("none", [])
-    monkeypatch.setitem(preflight.TRACKERS, "wandb", ("ictrl_no_such_package", "pip install wandb"))
+    monkeypatch.setitem(field_bounds.TRACKERS, "wandb", ("ictrl_no_such_package", "pip install wandb"))
     with pytest.raises(ValueError, match=r"report_to: wandb needs the 'ictrl_no_such_package' package, which is not "
                                          r"installed: pip install wandb"):
         ICTGRPOConfig(report_to="tensorboard,wandb", **common)
@@ -70,7 +69,7 @@ def test_log_line_shows_the_running_mean_of_the_logged_rewards() -> None:
 
     from rich.console import Console
 
-    from ictrl.engine.callbacks import TREND, RichProgress, step_line
+    from ictrl.train_cli.callbacks import TREND, RichProgress, step_line
 
     assert step_line(3, 9, {"reward": 0.5}, None).startswith("step 3/9  reward 0.500  acc -")
     assert step_line(3, 9, {"reward": 0.5}, None, [0.25, 0.5]).startswith("step 3/9  reward 0.500 (avg2 0.375)  ")

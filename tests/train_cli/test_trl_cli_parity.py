@@ -67,8 +67,8 @@ def run_trl(config: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, Any, An
 def run_ictrl(config: Path, monkeypatch: pytest.MonkeyPatch, *flags: str) -> tuple[Any, Any, Any]:
     import trl
 
-    from ictrl.engine.run import train
-    from ictrl.engine.run_config import load_config
+    from ictrl.train_cli.run import train
+    from ictrl.train_cli.run_config import load_config
 
     cfg = load_config(config, list(flags))
     with monkeypatch.context() as patch:

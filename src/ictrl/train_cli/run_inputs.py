@@ -1,7 +1,7 @@
 """What a run reads besides its trainer arguments, checked before the model loads: the reward functions
 (``build_rewards``: ictrl's graders, trl grpo's reward names, ``module:function``) and the training data
 (``check_sources``, ``load_train_dataset``, ``drop_long_prompts``), with ``blame``, which names the flag or the file
-an error comes from. ``ictrl.engine.run`` runs them in order."""
+an error comes from. ``ictrl.train_cli.run`` runs them in order."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import logging
 from pathlib import Path
 from typing import Any, Callable
 
-from ictrl.engine.run_config import ConfigError, RunConfig
+from ictrl.train_cli.run_config import ConfigError, RunConfig
 from ictrl.errors import quote, shorten
 
 log = logging.getLogger("ictrl.train")

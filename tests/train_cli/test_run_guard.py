@@ -16,7 +16,7 @@ import pytest
 
 from fixtures.procs import pid_alive
 from ictrl import cli
-from ictrl.engine.run_guard import LOCK_NAME, OutputDirLock
+from ictrl.train_cli.run_guard import LOCK_NAME, OutputDirLock
 from ictrl.errors import ConfigError
 
 TINY = Path(__file__).resolve().parents[2] / "configs" / "tiny" / "ict.yaml"
@@ -56,7 +56,7 @@ def test_resume_while_the_run_goes_is_one_line(monkeypatch: pytest.MonkeyPatch, 
 
 HOLD = """
 import os, sys, time
-from ictrl.engine.run_guard import OutputDirLock
+from ictrl.train_cli.run_guard import OutputDirLock
 OutputDirLock(sys.argv[1]).acquire()
 print("held", flush=True)
 time.sleep(600)
@@ -95,7 +95,7 @@ time.sleep(600)
 """
 RANK = """
 import os, time
-from ictrl.engine.run_guard import die_with_launcher
+from ictrl.train_cli.run_guard import die_with_launcher
 assert die_with_launcher()
 print(os.getpid(), flush=True)
 time.sleep(600)
@@ -121,6 +121,6 @@ def test_rank_dies_with_its_launcher(tmp_path: Path) -> None:
 
 def test_plain_process_is_not_tied_to_its_parent() -> None:
     env = {k: v for k, v in os.environ.items() if k != "TORCHELASTIC_RUN_ID"}
-    code = "from ictrl.engine.run_guard import die_with_launcher; print(die_with_launcher())"
+    code = "from ictrl.train_cli.run_guard import die_with_launcher; print(die_with_launcher())"
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert done.stdout.strip() == "False", done.stderr[-2000:]

@@ -1,4 +1,4 @@
-"""ictrl.engine.process_group: a process leaves the group it joined, after a barrier on success and at once on an
+"""ictrl.train_cli.process_group: a process leaves the group it joined, after a barrier on success and at once on an
 error (a failed peer would never reach the barrier), on one-process gloo groups; the 2-process launches
 (test_engines, test_accelerate_launch) end through the same code. A question asked once per launch (or per node)
 and its answer shared, on forked 2-process gloo groups."""
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-from ictrl.engine import process_group
+from ictrl.train_cli import process_group
 
 
 def _join(tmp_path: Path) -> None:

@@ -21,13 +21,13 @@ import torch
 from ictrl.checkpoints import (STAGING_PREFIX, check_weights, clear_staging, complete_checkpoints, finished_run,
                                trainer_state)
 from ictrl.cliargs import VERBOSE_ENV, env_flag
-from ictrl.engine.process_group import answered_once
-from ictrl.engine.resumable import (check_resumable, check_unchanged, make_trainer_class, resume_point,
-                                   save_final, verified_checkpoints)
-from ictrl.engine.run_config import ConfigError, RunConfig, config_to_dict, save_config
-from ictrl.engine.run_inputs import (add_overlong_penalty, blame, build_rewards, check_enough_rows, check_sources, drop_long_prompts, load_train_dataset, reward_label)
-from ictrl.engine.run_guard import RunLock, StopRequest, add_stop_callback, stopped
-from ictrl.engine.value_checks import check_memory, check_output_dir
+from ictrl.train_cli.process_group import answered_once
+from ictrl.engine.resumable import (check_resumable, check_unchanged, resume_point, save_final,
+                                   verified_checkpoints)
+from ictrl.train_cli.run_config import ConfigError, RunConfig, config_to_dict, save_config
+from ictrl.train_cli.run_inputs import (add_overlong_penalty, blame, build_rewards, check_enough_rows, check_sources, drop_long_prompts, load_train_dataset, reward_label)
+from ictrl.train_cli.run_guard import RunLock, StopRequest, add_stop_callback, stopped
+from ictrl.train_cli.value_checks import check_memory, check_output_dir
 from ictrl.errors import Terminated, UserError, shorten
 from ictrl.files import reported_write
 
@@ -58,7 +58,7 @@ def build_trainer_args(cfg: RunConfig, source: str = "<config>", cpu: bool | Non
     ``use_cpu`` and the precision and logs it; ``use_vllm`` is honoured (vLLM's CPU build runs too). Errors name the key, and the flag (``flags``: the command-line overrides by key) when one set it."""
     config_cls, _ = trainer_classes()
     kwargs = dict(cfg.trainer)
-    # ictrl train loads the model with model_init_kwargs itself (ictrl.engine.model_init); TRL would only warn
+    # ictrl train loads the model with model_init_kwargs itself (ictrl.train_cli.model_init); TRL would only warn
     # that they are ignored for a model passed in loaded.
     kwargs.pop("model_init_kwargs", None)
     cpu = not torch.cuda.is_available() if cpu is None else cpu
@@ -188,7 +188,7 @@ def check_config(cfg: RunConfig, source: str = "<config>", flags: dict[str, Any]
                  cpu: bool | None = None) -> tuple[Any, dict[str, Any], Any, list[Callable[..., Any]]]:
     """Every value of the config checked, nothing loaded: (trainer arguments, model loading kwargs, LoRA config
     or None, reward functions). ``cpu``: as :func:`build_trainer_args`."""
-    from ictrl.engine import model_init
+    from ictrl.train_cli import model_init
 
     args = build_trainer_args(cfg, source, cpu=cpu, flags=flags)
     if args.use_vllm:
@@ -225,7 +225,7 @@ def check_inputs(cfg: RunConfig, init_kwargs: dict[str, Any], source: str = "<co
     """The model path and its architecture options (no weights read), then every training row: returns the
     training dataset (:func:`load_train_dataset`)."""
     from ictrl import preflight
-    from ictrl.engine import model_init
+    from ictrl.train_cli import model_init
 
     preflight.check_model(cfg.model.model_name_or_path, "model_name_or_path")
     damaged = answered_once(lambda: check_weights(cfg.model.model_name_or_path), f"{source}: model_name_or_path",
@@ -240,7 +240,7 @@ def check_inputs(cfg: RunConfig, init_kwargs: dict[str, Any], source: str = "<co
 def check_before_launch(cfg: RunConfig, processes: int, resume: bool | str = False, source: str = "<config>",
                         flags: dict[str, Any] | None = None) -> None:
     """The checks :func:`train` makes before the model loads, for a run on ``processes`` processes, made by the
-    parent of the launch before it starts any (``ictrl.engine.launch``). On the CPU, so the parent holds no GPU
+    parent of the launch before it starts any (``ictrl.train_cli.launch``). On the CPU, so the parent holds no GPU
     memory the processes need (the device-specific checks are left to them), and without writing to
     ``output_dir``. Raises :class:`ConfigError` / ``DataError`` as :func:`train` would."""
     from ictrl.engine.config import planned_processes
@@ -260,9 +260,9 @@ def train(cfg: RunConfig, resume: bool | str = False, source: str = "<config>",
           callbacks: list[Any] | None = None, resume_command: str | None = None,
           flags: dict[str, Any] | None = None) -> TrainResult:
     """Run ``ictrl train``. Config errors surface before the model loads; the run holds ``output_dir``'s lock
-    (:class:`ictrl.engine.run_guard.RunLock`) from before it reads a checkpoint there until it returns. Ctrl-C
+    (:class:`ictrl.train_cli.run_guard.RunLock`) from before it reads a checkpoint there until it returns. Ctrl-C
     raises :class:`ictrl.errors.Interrupted` naming the step, the last checkpoint and ``resume_command``; SIGTERM
-    stops at the end of the generation batch with a checkpoint (:class:`ictrl.engine.run_guard.StopRequest`) and
+    stops at the end of the generation batch with a checkpoint (:class:`ictrl.train_cli.run_guard.StopRequest`) and
     raises :class:`ictrl.errors.Terminated` naming them."""
     args, init_kwargs, lora, reward_funcs = check_config(cfg, source, flags)
     stop = StopRequest()
@@ -292,7 +292,7 @@ def _train_locked(cfg: RunConfig, args: Any, reward_funcs: list[Callable[..., An
 
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
-    from ictrl.engine.callbacks import MetricsJSONL, NoSignalWarning, RichProgress, StopNow
+    from ictrl.train_cli.callbacks import MetricsJSONL, NoSignalWarning, RichProgress, StopNow
     from ictrl.models import load_model_and_tokenizer
 
     skip_deepspeed_unless_imported()
@@ -307,7 +307,7 @@ def _train_locked(cfg: RunConfig, args: Any, reward_funcs: list[Callable[..., An
 
     accuracy = reward_label(reward_funcs[0])
     _, trainer_cls = trainer_classes()
-    trainer = make_trainer_class(trainer_cls)(
+    trainer = trainer_cls(
         model=model, reward_funcs=reward_funcs, args=args, train_dataset=dataset, processing_class=tokenizer,
         peft_config=lora,
     )
@@ -320,7 +320,7 @@ def _train_locked(cfg: RunConfig, args: Any, reward_funcs: list[Callable[..., An
     for cb in callbacks or []:
         trainer.add_callback(cb)
     if args.eval_benchmarks:
-        from ictrl.engine.eval_callback import PassAtKCallback
+        from ictrl.train_cli.eval_callback import PassAtKCallback
 
         trainer.add_callback(PassAtKCallback.from_args(args, tokenizer).bind(trainer))
     if resume_from is not None:

@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ictrl.engine.run_config import ConfigError, RunConfig
+from ictrl.train_cli.run_config import ConfigError, RunConfig
 from ictrl.errors import quote
 
 log = logging.getLogger("ictrl.train")

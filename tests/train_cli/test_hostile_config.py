@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from ictrl import cli
-from ictrl.engine import field_bounds, value_checks
+from ictrl.engine import field_bounds
+from ictrl.train_cli import value_checks
 from ictrl.errors import quote
 
 TINY = Path(__file__).resolve().parents[2] / "configs" / "tiny" / "ict.yaml"
@@ -183,7 +184,7 @@ def test_a_megabyte_training_prompt_is_dropped_without_tokenising_it(caplog: pyt
 
     import datasets
 
-    from ictrl.engine.run import drop_long_prompts
+    from ictrl.train_cli.run import drop_long_prompts
     from ictrl.models import build_byte_tokenizer
 
     tok = build_byte_tokenizer()
