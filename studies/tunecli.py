@@ -11,12 +11,13 @@ import sys
 import time
 from pathlib import Path
 
+from ictrl.core.selection import get_selector
 from ictrl.errors import UserError
 from ictrl.experiments.grid import runner as grid
 from ictrl.experiments.grid import cli as gridcli
 from ictrl.experiments.grid import tinyrun
-from studies.reports import tune_report
 from ictrl.files import atomic_write_text
+from studies.reports import tune_report
 from studies.protocols.tune import (ABLATION, CHOICE_RULE, DEFAULT_FINAL_SEEDS, DEFAULT_LRS, DEFAULT_NORMS,
                                     DEFAULT_TUNE_SEEDS, VARIANTS, Protocol, choose, final_rows, matched_lrs,
                                     tuning_specs)
@@ -73,7 +74,8 @@ def run(args: argparse.Namespace) -> int:
     settings = tinyrun.TinyRL(**experiment.settings["rl"])
     base = Path(experiment.settings["base"])
     dev = dataclasses.replace(settings, eval_split="dev")
-    theta = 10 if settings.selection_warmup is None else settings.selection_warmup  # the selectors' default Θ
+    # the sparse methods' default Θ, as registered (ict, random and frequent share it)
+    theta = get_selector("ict").warmup_steps if settings.selection_warmup is None else settings.selection_warmup
 
     tune_results = grid.run_grid(tuning_specs(protocol), out / "tune",
                                  functools.partial(tinyrun.train_tiny, dev, base), jobs=args.jobs)

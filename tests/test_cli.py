@@ -23,6 +23,14 @@ def test_argparse_error_is_one_line_with_a_help_pointer(capsys: pytest.CaptureFi
     assert err[0].endswith("(see ictrl eval --help)")
 
 
+def test_a_command_that_moved_to_the_studies_says_where(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["sweep", "--quick"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "python -m studies sweep" in err[0], err
+
+
 def _fake_command(monkeypatch: pytest.MonkeyPatch, raise_: BaseException | None) -> None:
     module = types.ModuleType("fake_command")
 

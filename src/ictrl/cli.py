@@ -45,6 +45,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
                    "one, --shape) and a tiny-task train.jsonl to a directory"),
 }
 
+# Commands that left the package: the project's own studies, run from a clone of the repository.
+MOVED: dict[str, str] = {"sweep": "python -m studies sweep"}
+
 
 class OneLineParser(argparse.ArgumentParser):
     """An argparse parser whose errors are one line with a pointer to ``--help`` (argparse prints the whole
@@ -139,6 +142,8 @@ def _main(argv: Sequence[str] | None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         parser.print_help()
         return 0
+    if argv[0] in MOVED:
+        parser.error(f"{argv[0]!r} is a study of the ictrl repository now: from a clone, run {MOVED[argv[0]]}")
     if argv[0] not in COMMANDS:
         parser.error(f"unknown command {argv[0]!r}; choose from {', '.join(COMMANDS)}")
     name = argv[0]

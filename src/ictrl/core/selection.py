@@ -107,8 +107,8 @@ class Selector:
       applies only the Θ it is given.
     - ``normalization``: the method's default loss normaliser (``ictrl.core.loss.NORM_MODES``).
     - ``label``: the method's name in papers, reports and run directories (``grpo`` for ``all``); ``aliases``
-      are further names accepted wherever a method is named. ``in_default_grid``: run by ``ictrl compare`` /
-      ``ictrl sweep`` when no ``--methods`` is given.
+      are further names accepted wherever a method is named. ``in_default_grid``: run by ``ictrl compare``
+      when no ``--methods`` is given.
     - ``trl_loss``: the rule is TRL's own (every response token), so with no ``loss_normalization`` the trainer
       normalises as TRL does for its ``loss_type`` (docs/trl-contract.md), not with ``normalization``.
     """

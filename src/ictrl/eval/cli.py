@@ -44,7 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=16, help="sequences per model.generate call (hf backend)")
     parser.add_argument("--chunk-size", type=int, default=32, help="problems per backend call and per save to disk")
     parser.add_argument("--seeds", type=int, default=1,
-                        help="evaluation seeds 0..N-1 (as in compare and sweep), one full evaluation each")
+                        help="evaluation seeds 0..N-1 (as in compare), one full evaluation each")
     parser.add_argument("--seed-start", type=int, default=0, help="first evaluation seed (default 0)")
     parser.add_argument("--output-dir", "--output_dir", type=Path, default=None,
                         help="where samples, results.json and results.md go, and the same scores in "
