@@ -135,15 +135,17 @@ def prepare_output_dir(cfg: RunConfig, resume: bool | str, source: str = "<confi
 RUN_LABELS = "run.json"
 
 
-def write_run_labels(out: Path, args: Any) -> None:
-    """``run.json``: the method label and training seed of the run, resolved (``ictrl eval`` records them for
-    ``ictrl table``; config.yaml holds the keys as written, where an unset seed or selector is a default)."""
+def write_run_labels(out: Path, args: Any, method_from: str = "file") -> None:
+    """``run.json``: the method (label, selector, ratio, scope, warm-up, normaliser; where ``token_selector`` came
+    from) and training seed of the run, resolved (``ictrl eval`` records the label and seed for ``ictrl table``;
+    config.yaml holds the keys as written, where an unset seed or ratio is a default)."""
     import json
 
     from ictrl.files import atomic_write_text
 
-    labels = {"method": args.selector.label, "token_selector": args.token_selector,
-              "seed": int(args.seed)}
+    from ictrl.engine.run_config import resolved_method
+
+    labels = {**resolved_method(args), "method_from": method_from, "seed": int(args.seed)}
     atomic_write_text(out / RUN_LABELS, json.dumps(labels, indent=1) + "\n")
 
 
@@ -263,7 +265,10 @@ def train(cfg: RunConfig, resume: bool | str = False, source: str = "<config>",
     (:class:`ictrl.engine.run_guard.RunLock`) from before it reads a checkpoint there until it returns. Ctrl-C
     raises :class:`ictrl.errors.Interrupted` naming the step, the last checkpoint and ``resume_command``; SIGTERM
     stops at the end of the generation batch with a checkpoint (:class:`ictrl.engine.run_guard.StopRequest`) and
-    raises :class:`ictrl.errors.Terminated` naming them."""
+    raises :class:`ictrl.errors.Terminated` naming them. The first line logged names the method and its source."""
+    from ictrl.engine.run_config import method_line
+
+    log.info(method_line(cfg, source))
     args, init_kwargs, lora, reward_funcs = check_config(cfg, source, flags)
     stop = StopRequest()
     try:
@@ -303,7 +308,7 @@ def _train_locked(cfg: RunConfig, args: Any, reward_funcs: list[Callable[..., An
     with reported_write(out, "free space and run again"):
         out.mkdir(parents=True, exist_ok=True)
         save_config(cfg, out / "config.yaml")
-        write_run_labels(out, args)
+        write_run_labels(out, args, cfg.method_from)
 
     accuracy = reward_label(reward_funcs[0])
     _, trainer_cls = trainer_classes()
