@@ -46,6 +46,6 @@ def test_recipe_keys_reach_the_trainer(tiny_model_dir: Path, shared_data: Path, 
     assert labels == {"method": "ict", "token_selector": "ict", "seed": 0}
     from ictrl.eval.cli import train_run_labels
 
-    assert train_run_labels(str(out / "final")) == ("ict", 0)
+    assert train_run_labels(str(out)) == ("ict", 0)
     saved = (out / "config.yaml").read_text()
     assert "overlong_buffer_length: 4" in saved and "dynamic_sampling: true" in saved

@@ -227,7 +227,7 @@ def run(args: argparse.Namespace) -> int:
             launched = shlex.split(os.environ.get(LAUNCH_ARGV_ENV, "")) or argv
             again = ["ictrl", "train", *[a for a in launched if not a.startswith("--resume")], "--resume"]
             result = train(cfg, resume=_resume(flags), source=config, resume_command=shlex.join(again),
-                           flags=set_by_flag)
+                           flags=set_by_flag, command=shlex.join(["ictrl", "train", *launched]))
     except (UsageError, LaunchError) as exc:  # a ConfigError (a UserError) goes to ictrl.cli: one line, --debug
         print(f"ictrl train: error: {exc}", file=sys.stderr)
         return 2

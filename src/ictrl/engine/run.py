@@ -193,11 +193,6 @@ def check_config(cfg: RunConfig, source: str = "<config>", flags: dict[str, Any]
     from ictrl.engine import model_init
 
     args = build_trainer_args(cfg, source, cpu=cpu, flags=flags)
-    if args.use_vllm:
-        from ictrl.vllm_env import INSTALL_HINT, installed
-
-        if not installed():
-            raise ConfigError(f"{blame('use_vllm', source, flags)}: use_vllm: vLLM is not installed: {INSTALL_HINT}")
     init_kwargs = model_init.load_kwargs(cfg, source)
     lora = model_init.peft_config(cfg, source)
     reward_funcs = build_rewards(cfg, blame("reward_funcs", source, flags))
@@ -205,6 +200,11 @@ def check_config(cfg: RunConfig, source: str = "<config>", flags: dict[str, Any]
     check_sources(cfg, source, flags)
     check_trainer_inputs(args, source, flags)
     check_output_dir(cfg.output_dir, blame("output_dir", source, flags))
+    if args.use_vllm:  # last: an error in the file itself is named first, on any machine
+        from ictrl.vllm_env import INSTALL_HINT, installed
+
+        if not installed():
+            raise ConfigError(f"{blame('use_vllm', source, flags)}: use_vllm: vLLM is not installed: {INSTALL_HINT}")
     return args, init_kwargs, lora, reward_funcs
 
 
@@ -260,12 +260,14 @@ def check_before_launch(cfg: RunConfig, processes: int, resume: bool | str = Fal
 
 def train(cfg: RunConfig, resume: bool | str = False, source: str = "<config>",
           callbacks: list[Any] | None = None, resume_command: str | None = None,
-          flags: dict[str, Any] | None = None) -> TrainResult:
+          flags: dict[str, Any] | None = None, command: str | None = None) -> TrainResult:
     """Run ``ictrl train``. Config errors surface before the model loads; the run holds ``output_dir``'s lock
     (:class:`ictrl.engine.run_guard.RunLock`) from before it reads a checkpoint there until it returns. Ctrl-C
     raises :class:`ictrl.errors.Interrupted` naming the step, the last checkpoint and ``resume_command``; SIGTERM
     stops at the end of the generation batch with a checkpoint (:class:`ictrl.engine.run_guard.StopRequest`) and
-    raises :class:`ictrl.errors.Terminated` naming them. The first line logged names the method and its source."""
+    raises :class:`ictrl.errors.Terminated` naming them. The first line logged names the method and its source.
+    The final model and tokenizer are saved in ``output_dir`` (as ``trl grpo``), with a model card naming the base
+    model, the method and ``command``."""
     from ictrl.engine.run_config import method_line
 
     log.info(method_line(cfg, source))
@@ -274,7 +276,7 @@ def train(cfg: RunConfig, resume: bool | str = False, source: str = "<config>",
     try:
         with stop, RunLock(cfg.output_dir, args), cpu_threads(args):
             return _train_locked(cfg, args, reward_funcs, resume, source, callbacks, init_kwargs, lora,
-                                 resume_command, stop)
+                                 resume_command, stop, command)
     except Terminated:
         if not stop.before_training:
             raise
@@ -283,9 +285,10 @@ def train(cfg: RunConfig, resume: bool | str = False, source: str = "<config>",
 
 def _train_locked(cfg: RunConfig, args: Any, reward_funcs: list[Callable[..., Any]], resume: bool | str, source: str,
                   callbacks: list[Any] | None, init_kwargs: dict[str, Any], lora: Any,
-                  resume_command: str | None, stop: Any) -> TrainResult:
+                  resume_command: str | None, stop: Any, command: str | None = None) -> TrainResult:
     resume_from = prepare_output_dir(cfg, resume, source, args)
-    out, final = Path(cfg.output_dir), Path(cfg.output_dir) / "final"
+    # The final model goes where Trainer.save_model(output_dir) and `trl grpo` put it: output_dir itself.
+    out = final = Path(cfg.output_dir)
     if resume_from is not None and finished_run(resume_from, args.max_steps):
         step = trainer_state(resume_from)["global_step"]
         log.warning("--resume: the run is complete: %s is at step %d (max_steps %d) and %s holds its model; "
@@ -312,7 +315,7 @@ def _train_locked(cfg: RunConfig, args: Any, reward_funcs: list[Callable[..., An
 
     accuracy = reward_label(reward_funcs[0])
     _, trainer_cls = trainer_classes()
-    trainer = make_trainer_class(trainer_cls)(
+    trainer = _with_model_card(make_trainer_class(trainer_cls), cfg.model.model_name_or_path, command)(
         model=model, reward_funcs=reward_funcs, args=args, train_dataset=dataset, processing_class=tokenizer,
         peft_config=lora,
     )
@@ -353,4 +356,19 @@ def _train_locked(cfg: RunConfig, args: Any, reward_funcs: list[Callable[..., An
         raise stopped(out, trainer.state.global_step, resume_command, Terminated)
 
     save_final(trainer, out / f"{STAGING_PREFIX}final", final)
+    with reported_write(out, "free space and run again"):
+        trainer.create_model_card()
     return TrainResult(out, trainer.state.global_step, resume_from, final)
+
+
+def _with_model_card(base: type, base_model: str, command: str | None) -> type:
+    """``base`` writing ictrl's model card (``ictrl.engine.model_card``) wherever TRL writes its own (at every
+    checkpoint, to ``output_dir/README.md``), and at the end."""
+    from ictrl.engine.model_card import write_model_card
+
+    class Trainer(base):  # type: ignore[misc, valid-type]
+        def create_model_card(self, *args: Any, **kwargs: Any) -> None:
+            write_model_card(self, base_model, command)
+
+    Trainer.__name__ = Trainer.__qualname__ = base.__name__
+    return Trainer

@@ -101,6 +101,10 @@ class ICTGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
                  **kwargs: Any) -> None:
         if not isinstance(args, ICTGRPOConfig):
             raise ValueError(f"args must be an ICTGRPOConfig, got {type(args).__name__}")
+        if isinstance(model, str):  # offline, an uncached hub id is one error now, not a minute of hub retries
+            from ictrl.preflight import check_model
+
+            check_model(model, "model")
         engine = vllm_engine.building_engine(model, args) if args.use_vllm else contextlib.nullcontext()
         with fused_head_with_sum_sq(), engine:
             super().__init__(model, reward_funcs, args, *pos, **kwargs)
