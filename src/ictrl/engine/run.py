@@ -133,6 +133,8 @@ def prepare_output_dir(cfg: RunConfig, resume: bool | str, source: str = "<confi
 
 
 RUN_LABELS = "run.json"
+# reward_funcs names whose scores are 0 or 1 (ictrl's verifiers, TRL's accuracy rewards): a mean is an accuracy
+BINARY_REWARDS = ("verifiable", "math", "gsm8k", "choice", "accuracy_reward", "reasoning_accuracy_reward")
 
 
 def write_run_labels(out: Path, args: Any, method_from: str = "file") -> None:
@@ -313,7 +315,10 @@ def _train_locked(cfg: RunConfig, args: Any, reward_funcs: list[Callable[..., An
         save_config(cfg, out / "config.yaml")
         write_run_labels(out, args, cfg.method_from)
 
-    accuracy = reward_label(reward_funcs[0])
+    # the first reward is an accuracy (metrics' `accuracy`, the step line's `acc`) only when it is a 0/1 verifier
+    first = (cfg.script.reward_funcs or ["verifiable"])[0]
+    binary = not cfg.script.reward_model_name_or_path and first in BINARY_REWARDS
+    accuracy = reward_label(reward_funcs[0]) if binary else None
     _, trainer_cls = trainer_classes()
     trainer = _with_model_card(make_trainer_class(trainer_cls), cfg.model.model_name_or_path, command)(
         model=model, reward_funcs=reward_funcs, args=args, train_dataset=dataset, processing_class=tokenizer,
