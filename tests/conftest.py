@@ -11,7 +11,7 @@ import pytest
 import torch
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
+SHARED_DATA = Path(os.environ.get("ICTRL_DATA_ROOT") or REPO_ROOT.parent / "shared" / "data")  # as ictrl.data
 
 
 WITHOUT_VLLM_ENV = "ICTRL_TEST_WITHOUT_VLLM"
