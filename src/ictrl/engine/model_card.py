@@ -32,7 +32,7 @@ def model_card(base_model: str, output_dir: Path, args: Any, command: str | None
         "---", yaml.safe_dump(front, sort_keys=False).strip(), "---", "",
         f"# {output_dir.name}", "",
         f"This model is a fine-tuned version of {base}, "
-        f"trained with `ictrl train` (a subclass of TRL's `GRPOTrainer`) by {name}: {details}"
+        f"trained by `ictrl train` (ICTGRPOTrainer, a subclass of TRL's `GRPOTrainer`) with {name}: {details}"
         + (f", {step} optimizer steps" if step is not None else "") + f", seed {args.seed}.", "",
         "Trained with:", "", "```bash", command or "ictrl.engine.run.train (from Python)", "```", "",
         "The resolved settings are in `config.yaml` and `run.json` beside this file.", "",
