@@ -61,9 +61,9 @@ def publish_dir(staging: Path, final: Path) -> None:
 
 
 # Renamed last, in this order, by publish_model: config.json is what a loader reads first (without it a directory
-# is no model to from_pretrained), trainer_state.json marks the run finished (finished_run), the manifest is what
-# ictrl checks the files against.
-LAST_FILES = ("config.json", "trainer_state.json", MANIFEST)
+# is no model to from_pretrained), the manifest is what ictrl checks the files against, trainer_state.json marks
+# the run finished (finished_run).
+LAST_FILES = ("config.json", MANIFEST, "trainer_state.json")
 RUN_FILES = ("config.yaml", "run.json", "metrics.jsonl", "README.md")  # the run's, never a model save's to remove
 
 
