@@ -109,6 +109,38 @@ def test_train_help_lists_config_keys_with_their_help(capsys: pytest.CaptureFixt
     assert "dataset_name" in out and "reward_funcs" in out and "use_peft" in out and "eval_datasets" in out
 
 
+def test_train_help_lists_every_key_once_with_its_default_and_whole_help(capsys: pytest.CaptureFixture[str]) -> None:
+    import dataclasses
+    import re
+
+    from ictrl.train_cli.run_config import owners
+
+    with pytest.raises(SystemExit):
+        cli.main(["train", "--help"])
+    out = capsys.readouterr().out
+    listed = re.findall(r"^  --(\w+) \(default: (.*)\)$", out, flags=re.M)
+    assert sorted(name for name, _ in listed) == sorted(owners())  # every accepted key, once
+    defaults = dict(listed)
+    assert defaults["learning_rate"] == "1.0e-06" and defaults["beta"] == "0.0" and defaults["lora_r"] == "16"
+    assert defaults["token_selector"].startswith("'all' under ictrl train when the file sets none")
+    fields = {f.name: f for cls in set(owners().values()) for f in dataclasses.fields(cls)}
+    flat = " ".join(out.split())
+    cut = [name for name in owners() if " ".join(str(fields[name].metadata.get("help", "")).split()) not in flat]
+    assert cut == []  # every key's help whole, none shortened
+    for group in ("ictrl's own keys", "trl grpo's script keys", "model keys", "GRPO keys", "training keys"):
+        assert f"\n{group}" in out
+
+
+def test_overrides_go_before_or_after_the_config_file() -> None:
+    from ictrl.train_cli.cli import parse_argv
+
+    for argv in (["--learning-rate=1e-5", "c.yaml"], ["--learning-rate", "1e-5", "c.yaml"],
+                 ["c.yaml", "--learning-rate", "1e-5"], ["--config", "c.yaml", "--learning-rate=1e-5"]):
+        parsed = parse_argv(argv)
+        assert parsed.config == "c.yaml" and "c.yaml" not in parsed.overrides, argv
+    assert parse_argv(["--use_peft", "c.yaml"]).config == "c.yaml"  # a bare boolean before the file
+
+
 def test_module_function_imports_from_the_working_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import sys
 

@@ -145,6 +145,25 @@ def test_block_runs_as_written(block: Block, tiny: Path, workdir: Path, capsys: 
         assert rc == 0, f"{block.id}: ictrl {' '.join(args)} exited {rc}: {capsys.readouterr().err[-2000:]}"
 
 
+HUB_BLOCKS = [b for b in RUN_BLOCKS if b.lang in ("python", "py") and HUB_ID.search(b.text)
+              and not set(b.flags) & set(SKIP_FLAGS)]
+
+
+@pytest.mark.parametrize("block", HUB_BLOCKS, ids=lambda b: b.id)
+def test_a_hub_id_offline_is_one_error_naming_it(block: Block, workdir: Path) -> None:
+    """The snippet as written, unsubstituted, on a machine without the hub: one error naming the model id (the
+    line beside it says what to use instead), not the loader's chained tracebacks after a minute of retries."""
+    from ictrl.errors import ModelNotFoundError
+    from ictrl.hub import in_hub_cache
+
+    ids = HUB_ID.findall(block.text)
+    if any(in_hub_cache(i) for i in ids):
+        pytest.skip(f"{ids} cached on this machine: the snippet would train")
+    with pytest.raises(ModelNotFoundError, match=re.escape(ids[0]) + ".*HF_HUB_OFFLINE is set") as raised:
+        exec(compile(block.text, block.id, "exec"), {"__name__": f"docs_{block.line}"})
+    assert "\n" not in str(raised.value) and raised.value.__cause__ is None and raised.value.__context__ is None
+
+
 def _defined_names() -> set[str]:
     names: set[str] = set()
     for path in (REPO / "src" / "ictrl").rglob("*.py"):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ictrl import preflight
+from ictrl import hub, preflight
 from ictrl.engine import field_bounds
 from ictrl.cli import main
 from ictrl.errors import MissingExtraError, ModelNotFoundError, UserError, one_line
@@ -68,7 +68,7 @@ def test_hub_id_in_the_cache_passes_offline(monkeypatch: pytest.MonkeyPatch, off
     preflight.check_model("Qwen/Qwen2.5-0.5B")
     with pytest.raises(ModelNotFoundError, match="unreachable"):
         monkeypatch.delenv("HF_HUB_OFFLINE")
-        monkeypatch.setattr(preflight, "hub_reachable", lambda timeout=3.0: False)
+        monkeypatch.setattr(hub, "hub_reachable", lambda timeout=3.0: False)
         preflight.check_model("Qwen/Qwen2.5-1.5B")
 
 

@@ -49,11 +49,7 @@ def fsync_tree(root: Path) -> None:
         if path.is_file():
             with open(path, "rb") as fh:
                 os.fsync(fh.fileno())
-    fd = os.open(root, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    _fsync_dir(root)
 
 
 def publish_dir(staging: Path, final: Path) -> None:
@@ -64,8 +60,57 @@ def publish_dir(staging: Path, final: Path) -> None:
     os.replace(staging, final)
 
 
+# Renamed last, in this order, by publish_model: config.json is what a loader reads first (without it a directory
+# is no model to from_pretrained), the manifest is what ictrl checks the files against, trainer_state.json marks
+# the run finished (finished_run).
+LAST_FILES = ("config.json", MANIFEST, "trainer_state.json")
+RUN_FILES = ("config.yaml", "run.json", "metrics.jsonl", "README.md")  # the run's, never a model save's to remove
+
+
+def publish_model(staging: Path, out: Path) -> None:
+    """Move the fully written model in ``staging`` into ``out``, beside the run's checkpoints and logs, where
+    ``Trainer.save_model(output_dir)`` and ``trl grpo`` leave it. ``out`` is not one rename away (it holds the
+    checkpoints), so no moment shows a model that is not whole: an earlier save's :data:`LAST_FILES` go first, then
+    every other file is renamed in (each rename atomic; a directory such as ``adapter/`` whole), then the
+    :data:`LAST_FILES`. A kill in between leaves ``out`` without ``config.json``: no model, and no finished run, so
+    ``--resume`` writes it again. Files an earlier save listed that this one lacks are removed."""
+    fsync_tree(staging)
+    out.mkdir(parents=True, exist_ok=True)
+    earlier: set[str] = set()
+    if (out / MANIFEST).is_file():
+        try:
+            earlier = {name.split("/", 1)[0] for name in json.loads((out / MANIFEST).read_text())["files"]}
+        except (OSError, ValueError, KeyError, TypeError):
+            earlier = set()
+    for name in LAST_FILES:
+        (out / name).unlink(missing_ok=True)
+    entries = sorted(p.name for p in staging.iterdir())
+    for stale in sorted(earlier - set(entries)):  # a model file of the earlier save only (another shard count)
+        path = out / stale
+        if path.is_file() and not CHECKPOINT_RE.match(stale) and stale not in RUN_FILES:
+            path.unlink()
+        elif stale == "adapter" and path.is_dir():
+            shutil.rmtree(path)
+    _fsync_dir(out)
+    for name in [n for n in entries if n not in LAST_FILES] + [n for n in LAST_FILES if n in entries]:
+        target = out / name
+        if target.is_dir() and not target.is_symlink():
+            shutil.rmtree(target)
+        os.replace(staging / name, target)
+    _fsync_dir(out)
+    staging.rmdir()
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def trainer_state(directory: Path) -> dict[str, Any]:
-    """``directory/trainer_state.json`` (a checkpoint's, or final/'s), checked for ``global_step``."""
+    """``directory/trainer_state.json`` (a checkpoint's, or the final model's), checked for ``global_step``."""
     path = directory / "trainer_state.json"
     try:
         state = json.loads(path.read_text())
@@ -77,12 +122,13 @@ def trainer_state(directory: Path) -> dict[str, Any]:
 
 
 def finished_run(checkpoint: Path, max_steps: int) -> bool:
-    """True when ``final/`` beside ``checkpoint`` was saved at the checkpoint's step and that step reaches
-    ``max_steps`` (-1: the ``max_steps`` the checkpoint recorded, from num_train_epochs)."""
+    """True when the final model beside ``checkpoint`` (in the output directory, :func:`publish_model`) was saved at
+    the checkpoint's step and that step reaches ``max_steps`` (-1: the ``max_steps`` the checkpoint recorded, from
+    num_train_epochs)."""
     state = trainer_state(checkpoint)
     step = state["global_step"]
     target = max_steps if max_steps > 0 else int(state.get("max_steps", 0))
-    final = checkpoint.parent / "final"
+    final = checkpoint.parent
     if step < target or not (final / "trainer_state.json").is_file():
         return False
     return trainer_state(final)["global_step"] == step

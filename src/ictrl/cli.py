@@ -36,7 +36,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("ictrl.train_cli.cli", "train a model with ICT or a baseline from a YAML config"),
     "eval": ("ictrl.eval.cli", "evaluate a model on benchmarks with pass@k"),
     "table": ("ictrl.eval.table", "the paper's Table 1 (methods x training seeds) from `ictrl eval` results"),
-    "demo": ("ictrl.experiments.demo", "build the tiny embedded model and watch ICT improve it on CPU"),
+    "demo": ("ictrl.experiments.demo", "build the tiny embedded model, train it with ICT on CPU, pass@k before and "
+                                       "after"),
     "compare": ("ictrl.experiments.compare", "run methods x seeds and write a comparison report"),
     "inspect": ("ictrl.experiments.inspect", "HTML heatmap of ICT scores and entropy over response tokens"),
     "regime": ("ictrl.experiments.regime", "whether ICT's tokens differ from random ones on a model and prompt set "

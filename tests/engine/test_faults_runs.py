@@ -89,7 +89,7 @@ def _same_run(ref: Path, run: Path) -> None:
            if key not in TIMING_KEYS and isinstance(value, (int, float))
            and not math.isclose(have[key], value, rel_tol=1e-5, abs_tol=1e-7)]
     assert not bad, bad
-    a, b = load_file(ref / "final" / "model.safetensors"), load_file(run / "final" / "model.safetensors")
+    a, b = load_file(ref / "model.safetensors"), load_file(run / "model.safetensors")
     assert a.keys() == b.keys() and all((a[k] - b[k]).abs().max().item() <= 1e-6 for k in a)
 
 
@@ -118,7 +118,7 @@ def test_sigterm_and_a_truncated_checkpoint_then_resume_matches(tiny_model_dir: 
         "`ictrl train ") and lines[0].endswith(" --resume`"), lines
     assert "Traceback" not in first.stderr and "done:" not in first.stderr and "finished" not in first.stderr
     assert [r["step"] for r in rows(run)] == [1, 2, 3]
-    assert not (run / "final").exists()
+    assert not (run / "model.safetensors").exists()
     _clean(run)
 
     # SIGTERM in the middle of step 5 (its reward is being computed): step 5 is finished and saved, then the stop
@@ -163,7 +163,8 @@ def test_a_full_disk_during_a_save_then_resume_matches(tiny_model_dir: Path, uni
                                                    "[enforce fail at inline_container.cc:672] . unexpected pos"), lines
     assert lines[0].endswith(" free); checkpoint-3 is intact; free space and resume with --resume")
     assert "Traceback" not in failed.stderr
-    assert sorted(p.name for p in run.glob("*checkpoint*")) == ["checkpoint-3"] and not (run / "final").exists()
+    assert sorted(p.name for p in run.glob("*checkpoint*")) == ["checkpoint-3"]
+    assert not (run / "model.safetensors").exists()
     _clean(run)
 
     done = subprocess.run(command(tiny_model_dir, run, "--resume"), env=_env(tmp_path), capture_output=True,

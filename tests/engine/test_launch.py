@@ -208,7 +208,7 @@ def test_zero3_launch_of_ictrl_train_matches_ddp(tiny_model_dir: Path, shared_da
     mismatches = [(want["step"], key, value, have.get(key)) for want, have in zip(expected, got)
                   for key, value in want.items() if key not in TIMING_KEYS and isinstance(value, (int, float))
                   and not math.isclose(have.get(key, math.nan), value, rel_tol=1e-4, abs_tol=1e-6)]
-    ref, run = (load_file(tmp_path / d / "final" / "model.safetensors") for d in ("ddp", "zero3"))
+    ref, run = (load_file(tmp_path / d / "model.safetensors") for d in ("ddp", "zero3"))
     moved = max((ref[name] - load_file(tiny_model_dir / "model.safetensors")[name]).abs().max().item()
                 for name in ref)
     assert moved > 1e-4  # the runs trained
@@ -269,7 +269,7 @@ def test_two_process_cpu_launch_through_the_flag(tmp_path: Path) -> None:
     assert proc.stderr.count("no CUDA device: training on CPU") == 1  # two processes ran; rank 0 logs
     run = tmp_path / "runs" / "tiny" / "ict"
     assert [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [1]
-    assert (run / "final" / "model.safetensors").is_file()
+    assert (run / "model.safetensors").is_file()
 
     # a mistake the processes find after the parent's checks (every prompt longer than 1 token): rank 0's line
     proc = train("--max_prompt_length=1", "--output-dir=runs/tiny/short")

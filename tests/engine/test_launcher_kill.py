@@ -94,7 +94,7 @@ def test_kill_launcher_then_resume_matches_uninterrupted(processes: int, tiny_mo
         assert not any(map(pid_alive, ranks)), "a rank outlived its launcher"
     finally:
         launcher.kill()
-    assert not (run / "final").exists()
+    assert not (run / "model.safetensors").exists()
     assert [r["step"] for r in rows(run)] == list(range(1, BLOCK_AT))
 
     done = subprocess.run(launch(processes, [*train, "--resume"]), env=env, capture_output=True, text=True,
@@ -112,7 +112,7 @@ def test_kill_launcher_then_resume_matches_uninterrupted(processes: int, tiny_mo
     assert sum(isinstance(v, (int, float)) for r in expected for v in r.values()) > 100
     from safetensors.torch import load_file
 
-    final_ref, final_run = load_file(ref / "final" / "model.safetensors"), load_file(run / "final" / "model.safetensors")
+    final_ref, final_run = load_file(ref / "model.safetensors"), load_file(run / "model.safetensors")
     assert final_ref.keys() == final_run.keys()
     mismatches += [(STEPS, name, 0.0, (tensor - final_run[name]).abs().max().item()) for name, tensor in final_ref.items()
                    if (tensor - final_run[name]).abs().max().item() > 1e-6]

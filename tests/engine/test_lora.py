@@ -52,6 +52,7 @@ def test_bad_model_options_fail_before_the_model_loads(override: str, message: s
                                                        tiny_model_dir: Path, tmp_path: Path,
                                                        capsys: pytest.CaptureFixture[str]) -> None:
     code = cli.main(["train", str(CELL), f"--model_name_or_path={tiny_model_dir}", f"--output_dir={tmp_path / 'o'}",
+                     "--use_vllm=false",
                      "--use_peft", override])
     err = capsys.readouterr().err
     assert code == 2 and message in err, err
@@ -74,6 +75,7 @@ def test_a_missing_package_is_one_line_naming_it(override: str, module: str, mes
     if importlib.util.find_spec(module) is not None:
         pytest.skip(f"{module} is installed here")
     code = cli.main(["train", str(CELL), f"--model_name_or_path={tiny_model_dir}", f"--output_dir={tmp_path / 'o'}",
+                     "--use_vllm=false",
                      "--use_peft", override])
     err = capsys.readouterr().err
     assert code == 2 and message in err, err
@@ -175,7 +177,7 @@ def test_lora_trains_saves_and_resumes_from_a_yaml_peft_section(tiny_model_dir: 
     rows = read_metrics(out)
     assert [r["step"] for r in rows] == [1, 2] and all(r["ictrl/selected_frac"] < 1 for r in rows)
 
-    # checkpoints hold the adapter; final/ the merged model (what ictrl eval reads) and final/adapter
+    # checkpoints hold the adapter; output_dir the merged model (what ictrl eval reads) and output_dir/adapter
     assert (out / "checkpoint-1" / "adapter_model.safetensors").is_file()
     assert (result.final_model / "model.safetensors").is_file()
     merged, tokenizer = load_model_and_tokenizer(str(result.final_model))

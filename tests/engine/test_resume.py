@@ -82,7 +82,7 @@ def test_kill_and_resume_matches_uninterrupted_run(tiny_model_dir: Path, uninter
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(timeout=60)
     assert proc.returncode == -signal.SIGKILL
-    assert not (run / "final").exists()
+    assert not (run / "model.safetensors").exists()
     assert [r["step"] for r in rows(run)] == list(range(1, BLOCK_AT))  # step 4 logged after checkpoint-3
 
     done = subprocess.run(command(tiny_model_dir, run, "--resume"), env=env, capture_output=True, text=True,
@@ -107,7 +107,7 @@ def test_kill_and_resume_matches_uninterrupted_run(tiny_model_dir: Path, uninter
 
     from safetensors.torch import load_file
 
-    final_ref, final_run = load_file(ref / "final" / "model.safetensors"), load_file(run / "final" / "model.safetensors")
+    final_ref, final_run = load_file(ref / "model.safetensors"), load_file(run / "model.safetensors")
     assert final_ref.keys() == final_run.keys()
     for name, tensor in final_ref.items():
         assert (tensor - final_run[name]).abs().max().item() <= 1e-6, name
@@ -230,10 +230,10 @@ def test_finished_run_needs_max_steps_and_a_final_model_of_that_step(tmp_path: P
 
     ckpt = tmp_path / "checkpoint-4"
     _write_state(ckpt, 4, 4)
-    assert not finished_run(ckpt, 4)  # no final/: killed after the last checkpoint, final/ still to write
-    _write_state(tmp_path / "final", 2, 2)
-    assert not finished_run(ckpt, 4)  # final/ of an earlier, shorter run
-    _write_state(tmp_path / "final", 4, 4)
+    assert not finished_run(ckpt, 4)  # no final model: killed after the last checkpoint, the model still to write
+    _write_state(tmp_path, 2, 2)
+    assert not finished_run(ckpt, 4)  # the final model of an earlier, shorter run
+    _write_state(tmp_path, 4, 4)
     assert finished_run(ckpt, 4)
     assert finished_run(ckpt, 3)  # max_steps lowered below the checkpoint: nothing left either
     assert not finished_run(ckpt, 6)  # max_steps raised: the run continues
@@ -268,30 +268,32 @@ def test_resume_at_max_steps_trains_no_step(tiny_model_dir: Path, shared_data: P
     assert train(cfg).global_step == 2
     metrics = (out / "metrics.jsonl").read_text()
     assert [json.loads(line)["step"] for line in metrics.splitlines()] == [1, 2]
-    weights = load_file(out / "final" / "model.safetensors")
+    weights = load_file(out / "model.safetensors")
 
     def unchanged_run() -> None:
         assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-2"]
         assert (out / "metrics.jsonl").read_text() == metrics
-        assert json.loads((out / "final" / "trainer_state.json").read_text())["global_step"] == 2
-        again = load_file(out / "final" / "model.safetensors")
+        assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 2
+        again = load_file(out / "model.safetensors")
         assert again.keys() == weights.keys()
         for name, tensor in weights.items():
             assert torch.equal(again[name], tensor), name
 
-    # complete (checkpoint-2 and final/ of step 2): reported, and the model is not even loaded
+    # complete (checkpoint-2 and the final model of step 2): reported, and the model is not even loaded
     real_loader = ictrl.models.load_model_and_tokenizer
     monkeypatch.setattr(ictrl.models, "load_model_and_tokenizer",
                         lambda *a, **k: pytest.fail("a complete run must not load the model"))
     with caplog.at_level("WARNING", logger="ictrl.train"):
         result = train(cfg, resume=True)
-    assert (result.global_step, result.resumed_from, result.final_model) == (2, out / "checkpoint-2", out / "final")
+    assert (result.global_step, result.resumed_from, result.final_model) == (2, out / "checkpoint-2", out)
     assert "the run is complete: checkpoint-2 is at step 2" in caplog.text
     unchanged_run()
 
-    # killed after checkpoint-2 but before final/ was written: final/ comes from checkpoint-2, no step is trained
+    # killed after checkpoint-2 but before the final model was published: it comes from checkpoint-2, no step is
+    # trained
     monkeypatch.setattr(ictrl.models, "load_model_and_tokenizer", real_loader)
-    shutil.rmtree(out / "final")
+    for name in ("config.json", "trainer_state.json", "manifest.json"):  # what a kill mid-publish leaves
+        (out / name).unlink(missing_ok=True)
     caplog.clear()
     with caplog.at_level("WARNING", logger="ictrl.train"):
         result = train(cfg, resume=True)

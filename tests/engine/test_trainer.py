@@ -479,3 +479,19 @@ def test_trl_loss_types_train_with_a_selector(tiny_model_dir: Path, tmp_path: Pa
     steps = [h for h in trainer.state.log_history if "loss" in h]
     assert len(steps) == 2 and all(math.isfinite(h["loss"]) for h in steps)
     assert 0.1 <= steps[-1]["ictrl/selected_frac"] < 0.3
+
+
+def test_an_uncached_hub_id_offline_is_one_error_before_any_loading(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """TRL's loader would retry the hub for about a minute and end in chained tracebacks; the trainer names the
+    model at once."""
+    from ictrl.engine.trainer import ICTGRPOTrainer
+    from ictrl.errors import ModelNotFoundError
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    args = ICTGRPOConfig(output_dir=str(tmp_path / "out"), use_cpu=True, bf16=False, report_to="none")
+    with pytest.raises(ModelNotFoundError, match=r"^model: Qwen/Qwen2\.5-0\.5B: no local directory or hub-cache copy, "
+                                                 r"and HF_HUB_OFFLINE is set$"):
+        ICTGRPOTrainer(model="Qwen/Qwen2.5-0.5B", reward_funcs=[lambda completions, **_: [0.0] * len(completions)],
+                       args=args, train_dataset=[{"prompt": "1+1="}])

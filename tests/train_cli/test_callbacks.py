@@ -71,7 +71,9 @@ def test_log_line_shows_the_running_mean_of_the_logged_rewards() -> None:
 
     from ictrl.train_cli.callbacks import TREND, RichProgress, step_line
 
-    assert step_line(3, 9, {"reward": 0.5}, None).startswith("step 3/9  reward 0.500  acc -")
+    assert step_line(3, 9, {"reward": 0.5}, None).startswith("step 3/9  reward 0.500  sel -")  # no accuracy column
+    assert step_line(3, 9, {"reward": 0.5, "rewards/math/mean": 0.25}, "rewards/math/mean").startswith(
+        "step 3/9  reward 0.500  acc 0.250  sel -")
     assert step_line(3, 9, {"reward": 0.5}, None, [0.25, 0.5]).startswith("step 3/9  reward 0.500 (avg2 0.375)  ")
     out = io.StringIO()
     bar = RichProgress(console=Console(file=out, width=200, force_terminal=False))

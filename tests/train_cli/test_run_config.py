@@ -301,3 +301,50 @@ def test_custom_selector_by_module_function(tmp_path: Path, monkeypatch: pytest.
     finally:
         SELECTORS.pop("first_token_test", None)
         sys.modules.pop("my_selectors", None)
+
+
+# --- which method a file runs -------------------------------------------------------------------------------
+
+
+def test_a_file_without_token_selector_is_trls_grpo_and_says_so(tmp_path: Path) -> None:
+    from ictrl.train_cli.run import build_trainer_args
+    from ictrl.engine.model_card import resolved_method
+    from ictrl.train_cli.run_config import method_line
+
+    plain = config_from_dict(dict(MINIMAL), "plain.yaml")
+    assert plain.trainer["token_selector"] == "all" and plain.method_from == "default"
+    args = build_trainer_args(plain, "plain.yaml", cpu=True)
+    assert resolved_method(args) == {"method": "grpo", "token_selector": "all", "selection_ratio": None,
+                                     "selection_scope": None, "selection_warmup_steps": 0,
+                                     "loss_normalization": "token_mean_all", "loss_type": "dapo"}  # TRL's dapo
+    line = method_line(plain, "plain.yaml")
+    assert line.startswith("method: TRL's GRPO (token_selector: all, the default: plain.yaml sets no")
+    assert "--token_selector=ict" in line
+    ict = config_from_dict({**MINIMAL, "token_selector": "ict"}, "ict.yaml")
+    assert ict.method_from == "file" and method_line(ict, "ict.yaml") == \
+        "method: ict (token_selector: ict, from ict.yaml)"
+    assert resolved_method(build_trainer_args(ict, "ict.yaml", cpu=True))["loss_normalization"] == \
+        "per_response_selected"
+    flag = config_from_dict(dict(MINIMAL), "plain.yaml", ["--token-selector", "stapo"])
+    assert flag.method_from == "flag" and "from --token_selector=stapo" in method_line(flag, "plain.yaml")
+    save_config(plain, tmp_path / "config.yaml")  # the resolved method is written: a resume compares it
+    assert read_yaml(tmp_path / "config.yaml")["token_selector"] == "all"
+
+
+def test_every_config_of_the_project_names_its_method() -> None:
+    """No file in configs/ that trains changes method under the default: each sets token_selector."""
+    files = [p for p in CONFIGS.rglob("*.yaml") if "accelerate" not in p.parts and "base" not in p.parts]
+    assert files and all("token_selector" in read_yaml(p) for p in files), files
+
+
+def test_print_config_shows_the_resolved_method(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from ictrl import cli
+
+    config = tmp_path / "plain.yaml"
+    config.write_text(yaml.safe_dump({**MINIMAL, "dataset_name": "gsm8k_train"}))
+    assert cli.main(["train", "--learning-rate=1e-5", str(config), "--print-config"]) == 0
+    out = capsys.readouterr().out
+    assert "# resolved method (token_selector from the default, as the file sets none: TRL's GRPO):" in out
+    assert "#   loss_normalization: token_mean_all" in out and "#   selection_warmup_steps: 0" in out
+    printed = yaml.safe_load(out)
+    assert printed["token_selector"] == "all" and printed["learning_rate"] == 1e-5

@@ -58,7 +58,7 @@ def test_refuses_to_overwrite_checkpoints_without_resume(loader_calls: list[Any]
     out = tmp_path / "out"
     (out / "checkpoint-4").mkdir(parents=True)
     (out / "checkpoint-4" / "trainer_state.json").write_text("{}")
-    code = cli.main(["train", str(CELL), f"--output_dir={out}"])
+    code = cli.main(["train", str(CELL), f"--output_dir={out}", "--use_vllm=false"])  # runs without vLLM too
     assert code == 2 and "already holds checkpoint-4; pass --resume" in capsys.readouterr().err
     assert loader_calls == []
 

@@ -1,7 +1,8 @@
 """A ``trl grpo --config`` file runs unchanged under ``ictrl train``: TRL's own script (``trl.scripts.grpo``, run
-in-process and stopped when its trainer starts training) and ``ictrl train`` resolve the same ``GRPOConfig`` and
-``ModelConfig`` and draw the same first batch with ``token_selector: all``; the same file with ``token_selector:
-ict`` trains with ICT. The tiny embedded model and a local jsonl dataset directory: no network."""
+in-process) and ``ictrl train`` resolve the same ``GRPOConfig`` and ``ModelConfig``, draw the same first batch and,
+trained two steps on a reward that varies, save bit-identical weights where TRL saves them (``output_dir``): a file
+without ``token_selector`` is TRL's GRPO. The same file with ``--token_selector=ict`` trains with ICT. The tiny
+embedded model and a local jsonl dataset directory: no network."""
 
 from __future__ import annotations
 
@@ -25,8 +26,9 @@ class Started(Exception):
         self.trainer = trainer
 
 
-def trl_file(tmp_path: Path, model_dir: Path) -> Path:
-    """A file as a TRL user writes it for ``trl grpo``: a dataset directory, a dotted reward, LoRA off, CPU."""
+def trl_file(tmp_path: Path, model_dir: Path, max_steps: int = 1) -> Path:
+    """A file as a TRL user writes it for ``trl grpo`` (no ictrl key): a dataset directory, a dotted reward, LoRA
+    off, CPU."""
     data = tmp_path / "digits"
     data.mkdir()
     rows = [{"prompt": f"{a}+{b}=", "solution": str(a + b)} for a in range(4) for b in range(4)]
@@ -37,9 +39,9 @@ def trl_file(tmp_path: Path, model_dir: Path) -> Path:
         "model_name_or_path": str(model_dir), "dtype": "float32", "dataset_name": str(data),
         "dataset_train_split": "train", "reward_funcs": ["parity_rewards.length_reward"],
         "output_dir": str(tmp_path / "out"), "per_device_train_batch_size": 4, "num_generations": 4,
-        "max_completion_length": 8, "max_steps": 1, "learning_rate": 1e-5, "seed": 7, "logging_steps": 1,
+        "max_completion_length": 8, "max_steps": max_steps, "learning_rate": 1e-5, "seed": 7, "logging_steps": 1,
         "scale_rewards": False, "use_cpu": True, "bf16": False, "report_to": "none", "save_strategy": "no",
-        "disable_tqdm": True, "token_selector": "all",
+        "disable_tqdm": True,
     }))
     return config
 
@@ -120,3 +122,46 @@ def test_the_same_file_trains_with_ict(tiny_model_dir: Path, tmp_path: Path, mon
     assert [r["step"] for r in rows] == [1]
     assert rows[0]["ictrl/tokens/selected"] == 4  # ceil(0.1 n) = 1 token of each of the 4 responses of <= 8 tokens
     assert rows[0]["ictrl/tokens/selected"] < rows[0]["ictrl/tokens/all"]
+
+
+@pytest.mark.integration
+def test_a_plain_trl_file_trains_as_trl_grpo_bit_for_bit(tiny_model_dir: Path, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """Two steps of ``trl grpo`` and of ``ictrl train`` on the unchanged file: the same weights to the bit, both
+    loadable from ``output_dir`` as TRL leaves it; ictrl's first line names the method and how to get ICT, and
+    its model card names the base model, the method and the command."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl.scripts import grpo
+
+    from ictrl import cli
+
+    config = trl_file(tmp_path, tiny_model_dir, max_steps=2)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    try:
+        parser = grpo.make_parser()
+        script, args, model, mixture = parser.parse_args_and_config(
+            ["--config", str(config), "--output_dir", str(tmp_path / "trl")], fail_with_unknown_args=False)
+        grpo.main(script, args, model, mixture)
+        code = cli.main(["train", str(config)])
+    finally:
+        sys.modules.pop("parity_rewards", None)
+    err = capsys.readouterr().err
+    assert code == 0, err
+    first = next(line for line in err.splitlines() if "ictrl.train" in line)
+    assert "method: TRL's GRPO (token_selector: all, the default" in first and "--token_selector=ict" in first
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()
+    theirs = AutoModelForCausalLM.from_pretrained(tmp_path / "trl").state_dict()
+    ours = AutoModelForCausalLM.from_pretrained(tmp_path / "out").state_dict()
+    AutoTokenizer.from_pretrained(tmp_path / "out")
+    assert ours.keys() == theirs.keys()
+    assert all(torch.equal(ours[k], theirs[k]) for k in ours)
+    assert any(not torch.equal(ours[k], base[k]) for k in ours)  # the reward varied: the weights moved
+    labels = json.loads((tmp_path / "out" / "run.json").read_text())
+    assert (labels["method"], labels["method_from"], labels["loss_normalization"]) == ("grpo", "default",
+                                                                                       "token_mean_all")
+    card = (tmp_path / "out" / "README.md").read_text()
+    assert f"base_model: {tiny_model_dir.resolve()}" in card and "None" not in card
+    assert "TRL's GRPO" in card and f"ictrl train {config}" in card

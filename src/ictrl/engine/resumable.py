@@ -25,9 +25,9 @@ handled by ``ictrl.checkpoints``.
   SIGTERM stops at the next boundary (``ictrl.train_cli.callbacks.StopOnRequest``).
 - Trainer stops at ``max_steps`` only after a step (``DefaultFlowCallback.on_step_end``). A run resumed from a
   checkpoint at ``max_steps`` that falls inside an epoch re-enters that epoch and trains one step too many
-  (at an epoch boundary the epoch loop is empty). :meth:`Resumable.run_epoch` skips the epoch when no step is
-  left, and ``ictrl.train_cli.run.train`` returns at once when ``final/`` already holds the last checkpoint's
-  step.
+  (at an epoch boundary the epoch loop is empty). :meth:`Resumable.run_epoch` skips the epoch when no
+  step is left, and ``ictrl.train_cli.run.train`` returns at once when the final model in the output directory is of
+  the last checkpoint's step.
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ from typing import Any, Callable
 
 import torch
 
-from ictrl.checkpoints import (STAGING_PREFIX, checkpoint_world_size, publish_dir, trainer_state, verify_checkpoint,
-                               write_manifest)
+from ictrl.checkpoints import (STAGING_PREFIX, checkpoint_world_size, publish_dir, publish_model, trainer_state,
+                               verify_checkpoint, write_manifest)
 from ictrl.errors import ConfigError
 from ictrl.files import is_write_failure, write_error
 
@@ -286,11 +286,11 @@ def _save_failed(path: Path, exc: BaseException) -> Exception:
 
 
 def save_final(trainer: Any, staging: Path, final: Path) -> None:
-    """The HF-format model in ``final``, written to ``staging`` then renamed. ``save_model`` runs on every
-    process: under ZeRO-3 and FSDP it gathers the full weights (a collective; on the main process alone it would
-    hang), and only the main process writes. FSDP checkpoints may be sharded (SHARDED_STATE_DICT), for which
+    """The HF-format model in ``final`` (the output directory), written to ``staging`` then renamed in
+    (``checkpoints.publish_model``). ``save_model`` runs on every process: under ZeRO-3 and FSDP it gathers the
+    full weights (a collective; on the main process alone it would hang), and only the main process writes. FSDP checkpoints may be sharded (SHARDED_STATE_DICT), for which
     ``save_model`` writes no weights: the final save switches the plugin to a full state dict for its duration.
-    A LoRA run writes the merged model there and its adapter in ``final/adapter`` (:func:`_save_lora`)."""
+    A LoRA run writes the merged model there and its adapter in ``adapter/`` (:func:`_save_lora`)."""
     barrier = trainer.accelerator.wait_for_everyone
     if trainer.args.should_save:
         shutil.rmtree(staging, ignore_errors=True)
@@ -312,7 +312,7 @@ def save_final(trainer: Any, staging: Path, final: Path) -> None:
         def publish() -> None:
             trainer.state.save_to_json(str(staging / "trainer_state.json"))  # its step: finished_run reads it
             write_manifest(staging)
-            publish_dir(staging, final)
+            publish_model(staging, final)
 
         failure = _attempt(publish)
     if failure is not None:
@@ -329,8 +329,8 @@ def _is_peft(model: Any) -> bool:
 
 def _save_lora(trainer: Any, staging: Path) -> None:
     """``staging/adapter``: the adapter as TRL saves it; ``staging``: the base model with the adapter merged in and
-    the tokenizer, so ``ictrl eval`` and vLLM read ``final/`` as any checkpoint. The merge changes the trainer's
-    model in place (training is over). Under ZeRO-3 or FSDP the weights are shards on each process: only the
+    the tokenizer, so ``ictrl eval`` and vLLM read the output directory as any checkpoint. The merge changes the
+    trainer's model in place (training is over). Under ZeRO-3 or FSDP the weights are shards on each process: only the
     adapter is written, with a warning."""
     import logging
 
@@ -338,7 +338,7 @@ def _save_lora(trainer: Any, staging: Path) -> None:
     deepspeed = getattr(trainer.accelerator.state, "deepspeed_plugin", None)
     if trainer.is_fsdp_enabled or (deepspeed is not None and deepspeed.zero_stage == 3):
         logging.getLogger("ictrl.train").warning(
-            "final/: the LoRA weights are sharded across processes, so only the adapter is saved (final/adapter); "
+            "final model: the LoRA weights are sharded across processes, so only the adapter is saved (adapter/); "
             "merge it into the base model with peft's merge_and_unload before ictrl eval")
         return
     if trainer.args.should_save:

@@ -68,6 +68,7 @@ from ictrl.engine import vllm_engine
 from ictrl.engine.config import ICTGRPOConfig
 from ictrl.engine.dynamic_sampling import DynamicSampling
 from ictrl.engine.heads import backbone, call_head, output_head
+from ictrl.engine.model_card import write_model_card
 from ictrl.engine.resumable import Resumable
 from ictrl.engine.sampler_topk import TopKRecorder, TopKRows, recorded_topk, recording_generate, split_vllm_logprobs
 from ictrl.engine.selection_step import SelectionStep, metrics_logged
@@ -101,11 +102,18 @@ class ICTGRPOTrainer(GRPOTrainer):
     #: False: always the separate statistics pass (the reference the one-pass paths are tested against); read when
     #: the trainer is built, which decides the statistics path of each mode (``stats_source``).
     one_pass: bool = True
+    #: the command line that trained the model, for its card (``ictrl train`` sets it; None from Python)
+    command: str | None = None
 
     def __init__(self, model: Any, reward_funcs: Any, args: ICTGRPOConfig | None = None, *pos: Any,
                  **kwargs: Any) -> None:
         if not isinstance(args, ICTGRPOConfig):
             raise ValueError(f"args must be an ICTGRPOConfig, got {type(args).__name__}")
+        if isinstance(model, str):  # offline, an uncached hub id is one error now, not a minute of hub retries
+            from ictrl.hub import check_model
+
+            check_model(model, "model")
+        self.base_model = model if isinstance(model, str) else getattr(model.config, "_name_or_path", None) or "?"
         self.batch_filter, self.resumable = DynamicSampling(self), Resumable(self)  # parts, not mixins
         engine = vllm_engine.building_engine(model, args) if args.use_vllm else contextlib.nullcontext()
         with fused_head_with_sum_sq(), engine:
@@ -134,6 +142,11 @@ class ICTGRPOTrainer(GRPOTrainer):
             if getattr(text_config, attr, None) not in (None, 1, 1.0):
                 raise ValueError(f"model config sets {attr}; the statistics pass reads raw LM-head logits and "
                                  "does not apply it")
+
+    def create_model_card(self, *args: Any, **kwargs: Any) -> None:
+        """ictrl's card wherever TRL writes its own (``ictrl.engine.model_card``: TRL's names no local base model
+        and no token selection)."""
+        write_model_card(self, self.base_model, self.command)
 
     def _plan_stats(self, needs_js: bool) -> StatsSource:
         """The run's statistics source, with the path of each mode decided here, once."""

@@ -121,12 +121,14 @@ TREND = 10  # logged rewards in the running mean of the log line
 def step_line(step: int, max_steps: int, logs: dict[str, Any], accuracy_key: str | None,
               recent: list[float] | None = None) -> str:
     """One compact line per logged step: the numbers a person watches. ``recent``: the last logged rewards (up to
-    :data:`TREND`), shown as their mean (``avg10``): one generation batch's reward is noisy, their trend is not."""
+    :data:`TREND`), shown as their mean (``avg10``): one generation batch's reward is noisy, their trend is not.
+    ``acc`` (the accuracy reward's mean) only with an ``accuracy_key``: a run whose first reward is a 0/1
+    verifier; a graded reward's mean is no accuracy."""
     trend = f" (avg{len(recent)} {sum(recent) / len(recent):.3f})" if recent else ""
     parts = [
         f"step {step}/{max_steps}",
         f"reward {_fmt(logs, 'reward')}{trend}",
-        f"acc {_fmt(logs, accuracy_key) if accuracy_key else '-'}",
+        *([f"acc {_fmt(logs, accuracy_key)}"] if accuracy_key else []),
         f"sel {_fmt(logs, 'ictrl/selected_frac')}",
         f"H1 {_fmt(logs, 'ictrl/h1/all')}/{_fmt(logs, 'ictrl/h1/selected')}",
         f"clip {_fmt(logs, CLIP_KEY if CLIP_KEY in logs else 'clip_ratio/region_mean', '.4f')}",

@@ -16,10 +16,10 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import re
 import shlex
 import sys
 from dataclasses import dataclass
+from typing import Any
 
 import yaml
 
@@ -32,39 +32,59 @@ USAGE = ("ictrl train (CONFIG.yaml | --config CONFIG.yaml) [--KEY=VALUE | --KEY 
          " [--num-processes N [--accelerate-config FILE] [--main-process-port PORT]]")
 
 
-# The trainer fields most runs set, listed by `ictrl train --help` beside ictrl's own (every field is accepted).
-COMMON_TRL_KEYS = ("model_name_or_path", "dataset_name", "reward_funcs", "dtype", "use_peft", "lora_r",
-                   "output_dir", "learning_rate", "max_steps", "num_generations", "per_device_train_batch_size",
-                   "max_completion_length", "temperature", "beta", "epsilon", "epsilon_high", "seed", "save_steps",
-                   "logging_steps", "report_to", "use_vllm")
-
-
-def _first_sentence(text: str, width: int = 110) -> str:
-    text = " ".join(str(text).split())
-    end = re.search(r"(?<!e\.g)(?<!i\.e)(?<!Eq)\.\s+(?=[A-Z`])", text)  # a sentence end, not "e.g. " / "Eq. 13"
-    text = text if end is None else text[: end.start() + 1]
-    return text if len(text) <= width else text[: width - 3] + "..."
-
-
-def config_keys_help() -> str:
-    """The run-config keys with their help (from the dataclasses that own them), for ``ictrl train --help``."""
+def _default(f: Any) -> str:
+    """A field's default as a config file writes it."""
     import dataclasses
 
-    from trl import GRPOConfig, ModelConfig
+    value = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+    value = getattr(value, "value", value)  # an enum member: its string
+    if isinstance(value, str):
+        return repr(value)
+    return yaml.safe_dump(value, default_flow_style=True, width=1 << 20).strip().removesuffix("...").strip()
+
+
+def config_keys_help(width: int = 110) -> str:
+    """Every run-config key, grouped by the dataclass that owns it, with its default and full help (from the
+    dataclass), for ``ictrl train --help``: what ``trl grpo --help`` lists, plus ictrl's keys."""
+    import dataclasses
+    import textwrap
+
+    from transformers import TrainingArguments
+    from trl import GRPOConfig
+    from trl import ModelConfig as TRLModelConfig
     from trl.scripts.grpo import GRPOScriptArguments
 
-    from ictrl.train_cli.run_config import owners
+    from ictrl.train_cli.run_config import DEFAULT_SELECTOR, owners
 
-    def rows(names: list[str]) -> list[str]:
-        fields = {f.name: f for cls in set(owners().values()) for f in dataclasses.fields(cls)}
-        return [f"  {n:<34} {_first_sentence(fields[n].metadata.get('help', ''))}" for n in names]
-
-    trl = {f.name for cls in (GRPOConfig, ModelConfig, GRPOScriptArguments) for f in dataclasses.fields(cls)}
-    ours = [n for n in owners() if n not in trl]
-    return "\n".join(["config keys (YAML or --KEY=VALUE; the help comes from the dataclass that checks the value):",
-                      " ictrl's own (token selection, data, step shape):", *rows(ours),
-                      f" common trl grpo keys (all {len(trl)} of GRPOScriptArguments, GRPOConfig and ModelConfig are "
-                      "accepted by name):", *rows([n for n in COMMON_TRL_KEYS if n in owners()])])
+    fields = {f.name: f for cls in set(owners().values()) for f in dataclasses.fields(cls) if f.init}
+    names = {cls: [f.name for f in dataclasses.fields(cls) if f.init] for cls in
+             (GRPOScriptArguments, TRLModelConfig, GRPOConfig, TrainingArguments)}
+    trl_keys = {n for cls in (GRPOScriptArguments, TRLModelConfig, GRPOConfig) for n in names[cls]}
+    groups = [
+        ("ictrl's own keys (token selection, data, rewards, step shape, evaluation during training)",
+         [n for n in owners() if n not in trl_keys]),
+        ("trl grpo's script keys (GRPOScriptArguments; dataset_name and reward_funcs also take ictrl's names)",
+         names[GRPOScriptArguments]),
+        ("model keys (TRL's ModelConfig)", names[TRLModelConfig]),
+        ("GRPO keys (TRL's GRPOConfig; what each means under ictrl: docs/trl-contract.md)",
+         [n for n in names[GRPOConfig] if n not in names[TrainingArguments]]),
+        ("training keys (transformers' TrainingArguments, through GRPOConfig)",
+         [n for n in names[TrainingArguments] if n in owners()]),
+    ]
+    out = ["config keys: YAML in the file, or --KEY=VALUE / --KEY VALUE before or after it (dashes or underscores);",
+           f"{len(owners())} keys, each with its default and the help of the dataclass that checks it."]
+    for title, keys in groups:
+        out += ["", f"{title}:"]
+        for name in keys:
+            f = fields[name]
+            default = f"{DEFAULT_SELECTOR!r} under ictrl train when the file sets none (TRL's GRPO); the Python " \
+                      f"ICTGRPOConfig's: {_default(f)}" if name == "token_selector" else _default(f)
+            out.append(f"  --{name} (default: {default})")
+            text = " ".join(str(f.metadata.get("help", "")).split())
+            if text:
+                out += textwrap.wrap(text, width, initial_indent="      ", subsequent_indent="      ",
+                                     break_on_hyphens=False)
+    return "\n".join(out)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -78,7 +98,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                   "(configs/accelerate/{ddp,fsdp2,zero2,zero3}.yaml);\n  its num_processes unless --num-processes "
                   "is given. --main-process-port PORT: the rendezvous port (default 29500).")
     parser.add_argument("argv", nargs=argparse.REMAINDER, metavar="ARGS",
-                        help="the config file and overrides, e.g. configs/qwen2.5-1.5b/ict.yaml --learning_rate=2e-6")
+                        help="the config file and overrides (before or after it), e.g. configs/qwen2.5-1.5b/ict.yaml "
+                             "--learning_rate=2e-6")
     help_only = parser.parse_args
 
     def parse_args(args: list[str] | None = None, namespace: argparse.Namespace | None = None) -> argparse.Namespace:
@@ -118,6 +139,11 @@ class TrainArgs:
     child_argv: list[str]  # everything but the launch flags: what each process a launch starts is given
 
 
+def _config_file(arg: str) -> bool:
+    """``arg`` names a config file (a YAML name or a file that exists), not a flag's value."""
+    return arg.endswith((".yaml", ".yml")) or os.path.isfile(arg)
+
+
 def parse_argv(argv: list[str]) -> TrainArgs:
     """The config file (positional or ``--config``), the ``--KEY=VALUE`` overrides (read later by TRL's parser),
     ictrl's flags and the launch flags (:class:`ictrl.train_cli.launch.Launch`); a flag without its value, a bad launch
@@ -128,6 +154,7 @@ def parse_argv(argv: list[str]) -> TrainArgs:
     launch = Launch()
     child_argv: list[str] = []
     args = iter(argv)
+    takes_value = False  # the argument before was a bare --KEY, whose value this one may be
     for arg in args:
         flag, eq, value = arg.partition("=")
         field = _launch_flag(arg)
@@ -150,10 +177,11 @@ def parse_argv(argv: list[str]) -> TrainArgs:
         child_argv.append(arg)
         if arg in FLAGS:
             flags.add(arg)
-        elif not arg.startswith("--") and config is None and not overrides:
-            config = arg
+        elif not arg.startswith("--") and config is None and (not takes_value or _config_file(arg)):
+            config = arg  # before or after the overrides, as trl grpo takes --config
         else:
             overrides.append(arg)
+        takes_value = arg.startswith("--") and not eq and arg not in FLAGS
     if config is None:
         raise UsageError(f"no config file; usage: {USAGE}")
     return TrainArgs(config, overrides, flags, launch, child_argv)
@@ -190,20 +218,33 @@ def run(args: argparse.Namespace) -> int:
 
                 # every value checked before it is shown, for the processes the run will have
                 with planned_processes(launch.total_processes() if launch.requested() else process_count()):
-                    build_trainer_args(cfg, config, flags=set_by_flag)
+                    trainer_args = build_trainer_args(cfg, config, flags=set_by_flag)
                 model_init.load_kwargs(cfg, config)
                 sys.stdout.write(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+                sys.stdout.write(_method_comment(cfg, trainer_args))
                 return 0
 
             launched = shlex.split(os.environ.get(LAUNCH_ARGV_ENV, "")) or argv
             again = ["ictrl", "train", *[a for a in launched if not a.startswith("--resume")], "--resume"]
             result = train(cfg, resume=_resume(flags), source=config, resume_command=shlex.join(again),
-                           flags=set_by_flag)
+                           flags=set_by_flag, command=shlex.join(["ictrl", "train", *launched]))
     except (UsageError, LaunchError) as exc:  # a ConfigError (a UserError) goes to ictrl.cli: one line, --debug
         print(f"ictrl train: error: {exc}", file=sys.stderr)
         return 2
     logging.getLogger("ictrl.train").info("finished at step %d; model in %s", result.global_step, result.final_model)
     return 0
+
+
+def _method_comment(cfg: Any, trainer_args: Any) -> str:
+    """The resolved method as YAML comments after ``--print-config``'s keys: shown, and the printed file still
+    loads as the same config."""
+    from ictrl.engine.model_card import resolved_method
+
+    method = resolved_method(trainer_args)
+    where = {"file": "the file", "flag": "a flag", "default": "the default, as the file sets none: TRL's GRPO"}
+    lines = [f"# resolved method (token_selector from {where[cfg.method_from]}):",
+             *(f"#   {key}: {'null' if value is None else value}" for key, value in method.items())]
+    return "\n".join(lines) + "\n"
 
 
 def _resume(flags: set[str]) -> bool | str:

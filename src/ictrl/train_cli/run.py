@@ -133,17 +133,21 @@ def prepare_output_dir(cfg: RunConfig, resume: bool | str, source: str = "<confi
 
 
 RUN_LABELS = "run.json"
+# reward_funcs names whose scores are 0 or 1 (ictrl's verifiers, TRL's accuracy rewards): a mean is an accuracy
+BINARY_REWARDS = ("verifiable", "math", "gsm8k", "choice", "accuracy_reward", "reasoning_accuracy_reward")
 
 
-def write_run_labels(out: Path, args: Any) -> None:
-    """``run.json``: the method label and training seed of the run, resolved (``ictrl eval`` records them for
-    ``ictrl table``; config.yaml holds the keys as written, where an unset seed or selector is a default)."""
+def write_run_labels(out: Path, args: Any, method_from: str = "file") -> None:
+    """``run.json``: the method (label, selector, ratio, scope, warm-up, normaliser; where ``token_selector`` came
+    from) and training seed of the run, resolved (``ictrl eval`` records the label and seed for ``ictrl table``;
+    config.yaml holds the keys as written, where an unset seed or ratio is a default)."""
     import json
 
     from ictrl.files import atomic_write_text
 
-    labels = {"method": args.selector.label, "token_selector": args.token_selector,
-              "seed": int(args.seed)}
+    from ictrl.engine.model_card import resolved_method
+
+    labels = {**resolved_method(args), "method_from": method_from, "seed": int(args.seed)}
     atomic_write_text(out / RUN_LABELS, json.dumps(labels, indent=1) + "\n")
 
 
@@ -191,11 +195,6 @@ def check_config(cfg: RunConfig, source: str = "<config>", flags: dict[str, Any]
     from ictrl.train_cli import model_init
 
     args = build_trainer_args(cfg, source, cpu=cpu, flags=flags)
-    if args.use_vllm:
-        from ictrl.vllm_env import INSTALL_HINT, installed
-
-        if not installed():
-            raise ConfigError(f"{blame('use_vllm', source, flags)}: use_vllm: vLLM is not installed: {INSTALL_HINT}")
     init_kwargs = model_init.load_kwargs(cfg, source)
     lora = model_init.peft_config(cfg, source)
     reward_funcs = build_rewards(cfg, blame("reward_funcs", source, flags))
@@ -203,6 +202,11 @@ def check_config(cfg: RunConfig, source: str = "<config>", flags: dict[str, Any]
     check_sources(cfg, source, flags)
     check_trainer_inputs(args, source, flags)
     check_output_dir(cfg.output_dir, blame("output_dir", source, flags))
+    if args.use_vllm:  # last: an error in the file itself is named first, on any machine
+        from ictrl.vllm_env import INSTALL_HINT, installed
+
+        if not installed():
+            raise ConfigError(f"{blame('use_vllm', source, flags)}: use_vllm: vLLM is not installed: {INSTALL_HINT}")
     return args, init_kwargs, lora, reward_funcs
 
 
@@ -217,7 +221,7 @@ def check_trainer_inputs(args: Any, source: str = "<config>", flags: dict[str, A
                           "which ictrl train does not give the trainer; evaluation during training is eval_benchmarks "
                           "(pass@k every eval_steps)")
     if args.push_to_hub and not preflight.hub_reachable():
-        raise ConfigError(f"{blame('push_to_hub', source, flags)}: push_to_hub: {preflight._why_unreachable()}; "
+        raise ConfigError(f"{blame('push_to_hub', source, flags)}: push_to_hub: {preflight.why_unreachable()}; "
                           "push the final model later with `hf upload`")
 
 
@@ -258,18 +262,23 @@ def check_before_launch(cfg: RunConfig, processes: int, resume: bool | str = Fal
 
 def train(cfg: RunConfig, resume: bool | str = False, source: str = "<config>",
           callbacks: list[Any] | None = None, resume_command: str | None = None,
-          flags: dict[str, Any] | None = None) -> TrainResult:
+          flags: dict[str, Any] | None = None, command: str | None = None) -> TrainResult:
     """Run ``ictrl train``. Config errors surface before the model loads; the run holds ``output_dir``'s lock
     (:class:`ictrl.train_cli.run_guard.RunLock`) from before it reads a checkpoint there until it returns. Ctrl-C
     raises :class:`ictrl.errors.Interrupted` naming the step, the last checkpoint and ``resume_command``; SIGTERM
     stops at the end of the generation batch with a checkpoint (:class:`ictrl.train_cli.run_guard.StopRequest`) and
-    raises :class:`ictrl.errors.Terminated` naming them."""
+    raises :class:`ictrl.errors.Terminated` naming them. The first line logged names the method and its source.
+    The final model and tokenizer are saved in ``output_dir`` (as ``trl grpo``), with a model card naming the base
+    model, the method and ``command``."""
+    from ictrl.train_cli.run_config import method_line
+
+    log.info(method_line(cfg, source))
     args, init_kwargs, lora, reward_funcs = check_config(cfg, source, flags)
     stop = StopRequest()
     try:
         with stop, RunLock(cfg.output_dir, args), cpu_threads(args):
             return _train_locked(cfg, args, reward_funcs, resume, source, callbacks, init_kwargs, lora,
-                                 resume_command, stop)
+                                 resume_command, stop, command)
     except Terminated:
         if not stop.before_training:
             raise
@@ -278,9 +287,10 @@ def train(cfg: RunConfig, resume: bool | str = False, source: str = "<config>",
 
 def _train_locked(cfg: RunConfig, args: Any, reward_funcs: list[Callable[..., Any]], resume: bool | str, source: str,
                   callbacks: list[Any] | None, init_kwargs: dict[str, Any], lora: Any,
-                  resume_command: str | None, stop: Any) -> TrainResult:
+                  resume_command: str | None, stop: Any, command: str | None = None) -> TrainResult:
     resume_from = prepare_output_dir(cfg, resume, source, args)
-    out, final = Path(cfg.output_dir), Path(cfg.output_dir) / "final"
+    # The final model goes where Trainer.save_model(output_dir) and `trl grpo` put it: output_dir itself.
+    out = final = Path(cfg.output_dir)
     if resume_from is not None and finished_run(resume_from, args.max_steps):
         step = trainer_state(resume_from)["global_step"]
         log.warning("--resume: the run is complete: %s is at step %d (max_steps %d) and %s holds its model; "
@@ -303,14 +313,18 @@ def _train_locked(cfg: RunConfig, args: Any, reward_funcs: list[Callable[..., An
     with reported_write(out, "free space and run again"):
         out.mkdir(parents=True, exist_ok=True)
         save_config(cfg, out / "config.yaml")
-        write_run_labels(out, args)
+        write_run_labels(out, args, cfg.method_from)
 
-    accuracy = reward_label(reward_funcs[0])
+    # the first reward is an accuracy (metrics' `accuracy`, the step line's `acc`) only when it is a 0/1 verifier
+    first = (cfg.script.reward_funcs or ["verifiable"])[0]
+    binary = not cfg.script.reward_model_name_or_path and first in BINARY_REWARDS
+    accuracy = reward_label(reward_funcs[0]) if binary else None
     _, trainer_cls = trainer_classes()
     trainer = trainer_cls(
         model=model, reward_funcs=reward_funcs, args=args, train_dataset=dataset, processing_class=tokenizer,
         peft_config=lora,
     )
+    trainer.base_model, trainer.command = cfg.model.model_name_or_path, command  # for the model card
     for cb in (PrinterCallback, ProgressCallback):
         trainer.remove_callback(cb)
     trainer.add_callback(MetricsJSONL(out / "metrics.jsonl", accuracy_reward=accuracy))
@@ -348,4 +362,7 @@ def _train_locked(cfg: RunConfig, args: Any, reward_funcs: list[Callable[..., An
         raise stopped(out, trainer.state.global_step, resume_command, Terminated)
 
     save_final(trainer, out / f"{STAGING_PREFIX}final", final)
+    with reported_write(out, "free space and run again"):
+        trainer.create_model_card()
     return TrainResult(out, trainer.state.global_step, resume_from, final)
+

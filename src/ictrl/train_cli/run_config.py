@@ -129,6 +129,7 @@ class RunConfig:
     model: ModelConfig
     trainer: dict[str, Any] = field(default_factory=dict)
     flags: dict[str, str] = field(default_factory=dict, compare=False)
+    method_from: str = field(default="file", compare=False)  # where token_selector came from: file, flag, default
 
     @property
     def output_dir(self) -> str:
@@ -152,7 +153,11 @@ SECTIONS = {"model": "model_name_or_path", "data": "dataset_name", "reward": "re
 # trl grpo's fourth dataclass (DatasetMixtureConfig): hub datasets, which ictrl train does not load.
 POINTERS = {key: "TRL's hub dataset mixture; ictrl's mixture is dataset_name: {NAME: WEIGHT, ...}"
             for key in ("datasets", "streaming", "test_split_size")}
-MAX_FLAG_CHARS = 1 << 16  # a value typed on a command line; argparse and the checks walk it
+MAX_FLAG_CHARS = 1 << 16
+# The method of a file that sets no token_selector. Such a file is a `trl grpo` file, and `ictrl train` runs it as
+# TRL's GRPO (every response token, TRL's normaliser for loss_type): a TRL user's config never changes method
+# silently. ICTGRPOConfig itself defaults to ict: the Python class is ICT's trainer by name.
+DEFAULT_SELECTOR = "all"  # a value typed on a command line; argparse and the checks walk it
 
 
 def _raise(message: str) -> None:
@@ -324,8 +329,32 @@ def config_from_dict(data: dict[str, Any], source: str = "<dict>", flags: list[s
             raise ConfigError(f"{where(message.split(':', 1)[0].split('.')[0])}: {shorten(message)}") from None
     os.environ.update({str(k): str(v) for k, v in env.items()})  # TrlParser's env:, once the file is valid
     trainer_cls = next(cls for cls in parser().dataclass_types if cls not in built)
-    return RunConfig(script=built[ScriptArguments], model=built[ModelConfig], trainer=parts.get(trainer_cls, {}),
-                     flags=shown)
+    trainer = parts.get(trainer_cls, {})
+    method_from = "flag" if "token_selector" in set_by_flag else "file" if "token_selector" in trainer else "default"
+    if method_from == "default":  # a trl grpo file: TRL's GRPO, its loss included (docs/trl-contract.md)
+        trainer = {**trainer, "token_selector": DEFAULT_SELECTOR}
+    return RunConfig(script=built[ScriptArguments], model=built[ModelConfig], trainer=trainer, flags=shown,
+                     method_from=method_from)
+
+
+def method_line(cfg: RunConfig, source: str = "<config>") -> str:
+    """The first line ``ictrl train`` logs: the method and where it came from (the file's key, a flag, the
+    default), and for the default the way to get ICT."""
+    from ictrl.core.selection import get_selector
+
+    name = str(cfg.trainer.get("token_selector", DEFAULT_SELECTOR))
+    try:
+        label = get_selector(name).label
+    except ValueError:
+        label = name  # an unknown name is the config check's error, a line later
+    what = "TRL's GRPO" if label == "grpo" else label
+    if cfg.method_from == "default":
+        return (f"method: {what} (token_selector: {name}, the default: {source} sets no token_selector, so it runs "
+                "as trl grpo does); for ICT set token_selector: ict in the file or pass --token_selector=ict")
+    where = f"--token_selector={cfg.flags.get('token_selector', name)}" if cfg.method_from == "flag" else source
+    return f"method: {what} (token_selector: {name}, from {where})"
+
+
 
 
 def load_config(path: str | os.PathLike[str], flags: list[str] | None = None) -> RunConfig:

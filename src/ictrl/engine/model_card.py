@@ -1,0 +1,61 @@
+"""The model card (``README.md``) ``ICTGRPOTrainer`` leaves in ``output_dir`` beside the model: the base model, the
+method and the command that trained it. TRL's own card (``GRPOTrainer.create_model_card``) names no base model for
+a local directory ("fine-tuned version of [None]") and no token selection, so ictrl's replaces it."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+def resolved_method(args: Any) -> dict[str, Any]:
+    """The method the trainer arguments ``args`` (an ``ICTGRPOConfig``) resolved: selector, label, ratio, scope,
+    warm-up and loss normaliser (a ratio or scope the selector has not: None)."""
+    return {"method": args.selector.label, "token_selector": args.token_selector,
+            "selection_ratio": args.selection_ratio, "selection_scope": args.selection_scope,
+            "selection_warmup_steps": args.selection_warmup_steps, "loss_normalization": args.loss_normalization,
+            "loss_type": args.loss_type}
+
+
+def model_card(base_model: str, output_dir: Path, args: Any, command: str | None, step: int | None = None) -> str:
+    """The card's Markdown: YAML front matter (``base_model``, ``library_name``, ``tags``) as the Hub reads it,
+    then the method as resolved (``args``: an ``ICTGRPOConfig``), the command and how to load the model."""
+    method = resolved_method(args)
+    label = method["method"]
+    name = ("TRL's GRPO (token_selector all: every response token)" if label == "grpo"
+            else f"{label} (token_selector {method['token_selector']})")
+    hub = not os.path.isdir(base_model)
+    front = {"base_model": base_model, "library_name": "transformers",
+             "tags": ["ictrl", "trl", "grpo", *([label] if label != "grpo" else [])]}
+    if not hub:
+        front["base_model"] = str(Path(base_model).resolve())
+    base = f"[{base_model}](https://huggingface.co/{base_model})" if hub else f"`{front['base_model']}`"
+    details = ", ".join(f"{key} {value}" for key, value in method.items()
+                        if key not in ("method", "token_selector") and value is not None)
+    lines = [
+        "---", yaml.safe_dump(front, sort_keys=False).strip(), "---", "",
+        f"# {output_dir.name}", "",
+        f"This model is a fine-tuned version of {base}, "
+        f"trained by `ictrl train` (ICTGRPOTrainer, a subclass of TRL's `GRPOTrainer`) with {name}: {details}"
+        + (f", {step} optimizer steps" if step is not None else "") + f", seed {args.seed}.", "",
+        "Trained with:", "", "```bash", command or "ICTGRPOTrainer (from Python)", "```", "",
+        "The resolved settings are in `config.yaml` and `run.json` beside this file.", "",
+        "## Use", "", "```python", "from transformers import AutoModelForCausalLM, AutoTokenizer", "",
+        f'model = AutoModelForCausalLM.from_pretrained("{output_dir}")',
+        f'tokenizer = AutoTokenizer.from_pretrained("{output_dir}")', "```", "",
+    ]
+    return "\n".join(lines)
+
+
+def write_model_card(trainer: Any, base_model: str, command: str | None) -> None:
+    """Write the card to ``output_dir/README.md`` atomically, from the main process only: ``base_model`` as the
+    trainer was given it, ``command`` the command line that trained it (None from Python)."""
+    from ictrl.files import atomic_write_text
+
+    if not trainer.is_world_process_zero():
+        return
+    out = Path(trainer.args.output_dir)
+    atomic_write_text(out / "README.md", model_card(base_model, out, trainer.args, command, trainer.state.global_step))

@@ -1,0 +1,84 @@
+"""Where a model comes from: a local checkpoint directory, the hub cache, or the hub while it is reachable.
+
+The trainer (a hub id given to ``ICTGRPOTrainer``) and every command check a model name here before anything
+loads, so an uncached hub id offline is one error naming it, not a minute of hub retries. Nothing here imports
+torch or transformers.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import socket
+from pathlib import Path
+from urllib.parse import urlparse
+
+from ictrl.errors import ModelNotFoundError
+
+_TRUTHY = {"1", "true", "yes", "on"}
+
+
+def hub_offline() -> bool:
+    """True when the user asked for no hub access (``HF_HUB_OFFLINE`` or ``TRANSFORMERS_OFFLINE``)."""
+    return any(os.environ.get(v, "").strip().lower() in _TRUTHY for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
+@functools.lru_cache(maxsize=1)
+def _endpoint_reachable(endpoint: str, timeout: float) -> bool:
+    url = urlparse(endpoint)
+    try:
+        with socket.create_connection((url.hostname or "huggingface.co", url.port or 443), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """False when offline mode is on or a TCP connection to the hub endpoint fails within ``timeout`` s."""
+    if hub_offline():
+        return False
+    return _endpoint_reachable(os.environ.get("HF_ENDPOINT", "https://huggingface.co"), timeout)
+
+
+def why_unreachable() -> str:
+    return "HF_HUB_OFFLINE is set" if hub_offline() else "the hub is unreachable (no network)"
+
+
+def _looks_like_path(name: str) -> bool:
+    """A name only a local path can be: absolute, ./ or ~/ relative, more than one slash, or a trailing slash."""
+    return name.startswith(("/", ".", "~")) or name.count("/") > 1 or name.endswith("/") or os.sep != "/" and os.sep in name
+
+
+def _valid_repo_id(name: str) -> bool:
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        return False
+    return True
+
+
+def in_hub_cache(repo_id: str, kind: str = "model") -> bool:
+    from huggingface_hub import constants
+
+    folder = Path(constants.HF_HUB_CACHE) / f"{kind}s--{repo_id.replace('/', '--')}"
+    return (folder / "snapshots").is_dir() and any((folder / "snapshots").iterdir())
+
+
+def check_model(name_or_path: str, option: str = "--model") -> None:
+    """A local checkpoint directory (with config.json), a hub id in the local cache, or a hub id while the hub is
+    reachable. Anything else is a :class:`ModelNotFoundError` naming ``option``."""
+    path = Path(name_or_path).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise ModelNotFoundError(f"{option}: {name_or_path} is a file, not a model directory")
+        if not (path / "config.json").is_file():
+            raise ModelNotFoundError(f"{option}: {name_or_path} has no config.json, so it is not a model checkpoint")
+        return
+    if _looks_like_path(name_or_path) or not _valid_repo_id(name_or_path):
+        raise ModelNotFoundError(f"{option}: {name_or_path}: no such directory")
+    if in_hub_cache(name_or_path) or hub_reachable():
+        return
+    raise ModelNotFoundError(f"{option}: {name_or_path}: no local directory or hub-cache copy, and "
+                             f"{why_unreachable()}")
