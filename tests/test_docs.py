@@ -35,7 +35,7 @@ HUB_ID = re.compile(r"\bQwen/[\w.\-]+")
 STEP_LIMITS: dict[str, list[str]] = {
     "demo": ["--quick"],
     "compare": ["--quick", "--seeds", "1"],
-    "sweep": ["--quick", "--seeds", "1", "--lrs", "1e-4,1e-3"],
+    "regime": ["--num-prompts", "4", "--seeds", "1"],
     "eval": ["--limit", "2", "--max-new-tokens", "8"],
     "inspect": ["--max-new-tokens", "8"],
     "train": ["--max_steps=2", "--prompts_per_step=1", "--per_device_train_batch_size=4", "--num_generations=4",
