@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ictrl.core.checks import as_bool_mask, check_group_ids, require_finite
+from ictrl.core.checks import as_bool_mask, check_group_ids, require_finite, require_on_device
 from ictrl.core.kernels import group_js as _fused
 
 __all__ = [
@@ -66,8 +66,10 @@ def _validate(
     group_ids: Tensor | None,
     temperature: float,
     chunk_size: int | None,
+    group_size: int | None = None,
 ) -> tuple[Tensor, Tensor | None, Tensor | None]:
-    """Check arguments; return (bool mask, tokens, group_ids) on the logits' device."""
+    """Check arguments; return (bool mask, tokens, group_ids) on the logits' device. With ``group_size`` the
+    value checks run on the device (:func:`require_on_device`: no host read)."""
     if not isinstance(logits, Tensor) or logits.dim() != 3:
         shape = tuple(logits.shape) if isinstance(logits, Tensor) else type(logits).__name__
         raise ValueError(f"logits must be a 3-D tensor [B, T, V], got {shape}")
@@ -84,12 +86,20 @@ def _validate(
         _check_int("tokens", tokens)
         tokens = tokens.to(logits.device)
         # Masked positions may hold padding (e.g. -100); only active ones must index the vocabulary.
-        active = tokens[mask]
+        if group_size is not None:
+            require_on_device(((tokens >= 0) & (tokens < V) | ~mask).all(),
+                              f"tokens at masked-in positions must lie in [0, {V})")
+        active = tokens[mask] if group_size is None else tokens[:0]
         if active.numel() and (int(active.min()) < 0 or int(active.max()) >= V):
             raise ValueError(f"tokens at masked-in positions must lie in [0, {V}), got range "
                              f"[{int(active.min())}, {int(active.max())}]")
     if group_ids is not None:
         group_ids = check_group_ids(group_ids, B).to(logits.device)
+    if group_size is not None:
+        if group_ids is None:
+            raise ValueError("group_size needs group_ids")
+        if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1 or B % group_size:
+            raise ValueError(f"group_size must be an int >= 1 dividing B = {B}, got {group_size!r}")
     _check_temperature_chunk(temperature, chunk_size)
     return mask, tokens, group_ids
 
@@ -234,6 +244,7 @@ def token_stats(
     chunk_size: int | None = None,
     group_ids: Tensor | None = None,
     backend: str = "auto",
+    group_size: int | None = None,
 ) -> TokenStats:
     """Per-token statistics of p = softmax(logits / temperature), streamed over the active rows.
 
@@ -246,8 +257,12 @@ def token_stats(
     -inf logits are allowed (probability 0); a NaN or +inf logit, or a row whose logits are all -inf (no
     distribution), at a masked-in position raises ValueError naming its (row, position); masked-out rows may hold
     anything.
+    group_size: every group has exactly this many members (the trainer's layout, from Python-side metadata). On
+    the triton backend the whole call then runs without a host-device sync: the sweep is planned from this size,
+    and the token-range and finite checks become device-side asserts (a GPU fails the stream with the message
+    rather than raising here). Not needed for correctness; other backends still read the mask on the host.
     """
-    mask, tokens, group_ids = _validate(logits, mask, tokens, group_ids, temperature, chunk_size)
+    mask, tokens, group_ids = _validate(logits, mask, tokens, group_ids, temperature, chunk_size, group_size)
     B, T, V = logits.shape
     rows = _rows_per_chunk(chunk_size, V)
     flat = logits.reshape(B * T, V)
@@ -255,7 +270,8 @@ def token_stats(
            for k in ("entropy", "renyi2", "purity", "logprob", "prob")}
     tok_flat = tokens.reshape(-1) if tokens is not None else None
     if group_ids is not None:
-        ict = _dispatch_group_sweep(flat, mask, tok_flat, group_ids, temperature, rows, out, backend, chunk_size)
+        ict = _dispatch_group_sweep(flat, mask, tok_flat, group_ids, temperature, rows, out, backend, chunk_size,
+                                    group_size)
     else:
         ict = None
         active = mask.reshape(-1).nonzero().squeeze(1)
@@ -269,7 +285,11 @@ def token_stats(
             st = _chunk_stats(a, b, tok_flat[idx] if tok_flat is not None else None)
             for k, v in st.items():
                 out[k][idx] = v
-    _require_finite_rows(flat, mask, out["purity"], temperature)
+    if group_size is None:
+        _require_finite_rows(flat, mask, out["purity"], temperature)
+    else:
+        require_on_device((torch.isfinite(out["purity"]) | ~mask.reshape(-1)).all(),
+                          "logits: a NaN or +inf logit, or a row of all -inf, at a masked-in position")
     shaped = {k: v.view(B, T) for k, v in out.items()}
     return TokenStats(**shaped, ict_score=ict.view(B, T) if ict is not None else None)
 
@@ -307,15 +327,19 @@ def _dispatch_group_sweep(
     out: dict[str, Tensor],
     backend: str,
     chunk_size: int | None,
+    group_size: int | None,
 ) -> Tensor:
     """The group sweep on the chosen backend; rows a fused backend leaves undone (or all rows, if it fails under
-    "auto") go through the plain :func:`_group_sweep`. Returns u [B*T] float32 and fills ``out``."""
-    chosen, named = _fused.resolve_backend(backend, flat.device, int(mask.sum()) * flat.shape[1])
+    "auto") go through the plain :func:`_group_sweep`. Returns u [B*T] float32 and fills ``out``.
+    The triton backend does every active row, so its call reads nothing on the host."""
+    # The active count only decides the CPU's compiled-or-plain choice: not read on an accelerator.
+    n_logits = int(mask.sum()) * flat.shape[1] if flat.device.type == "cpu" and backend == "auto" else 0
+    chosen, named = _fused.resolve_backend(backend, flat.device, n_logits)
     rest, ict = mask, None
     if chosen != "plain":
         try:
             fused_rows = chunk_size if chunk_size is not None else _fused.FUSED_ROWS  # no [rows, V] buffer there
-            res = _fused.fused_group_sweep(chosen, flat, mask, group_ids, temperature, fused_rows)
+            res = _fused.fused_group_sweep(chosen, flat, mask, group_ids, temperature, fused_rows, group_size)
         except Exception as err:  # no compiler, an inductor/triton error: fall back unless asked for by name
             if named:
                 raise
@@ -324,6 +348,8 @@ def _dispatch_group_sweep(
             _fused.announce(chosen)
             ict = torch.zeros(flat.shape[0], dtype=torch.float32, device=flat.device)
             _fused.fill_token_stats(res, flat, tok_flat, temperature, out, ict)
+            if chosen == "triton":
+                return ict  # every active row done
             rest = mask & ~res["done"].view(mask.shape)
     if ict is None:
         _fused.announce("plain")
