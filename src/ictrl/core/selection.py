@@ -49,7 +49,7 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
-from ictrl.core.checks import as_bool_mask, check_group_ids
+from ictrl.core.checks import as_bool_mask, check_group_ids, require_on_device
 from ictrl.core.reference import ceil_count
 
 _FIELDS = ("ict_score", "entropy", "prob", "advantages", "group_ids")
@@ -83,8 +83,8 @@ class SelectionInputs:
             value = getattr(self, name)
             if value is not None and tuple(value.shape) != tuple(self.mask.shape):
                 raise ValueError(f"{name} must have the mask's shape {tuple(self.mask.shape)}, got {tuple(value.shape)}")
-            if value is not None and bool(torch.isnan(value[self.mask]).any()):
-                raise ValueError(f"{name} holds NaN at active positions")
+            if value is not None:  # checked on the device: no host read in the training step
+                require_on_device(~(torch.isnan(value) & self.mask).any(), f"{name} holds NaN at active positions")
         if self.advantages is not None and tuple(self.advantages.shape) != (B,):
             raise ValueError(f"advantages must be [B] = ({B},), got shape {tuple(self.advantages.shape)}")
         if self.group_ids is not None:
@@ -299,40 +299,36 @@ def _units(inputs: SelectionInputs, scope: str) -> Tensor:
 def _top_k_per_unit(score: Tensor, mask: Tensor, units: Tensor, ratio: float) -> Tensor:
     """[B, T] bool: in each unit, the ceil(ratio * n_active) active positions with the highest score.
 
-    Ties go to the lower flat index. Vectorised: sort the active positions by (unit, -score, index).
+    Ties go to the lower flat index. Vectorised over every position, active or not, so no shape depends on the
+    data (no host read on a GPU): sort all positions by (inactive, unit, -score, index) with one stable sort of
+    the scores and one sort of a float64 key (exact below 2**53; CPU torch sorts int64 about 3x slower). Unit ids
+    are < B (a row, a group index or 0), which bounds the per-unit counts without reading them.
     """
     flat_mask = mask.reshape(-1)
-    idx = flat_mask.nonzero(as_tuple=True)[0]  # ascending flat index
-    out = torch.zeros_like(flat_mask)
-    if idx.numel() == 0:
-        return out.view_as(mask)
-    s = score.reshape(-1)[idx]
-    u = units.reshape(-1)[idx]
-    n = idx.numel()
+    n = flat_mask.numel()
+    if n == 0:
+        return torch.zeros_like(mask)
+    s = score.reshape(-1)
+    u = units.reshape(-1)
+    n_units = mask.shape[0]
+    arange = torch.arange(n, device=mask.device)
     by_score = torch.sort(s, descending=True, stable=True).indices  # ties keep the lower index first
-    n_units = int(u.max()) + 1
-    if n_units == 1:
-        order = by_score
-    else:
-        # Group by unit, keeping score order, with one sort of unique keys unit * n + score_rank. The key is
-        # float64 (exact below 2**53) because CPU torch sorts int64 about 3x slower than float64.
-        score_rank = torch.empty_like(by_score)
-        score_rank[by_score] = torch.arange(n, device=idx.device)
-        order = torch.sort(u.double() * n + score_rank.double()).indices
+    score_rank = torch.empty_like(by_score)
+    score_rank[by_score] = arange
+    key = (~flat_mask).double() * (n_units * n) + u.double() * n + score_rank.double()
+    order = torch.sort(key).indices  # the active positions first, by unit, then score order
     u_sorted = u[order]
-    counts = torch.bincount(u, minlength=n_units)
+    counts = torch.zeros(n_units, dtype=torch.long, device=mask.device).scatter_add_(0, u, flat_mask.long())
     starts = torch.cumsum(counts, 0) - counts
-    rank = torch.arange(n, device=idx.device) - starts[u_sorted]
-    keep = rank < ceil_count(ratio, counts)[u_sorted]
-    out[idx[order[keep]]] = True
-    return out.view_as(mask)
+    rank = arange - starts[u_sorted]
+    keep = (rank < ceil_count(ratio, counts)[u_sorted]) & flat_mask[order]
+    return torch.zeros_like(flat_mask).scatter_(0, order, keep).view_as(mask)
 
 
 def _with_ties(chosen: Tensor, score: Tensor, mask: Tensor, units: Tensor) -> Tensor:
     """[B, T] bool: every active position whose score reaches its unit's lowest chosen score (ties kept whole)."""
-    n_units = int(units.max()) + 1 if units.numel() else 1
-    lowest = torch.full((n_units,), torch.inf, dtype=score.dtype, device=score.device)
-    lowest.scatter_reduce_(0, units[chosen], score[chosen], reduce="amin")
+    lowest = torch.full((mask.shape[0],), torch.inf, dtype=score.dtype, device=score.device)  # unit ids < B
+    lowest.scatter_reduce_(0, units.reshape(-1), torch.where(chosen, score, torch.inf).reshape(-1), reduce="amin")
     return mask & (score >= lowest[units])
 
 
