@@ -29,6 +29,7 @@ from ictrl.core.kernels import group_js as _fused
 
 __all__ = [
     "TokenStats",
+    "sweep_rows",
     "token_stats",
     "group_js_divergence",
     "group_js_divergence_topk",
@@ -116,6 +117,22 @@ def _check_temperature_chunk(temperature: float, chunk_size: int | None) -> None
         raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
     if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0):
         raise ValueError(f"chunk_size must be a positive int or None, got {chunk_size!r}")
+
+
+CPU_SWEEP_ROWS = 512  # rows of [V] logits per head block of the statistics pass on CPU (bench/README.md)
+
+
+def sweep_rows(chunk_size: int | None, V: int, device: torch.device, itemsize: int = 2) -> int:
+    """Rows of [V] logits a caller materialises at once for one statistics sweep: ``chunk_size`` when given;
+    otherwise ``CPU_SWEEP_ROWS`` on CPU, and on a GPU the rows whose logits (``itemsize`` bytes each) fit in a
+    quarter of the device's free memory, so a step's sweep is one or a few launches rather than one per 512
+    rows (a launch then streams gigabytes, which is what makes it run near memory bandwidth)."""
+    if chunk_size is not None:
+        return chunk_size
+    if device.type != "cuda":
+        return CPU_SWEEP_ROWS
+    free, _ = torch.cuda.mem_get_info(device)
+    return max(CPU_SWEEP_ROWS, free // 4 // (V * itemsize))
 
 
 def _rows_per_chunk(chunk_size: int | None, V: int) -> int:
@@ -302,6 +319,7 @@ def group_js_divergence(
     temperature: float = 1.0,
     chunk_size: int | None = None,
     backend: str = "auto",
+    group_size: int | None = None,
 ) -> Tensor:
     """ICT uniqueness u[i, t] = JS(p_i,t || mean of p_j,t over the active responses j of i's group), in nats.
 
@@ -312,7 +330,8 @@ def group_js_divergence(
     """
     if group_ids is None:
         raise ValueError("group_ids must be a 1-D integer tensor of length B, got None")
-    st = token_stats(logits, mask, None, temperature, chunk_size, group_ids=group_ids, backend=backend)
+    st = token_stats(logits, mask, None, temperature, chunk_size, group_ids=group_ids, backend=backend,
+                     group_size=group_size)
     assert st.ict_score is not None
     return st.ict_score
 

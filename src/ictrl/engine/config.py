@@ -146,8 +146,8 @@ class ICTGRPOConfig(GRPOConfig):
         metadata={"help": "Temperature applied to the sampling-policy logits for the selection statistics. None: "
                   "the sampling temperature (`temperature`)."},
     )
-    stats_chunk_size: int = field(
-        default=512,
+    stats_chunk_size: int | None = field(
+        default=None,
         metadata={"help": "Most (response, position) rows of full-vocabulary logits materialised at once by the "
                   "statistics pass (memory bound: rows × vocab × 4 bytes; 512 rows at V = 151,936 is 311 MB). "
                   "Measured at Qwen2.5-0.5B width (bench/bench_real_shape.py --part passes, bench/README.md): 512 "
@@ -249,8 +249,9 @@ class ICTGRPOConfig(GRPOConfig):
             self.selection_temperature = self.temperature
         if not self.selection_temperature > 0:
             raise ValueError(f"selection_temperature must be > 0, got {self.selection_temperature!r}")
-        if isinstance(self.stats_chunk_size, bool) or not isinstance(self.stats_chunk_size, int) \
-                or self.stats_chunk_size < 1:
+        if self.stats_chunk_size is not None and (isinstance(self.stats_chunk_size, bool)
+                                                  or not isinstance(self.stats_chunk_size, int)
+                                                  or self.stats_chunk_size < 1):
             raise ValueError(f"stats_chunk_size must be an int >= 1, got {self.stats_chunk_size!r}")
         if self.cpu_threads is not None and (isinstance(self.cpu_threads, bool) or not isinstance(self.cpu_threads, int)
                                              or not 1 <= self.cpu_threads <= 4096):
