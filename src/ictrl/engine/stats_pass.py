@@ -182,7 +182,7 @@ def hidden_stats(head: nn.Module, hidden: Tensor, mask: Tensor, completion_ids: 
             m = mask[:, t0:t0 + block]
             parts.append(token_stats(logits, m, tokens=completion_ids[:, t0:t0 + block], temperature=temperature,
                                      group_ids=group_ids if topk is None else None,
-                                     group_size=group_size if topk is None else None))
+                                     group_size=group_size if topk is None and group_ids is not None else None))
             if head_topk:
                 topk_parts.append(topk_log_softmax(logits, topk, temperature))
             del logits
