@@ -351,9 +351,8 @@ def _dispatch_group_sweep(
     """The group sweep on the chosen backend; rows a fused backend leaves undone (or all rows, if it fails under
     "auto") go through the plain :func:`_group_sweep`. Returns u [B*T] float32 and fills ``out``.
     The triton backend does every active row, so its call reads nothing on the host."""
-    # The active count only decides the CPU's compiled-or-plain choice: not read on an accelerator.
-    n_logits = int(mask.sum()) * flat.shape[1] if flat.device.type == "cpu" and backend == "auto" else 0
-    chosen, named = _fused.resolve_backend(backend, flat.device, n_logits)
+    # The active count decides only the CPU's compiled-or-plain choice: read on the host only then.
+    chosen, named = _fused.resolve_backend(backend, flat.device, lambda: int(mask.sum()) * flat.shape[1])
     rest, ict = mask, None
     if chosen != "plain":
         try:

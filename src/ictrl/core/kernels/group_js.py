@@ -53,9 +53,10 @@ _failed: dict[str, str] = {}  # backend -> why it was switched off in this proce
 _announced: set[str] = set()
 
 
-def resolve_backend(backend: str, device: torch.device, n_logits: int) -> tuple[str, bool]:
+def resolve_backend(backend: str, device: torch.device, n_logits: int | Callable[[], int]) -> tuple[str, bool]:
     """(backend to run, whether it was named explicitly) for a sweep of n_logits active logits on device (see the
-    module docstring). A named backend (argument or environment) that fails raises; "auto"'s choice falls back."""
+    module docstring). A named backend (argument or environment) that fails raises; "auto"'s choice falls back.
+    n_logits may be a callable, called only when the choice depends on it (it reads the mask on the host)."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if backend == "auto":
@@ -67,7 +68,8 @@ def resolve_backend(backend: str, device: torch.device, n_logits: int) -> tuple[
         return backend, True
     if device.type == "cuda" and "triton" not in _failed and triton_available():
         return "triton", False
-    if device.type == "cpu" and "compiled" not in _failed and n_logits >= AUTO_MIN_LOGITS:
+    if device.type == "cpu" and "compiled" not in _failed and \
+            (n_logits() if callable(n_logits) else n_logits) >= AUTO_MIN_LOGITS:
         return "compiled", False
     return "plain", False
 
