@@ -5,7 +5,8 @@ tensor (all dispatch to ``aten._local_scalar_dense``) and ops whose output shape
 masked_select, unique, boolean-mask indexing). On a GPU each one drains the stream and stalls the next launch.
 A TorchDispatchMode records every aten op while the path runs on CPU tensors; the group-JS sweep runs on its
 GPU backend (the Triton kernels) under Triton's interpreter, in a subprocess because TRITON_INTERPRET must be set
-before triton is imported.
+before triton is imported. The selection takes its dense path (what a GPU runs; CPU otherwise sorts the active
+positions only, tested equal in tests/core/test_selection_dense.py).
 
 The one data-dependent op allowed: the sparse head's ``nonzero`` of the selected positions (it gathers exactly
 the selected rows, whose number only the data knows). Device-side checks (``aten._assert_async``) do not sync.
@@ -31,6 +32,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ictrl.core.logprobs import selected_token_logprobs
+from ictrl.core import selection
 from ictrl.core.selection import SelectionInputs, get_selector
 from ictrl.engine.stats_pass import hidden_stats
 
@@ -61,6 +63,7 @@ ids = torch.randint(0, V, (B, T))
 lengths = torch.tensor([12, 7, 1, 12, 3, 9, 5, 2])
 mask = torch.arange(T).unsqueeze(0) < lengths.unsqueeze(1)
 groups = torch.tensor([0, 1, 0, 1, 1, 0, 1, 0])  # TRL's shuffled micro-batch: whole groups, rows interleaved
+selection.DENSE_ON_CPU = True  # the path an accelerator takes
 selector = get_selector("ict")
 options = selector.resolve_options({})
 phases = {}

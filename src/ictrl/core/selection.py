@@ -296,27 +296,68 @@ def _units(inputs: SelectionInputs, scope: str) -> Tensor:
 
 
 
+# Whether CPU tensors take the dense selection too (tests check that path on CPU; otherwise CPU keeps the faster
+# active-only sort).
+DENSE_ON_CPU = False
+
+
 def _top_k_per_unit(score: Tensor, mask: Tensor, units: Tensor, ratio: float) -> Tensor:
     """[B, T] bool: in each unit, the ceil(ratio * n_active) active positions with the highest score.
 
-    Ties go to the lower flat index. Vectorised over every position, active or not, so no shape depends on the
-    data (no host read on a GPU): sort all positions by (inactive, unit, -score, index) with one stable sort of
-    the scores and one sort of a float64 key (exact below 2**53; CPU torch sorts int64 about 3x slower). Unit ids
+    Ties go to the lower flat index. On an accelerator (or with ``DENSE_ON_CPU``) :func:`_top_k_dense`, which reads
+    nothing on the host; on CPU :func:`_top_k_active`, the same selection from a sort of the active positions only.
+    """
+    if mask.device.type == "cpu" and not DENSE_ON_CPU:
+        return _top_k_active(score, mask, units, ratio)
+    return _top_k_dense(score, mask, units, ratio)
+
+
+def _top_k_active(score: Tensor, mask: Tensor, units: Tensor, ratio: float) -> Tensor:
+    """:func:`_top_k_per_unit` over the active positions only (the CPU path: sorts fewer elements; its
+    nonzero, max and bincount read the data on the host, which costs nothing without a device)."""
+    flat_mask = mask.reshape(-1)
+    idx = flat_mask.nonzero(as_tuple=True)[0]  # ascending flat index
+    out = torch.zeros_like(flat_mask)
+    if idx.numel() == 0:
+        return out.view_as(mask)
+    s = score.reshape(-1)[idx]
+    u = units.reshape(-1)[idx]
+    n = idx.numel()
+    by_score = torch.sort(s, descending=True, stable=True).indices  # ties keep the lower index first
+    n_units = int(u.max()) + 1
+    if n_units == 1:
+        order = by_score
+    else:
+        # Group by unit, keeping score order, with one sort of unique keys unit * n + score_rank. The key is
+        # float64 (exact below 2**53) because CPU torch sorts int64 about 3x slower than float64.
+        score_rank = torch.empty_like(by_score)
+        score_rank[by_score] = torch.arange(n, device=idx.device)
+        order = torch.sort(u.double() * n + score_rank.double()).indices
+    u_sorted = u[order]
+    counts = torch.bincount(u, minlength=n_units)
+    starts = torch.cumsum(counts, 0) - counts
+    rank = torch.arange(n, device=idx.device) - starts[u_sorted]
+    keep = rank < ceil_count(ratio, counts)[u_sorted]
+    out[idx[order[keep]]] = True
+    return out.view_as(mask)
+
+
+def _top_k_dense(score: Tensor, mask: Tensor, units: Tensor, ratio: float) -> Tensor:
+    """:func:`_top_k_per_unit` vectorised over every position, active or not, so no shape depends on the data
+    (no host read on a GPU): order all positions by (inactive, unit, -score, index) with a stable sort of the
+    scores, then a stable sort of the small unit keys (inactive positions get key B, after every unit). Unit ids
     are < B (a row, a group index or 0), which bounds the per-unit counts without reading them.
     """
     flat_mask = mask.reshape(-1)
     n = flat_mask.numel()
     if n == 0:
         return torch.zeros_like(mask)
-    s = score.reshape(-1)
     u = units.reshape(-1)
     n_units = mask.shape[0]
     arange = torch.arange(n, device=mask.device)
-    by_score = torch.sort(s, descending=True, stable=True).indices  # ties keep the lower index first
-    score_rank = torch.empty_like(by_score)
-    score_rank[by_score] = arange
-    key = (~flat_mask).double() * (n_units * n) + u.double() * n + score_rank.double()
-    order = torch.sort(key).indices  # the active positions first, by unit, then score order
+    by_score = torch.sort(score.reshape(-1), descending=True, stable=True).indices  # ties: lower index first
+    unit_key = torch.where(flat_mask, u, n_units)[by_score]
+    order = by_score[torch.sort(unit_key, stable=True).indices]  # active first, by unit, then score order
     u_sorted = u[order]
     counts = torch.zeros(n_units, dtype=torch.long, device=mask.device).scatter_add_(0, u, flat_mask.long())
     starts = torch.cumsum(counts, 0) - counts
