@@ -24,8 +24,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ictrl.core.checks import as_bool_mask, check_group_ids, require_finite, require_on_device
+from ictrl.core.checks import check_group_ids, require_on_device
 from ictrl.core.kernels import group_js as _fused
+from ictrl.core.stats_checks import check_int, check_mask, require_finite_rows, validate
 
 __all__ = [
     "TokenStats",
@@ -50,73 +51,6 @@ class TokenStats:
     logprob: Tensor  # log p[token] (zeros if tokens is None)
     prob: Tensor  # p[token] (zeros if tokens is None)
     ict_score: Tensor | None = None  # u = JS(p || group mean), only when group_ids is given
-
-
-# ----------------------------------------------------------------------------------------------- validation
-
-
-def _check_int(name: str, t: Tensor) -> None:
-    if t.dtype == torch.bool or t.dtype.is_floating_point or t.dtype.is_complex:
-        raise ValueError(f"{name} must be an integer tensor, got dtype {t.dtype}")
-
-
-def _validate(
-    logits: Tensor,
-    mask: Tensor,
-    tokens: Tensor | None,
-    group_ids: Tensor | None,
-    temperature: float,
-    chunk_size: int | None,
-    group_size: int | None = None,
-) -> tuple[Tensor, Tensor | None, Tensor | None]:
-    """Check arguments; return (bool mask, tokens, group_ids) on the logits' device. With ``group_size`` the
-    value checks run on the device (:func:`require_on_device`: no host read)."""
-    if not isinstance(logits, Tensor) or logits.dim() != 3:
-        shape = tuple(logits.shape) if isinstance(logits, Tensor) else type(logits).__name__
-        raise ValueError(f"logits must be a 3-D tensor [B, T, V], got {shape}")
-    if not logits.dtype.is_floating_point:
-        raise ValueError(f"logits must be floating point, got dtype {logits.dtype}")
-    B, T, V = logits.shape
-    if V < 1:
-        raise ValueError("logits must have a non-empty vocabulary dimension")
-    mask = _check_mask(mask, (B, T), logits.device)
-    if tokens is not None:
-        if not isinstance(tokens, Tensor) or tuple(tokens.shape) != (B, T):
-            got = tuple(tokens.shape) if isinstance(tokens, Tensor) else type(tokens).__name__
-            raise ValueError(f"tokens must have shape {(B, T)} (logits[:2]), got {got}")
-        _check_int("tokens", tokens)
-        tokens = tokens.to(logits.device)
-        # Masked positions may hold padding (e.g. -100); only active ones must index the vocabulary.
-        if group_size is not None:
-            require_on_device(((tokens >= 0) & (tokens < V) | ~mask).all(),
-                              f"tokens at masked-in positions must lie in [0, {V})")
-        active = tokens[mask] if group_size is None else tokens[:0]
-        if active.numel() and (int(active.min()) < 0 or int(active.max()) >= V):
-            raise ValueError(f"tokens at masked-in positions must lie in [0, {V}), got range "
-                             f"[{int(active.min())}, {int(active.max())}]")
-    if group_ids is not None:
-        group_ids = check_group_ids(group_ids, B).to(logits.device)
-    if group_size is not None:
-        if group_ids is None:
-            raise ValueError("group_size needs group_ids")
-        if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1 or B % group_size:
-            raise ValueError(f"group_size must be an int >= 1 dividing B = {B}, got {group_size!r}")
-    _check_temperature_chunk(temperature, chunk_size)
-    return mask, tokens, group_ids
-
-
-def _check_mask(mask: Tensor, shape: tuple[int, int], device: torch.device) -> Tensor:
-    if not isinstance(mask, Tensor) or tuple(mask.shape) != shape:
-        got = tuple(mask.shape) if isinstance(mask, Tensor) else type(mask).__name__
-        raise ValueError(f"mask must have shape {shape} (logits[:2]), got {got}")
-    return as_bool_mask(mask).to(device)
-
-
-def _check_temperature_chunk(temperature: float, chunk_size: int | None) -> None:
-    if not isinstance(temperature, (int, float)) or not math.isfinite(temperature) or temperature <= 0:
-        raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
-    if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0):
-        raise ValueError(f"chunk_size must be a positive int or None, got {chunk_size!r}")
 
 
 CPU_SWEEP_ROWS = 512  # rows of [V] logits per head block of the statistics pass on CPU (bench/README.md)
@@ -222,28 +156,6 @@ def _fix_zero_log_zero(sums: Tensor, finite_ref: Tensor, prod: Tensor) -> None:
         sums[rows] = prod.index_select(0, rows).nansum(dim=1)
 
 
-def _require_finite_rows(flat: Tensor, mask: Tensor, purity: Tensor, temperature: float) -> None:
-    """Raise naming the first active (row, position) whose distribution is undefined.
-
-    Sum p^2 (purity [B*T]) is NaN exactly when a row holds a NaN or +inf logit (inf - inf), is all -inf, or
-    overflows once divided by the temperature, so checking it costs [B*T] and no pass over the logits. A NaN row
-    would otherwise make its whole group's mean, and so every member's ICT score at that position, NaN.
-    flat: [B*T, V] logits; mask: [B, T] bool.
-    """
-    bad = mask.reshape(-1) & ~torch.isfinite(purity)
-    if not bool(bad.any()):
-        return
-    rows = bad.nonzero().squeeze(1)
-    shown = torch.zeros_like(purity)
-    shown[rows] = math.nan
-    # The message shows the first offending row's max logit / temperature: NaN, +inf, or -inf for an all -inf row.
-    first = (flat[int(rows[0])].float() / temperature).amax()
-    if not bool(torch.isfinite(first)):
-        shown[rows[0]] = first
-    require_finite("logits (a NaN or +inf logit, or all -inf; shown: the row's max / temperature)",
-                   shown.view(mask.shape), mask)
-
-
 def _entropy_of(p: Tensor) -> Tensor:
     """-sum p log p over the last dim of normalised p [..., V]; 0 log 0 = 0 via xlogy."""
     return -torch.special.xlogy(p, p).sum(dim=-1)
@@ -279,7 +191,7 @@ def token_stats(
     and the token-range and finite checks become device-side asserts (a GPU fails the stream with the message
     rather than raising here). Not needed for correctness; other backends still read the mask on the host.
     """
-    mask, tokens, group_ids = _validate(logits, mask, tokens, group_ids, temperature, chunk_size, group_size)
+    mask, tokens, group_ids = validate(logits, mask, tokens, group_ids, temperature, chunk_size, group_size)
     B, T, V = logits.shape
     rows = _rows_per_chunk(chunk_size, V)
     flat = logits.reshape(B * T, V)
@@ -303,7 +215,7 @@ def token_stats(
             for k, v in st.items():
                 out[k][idx] = v
     if group_size is None:
-        _require_finite_rows(flat, mask, out["purity"], temperature)
+        require_finite_rows(flat, mask, out["purity"], temperature)
     else:
         require_on_device((torch.isfinite(out["purity"]) | ~mask.reshape(-1)).all(),
                           "logits: a NaN or +inf logit, or a row of all -inf, at a masked-in position")
@@ -485,9 +397,9 @@ def group_js_divergence_topk(
     if not isinstance(topk_ids, Tensor) or topk_ids.shape != topk_logprobs.shape:
         got = tuple(topk_ids.shape) if isinstance(topk_ids, Tensor) else type(topk_ids).__name__
         raise ValueError(f"topk_ids must have the shape of topk_logprobs {(B, T, K)}, got {got}")
-    _check_int("topk_ids", topk_ids)
+    check_int("topk_ids", topk_ids)
     device = topk_logprobs.device
-    mask = _check_mask(mask, (B, T), device)
+    mask = check_mask(mask, (B, T), device)
     group_ids = check_group_ids(group_ids, B).to(device)
     u = torch.zeros(B, T, dtype=torch.float32, device=device)
     _, inverse = torch.unique(group_ids, return_inverse=True)
