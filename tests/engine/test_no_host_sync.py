@@ -102,3 +102,17 @@ def test_ict_step_path_makes_no_host_reads() -> None:
     assert phases["backward"] == [], phases["backward"]
     # The path did real work: ICT scores, a 10%-per-response selection, a gradient.
     assert out["js_positive"] > 0 and 0 < out["selected"] < out["active"] and out["grad"] > 0
+
+
+def test_check_local_groups_still_raises_on_the_device_check() -> None:
+    import torch
+
+    from ictrl.engine.stats_pass import check_local_groups
+
+    prompts = torch.tensor([[5, 6], [5, 6], [7, 8], [7, 8]])
+    batch = {"prompt_ids": prompts, "prompt_mask": torch.ones_like(prompts)}
+    check_local_groups(batch, 2)
+    with pytest.raises(RuntimeError, match="do not share one prompt"):
+        check_local_groups(batch, 4)
+    with pytest.raises(RuntimeError, match="not a multiple of num_generations=3"):
+        check_local_groups(batch, 3)
