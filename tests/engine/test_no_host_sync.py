@@ -116,3 +116,36 @@ def test_check_local_groups_still_raises_on_the_device_check() -> None:
         check_local_groups(batch, 4)
     with pytest.raises(RuntimeError, match="not a multiple of num_generations=3"):
         check_local_groups(batch, 3)
+
+
+@pytest.mark.gpu
+def test_no_sync_on_cuda_with_sync_debug_mode() -> None:
+    """On a GPU: CUDA's own sync detector raises on any synchronising call in statistics + selection."""
+    import contextlib
+
+    import torch
+    from torch import nn
+
+    from ictrl.core.selection import SelectionInputs, get_selector
+    from ictrl.engine.stats_pass import hidden_stats
+
+    torch.manual_seed(0)
+    B, T, H, V, G = 16, 64, 32, 1000, 8
+    head = nn.Linear(H, V, bias=False).cuda()
+    hidden = torch.randn(B, T, H, device="cuda")
+    ids = torch.randint(0, V, (B, T), device="cuda")
+    mask = torch.arange(T, device="cuda").unsqueeze(0) < torch.randint(1, T + 1, (B, 1), device="cuda")
+    groups = torch.arange(B, device="cuda") // G
+    selector = get_selector("ict")
+    options = selector.resolve_options({})
+    hidden_stats(head, hidden, mask, ids, groups, temperature=1.0, topk=None, chunk_size=None,
+                 autocast=contextlib.nullcontext, group_size=G)  # compile the kernels first
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        stats, js = hidden_stats(head, hidden, mask, ids, groups, temperature=1.0, topk=None, chunk_size=None,
+                                 autocast=contextlib.nullcontext, group_size=G)
+        selected = selector.apply(SelectionInputs(mask=mask, step=20, ict_score=js, group_ids=groups), 10, options)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert bool((selected & ~mask).sum() == 0) and bool(selected.any())
