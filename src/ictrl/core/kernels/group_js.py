@@ -17,9 +17,10 @@ environment variable ``ICTRL_STATS_BACKEND``):
   ``~/.cache/ictrl/inductor`` unless already set), so the C++ compile (tens of seconds per graph on a small
   CPU) is paid once per machine; a new process still pays 4-20 s of tracing per graph and ~0.27 GB of resident
   memory for inductor itself. Groups larger than 16 go to the plain path.
-- ``triton`` (CUDA): :mod:`ictrl.core.kernels.group_js_triton`, one launch for the whole batch, two reads of the logits
-  (an online max and normaliser, then everything else in registers). The same kernel runs on CPU tensors under
-  ``TRITON_INTERPRET=1``, which is how it is tested without a GPU.
+- ``triton`` (CUDA): :mod:`ictrl.core.kernels.group_js_triton`, two launches for the whole batch, each split over
+  (group, position) and vocabulary slices; two reads of the logits in their own dtype (an online max and
+  normaliser, then everything else in registers); no host read when the caller gives ``group_size``. The same
+  kernels run on CPU tensors under ``TRITON_INTERPRET=1``, which is how they are tested without a GPU.
 - ``auto``: ``triton`` on CUDA when triton imports; ``compiled`` on CPU for sweeps of at least ``AUTO_MIN_LOGITS``
   active logits (smaller ones do not repay the per-process tracing); otherwise ``plain``. A fused backend that fails
   (no C++ compiler, an inductor or triton error) is logged once and ``plain`` is used from then on in the process.
