@@ -20,7 +20,7 @@ Items (bytes):
   over-predicted every dense-head run of bench_real_shape.py by 13-28%.)
 - ictrl's statistics sweep (selectors with statistics, e.g. ict; no grad, during the forward): the logits of
   ``min(stats_chunk_size, completion positions)`` rows at a time, fp32 (``ICTGRPOConfig.stats_chunk_size``,
-  default 512: 0.29 GiB at V = 151,936).
+  default None: 512 rows on CPU, 0.29 GiB at V = 151,936).
 - ictrl's sparse head: the selected rows' logits with grad (x 3), plus the [V, h] weight gradient.
 - the optimizer phase: all gradients, plus AdamW's per-parameter temporaries (torch's single-tensor AdamW on
   CPU: 2 arrays the size of the largest parameter, the embedding).

@@ -131,3 +131,47 @@ def test_non_finite_active_logit_raises_masked_may_hold_anything(device) -> None
     st = _stats(logits, mask, tokens, device, group_ids=GROUPS6)
     clean = torch.where(mask.unsqueeze(-1), logits, torch.zeros(()))
     assert_matches(st, clean, mask, tokens, group_ids=GROUPS6)
+
+
+@pytest.fixture
+def small_slices(monkeypatch):
+    """Tiles of 16 logits and slices of 32: V = 97 spans 4 slices (the last partial), 7 tiles."""
+    from ictrl.core.kernels import group_js_triton
+
+    monkeypatch.setattr(group_js_triton, "TILE", 128)
+    monkeypatch.setattr(group_js_triton, "SPLIT_V", 32)
+
+
+@cases
+@pytest.mark.parametrize("temperature", [1.0, 0.6])
+def test_many_vocabulary_slices_ragged_ties_bf16(device, temperature, small_slices) -> None:
+    logits, mask, tokens = make_case(B=6, T=9, seed=31)
+    logits[2, 3] = torch.round(logits[2, 3])  # ties inside a row, across slice borders
+    logits[0, 1, 40:] = -math.inf  # whole slices of -inf
+    tokens[0, 1] = 3
+    mask[:] = torch.arange(9).unsqueeze(0) < torch.tensor([9, 2, 5, 9, 1, 7]).unsqueeze(1)
+    st = _stats(logits, mask, tokens, device, group_ids=GROUPS6, temperature=temperature)
+    assert_matches(st, logits, mask, tokens, temperature=temperature, group_ids=GROUPS6)
+    half = logits.bfloat16()
+    st = _stats(half, mask, tokens, device, group_ids=GROUPS6, temperature=temperature)
+    assert_matches(st, half.float(), mask, tokens, temperature=temperature, group_ids=GROUPS6, atol=1e-4, rtol=1e-4)
+
+
+@cases
+def test_group_size_path_shuffled_rows_and_one_active_response(device, small_slices) -> None:
+    """group_size (the trainer's layout: equal groups, rows in any order) plans without reading group_ids."""
+    logits, mask, tokens = make_case(B=8, T=6, seed=33)
+    groups = torch.tensor([3, 1, 1, 3, 3, 1, 3, 1])  # two groups of 4, interleaved
+    mask[:] = torch.arange(6).unsqueeze(0) < torch.tensor([6, 3, 1, 2, 2, 1, 1, 1]).unsqueeze(1)
+    st = _stats(logits, mask, tokens, device, group_ids=groups, group_size=4)
+    assert_matches(st, logits, mask, tokens, group_ids=groups)
+    assert (st.ict_score[:, 2:] == 0).all()  # from t = 2 one response per group is active (rows 0, 1)
+    assert (st.ict_score[[0, 3], :2] > 0).all()
+    bad = tokens.clone()
+    bad[0, 0] = logits.shape[-1]
+    with pytest.raises(ValueError, match=r"tokens at masked-in positions must lie in \[0, 97\)"):
+        _stats(logits, mask, bad, device, group_ids=groups, group_size=4)
+    nan = logits.clone()
+    nan[1, 0, 5] = math.nan
+    with pytest.raises(ValueError, match="NaN or \\+inf logit"):
+        _stats(nan, mask, tokens, device, group_ids=groups, group_size=4)

@@ -63,3 +63,16 @@ def require_finite(name: str, x: Tensor, where: Tensor | None = None) -> None:
     count = int(bad.sum())
     raise ValueError(f"{name} is not finite at ({at}): {float(x[index])} ({count} non-finite active "
                      f"entr{'y' if count == 1 else 'ies'})")
+
+
+def require_on_device(ok: Tensor, message: str) -> None:
+    """Raise ValueError(message) unless the 0-d bool ``ok`` holds, without reading it on the host.
+
+    ``torch._assert_async`` checks on the tensor's device: on CPU it raises at once (turned into ValueError here);
+    on a GPU the stream fails later with ``message`` (a device-side assert), so the check costs no host-device
+    sync. For the training step's hot path; user-facing calls keep their host checks with a precise message.
+    """
+    try:
+        torch._assert_async(ok, message)
+    except RuntimeError as err:
+        raise ValueError(message) from err

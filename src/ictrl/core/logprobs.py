@@ -17,9 +17,11 @@ backbone (``model.base_model`` in transformers), so ``hidden`` is already normal
 into the shared parameter). Logit scaling or soft-capping that a model applies outside its head module is not
 applied here.
 
-Chunk size. ``chunk_size`` counts rows; ``None`` picks ``_CHUNK_BYTES // (4 * V)`` rows (at least 1): 55 rows at
+Chunk size. ``chunk_size`` counts rows; ``None`` picks, on CPU, ``_CHUNK_BYTES // (4 * V)`` rows (at least 1): 55 rows at
 V = 151,936, 256 at V = 32,768. The fused backward holds one fp32 ``[chunk, V]`` buffer per chunk (the checkpointed
-path three or four); larger chunks amortise the reads of the ``[V, H]`` weight over more rows.
+path three or four); larger chunks amortise the reads of the ``[V, H]`` weight over more rows. On a GPU, ``None``
+sizes chunks from the device's free memory (:func:`_rows`) and the backward's GEMMs run in the compute dtype
+(bf16 tensor cores).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from ictrl.core.checks import as_bool_mask
+from ictrl.core.checks import as_bool_mask, require_on_device
 
 __all__ = ["selected_token_logprobs"]
 
@@ -78,19 +80,34 @@ def _validate(
         raise ValueError(f"tokens must be an integer tensor, got dtype {tokens.dtype}")
     sel = as_bool_mask(selected, "selected").to(hidden.device)
     full = as_bool_mask(mask, "mask").to(hidden.device) if mask is not None else None
-    if full is not None and bool((sel & ~full).any()):
-        raise ValueError("selected must be a subset of mask (a selected position lies outside the mask)")
+    if full is not None:  # checked on the device: no host read in the training step
+        require_on_device(~(sel & ~full).any(), "selected must be a subset of mask (a selected position lies "
+                          "outside the mask)")
     if not isinstance(temperature, (int, float)) or isinstance(temperature, bool) or not math.isfinite(temperature) \
             or temperature <= 0:
         raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
     if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0):
         raise ValueError(f"chunk_size must be a positive int or None, got {chunk_size!r}")
     V = _vocab_size(lm_head)
-    used = tokens.to(hidden.device)[sel if full is None else full]
-    if V is not None and used.numel() and (int(used.min()) < 0 or int(used.max()) >= V):
-        raise ValueError(f"tokens at the positions scored must lie in [0, {V}), got range "
-                         f"[{int(used.min())}, {int(used.max())}]")
+    if V is not None:
+        tok = tokens.to(hidden.device)
+        require_on_device(((tok >= 0) & (tok < V) | ~(sel if full is None else full)).all(),
+                          f"tokens at the positions scored must lie in [0, {V})")
     return sel, (full if full is not None else torch.ones_like(sel)), V
+
+
+def _rows(chunk_size: int | None, V: int, device: torch.device) -> int:
+    """Rows per chunk: ``chunk_size``, or 32 MiB of fp32 logits on CPU (55 rows at V = 151,936); on a GPU the
+    rows whose fp32 and half [rows, V] buffers fit in an eighth of the free memory (thousands at that V), so the
+    weight-gradient GEMMs are large enough for the tensor cores and a backward is a few chunks. (A head module
+    that exposes neither weight nor out_features is sized for a Qwen2.5-sized vocabulary.)"""
+    if chunk_size is not None:
+        return chunk_size
+    rows = max(1, _CHUNK_BYTES // (4 * V))
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        rows = max(rows, free // 8 // (6 * V))
+    return rows
 
 
 def _head_logprobs(h: Tensor, tok: Tensor, lm_head: Any, temperature: float) -> Tensor:
@@ -147,12 +164,26 @@ class _LinearLogProb(torch.autograd.Function):
         grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_w else None
         grad_b = torch.zeros(weight.shape[0], dtype=acc, device=weight.device) if need_b else None
         device, dtype, enabled = ctx.autocast
+        # On a GPU with half-precision compute, the two GEMMs take G and h in that dtype (tensor cores, fp32
+        # accumulation inside torch.matmul) and each chunk's weight gradient is added to the fp32 accumulator:
+        # one rounding per chunk, as the dense head's own bf16 backward has. CPU keeps fp32 GEMMs (exact as before).
+        low = dtype if enabled else weight.dtype
+        half = h.device.type == "cuda" and low in (torch.float16, torch.bfloat16)
         for s in range(0, h.shape[0], rows):
             hc, g = h[s:s + rows], grad_out[s:s + rows].to(acc) / tau
             with torch.autocast(device, dtype=dtype, enabled=enabled):
                 z = _chunk_logits(hc, weight, bias, tau)
             G = z.to(acc).sub_(log_z[s:s + rows].unsqueeze(1)).exp_()  # p
             G.mul_(-g.unsqueeze(1)).scatter_add_(1, tok[s:s + rows].unsqueeze(1), g.unsqueeze(1))
+            if half:
+                Gh = G.to(low)
+                if grad_h is not None:
+                    grad_h[s:s + rows] = (Gh @ weight.to(low)).to(h.dtype)
+                if grad_w is not None:
+                    grad_w += Gh.t() @ hc.to(low)
+                if grad_b is not None:
+                    grad_b += G.sum(dim=0)
+                continue
             if grad_h is not None:
                 grad_h[s:s + rows] = (G.to(weight.dtype) @ weight).to(h.dtype)
             if grad_w is not None:
@@ -195,8 +226,7 @@ def selected_token_logprobs(
     """
     sel, full, V = _validate(hidden, lm_head, tokens, selected, mask, temperature, chunk_size)
     B, T, H = hidden.shape
-    # A head module that exposes neither weight nor out_features: size chunks for a Qwen2.5-sized vocabulary.
-    rows = chunk_size if chunk_size is not None else max(1, _CHUNK_BYTES // (4 * (V or 151_936)))
+    rows = _rows(chunk_size, V or 151_936, hidden.device)
     out_dtype = torch.float32 if hidden.dtype in (torch.float16, torch.bfloat16) else hidden.dtype
     tokens = tokens.to(hidden.device)
     flat_h = hidden.reshape(B * T, H)

@@ -51,7 +51,7 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
-from ictrl.core.checks import OptionError, as_bool_mask, check_group_ids
+from ictrl.core.checks import OptionError, as_bool_mask, check_group_ids, require_on_device
 from ictrl.core.loss import NORM_MODES
 from ictrl.core.reference import ceil_count
 
@@ -86,8 +86,8 @@ class SelectionInputs:
             value = getattr(self, name)
             if value is not None and tuple(value.shape) != tuple(self.mask.shape):
                 raise ValueError(f"{name} must have the mask's shape {tuple(self.mask.shape)}, got {tuple(value.shape)}")
-            if value is not None and bool(torch.isnan(value[self.mask]).any()):
-                raise ValueError(f"{name} holds NaN at active positions")
+            if value is not None:  # checked on the device: no host read in the training step
+                require_on_device(~(torch.isnan(value) & self.mask).any(), f"{name} holds NaN at active positions")
         if self.advantages is not None and tuple(self.advantages.shape) != (B,):
             raise ValueError(f"advantages must be [B] = ({B},), got shape {tuple(self.advantages.shape)}")
         if self.group_ids is not None:
@@ -309,11 +309,25 @@ def _units(inputs: SelectionInputs, scope: str) -> Tensor:
 
 
 
+# Whether CPU tensors take the dense selection too (tests check that path on CPU; otherwise CPU keeps the faster
+# active-only sort).
+DENSE_ON_CPU = False
+
+
 def _top_k_per_unit(score: Tensor, mask: Tensor, units: Tensor, ratio: float) -> Tensor:
     """[B, T] bool: in each unit, the ceil(ratio * n_active) active positions with the highest score.
 
-    Ties go to the lower flat index. Vectorised: sort the active positions by (unit, -score, index).
+    Ties go to the lower flat index. On an accelerator (or with ``DENSE_ON_CPU``) :func:`_top_k_dense`, which reads
+    nothing on the host; on CPU :func:`_top_k_active`, the same selection from a sort of the active positions only.
     """
+    if mask.device.type == "cpu" and not DENSE_ON_CPU:
+        return _top_k_active(score, mask, units, ratio)
+    return _top_k_dense(score, mask, units, ratio)
+
+
+def _top_k_active(score: Tensor, mask: Tensor, units: Tensor, ratio: float) -> Tensor:
+    """:func:`_top_k_per_unit` over the active positions only (the CPU path: sorts fewer elements; its
+    nonzero, max and bincount read the data on the host, which costs nothing without a device)."""
     flat_mask = mask.reshape(-1)
     idx = flat_mask.nonzero(as_tuple=True)[0]  # ascending flat index
     out = torch.zeros_like(flat_mask)
@@ -341,11 +355,34 @@ def _top_k_per_unit(score: Tensor, mask: Tensor, units: Tensor, ratio: float) ->
     return out.view_as(mask)
 
 
+def _top_k_dense(score: Tensor, mask: Tensor, units: Tensor, ratio: float) -> Tensor:
+    """:func:`_top_k_per_unit` vectorised over every position, active or not, so no shape depends on the data
+    (no host read on a GPU): order all positions by (inactive, unit, -score, index) with a stable sort of the
+    scores, then a stable sort of the small unit keys (inactive positions get key B, after every unit). Unit ids
+    are < B (a row, a group index or 0), which bounds the per-unit counts without reading them.
+    """
+    flat_mask = mask.reshape(-1)
+    n = flat_mask.numel()
+    if n == 0:
+        return torch.zeros_like(mask)
+    u = units.reshape(-1)
+    n_units = mask.shape[0]
+    arange = torch.arange(n, device=mask.device)
+    by_score = torch.sort(score.reshape(-1), descending=True, stable=True).indices  # ties: lower index first
+    unit_key = torch.where(flat_mask, u, n_units)[by_score]
+    order = by_score[torch.sort(unit_key, stable=True).indices]  # active first, by unit, then score order
+    u_sorted = u[order]
+    counts = torch.zeros(n_units, dtype=torch.long, device=mask.device).scatter_add_(0, u, flat_mask.long())
+    starts = torch.cumsum(counts, 0) - counts
+    rank = arange - starts[u_sorted]
+    keep = (rank < ceil_count(ratio, counts)[u_sorted]) & flat_mask[order]
+    return torch.zeros_like(flat_mask).scatter_(0, order, keep).view_as(mask)
+
+
 def _with_ties(chosen: Tensor, score: Tensor, mask: Tensor, units: Tensor) -> Tensor:
     """[B, T] bool: every active position whose score reaches its unit's lowest chosen score (ties kept whole)."""
-    n_units = int(units.max()) + 1 if units.numel() else 1
-    lowest = torch.full((n_units,), torch.inf, dtype=score.dtype, device=score.device)
-    lowest.scatter_reduce_(0, units[chosen], score[chosen], reduce="amin")
+    lowest = torch.full((mask.shape[0],), torch.inf, dtype=score.dtype, device=score.device)  # unit ids < B
+    lowest.scatter_reduce_(0, units.reshape(-1), torch.where(chosen, score, torch.inf).reshape(-1), reduce="amin")
     return mask & (score >= lowest[units])
 
 

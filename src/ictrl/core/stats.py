@@ -24,11 +24,13 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ictrl.core.checks import as_bool_mask, check_group_ids, require_finite
+from ictrl.core.checks import check_group_ids, require_on_device
 from ictrl.core.kernels import group_js as _fused
+from ictrl.core.stats_checks import check_int, check_mask, require_finite_rows, validate
 
 __all__ = [
     "TokenStats",
+    "sweep_rows",
     "token_stats",
     "group_js_divergence",
     "group_js_divergence_topk",
@@ -51,61 +53,20 @@ class TokenStats:
     ict_score: Tensor | None = None  # u = JS(p || group mean), only when group_ids is given
 
 
-# ----------------------------------------------------------------------------------------------- validation
+CPU_SWEEP_ROWS = 512  # rows of [V] logits per head block of the statistics pass on CPU (bench/README.md)
 
 
-def _check_int(name: str, t: Tensor) -> None:
-    if t.dtype == torch.bool or t.dtype.is_floating_point or t.dtype.is_complex:
-        raise ValueError(f"{name} must be an integer tensor, got dtype {t.dtype}")
-
-
-def _validate(
-    logits: Tensor,
-    mask: Tensor,
-    tokens: Tensor | None,
-    group_ids: Tensor | None,
-    temperature: float,
-    chunk_size: int | None,
-) -> tuple[Tensor, Tensor | None, Tensor | None]:
-    """Check arguments; return (bool mask, tokens, group_ids) on the logits' device."""
-    if not isinstance(logits, Tensor) or logits.dim() != 3:
-        shape = tuple(logits.shape) if isinstance(logits, Tensor) else type(logits).__name__
-        raise ValueError(f"logits must be a 3-D tensor [B, T, V], got {shape}")
-    if not logits.dtype.is_floating_point:
-        raise ValueError(f"logits must be floating point, got dtype {logits.dtype}")
-    B, T, V = logits.shape
-    if V < 1:
-        raise ValueError("logits must have a non-empty vocabulary dimension")
-    mask = _check_mask(mask, (B, T), logits.device)
-    if tokens is not None:
-        if not isinstance(tokens, Tensor) or tuple(tokens.shape) != (B, T):
-            got = tuple(tokens.shape) if isinstance(tokens, Tensor) else type(tokens).__name__
-            raise ValueError(f"tokens must have shape {(B, T)} (logits[:2]), got {got}")
-        _check_int("tokens", tokens)
-        tokens = tokens.to(logits.device)
-        # Masked positions may hold padding (e.g. -100); only active ones must index the vocabulary.
-        active = tokens[mask]
-        if active.numel() and (int(active.min()) < 0 or int(active.max()) >= V):
-            raise ValueError(f"tokens at masked-in positions must lie in [0, {V}), got range "
-                             f"[{int(active.min())}, {int(active.max())}]")
-    if group_ids is not None:
-        group_ids = check_group_ids(group_ids, B).to(logits.device)
-    _check_temperature_chunk(temperature, chunk_size)
-    return mask, tokens, group_ids
-
-
-def _check_mask(mask: Tensor, shape: tuple[int, int], device: torch.device) -> Tensor:
-    if not isinstance(mask, Tensor) or tuple(mask.shape) != shape:
-        got = tuple(mask.shape) if isinstance(mask, Tensor) else type(mask).__name__
-        raise ValueError(f"mask must have shape {shape} (logits[:2]), got {got}")
-    return as_bool_mask(mask).to(device)
-
-
-def _check_temperature_chunk(temperature: float, chunk_size: int | None) -> None:
-    if not isinstance(temperature, (int, float)) or not math.isfinite(temperature) or temperature <= 0:
-        raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
-    if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0):
-        raise ValueError(f"chunk_size must be a positive int or None, got {chunk_size!r}")
+def sweep_rows(chunk_size: int | None, V: int, device: torch.device, itemsize: int = 2) -> int:
+    """Rows of [V] logits a caller materialises at once for one statistics sweep: ``chunk_size`` when given;
+    otherwise ``CPU_SWEEP_ROWS`` on CPU, and on a GPU the rows whose logits (``itemsize`` bytes each) fit in a
+    quarter of the device's free memory, so a step's sweep is one or a few launches rather than one per 512
+    rows (a launch then streams gigabytes, which is what makes it run near memory bandwidth)."""
+    if chunk_size is not None:
+        return chunk_size
+    if device.type != "cuda":
+        return CPU_SWEEP_ROWS
+    free, _ = torch.cuda.mem_get_info(device)
+    return max(CPU_SWEEP_ROWS, free // 4 // (V * itemsize))
 
 
 def _rows_per_chunk(chunk_size: int | None, V: int) -> int:
@@ -195,28 +156,6 @@ def _fix_zero_log_zero(sums: Tensor, finite_ref: Tensor, prod: Tensor) -> None:
         sums[rows] = prod.index_select(0, rows).nansum(dim=1)
 
 
-def _require_finite_rows(flat: Tensor, mask: Tensor, purity: Tensor, temperature: float) -> None:
-    """Raise naming the first active (row, position) whose distribution is undefined.
-
-    Sum p^2 (purity [B*T]) is NaN exactly when a row holds a NaN or +inf logit (inf - inf), is all -inf, or
-    overflows once divided by the temperature, so checking it costs [B*T] and no pass over the logits. A NaN row
-    would otherwise make its whole group's mean, and so every member's ICT score at that position, NaN.
-    flat: [B*T, V] logits; mask: [B, T] bool.
-    """
-    bad = mask.reshape(-1) & ~torch.isfinite(purity)
-    if not bool(bad.any()):
-        return
-    rows = bad.nonzero().squeeze(1)
-    shown = torch.zeros_like(purity)
-    shown[rows] = math.nan
-    # The message shows the first offending row's max logit / temperature: NaN, +inf, or -inf for an all -inf row.
-    first = (flat[int(rows[0])].float() / temperature).amax()
-    if not bool(torch.isfinite(first)):
-        shown[rows[0]] = first
-    require_finite("logits (a NaN or +inf logit, or all -inf; shown: the row's max / temperature)",
-                   shown.view(mask.shape), mask)
-
-
 def _entropy_of(p: Tensor) -> Tensor:
     """-sum p log p over the last dim of normalised p [..., V]; 0 log 0 = 0 via xlogy."""
     return -torch.special.xlogy(p, p).sum(dim=-1)
@@ -234,6 +173,7 @@ def token_stats(
     chunk_size: int | None = None,
     group_ids: Tensor | None = None,
     backend: str = "auto",
+    group_size: int | None = None,
 ) -> TokenStats:
     """Per-token statistics of p = softmax(logits / temperature), streamed over the active rows.
 
@@ -246,8 +186,12 @@ def token_stats(
     -inf logits are allowed (probability 0); a NaN or +inf logit, or a row whose logits are all -inf (no
     distribution), at a masked-in position raises ValueError naming its (row, position); masked-out rows may hold
     anything.
+    group_size: every group has exactly this many members (the trainer's layout, from Python-side metadata). On
+    the triton backend the whole call then runs without a host-device sync: the sweep is planned from this size,
+    and the token-range and finite checks become device-side asserts (a GPU fails the stream with the message
+    rather than raising here). Not needed for correctness; other backends still read the mask on the host.
     """
-    mask, tokens, group_ids = _validate(logits, mask, tokens, group_ids, temperature, chunk_size)
+    mask, tokens, group_ids = validate(logits, mask, tokens, group_ids, temperature, chunk_size, group_size)
     B, T, V = logits.shape
     rows = _rows_per_chunk(chunk_size, V)
     flat = logits.reshape(B * T, V)
@@ -255,7 +199,8 @@ def token_stats(
            for k in ("entropy", "renyi2", "purity", "logprob", "prob")}
     tok_flat = tokens.reshape(-1) if tokens is not None else None
     if group_ids is not None:
-        ict = _dispatch_group_sweep(flat, mask, tok_flat, group_ids, temperature, rows, out, backend, chunk_size)
+        ict = _dispatch_group_sweep(flat, mask, tok_flat, group_ids, temperature, rows, out, backend, chunk_size,
+                                    group_size)
     else:
         ict = None
         active = mask.reshape(-1).nonzero().squeeze(1)
@@ -269,7 +214,11 @@ def token_stats(
             st = _chunk_stats(a, b, tok_flat[idx] if tok_flat is not None else None)
             for k, v in st.items():
                 out[k][idx] = v
-    _require_finite_rows(flat, mask, out["purity"], temperature)
+    if group_size is None:
+        require_finite_rows(flat, mask, out["purity"], temperature)
+    else:
+        require_on_device((torch.isfinite(out["purity"]) | ~mask.reshape(-1)).all(),
+                          "logits: a NaN or +inf logit, or a row of all -inf, at a masked-in position")
     shaped = {k: v.view(B, T) for k, v in out.items()}
     return TokenStats(**shaped, ict_score=ict.view(B, T) if ict is not None else None)
 
@@ -282,6 +231,7 @@ def group_js_divergence(
     temperature: float = 1.0,
     chunk_size: int | None = None,
     backend: str = "auto",
+    group_size: int | None = None,
 ) -> Tensor:
     """ICT uniqueness u[i, t] = JS(p_i,t || mean of p_j,t over the active responses j of i's group), in nats.
 
@@ -292,7 +242,8 @@ def group_js_divergence(
     """
     if group_ids is None:
         raise ValueError("group_ids must be a 1-D integer tensor of length B, got None")
-    st = token_stats(logits, mask, None, temperature, chunk_size, group_ids=group_ids, backend=backend)
+    st = token_stats(logits, mask, None, temperature, chunk_size, group_ids=group_ids, backend=backend,
+                     group_size=group_size)
     assert st.ict_score is not None
     return st.ict_score
 
@@ -307,15 +258,18 @@ def _dispatch_group_sweep(
     out: dict[str, Tensor],
     backend: str,
     chunk_size: int | None,
+    group_size: int | None,
 ) -> Tensor:
     """The group sweep on the chosen backend; rows a fused backend leaves undone (or all rows, if it fails under
-    "auto") go through the plain :func:`_group_sweep`. Returns u [B*T] float32 and fills ``out``."""
-    chosen, named = _fused.resolve_backend(backend, flat.device, int(mask.sum()) * flat.shape[1])
+    "auto") go through the plain :func:`_group_sweep`. Returns u [B*T] float32 and fills ``out``.
+    The triton backend does every active row, so its call reads nothing on the host."""
+    # The active count decides only the CPU's compiled-or-plain choice: read on the host only then.
+    chosen, named = _fused.resolve_backend(backend, flat.device, lambda: int(mask.sum()) * flat.shape[1])
     rest, ict = mask, None
     if chosen != "plain":
         try:
             fused_rows = chunk_size if chunk_size is not None else _fused.FUSED_ROWS  # no [rows, V] buffer there
-            res = _fused.fused_group_sweep(chosen, flat, mask, group_ids, temperature, fused_rows)
+            res = _fused.fused_group_sweep(chosen, flat, mask, group_ids, temperature, fused_rows, group_size)
         except Exception as err:  # no compiler, an inductor/triton error: fall back unless asked for by name
             if named:
                 raise
@@ -324,6 +278,8 @@ def _dispatch_group_sweep(
             _fused.announce(chosen)
             ict = torch.zeros(flat.shape[0], dtype=torch.float32, device=flat.device)
             _fused.fill_token_stats(res, flat, tok_flat, temperature, out, ict)
+            if chosen == "triton":
+                return ict  # every active row done
             rest = mask & ~res["done"].view(mask.shape)
     if ict is None:
         _fused.announce("plain")
@@ -441,9 +397,9 @@ def group_js_divergence_topk(
     if not isinstance(topk_ids, Tensor) or topk_ids.shape != topk_logprobs.shape:
         got = tuple(topk_ids.shape) if isinstance(topk_ids, Tensor) else type(topk_ids).__name__
         raise ValueError(f"topk_ids must have the shape of topk_logprobs {(B, T, K)}, got {got}")
-    _check_int("topk_ids", topk_ids)
+    check_int("topk_ids", topk_ids)
     device = topk_logprobs.device
-    mask = _check_mask(mask, (B, T), device)
+    mask = check_mask(mask, (B, T), device)
     group_ids = check_group_ids(group_ids, B).to(device)
     u = torch.zeros(B, T, dtype=torch.float32, device=device)
     _, inverse = torch.unique(group_ids, return_inverse=True)

@@ -160,8 +160,8 @@ class ICTGRPOConfig(GRPOConfig):
         metadata={"help": "Temperature applied to the sampling-policy logits for the selection statistics. None: "
                   "the sampling temperature (`temperature`)."},
     )
-    stats_chunk_size: int = field(
-        default=512,
+    stats_chunk_size: int | None = field(
+        default=None,
         metadata={"help": "Most (response, position) rows of full-vocabulary logits materialised at once by the "
                   "statistics pass (memory bound: rows × vocab × 4 bytes; 512 rows at V = 151,936 is 311 MB). "
                   "Measured at Qwen2.5-0.5B width (bench/bench_real_shape.py --part passes, bench/README.md): 512 "
@@ -204,7 +204,9 @@ class ICTGRPOConfig(GRPOConfig):
                   "usual, then ictrl.core.logprobs.selected_token_logprobs projects the selected positions' hidden states "
                   "to the vocabulary in row chunks. Same loss and gradient as the dense path, without the head's "
                   "[tokens, V] work at the unselected positions (~90% of them for ict). Log-probs at unselected "
-                  "positions are not computed (they carry zero loss weight)."},
+                  "positions are not computed (they carry zero loss weight). Off by default: on a GPU it measured "
+                  "slower than dense (H200, 0.5B, bf16: 0.421 s vs 0.400 s per step); on CPU it measured 0.3x `all`'s "
+                  "head time, so turn it on there (bench/README.md, 'GPU')."},
     )
     selection_seed: int | None = field(
         default=None,
@@ -263,8 +265,9 @@ class ICTGRPOConfig(GRPOConfig):
             self.selection_temperature = self.temperature
         if not self.selection_temperature > 0:
             raise ValueError(f"selection_temperature must be > 0, got {self.selection_temperature!r}")
-        if isinstance(self.stats_chunk_size, bool) or not isinstance(self.stats_chunk_size, int) \
-                or self.stats_chunk_size < 1:
+        if self.stats_chunk_size is not None and (isinstance(self.stats_chunk_size, bool)
+                                                  or not isinstance(self.stats_chunk_size, int)
+                                                  or self.stats_chunk_size < 1):
             raise ValueError(f"stats_chunk_size must be an int >= 1, got {self.stats_chunk_size!r}")
         if self.cpu_threads is not None and (isinstance(self.cpu_threads, bool) or not isinstance(self.cpu_threads, int)
                                              or not 1 <= self.cpu_threads <= 4096):

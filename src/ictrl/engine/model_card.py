@@ -24,12 +24,12 @@ def model_card(base_model: str, output_dir: Path, args: Any, command: str | None
     """The card's Markdown: YAML front matter (``base_model``, ``library_name``, ``tags``) as the Hub reads it,
     then the method as resolved (``args``: an ``ICTGRPOConfig``), the command and how to load the model."""
     method = resolved_method(args)
-    label = method["method"]
-    name = ("TRL's GRPO (token_selector all: every response token)" if label == "grpo"
+    label, trl = method["method"], args.selector.trl_loss  # trl_loss: the selector trains every token, as TRL
+    name = (f"TRL's GRPO (token_selector {method['token_selector']}: every response token)" if trl
             else f"{label} (token_selector {method['token_selector']})")
     hub = not os.path.isdir(base_model)
     front = {"base_model": base_model, "library_name": "transformers",
-             "tags": ["ictrl", "trl", "grpo", *([label] if label != "grpo" else [])]}
+             "tags": ["ictrl", "trl", "grpo", *([] if trl else [label])]}
     if not hub:
         front["base_model"] = str(Path(base_model).resolve())
     base = f"[{base_model}](https://huggingface.co/{base_model})" if hub else f"`{front['base_model']}`"

@@ -114,8 +114,9 @@ class SelectionStep:
         for b in batches:
             mask = response_mask(b)
             selected = b["ictrl_selected"] & mask
-            counts.append(torch.stack([torch.tensor(float(mask.size(0))), selected.sum().double().cpu(),
-                                       mask.sum().double().cpu()]))
+            # on the device: the totals go to the loss as tensors, so no host read here
+            counts.append(torch.stack([torch.tensor(float(mask.size(0)), dtype=torch.float64, device=mask.device),
+                                       selected.sum().double(), mask.sum().double()]))
         local = torch.stack(counts).double()  # [n, 3]
         n = local.size(0)
         if n % accumulation == 0 and not self.buffer_mean:

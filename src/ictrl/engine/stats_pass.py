@@ -44,7 +44,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ictrl.core.stats import TokenStats, group_js_divergence_topk, token_stats, topk_log_softmax
+from ictrl.core.stats import TokenStats, group_js_divergence_topk, sweep_rows, token_stats, topk_log_softmax
 from ictrl.engine.heads import call_head
 
 STATS_PATHS = {"separate": 0.0, "shared_old_logps": 1.0, "training_forward": 2.0}
@@ -80,9 +80,15 @@ def check_local_groups(batch: dict[str, Any], G: int) -> None:
         raise RuntimeError(f"group JS needs whole groups on each process, but this process holds {B} "
                            f"completions, not a multiple of num_generations={G}")
     ids = torch.where(batch["prompt_mask"].bool(), batch["prompt_ids"], -1).view(B // G, G, -1)
-    if not bool((ids == ids[:, :1]).all()):
-        raise RuntimeError("the completions in a block of num_generations rows on this process do not share "
-                           "one prompt: TRL's sampler layout changed, so groups cannot be kept local")
+    # Checked on the device (no host read in the step): on a GPU a failure fails the stream with this message.
+    try:
+        torch._assert_async((ids == ids[:, :1]).all(), _NOT_LOCAL)
+    except RuntimeError as err:
+        raise RuntimeError(_NOT_LOCAL) from err
+
+
+_NOT_LOCAL = ("the completions in a block of num_generations rows on this process do not share one prompt: TRL's "
+              "sampler layout changed, so groups cannot be kept local")
 
 
 # ---------------------------------------------------------------------------------------------- the path
@@ -142,20 +148,27 @@ def final_hidden(model: Any, input_ids: Tensor, attention_mask: Tensor, T: int, 
 
 @torch.no_grad()
 def hidden_stats(head: nn.Module, hidden: Tensor, mask: Tensor, completion_ids: Tensor, group_ids: Tensor | None,
-                 *, temperature: float, topk: int | None, chunk_size: int, autocast: Autocast,
-                 sampler_topk: tuple[Tensor, Tensor] | None = None) -> tuple[TokenStats, Tensor | None]:
+                 *, temperature: float, topk: int | None, chunk_size: int | None, autocast: Autocast,
+                 sampler_topk: tuple[Tensor, Tensor] | None = None, group_size: int | None = None
+                 ) -> tuple[TokenStats, Tensor | None]:
     """TokenStats ([B, T] fields) and the [B, T] group JS (None without ``group_ids``) from [B, T, H] hidden states.
 
     The LM head sweeps blocks of positions with its whole weight, gathered once by the engine (:func:`call_head`),
     so at most ``chunk_size`` rows of [V] logits exist at once, with every group intact (JS at position t needs only
     the group's distributions at t). With ``topk`` = K the group JS comes from each position's top-K log-probs
     (``group_js_divergence_topk``): ``sampler_topk`` ([B, T, K] log-probs and ids recorded at generation) when
-    given, else the head's logits.
+    given, else the head's logits. ``group_size``: every group has exactly that many rows (the trainer's layout;
+    lets the sweep run without host reads, :func:`token_stats`). ``chunk_size`` None: :func:`sweep_rows` (on a GPU
+    from its free memory, so the whole batch is usually one block).
+
+    On a GPU the head's logits go to the sweep in their own dtype (bf16 under autocast: half the bytes to read);
+    on CPU, and for the in-place top-K, they are upcast to fp32 first, as before.
     """
     B, T = mask.shape
     topk = topk if group_ids is not None else None
     head_topk = topk is not None and sampler_topk is None
-    block = max(1, chunk_size // B)
+    V = head.weight.shape[0] if isinstance(getattr(head, "weight", None), Tensor) else 151_936
+    block = max(1, sweep_rows(chunk_size, V, hidden.device) // B)
 
     def sweep(lm: nn.Module | Tensor, hidden_all: Tensor) -> tuple[list[TokenStats], list[tuple[Tensor, Tensor]]]:
         parts: list[TokenStats] = []
@@ -163,10 +176,13 @@ def hidden_stats(head: nn.Module, hidden: Tensor, mask: Tensor, completion_ids: 
         for t0 in range(0, T, block):
             h = hidden_all[:, t0:t0 + block]
             # Under bf16 the head's output is bf16 unless TRL's cast_lm_head_to_fp32=True made the head fp32.
-            logits = (lm(h) if isinstance(lm, nn.Module) else F.linear(h.to(lm.dtype), lm)).float()
+            logits = lm(h) if isinstance(lm, nn.Module) else F.linear(h.to(lm.dtype), lm)
+            if logits.device.type == "cpu" or head_topk:
+                logits = logits.float()
             m = mask[:, t0:t0 + block]
             parts.append(token_stats(logits, m, tokens=completion_ids[:, t0:t0 + block], temperature=temperature,
-                                     group_ids=group_ids if topk is None else None))
+                                     group_ids=group_ids if topk is None else None,
+                                     group_size=group_size if topk is None and group_ids is not None else None))
             if head_topk:
                 topk_parts.append(topk_log_softmax(logits, topk, temperature))
             del logits
@@ -187,8 +203,9 @@ def hidden_stats(head: nn.Module, hidden: Tensor, mask: Tensor, completion_ids: 
 
 @torch.no_grad()
 def model_stats(model: Any, head: nn.Module, batch: dict[str, Any], mask: Tensor, group_ids: Tensor | None, *,
-                rows: int, temperature: float, topk: int | None, chunk_size: int, autocast: Autocast,
-                sampler_topk: tuple[Tensor, Tensor] | None = None) -> tuple[TokenStats, Tensor | None]:
+                rows: int, temperature: float, topk: int | None, chunk_size: int | None, autocast: Autocast,
+                sampler_topk: tuple[Tensor, Tensor] | None = None, group_size: int | None = None
+                ) -> tuple[TokenStats, Tensor | None]:
     """:func:`hidden_stats` of a batch: the model runs through its engine (FSDP2 / ZeRO-3 hooks gather each layer)
     over prompt+completion in chunks of ``rows``, keeping the final-norm hidden states. ``rows`` must be the same
     on every process, so every process makes the same number of (collective) forwards."""
@@ -197,7 +214,8 @@ def model_stats(model: Any, head: nn.Module, batch: dict[str, Any], mask: Tensor
     hidden = [final_hidden(model, input_ids[r0:r0 + rows], attention_mask[r0:r0 + rows], T, autocast)
               for r0 in range(0, input_ids.size(0), rows)]
     return hidden_stats(head, torch.cat(hidden), mask, batch["completion_ids"], group_ids, temperature=temperature,
-                        topk=topk, chunk_size=chunk_size, autocast=autocast, sampler_topk=sampler_topk)
+                        topk=topk, chunk_size=chunk_size, autocast=autocast, sampler_topk=sampler_topk,
+                        group_size=group_size)
 
 
 # ------------------------------------------------------------------------------------- TRL's fused head
@@ -312,7 +330,7 @@ class StatsSource:
     same_temperature: bool        # selection temperature == sampling temperature
     temperature: float            # the selection temperature
     topk: int | None              # group JS from each position's top-K log-probs (selection_topk)
-    chunk_size: int               # rows of [V] logits at once in the head's sweep
+    chunk_size: int | None        # rows of [V] logits at once in the head's sweep (None: sweep_rows)
     rows: Mapping[str, int]       # mode -> rows per forward of the separate pass (the mode's per-device batch)
     autocast: Autocast
     head: Callable[[Any], nn.Module]      # model -> its LM head as the engine exposes it
@@ -336,9 +354,10 @@ class StatsSource:
 
     def __call__(self, model: Any, batch: dict[str, Any], mask: Tensor, group_ids: Tensor | None = None, *,
                  mode: str = "train", hidden: Tensor | None = None, fused: Fused | None = None,
-                 sampler_topk: tuple[Tensor, Tensor] | None = None) -> tuple[TokenStats, Tensor | None]:
+                 sampler_topk: tuple[Tensor, Tensor] | None = None, group_size: int | None = None
+                 ) -> tuple[TokenStats, Tensor | None]:
         """TokenStats ([B, T] fields) of the sampling policy at ``batch``'s completion positions and the [B, T]
-        group JS (None without ``group_ids``).
+        group JS (None without ``group_ids``; ``group_size``: each group's rows, from the trainer's layout).
 
         From ``fused`` (TRL's fused head: no group JS) when given, else the no-grad sweep of the LM head over
         ``hidden`` ([B, T, H]) when given, else over the model's own forward of ``batch`` in chunks of the mode's
@@ -347,7 +366,7 @@ class StatsSource:
         if fused is not None:
             return stats_from_fused(fused.logps, fused.entropy, fused.log_sum_sq, mask), None
         settings = dict(temperature=self.temperature, topk=self.topk, chunk_size=self.chunk_size,
-                        autocast=self.autocast, sampler_topk=sampler_topk)
+                        autocast=self.autocast, sampler_topk=sampler_topk, group_size=group_size)
         if hidden is not None:
             return hidden_stats(self.head(model), hidden.detach(), mask, batch["completion_ids"], group_ids,
                                 **settings)

@@ -210,7 +210,7 @@ class ICTGRPOTrainer(GRPOTrainer):
                 groups = local_groups(self.accelerator.process_index, B, G, mask.device)
                 sampler_topk = recorded_topk(generation.rollout_topk, generation.rollout_calls, self._sampler_topk,
                                              self.args.selection_topk_source, B, T, mask.device)
-            stats, js = source(self.model, batch, mask, groups, mode=mode, sampler_topk=sampler_topk)
+            stats, js = source(self.model, batch, mask, groups, mode=mode, sampler_topk=sampler_topk, group_size=G)
             metrics["ictrl/topk_from_sampler"].append(float(sampler_topk is not None))
         self._ensure_old_logps(batch)
         batch["ictrl_selected"] = self.selection_step.select(metrics, step, mask, stats, js, batch["advantages"], G)
@@ -252,7 +252,7 @@ class ICTGRPOTrainer(GRPOTrainer):
             if generation.need_js:
                 check_local_groups(batch, generation.G)
                 groups = local_groups(self.accelerator.process_index, mask.size(0), generation.G, mask.device)
-            stats, js = source(model, batch, mask, groups, mode=self._mode())
+            stats, js = source(model, batch, mask, groups, mode=self._mode(), group_size=generation.G)
             logps = stats.logprob
         generation.shared = (input_ids.size(0), stats, js)
         return logps, None, None
@@ -403,7 +403,7 @@ class ICTGRPOTrainer(GRPOTrainer):
             if need_js:
                 check_local_groups({k: inputs[k][order] for k in ("prompt_ids", "prompt_mask")}, self.num_generations)
                 groups = inputs["ictrl_row"] // self.num_generations
-            stats, js = source(model, inputs, mask, groups, hidden=hidden)
+            stats, js = source(model, inputs, mask, groups, hidden=hidden, group_size=self.num_generations)
         ordered = TokenStats(**{f: getattr(stats, f)[order] for f in STAT_FIELDS})
         selected = self.selection_step.select(metrics, step, mask[order], ordered, None if js is None else js[order],
                                               inputs["advantages"][order], self.num_generations)[local]

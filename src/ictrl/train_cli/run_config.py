@@ -344,17 +344,15 @@ def method_line(cfg: RunConfig, source: str = "<config>") -> str:
 
     name = str(cfg.trainer.get("token_selector", DEFAULT_SELECTOR))
     try:
-        label = get_selector(name).label
+        selector = get_selector(name)
+        what = "TRL's GRPO" if selector.trl_loss else selector.label
     except ValueError:
-        label = name  # an unknown name is the config check's error, a line later
-    what = "TRL's GRPO" if label == "grpo" else label
+        what = name  # an unknown name is the config check's error, a line later
     if cfg.method_from == "default":
         return (f"method: {what} (token_selector: {name}, the default: {source} sets no token_selector, so it runs "
                 "as trl grpo does); for ICT set token_selector: ict in the file or pass --token_selector=ict")
     where = f"--token_selector={cfg.flags.get('token_selector', name)}" if cfg.method_from == "flag" else source
     return f"method: {what} (token_selector: {name}, from {where})"
-
-
 
 
 def load_config(path: str | os.PathLike[str], flags: list[str] | None = None) -> RunConfig:

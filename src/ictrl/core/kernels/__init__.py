@@ -2,5 +2,6 @@
 
 - :mod:`ictrl.core.kernels.group_js`: backend choice, the ``torch.compile`` path (CPU: inductor emits one vectorised C++
   loop per block) and the Triton launch (CUDA);
-- :mod:`ictrl.core.kernels.group_js_triton`: the hand-written ``@triton.jit`` kernel, imported only when triton is.
+- :mod:`ictrl.core.kernels.group_js_triton`: the hand-written ``@triton.jit`` kernels (split over the vocabulary),
+  imported only when triton is.
 """

@@ -17,9 +17,10 @@ environment variable ``ICTRL_STATS_BACKEND``):
   ``~/.cache/ictrl/inductor`` unless already set), so the C++ compile (tens of seconds per graph on a small
   CPU) is paid once per machine; a new process still pays 4-20 s of tracing per graph and ~0.27 GB of resident
   memory for inductor itself. Groups larger than 16 go to the plain path.
-- ``triton`` (CUDA): :mod:`ictrl.core.kernels.group_js_triton`, one launch for the whole batch, two reads of the logits
-  (an online max and normaliser, then everything else in registers). The same kernel runs on CPU tensors under
-  ``TRITON_INTERPRET=1``, which is how it is tested without a GPU.
+- ``triton`` (CUDA): :mod:`ictrl.core.kernels.group_js_triton`, two launches for the whole batch, each split over
+  (group, position) and vocabulary slices; two reads of the logits in their own dtype (an online max and
+  normaliser, then everything else in registers); no host read when the caller gives ``group_size``. The same
+  kernels run on CPU tensors under ``TRITON_INTERPRET=1``, which is how they are tested without a GPU.
 - ``auto``: ``triton`` on CUDA when triton imports; ``compiled`` on CPU for sweeps of at least ``AUTO_MIN_LOGITS``
   active logits (smaller ones do not repay the per-process tracing); otherwise ``plain``. A fused backend that fails
   (no C++ compiler, an inductor or triton error) is logged once and ``plain`` is used from then on in the process.
@@ -53,9 +54,10 @@ _failed: dict[str, str] = {}  # backend -> why it was switched off in this proce
 _announced: set[str] = set()
 
 
-def resolve_backend(backend: str, device: torch.device, n_logits: int) -> tuple[str, bool]:
+def resolve_backend(backend: str, device: torch.device, n_logits: int | Callable[[], int]) -> tuple[str, bool]:
     """(backend to run, whether it was named explicitly) for a sweep of n_logits active logits on device (see the
-    module docstring). A named backend (argument or environment) that fails raises; "auto"'s choice falls back."""
+    module docstring). A named backend (argument or environment) that fails raises; "auto"'s choice falls back.
+    n_logits may be a callable, called only when the choice depends on it (it reads the mask on the host)."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if backend == "auto":
@@ -67,7 +69,8 @@ def resolve_backend(backend: str, device: torch.device, n_logits: int) -> tuple[
         return backend, True
     if device.type == "cuda" and "triton" not in _failed and triton_available():
         return "triton", False
-    if device.type == "cpu" and "compiled" not in _failed and n_logits >= AUTO_MIN_LOGITS:
+    if device.type == "cpu" and "compiled" not in _failed and \
+            (n_logits() if callable(n_logits) else n_logits) >= AUTO_MIN_LOGITS:
         return "compiled", False
     return "plain", False
 
@@ -217,41 +220,45 @@ def _run_block(fn: Callable[..., Tensor], flat: Tensor, res: dict[str, Tensor], 
 
 
 def fused_group_sweep(backend: str, flat: Tensor, mask: Tensor, group_ids: Tensor, temperature: float,
-                      rows: int) -> dict[str, Tensor]:
+                      rows: int, group_size: int | None = None) -> dict[str, Tensor]:
     """The fused sweep on ``backend`` ("compiled" or "triton").
 
-    flat: [B*T, V] logits; mask: [B, T] bool; group_ids: [B] integer. Returns [B*T] float32 tensors "max", "lse"
-    (row max and log sum exp(x - max) of x = logits / temperature), "entropy", "purity", "ict" (0 where fewer than
-    two members are active), each filled where "done" ([B*T] bool) is True. Rows left undone (groups above the
-    largest bucket, a member active alone in its block) are for the caller's plain sweep.
+    flat: [B*T, V] logits; mask: [B, T] bool; group_ids: [B] integer; group_size: every group has exactly this
+    many members (lets the triton path plan without reading group_ids on the host). Returns [B*T] float32 tensors
+    "max", "lse" (row max and log sum exp(x - max) of x = logits / temperature), "entropy", "purity", "ict" (0
+    where fewer than two members are active), each filled where "done" ([B*T] bool) is True. Rows left undone
+    (groups above the largest bucket, a member active alone in its block) are for the caller's plain sweep.
     """
-    _, inverse = torch.unique(group_ids, return_inverse=True)
     if backend == "compiled":
         if flat.device.type != "cpu":
             raise ValueError(f"the compiled group-JS path runs on CPU tensors, got {flat.device}")
+        _, inverse = torch.unique(group_ids, return_inverse=True)
         return compiled_group_sweep(flat, mask, inverse, temperature, rows)
     if backend == "triton":
-        from ictrl.core.kernels.group_js_triton import triton_group_sweep
+        from ictrl.core.kernels.group_js_triton import members_table, triton_group_sweep
 
-        return triton_group_sweep(flat, mask, inverse, temperature)
+        # With group_size, sorting the raw ids is enough to make each group contiguous (no unique: a host read).
+        inverse = group_ids if group_size is not None else torch.unique(group_ids, return_inverse=True)[1]
+        if inverse.numel() == 0:
+            return _new_result(flat.shape[0], flat.device)
+        return triton_group_sweep(flat, mask, members_table(inverse, group_size), temperature)
     raise ValueError(f"not a fused backend: {backend!r}")
 
 
 def fill_token_stats(res: dict[str, Tensor], flat: Tensor, tok_flat: Tensor | None, temperature: float,
                      out: dict[str, Any], ict: Tensor) -> None:
     """Write the done rows of a fused result into ``ictrl.core.stats``' [B*T] outputs (log p[token] = x[token] - max -
-    lse, the same formula as log_softmax)."""
-    rows = res["done"].nonzero().squeeze(1)
-    if rows.numel() == 0:
-        return
-    purity = res["purity"][rows]
-    out["entropy"][rows] = res["entropy"][rows]
-    out["purity"][rows] = purity
-    out["renyi2"][rows] = -purity.log()
+    lse, the same formula as log_softmax). Dense [B*T] ops: no host read of which rows are done."""
+    done = res["done"]
+    purity = res["purity"]
+    torch.where(done, res["entropy"], out["entropy"], out=out["entropy"])
+    torch.where(done, purity, out["purity"], out=out["purity"])
+    torch.where(done, -purity.log(), out["renyi2"], out=out["renyi2"])
     if tok_flat is not None:
-        z = flat[rows, tok_flat[rows]].float() * torch.tensor(1.0 / temperature, dtype=torch.float32,
-                                                              device=flat.device)
-        lp = z - res["max"][rows] - res["lse"][rows]
-        out["logprob"][rows] = lp
-        out["prob"][rows] = lp.exp()
-    ict[rows] = res["ict"][rows]
+        tok = torch.where(done, tok_flat, 0).unsqueeze(1)  # padding ids at undone rows need not index V
+        z = flat.gather(1, tok).squeeze(1).float() * torch.tensor(1.0 / temperature, dtype=torch.float32,
+                                                                  device=flat.device)
+        lp = z - res["max"] - res["lse"]
+        torch.where(done, lp, out["logprob"], out=out["logprob"])
+        torch.where(done, lp.exp(), out["prob"], out=out["prob"])
+    torch.where(done, res["ict"], ict, out=ict)
