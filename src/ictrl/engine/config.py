@@ -230,6 +230,19 @@ class ICTGRPOConfig(GRPOConfig):
                   "uniform groups and a warning is logged."},
     )
 
+    reward_timeout: float | None = field(
+        default=None,
+        metadata={"help": "Seconds one call of a reward function may take; past it the run stops at that step with "
+                  "one line naming the reward (ictrl.rewards.policy). None: no deadline (the built-in graders keep "
+                  "their own per-answer timeout)."},
+    )
+    no_signal_steps: int = field(
+        default=20,
+        metadata={"help": "Stop the run (exit status 2, with the checkpoint and resume line) after this many "
+                  "optimizer steps in a row in which every advantage was 0 (equal rewards in every group, or "
+                  "rewards TRL could not use), whatever the cause. 0: train on."},
+    )
+
     def __post_init__(self) -> None:
         field_bounds.check_ranges(self)  # first: a range names the bound (a seed's), the generic check only int64
         field_bounds.check_finite({f.name: getattr(self, f.name) for f in fields(self) if f.init})

@@ -56,6 +56,8 @@ RANGES: dict[str, Range] = {
     "warmup_ratio": UNIT,
     "warmup_steps": NON_NEGATIVE,
     "seed": SEED,
+    "reward_timeout": POSITIVE,
+    "no_signal_steps": NON_NEGATIVE,
     "data_seed": SEED,
     "selection_seed": SEED,
     "eval_seed": SEED,

@@ -30,6 +30,7 @@ from ictrl.engine.run_guard import RunLock, StopRequest, add_stop_callback, stop
 from ictrl.engine.value_checks import check_memory, check_output_dir
 from ictrl.errors import Terminated, UserError, shorten
 from ictrl.files import reported_write
+from ictrl.rewards.policy import RewardAbandoned, RunStop
 
 log = logging.getLogger("ictrl.train")
 
@@ -338,6 +339,10 @@ def _train_locked(cfg: RunConfig, args: Any, reward_funcs: list[Callable[..., An
         raise stopped(out, trainer.state.global_step, resume_command) from None
     except StopNow:
         pass
+    except RunStop as exc:  # a reward the run cannot train on, no learning signal: the step, then how to go on
+        kind = Terminated if isinstance(exc, RewardAbandoned) else type(exc)
+        what = "terminated (SIGTERM)" if kind is Terminated else "stopped"
+        raise kind(f"{exc}; {stopped(out, trainer.state.global_step, resume_command, what=what)}") from None
     except OSError as exc:  # TRL's client lost the vLLM server (vllm_mode=server): one line, then --resume
         if type(exc).__module__.split(".")[0] != "requests":
             raise

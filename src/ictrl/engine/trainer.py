@@ -63,6 +63,7 @@ from ictrl.core.stats import TokenStats
 from ictrl.engine import vllm_engine, vllm_server
 from ictrl.engine.config import ICTGRPOConfig
 from ictrl.engine.dynamic_sampling import DynamicSamplingMixin
+from ictrl.engine.reward_checks import CheckedRewardsMixin
 from ictrl.engine.heads import backbone, call_head, output_head
 from ictrl.engine.sampler_topk import TopKRecorder, TopKRows, recorded_topk, recording_generate, split_vllm_logprobs
 from ictrl.engine.selection_step import SelectionStep, loss_spec, metrics_logged
@@ -89,7 +90,7 @@ class GenerationPass:
     shared: tuple[int, TokenStats, Tensor | None] | None = None  # rows, statistics and JS served as old log-probs
 
 
-class ICTGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
+class ICTGRPOTrainer(CheckedRewardsMixin, DynamicSamplingMixin, GRPOTrainer):
     """``GRPOTrainer(model, reward_funcs, args, train_dataset, eval_dataset, processing_class, ...)`` with
     ``args`` an :class:`ICTGRPOConfig`. Logs ``ictrl/*`` metrics next to TRL's."""
 
