@@ -25,7 +25,8 @@ from ictrl.engine.process_group import answered_once
 from ictrl.engine.resumable import (check_resumable, check_unchanged, make_trainer_class, resume_point,
                                    save_final, verified_checkpoints)
 from ictrl.engine.run_config import ConfigError, RunConfig, config_to_dict, save_config
-from ictrl.engine.run_inputs import (add_overlong_penalty, blame, build_rewards, check_enough_rows, check_sources, drop_long_prompts, load_train_dataset, reward_label)
+from ictrl.engine.run_inputs import (add_overlong_penalty, blame, build_rewards, check_enough_rows, check_sources,
+                                    drop_long_prompts, input_hashes, inputs_record, load_train_dataset, reward_label)
 from ictrl.engine.run_guard import RunLock, StopRequest, add_stop_callback, stopped
 from ictrl.engine.value_checks import check_memory, check_output_dir
 from ictrl.errors import Terminated, UserError, shorten
@@ -136,7 +137,7 @@ def prepare_output_dir(cfg: RunConfig, resume: bool | str, source: str = "<confi
 RUN_LABELS = "run.json"
 
 
-def write_run_labels(out: Path, args: Any) -> None:
+def write_run_labels(out: Path, args: Any, inputs: dict[str, Any] | None = None) -> None:
     """``run.json``: the method label and training seed of the run, resolved (``ictrl eval`` records them for
     ``ictrl table``; config.yaml holds the keys as written, where an unset seed or selector is a default)."""
     import json
@@ -144,7 +145,7 @@ def write_run_labels(out: Path, args: Any) -> None:
     from ictrl.files import atomic_write_text
 
     labels = {"method": args.selector.label, "token_selector": args.token_selector,
-              "seed": int(args.seed)}
+              "seed": int(args.seed), **(inputs or {})}
     atomic_write_text(out / RUN_LABELS, json.dumps(labels, indent=1) + "\n")
 
 
@@ -259,7 +260,7 @@ def check_before_launch(cfg: RunConfig, processes: int, resume: bool | str = Fal
 
 def train(cfg: RunConfig, resume: bool | str = False, source: str = "<config>",
           callbacks: list[Any] | None = None, resume_command: str | None = None,
-          flags: dict[str, Any] | None = None) -> TrainResult:
+          flags: dict[str, Any] | None = None, accept_changed_inputs: bool = False) -> TrainResult:
     """Run ``ictrl train``. Config errors surface before the model loads; the run holds ``output_dir``'s lock
     (:class:`ictrl.engine.run_guard.RunLock`) from before it reads a checkpoint there until it returns. Ctrl-C
     raises :class:`ictrl.errors.Interrupted` naming the step, the last checkpoint and ``resume_command``; SIGTERM
@@ -270,7 +271,7 @@ def train(cfg: RunConfig, resume: bool | str = False, source: str = "<config>",
     try:
         with stop, RunLock(cfg.output_dir, args), cpu_threads(args):
             return _train_locked(cfg, args, reward_funcs, resume, source, callbacks, init_kwargs, lora,
-                                 resume_command, stop)
+                                 resume_command, stop, accept_changed_inputs)
     except Terminated:
         if not stop.before_training:
             raise
@@ -279,7 +280,7 @@ def train(cfg: RunConfig, resume: bool | str = False, source: str = "<config>",
 
 def _train_locked(cfg: RunConfig, args: Any, reward_funcs: list[Callable[..., Any]], resume: bool | str, source: str,
                   callbacks: list[Any] | None, init_kwargs: dict[str, Any], lora: Any,
-                  resume_command: str | None, stop: Any) -> TrainResult:
+                  resume_command: str | None, stop: Any, accept_changed_inputs: bool = False) -> TrainResult:
     resume_from = prepare_output_dir(cfg, resume, source, args)
     out, final = Path(cfg.output_dir), Path(cfg.output_dir) / "final"
     if resume_from is not None and finished_run(resume_from, args.max_steps):
@@ -290,6 +291,8 @@ def _train_locked(cfg: RunConfig, args: Any, reward_funcs: list[Callable[..., An
     if resume_from is not None:
         check_unchanged(out / "config.yaml", config_to_dict(cfg), args, source)
     dataset = check_inputs(cfg, init_kwargs, source)  # every row checked before the model loads
+    resumed_at = trainer_state(resume_from)["global_step"] if resume_from is not None else None
+    inputs = inputs_record(out, input_hashes(dataset, reward_funcs), resumed_at, accept_changed_inputs, source)
 
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
@@ -304,7 +307,7 @@ def _train_locked(cfg: RunConfig, args: Any, reward_funcs: list[Callable[..., An
     with reported_write(out, "free space and run again"):
         out.mkdir(parents=True, exist_ok=True)
         save_config(cfg, out / "config.yaml")
-        write_run_labels(out, args)
+        write_run_labels(out, args, inputs)
 
     accuracy = reward_label(reward_funcs[0])
     _, trainer_cls = trainer_classes()
