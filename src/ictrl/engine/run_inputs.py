@@ -242,9 +242,10 @@ def input_hashes(dataset: Any, reward_funcs: list[Any]) -> dict[str, str]:
     import sysconfig
 
     digest = hashlib.sha256()
-    for column in sorted(dataset.column_names):
+    columns = dataset.to_dict()  # every value as Python data (datasets' dataset[column] is a lazy Column)
+    for column in sorted(columns):
         digest.update(column.encode())
-        digest.update(json.dumps(dataset[column], sort_keys=True, ensure_ascii=False, default=str).encode())
+        digest.update(json.dumps(columns[column], sort_keys=True, ensure_ascii=False, default=str).encode())
     out = {"data": digest.hexdigest()}
     installed = [Path(p).resolve() for p in {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}]
     package = Path(__file__).resolve().parents[1]

@@ -60,7 +60,7 @@ def train_run_labels(model: str) -> tuple[str | None, int | None]:
     ``ictrl train``."""
     import json
 
-    import yaml
+    from ictrl.files import load_yaml
 
     path = Path(model)
     for root in (path, path.parent):
@@ -76,10 +76,7 @@ def train_run_labels(model: str) -> tuple[str | None, int | None]:
         candidate = root / "config.yaml"
         if not candidate.is_file():
             continue
-        try:
-            cfg = yaml.safe_load(candidate.read_text(encoding="utf-8"))
-        except yaml.YAMLError as err:
-            raise ValueError(f"{candidate}: not valid YAML ({err})") from None
+        cfg = load_yaml(candidate.read_text(encoding="utf-8"), str(candidate))
         if not isinstance(cfg, dict):
             continue
         name, seed = _method_label(cfg.get("token_selector")), cfg.get("seed")
