@@ -101,10 +101,38 @@ def _targets(cfg: RunConfig) -> list[str]:
     return [] if targets in (None, "all-linear") else [targets] if isinstance(targets, str) else list(targets)
 
 
+def check_context(cfg: RunConfig, kwargs: dict[str, Any], source: str = "<config>") -> None:
+    """``max_prompt_length + max_completion_length`` within the model's ``max_position_embeddings`` (its
+    config.json, no weights read): past it a prompt and its completion do not fit, and transformers only prints a
+    reminder. Without ``max_prompt_length`` each prompt is checked against the room left once it is tokenised
+    (``ictrl.engine.run_inputs.drop_long_prompts``)."""
+    from trl import GRPOConfig
+
+    prompt = cfg.script.max_prompt_length
+    if prompt is None:
+        return
+    completion = cfg.trainer.get("max_completion_length", GRPOConfig.max_completion_length)
+    limit = getattr(_auto_config(cfg, kwargs).get_text_config(), "max_position_embeddings", None)
+    if isinstance(limit, int) and isinstance(completion, int) and prompt + completion > limit:
+        raise ConfigError(f"{source}: max_prompt_length: {prompt} + max_completion_length {completion} = "
+                          f"{prompt + completion} tokens, more than the {limit} positions of "
+                          f"{cfg.model.model_name_or_path} (max_position_embeddings); lower one of them")
+
+
+def _auto_config(cfg: RunConfig, kwargs: dict[str, Any]) -> Any:
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(cfg.model.model_name_or_path, trust_remote_code=kwargs["trust_remote_code"],
+                                      revision=kwargs.get("revision"))
+
+
 def check_architecture(cfg: RunConfig, kwargs: dict[str, Any], source: str = "<config>") -> None:
     """Build the model from its config on the meta device (no memory, no weights read): transformers checks
     ``attn_implementation`` there (a missing flash-attn or kernels package, an unknown name), and the LoRA
-    ``lora_target_modules`` must name modules of it."""
+    ``lora_target_modules`` must name modules of it. First the context (:func:`check_context`) and the
+    ``model_init_kwargs`` keys (:func:`check_init_keys`)."""
+    check_context(cfg, kwargs, source)
+    check_init_keys(cfg, kwargs, source)
     if kwargs.get("attn_implementation") is None and not _targets(cfg):
         return
     import torch
@@ -141,3 +169,43 @@ def peft_config(cfg: RunConfig, source: str = "<config>") -> Any:
         return get_peft_config(cfg.model)
     except (ValueError, TypeError) as exc:  # peft's LoraConfig checks its values (use_dora with ..., r >= 1)
         raise ConfigError(f"{source}: lora: {_first_line(exc)}") from None
+
+
+def from_pretrained_keys() -> set[str]:
+    """The keyword arguments ``from_pretrained`` takes itself: its signature and the keys its body pops from
+    ``**kwargs`` (read from its source, so a transformers upgrade brings its own list)."""
+    import inspect
+    import re
+
+    from transformers import PreTrainedModel
+
+    method = PreTrainedModel.from_pretrained
+    keys = set(inspect.signature(method).parameters) - {"pretrained_model_name_or_path", "model_args", "kwargs"}
+    try:
+        keys |= set(re.findall(r"kwargs\.pop\(\s*[\"'](\w+)[\"']", inspect.getsource(method)))
+    except (OSError, TypeError):  # no source (a frozen install): the signature alone
+        pass
+    return keys
+
+
+def check_init_keys(cfg: RunConfig, kwargs: dict[str, Any], source: str = "<config>") -> None:
+    """Each ``model_init_kwargs`` key is a ``from_pretrained`` argument or a key of the model's config (which
+    ``from_pretrained`` passes on to it); anything else would be a TypeError from the model's ``__init__`` after
+    the checkpoint is opened. One line naming the key, with the nearest valid name."""
+    raw = cfg.trainer.get(KEY)
+    if isinstance(raw, str):
+        raw = json.loads(raw)  # load_kwargs parsed it already
+    if not raw:
+        return
+    known = from_pretrained_keys()
+    unknown = [k for k in raw if k not in known]
+    if not unknown:
+        return
+    config = _auto_config(cfg, kwargs)
+    names = set(config.to_dict()) | set(vars(config))
+    for key in unknown:
+        if str(key) not in names:
+            close = difflib.get_close_matches(str(key), sorted(known - {"torch_dtype"}), n=1, cutoff=0.5)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(f"{source}: {KEY}.{key}: neither a from_pretrained argument nor a key of "
+                              f"{cfg.model.model_name_or_path}'s config{hint}")
