@@ -193,3 +193,27 @@ def load_yaml(text: str, where: str) -> Any:
         raise ConfigError(f"{where}: {exc}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{where}: not valid YAML: {' '.join(str(exc).split())[:300]}") from None
+
+
+def check_output_dir(path: str | os.PathLike[str], label: str = "--output-dir") -> None:
+    """``path`` is, or can be made, a writable directory: not an existing file, not under a file, not in a
+    directory this process cannot write. Every command that writes a directory of results calls it with its
+    other argument checks, before anything loads; :class:`ictrl.errors.UserError` names ``label``."""
+    from ictrl.errors import UserError, quote
+
+    out = Path(path).expanduser()
+    shown = quote(str(path))
+    if out.exists() or out.is_symlink():
+        if not out.is_dir():
+            kind = "a file" if out.is_file() else "not a directory"
+            raise UserError(f"{label}: {shown} is {kind}; give a directory")
+        if not os.access(out, os.W_OK | os.X_OK):
+            raise UserError(f"{label}: {shown} is not writable")
+        return
+    parent = out.absolute().parent
+    while not (parent.exists() or parent.is_symlink()):
+        parent = parent.parent
+    if not parent.is_dir():
+        raise UserError(f"{label}: {shown}: {parent} is not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UserError(f"{label}: {shown}: cannot create it, {parent} is not writable")

@@ -63,8 +63,8 @@ from ictrl.core.stats import TokenStats
 from ictrl.engine import vllm_engine, vllm_server
 from ictrl.engine.config import ICTGRPOConfig
 from ictrl.engine.dynamic_sampling import DynamicSamplingMixin
-from ictrl.engine.reward_checks import CheckedRewardsMixin
 from ictrl.engine.heads import backbone, call_head, output_head
+from ictrl.engine.reward_checks import CheckedRewardsMixin
 from ictrl.engine.sampler_topk import TopKRecorder, TopKRows, recorded_topk, recording_generate, split_vllm_logprobs
 from ictrl.engine.selection_step import SelectionStep, loss_spec, metrics_logged
 from ictrl.engine.stats_pass import (STAT_FIELDS, STATS_PATHS, PathFacts, StatsSource, batch_path, check_local_groups,

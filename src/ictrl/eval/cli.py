@@ -151,6 +151,7 @@ def _checked_tasks(args: argparse.Namespace, config: EvalConfig) -> list[Any]:
 def run(args: argparse.Namespace) -> int:
     from ictrl import preflight
     from ictrl.errors import UserError
+    from ictrl.files import check_output_dir
 
     # the cheap checks first: a typo costs a fraction of a second, not a model load
     if args.seeds < 1 or args.seed_start < 0:
@@ -172,6 +173,8 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--limit must be at least 1, got {args.limit}")
     if args.data_root is not None and not args.data_root.is_dir():
         raise UserError(f"--data-root: {args.data_root}: no such directory")
+    if args.output_dir is not None:
+        check_output_dir(args.output_dir)
     preflight.check_benchmarks(args.benchmarks, data_root=args.data_root)
     preflight.check_model(args.model)
     config.model_sha256 = model_identity(args.model)

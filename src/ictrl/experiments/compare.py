@@ -50,6 +50,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ictrl.files import check_output_dir
+
+    check_output_dir(args.output_dir)  # before any run or model load
     if args.tune and args.horizon:
         raise UserError("--tune and --horizon are two protocols: choose one")
     if args.horizon:
