@@ -9,6 +9,7 @@ keeps its traceback. They subclass ValueError so callers that already catch Valu
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Iterator
 
 
@@ -42,7 +43,8 @@ MESSAGE_LIMIT = 2000  # a last bound; messages quote values through quote() belo
 
 def one_line(message: object) -> str:
     """``message`` as a single line: newlines folded into "; " so a terminal shows one line per error."""
-    parts = [p.strip() for p in str(message).splitlines() if p.strip()]
+    # "\n" and "\r" only: str.splitlines also splits at U+0085, U+2028 and others a quoted key or value may hold
+    parts = [p.strip() for p in re.split(r"[\r\n]+", str(message)) if p.strip()]
     text = "; ".join(parts) or type(message).__name__
     return shorten(text, MESSAGE_LIMIT)
 
