@@ -123,6 +123,33 @@ def sigterm_raises(message: str = "terminated (SIGTERM)") -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+@contextlib.contextmanager
+def interrupts_once() -> Iterator[None]:
+    """Inside the block the first Ctrl-C raises KeyboardInterrupt as always; every later one is absorbed, so the
+    shutdown the first one started (the trainer's cleanup, the lock, the one line naming the checkpoint) runs to
+    its end instead of ending in a second KeyboardInterrupt's traceback. The handler found is restored on exit.
+    A no-op outside the main thread."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def absorb(signum: int, frame: object) -> None:
+        pass  # the run is already stopping: the one line comes when it has
+
+    def first(signum: int, frame: object) -> None:
+        signal.signal(signal.SIGINT, absorb)
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, first)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 # Set by `ictrl train --num-processes` (ictrl.engine.launch) for the processes it starts: a file rank 0 writes its
 # exit status to once it has printed the run's one line, so the launching parent adds nothing of its own.
 REPORTED_FILE_ENV = "ICTRL_REPORTED_FILE"
