@@ -182,9 +182,12 @@ def from_pretrained_keys() -> set[str]:
     method = PreTrainedModel.from_pretrained
     keys = set(inspect.signature(method).parameters) - {"pretrained_model_name_or_path", "model_args", "kwargs"}
     try:
-        keys |= set(re.findall(r"kwargs\.pop\(\s*[\"'](\w+)[\"']", inspect.getsource(method)))
+        source = inspect.getsource(method)
     except (OSError, TypeError):  # no source (a frozen install): the signature alone
-        pass
+        return keys
+    keys |= set(re.findall(r"kwargs\.pop\(\s*[\"'](\w+)[\"']", source))
+    for names in re.findall(r"for name in \[([^\]]*)\]:\s*\n\s*(?:_ = )?kwargs\.pop\(name", source):  # dropped ones
+        keys |= set(re.findall(r"[\"'](\w+)[\"']", names))
     return keys
 
 
