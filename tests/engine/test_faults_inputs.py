@@ -351,7 +351,7 @@ def test_an_inf_reward_and_no_signal_stop_the_run_with_the_resume_line(tmp_path:
                           capture_output=True, text=True, timeout=600)
     last = done.stderr.strip().split("\n")[-1]
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
-    assert last.startswith("ictrl train: error: reward 'inf_reward' returned inf for row 3") and "stopped at step 0" \
+    assert last.startswith("ictrl train: error: reward 'inf_reward' returned inf for row 7") and "stopped at step 0" \
         in last, last
     done = subprocess.run(_train(tmp_path, tiny_model_dir, "flat", "constant", "--no_signal_steps=3"),
                           env=_env(tmp_path), capture_output=True, text=True, timeout=600)
