@@ -208,7 +208,7 @@ def test_duplicate_keys_are_one_line_with_both_lines(tmp_path: Path, text: str) 
 
 
 def test_merge_keys_still_override(tmp_path: Path) -> None:
-    from ictrl.files import load_yaml
+    from ictrl.preflight import load_yaml
 
     assert load_yaml("base: &b {x: 1, y: 2}\nrun:\n  <<: *b\n  x: 3\n", "f") == {"base": {"x": 1, "y": 2},
                                                                              "run": {"x": 3, "y": 2}}

@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 
 from ictrl.errors import ConfigError, shorten
-from ictrl.files import DuplicateKeyError, yaml_loader
+from ictrl.preflight import DuplicateKeyError, yaml_loader
 
 MAX_CONFIG_BYTES = 1 << 20  # a run config is a few kilobytes; anything past this is the wrong file
 MAX_YAML_VALUES = 100_000

@@ -65,7 +65,7 @@ class Launch:
         if self.accelerate_config is None:
             return default
         from ictrl.errors import ConfigError
-        from ictrl.files import load_yaml
+        from ictrl.preflight import load_yaml
 
         path = str(self.accelerate_config)
         try:

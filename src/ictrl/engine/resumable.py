@@ -42,7 +42,8 @@ import torch
 from ictrl.checkpoints import (STAGING_PREFIX, checkpoint_world_size, publish_dir, trainer_state, verify_checkpoint,
                                write_manifest)
 from ictrl.engine.run_config import ConfigError
-from ictrl.files import is_write_failure, load_yaml, write_error
+from ictrl.files import is_write_failure, write_error
+from ictrl.preflight import load_yaml
 
 log = logging.getLogger("ictrl.train")
 

@@ -60,7 +60,7 @@ def train_run_labels(model: str) -> tuple[str | None, int | None]:
     ``ictrl train``."""
     import json
 
-    from ictrl.files import load_yaml
+    from ictrl.preflight import load_yaml
 
     path = Path(model)
     for root in (path, path.parent):
