@@ -231,7 +231,8 @@ def test_a_context_the_lengths_do_not_fit_is_refused_before_the_model_loads(tiny
     with pytest.raises(ConfigError, match=r"max_prompt_length: 900 \+ max_completion_length 200 = 1100 tokens, "
                                           r"more than the 1024 positions"):
         model_init.check_context(cfg, kwargs)
-    model_init.check_context(config_from_dict({"model_name_or_path": str(tiny_model_dir), "output_dir": "o", "max_prompt_length": 800,
+    model_init.check_context(config_from_dict({"model_name_or_path": str(tiny_model_dir), "output_dir": "o",
+                                               "max_prompt_length": 800,
                                                "max_completion_length": 200}), kwargs)
 
 
@@ -240,7 +241,8 @@ def test_an_unknown_model_init_kwargs_key_is_one_line(tiny_model_dir: Path) -> N
     from ictrl.engine.run_config import config_from_dict
 
     def check(init: dict[str, Any]) -> None:
-        cfg = config_from_dict({"model_name_or_path": str(tiny_model_dir), "output_dir": "o", "model_init_kwargs": init})
+        cfg = config_from_dict({"model_name_or_path": str(tiny_model_dir), "output_dir": "o",
+                                "model_init_kwargs": init})
         model_init.check_init_keys(cfg, model_init.load_kwargs(cfg))
 
     with pytest.raises(ConfigError, match=r"model_init_kwargs.dtpye: neither a from_pretrained argument nor a key "

@@ -67,6 +67,7 @@ RANGES: dict[str, Range] = {
     "max_completion_length": AT_LEAST_ONE,
     "num_iterations": AT_LEAST_ONE,
     "steps_per_generation": AT_LEAST_ONE,
+    "generation_batch_size": AT_LEAST_ONE,  # 0: TRL's __post_init__ divides by it
     "top_p": Range(0, 1, open_low=True),
     "top_k": NON_NEGATIVE,
     "min_p": UNIT,

@@ -32,6 +32,9 @@ def load_kwargs(cfg: RunConfig, source: str = "<config>") -> dict[str, Any]:
     config made by TRL. Raises :class:`ConfigError` naming the key."""
     from trl import get_quantization_config
 
+    from ictrl.engine.run_inputs import blame
+
+    source = blame(KEY, source, cfg.flags)  # the flag, when one set the key
     raw = cfg.trainer.get(KEY)
     if isinstance(raw, str):  # GRPOConfig takes a JSON string too (TRL's command line)
         try:

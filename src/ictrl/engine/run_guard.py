@@ -217,7 +217,8 @@ class StopRequest:
         import threading
 
         main = threading.main_thread().ident
-        timer = threading.Timer(seconds + 0.05, lambda: signal.pthread_kill(main, signal.SIGTERM))  # type: ignore[arg-type]
+        timer = threading.Timer(seconds + 0.05,
+                                lambda: signal.pthread_kill(main, signal.SIGTERM))  # type: ignore[arg-type]
         timer.daemon = True
         timer.start()
 

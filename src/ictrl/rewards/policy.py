@@ -36,9 +36,10 @@ import threading
 import time
 from typing import Any, Callable
 
-from ictrl.errors import UserError, quote
+from ictrl.errors import Interrupted, UserError, quote
 
-SIGTERM_GRACE_S = 5.0  # a reward call's time to finish after SIGTERM: the run then ends within ~15 s, under a scheduler's usual 30 s grace
+# A reward call's time to finish after SIGTERM: the run then ends within 20 s, under a scheduler's usual 30 s grace.
+SIGTERM_GRACE_S = 5.0
 POLL_S = 0.2
 
 
@@ -90,7 +91,7 @@ class RewardPolicy:
             async def checked_async(*args: Any, **kwargs: Any) -> Any:
                 try:
                     out = await fn(*args, **kwargs)
-                except RunStop:
+                except (RunStop, Interrupted):
                     raise
                 except Exception as exc:  # noqa: BLE001 - a user's reward: any failure is named, then the stop
                     raise self._raised(name, exc) from exc
@@ -117,11 +118,9 @@ class RewardPolicy:
             self.calling = name
             try:
                 return fn(*args, **kwargs)
-            except (RunStop, KeyboardInterrupt):
+            except (RunStop, Interrupted, KeyboardInterrupt):  # a stop of the run's own, not the reward's failure
                 raise
             except Exception as exc:  # noqa: BLE001 - a user's reward: any failure is named, then the stop
-                if type(exc).__name__ == "Terminated":  # SIGTERM's own exception (ictrl.errors): not the reward's
-                    raise
                 raise self._raised(name, exc) from exc
             finally:
                 self.calling = None
