@@ -181,7 +181,8 @@ def test_flags_pass_or_are_one_line(data: Any, workdir: Path, tiny_model_dir: Pa
             flags.append(value)
     assert_one_line_or_success(*run_cli(["train", str(path), *flags, "--print-config"]), "train",
                                [name for f in flags if f.startswith("--")  # the parser reads "-" in a key as "_"
-                                for name in (f.split("=")[0], "--" + f.split("=")[0][2:].replace("-", "_"))]
+                                for name in (f.split("=")[0], "--" + f.split("=")[0][2:].replace("-", "_"),
+                                             repr(f.split("=")[0][2:]))]
                                + ["'--"])
 
 

@@ -87,7 +87,9 @@ RANGES: dict[str, Range] = {
 def check_ranges(config: Any) -> None:
     for key, bound in RANGES.items():
         value = getattr(config, key, None)
-        if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+        if isinstance(value, bool):  # an int to Python, so TRL would divide by false
+            raise ValueError(f"{key}: expected a number {bound}, got {str(value).lower()}")
+        if value is None or not isinstance(value, (int, float)):
             continue
         if value not in bound:
             raise ValueError(f"{key}: must be {bound}, got {quote(value)}")
