@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,8 @@ hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-COMMON = dict(deadline=None, database=None, derandomize=True,
+# The same examples every run (CI stays reproducible); ICTRL_FUZZ_RANDOM=1 explores new ones.
+COMMON = dict(deadline=None, database=None, derandomize=not os.environ.get("ICTRL_FUZZ_RANDOM"),
               suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 settings.register_profile("quick", max_examples=40, **COMMON)
 settings.register_profile("thorough", max_examples=400, **COMMON)
@@ -38,8 +40,6 @@ settings.load_profile("thorough" if "--integration" in sys.argv else "quick")
 def _count_cases() -> Any:
     """Prints (``-s``) how many cases the fuzzer drove through the checks, and how many passed them; with
     ICTRL_FUZZ_SHOW=1 each case's status and last line."""
-    import os
-
     yield
     print(f"\nfuzzer cases run: {CASES['count']}; passed the checks: {sum(s == 0 for s, _ in OUTCOMES)} of the "
           f"{len(OUTCOMES)} command cases")

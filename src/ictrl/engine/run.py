@@ -26,7 +26,8 @@ from ictrl.engine.resumable import (check_resumable, check_unchanged, make_train
                                    save_final, verified_checkpoints)
 from ictrl.engine.run_config import ConfigError, RunConfig, config_to_dict, save_config
 from ictrl.engine.run_inputs import (add_overlong_penalty, blame, build_rewards, check_enough_rows, check_sources,
-                                    drop_long_prompts, input_hashes, inputs_record, load_train_dataset, reward_label)
+                                    drop_long_prompts, input_hashes, inputs_record, load_train_dataset, name_the_key,
+                                    reward_label)
 from ictrl.engine.run_guard import RunLock, StopRequest, add_stop_callback, stopped
 from ictrl.engine.value_checks import check_memory, check_output_dir
 from ictrl.errors import Terminated, UserError, shorten
@@ -73,7 +74,8 @@ def build_trainer_args(cfg: RunConfig, source: str = "<config>", cpu: bool | Non
     try:
         args = config_cls(**kwargs)
     except (ValueError, TypeError) as exc:  # ICTGRPOConfig / TRL messages name the field, which is the key
-        raise ConfigError(f"{blame(str(exc), source, flags)}: {shorten(str(exc))}") from None
+        message = name_the_key(str(exc), kwargs, config_cls)
+        raise ConfigError(f"{blame(message, source, flags)}: {shorten(message)}") from None
     try:
         from ictrl.engine.config import process_count
 

@@ -296,3 +296,21 @@ def inputs_record(out: Path, hashes: dict[str, str], resume_step: int | None, ac
                         ACCEPT_CHANGED_FLAG)
             history.append({"step": resume_step, "changed": changed, "flag": ACCEPT_CHANGED_FLAG})
     return {"inputs": hashes, **({"changed_inputs": history} if history else {})}
+
+
+def name_the_key(message: str, values: dict[str, Any], config_cls: type | None = None) -> str:
+    """``message`` (a trainer config's error) led by the key it is about when it names none: transformers' enum
+    errors say only the value and the enum ("False is not a valid IntervalStrategy"). The key is the one set value
+    (of ``values``) that opens the message, among the fields of ``config_cls`` typed with that enum; without
+    exactly one, the message as it is."""
+    import dataclasses
+    import re
+
+    if any(re.search(rf"(?<![\w.]){re.escape(key)}(?!\w)", message) for key in values):
+        return message
+    enum = re.match(r".+? is not a valid (\w+)", message)
+    types = {f.name: str(f.type) for f in dataclasses.fields(config_cls)} if config_cls is not None else {}
+    found = [key for key, value in values.items()
+             if (message.startswith(f"{value} ") or message.startswith(f"{value!r} "))
+             and (enum is None or enum[1] in types.get(key, enum[1]))]
+    return f"{found[0]}: {message}" if len(found) == 1 else message
