@@ -64,7 +64,8 @@ def load_kwargs(cfg: RunConfig, source: str = "<config>") -> dict[str, Any]:
         quantization = get_quantization_config(dataclasses.replace(model, dtype=None) if model.dtype == "auto"
                                                else model)
     except (ValueError, TypeError, AttributeError) as exc:
-        raise ConfigError(f"{source}: load_in_4bit/8bit: {_first_line(exc)}") from None
+        which = "load_in_4bit" if model.load_in_4bit else "load_in_8bit" if model.load_in_8bit else "load_in_4bit/8bit"
+        raise ConfigError(f"{source}: {which}: {_first_line(exc)}") from None
     if quantization is not None:
         kwargs["quantization_config"] = quantization
         kwargs["device_map"] = _kbit_device_map()
@@ -86,7 +87,8 @@ def _quantization(value: Any, source: str) -> Any:
     object), its package checked by transformers' quantizer."""
     from transformers.quantizers.auto import AutoHfQuantizer, AutoQuantizationConfig
 
-    key = "load_in_4bit/8bit" if not isinstance(value, dict) else f"{KEY}.quantization_config"
+    key = f"{KEY}.quantization_config" if isinstance(value, dict) else \
+        "load_in_4bit" if getattr(value, "load_in_4bit", False) else "load_in_8bit"
     try:
         config = AutoQuantizationConfig.from_dict(dict(value)) if isinstance(value, dict) else value
         AutoHfQuantizer.from_config(config).validate_environment(device_map=None)

@@ -224,6 +224,8 @@ def _file_argv(data: dict[str, Any], source: str) -> tuple[list[str], dict[str, 
             argv.append(f"--{key}={_as_text(value)}")
         elif value is None and not _takes_null(key):  # TRL's __post_init__ would compare None with a number
             raise ConfigError(f"{source}: {key}: expected {_annotation(key)}, got null")
+        elif isinstance(value, bool) and not any(t in _annotation(key) for t in ("bool", "str", "Any")):
+            raise ConfigError(f"{source}: {key}: expected {_annotation(key)}, got {str(value).lower()}")
         elif value is None or isinstance(value, bool) or key == "dataset_name" or _annotation(key, type(value)):
             direct[key] = value  # as TrlParser passes them: null, a mapping, a bool for a str (scale_rewards: false)
         else:
