@@ -84,14 +84,15 @@ RANGES: dict[str, Range] = {
 }
 
 
-# Fields TRL 1.16 annotates `int | None` but divides by in GRPOConfig.__post_init__: None is no default there.
-NOT_NULL = ("num_generations",)
+# Fields TRL 1.16 annotates `int | None` but computes with (GRPOConfig.__post_init__ divides by num_generations;
+# the completion length sizes every batch): None is no default there.
+NOT_NULL = ("num_generations", "max_completion_length")
 
 
 def check_ranges(config: Any) -> None:
     for key in NOT_NULL:
         if getattr(config, key, 0) is None:
-            raise ValueError(f"{key}: expected a number {RANGES[key]}, got null")
+            raise ValueError(f"{key}: expected a number {RANGES.get(key, AT_LEAST_ONE)}, got null")
     for key, bound in RANGES.items():
         value = getattr(config, key, None)
         if isinstance(value, bool):  # an int to Python, so TRL would divide by false
