@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 
 from ictrl.errors import UserError
+from ictrl.files import check_output_dir
 from ictrl.experiments import compare
 from studies import horizoncli, tunecli
 
@@ -24,6 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_output_dir(args.output_dir)  # before any run or model load
     if args.tune and args.horizon:
         raise UserError("--tune and --horizon are two protocols: choose one")
     if args.horizon:

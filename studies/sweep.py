@@ -73,6 +73,9 @@ def parse_lrs(text: str) -> list[float]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ictrl.files import check_output_dir
+
+    check_output_dir(args.output_dir)  # before any run or model load
     methods = grid.parse_methods(args.methods)
     lrs = parse_lrs(args.lrs)
     specs = sweep_specs(methods, args.seeds, lrs, args.seed_start)

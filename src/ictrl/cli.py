@@ -22,6 +22,7 @@ import contextlib
 import importlib
 import logging
 import os
+import signal
 import sys
 import traceback
 import warnings
@@ -29,7 +30,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from ictrl.cliargs import DEBUG_ENV, VERBOSE_ENV, env_flag
-from ictrl.errors import Interrupted, UserError, note_reported, one_line
+from ictrl.errors import Interrupted, Terminated, UserError, interrupts_once, note_reported, one_line
 
 # command -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -153,7 +154,8 @@ def _main(argv: Sequence[str] | None) -> int:
         sub_parser = OneLineParser(prog=f"ictrl {name}", description=COMMANDS[name][1])
         module.add_arguments(sub_parser)
         args = sub_parser.parse_args(argv[1:])
-        return int(module.run(args) or 0)
+        with interrupts_once():  # a second Ctrl-C while the first one's shutdown runs is absorbed
+            return int(module.run(args) or 0)
     except UserError as err:
         if debug:
             raise
@@ -221,6 +223,8 @@ def entry() -> NoReturn:
             raise
         traceback.print_exc()
         code = 130 if isinstance(exc, KeyboardInterrupt) else 1
+    if code in (Interrupted.status, Terminated.status):  # stopping already: a Ctrl-C now would only add a traceback
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     if launched():
         exit_launched(code)
     raise SystemExit(code)

@@ -9,6 +9,7 @@ keeps its traceback. They subclass ValueError so callers that already catch Valu
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Iterator
 
 
@@ -42,7 +43,8 @@ MESSAGE_LIMIT = 2000  # a last bound; messages quote values through quote() belo
 
 def one_line(message: object) -> str:
     """``message`` as a single line: newlines folded into "; " so a terminal shows one line per error."""
-    parts = [p.strip() for p in str(message).splitlines() if p.strip()]
+    # "\n" and "\r" only: str.splitlines also splits at U+0085, U+2028 and others a quoted key or value may hold
+    parts = [p.strip() for p in re.split(r"[\r\n]+", str(message)) if p.strip()]
     text = "; ".join(parts) or type(message).__name__
     return shorten(text, MESSAGE_LIMIT)
 
@@ -119,6 +121,33 @@ def sigterm_raises(message: str = "terminated (SIGTERM)") -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def interrupts_once() -> Iterator[None]:
+    """Inside the block the first Ctrl-C raises KeyboardInterrupt as always; every later one is absorbed, so the
+    shutdown the first one started (the trainer's cleanup, the lock, the one line naming the checkpoint) runs to
+    its end instead of ending in a second KeyboardInterrupt's traceback. The handler found is restored on exit.
+    A no-op outside the main thread."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def absorb(signum: int, frame: object) -> None:
+        pass  # the run is already stopping: the one line comes when it has
+
+    def first(signum: int, frame: object) -> None:
+        signal.signal(signal.SIGINT, absorb)
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, first)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 # Set by `ictrl train --num-processes` (ictrl.train_cli.launch) for the processes it starts: a file rank 0 writes its

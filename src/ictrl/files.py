@@ -13,9 +13,9 @@ import json
 import os
 import shutil
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from collections.abc import Iterator
 
 
 # errno values that say the filesystem refused a write, not that a path is wrong
@@ -135,3 +135,30 @@ def read_jsonl(path: str | os.PathLike[str]) -> Iterator[tuple[str, dict[str, An
 def load_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """Read a run's ``metrics.jsonl``: one JSON object per line (blank lines skipped)."""
     return [obj for _, obj in read_jsonl(path)]
+
+
+# --- the output path every command checks ------------------------------------------------------------------
+
+
+def check_output_dir(path: str | os.PathLike[str], label: str = "--output-dir") -> None:
+    """``path`` is, or can be made, a writable directory: not an existing file, not under a file, not in a
+    directory this process cannot write. Every command that writes a directory of results calls it with its
+    other argument checks, before anything loads; :class:`ictrl.errors.UserError` names ``label``."""
+    from ictrl.errors import UserError, quote
+
+    out = Path(path).expanduser()
+    shown = quote(str(path))
+    if out.exists() or out.is_symlink():
+        if not out.is_dir():
+            kind = "a file" if out.is_file() else "not a directory"
+            raise UserError(f"{label}: {shown} is {kind}; give a directory")
+        if not os.access(out, os.W_OK | os.X_OK):
+            raise UserError(f"{label}: {shown} is not writable")
+        return
+    parent = out.absolute().parent
+    while not (parent.exists() or parent.is_symlink()):
+        parent = parent.parent
+    if not parent.is_dir():
+        raise UserError(f"{label}: {shown}: {parent} is not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UserError(f"{label}: {shown}: cannot create it, {parent} is not writable")

@@ -30,6 +30,8 @@ def check_benchmarks(names: Sequence[str], data_root: str | os.PathLike[str] | N
     from ictrl.data import BENCHMARKS, default_data_root, parse_spec
 
     root = Path(data_root) if data_root is not None else default_data_root()
+    if not names:  # `--benchmarks ''`: the comma list is empty
+        raise UserError(f"{option}: no benchmark named (known: {', '.join(sorted(BENCHMARKS))}, or jsonl:PATH)")
     for name in names:
         head = name.split(":", 1)[0]
         if head != "jsonl" and head not in BENCHMARKS:

@@ -202,3 +202,15 @@ def test_a_diverged_run_is_exploded(tmp_path: Path) -> None:
     rows = json.loads((tmp_path / "sweep.json").read_text())["runs"]
     assert [(r["label"], r["diverged"]) for r in rows] == [("stable", False), ("exploded", True)]
     assert "1 such run(s)" in (tmp_path / "report.html").read_text()
+
+
+def test_an_output_dir_under_a_file_is_one_line_before_any_run(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    from studies.__main__ import main
+
+    (tmp_path / "FILE").write_text("x")
+    assert main(["sweep", "--quick", "--output-dir", str(tmp_path / "FILE" / "under")]) == 2
+    lines = capsys.readouterr().err.strip().split("\n")
+    assert len(lines) == 1 and lines[0].startswith("studies sweep: error: --output-dir:"), lines
+    assert not (tmp_path / "FILE").is_dir()
+

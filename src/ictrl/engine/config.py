@@ -19,9 +19,9 @@ from trl import GRPOConfig
 
 from ictrl.core.checks import OptionError
 from ictrl.core.loss import LOSS_TYPES, LossSpec
+from ictrl.core.selection import SELECTORS, Selector, get_selector
 from ictrl.engine import field_bounds
 from ictrl.engine.trl_fields import refused_field_errors
-from ictrl.core.selection import SELECTORS, Selector, get_selector
 
 # Selector options that have their own config field (the rest go through ``selection_options``).
 SCALE_REWARDS = ("group", "batch", "none")  # TRL's advantage scalings
@@ -244,6 +244,18 @@ class ICTGRPOConfig(GRPOConfig):
         metadata={"help": "Most extra generation rounds per generation batch under dynamic_sampling (9: at most 10 "
                   "generation batches, DAPO's max_num_gen_batches). A batch still short afterwards is filled with "
                   "uniform groups and a warning is logged."},
+    )
+
+    reward_timeout: float | None = field(
+        default=None,
+        metadata={"help": "Seconds one call of a reward function may take; past it the run stops at that step with "
+                  "one line naming the reward. None: no deadline (the built-in graders keep their own timeout)."},
+    )
+    no_signal_steps: int = field(
+        default=20,
+        metadata={"help": "Stop the run (exit status 2, with the checkpoint and resume line) after this many "
+                  "optimizer steps in a row in which every advantage was 0 (equal rewards in every group, or "
+                  "rewards TRL could not use), whatever the cause. 0: train on."},
     )
 
     def __post_init__(self) -> None:

@@ -62,6 +62,8 @@ RANGES: dict[str, Range] = {
     "warmup_ratio": UNIT,
     "warmup_steps": NON_NEGATIVE,
     "seed": SEED,
+    "reward_timeout": POSITIVE,
+    "no_signal_steps": NON_NEGATIVE,
     "data_seed": SEED,
     "eval_seed": SEED,
     "per_device_train_batch_size": AT_LEAST_ONE,
@@ -70,6 +72,7 @@ RANGES: dict[str, Range] = {
     "max_completion_length": AT_LEAST_ONE,
     "num_iterations": AT_LEAST_ONE,
     "steps_per_generation": AT_LEAST_ONE,
+    "generation_batch_size": AT_LEAST_ONE,  # 0: TRL's __post_init__ divides by it
     "top_p": Range(0, 1, open_low=True),
     "top_k": NON_NEGATIVE,
     "min_p": UNIT,
@@ -83,10 +86,20 @@ RANGES: dict[str, Range] = {
 }
 
 
+# Fields TRL 1.16 annotates `int | None` but computes with (GRPOConfig.__post_init__ divides by num_generations;
+# the completion length sizes every batch): None is no default there.
+NOT_NULL = ("num_generations", "max_completion_length")
+
+
 def check_ranges(config: Any) -> None:
+    for key in NOT_NULL:
+        if getattr(config, key, 0) is None:
+            raise ValueError(f"{key}: expected a number {RANGES.get(key, AT_LEAST_ONE)}, got null")
     for key, bound in RANGES.items():
         value = getattr(config, key, None)
-        if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+        if isinstance(value, bool):  # an int to Python, so TRL would divide by false
+            raise ValueError(f"{key}: expected a number {bound}, got {str(value).lower()}")
+        if value is None or not isinstance(value, (int, float)):
             continue
         if value not in bound:
             raise ValueError(f"{key}: must be {bound}, got {quote(value)}")

@@ -44,6 +44,7 @@ from ictrl.checkpoints import (STAGING_PREFIX, checkpoint_world_size, publish_di
                                verify_checkpoint, write_manifest)
 from ictrl.errors import ConfigError
 from ictrl.files import is_write_failure, write_error
+from ictrl.yamlfile import load_yaml
 
 log = logging.getLogger("ictrl.train")
 
@@ -120,10 +121,10 @@ def check_unchanged(saved: Path, now: dict[str, Any], args: Any, source: str = "
     if not saved.is_file():
         return
     try:
-        before = _flatten(yaml.safe_load(saved.read_text()) or {})
-    except (OSError, yaml.YAMLError) as exc:
+        before = _flatten(load_yaml(saved.read_text(), str(saved)) or {})
+    except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{saved}: cannot read the run's config to compare: {str(exc).splitlines()[0]}") from None
-    after = _flatten(yaml.safe_load(yaml.safe_dump(now)) or {})
+    after = _flatten(load_yaml(yaml.safe_dump(now), "<config>") or {})
     changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
     constant = args.lr_scheduler_type in ("constant", "constant_with_warmup") and (
         args.lr_scheduler_type == "constant" or not 0 < float(args.warmup_steps) < 1)

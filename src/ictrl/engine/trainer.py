@@ -1,10 +1,9 @@
 """``ICTGRPOTrainer``: TRL's ``GRPOTrainer`` with a token-selection mask and ictrl's normalised loss.
 
-A TRL batch reaches the loss through three modules, built into two objects at init: ``stats_source``
-(:class:`ictrl.engine.stats_pass.StatsSource`: the statistics, and which path they come from in each mode),
-``selection_step`` (:class:`ictrl.engine.selection_step.SelectionStep`: the global mask, its metrics and the loss's
-normalisers) and ``_loss_spec`` (:class:`ictrl.core.loss.LossSpec`). The selector, its options and the loss spec come
-resolved and checked from ``ICTGRPOConfig``. Override points (all checked against trl 1.16.0 by ``tests/engine/test_trainer.py``):
+A TRL batch reaches the loss through ``stats_source`` (:class:`ictrl.engine.stats_pass.StatsSource`: the
+statistics, and which path they come from in each mode), ``selection_step`` (:class:`ictrl.engine.selection_step.
+SelectionStep`: the global mask, its metrics and the loss's normalisers) and ``_loss_spec`` (the config's checked
+:class:`ictrl.core.loss.LossSpec`). Override points (checked against trl 1.16.0 by ``tests/engine/test_trainer.py``):
 
 - ``_generate_and_score_completions``: after TRL builds a generation batch, the statistics of the sampling policy
   (``ictrl.core.stats``; group JS only for ict/frequent, from each position's top-K log-probs when
@@ -34,10 +33,10 @@ resolved and checked from ``ICTGRPOConfig``. Override points (all checked agains
   the policy term carries TRL's sampler/trainer importance weight (``vllm_importance_sampling_mode`` /
   ``_clip_min`` / ``_clip_max``), with every selector and normaliser. docs/trl-contract.md lists every
   ``GRPOConfig`` field.
-- Two parts composed in, each reached through one-line overrides: ``batch_filter`` (DAPO dynamic sampling,
-  :class:`ictrl.engine.dynamic_sampling.DynamicSampling`: ``_calculate_rewards`` and TRL's generation) and
-  ``resumable`` (:class:`ictrl.engine.resumable.Resumable`: ``_get_train_sampler``, ``_run_epoch``,
-  ``_save_checkpoint``), so ``ictrl train`` trains this very class.
+- Parts composed in, reached through one-line overrides, so ``ictrl train`` trains this very class:
+  ``batch_filter`` (DAPO dynamic sampling, ``ictrl.engine.dynamic_sampling``), ``reward_policy`` (every reward
+  checked, ``ictrl.rewards.policy``; both in ``_calculate_rewards`` and generation) and ``resumable``
+  (``ictrl.engine.resumable``: ``_get_train_sampler``, ``_run_epoch``, ``_save_checkpoint``).
 
 Groups and processes: TRL's sampler places each prompt's G completions contiguously in the global generation
 batch, and process p holds rows [p·n, (p+1)·n). Group JS needs each group's full distributions, so for ict and
@@ -75,6 +74,7 @@ from ictrl.engine.selection_step import SelectionStep, metrics_logged
 from ictrl.engine.stats_pass import (STAT_FIELDS, STATS_PATHS, PathFacts, StatsSource, batch_path, check_local_groups,
                                      final_hidden, fused_head_with_sum_sq, local_groups, model_inputs, response_mask)
 from ictrl.errors import UserError
+from ictrl.rewards.policy import RewardPolicy
 
 
 @dataclass
@@ -114,14 +114,14 @@ class ICTGRPOTrainer(GRPOTrainer):
 
             check_model(model, "model")
         self.base_model = model if isinstance(model, str) else getattr(model.config, "_name_or_path", None) or "?"
-        self.batch_filter, self.resumable = DynamicSampling(self), Resumable(self)  # parts, not mixins
+        self.batch_filter, self.resumable = DynamicSampling(self), Resumable(self)  # parts, not mixins, as is:
+        self.reward_policy = RewardPolicy.from_args(args, step=lambda: self.state.global_step)
         engine = vllm_engine.building_engine(model, args) if args.use_vllm else contextlib.nullcontext()
         with fused_head_with_sum_sq(), engine:
             super().__init__(model, reward_funcs, args, *pos, **kwargs)
         if args.use_vllm:
             vllm_engine.engine_built(self)
-        # the selector, its options and the loss spec come resolved and checked by the config
-        needs_js = "ict_score" in args.selector.needs
+        needs_js = "ict_score" in args.selector.needs  # selector, options, loss spec: resolved by the config
         self._server = vllm_engine.server_settings(self)  # None unless vllm_mode='server'
         self._loss_spec = args.loss_spec
         if args.sparse_backward and self.aux_loss_enabled:
@@ -185,6 +185,8 @@ class ICTGRPOTrainer(GRPOTrainer):
         generation = GenerationPass(source.paths[mode], source.needs_js and not self.selection_step.in_warmup(step), G)
         with self._generating(generation):  # in rounds under dynamic sampling
             batch = self.batch_filter.generate(super()._generate_and_score_completions, inputs)
+        if mode == "train":
+            self.reward_policy.observe_batch(batch, self.accelerator.gather)
         if "pixel_values" in batch:
             raise ValueError("ICTGRPOTrainer supports text-only models (its statistics pass has no image inputs)")
         start = time.perf_counter()
@@ -260,7 +262,9 @@ class ICTGRPOTrainer(GRPOTrainer):
     # ------------------------------------------- the composed parts' hooks: dynamic sampling, exact resume
 
     def _calculate_rewards(self, *args: Any, **kwargs: Any) -> Tensor:
-        return self.batch_filter.keep_rewards(super()._calculate_rewards(*args, **kwargs))
+        scores = self.reward_policy.score(super()._calculate_rewards, self.reward_funcs, self.reward_func_names,
+                                          *args, **kwargs)
+        return self.batch_filter.keep_rewards(scores)
 
     def _get_train_sampler(self, dataset: Any = None) -> Any:
         return self.resumable.train_sampler(super()._get_train_sampler(dataset))

@@ -64,7 +64,7 @@ def train_run_labels(model: str) -> tuple[str | None, int | None]:
     ``ictrl train``."""
     import json
 
-    import yaml
+    from ictrl.yamlfile import load_yaml
 
     path = Path(model)
     for root in (path, path.parent):
@@ -80,10 +80,7 @@ def train_run_labels(model: str) -> tuple[str | None, int | None]:
         candidate = root / "config.yaml"
         if not candidate.is_file():
             continue
-        try:
-            cfg = yaml.safe_load(candidate.read_text(encoding="utf-8"))
-        except yaml.YAMLError as err:
-            raise ValueError(f"{candidate}: not valid YAML ({err})") from None
+        cfg = load_yaml(candidate.read_text(encoding="utf-8"), str(candidate))
         if not isinstance(cfg, dict):
             continue
         name, seed = _method_label(cfg.get("token_selector")), cfg.get("seed")
@@ -158,6 +155,7 @@ def _checked_tasks(args: argparse.Namespace, config: EvalConfig) -> list[Any]:
 def run(args: argparse.Namespace) -> int:
     from ictrl import preflight
     from ictrl.errors import UserError
+    from ictrl.files import check_output_dir
 
     # the cheap checks first: a typo costs a fraction of a second, not a model load
     if args.seeds < 1 or args.seed_start < 0:
@@ -179,6 +177,8 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--limit must be at least 1, got {args.limit}")
     if args.data_root is not None and not args.data_root.is_dir():
         raise UserError(f"--data-root: {args.data_root}: no such directory")
+    if args.output_dir is not None:
+        check_output_dir(args.output_dir)
     preflight.check_benchmarks(args.benchmarks, data_root=args.data_root)
     preflight.check_model(args.model)
     config.model_sha256 = model_identity(args.model)

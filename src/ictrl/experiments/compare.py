@@ -50,6 +50,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ictrl.files import check_output_dir
+
+    check_output_dir(args.output_dir)  # before any run or model load
     methods = grid.parse_methods(args.methods)
     if args.lr is not None and not args.lr > 0:
         raise UserError(f"--learning-rate must be > 0, got {args.lr}")

@@ -404,8 +404,10 @@ def run(args: argparse.Namespace) -> int:
     from ictrl import preflight
     from ictrl.experiments.reports import regime_report
     from ictrl.experiments.tasks.registry import DEFAULT_DIFFICULTY, TASKS, get_task
+    from ictrl.files import check_output_dir
 
     check_args(args)
+    check_output_dir(args.output_dir)
     problems, bench = load_prompts(args.prompts, args.num_prompts, args.seed)
     if args.max_new_tokens is None:
         args.max_new_tokens = (int(get_task(args.prompts).max_new_tokens(DEFAULT_DIFFICULTY[args.prompts]))

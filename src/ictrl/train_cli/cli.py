@@ -26,8 +26,9 @@ import yaml
 from ictrl.cliargs import VERBOSE_ENV, env_flag
 from ictrl.train_cli.launch import FLAGS as LAUNCH_FLAGS
 from ictrl.train_cli.launch import Launch, LaunchError
+from ictrl.train_cli.run_inputs import ACCEPT_CHANGED_FLAG
 
-FLAGS = ("--resume", "--resume=auto", "--print-config")
+FLAGS = ("--resume", "--resume=auto", "--print-config", ACCEPT_CHANGED_FLAG)
 USAGE = ("ictrl train (CONFIG.yaml | --config CONFIG.yaml) [--KEY=VALUE | --KEY VALUE ...] [--resume] [--print-config]"
          " [--num-processes N [--accelerate-config FILE] [--main-process-port PORT]]")
 
@@ -92,6 +93,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     flags_help = ("--resume: continue from the last complete checkpoint in output_dir (an error if there is none;\n"
                   "  --resume=auto starts from step 0 then, for a job script that is requeued).\n"
+                  f"{ACCEPT_CHANGED_FLAG}: with --resume, continue although the training data or a local reward\n"
+                  "  module changed since the run started (refused otherwise; run.json records it).\n"
                   "--print-config: print the resolved config and exit. More on keys: configs/README.md.\n"
                   "--num-processes N: check the config, then start N processes through accelerate's launcher "
                   "(data parallel;\n  on CPU, gloo). --accelerate-config FILE: accelerate's config "
@@ -225,9 +228,11 @@ def run(args: argparse.Namespace) -> int:
                 return 0
 
             launched = shlex.split(os.environ.get(LAUNCH_ARGV_ENV, "")) or argv
-            again = ["ictrl", "train", *[a for a in launched if not a.startswith("--resume")], "--resume"]
+            again = ["ictrl", "train", *[a for a in launched if not a.startswith("--resume")
+                                         and a != ACCEPT_CHANGED_FLAG], "--resume"]
             result = train(cfg, resume=_resume(flags), source=config, resume_command=shlex.join(again),
-                           flags=set_by_flag, command=shlex.join(["ictrl", "train", *launched]))
+                           flags=set_by_flag, accept_changed_inputs=ACCEPT_CHANGED_FLAG in flags,
+                           command=shlex.join(["ictrl", "train", *launched]))
     except (UsageError, LaunchError) as exc:  # a ConfigError (a UserError) goes to ictrl.cli: one line, --debug
         print(f"ictrl train: error: {exc}", file=sys.stderr)
         return 2

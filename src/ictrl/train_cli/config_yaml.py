@@ -13,13 +13,15 @@ from typing import Any
 import yaml
 
 from ictrl.errors import ConfigError, shorten
+from ictrl.yamlfile import DuplicateKeyError, yaml_loader
 
 MAX_CONFIG_BYTES = 1 << 20  # a run config is a few kilobytes; anything past this is the wrong file
 MAX_YAML_VALUES = 100_000
 
 
-class BoundedLoader(yaml.SafeLoader):
-    """``yaml.SafeLoader``; documents it loads go through :func:`check_expansion`."""
+class BoundedLoader(yaml_loader()):  # type: ignore[misc]
+    """``yaml.SafeLoader`` refusing duplicate keys (:func:`ictrl.files.yaml_loader`); documents it loads go through
+    :func:`check_expansion`."""
 
 
 def check_expansion(data: Any, where: str) -> None:
@@ -54,6 +56,8 @@ def load_yaml_text(text: str, where: str) -> Any:
     """A config document; not YAML, nested too deep or an alias bomb is a :class:`ConfigError` naming ``where``."""
     try:
         data = yaml.load(text, Loader=BoundedLoader)  # noqa: S506 - a SafeLoader subclass
+    except DuplicateKeyError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{where}: not valid YAML: {shorten(str(exc).replace(chr(10), ' '))}") from None
     except RecursionError:
@@ -66,6 +70,8 @@ def load_yaml_value(raw: str, where: str) -> Any:
     """A flag's value read as YAML (``1e-6``, ``[a, b]``, ``null``); text that is not YAML stays the string."""
     try:
         value = yaml.load(raw, Loader=BoundedLoader)  # noqa: S506 - a SafeLoader subclass
+    except DuplicateKeyError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
     except (yaml.YAMLError, RecursionError):
         return raw
     check_expansion(value, where)

@@ -32,6 +32,9 @@ def load_kwargs(cfg: RunConfig, source: str = "<config>") -> dict[str, Any]:
     config made by TRL. Raises :class:`ConfigError` naming the key."""
     from trl import get_quantization_config
 
+    from ictrl.train_cli.run_inputs import blame
+
+    source = blame(KEY, source, cfg.flags)  # the flag, when one set the key
     raw = cfg.trainer.get(KEY)
     if isinstance(raw, str):  # GRPOConfig takes a JSON string too (TRL's command line)
         try:
@@ -61,7 +64,8 @@ def load_kwargs(cfg: RunConfig, source: str = "<config>") -> dict[str, Any]:
         quantization = get_quantization_config(dataclasses.replace(model, dtype=None) if model.dtype == "auto"
                                                else model)
     except (ValueError, TypeError, AttributeError) as exc:
-        raise ConfigError(f"{source}: load_in_4bit/8bit: {_first_line(exc)}") from None
+        which = "load_in_4bit" if model.load_in_4bit else "load_in_8bit" if model.load_in_8bit else "load_in_4bit/8bit"
+        raise ConfigError(f"{source}: {which}: {_first_line(exc)}") from None
     if quantization is not None:
         kwargs["quantization_config"] = quantization
         kwargs["device_map"] = _kbit_device_map()
@@ -83,7 +87,8 @@ def _quantization(value: Any, source: str) -> Any:
     object), its package checked by transformers' quantizer."""
     from transformers.quantizers.auto import AutoHfQuantizer, AutoQuantizationConfig
 
-    key = "load_in_4bit/8bit" if not isinstance(value, dict) else f"{KEY}.quantization_config"
+    key = f"{KEY}.quantization_config" if isinstance(value, dict) else \
+        "load_in_4bit" if getattr(value, "load_in_4bit", False) else "load_in_8bit"
     try:
         config = AutoQuantizationConfig.from_dict(dict(value)) if isinstance(value, dict) else value
         AutoHfQuantizer.from_config(config).validate_environment(device_map=None)
@@ -101,10 +106,38 @@ def _targets(cfg: RunConfig) -> list[str]:
     return [] if targets in (None, "all-linear") else [targets] if isinstance(targets, str) else list(targets)
 
 
+def check_context(cfg: RunConfig, kwargs: dict[str, Any], source: str = "<config>") -> None:
+    """``max_prompt_length + max_completion_length`` within the model's ``max_position_embeddings`` (its
+    config.json, no weights read): past it a prompt and its completion do not fit, and transformers only prints a
+    reminder. Without ``max_prompt_length`` each prompt is checked against the room left once it is tokenised
+    (``ictrl.train_cli.run_inputs.drop_long_prompts``)."""
+    from trl import GRPOConfig
+
+    prompt = cfg.script.max_prompt_length
+    if prompt is None:
+        return
+    completion = cfg.trainer.get("max_completion_length", GRPOConfig.max_completion_length)
+    limit = getattr(_auto_config(cfg, kwargs).get_text_config(), "max_position_embeddings", None)
+    if isinstance(limit, int) and isinstance(completion, int) and prompt + completion > limit:
+        raise ConfigError(f"{source}: max_prompt_length: {prompt} + max_completion_length {completion} = "
+                          f"{prompt + completion} tokens, more than the {limit} positions of "
+                          f"{cfg.model.model_name_or_path} (max_position_embeddings); lower one of them")
+
+
+def _auto_config(cfg: RunConfig, kwargs: dict[str, Any]) -> Any:
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(cfg.model.model_name_or_path, trust_remote_code=kwargs["trust_remote_code"],
+                                      revision=kwargs.get("revision"))
+
+
 def check_architecture(cfg: RunConfig, kwargs: dict[str, Any], source: str = "<config>") -> None:
     """Build the model from its config on the meta device (no memory, no weights read): transformers checks
     ``attn_implementation`` there (a missing flash-attn or kernels package, an unknown name), and the LoRA
-    ``lora_target_modules`` must name modules of it."""
+    ``lora_target_modules`` must name modules of it. First the context (:func:`check_context`) and the
+    ``model_init_kwargs`` keys (:func:`check_init_keys`)."""
+    check_context(cfg, kwargs, source)
+    check_init_keys(cfg, kwargs, source)
     if kwargs.get("attn_implementation") is None and not _targets(cfg):
         return
     import torch
@@ -141,3 +174,46 @@ def peft_config(cfg: RunConfig, source: str = "<config>") -> Any:
         return get_peft_config(cfg.model)
     except (ValueError, TypeError) as exc:  # peft's LoraConfig checks its values (use_dora with ..., r >= 1)
         raise ConfigError(f"{source}: lora: {_first_line(exc)}") from None
+
+
+def from_pretrained_keys() -> set[str]:
+    """The keyword arguments ``from_pretrained`` takes itself: its signature and the keys its body pops from
+    ``**kwargs`` (read from its source, so a transformers upgrade brings its own list)."""
+    import inspect
+    import re
+
+    from transformers import PreTrainedModel
+
+    method = PreTrainedModel.from_pretrained
+    keys = set(inspect.signature(method).parameters) - {"pretrained_model_name_or_path", "model_args", "kwargs"}
+    try:
+        source = inspect.getsource(method)
+    except (OSError, TypeError):  # no source (a frozen install): the signature alone
+        return keys
+    keys |= set(re.findall(r"kwargs\.pop\(\s*[\"'](\w+)[\"']", source))
+    for names in re.findall(r"for name in \[([^\]]*)\]:\s*\n\s*(?:_ = )?kwargs\.pop\(name", source):  # dropped ones
+        keys |= set(re.findall(r"[\"'](\w+)[\"']", names))
+    return keys
+
+
+def check_init_keys(cfg: RunConfig, kwargs: dict[str, Any], source: str = "<config>") -> None:
+    """Each ``model_init_kwargs`` key is a ``from_pretrained`` argument or a key of the model's config (which
+    ``from_pretrained`` passes on to it); anything else would be a TypeError from the model's ``__init__`` after
+    the checkpoint is opened. One line naming the key, with the nearest valid name."""
+    raw = cfg.trainer.get(KEY)
+    if isinstance(raw, str):
+        raw = json.loads(raw)  # load_kwargs parsed it already
+    if not raw:
+        return
+    known = from_pretrained_keys()
+    unknown = [k for k in raw if k not in known]
+    if not unknown:
+        return
+    config = _auto_config(cfg, kwargs)
+    names = set(config.to_dict()) | set(vars(config))
+    for key in unknown:
+        if str(key) not in names:
+            close = difflib.get_close_matches(str(key), sorted(known - {"torch_dtype"}), n=1, cutoff=0.5)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(f"{source}: {KEY}.{key}: neither a from_pretrained argument nor a key of "
+                              f"{cfg.model.model_name_or_path}'s config{hint}")

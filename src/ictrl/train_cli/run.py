@@ -25,11 +25,14 @@ from ictrl.train_cli.process_group import answered_once
 from ictrl.engine.resumable import (check_resumable, check_unchanged, resume_point, save_final,
                                    verified_checkpoints)
 from ictrl.train_cli.run_config import ConfigError, RunConfig, config_to_dict, save_config
-from ictrl.train_cli.run_inputs import (add_overlong_penalty, blame, build_rewards, check_enough_rows, check_sources, drop_long_prompts, load_train_dataset, reward_label)
+from ictrl.train_cli.run_inputs import (add_overlong_penalty, blame, build_rewards, check_enough_rows, check_sources,
+                                        drop_long_prompts, input_hashes, inputs_record, load_train_dataset,
+                                        name_the_key, reward_label)
 from ictrl.train_cli.run_guard import RunLock, StopRequest, add_stop_callback, stopped
 from ictrl.train_cli.value_checks import check_memory, check_output_dir
 from ictrl.errors import Terminated, UserError, shorten
 from ictrl.files import reported_write
+from ictrl.rewards.policy import RewardAbandoned, RunStop
 
 log = logging.getLogger("ictrl.train")
 
@@ -71,7 +74,8 @@ def build_trainer_args(cfg: RunConfig, source: str = "<config>", cpu: bool | Non
     try:
         args = config_cls(**kwargs)
     except (ValueError, TypeError) as exc:  # ICTGRPOConfig / TRL messages name the field, which is the key
-        raise ConfigError(f"{blame(str(exc), source, flags)}: {shorten(str(exc))}") from None
+        message = name_the_key(str(exc), kwargs, config_cls)
+        raise ConfigError(f"{blame(message, source, flags)}: {shorten(message)}") from None
     try:
         from ictrl.engine.config import process_count
 
@@ -137,17 +141,18 @@ RUN_LABELS = "run.json"
 BINARY_REWARDS = ("verifiable", "math", "gsm8k", "choice", "accuracy_reward", "reasoning_accuracy_reward")
 
 
-def write_run_labels(out: Path, args: Any, method_from: str = "file") -> None:
+def write_run_labels(out: Path, args: Any, method_from: str = "file", inputs: dict[str, Any] | None = None) -> None:
     """``run.json``: the method (label, selector, ratio, scope, warm-up, normaliser; where ``token_selector`` came
-    from) and training seed of the run, resolved (``ictrl eval`` records the label and seed for ``ictrl table``;
-    config.yaml holds the keys as written, where an unset seed or ratio is a default)."""
+    from), the training seed of the run, resolved (``ictrl eval`` records the label and seed for ``ictrl table``;
+    config.yaml holds the keys as written, where an unset seed or ratio is a default), and the hashes of what the
+    run reads (``inputs``: the resume check compares them)."""
     import json
 
     from ictrl.files import atomic_write_text
 
     from ictrl.engine.model_card import resolved_method
 
-    labels = {**resolved_method(args), "method_from": method_from, "seed": int(args.seed)}
+    labels = {**resolved_method(args), "method_from": method_from, "seed": int(args.seed), **(inputs or {})}
     atomic_write_text(out / RUN_LABELS, json.dumps(labels, indent=1) + "\n")
 
 
@@ -262,7 +267,8 @@ def check_before_launch(cfg: RunConfig, processes: int, resume: bool | str = Fal
 
 def train(cfg: RunConfig, resume: bool | str = False, source: str = "<config>",
           callbacks: list[Any] | None = None, resume_command: str | None = None,
-          flags: dict[str, Any] | None = None, command: str | None = None) -> TrainResult:
+          flags: dict[str, Any] | None = None, command: str | None = None,
+          accept_changed_inputs: bool = False) -> TrainResult:
     """Run ``ictrl train``. Config errors surface before the model loads; the run holds ``output_dir``'s lock
     (:class:`ictrl.train_cli.run_guard.RunLock`) from before it reads a checkpoint there until it returns. Ctrl-C
     raises :class:`ictrl.errors.Interrupted` naming the step, the last checkpoint and ``resume_command``; SIGTERM
@@ -278,7 +284,7 @@ def train(cfg: RunConfig, resume: bool | str = False, source: str = "<config>",
     try:
         with stop, RunLock(cfg.output_dir, args), cpu_threads(args):
             return _train_locked(cfg, args, reward_funcs, resume, source, callbacks, init_kwargs, lora,
-                                 resume_command, stop, command)
+                                 resume_command, stop, command, accept_changed_inputs)
     except Terminated:
         if not stop.before_training:
             raise
@@ -287,7 +293,8 @@ def train(cfg: RunConfig, resume: bool | str = False, source: str = "<config>",
 
 def _train_locked(cfg: RunConfig, args: Any, reward_funcs: list[Callable[..., Any]], resume: bool | str, source: str,
                   callbacks: list[Any] | None, init_kwargs: dict[str, Any], lora: Any,
-                  resume_command: str | None, stop: Any, command: str | None = None) -> TrainResult:
+                  resume_command: str | None, stop: Any, command: str | None = None,
+                  accept_changed_inputs: bool = False) -> TrainResult:
     resume_from = prepare_output_dir(cfg, resume, source, args)
     # The final model goes where Trainer.save_model(output_dir) and `trl grpo` put it: output_dir itself.
     out = final = Path(cfg.output_dir)
@@ -299,11 +306,11 @@ def _train_locked(cfg: RunConfig, args: Any, reward_funcs: list[Callable[..., An
     if resume_from is not None:
         check_unchanged(out / "config.yaml", config_to_dict(cfg), args, source)
     dataset = check_inputs(cfg, init_kwargs, source)  # every row checked before the model loads
+    resumed_at = trainer_state(resume_from)["global_step"] if resume_from is not None else None
+    inputs = inputs_record(out, input_hashes(dataset, reward_funcs), resumed_at, accept_changed_inputs, source)
 
-    from transformers.trainer_callback import PrinterCallback, ProgressCallback
-
-    from ictrl.train_cli.callbacks import MetricsJSONL, NoSignalWarning, RichProgress, StopNow
     from ictrl.models import load_model_and_tokenizer
+    from ictrl.train_cli.callbacks import StopNow
 
     skip_deepspeed_unless_imported()
     model, tokenizer = load_model_and_tokenizer(cfg.model.model_name_or_path, **init_kwargs)
@@ -313,30 +320,15 @@ def _train_locked(cfg: RunConfig, args: Any, reward_funcs: list[Callable[..., An
     with reported_write(out, "free space and run again"):
         out.mkdir(parents=True, exist_ok=True)
         save_config(cfg, out / "config.yaml")
-        write_run_labels(out, args, cfg.method_from)
+        write_run_labels(out, args, cfg.method_from, inputs)
 
-    # the first reward is an accuracy (metrics' `accuracy`, the step line's `acc`) only when it is a 0/1 verifier
-    first = (cfg.script.reward_funcs or ["verifiable"])[0]
-    binary = not cfg.script.reward_model_name_or_path and first in BINARY_REWARDS
-    accuracy = reward_label(reward_funcs[0]) if binary else None
     _, trainer_cls = trainer_classes()
     trainer = trainer_cls(
         model=model, reward_funcs=reward_funcs, args=args, train_dataset=dataset, processing_class=tokenizer,
         peft_config=lora,
     )
     trainer.base_model, trainer.command = cfg.model.model_name_or_path, command  # for the model card
-    for cb in (PrinterCallback, ProgressCallback):
-        trainer.remove_callback(cb)
-    trainer.add_callback(MetricsJSONL(out / "metrics.jsonl", accuracy_reward=accuracy))
-    trainer.add_callback(NoSignalWarning())
-    if not args.disable_tqdm:  # the rich bar stands in for transformers' tqdm bar
-        trainer.add_callback(RichProgress(accuracy_reward=accuracy))
-    for cb in callbacks or []:
-        trainer.add_callback(cb)
-    if args.eval_benchmarks:
-        from ictrl.train_cli.eval_callback import PassAtKCallback
-
-        trainer.add_callback(PassAtKCallback.from_args(args, tokenizer).bind(trainer))
+    _add_callbacks(trainer, cfg, reward_funcs, tokenizer, out, callbacks)
     if resume_from is not None:
         step = trainer_state(resume_from)["global_step"]
         log.warning("resuming from %s", resume_from)
@@ -352,6 +344,10 @@ def _train_locked(cfg: RunConfig, args: Any, reward_funcs: list[Callable[..., An
         raise stopped(out, trainer.state.global_step, resume_command) from None
     except StopNow:
         pass
+    except RunStop as exc:  # a reward the run cannot train on, no learning signal: the step, then how to go on
+        kind = Terminated if isinstance(exc, RewardAbandoned) else type(exc)
+        what = "terminated (SIGTERM)" if kind is Terminated else "stopped"
+        raise kind(f"{exc}; {stopped(out, trainer.state.global_step, resume_command, what=what)}") from None
     except OSError as exc:  # TRL's client lost the vLLM server (vllm_mode=server): one line, then --resume
         if type(exc).__module__.split(".")[0] != "requests":
             raise
@@ -366,3 +362,29 @@ def _train_locked(cfg: RunConfig, args: Any, reward_funcs: list[Callable[..., An
         trainer.create_model_card()
     return TrainResult(out, trainer.state.global_step, resume_from, final)
 
+
+def _add_callbacks(trainer: Any, cfg: RunConfig, reward_funcs: list[Callable[..., Any]], tokenizer: Any, out: Path,
+                   callbacks: list[Any] | None) -> None:
+    """``ictrl train``'s log (metrics.jsonl, the step line or rich bar) in place of transformers' printers, the
+    caller's callbacks and the pass@k evaluation."""
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+    from ictrl.train_cli.callbacks import MetricsJSONL, NoSignalWarning, RichProgress
+
+    args = trainer.args
+    # the first reward is an accuracy (metrics' `accuracy`, the step line's `acc`) only when it is a 0/1 verifier
+    first = (cfg.script.reward_funcs or ["verifiable"])[0]
+    binary = not cfg.script.reward_model_name_or_path and first in BINARY_REWARDS
+    accuracy = reward_label(reward_funcs[0]) if binary else None
+    for cb in (PrinterCallback, ProgressCallback):
+        trainer.remove_callback(cb)
+    trainer.add_callback(MetricsJSONL(out / "metrics.jsonl", accuracy_reward=accuracy))
+    trainer.add_callback(NoSignalWarning())
+    if not args.disable_tqdm:  # the rich bar stands in for transformers' tqdm bar
+        trainer.add_callback(RichProgress(accuracy_reward=accuracy))
+    for cb in callbacks or []:
+        trainer.add_callback(cb)
+    if args.eval_benchmarks:
+        from ictrl.train_cli.eval_callback import PassAtKCallback
+
+        trainer.add_callback(PassAtKCallback.from_args(args, tokenizer).bind(trainer))

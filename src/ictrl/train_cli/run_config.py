@@ -227,11 +227,23 @@ def _file_argv(data: dict[str, Any], source: str) -> tuple[list[str], dict[str, 
             argv += [f"--{key}", *map(_as_text, value)]
         elif isinstance(value, scalar) and not (isinstance(value, bool) and _name(action.type) != "string_to_bool"):
             argv.append(f"--{key}={_as_text(value)}")
+        elif value is None and not _takes_null(key):  # TRL's __post_init__ would compare None with a number
+            raise ConfigError(f"{source}: {key}: expected {_annotation(key)}, got null")
+        elif isinstance(value, bool) and not any(t in _annotation(key) for t in ("bool", "str", "Any")):
+            raise ConfigError(f"{source}: {key}: expected {_annotation(key)}, got {str(value).lower()}")
         elif value is None or isinstance(value, bool) or key == "dataset_name" or _annotation(key, type(value)):
             direct[key] = value  # as TrlParser passes them: null, a mapping, a bool for a str (scale_rewards: false)
         else:
             raise ConfigError(f"{source}: {key}: expected {_annotation(key)}, got {quote(value)}")
     return argv, direct
+
+
+def _takes_null(key: str) -> bool:
+    """Whether ``key``'s field admits None: its annotation says so, or None is its default."""
+    import dataclasses
+
+    field = next((f for f in dataclasses.fields(owners()[key]) if f.name == key), None)
+    return field is None or field.default is None or "None" in _annotation(key) or "Optional" in _annotation(key)
 
 
 def _annotation(key: str, kind: type = object) -> str:

@@ -161,6 +161,8 @@ class StopRequest:
         self.training = False
         self.before_training = False  # raised Terminated outside the training loop
         self._previous: Any = None
+        self.reward_policy: Any = None  # the trainer's ictrl.rewards.policy.RewardPolicy, set by add_stop_callback
+        self._reward_since: float | None = None
 
     def __enter__(self) -> StopRequest:
         import signal
@@ -185,14 +187,40 @@ class StopRequest:
             self._previous = None
 
     def _handle(self, signum: int, frame: object) -> None:
+        import time
+
         from ictrl.errors import Terminated
 
         if not self.training:
             self.before_training = True
             raise Terminated("terminated (SIGTERM)")
+        policy = self.reward_policy
+        if self.received and policy is not None and policy.calling and self._reward_since is not None \
+                and time.monotonic() - self._reward_since >= self.reward_grace_s():
+            raise policy.abandon()  # the reward call outlived its grace: the run stops without it
         if not self.received:
             self.received = True
             log.warning("SIGTERM: stopping at the end of this generation batch, with a checkpoint")
+            if policy is not None and policy.calling:  # a reward call on this thread: give it a grace, then stop
+                self._reward_since = time.monotonic()
+                self._wake_after(self.reward_grace_s())
+
+    @staticmethod
+    def reward_grace_s() -> float:
+        from ictrl.rewards.policy import SIGTERM_GRACE_S
+
+        return SIGTERM_GRACE_S
+
+    def _wake_after(self, seconds: float) -> None:
+        """SIGTERM to this (main) thread after ``seconds``: the handler then finds whether the reward call ended."""
+        import signal
+        import threading
+
+        main = threading.main_thread().ident
+        timer = threading.Timer(seconds + 0.05,
+                                lambda: signal.pthread_kill(main, signal.SIGTERM))  # type: ignore[arg-type]
+        timer.daemon = True
+        timer.start()
 
 
 def add_stop_callback(trainer: Any, stop: StopRequest, out: Path) -> None:
@@ -206,6 +234,10 @@ def add_stop_callback(trainer: Any, stop: StopRequest, out: Path) -> None:
 
     trainer.remove_callback(JITCheckpointCallback)
     stop.reinstall()
+    policy = getattr(trainer, "reward_policy", None)
+    if policy is not None:  # a reward call on a deadline thread ends within its grace after SIGTERM
+        stop.reward_policy = policy
+        policy.stop_requested = lambda: stop.received
 
     def save() -> None:
         step = trainer.state.global_step
@@ -216,7 +248,8 @@ def add_stop_callback(trainer: Any, stop: StopRequest, out: Path) -> None:
                                        trainer.args.device))
 
 
-def stopped(out: Path, step: int | None, resume_command: str | None, kind: type | None = None) -> Exception:
+def stopped(out: Path, step: int | None, resume_command: str | None, kind: type | None = None,
+            what: str | None = None) -> Exception:
     """The one-line :class:`ictrl.errors.Interrupted` (Ctrl-C) or ``kind`` (:class:`ictrl.errors.Terminated`) of a
     run stopped at ``step`` (None: outside the training loop): the last complete checkpoint and the command that continues
     from it (``--resume`` redoes the steps after that checkpoint exactly)."""
@@ -225,7 +258,7 @@ def stopped(out: Path, step: int | None, resume_command: str | None, kind: type 
 
     kind = kind or Interrupted
     checkpoints = complete_checkpoints(out)
-    what = "terminated (SIGTERM)" if kind is Terminated else "interrupted"
+    what = what or ("terminated (SIGTERM)" if kind is Terminated else "interrupted")
     at = f" at step {step}" if step is not None else ""
     kept = f"last complete checkpoint {checkpoints[-1]}" if checkpoints else "no checkpoint yet (save_steps)"
     again = f"; resume with `{resume_command}`" if resume_command and checkpoints else ""

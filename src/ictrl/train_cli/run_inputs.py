@@ -225,3 +225,92 @@ def _prompt_text(prompt: Any, tokenizer: Any) -> str:
     if isinstance(prompt, str):
         return prompt
     return str(tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True))
+
+
+# --- what a resumed run must read again --------------------------------------------------------------------------
+
+ACCEPT_CHANGED_FLAG = "--accept-changed-inputs"
+
+
+def input_hashes(dataset: Any, reward_funcs: list[Any]) -> dict[str, str]:
+    """sha256 of the training rows as the trainer gets them (every column, after the prompt template), and of the
+    source file of each reward function defined outside ictrl and installed packages (a local module): what
+    ``--resume`` compares, since a name (``jsonl:train.jsonl``, ``my_reward:score``) says nothing of the content."""
+    import hashlib
+    import inspect
+    import json
+    import sysconfig
+
+    digest = hashlib.sha256()
+    columns = dataset.to_dict()  # every value as Python data (datasets' dataset[column] is a lazy Column)
+    for column in sorted(columns):
+        digest.update(column.encode())
+        digest.update(json.dumps(columns[column], sort_keys=True, ensure_ascii=False, default=str).encode())
+    out = {"data": digest.hexdigest()}
+    installed = [Path(p).resolve() for p in {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}]
+    package = Path(__file__).resolve().parents[1]
+    for fn in reward_funcs:
+        module = inspect.getmodule(fn if inspect.isroutine(fn) else type(fn))
+        source = getattr(module, "__file__", None)
+        if not source or not Path(source).is_file():
+            continue
+        path = Path(source).resolve()
+        if path.is_relative_to(package) or any(path.is_relative_to(p) for p in installed):
+            continue
+        out[f"reward {reward_label(fn)}"] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return out
+
+
+def check_same_inputs(saved: dict[str, Any], now: dict[str, str], accept: bool, source: str = "<config>") -> list[str]:
+    """The inputs whose content differs from the run's ``run.json`` record (``saved["inputs"]``; a run recorded
+    before hashes were kept is not compared). A difference refuses the resume in one line, unless ``accept``
+    (``--accept-changed-inputs``), when it is returned for ``run.json`` to record."""
+    before = saved.get("inputs") or {}
+    changed = sorted(k for k in before.keys() | now.keys() if before.get(k) != now.get(k) and k in before)
+    if changed and not accept:
+        what = ", ".join("the training data (the rows as read, after the prompt template)" if k == "data" else
+                         f"the source of {k}" for k in changed)
+        raise ConfigError(f"{source}: --resume: {what} changed since the run started; a resumed run would not "
+                          f"continue the same run: restore it, start a fresh run in another output_dir, or pass "
+                          f"{ACCEPT_CHANGED_FLAG} to continue on the new content (run.json records it)")
+    return changed
+
+
+def inputs_record(out: Path, hashes: dict[str, str], resume_step: int | None, accept: bool,
+                  source: str = "<config>") -> dict[str, Any]:
+    """The ``run.json`` keys of a run's inputs: ``inputs`` (:func:`input_hashes`), and ``changed_inputs``, each
+    resume that went on under ``--accept-changed-inputs`` (the step and what changed). A resume
+    (``resume_step`` not None) is checked against the record first (:func:`check_same_inputs`)."""
+    import json
+
+    try:
+        saved = json.loads((out / "run.json").read_text()) if resume_step is not None else {}
+    except (OSError, ValueError):
+        saved = {}
+    saved = saved if isinstance(saved, dict) else {}
+    history = list(saved.get("changed_inputs") or [])
+    if resume_step is not None:
+        changed = check_same_inputs(saved, hashes, accept, source)
+        if changed:
+            log.warning("--resume: continuing on changed inputs (%s) under %s", ", ".join(changed),
+                        ACCEPT_CHANGED_FLAG)
+            history.append({"step": resume_step, "changed": changed, "flag": ACCEPT_CHANGED_FLAG})
+    return {"inputs": hashes, **({"changed_inputs": history} if history else {})}
+
+
+def name_the_key(message: str, values: dict[str, Any], config_cls: type | None = None) -> str:
+    """``message`` (a trainer config's error) led by the key it is about when it names none: transformers' enum
+    errors say only the value and the enum ("False is not a valid IntervalStrategy"). The key is the one set value
+    (of ``values``) that opens the message, among the fields of ``config_cls`` typed with that enum; without
+    exactly one, the message as it is."""
+    import dataclasses
+    import re
+
+    if any(re.search(rf"(?<![\w.]){re.escape(key)}(?!\w)", message) for key in values):
+        return message
+    enum = re.match(r".+? is not a valid (\w+)", message)
+    types = {f.name: str(f.type) for f in dataclasses.fields(config_cls)} if config_cls is not None else {}
+    found = [key for key, value in values.items()
+             if (message.startswith(f"{value} ") or message.startswith(f"{value!r} "))
+             and (enum is None or enum[1] in types.get(key, enum[1]))]
+    return f"{found[0]}: {message}" if len(found) == 1 else message

@@ -14,8 +14,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ictrl.errors import UserError, quote
 from ictrl.train_cli.run_config import ConfigError, RunConfig
-from ictrl.errors import quote
 
 log = logging.getLogger("ictrl.train")
 
@@ -57,21 +57,13 @@ def check_memory(args: Any, cfg: RunConfig, source: str, processes: int) -> None
 def check_output_dir(path: str, source: str = "<config>") -> None:
     """``path`` is, or can be made, a writable directory; a path that leaves the working directory through ``..``
     is named in one warning line."""
+    from ictrl.files import check_output_dir as check_writable
+
     out = Path(path).expanduser()
-    if out.exists() or out.is_symlink():
-        if not out.is_dir():
-            kind = "a file" if out.is_file() else "not a directory"
-            raise ConfigError(f"{source}: output_dir: {quote(path)} is {kind}; give a directory")
-        if not os.access(out, os.W_OK | os.X_OK):
-            raise ConfigError(f"{source}: output_dir: {quote(path)} is not writable")
-    else:
-        parent = out.absolute().parent
-        while not parent.exists():
-            parent = parent.parent
-        if not parent.is_dir():
-            raise ConfigError(f"{source}: output_dir: {quote(path)}: {parent} is not a directory")
-        if not os.access(parent, os.W_OK | os.X_OK):
-            raise ConfigError(f"{source}: output_dir: {quote(path)}: cannot create it, {parent} is not writable")
+    try:
+        check_writable(path, "output_dir")
+    except UserError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
     if ".." in out.parts:
         resolved, cwd = out.resolve(), Path.cwd().resolve()
         if not resolved.is_relative_to(cwd):

@@ -1,0 +1,244 @@
+"""What a training run accepts from its reward functions, the same from Python (``ICTGRPOTrainer``) and the CLI.
+
+TRL's ``GRPOTrainer._calculate_rewards`` takes each reward function's list as it comes: ``None`` is its convention
+for "this reward does not score this completion" (it becomes NaN, which ``nansum`` and ``nanmean`` skip), and
+anything else goes through ``torch.tensor``. So a string crashes deep inside TRL without naming the reward, an
+``inf`` or a returned NaN turns the group's advantages into NaN, which TRL sets to 0 (no learning signal, no
+word), and a reward that hangs has no deadline. :class:`RewardPolicy` wraps each reward *function* of a trainer
+(:meth:`RewardPolicy.wrap`, TRL's name and sync/async kind kept) and stops the run at that step with a
+:class:`RewardError` naming the reward, the row and the value when:
+
+- the result is not a list/tuple of one value per completion;
+- a value is not a real number or ``None`` (a string, a list, a tensor of several values);
+- a value is ``inf`` / ``-inf``, or NaN: ``None`` is how a reward says "not scored", a NaN is a failure;
+- the reward raises (the exception's type and first line), or runs past ``reward_timeout`` seconds.
+
+A reward *model* (an ``nn.Module``) has no per-function hook in TRL: :meth:`RewardPolicy.check_scores` checks the
+gathered scores for ``inf`` after TRL computes them. :meth:`RewardPolicy.observe_advantages` counts optimizer steps
+in a row whose every advantage is 0 (equal rewards in every group, or NaN advantages TRL zeroed) and stops the run
+with :class:`NoLearningSignal` after ``no_signal_steps`` of them (0: never).
+
+With ``reward_timeout`` set, each call runs in a daemon thread the training thread waits on; a call past the
+deadline is abandoned (Python cannot stop a thread; the process ends soon after, with the one line). A stop
+request (SIGTERM, ``stop_requested``) during a call gives the call :data:`SIGTERM_GRACE_S` seconds to finish, then
+abandons it: the run stops within that bound plus the checkpoint line. Without a deadline the call runs on the
+training thread (math-verify's own timeouts need the main thread) and SIGTERM interrupts it there
+(:class:`ictrl.train_cli.run_guard.StopRequest`).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import math
+import numbers
+import threading
+import time
+from typing import Any, Callable
+
+from ictrl.errors import Interrupted, UserError, quote
+
+# A reward call's time to finish after SIGTERM: the run then ends within 20 s, under a scheduler's usual 30 s grace.
+SIGTERM_GRACE_S = 5.0
+POLL_S = 0.2
+
+
+class RunStop(UserError):
+    """The run stopped itself at a step: the CLI adds the last checkpoint and the command that resumes."""
+
+
+class RewardError(RunStop):
+    """A reward function's result (or its raising, or its deadline) that the run cannot train on."""
+
+
+class NoLearningSignal(RunStop):
+    """Every advantage was 0 for ``no_signal_steps`` optimizer steps in a row."""
+
+
+class RewardAbandoned(RunStop):
+    """A stop request found a reward call running and it did not finish within :data:`SIGTERM_GRACE_S`."""
+
+
+def _label(fn: Any) -> str:
+    return getattr(fn, "__name__", None) or type(fn).__name__
+
+
+class RewardPolicy:
+    """The checks above, for one trainer. ``stop_requested``: a callable saying whether a stop (SIGTERM) is
+    pending; ``step``: a callable giving the optimizer step, for the messages."""
+
+    def __init__(self, timeout: float | None = None, no_signal_steps: int = 0, steps_per_batch: int = 1,
+                 step: Callable[[], int] | None = None) -> None:
+        self.timeout = timeout
+        self.no_signal_steps = no_signal_steps
+        self.steps_per_batch = max(1, steps_per_batch)
+        self.step = step or (lambda: 0)
+        self.stop_requested: Callable[[], bool] = lambda: False
+        self.zero_steps = 0
+        self.calling: str | None = None  # the reward running on the training thread (no deadline), for SIGTERM
+
+    @classmethod
+    def from_args(cls, args: Any, step: Callable[[], int]) -> RewardPolicy:
+        """The policy an ``ICTGRPOConfig`` sets (``reward_timeout``, ``no_signal_steps``), counting optimizer steps
+        per generation batch as TRL's buffer does."""
+        per_batch = args.steps_per_generation * args.num_iterations // args.gradient_accumulation_steps
+        return cls(args.reward_timeout, args.no_signal_steps or 0, per_batch, step=step)
+
+    def abandon(self) -> RewardAbandoned:
+        """What SIGTERM raises in the training thread when a reward call outlives :data:`SIGTERM_GRACE_S`."""
+        return RewardAbandoned(f"reward {self.calling!r} was still running {SIGTERM_GRACE_S:g} s after SIGTERM, at "
+                               f"step {self.step()}; abandoned it")
+
+    # --- reward functions --------------------------------------------------------------------------------------
+
+    def wrap(self, fn: Callable[..., Any], name: str | None = None) -> Callable[..., Any]:
+        """``fn`` with its results checked (and its calls timed, with ``timeout``); TRL's name kept."""
+        name = name or _label(fn)
+        if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None)):
+            async def checked_async(*args: Any, **kwargs: Any) -> Any:
+                try:
+                    out = await fn(*args, **kwargs)
+                except (RunStop, Interrupted):
+                    raise
+                except Exception as exc:  # noqa: BLE001 - a user's reward: any failure is named, then the stop
+                    raise self._raised(name, exc) from exc
+                return self.check(name, out, kwargs)
+
+            wrapped: Callable[..., Any] = functools.update_wrapper(checked_async, fn) \
+                if hasattr(fn, "__name__") else checked_async
+        else:
+            def checked(*args: Any, **kwargs: Any) -> Any:
+                return self.check(name, self._call(name, fn, args, kwargs), kwargs)
+
+            wrapped = functools.update_wrapper(checked, fn) if hasattr(fn, "__name__") else checked
+        wrapped.__name__ = name
+        wrapped.ictrl_checked = True  # type: ignore[attr-defined]
+        return wrapped
+
+    def _raised(self, name: str, exc: BaseException) -> RewardError:
+        first = (str(exc).strip().splitlines() or [""])[0]
+        return RewardError(f"reward {name!r} raised {type(exc).__name__}: {quote(first, 300)} at step {self.step()}"
+                           " (--debug shows the traceback)")
+
+    def _call(self, name: str, fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> Any:
+        if self.timeout is None:
+            self.calling = name
+            try:
+                return fn(*args, **kwargs)
+            except (RunStop, Interrupted, KeyboardInterrupt):  # a stop of the run's own, not the reward's failure
+                raise
+            except Exception as exc:  # noqa: BLE001 - a user's reward: any failure is named, then the stop
+                raise self._raised(name, exc) from exc
+            finally:
+                self.calling = None
+        box: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                box["out"] = fn(*args, **kwargs)
+            except BaseException as exc:  # noqa: BLE001 - handed to the training thread
+                box["error"] = exc
+
+        thread = threading.Thread(target=run, name=f"reward {name}", daemon=True)
+        start = time.monotonic()
+        thread.start()
+        stop_seen: float | None = None
+        while thread.is_alive():
+            thread.join(POLL_S)
+            now = time.monotonic()
+            if not thread.is_alive():
+                break
+            if stop_seen is None and self.stop_requested():
+                stop_seen = now
+            if stop_seen is not None and now - stop_seen >= SIGTERM_GRACE_S:
+                raise RewardAbandoned(f"reward {name!r} was still running {SIGTERM_GRACE_S:g} s after the stop "
+                                      f"request, at step {self.step()}; abandoned it")
+            if now - start >= self.timeout:
+                raise RewardError(f"reward {name!r} ran past reward_timeout={self.timeout:g} s at step {self.step()}"
+                                  "; raise reward_timeout or make the reward faster")
+        if "error" in box:
+            if isinstance(box["error"], RunStop):
+                raise box["error"]
+            raise self._raised(name, box["error"]) from box["error"]
+        return box["out"]
+
+    def check(self, name: str, out: Any, kwargs: dict[str, Any]) -> list[Any]:
+        """``out`` as TRL takes it, or :class:`RewardError` naming ``name``, the row (its ``id`` column when the
+        data has one) and the value."""
+        expected = len(kwargs["completions"]) if "completions" in kwargs else None
+        if not isinstance(out, (list, tuple)):
+            raise RewardError(f"reward {name!r} returned {type(out).__name__} {quote(out, 80)} at step "
+                              f"{self.step()}; a reward returns a list with one float (or None) per completion")
+        if expected is not None and len(out) != expected:
+            raise RewardError(f"reward {name!r} returned {len(out)} values for {expected} completions at step "
+                              f"{self.step()}; a reward returns one float (or None) per completion")
+        ids = kwargs.get("id")
+        for i, value in enumerate(out):
+            problem = _problem(value)
+            if problem is not None:
+                row = f"row {i}" + (f" (id {quote(ids[i], 80)})" if isinstance(ids, list) and i < len(ids) else "")
+                raise RewardError(f"reward {name!r} returned {quote(value, 80)} for {row} at step {self.step()}: "
+                                  f"{problem}")
+        return list(out)
+
+    def check_scores(self, scores: Any, names: list[str]) -> None:
+        """The gathered [completions, rewards] tensor TRL computed: no ``inf`` (a reward model's score)."""
+        import torch
+
+        bad = torch.isinf(scores)
+        if bool(bad.any()):
+            row, col = (int(v) for v in bad.nonzero()[0])
+            raise RewardError(f"reward {names[col]!r} scored row {row} {float(scores[row, col])} at step "
+                              f"{self.step()}: not finite")
+
+    def score(self, calculate: Callable[..., Any], funcs: list[Any], names: list[str], *args: Any,
+              **kwargs: Any) -> Any:
+        """TRL's ``_calculate_rewards`` (``calculate``) with every reward function (``funcs``, TRL's list, wrapped
+        in place once: TRL's names and its sync/async split are those it made at init) checked, and the gathered
+        scores checked."""
+        import torch
+
+        for i, (fn, name) in enumerate(zip(funcs, names)):
+            if not isinstance(fn, torch.nn.Module) and not getattr(fn, "ictrl_checked", False):
+                funcs[i] = self.wrap(fn, name)
+        scores = calculate(*args, **kwargs)
+        self.check_scores(scores, list(names))
+        return scores
+
+    # --- advantages --------------------------------------------------------------------------------------------
+
+    def observe_batch(self, batch: dict[str, Any], gather: Callable[[Any], Any]) -> None:
+        """A training generation batch's advantages, all processes' (``gather``), for ``no_signal_steps``."""
+        import torch
+
+        advantages = batch.get("advantages")
+        if advantages is not None:
+            nonzero = gather(torch.tensor([float((advantages != 0).any())], device=advantages.device))
+            self.observe_advantages(not bool(nonzero.any()))
+
+    def observe_advantages(self, all_zero: bool) -> None:
+        """One generation batch's advantages: all zero or not. Stops the run after ``no_signal_steps`` optimizer
+        steps in a row of all-zero advantages."""
+        self.zero_steps = self.zero_steps + self.steps_per_batch if all_zero else 0
+        if self.no_signal_steps and self.zero_steps >= self.no_signal_steps:
+            raise NoLearningSignal(
+                f"no learning signal: every advantage was 0 for {self.zero_steps} optimizer steps in a row: "
+                "each group's rewards were equal or not finite, so "
+                "the loss and the gradient were 0; check the rewards, the prompt format and max_completion_length, "
+                "or set no_signal_steps: 0 to train on")
+
+
+def _problem(value: Any) -> str | None:
+    if value is None or isinstance(value, bool):
+        return None
+    if not isinstance(value, numbers.Real):
+        numel = getattr(value, "numel", None)  # a one-value tensor, which torch.tensor takes
+        if callable(numel) and numel() == 1:
+            return _problem(value.item())
+        return f"not a number ({type(value).__name__}); a reward is a float, or None for a completion it does not score"
+    number = float(value)
+    if math.isnan(number):
+        return "NaN; return None for a completion the reward does not score"
+    if math.isinf(number):
+        return "not finite"
+    return None

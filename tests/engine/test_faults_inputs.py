@@ -1,0 +1,379 @@
+"""Faults that would otherwise give a silent wrong result: rewards the run cannot train on (non-finite, ill-typed,
+of the wrong length, raising, hanging), steps with no learning signal, data or a reward module changed under
+``--resume``, duplicate YAML keys, a context the prompts and completions do not fit, bad output paths and
+``model_init_kwargs`` keys, a second Ctrl-C. Each is one line naming what is wrong. End-to-end runs are marked
+integration."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ictrl.errors import ConfigError, UserError
+
+# --- the reward policy ------------------------------------------------------------------------------------------
+
+
+def _policy(**kwargs: Any) -> Any:
+    from ictrl.rewards.policy import RewardPolicy
+
+    return RewardPolicy(step=lambda: 3, **kwargs)
+
+
+def _call(fn: Any, n: int = 4, **policy: Any) -> Any:
+    wrapped = _policy(**policy).wrap(fn)
+    return wrapped(prompts=["p"] * n, completions=["c"] * n, id=[f"row-{i}" for i in range(n)])
+
+
+@pytest.mark.parametrize(("values", "names"), [
+    ([1.0, math.inf, 0.0, 0.0], ["'score'", "row 1", "id 'row-1'", "inf", "step 3", "not finite"]),
+    ([1.0, 0.0, -math.inf, 0.0], ["row 2", "-inf"]),
+    ([math.nan, 0.0, 0.0, 0.0], ["row 0", "nan", "return None"]),
+    ([1.0, "x", 0.0, 0.0], ["row 1", "'x'", "not a number (str)"]),
+    ([1.0, [1.0], 0.0, 0.0], ["row 1", "not a number (list)"]),
+    ([1.0, 0.0], ["2 values for 4 completions"]),
+    (1.0, ["returned float 1.0", "a list"]),
+])
+def test_a_reward_the_run_cannot_use_is_one_line_naming_it_the_row_and_the_value(values: Any,
+                                                                                names: list[str]) -> None:
+    from ictrl.rewards.policy import RewardError
+
+    def score(prompts: Any = None, completions: Any = None, **kw: Any) -> Any:
+        return values
+
+    with pytest.raises(RewardError) as err:
+        _call(score)
+    message = str(err.value)
+    assert "\n" not in message
+    for name in names:
+        assert name in message, (name, message)
+
+
+def test_none_ints_numpy_and_one_value_tensors_pass_as_trl_takes_them() -> None:
+    import numpy as np
+    import torch
+
+    out = [None, 1, np.float32(0.5), torch.tensor(2.0)]
+    assert _call(lambda prompts=None, completions=None, **kw: out) == out
+    assert torch.tensor([math.nan if v is None else float(v) for v in out]).isnan().sum() == 1
+
+
+def test_a_raising_reward_is_named_with_its_exception() -> None:
+    from ictrl.rewards.policy import RewardError
+
+    def broken(prompts: Any = None, completions: Any = None, **kw: Any) -> Any:
+        return [1 / 0 for _ in completions]
+
+    with pytest.raises(RewardError, match=r"reward 'broken' raised ZeroDivisionError: 'division by zero' at step 3"):
+        _call(broken)
+
+
+def test_an_async_reward_is_checked_and_stays_async() -> None:
+    import asyncio
+    import inspect
+
+    from ictrl.rewards.policy import RewardError
+
+    async def later(prompts: Any = None, completions: Any = None, **kw: Any) -> Any:
+        return [math.inf] * len(completions)
+
+    wrapped = _policy().wrap(later)
+    assert inspect.iscoroutinefunction(wrapped) and wrapped.__name__ == "later"
+    with pytest.raises(RewardError, match="'later' returned inf for row 0"):
+        asyncio.run(wrapped(prompts=["p"], completions=["c"]))
+
+
+def test_a_reward_past_its_deadline_stops_the_run_naming_it() -> None:
+    from ictrl.rewards.policy import RewardError
+
+    def hangs(prompts: Any = None, completions: Any = None, **kw: Any) -> Any:
+        time.sleep(30)
+        return [0.0] * len(completions)
+
+    start = time.monotonic()
+    with pytest.raises(RewardError, match=r"reward 'hangs' ran past reward_timeout=0.3 s at step 3"):
+        _call(hangs, timeout=0.3)
+    assert time.monotonic() - start < 5
+    assert _call(lambda prompts=None, completions=None, **kw: [0.5] * 4, timeout=5.0) == [0.5] * 4
+
+
+def test_a_stop_request_abandons_a_reward_call_after_the_grace(monkeypatch: pytest.MonkeyPatch) -> None:
+    import ictrl.rewards.policy as policy_module
+    from ictrl.rewards.policy import RewardAbandoned
+
+    monkeypatch.setattr(policy_module, "SIGTERM_GRACE_S", 0.5)
+    policy = _policy(timeout=60.0)
+    policy.stop_requested = lambda: True
+    wrapped = policy.wrap(lambda prompts=None, completions=None, **kw: time.sleep(30))
+    start = time.monotonic()
+    with pytest.raises(RewardAbandoned, match="after the stop request"):
+        wrapped(prompts=["p"], completions=["c"])
+    assert time.monotonic() - start < 5
+
+
+def test_a_reward_model_score_that_is_not_finite_is_named() -> None:
+    import torch
+
+    from ictrl.rewards.policy import RewardError
+
+    scores = torch.tensor([[0.5, 1.0], [0.5, math.inf]])
+    with pytest.raises(RewardError, match=r"reward 'rm' scored row 1 inf"):
+        _policy().check_scores(scores, ["acc", "rm"])
+    _policy().check_scores(torch.tensor([[math.nan, 1.0]]), ["acc", "rm"])  # None from a function: TRL's NaN
+
+
+def test_all_zero_advantages_for_n_steps_in_a_row_stop_the_run() -> None:
+    from ictrl.rewards.policy import NoLearningSignal
+
+    policy = _policy(no_signal_steps=4, steps_per_batch=2)
+    policy.observe_advantages(True)
+    policy.observe_advantages(False)  # a batch with signal starts the count again
+    policy.observe_advantages(True)
+    with pytest.raises(NoLearningSignal, match="every advantage was 0 for 4 optimizer steps in a row"):
+        policy.observe_advantages(True)
+    quiet = _policy(no_signal_steps=0)
+    for _ in range(100):
+        quiet.observe_advantages(True)
+
+
+# --- resume compares content --------------------------------------------------------------------------------
+
+
+def test_resume_refuses_changed_data_or_reward_source_unless_accepted(tmp_path: Path) -> None:
+    from datasets import Dataset
+
+    from ictrl.train_cli.run_inputs import input_hashes, inputs_record
+
+    module = tmp_path / "fuzz_local_reward.py"
+    module.write_text("def score(prompts=None, completions=None, **kw):\n    return [1.0] * len(completions)\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        import fuzz_local_reward  # type: ignore[import-not-found]
+
+        rows = Dataset.from_list([{"prompt": [{"role": "user", "content": "1+1?"}], "answer": "2"}])
+        first = input_hashes(rows, [fuzz_local_reward.score])
+        assert set(first) == {"data", "reward score"}
+        (tmp_path / "run.json").write_text(json.dumps({"method": "ict", **inputs_record(tmp_path, first, None, False)}))
+        assert inputs_record(tmp_path, first, 4, False) == {"inputs": first}  # unchanged: resumes
+        changed = input_hashes(Dataset.from_list([{"prompt": [{"role": "user", "content": "1+1?"}],
+                                                   "answer": "3"}]), [fuzz_local_reward.score])
+        with pytest.raises(ConfigError, match=r"--resume: the training data .* changed since the run started.*"
+                                              r"--accept-changed-inputs"):
+            inputs_record(tmp_path, changed, 4, False)
+        record = inputs_record(tmp_path, changed, 4, True)
+        assert record["changed_inputs"] == [{"step": 4, "changed": ["data"], "flag": "--accept-changed-inputs"}]
+        module.write_text(module.read_text() + "# edited\n")
+        with pytest.raises(ConfigError, match="the source of reward score changed"):
+            inputs_record(tmp_path, input_hashes(rows, [fuzz_local_reward.score]), 4, False)
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("fuzz_local_reward", None)
+
+
+def test_ictrl_and_installed_rewards_are_not_hashed_as_local_modules() -> None:
+    from datasets import Dataset
+    from trl.rewards import accuracy_reward
+
+    from ictrl import rewards
+    from ictrl.train_cli.run_inputs import input_hashes
+
+    rows = Dataset.from_list([{"prompt": "q", "answer": "1"}])
+    assert set(input_hashes(rows, [accuracy_reward, rewards.trl_kind_reward(name="verifiable")])) == {"data"}
+
+
+# --- YAML, context, output paths, model_init_kwargs ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("text", [
+    "token_selector: ict\nlearning_rate: 1.0e-6\ntoken_selector: random\n",
+    "a: 1\nnested:\n  lora_r: 8\n  lora_r: 16\n",
+    "{token_selector: ict, token_selector: random}\n",
+])
+def test_duplicate_keys_are_one_line_with_both_lines(tmp_path: Path, text: str) -> None:
+    from ictrl.train_cli.run_config import load_config
+
+    path = tmp_path / "run.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=r"run.yaml: duplicate key '\w+' at lines \d+ and \d+"):
+        load_config(path)
+
+
+def test_merge_keys_still_override(tmp_path: Path) -> None:
+    from ictrl.yamlfile import load_yaml
+
+    assert load_yaml("base: &b {x: 1, y: 2}\nrun:\n  <<: *b\n  x: 3\n", "f") == {"base": {"x": 1, "y": 2},
+                                                                             "run": {"x": 3, "y": 2}}
+
+
+def test_every_yaml_read_in_src_goes_through_the_duplicate_key_loader() -> None:
+    src = Path(__file__).resolve().parents[2] / "src" / "ictrl"
+    plain = [f"{p.relative_to(src)}" for p in src.rglob("*.py")
+             if "yaml.safe_load(" in p.read_text() or "yaml.full_load(" in p.read_text()]
+    assert plain == [], plain
+
+
+def test_a_context_the_lengths_do_not_fit_is_refused_before_the_model_loads(tiny_model_dir: Path) -> None:
+    from ictrl.train_cli import model_init
+    from ictrl.train_cli.run_config import config_from_dict
+
+    cfg = config_from_dict({"model_name_or_path": str(tiny_model_dir), "output_dir": "o", "max_prompt_length": 900,
+                            "max_completion_length": 200})
+    kwargs = model_init.load_kwargs(cfg)
+    with pytest.raises(ConfigError, match=r"max_prompt_length: 900 \+ max_completion_length 200 = 1100 tokens, "
+                                          r"more than the 1024 positions"):
+        model_init.check_context(cfg, kwargs)
+    model_init.check_context(config_from_dict({"model_name_or_path": str(tiny_model_dir), "output_dir": "o",
+                                               "max_prompt_length": 800,
+                                               "max_completion_length": 200}), kwargs)
+
+
+def test_an_unknown_model_init_kwargs_key_is_one_line(tiny_model_dir: Path) -> None:
+    from ictrl.train_cli import model_init
+    from ictrl.train_cli.run_config import config_from_dict
+
+    def check(init: dict[str, Any]) -> None:
+        cfg = config_from_dict({"model_name_or_path": str(tiny_model_dir), "output_dir": "o",
+                                "model_init_kwargs": init})
+        model_init.check_init_keys(cfg, model_init.load_kwargs(cfg))
+
+    with pytest.raises(ConfigError, match=r"model_init_kwargs.dtpye: neither a from_pretrained argument nor a key "
+                                          r".*did you mean 'dtype'"):
+        check({"dtpye": "float32"})
+    check({"dtype": "float32", "attention_dropout": 0.0, "low_cpu_mem_usage": True})
+
+
+@pytest.mark.parametrize(("make", "says"), [
+    (lambda root: (root / "f").write_text("x") and root / "f", "is a file; give a directory"),
+    (lambda root: (root / "f").write_text("x") and root / "f" / "under", "is not a directory"),
+])
+def test_an_output_path_that_cannot_be_a_directory_is_one_line(tmp_path: Path, make: Any, says: str) -> None:
+    from ictrl.files import check_output_dir
+
+    with pytest.raises(UserError, match=f"--output-dir: .*{says}"):
+        check_output_dir(make(tmp_path))
+    check_output_dir(tmp_path / "new" / "deeper")
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes anywhere")
+def test_an_unwritable_parent_is_one_line(tmp_path: Path) -> None:
+    from ictrl.files import check_output_dir
+
+    (tmp_path / "ro").mkdir(mode=0o500)
+    with pytest.raises(UserError, match="ro is not writable"):
+        check_output_dir(tmp_path / "ro" / "out")
+
+
+@pytest.mark.parametrize("argv", [
+    ["eval", "--model", "M", "--benchmarks", "gsm8k", "--output-dir", "FILE"],
+    ["regime", "--model", "M", "--prompts", "gsm8k", "--output-dir", "FILE/under"],
+    ["compare", "--output-dir", "FILE"],
+])
+def test_every_command_checks_its_output_dir_before_anything_loads(argv: list[str], tmp_path: Path,
+                                                                   tiny_model_dir: Path, loader_calls: list[Any],
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    from ictrl.cli import main
+
+    (tmp_path / "FILE").write_text("x")
+    argv = [str(tiny_model_dir) if a == "M" else a.replace("FILE", str(tmp_path / "FILE")) for a in argv]
+    assert main(argv) == 2
+    lines = capsys.readouterr().err.strip().split("\n")
+    assert lines[-1].startswith(f"ictrl {argv[0]}: error: --output-dir:") and not loader_calls, lines
+
+
+def test_one_line_splits_only_at_newlines() -> None:
+    from ictrl.errors import one_line
+
+    assert one_line("unknown key '\x85\u2028'\nsecond") == "unknown key '\x85\u2028'; second"
+
+
+def test_a_second_ctrl_c_during_the_shutdown_is_absorbed() -> None:
+    from ictrl.errors import interrupts_once
+
+    cleaned = []
+    with pytest.raises(KeyboardInterrupt):
+        with interrupts_once():
+            try:
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(5)
+            finally:  # the shutdown: a second Ctrl-C here would have raised inside it
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(0.1)
+                cleaned.append(True)
+    assert cleaned == [True] and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+# --- end to end -------------------------------------------------------------------------------------------------
+
+REWARDS = '''
+import math, time
+def inf_reward(prompts=None, completions=None, **kw):
+    return [0.5] * (len(completions) - 1) + [math.inf]
+def constant(prompts=None, completions=None, **kw):
+    return [1.0] * len(completions)
+def hang_at_step_2(prompts=None, completions=None, trainer_state=None, **kw):
+    from pathlib import Path
+    import os
+    if trainer_state.global_step >= 2:
+        Path(os.environ["ICTRL_TEST_HELD"]).write_text("held")
+        while True:
+            time.sleep(1)
+    return [float(len(str(c)) % 3) for c in completions]
+'''
+
+
+def _train(tmp_path: Path, tiny_model_dir: Path, out: str, reward: str, *extra: str) -> list[str]:
+    from test_resume import command
+
+    (tmp_path / "ictrl_fault_rewards.py").write_text(REWARDS)
+    argv = command(tiny_model_dir, tmp_path / out, f"--reward_funcs=ictrl_fault_rewards:{reward}",
+                   "--max_steps=4", "--save_steps=2", "--overlong_buffer_length=null", "--dynamic_sampling=false",
+                   *extra)
+    return [a for a in argv if not a.startswith("--reward_funcs=ictrl_resume")]
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
+            "OMP_NUM_THREADS": "1", "ICTRL_TEST_HELD": str(tmp_path / "held")}
+
+
+@pytest.mark.integration
+def test_an_inf_reward_and_no_signal_stop_the_run_with_the_resume_line(tmp_path: Path, tiny_model_dir: Path,
+                                                                       shared_data: Path) -> None:
+    done = subprocess.run(_train(tmp_path, tiny_model_dir, "inf", "inf_reward"), env=_env(tmp_path),
+                          capture_output=True, text=True, timeout=600)
+    last = done.stderr.strip().split("\n")[-1]
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert last.startswith("ictrl train: error: reward 'inf_reward' returned inf for row 7") and "stopped at step 0" \
+        in last, last
+    done = subprocess.run(_train(tmp_path, tiny_model_dir, "flat", "constant", "--no_signal_steps=3"),
+                          env=_env(tmp_path), capture_output=True, text=True, timeout=600)
+    last = done.stderr.strip().split("\n")[-1]
+    assert done.returncode == 2 and "no learning signal: every advantage was 0 for 3 optimizer steps" in last, last
+    assert "last complete checkpoint" in last and last.endswith("--resume`"), last
+
+
+@pytest.mark.integration
+def test_sigterm_during_a_hung_reward_ends_within_the_bound(tmp_path: Path, tiny_model_dir: Path,
+                                                            shared_data: Path) -> None:
+    proc = subprocess.Popen(_train(tmp_path, tiny_model_dir, "hung", "hang_at_step_2"), env=_env(tmp_path),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 600
+    while not (tmp_path / "held").exists():
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.1)
+    start = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    took = time.monotonic() - start
+    last = err.strip().split("\n")[-1]
+    assert proc.returncode == 143 and took < 20, (took, err[-3000:])
+    assert "reward 'hang_at_step_2' was still running 5 s after SIGTERM" in last and "checkpoint-2" in last, last

@@ -1,0 +1,245 @@
+"""Property-based fuzzing of every input a user hands ictrl before a model loads: run configs (YAML text and
+``--KEY=VALUE`` flags: wrong types, out-of-range and non-finite values, duplicate and unknown keys, odd unicode),
+training data rows (jsonl with wrong fields, types, encodings and sizes) and ``ictrl eval`` arguments.
+
+The README promises two outcomes for bad input: success, or one line ``ictrl COMMAND: error: ...`` with exit status
+2, before any model loads. Each case runs the command in-process (``ictrl.cli.main``: ``train --print-config``, the
+data loader ``train`` uses, ``eval`` up to its backend) with the model loader replaced by one that fails the test,
+and asserts one of the two outcomes; anything else (a traceback) fails with hypothesis's smallest example. The
+default suite runs the ``quick`` profile; ``pytest --integration`` runs ``thorough`` (ten times the examples)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+hypothesis = pytest.importorskip("hypothesis")
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+# The same examples every run (CI stays reproducible); ICTRL_FUZZ_RANDOM=1 explores new ones.
+COMMON = dict(deadline=None, database=None, derandomize=not os.environ.get("ICTRL_FUZZ_RANDOM"),
+              suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+settings.register_profile("quick", max_examples=40, **COMMON)
+settings.register_profile("thorough", max_examples=400, **COMMON)
+
+
+# read when the module loads: hypothesis binds a test's settings when it is decorated
+settings.load_profile("thorough" if "--integration" in sys.argv else "quick")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _count_cases() -> Any:
+    """Prints (``-s``) how many cases the fuzzer drove through the checks, and how many passed them; with
+    ICTRL_FUZZ_SHOW=1 each case's status and last line."""
+    yield
+    print(f"\nfuzzer cases run: {CASES['count']}; passed the checks: {sum(s == 0 for s, _ in OUTCOMES)} of the "
+          f"{len(OUTCOMES)} command cases")
+    if os.environ.get("ICTRL_FUZZ_SHOW"):
+        for status, line in OUTCOMES:
+            print(status, line)
+
+
+class ModelLoaded(Exception):
+    """Raised by the stand-in model loaders: reaching one means every check passed."""
+
+
+@pytest.fixture
+def no_model_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    import ictrl.eval.generate
+    import ictrl.models
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise ModelLoaded
+
+    monkeypatch.setattr(ictrl.models, "load_model_and_tokenizer", refuse)
+    monkeypatch.setattr(ictrl.eval.generate, "build_backend", refuse)
+
+
+CASES = {"count": 0}
+OUTCOMES: list[tuple[int, str]] = []
+
+
+def run_cli(argv: list[str], allow_load: bool = False) -> tuple[int, str]:
+    """``ictrl.cli.main(argv)``'s status and stderr; a stand-in loader reached is status 0 (the checks passed)."""
+    from ictrl.cli import main
+
+    CASES["count"] += 1
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            status = main(argv)
+        except ModelLoaded:
+            assert allow_load, "the model loaded during the checks"
+            status = 0
+        except SystemExit as exc:  # argparse's usage errors
+            status = exc.code if isinstance(exc.code, int) else 1
+    return status, err.getvalue()
+
+
+def assert_one_line_or_success(status: int, stderr: str, command: str, names: list[str]) -> None:
+    """Success, or exit 2 with exactly one ``ictrl COMMAND: error:`` line that names one of ``names`` (the keys,
+    flags or files the case set)."""
+    OUTCOMES.append((status, stderr.strip().split("\n")[-1][:160] if stderr.strip() else ""))
+    # "\n" only: a quoted key may hold U+0085 or U+2028, which str.splitlines would split at
+    errors = [line for line in stderr.split("\n") if line.startswith(f"ictrl {command}: error:")]
+    assert "Traceback" not in stderr, stderr[-3000:]
+    if status == 0:
+        assert not errors, stderr
+        return
+    assert status == 2, (status, stderr[-3000:])
+    assert len(errors) == 1, stderr[-3000:]
+    line = errors[0]
+    assert any(name and (name in line or repr(name)[1:-1] in line) for name in names), (line, names)
+
+
+# --- values and keys --------------------------------------------------------------------------------------------
+
+ODD_TEXT = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=30)
+SCALARS = st.one_of(
+    st.none(), st.booleans(), st.integers(min_value=-(1 << 70), max_value=1 << 70),
+    st.floats(allow_nan=True, allow_infinity=True), ODD_TEXT,
+    st.sampled_from(["1e-6", "-1", "0", "ict", "random", "all", "[1, 2]", "{a: 1}", "nan", ".inf", "null", "~",
+                     "yes", "0x10", "1_000", "\u202e", "\x00", "🙂", "a" * 300]))
+PLAUSIBLE = st.one_of(st.integers(1, 8), st.floats(0.0, 1.0), st.booleans(), st.none())
+VALUES = st.recursive(SCALARS, lambda inner: st.one_of(st.lists(inner, max_size=3),
+                                                       st.dictionaries(ODD_TEXT, inner, max_size=3)), max_leaves=6)
+
+
+def known_keys() -> list[str]:
+    from ictrl.train_cli.run_config import owners
+
+    return sorted(owners())
+
+
+# the keys whose value sends a run elsewhere or loads something: fixed, so every case stays a config check
+FIXED = {"model_name_or_path", "output_dir", "dataset_name", "push_to_hub", "hub_model_id", "resume_from_checkpoint",
+         "report_to", "use_vllm", "vllm_mode", "reward_model_name_or_path", "deepspeed", "fsdp", "fsdp_config",
+         "accelerator_config", "use_liger_kernel", "torch_compile", "eval_benchmarks", "eval_datasets",
+         "reward_funcs", "token_selector", "chat_template_path", "logging_dir"}
+
+
+@st.composite
+def configs(draw: Any, model: str, out: str) -> dict[str, Any]:
+    keys = [k for k in known_keys() if k not in FIXED]
+    cfg: dict[str, Any] = {"model_name_or_path": model, "output_dir": out, "dataset_name": "jsonl:train.jsonl",
+                           "use_vllm": False, "report_to": "none"}
+    for key in draw(st.lists(st.sampled_from(keys), max_size=4, unique=True)):
+        cfg[key] = draw(st.one_of(PLAUSIBLE, PLAUSIBLE, VALUES))  # mostly values of a likely type, so some pass
+    if draw(st.integers(0, 3)) == 0:
+        cfg[draw(ODD_TEXT.filter(lambda k: k.strip() != ""))] = draw(VALUES)  # an unknown key
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Path:
+    root = tmp_path_factory.mktemp("fuzz")
+    rows = [{"question": f"What is {i}+1?", "answer": str(i + 1), "kind": "math"} for i in range(8)]
+    (root / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return root
+
+
+# --- properties -------------------------------------------------------------------------------------------------
+
+
+@given(data=st.data())
+def test_config_files_pass_or_are_one_line(data: Any, workdir: Path, tiny_model_dir: Path, no_model_load: None,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(workdir)
+    cfg = data.draw(configs(str(tiny_model_dir), str(workdir / "out")))
+    text = yaml.safe_dump(cfg, allow_unicode=data.draw(st.booleans()), sort_keys=False)
+    if data.draw(st.integers(0, 3)) == 0:  # a key written twice, the second value last
+        key = data.draw(st.sampled_from(sorted(cfg)))
+        text += yaml.safe_dump({key: data.draw(VALUES)}, allow_unicode=True)
+    path = workdir / "config.yaml"
+    path.write_text(text, encoding="utf-8")
+    assert_one_line_or_success(*run_cli(["train", str(path), "--print-config"]), "train",
+                               [str(k) for k in cfg] + known_keys())  # a derived field counts (generation_batch_size)
+
+
+@given(data=st.data())
+def test_flags_pass_or_are_one_line(data: Any, workdir: Path, tiny_model_dir: Path, no_model_load: None,
+                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(workdir)
+    path = workdir / "base.yaml"
+    path.write_text(yaml.safe_dump({"model_name_or_path": str(tiny_model_dir), "output_dir": str(workdir / "o"),
+                                    "dataset_name": "jsonl:train.jsonl", "use_vllm": False}))
+    flags = []
+    for _ in range(data.draw(st.integers(1, 3))):
+        key = data.draw(st.one_of(st.sampled_from([k for k in known_keys() if k not in FIXED]), ODD_TEXT))
+        value = data.draw(st.one_of(ODD_TEXT, SCALARS.map(lambda v: yaml.safe_dump(v).strip().removesuffix("..."))))
+        flags.append(data.draw(st.sampled_from([f"--{key}={value}", f"--{key}"])))
+        if flags[-1] == f"--{key}":
+            flags.append(value)
+    assert_one_line_or_success(*run_cli(["train", str(path), *flags, "--print-config"]), "train",
+                               [name for f in flags if f.startswith("--")  # the parser reads "-" in a key as "_"
+                                for name in (f.split("=")[0], "--" + f.split("=")[0][2:].replace("-", "_"),
+                                             repr(f.split("=")[0][2:]))]
+                               + ["'--"])
+
+
+ROW_VALUES = st.one_of(SCALARS, st.lists(SCALARS, max_size=3), st.dictionaries(ODD_TEXT, SCALARS, max_size=2),
+                       st.text(min_size=2000, max_size=5000))
+ROW_KEYS = st.sampled_from(["question", "problem", "prompt", "answer", "solution", "kind", "id", "choices", "level",
+                            "type", "messages", "extra"])
+
+
+@given(data=st.data())
+def test_data_rows_load_or_are_one_line(data: Any, workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The loader ``ictrl train`` reads its rows with (before the model loads): rows of any shape, or bytes that
+    are not UTF-8 or not JSON, load or raise one UserError."""
+    from ictrl import data as ictrl_data
+    from ictrl.errors import UserError, one_line
+
+    CASES["count"] += 1
+    rows = data.draw(st.lists(st.dictionaries(ROW_KEYS, ROW_VALUES, max_size=5), min_size=0, max_size=6))
+    lines = [json.dumps(r, ensure_ascii=data.draw(st.booleans()), allow_nan=True).encode() for r in rows]
+    if data.draw(st.booleans()):
+        lines.insert(data.draw(st.integers(0, len(lines))), data.draw(st.sampled_from(
+            [b"\xff\xfe not utf-8", b"{not json", b"[1, 2]", b"null", b"", b"\"text\"", b"{\"question\": NaN}",
+             b"\xef\xbb\xbf{\"question\": \"q\", \"answer\": \"1\"}", b"{\"question\": \"q\"} trailing"])))
+    path = workdir / f"rows-{CASES['count']}.jsonl"
+    path.write_bytes(b"\n".join(lines) + (b"\n" if data.draw(st.booleans()) else b""))
+    try:
+        ictrl_data.to_trl_dataset(f"jsonl:{path}")
+    except UserError as exc:
+        message = one_line(exc)
+        assert "\n" not in message and str(path.name) in message, message
+    finally:
+        path.unlink()
+
+
+@given(data=st.data())
+def test_eval_arguments_pass_or_are_one_line(data: Any, workdir: Path, tiny_model_dir: Path, no_model_load: None,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    workdir = workdir / "eval"  # no config.yaml beside a --model path: eval reads a training run's labels there
+    workdir.mkdir(exist_ok=True)
+    (workdir / "train.jsonl").write_text((workdir.parent / "train.jsonl").read_text())
+    monkeypatch.chdir(workdir)
+    (workdir / "a-file").write_text("x")
+    argv = ["eval", "--model", data.draw(st.sampled_from([str(tiny_model_dir), str(workdir / "missing"), "a-file"]))]
+    options = {
+        "--benchmarks": st.sampled_from(["gsm8k", "math500", "gsm8k,math500", "nope", "jsonl:train.jsonl", ""]),
+        "--n": st.integers(-2, 9).map(str), "--k": st.sampled_from(["1", "1,4", "0", "-1", "x", "9"]),
+        "--limit": st.integers(-1, 3).map(str), "--max-new-tokens": st.integers(-1, 5000).map(str),
+        "--temperature": st.floats(allow_nan=True, allow_infinity=True).map(str),
+        "--top-p": st.floats(-1, 2).map(str), "--seeds": st.integers(-1, 3).map(str),
+        "--seed-start": st.integers(-2, 2).map(str), "--chunk-size": st.integers(-1, 4).map(str),
+        "--batch-size": st.integers(-1, 4).map(str), "--n-bootstrap": st.integers(-1, 10).map(str),
+        "--dtype": st.sampled_from(["auto", "float32", "int8", "🙂"]),
+        "--output-dir": st.sampled_from(["out", "a-file", "a-file/under", "new/deeper"]),
+        "--data-root": st.sampled_from([".", "missing-root", "a-file"]), "--method": ODD_TEXT,
+    }
+    for flag in data.draw(st.lists(st.sampled_from(sorted(options)), max_size=5, unique=True)):
+        argv += [flag, data.draw(options[flag])]
+    status, stderr = run_cli(argv, allow_load=True)
+    named = [a for a in argv[1:] if a.startswith("--")]
+    assert_one_line_or_success(status, stderr, "eval", named + [a[2:].replace("-", "_") for a in named] + ["--k"])
