@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from ictrl import hub, preflight
-from ictrl.engine import field_bounds
+from ictrl.engine import config_fields
 from ictrl.cli import main
 from ictrl.errors import MissingExtraError, ModelNotFoundError, UserError, one_line
 
@@ -128,16 +128,16 @@ def test_one_line_folds_newlines() -> None:
 
 
 def test_trackers_list_comma_string_and_missing_extra(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert field_bounds.report_to_list("tensorboard, wandb") == ["tensorboard", "wandb"]
-    assert field_bounds.report_to_list(["tensorboard"]) == ["tensorboard"]
-    assert field_bounds.report_to_list("none") == [] and field_bounds.report_to_list(None) == []
-    assert field_bounds.check_trackers("tensorboard") == ["tensorboard"]  # installed in dev
-    monkeypatch.setitem(field_bounds.TRACKERS, "tensorboard", ("ictrl_no_such_package", "pip install 'ictrl[tensorboard]'"))
+    assert config_fields.report_to_list("tensorboard, wandb") == ["tensorboard", "wandb"]
+    assert config_fields.report_to_list(["tensorboard"]) == ["tensorboard"]
+    assert config_fields.report_to_list("none") == [] and config_fields.report_to_list(None) == []
+    assert config_fields.check_trackers("tensorboard") == ["tensorboard"]  # installed in dev
+    monkeypatch.setitem(config_fields.TRACKERS, "tensorboard", ("ictrl_no_such_package", "pip install 'ictrl[tensorboard]'"))
     with pytest.raises(MissingExtraError, match=r"logging.report_to: tensorboard needs the 'ictrl_no_such_package' "
                                                 r"package, which is not installed: pip install 'ictrl\[tensorboard\]'"):
-        field_bounds.check_trackers("none,tensorboard", "logging.report_to")
+        config_fields.check_trackers("none,tensorboard", "logging.report_to")
     with pytest.raises(UserError, match=r"unknown tracker 'tensorbord'; did you mean 'tensorboard'\?"):
-        field_bounds.check_trackers(["tensorbord"])
+        config_fields.check_trackers(["tensorbord"])
 
 
 def test_check_file_and_data_errors_are_user_errors(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ import pytest
 import trl
 
 from ictrl.engine.config import ICTGRPOConfig
-from ictrl.engine.trl_fields import GRPO_FIELDS, REFUSED, TABLE_END, TABLE_START, TRAINING_ARGUMENTS, render_table
+from ictrl.engine.config_fields import GRPO_FIELDS, REFUSED, TABLE_END, TABLE_START, TRAINING_ARGUMENTS, render_table
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "trl-contract.md"
 
@@ -20,7 +20,7 @@ def test_every_grpo_config_field_is_in_the_table() -> None:
     covered = list(GRPO_FIELDS) + list(TRAINING_ARGUMENTS)
     assert len(covered) == len(set(covered)), "a field is listed twice"
     missing = [n for n in names if n not in covered]
-    assert not missing, f"GRPOConfig fields with no entry in ictrl.engine.trl_fields: {missing}"
+    assert not missing, f"GRPOConfig fields with no entry in ictrl.engine.config_fields: {missing}"
     stale = sorted(set(covered) - set(names))
     assert not stale, f"entries for fields GRPOConfig no longer has: {stale}"
 
@@ -30,7 +30,7 @@ def test_docs_show_the_generated_table() -> None:
     assert TABLE_START in text and TABLE_END in text
     shown = text.split(TABLE_START, 1)[1].split(TABLE_END, 1)[0].strip()
     assert shown == render_table(), ("docs/trl-contract.md's table is stale: replace it with "
-                                     "ictrl.engine.trl_fields.render_table()")
+                                     "ictrl.engine.config_fields.render_table()")
 
 
 @pytest.mark.parametrize("name", [n for n, (status, _) in GRPO_FIELDS.items() if status == REFUSED])

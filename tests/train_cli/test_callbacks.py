@@ -51,13 +51,13 @@ def test_resume_keeps_rows_up_to_the_checkpoint(tmp_path: Path) -> None:
 def test_report_to_list_comma_string_and_missing_tracker(monkeypatch) -> None:
     import pytest
 
-    from ictrl.engine import ICTGRPOConfig, field_bounds
+    from ictrl.engine import ICTGRPOConfig, config_fields
 
     common = dict(output_dir="unused", use_cpu=True, bf16=False, num_generations=2, per_device_train_batch_size=2)
     assert ICTGRPOConfig(report_to="tensorboard, none", **common).report_to == ["tensorboard"]
     assert ICTGRPOConfig(report_to=["tensorboard"], **common).report_to == ["tensorboard"]
     assert ICTGRPOConfig(report_to="none", **common).report_to in ("none", [])
-    monkeypatch.setitem(field_bounds.TRACKERS, "wandb", ("ictrl_no_such_package", "pip install wandb"))
+    monkeypatch.setitem(config_fields.TRACKERS, "wandb", ("ictrl_no_such_package", "pip install wandb"))
     with pytest.raises(ValueError, match=r"report_to: wandb needs the 'ictrl_no_such_package' package, which is not "
                                          r"installed: pip install wandb"):
         ICTGRPOConfig(report_to="tensorboard,wandb", **common)

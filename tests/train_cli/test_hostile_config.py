@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from ictrl import cli
-from ictrl.engine import field_bounds
+from ictrl.engine import config_fields
 from ictrl.train_cli import value_checks
 from ictrl.errors import quote
 
@@ -153,7 +153,7 @@ def test_output_dir_leaving_the_working_directory_warns_once(loader_calls: list[
 
 
 def test_range_table_and_the_memory_bound() -> None:
-    rng = field_bounds.Range(0, 1, open_low=True)
+    rng = config_fields.Range(0, 1, open_low=True)
     assert 0.5 in rng and 1 in rng and 0 not in rng and 1.01 not in rng and str(rng) == "> 0 and <= 1"
     assert quote("y" * 10_000).endswith("...") and len(quote("y" * 10_000)) < 300
     nested: Any = ["x"]

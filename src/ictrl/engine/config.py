@@ -20,8 +20,8 @@ from trl import GRPOConfig
 from ictrl.core.checks import OptionError
 from ictrl.core.loss import LOSS_TYPES, LossSpec
 from ictrl.core.selection import SELECTORS, Selector, get_selector
-from ictrl.engine import field_bounds
-from ictrl.engine.trl_fields import refused_field_errors
+from ictrl.engine import config_fields
+from ictrl.engine.config_fields import refused_field_errors
 
 # Selector options that have their own config field (the rest go through ``selection_options``).
 SCALE_REWARDS = ("group", "batch", "none")  # TRL's advantage scalings
@@ -259,13 +259,13 @@ class ICTGRPOConfig(GRPOConfig):
     )
 
     def __post_init__(self) -> None:
-        field_bounds.check_ranges(self)  # first: a range names the bound (a seed's), the generic check only int64
-        field_bounds.check_finite({f.name: getattr(self, f.name) for f in fields(self) if f.init})
-        field_bounds.check_trains_something(self)
+        config_fields.check_ranges(self)  # first: a range names the bound (a seed's), the generic check only int64
+        config_fields.check_finite({f.name: getattr(self, f.name) for f in fields(self) if f.init})
+        config_fields.check_trains_something(self)
         # several trackers as TRL users write them (a list, or "tensorboard,wandb"); a missing package is one
         # line naming what to install, here rather than when the trainer builds its callbacks after the model loads
-        self.report_to = field_bounds.check_trackers(self.report_to, "report_to") or "none"
-        field_bounds.check_liger(self.use_liger_kernel)
+        self.report_to = config_fields.check_trackers(self.report_to, "report_to") or "none"
+        config_fields.check_liger(self.use_liger_kernel)
         self._read_scale_rewards()
         if self.prompts_per_step is not None:
             self._derive_step_shape()

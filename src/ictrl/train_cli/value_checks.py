@@ -1,5 +1,5 @@
 """The checks of a run that need the command, not the config alone (each field's own bounds are checked by the
-dataclass that owns it: ``ictrl.engine.field_bounds`` for ``ICTGRPOConfig``).
+dataclass that owns it: ``ictrl.engine.config_fields`` for ``ICTGRPOConfig``).
 
 - :func:`check_memory`: the token ids of one generation batch on one process, completions x (``max_prompt_length``
   + ``max_completion_length``), against :func:`max_batch_tokens`, for the run's process count;
