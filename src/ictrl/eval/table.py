@@ -96,13 +96,8 @@ def load_run(path: Path) -> RunScores:
         settings, benchmarks = summary["settings"], summary["benchmarks"]
     except (KeyError, TypeError):
         raise TableError(f"{path}: no summary.settings / summary.benchmarks (not an `ictrl eval` result)") from None
-    method = settings.get("method")
-    if not method:
-        raise TableError(f"{path}: settings.method is not set; rerun `ictrl eval` with --method NAME (or evaluate "
-                         "a model saved by `ictrl train`, whose run.json names the method)")
-    seed = settings.get("train_seed")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-        raise TableError(f"{path}: settings.train_seed: expected an integer or null, got {seed!r}")
+    method, seed = _method_and_seed(path, settings, "settings", "; rerun `ictrl eval` with --method NAME (or "
+                                    "evaluate a model saved by `ictrl train`, whose run.json names the method)")
     scores: dict[str, dict[str, float]] = {}
     for name, bench in benchmarks.items():
         try:
@@ -117,18 +112,25 @@ def load_run(path: Path) -> RunScores:
     return RunScores(path, str(method), seed, scores, num, gen, n if isinstance(n, int) else None)
 
 
+def _method_and_seed(path: Path, labels: dict[str, Any], where: str, hint: str) -> tuple[str, int | None]:
+    """The training method (required: ``hint`` says how to get one) and seed (an integer or None) a result file
+    records under ``where``."""
+    method = labels.get("method")
+    if not method:
+        raise TableError(f"{path}: {where}.method is not set{hint}")
+    seed = labels.get("train_seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise TableError(f"{path}: {where}.train_seed: expected an integer or null, got {seed!r}")
+    return str(method), seed
+
+
 def load_harness_run(path: Path, data: dict[str, Any]) -> RunScores:
     """One lm-evaluation-harness results file: ``results[task]["pass@k,none"]``, problems from ``n-samples``,
     generation settings from ``configs[task].generation_kwargs``, samples per problem from ``repeats``, and the
     method and training seed from ``config`` (where ``ictrl eval`` puts them; the harness itself has no method)."""
     config = data.get("config") if isinstance(data.get("config"), dict) else {}
-    method = config.get("method")
-    if not method:
-        raise TableError(f"{path}: config.method is not set (lm-evaluation-harness results name no training method; "
-                         "`ictrl eval --method NAME` writes one)")
-    seed = config.get("train_seed")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-        raise TableError(f"{path}: config.train_seed: expected an integer or null, got {seed!r}")
+    method, seed = _method_and_seed(path, config, "config", " (lm-evaluation-harness results name no training "
+                                    "method; `ictrl eval --method NAME` writes one)")
     scores: dict[str, dict[str, float]] = {}
     num: dict[str, int] = {}
     gen: dict[str, Any] = {}
