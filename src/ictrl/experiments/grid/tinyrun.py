@@ -91,6 +91,7 @@ def tiny_run_config(settings: TinyRL, base: Path, spec: RunSpec, run_dir: Path) 
         "report_to": "none", "logging_steps": 1, "disable_tqdm": True,
         "top_k": 0,  # pure sampling, as ictrl demo
         "save_strategy": "no",  # runs are short: a crashed run restarts rather than resumes
+        "no_signal_steps": 0,  # every cell trains its step budget: a method that saturates is a result to compare
     }
     return config_from_dict(data, source=f"{spec.relpath} (embedded task)")
 
