@@ -268,15 +268,15 @@ def engine_name(trainer: Any) -> str:
 @contextlib.contextmanager
 def recorded_heads() -> Iterator[list[dict[str, Any]]]:
     """Each ``call_head`` call's head weight as the engine holds it on entry (the statistics sweep calls it from
-    ``ictrl.engine.stats_pass``, the sparse head from ``ictrl.engine.trainer``): ``ds`` (a DeepSpeed ZeRO-3
+    ``ictrl.engine.stats_pass``, the sparse head from ``ictrl.engine.selection_step``): ``ds`` (a DeepSpeed ZeRO-3
     parameter), ``numel`` (elements present on this rank), ``full`` (elements of the whole weight). ``numel <
     full``: the head was a shard on entry, so only the engine's gather gave ``fn`` the whole."""
+    import ictrl.engine.selection_step as selection_step_module
     import ictrl.engine.stats_pass as stats_pass_module
-    import ictrl.engine.trainer as trainer_module
 
-    modules = (stats_pass_module, trainer_module)
+    modules = (stats_pass_module, selection_step_module)
     calls: list[dict[str, Any]] = []
-    original = trainer_module.call_head
+    original = selection_step_module.call_head
 
     def recording(head: torch.nn.Module, fn: Any, *inputs: torch.Tensor) -> Any:
         weight = head.weight

@@ -28,8 +28,9 @@ Selectors that need no group JS (``all``, ``entropy``, ``stapo``, ``random``, a 
 from TRL's fused head (``log_probs``, ``entropy``, ``log_sum_sq_probs``: Σp²) when the selection temperature is
 the sampling temperature, so they pay no sweep at all; every metric (h1, h2, purity, prob) is still there.
 
-Every function takes what it reads as arguments (the model, its head, the engine's ``autocast``), so the trainer
-composes them and nothing here calls back into it.
+Every function takes what it reads as arguments (the model, its head, the engine's ``autocast``), so the selection
+step (:class:`ictrl.engine.selection_step.SelectionStep`, the source's one caller in the step) composes them and
+nothing here calls back into it or the trainer.
 """
 
 from __future__ import annotations

@@ -1,31 +1,35 @@
 """``ICTGRPOTrainer``: TRL's ``GRPOTrainer`` with a token-selection mask and ictrl's normalised loss.
 
-A TRL batch reaches the loss through ``stats_source`` (:class:`ictrl.engine.stats_pass.StatsSource`: the
-statistics, and which path they come from in each mode), ``selection_step`` (:class:`ictrl.engine.selection_step.
-SelectionStep`: the global mask, its metrics and the loss's normalisers) and ``_loss_spec`` (the config's checked
-:class:`ictrl.core.loss.LossSpec`). Override points (checked against trl 1.16.0 by ``tests/engine/test_trainer.py``):
+A TRL batch reaches the loss through one interface, ``selection_step`` (:class:`ictrl.engine.selection_step.
+SelectionStep`: the run's statistics source and which path they come from in each mode, the global mask, its
+metrics, the loss's normalisers and the loss's log-probs; one call from each hook below), and ``_loss_spec`` (the
+config's checked :class:`ictrl.core.loss.LossSpec`). Override points (checked against trl 1.16.0 by
+``tests/engine/test_trainer.py``):
 
 - ``_generate_and_score_completions``: after TRL builds a generation batch, the statistics of the sampling policy
   (``ictrl.core.stats``; group JS only for ict/frequent, from each position's top-K log-probs when
   ``selection_topk`` is set) feed the selection on the whole generation batch gathered from all processes, and the
-  local rows of the bool mask are attached as ``batch["ictrl_selected"]`` [B, T]. TRL's shuffle/split across
-  ``steps_per_generation`` then carries it with the other [B, ...] tensors. The hooks TRL calls from inside its
-  generation hand their results back through one :class:`GenerationPass` that exists only during that call.
+  local rows of the bool mask are attached as ``batch["ictrl_selected"]`` [B, T] (``selection_step.mask``). TRL's
+  shuffle/split across ``steps_per_generation`` then carries it with the other [B, ...] tensors. The hooks TRL
+  calls from inside its generation hand their results back through one :class:`GenerationPass` that exists only
+  during that call.
 - Where the statistics come from (logged as ``ictrl/stats_path``): on-policy with one micro-batch per generation
-  batch they come from the loss's own forward (the selection is then made in ``_compute_loss`` and
-  ``ictrl_selected`` is attached there); when TRL computes old log-probs its no-grad pass is the statistics pass
-  (``_get_per_token_logps_and_entropies``); ``all`` and the selectors without group JS read TRL's fused head.
-  Otherwise the separate pass runs (``one_pass = False`` forces it).
+  batch they come from the loss's own forward (the selection is then made in ``_compute_loss``, by
+  ``selection_step.policy_logps``, and ``ictrl_selected`` is attached there); when TRL computes old log-probs its
+  no-grad pass is the statistics pass (``_get_per_token_logps_and_entropies``: ``selection_step.old_logps``);
+  ``all`` and the selectors without group JS read TRL's fused head. Otherwise the separate pass runs
+  (``one_pass = False`` forces it).
 - ``_prepare_inputs``: when TRL has just buffered a new generation batch, attach the global normalisers of each
   optimizer step (responses, tokens summed over its micro-batches and all processes) as 0-d tensors.
 - ``_generate_single_turn`` (only with ``selection_topk`` taken from the sampler, ``ictrl.engine.sampler_topk``):
   transformers ``generate`` runs with a logits processor that records each step's top-K log-probs; with vLLM the
   rollout asks for ``logprobs=K`` and the sampled token's own log-prob is handed on to TRL. The statistics pass then
   skips its top-K sweep over the LM head.
-- ``_compute_loss``: TRL's fused per-token log-probs (or, with ``sparse_backward``, the LM head over the selected
-  positions only: ``ictrl.core.logprobs``), then ``ictrl.core.loss.policy_loss`` with the mask, the chosen
-  normalisation, TRL's per-token objective (``loss_type``, ``importance_sampling_level``, ``delta``, KL options,
-  ``off_policy_mask_threshold``: ``ICTGRPOConfig.loss_spec``) and the global normalisers divided by the process
+- ``_compute_loss``: ``selection_step.policy_logps``: TRL's fused per-token log-probs (or, with
+  ``sparse_backward``, the LM head over the selected positions only: ``ictrl.core.logprobs``), then
+  ``ictrl.core.loss.policy_loss`` with the mask, the chosen normalisation, TRL's per-token objective
+  (``loss_type``, ``importance_sampling_level``, ``delta``, KL options, ``off_policy_mask_threshold``:
+  ``ICTGRPOConfig.loss_spec``) and the global normalisers divided by the process
   count (DDP averages gradients), so any split of one optimizer batch over micro-batches and processes gives the
   one-big-batch gradient. TRL's entropy bonus, its ``top_entropy_quantile`` mask and a MoE model's router loss come
   from TRL's own dense forward, as in TRL. When the rollout engine reported its own log-probs
@@ -52,7 +56,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
@@ -60,19 +64,17 @@ import torch
 from torch import Tensor
 from trl import GRPOTrainer
 
-from ictrl.core.logprobs import selected_token_logprobs
 from ictrl.core.loss import LOSS_TYPES, LossExtras, policy_loss
-from ictrl.core.stats import TokenStats
 from ictrl.engine import vllm_engine
 from ictrl.engine.config import ICTGRPOConfig
 from ictrl.engine.dynamic_sampling import DynamicSampling
-from ictrl.engine.heads import backbone, call_head, output_head
+from ictrl.engine.heads import backbone, output_head
 from ictrl.engine.model_card import write_model_card
 from ictrl.engine.resumable import Resumable
 from ictrl.engine.sampler_topk import TopKRecorder, TopKRows, recorded_topk, recording_generate, split_vllm_logprobs
-from ictrl.engine.selection_step import SelectionStep, metrics_logged
-from ictrl.engine.stats_pass import (STAT_FIELDS, STATS_PATHS, PathFacts, StatsSource, batch_path, check_local_groups,
-                                     final_hidden, fused_head_with_sum_sq, local_groups, model_inputs, response_mask)
+from ictrl.engine.selection_step import SelectionStep, Stats, metrics_logged
+from ictrl.engine.stats_pass import (STATS_PATHS, PathFacts, StatsSource, batch_path, fused_head_with_sum_sq,
+                                     model_inputs, response_mask)
 from ictrl.errors import UserError
 from ictrl.rewards.policy import RewardPolicy
 
@@ -92,7 +94,7 @@ class GenerationPass:
     G: int                         # completions per prompt in this mode
     rollout_calls: int = 0         # generation calls TRL made (the sampler's top-K must come from one)
     rollout_topk: TopKRows | None = None              # the sampler's top-K rows of the last call
-    shared: tuple[int, TokenStats, Tensor | None] | None = None  # rows, statistics and JS served as old log-probs
+    shared: tuple[int, Stats] | None = None  # rows, and the statistics and JS served as old log-probs
 
 
 class ICTGRPOTrainer(GRPOTrainer):
@@ -128,11 +130,11 @@ class ICTGRPOTrainer(GRPOTrainer):
             raise ValueError("router_aux_loss_coef: the MoE router loss comes with TRL's dense forward, which "
                              "sparse_backward replaces; set router_aux_loss_coef=0 or turn sparse_backward off")
         self._sampler_topk = self._resolve_topk_source(needs_js)
-        self.stats_source = self._plan_stats(needs_js)
         self.selection_step = SelectionStep(
             self.accelerator, args.selector, args.selector_options, args.selection_warmup_steps,
             count_selected=args.loss_normalization == "token_mean_selected",
-            buffer_mean=args.selector.trl_loss and LOSS_TYPES[args.loss_type].buffer_mean)
+            buffer_mean=args.selector.trl_loss and LOSS_TYPES[args.loss_type].buffer_mean,
+            source=self._plan_stats(needs_js), temperature=self.temperature)
         self._generation: GenerationPass | None = None  # set only inside _generate_and_score_completions
         if self._sampler_topk is not None and self.use_vllm:
             self._install_vllm_topk()
@@ -172,6 +174,15 @@ class ICTGRPOTrainer(GRPOTrainer):
             autocast=self.accelerator.autocast, head=partial(output_head, self.accelerator),
             backbone=partial(backbone, self.accelerator))
 
+    @property
+    def stats_source(self) -> StatsSource:
+        """The run's statistics source, as the selection step holds it (settable: the step is rebuilt with it)."""
+        return self.selection_step.source
+
+    @stats_source.setter
+    def stats_source(self, source: StatsSource) -> None:
+        self.selection_step = replace(self.selection_step, source=source)
+
     def _mode(self) -> str:
         return "train" if self.model.training else "eval"
 
@@ -196,26 +207,27 @@ class ICTGRPOTrainer(GRPOTrainer):
         shared = generation.shared
         path = batch_path(generation.path, importance_correction=self._importance_correction(batch),
                           tool_output="tool_mask" in batch, shared_rows=None if shared is None else shared[0], rows=B)
+        stats = sampler_topk = None
         if path == "training_forward":  # statistics and selection come with the loss's forward
-            batch["ictrl_row"] = self.accelerator.process_index * B + torch.arange(B, device=mask.device)
-            if source.stat_free:
-                batch["ictrl_selected"] = self.selection_step.select(metrics, step, mask, None, None,
-                                                                     batch["advantages"], G)
-            return batch
-        if path == "shared_old_logps":
+            if not source.stat_free:
+                batch["ictrl_row"] = self.accelerator.process_index * B + torch.arange(B, device=mask.device)
+                return batch
+            stats = (None, None)  # a selector that reads none selects now, its metrics come with the loss
+        elif path == "shared_old_logps":
             assert shared is not None
-            _, stats, js = shared
+            stats = shared[1]
         else:
-            groups = sampler_topk = None
             if generation.need_js:
-                check_local_groups(batch, G)
-                groups = local_groups(self.accelerator.process_index, B, G, mask.device)
                 sampler_topk = recorded_topk(generation.rollout_topk, generation.rollout_calls, self._sampler_topk,
                                              self.args.selection_topk_source, B, T, mask.device)
-            stats, js = source(self.model, batch, mask, groups, mode=mode, sampler_topk=sampler_topk, group_size=G)
             metrics["ictrl/topk_from_sampler"].append(float(sampler_topk is not None))
+        batch["ictrl_selected"] = self.selection_step.mask(self.model, batch, metrics, step, mode=mode, G=G,
+                                                           need_js=generation.need_js, stats=stats,
+                                                           sampler_topk=sampler_topk)
+        if path == "training_forward":
+            batch["ictrl_row"] = self.accelerator.process_index * B + torch.arange(B, device=mask.device)
+            return batch
         self._ensure_old_logps(batch)
-        batch["ictrl_selected"] = self.selection_step.select(metrics, step, mask, stats, js, batch["advantages"], G)
         metrics["ictrl/stats_path"].append(STATS_PATHS[path])
         metrics["ictrl/stats_time"].append(time.perf_counter() - start)
         return batch
@@ -241,22 +253,10 @@ class ICTGRPOTrainer(GRPOTrainer):
             return super()._get_per_token_logps_and_entropies(
                 model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size,
                 compute_entropy=compute_entropy, compute_aux_loss=compute_aux_loss, **kwargs)
-        T = logits_to_keep
-        mask = attention_mask[:, -T:].bool()
-        batch = {"prompt_ids": input_ids[:, :-T], "completion_ids": input_ids[:, -T:],
-                 "prompt_mask": attention_mask[:, :-T], "completion_mask": attention_mask[:, -T:]}
-        source = self.stats_source
-        if source.fused(generation.need_js):
-            fused = source.forward(model, input_ids, attention_mask, T, rows=batch_size)
-            (stats, js), logps = source(model, batch, mask, fused=fused), fused.logps
-        else:
-            groups = None
-            if generation.need_js:
-                check_local_groups(batch, generation.G)
-                groups = local_groups(self.accelerator.process_index, mask.size(0), generation.G, mask.device)
-            stats, js = source(model, batch, mask, groups, mode=self._mode(), group_size=generation.G)
-            logps = stats.logprob
-        generation.shared = (input_ids.size(0), stats, js)
+        logps, stats = self.selection_step.old_logps(model, input_ids, attention_mask, logits_to_keep,
+                                                     rows=batch_size, mode=self._mode(), G=generation.G,
+                                                     need_js=generation.need_js)
+        generation.shared = (input_ids.size(0), stats)
         return logps, None, None
 
     # ------------------------------------------- the composed parts' hooks: dynamic sampling, exact resume
@@ -290,18 +290,6 @@ class ICTGRPOTrainer(GRPOTrainer):
 
     # -------------------------------------------------------------------------------------------- loss
 
-    def _sparse_head(self, model: Any, hidden: Tensor, completion_ids: Tensor, selected: Tensor) -> Tensor:
-        """[B, T] log π_θ from [B, T, H] hidden states, the head with grad on ``selected`` only (0 elsewhere).
-
-        The head's whole weight comes from :func:`call_head`, so a sharded engine gathers it and reduces its
-        gradient as for the model's own head (``sparse_backward``: ICTGRPOConfig).
-        """
-        def sparse_head(lm: torch.nn.Module | Tensor, h: Tensor) -> Tensor:
-            return selected_token_logprobs(h, lm, completion_ids, selected, temperature=self.temperature)
-
-        with self.accelerator.autocast():
-            return call_head(output_head(self.accelerator, model), sparse_head, hidden)
-
     def _compute_loss(self, model: Any, inputs: dict[str, Any]) -> Tensor:
         completion_ids = inputs["completion_ids"]
         input_ids, attention_mask = model_inputs(inputs)
@@ -316,13 +304,13 @@ class ICTGRPOTrainer(GRPOTrainer):
             if quantile:  # TRL's own mask over this micro-batch on all processes
                 inputs = {**inputs, "ictrl_selected": inputs["ictrl_selected"] & self.get_high_entropy_mask(
                     entropy, mask, 1.0 - self.top_entropy_quantile)}
-        elif "ictrl_row" in inputs:
-            logps = self._training_forward_logps(model, inputs, input_ids, attention_mask, mask)
-        elif self.args.sparse_backward:
-            hidden = final_hidden(model, input_ids, attention_mask, T, self.accelerator.autocast)
-            logps = self._sparse_head(model, hidden, completion_ids, inputs["ictrl_selected"] & mask)
-        else:
-            logps, _, _ = self._get_per_token_logps_and_entropies(model, input_ids, attention_mask, T)
+        else:  # the selection step: on path training_forward it also selects this micro-batch
+            logps = self.selection_step.policy_logps(
+                model, inputs, self._metrics[self._mode()], int(self.state.global_step), G=self.num_generations,
+                accumulation=self.args.gradient_accumulation_steps,
+                logged=metrics_logged(self.args, self.state, self.is_in_train and self.model.training),
+                sparse=bool(self.args.sparse_backward),
+                trl_logps=lambda: self._get_per_token_logps_and_entropies(model, input_ids, attention_mask, T)[0])
         old = inputs.get("old_per_token_logps")
         old = logps.detach() if old is None else old
         ref = inputs.get("ref_per_token_logps") if self.beta != 0.0 else None
@@ -363,60 +351,6 @@ class ICTGRPOTrainer(GRPOTrainer):
         total = self.accelerator.reduce(local, reduction="sum")  # token-weighted means over all processes
         for k, v in zip(keys, total[:-1]):
             self._metrics[self._mode()][f"ictrl/{k}"].append(float(v / total[-1].clamp(min=1.0)))
-
-    def _training_forward_logps(self, model: Any, inputs: dict[str, Any], input_ids: Tensor,
-                                attention_mask: Tensor, mask: Tensor) -> Tensor:
-        """Path ``training_forward``: [B, T] log π_θ (with grad) of the micro-batch, whose statistics select it.
-
-        A selector that reads no statistics (``all``, ``random``): TRL's fused forward; its entropy and Σp² give
-        the metrics, the selection was made at generation. Other selectors: the micro-batch is the whole local
-        generation batch, shuffled by TRL (``ictrl_row`` holds each row's global index), so rows are put back in
-        TRL's generation order for the selection and the local mask is permuted back. The backbone runs once with
-        grad; the statistics sweep its hidden states without grad (TRL's fused entropy and Σp² for selectors
-        without group JS); then the head with grad (``sparse_backward``: the selected positions only).
-        """
-        source, step = self.stats_source, int(self.state.global_step)
-        T = mask.size(1)
-        metrics = self._metrics[self._mode()]
-        metrics["ictrl/stats_path"].append(STATS_PATHS["training_forward"])
-        if source.stat_free:  # selected at generation; only the metrics of this micro-batch on all processes
-            logged = metrics_logged(self.args, self.state, self.is_in_train and self.model.training)
-            fused = source.forward(model, input_ids, attention_mask, T, sum_sq=logged)
-            if logged:
-                start = time.perf_counter()
-                stats, _ = source(model, inputs, mask, fused=fused)
-                self.selection_step.log(metrics, step, mask, stats, inputs["ictrl_selected"])
-                metrics["ictrl/stats_time"].append(time.perf_counter() - start)
-            return fused.logps
-        need_js = source.needs_js and not self.selection_step.in_warmup(step)
-        sparse = bool(self.args.sparse_backward)
-        local = inputs["ictrl_row"] - self.accelerator.process_index * mask.size(0)  # index in generation order
-        order = torch.argsort(local)
-        if source.fused(need_js) and not sparse:
-            fused = source.forward(model, input_ids, attention_mask, T)
-            start = time.perf_counter()
-            stats, js = source(model, inputs, mask, fused=fused)
-        else:
-            if sparse:
-                fused, hidden = None, final_hidden(model, input_ids, attention_mask, T, source.autocast)
-            else:
-                fused = source.forward(model, input_ids, attention_mask, T, keep_hidden=True, sum_sq=False)
-                hidden = fused.hidden
-            start = time.perf_counter()
-            groups = None
-            if need_js:
-                check_local_groups({k: inputs[k][order] for k in ("prompt_ids", "prompt_mask")}, self.num_generations)
-                groups = inputs["ictrl_row"] // self.num_generations
-            stats, js = source(model, inputs, mask, groups, hidden=hidden, group_size=self.num_generations)
-        ordered = TokenStats(**{f: getattr(stats, f)[order] for f in STAT_FIELDS})
-        selected = self.selection_step.select(metrics, step, mask[order], ordered, None if js is None else js[order],
-                                              inputs["advantages"][order], self.num_generations)[local]
-        inputs["ictrl_selected"] = selected
-        self.selection_step.attach_normalisers([inputs], self.args.gradient_accumulation_steps)
-        metrics["ictrl/stats_time"].append(time.perf_counter() - start)  # the no-grad sweep, selection, metrics
-        if fused is None:
-            return self._sparse_head(model, hidden, inputs["completion_ids"], selected & mask)
-        return fused.logps
 
     # ------------------------------------------------------------------ sampler top-K and importance weights
 
