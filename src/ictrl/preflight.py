@@ -13,9 +13,10 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from ictrl.errors import DataError, UserError
-from ictrl.hub import check_model, hub_offline, hub_reachable, in_hub_cache, why_unreachable
+from ictrl.hub import check_model, hub_reachable, in_hub_cache, why_unreachable
 
-__all__ = ["check_model", "check_benchmarks", "check_file", "hub_offline", "hub_reachable", "why_unreachable"]
+# the model checks every command runs, re-exported beside the commands' other checks (``ictrl.hub`` holds them)
+__all__ = ["check_model", "check_benchmarks", "check_file", "hub_reachable", "why_unreachable"]
 
 
 def _suggest(name: str, choices: Iterable[str]) -> str:

@@ -58,10 +58,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def train_run_labels(model: str) -> tuple[str | None, int | None]:
-    """(method label, training seed) of a model saved by ``ictrl train`` (``final/``, ``checkpoint-N/`` or the run
-    directory itself): from the ``run.json`` it writes (resolved values), else from ``config.yaml`` (the keys as
-    written: ``token_selector``'s label and ``seed``); (None, None) for a hub id or a model not trained by
-    ``ictrl train``."""
+    """(method label, training seed) of a model saved by ``ictrl train`` (the run directory, which holds the final
+    model, or one of its ``checkpoint-N/``): from the ``run.json`` it writes (resolved values), else from
+    ``config.yaml`` (the keys as written: ``token_selector``'s label and ``seed``); (None, None) for a hub id or a
+    model not trained by ``ictrl train``."""
     import json
 
     from ictrl.yamlfile import load_yaml

@@ -21,21 +21,20 @@ import torch
 from ictrl.checkpoints import (STAGING_PREFIX, check_weights, clear_staging, complete_checkpoints, finished_run,
                                trainer_state)
 from ictrl.cliargs import VERBOSE_ENV, env_flag
-from ictrl.train_cli.process_group import answered_once
 from ictrl.engine.resumable import (check_resumable, check_unchanged, resume_point, save_final,
                                    verified_checkpoints)
-from ictrl.train_cli.run_config import ConfigError, RunConfig, config_to_dict, save_config
-from ictrl.train_cli.run_inputs import (add_overlong_penalty, blame, build_rewards, check_enough_rows, check_sources,
-                                        drop_long_prompts, input_hashes, inputs_record, load_train_dataset,
-                                        name_the_key, reward_label)
-from ictrl.train_cli.run_guard import RunLock, StopRequest, add_stop_callback, stopped
-from ictrl.train_cli.value_checks import check_memory, check_output_dir
 from ictrl.errors import Terminated, UserError, shorten
 from ictrl.files import reported_write
 from ictrl.rewards.policy import RewardAbandoned, RunStop
+from ictrl.train_cli.process_group import answered_once
+from ictrl.train_cli.run_config import ConfigError, RunConfig, config_to_dict, save_config
+from ictrl.train_cli.run_guard import RunLock, StopRequest, add_stop_callback, stopped
+from ictrl.train_cli.run_inputs import (add_overlong_penalty, blame, build_rewards, check_enough_rows, check_sources,
+                                        drop_long_prompts, input_hashes, inputs_record, load_train_dataset,
+                                        name_the_key, reward_label)
+from ictrl.train_cli.value_checks import check_memory, check_output_dir
 
 log = logging.getLogger("ictrl.train")
-
 
 
 def trainer_classes() -> tuple[type, type]:
@@ -58,7 +57,8 @@ def _note_cpu(precision: str) -> None:
 def build_trainer_args(cfg: RunConfig, source: str = "<config>", cpu: bool | None = None,
                        flags: dict[str, Any] | None = None) -> Any:
     """The trainer's config object from the run config's top-level keys. On a machine without CUDA sets
-    ``use_cpu`` and the precision and logs it; ``use_vllm`` is honoured (vLLM's CPU build runs too). Errors name the key, and the flag (``flags``: the command-line overrides by key) when one set it."""
+    ``use_cpu`` and the precision and logs it; ``use_vllm`` is honoured (vLLM's CPU build runs too). Errors name
+    the key, and the flag (``flags``: the command-line overrides by key) when one set it."""
     config_cls, _ = trainer_classes()
     kwargs = dict(cfg.trainer)
     # ictrl train loads the model with model_init_kwargs itself (ictrl.train_cli.model_init); TRL would only warn
@@ -119,8 +119,9 @@ def existing_checkpoints(cfg: RunConfig, resume: bool | str, source: str = "<con
 
 def prepare_output_dir(cfg: RunConfig, resume: bool | str, source: str = "<config>", args: Any = None) -> Path | None:
     """The checkpoint to resume from (None: start fresh): the newest whose files verify, when it ends the run
-    (``final/`` of its step is there), else the newest that resumes exactly (``resumable.resume_point``; without
-    ``args``, the newest verified). Refuses to start over existing checkpoints."""
+    (the final model of its step is in ``output_dir``), else the newest that resumes exactly
+    (``resumable.resume_point``; without ``args``, the newest verified). Refuses to start over existing
+    checkpoints."""
     out = Path(cfg.output_dir)
     checkpoints = existing_checkpoints(cfg, resume, source)
     clear_staging(out)
@@ -297,12 +298,12 @@ def _train_locked(cfg: RunConfig, args: Any, reward_funcs: list[Callable[..., An
                   accept_changed_inputs: bool = False) -> TrainResult:
     resume_from = prepare_output_dir(cfg, resume, source, args)
     # The final model goes where Trainer.save_model(output_dir) and `trl grpo` put it: output_dir itself.
-    out = final = Path(cfg.output_dir)
+    out = Path(cfg.output_dir)
     if resume_from is not None and finished_run(resume_from, args.max_steps):
         step = trainer_state(resume_from)["global_step"]
         log.warning("--resume: the run is complete: %s is at step %d (max_steps %d) and %s holds its model; "
-                    "nothing to train", resume_from.name, step, args.max_steps, final)
-        return TrainResult(out, step, resume_from, final)
+                    "nothing to train", resume_from.name, step, args.max_steps, out)
+        return TrainResult(out, step, resume_from, out)
     if resume_from is not None:
         check_unchanged(out / "config.yaml", config_to_dict(cfg), args, source)
     dataset = check_inputs(cfg, init_kwargs, source)  # every row checked before the model loads
@@ -327,7 +328,7 @@ def _train_locked(cfg: RunConfig, args: Any, reward_funcs: list[Callable[..., An
         model=model, reward_funcs=reward_funcs, args=args, train_dataset=dataset, processing_class=tokenizer,
         peft_config=lora,
     )
-    trainer.base_model, trainer.command = cfg.model.model_name_or_path, command  # for the model card
+    trainer.command = command  # for the model card
     _add_callbacks(trainer, cfg, reward_funcs, tokenizer, out, callbacks)
     if resume_from is not None:
         step = trainer_state(resume_from)["global_step"]
@@ -336,7 +337,7 @@ def _train_locked(cfg: RunConfig, args: Any, reward_funcs: list[Callable[..., An
             hide_tied_head_note()
         if 0 < args.max_steps <= step:
             log.warning("--resume: %s is at step %d, max_steps is %d: no step left to train; writing %s from it",
-                        resume_from.name, step, args.max_steps, final)
+                        resume_from.name, step, args.max_steps, out)
     add_stop_callback(trainer, stop, out)
     try:
         trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
@@ -357,10 +358,10 @@ def _train_locked(cfg: RunConfig, args: Any, reward_funcs: list[Callable[..., An
     if stop.received and trainer.state.global_step < trainer.state.max_steps:
         raise stopped(out, trainer.state.global_step, resume_command, Terminated)
 
-    save_final(trainer, out / f"{STAGING_PREFIX}final", final)
+    save_final(trainer, out / f"{STAGING_PREFIX}final", out)
     with reported_write(out, "free space and run again"):
         trainer.create_model_card()
-    return TrainResult(out, trainer.state.global_step, resume_from, final)
+    return TrainResult(out, trainer.state.global_step, resume_from, out)
 
 
 def _add_callbacks(trainer: Any, cfg: RunConfig, reward_funcs: list[Callable[..., Any]], tokenizer: Any, out: Path,

@@ -153,7 +153,7 @@ class StopRequest:
     """SIGTERM during ``ictrl train`` (``with StopRequest() as stop:``). While the training loop runs it is a request
     (``received``) that :class:`ictrl.train_cli.callbacks.StopOnRequest` honours at the end of TRL's generation batch,
     with a checkpoint; later SIGTERMs add nothing (a launcher forwards the scheduler's, and the scheduler's SIGKILL
-    ends the wait). Outside the loop (checks and loading before it, ``final/`` after it) nothing new is left to
+    ends the wait). Outside the loop (checks and loading before it, the final save after it) nothing new is left to
     save and it raises :class:`ictrl.errors.Terminated` at once."""
 
     def __init__(self) -> None:

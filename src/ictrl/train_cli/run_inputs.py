@@ -241,6 +241,8 @@ def input_hashes(dataset: Any, reward_funcs: list[Any]) -> dict[str, str]:
     import json
     import sysconfig
 
+    from ictrl.checkpoints import sha256_file
+
     digest = hashlib.sha256()
     columns = dataset.to_dict()  # every value as Python data (datasets' dataset[column] is a lazy Column)
     for column in sorted(columns):
@@ -257,7 +259,7 @@ def input_hashes(dataset: Any, reward_funcs: list[Any]) -> dict[str, str]:
         path = Path(source).resolve()
         if path.is_relative_to(package) or any(path.is_relative_to(p) for p in installed):
             continue
-        out[f"reward {reward_label(fn)}"] = hashlib.sha256(path.read_bytes()).hexdigest()
+        out[f"reward {reward_label(fn)}"] = sha256_file(path)
     return out
 
 
