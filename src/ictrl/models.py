@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from ictrl.errors import UserError
+
 # Qwen2's pre-tokenizer split pattern; reusing it means AutoTokenizer, which
 # rebuilds the pre-tokenizer for qwen2 folders, reloads our tokenizer with
 # identical ids (another pattern would silently change the ids on reload).
@@ -193,6 +195,26 @@ def save_tiny_model(path: str | os.PathLike[str], seed: int = 0, **model_kwargs:
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+def check_device(device: str | None) -> None:
+    """``--device`` names a device torch has here, checked before :func:`load_model_and_tokenizer` takes it: one
+    line for a typo or a GPU this machine lacks."""
+    if device is None:
+        return
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise UserError(f"--device: {device!r} is not a torch device (cpu, cuda, cuda:N)") from None
+    if parsed.type == "cuda":
+        if not torch.cuda.is_available():
+            raise UserError(f"--device {device}: this machine has no CUDA device; use --device cpu or leave it out")
+        if parsed.index is not None and parsed.index >= torch.cuda.device_count():
+            raise UserError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    elif parsed.type == "mps" and not torch.backends.mps.is_available():
+        raise UserError(f"--device {device}: MPS is not available here; use --device cpu or leave it out")
+    elif parsed.type not in ("cpu", "cuda", "mps"):
+        raise UserError(f"--device {device}: only cpu, cuda and mps are supported")
 
 
 def load_model_and_tokenizer(

@@ -8,6 +8,7 @@ import json
 import math
 from html.parser import HTMLParser
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -204,3 +205,22 @@ def test_rollouts_file_mode_and_errors(tmp_path: Path, capsys: pytest.CaptureFix
     assert "--prompt is required" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["inspect", "--out", str(out)])  # neither --model nor --rollouts
+
+
+@pytest.mark.parametrize(("device", "message"), [
+    ("foo", "--device: 'foo' is not a torch device"),
+    ("xla", "--device xla: only cpu, cuda and mps"),
+    pytest.param("cuda", "this machine has no CUDA device",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")),
+])
+def test_a_bad_device_is_one_line_before_the_model_loads(device: str, message: str, tiny_model_dir: Path,
+                                                         tmp_path: Path, loader_calls: list[Any],
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    from ictrl.cli import main
+
+    argv = ["inspect", "--model", str(tiny_model_dir), "--prompt", "Q:1+1=A:", "--device", device,
+            "--out", str(tmp_path / "page.html")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("ictrl inspect: error:") and message in err[0], err
+    assert loader_calls == []

@@ -454,7 +454,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="token selector or method label, as in ictrl train/demo (default: ict)")
     parser.add_argument("--ratio", type=float, help="fraction of tokens selected (default: the selector's)")
     parser.add_argument("--scope", help="response, group or batch, for selectors with one (default: the selector's)")
-    parser.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
+    parser.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available, else cpu)")
     parser.add_argument("--answer", help="gold answer: grade each response (math reward, last \\boxed{}) and show it")
     parser.add_argument("--output-dir", "--output_dir", default="runs/inspect", help="where inspect.html goes")
     parser.add_argument("--out", default=None, help="the HTML file to write instead of OUTPUT_DIR/inspect.html")
@@ -474,7 +474,9 @@ def run(args: argparse.Namespace) -> int:
                 raise ValueError("--prompt is required with --model")
             options = flag_options(args.selector, args.ratio, args.scope)  # before the model loads
             preflight.check_model(args.model)
-            from ictrl.models import load_model_and_tokenizer
+            from ictrl.models import check_device, load_model_and_tokenizer
+
+            check_device(args.device)
 
             model, tokenizer = load_model_and_tokenizer(args.model, device=args.device)
             rollouts = sample_and_score(

@@ -60,24 +60,22 @@ VERDICT_RULE = (
 # Where the project's studies in each regime are described, with their numbers and reports (kept out of the code,
 # which cannot say when they were measured).
 EVIDENCE_DOC = "docs/regime.md"
+_CONFIDENT_EVIDENCE = (f"{EVIDENCE_DOC}#confident-disagreements-or-like-random", "in the project's long-horizon "
+                      "studies on bases whose ICT tokens were confident, ICT trailed random-10% and GRPO on pass@k")
 EVIDENCE = {
     "paper": (f"{EVIDENCE_DOC}#the-papers-regime", "in the project's long-horizon studies on bases with this "
               "verdict, ICT at each method's own tuned setting beat none of GRPO, STAPO and random-10% on pass@k"),
-    "confident": (f"{EVIDENCE_DOC}#confident-disagreements-or-like-random", "in the project's long-horizon studies "
-                  "on bases whose ICT tokens were confident, ICT trailed random-10% and GRPO on pass@k"),
-    "random": (f"{EVIDENCE_DOC}#confident-disagreements-or-like-random", "in the project's long-horizon studies on "
-               "bases whose ICT tokens were confident, ICT trailed random-10% and GRPO on pass@k"),
+    "confident": _CONFIDENT_EVIDENCE,
+    "random": _CONFIDENT_EVIDENCE,
 }
+_EXPECT_NO_MORE = ("expect no more from ICT than from random-10% (token_selector random, which needs no JS "
+                   "score) or GRPO (all); train with those, or compare them on your task before choosing ICT.")
 ACTION = {
     "paper": "ICT's tokens are the kind the method is meant for, which does not predict a gain: before adopting ICT, "
              "compare it with GRPO and random-10% at matched tuning on your task (`ictrl train` with token_selector "
              "all, random and ict, each at its own tuned learning rate, then `ictrl eval` and `ictrl table`).",
-    "confident": "ICT's selection is not the paper's kind here: expect no more from ICT than from random-10% "
-                 "(token_selector random, which needs no JS score) or GRPO (all); train with those, or compare them "
-                 "on your task before choosing ICT.",
-    "random": "ICT's selection is, on π, a random 10% here: expect no more from ICT than from random-10% "
-              "(token_selector random, which needs no JS score) or GRPO (all); train with those, or compare them on "
-              "your task before choosing ICT.",
+    "confident": "ICT's selection is not the paper's kind here: " + _EXPECT_NO_MORE,
+    "random": "ICT's selection is, on π, a random 10% here: " + _EXPECT_NO_MORE,
     "undecided": "Sample more before deciding: raise --seeds or --num-prompts (the interval shrinks with the square "
                  "root of the prompts).",
     "unknown": "Sample more prompts, more seeds or at a higher --temperature, so that groups' responses differ.",
@@ -355,27 +353,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="where regime.json and regime.html go (default: %(default)s)")
 
 
-def check_device(device: str | None) -> None:
-    """``--device`` names a device torch has here: one line for a typo or a GPU this machine lacks."""
-    if device is None:
-        return
-    import torch
-
-    try:
-        parsed = torch.device(device)
-    except (RuntimeError, ValueError):
-        raise UserError(f"--device: {device!r} is not a torch device (cpu, cuda, cuda:N)") from None
-    if parsed.type == "cuda":
-        if not torch.cuda.is_available():
-            raise UserError(f"--device {device}: this machine has no CUDA device; use --device cpu or leave it out")
-        if parsed.index is not None and parsed.index >= torch.cuda.device_count():
-            raise UserError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s)")
-    elif parsed.type == "mps" and not torch.backends.mps.is_available():
-        raise UserError(f"--device {device}: MPS is not available here; use --device cpu or leave it out")
-    elif parsed.type not in ("cpu", "cuda", "mps"):
-        raise UserError(f"--device {device}: only cpu, cuda and mps are supported")
-
-
 def check_args(args: argparse.Namespace) -> None:
     """Flag values, before anything loads; one line naming the flag."""
     if args.num_generations < 2:
@@ -393,6 +370,8 @@ def check_args(args: argparse.Namespace) -> None:
         raise UserError(f"--seed must be >= 0, got {args.seed}")
     if args.threads < 1:
         raise UserError(f"--threads must be at least 1, got {args.threads}")
+    from ictrl.models import check_device
+
     check_device(args.device)
 
 
