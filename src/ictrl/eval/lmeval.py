@@ -35,6 +35,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from ictrl.eval.passk import mean_std
 from ictrl.files import atomic_write_text
 
 FILTER = "none"
@@ -62,10 +63,10 @@ def metric(k: int | str) -> str:
 
 
 def _stderr(values: Sequence[float]) -> float | str:
+    """lm-evaluation-harness's ``mean_stderr``: the sample std over problems / sqrt(problems)."""
     if len(values) < 2:
         return "N/A"
-    mean = math.fsum(values) / len(values)
-    return math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (len(values) - 1) / len(values))
+    return mean_std(values)[1] / math.sqrt(len(values))
 
 
 def _gen_kwargs(generation: dict[str, Any]) -> dict[str, Any]:
