@@ -35,9 +35,9 @@ USAGE = ("ictrl train (CONFIG.yaml | --config CONFIG.yaml) [--KEY=VALUE | --KEY 
 
 def _default(f: Any) -> str:
     """A field's default as a config file writes it."""
-    import dataclasses
+    from ictrl.train_cli.run_config import field_default
 
-    value = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+    value = field_default(f)
     value = getattr(value, "value", value)  # an enum member: its string
     if isinstance(value, str):
         return repr(value)

@@ -372,10 +372,14 @@ def load_config(path: str | os.PathLike[str], flags: list[str] | None = None) ->
     return config_from_dict(read_yaml(path), str(path), flags)
 
 
+def field_default(f: dataclasses.Field[Any]) -> Any:
+    """A dataclass field's default value (its factory's value for a factory)."""
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+
+
 def _changed(obj: Any) -> dict[str, Any]:
     return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)
-            if f.init and getattr(obj, f.name) != (f.default_factory() if f.default_factory is not dataclasses.MISSING
-                                                   else f.default)}
+            if f.init and getattr(obj, f.name) != field_default(f)}
 
 
 def config_to_dict(cfg: RunConfig) -> dict[str, Any]:
