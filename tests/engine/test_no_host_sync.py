@@ -107,7 +107,7 @@ def test_ict_step_path_makes_no_host_reads() -> None:
 def test_check_local_groups_still_raises_on_the_device_check() -> None:
     import torch
 
-    from ictrl.engine.stats_pass import check_local_groups
+    from ictrl.engine.selection_step import check_local_groups
 
     prompts = torch.tensor([[5, 6], [5, 6], [7, 8], [7, 8]])
     batch = {"prompt_ids": prompts, "prompt_mask": torch.ones_like(prompts)}

@@ -49,9 +49,11 @@ class _RecordingSource:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.source, name)
 
-    def __call__(self, model: Any, batch: Any, mask: Any, group_ids: Any = None, **kwargs: Any) -> Any:
-        stats, js = self.source(model, batch, mask, group_ids, **kwargs)
-        self.calls.append({"batch": batch, "mask": mask, "sampler_topk": kwargs.get("sampler_topk"), "js": js})
+    def __call__(self, model: Any, input_ids: Any, attention_mask: Any, mask: Any, group_ids: Any = None,
+                 **kwargs: Any) -> Any:
+        stats, js = self.source(model, input_ids, attention_mask, mask, group_ids, **kwargs)
+        self.calls.append({"inputs": (input_ids, attention_mask), "mask": mask,
+                           "sampler_topk": kwargs.get("sampler_topk"), "js": js})
         return stats, js
 
 
@@ -78,10 +80,9 @@ def no_head_topk(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return calls
 
 
-def _full_logits(trainer: Any, batch: dict[str, Any]) -> torch.Tensor:
-    ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
-    attention = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
-    P, T = batch["prompt_ids"].size(1), batch["completion_ids"].size(1)
+def _full_logits(trainer: Any, inputs: tuple[torch.Tensor, torch.Tensor], T: int) -> torch.Tensor:
+    ids, attention = inputs
+    P = ids.size(1) - T
     with torch.no_grad():
         return trainer.model(input_ids=ids, attention_mask=attention).logits[:, P - 1:P + T - 1].double()
 
@@ -98,11 +99,11 @@ def test_generation_topk_at_k_equals_v_is_the_exact_ict_score(tiny_model_dir: Pa
     trainer._generate_and_score_completions(_inputs(trainer))
     (call,) = calls
     assert no_head_topk == []  # the top-K came from generation, not from a second sweep over the head
-    batch, mask = call["batch"], call["mask"]
+    mask = call["mask"]
     lp, ids = call["sampler_topk"]
     B, T = mask.shape
     assert lp.shape == (B, T, V) and ids.shape == (B, T, V)
-    logits = _full_logits(trainer, batch)
+    logits = _full_logits(trainer, call["inputs"], T)
     # What is recorded: log_softmax(logits / temperature) of the model, untruncated by top_p/top_k (the
     # statistics pass's distribution), equal to a float64 full forward within float tolerance.
     reference = torch.log_softmax(logits / temperature, -1).gather(-1, ids.long())
@@ -123,7 +124,7 @@ def test_small_k_from_generation_matches_head_topk(tiny_model_dir: Path, tmp_pat
     trainer._generate_and_score_completions(_inputs(trainer))
     (call,) = calls
     groups = torch.arange(call["mask"].size(0)) // trainer.num_generations
-    _, head_js = trainer.stats_source.source(trainer.model, call["batch"], call["mask"], groups)  # head top-K
+    _, head_js = trainer.stats_source.source(trainer.model, *call["inputs"], call["mask"], groups)  # head top-K
     torch.testing.assert_close(call["js"], head_js, atol=2e-5, rtol=1e-4)
 
 
@@ -184,7 +185,7 @@ def test_vllm_path_feeds_topk_and_the_sampled_logprob(tiny_model_dir: Path, tmp_
     assert [(p.n, p.logprobs, p.temperature) for p in llm.calls] == [(1, 4, 0.9)]
     mask = call["mask"]
     lp, ids = call["sampler_topk"]
-    logits = _full_logits(trainer, batch)
+    logits = _full_logits(trainer, call["inputs"], mask.size(1))
     reference = torch.log_softmax(logits / 0.9, -1)
     assert torch.equal(ids[mask], reference.topk(4, -1).indices[mask])
     assert torch.allclose(lp.double()[mask], reference.topk(4, -1).values[mask], atol=2e-5)

@@ -15,7 +15,7 @@ import mp_worker as w
 from ictrl.core import reference as core_ref
 from ictrl.core.loss import LossExtras, LossSpec, policy_loss
 from ictrl.engine.config import ICTGRPOConfig
-from ictrl.engine.stats_pass import check_local_groups
+from ictrl.engine.selection_step import check_local_groups, model_inputs
 from ictrl.engine.trainer import ICTGRPOTrainer
 from ictrl.core.selection import SelectionInputs, select
 
@@ -219,7 +219,7 @@ def test_statistics_and_ict_mask_match_naive_reference(tiny_model_dir: Path, tmp
     batch = trainer._generate_and_score_completions(_generation_inputs(trainer))
     mask = _response_mask(batch)
     group_ids = torch.arange(mask.size(0)) // trainer.num_generations
-    stats, js = trainer.stats_source(trainer.model, batch, mask, group_ids)
+    stats, js = trainer.stats_source(trainer.model, *model_inputs(batch), mask, group_ids)
 
     ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
     attention = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
@@ -432,9 +432,9 @@ def test_selection_topk_full_vocab_equals_exact_and_small_k_trains(tiny_model_di
     mask = _response_mask(batch)
     group_ids = torch.arange(mask.size(0)) // exact.num_generations
 
-    stats_exact, js_exact = exact.stats_source(exact.model, batch, mask, group_ids)
-    stats_full, js_full = full.stats_source(full.model, batch, mask, group_ids)
-    stats_small, js_small = small.stats_source(small.model, batch, mask, group_ids)
+    stats_exact, js_exact = exact.stats_source(exact.model, *model_inputs(batch), mask, group_ids)
+    stats_full, js_full = full.stats_source(full.model, *model_inputs(batch), mask, group_ids)
+    stats_small, js_small = small.stats_source(small.model, *model_inputs(batch), mask, group_ids)
     ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
     attention = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
     P, T = batch["prompt_ids"].size(1), batch["completion_ids"].size(1)

@@ -66,7 +66,7 @@ def varied_reward(prompts: list[Any], completions: list[str], **kwargs: Any) -> 
 
 def rollout_gap(trainer: Any, inputs: list[dict[str, str]]) -> tuple[float, int]:
     """The largest |sampler − trainer| log-prob over a fresh rollout's response tokens, and their count."""
-    from ictrl.engine.stats_pass import response_mask
+    from ictrl.engine.selection_step import response_mask
 
     batch = trainer._generate_and_score_completions(inputs)
     mask = response_mask(batch)
@@ -91,7 +91,7 @@ def agreement(selected: torch.Tensor, other: torch.Tensor) -> float:
 def engine(kind: str, out: Path, temperature: float) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from ictrl.engine.stats_pass import local_groups, response_mask
+    from ictrl.engine.selection_step import local_groups, model_inputs, response_mask
     from ictrl.engine.trainer import ICTGRPOTrainer
 
     model_dir = build_model(kind, out.parent / f"model-{kind}")
@@ -124,7 +124,7 @@ def engine(kind: str, out: Path, temperature: float) -> None:
     step, metrics = int(trainer.state.global_step), trainer._metrics["train"]
     selections = []
     for source in (trainer.stats_source, dataclasses.replace(trainer.stats_source, topk=None)):  # head top-K, exact
-        stats, js = source(trainer.model, batch, mask, groups)
+        stats, js = source(trainer.model, *model_inputs(batch), mask, groups)
         selections.append(trainer.selection_step.select(metrics, step, mask, stats, js, batch["advantages"],
                                                         trainer.num_generations))
     head_topk, exact = selections

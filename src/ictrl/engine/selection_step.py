@@ -36,10 +36,47 @@ from ictrl.core.metrics import step_metrics
 from ictrl.core.selection import SelectionInputs, Selector, in_warmup
 from ictrl.core.stats import TokenStats
 from ictrl.engine.heads import call_head
-from ictrl.engine.stats_pass import (STAT_FIELDS, STATS_PATHS, Fused, StatsSource, check_local_groups, final_hidden,
-                                     local_groups, model_inputs, response_mask)
+from ictrl.engine.stats_pass import STAT_FIELDS, STATS_PATHS, Fused, StatsSource, final_hidden
 
 Stats = tuple[TokenStats | None, Tensor | None]  # the statistics and the [B, T] group JS (None without)
+
+
+# ------------------------------------------------------------------------------------ a TRL batch's views
+
+
+def response_mask(batch: dict[str, Any]) -> Tensor:
+    """[B, T] bool: the completion tokens the loss and the statistics count (tool output excluded)."""
+    mask = batch["completion_mask"].bool()
+    return mask & batch["tool_mask"].bool() if "tool_mask" in batch else mask
+
+
+def model_inputs(batch: dict[str, Any]) -> tuple[Tensor, Tensor]:
+    """[B, P + T] input ids and attention mask of prompt and completion, as the model sees them."""
+    return (torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1),
+            torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1))
+
+
+def local_groups(rank: int, B: int, G: int, device: torch.device) -> Tensor:
+    """[B] group ids of this process's rows: TRL places each prompt's G completions contiguously."""
+    return (rank * B + torch.arange(B, device=device)) // G
+
+
+def check_local_groups(batch: dict[str, Any], G: int) -> None:
+    """Group JS needs each group whole on one process: B a multiple of G, and each block of G rows one prompt."""
+    B = batch["prompt_ids"].size(0)
+    if B % G != 0:
+        raise RuntimeError(f"group JS needs whole groups on each process, but this process holds {B} "
+                           f"completions, not a multiple of num_generations={G}")
+    ids = torch.where(batch["prompt_mask"].bool(), batch["prompt_ids"], -1).view(B // G, G, -1)
+    # Checked on the device (no host read in the step): on a GPU a failure fails the stream with this message.
+    try:
+        torch._assert_async((ids == ids[:, :1]).all(), _NOT_LOCAL)
+    except RuntimeError as err:
+        raise RuntimeError(_NOT_LOCAL) from err
+
+
+_NOT_LOCAL = ("the completions in a block of num_generations rows on this process do not share one prompt: TRL's "
+              "sampler layout changed, so groups cannot be kept local")
 
 
 def gather_rows(accelerator: Any, x: Tensor, pad: float | int = 0) -> Tensor:
@@ -112,7 +149,7 @@ class SelectionStep:
             else:
                 check_local_groups(batch, G)
                 groups = local_groups(rank, B, G, mask.device)
-        return self.source(model, batch, mask, groups, mode=mode, hidden=hidden, fused=fused,
+        return self.source(model, *model_inputs(batch), mask, groups, mode=mode, hidden=hidden, fused=fused,
                            sampler_topk=sampler_topk, group_size=G)
 
     def mask(self, model: Any, batch: dict[str, Any], metrics: dict[str, list[float]], step: int, *, mode: str,

@@ -2,7 +2,7 @@
 
 :class:`StatsSource` is the run's one source of statistics, built once when the trainer is (:meth:`StatsSource.plan`).
 It decides the path of each mode once, from :class:`PathFacts`, and is called one way,
-``source(model, batch, mask, group_ids, ...) -> (TokenStats, js)``, whether the statistics come from the model's
+``source(model, input_ids, attention_mask, mask, group_ids, ...) -> (TokenStats, js)``, whether the statistics come from the model's
 own forward over the batch, from hidden states the loss's forward kept, or from TRL's fused head. Three paths,
 logged as ``ictrl/stats_path`` (:data:`STATS_PATHS`):
 
@@ -52,44 +52,6 @@ STATS_PATHS = {"separate": 0.0, "shared_old_logps": 1.0, "training_forward": 2.0
 STAT_FIELDS = ("entropy", "renyi2", "purity", "logprob", "prob")
 FUSED_OUTPUTS = ("log_probs", "entropy", "log_sum_sq_probs")
 Autocast = Callable[[], contextlib.AbstractContextManager[Any]]
-
-
-# --------------------------------------------------------------------------------------------- batch views
-
-
-def response_mask(batch: dict[str, Any]) -> Tensor:
-    """[B, T] bool: the completion tokens the loss and the statistics count (tool output excluded)."""
-    mask = batch["completion_mask"].bool()
-    return mask & batch["tool_mask"].bool() if "tool_mask" in batch else mask
-
-
-def model_inputs(batch: dict[str, Any]) -> tuple[Tensor, Tensor]:
-    """[B, P + T] input ids and attention mask of prompt and completion, as the model sees them."""
-    return (torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1),
-            torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1))
-
-
-def local_groups(rank: int, B: int, G: int, device: torch.device) -> Tensor:
-    """[B] group ids of this process's rows: TRL places each prompt's G completions contiguously."""
-    return (rank * B + torch.arange(B, device=device)) // G
-
-
-def check_local_groups(batch: dict[str, Any], G: int) -> None:
-    """Group JS needs each group whole on one process: B a multiple of G, and each block of G rows one prompt."""
-    B = batch["prompt_ids"].size(0)
-    if B % G != 0:
-        raise RuntimeError(f"group JS needs whole groups on each process, but this process holds {B} "
-                           f"completions, not a multiple of num_generations={G}")
-    ids = torch.where(batch["prompt_mask"].bool(), batch["prompt_ids"], -1).view(B // G, G, -1)
-    # Checked on the device (no host read in the step): on a GPU a failure fails the stream with this message.
-    try:
-        torch._assert_async((ids == ids[:, :1]).all(), _NOT_LOCAL)
-    except RuntimeError as err:
-        raise RuntimeError(_NOT_LOCAL) from err
-
-
-_NOT_LOCAL = ("the completions in a block of num_generations rows on this process do not share one prompt: TRL's "
-              "sampler layout changed, so groups cannot be kept local")
 
 
 # ---------------------------------------------------------------------------------------------- the path
@@ -203,18 +165,18 @@ def hidden_stats(head: nn.Module, hidden: Tensor, mask: Tensor, completion_ids: 
 
 
 @torch.no_grad()
-def model_stats(model: Any, head: nn.Module, batch: dict[str, Any], mask: Tensor, group_ids: Tensor | None, *,
-                rows: int, temperature: float, topk: int | None, chunk_size: int | None, autocast: Autocast,
-                sampler_topk: tuple[Tensor, Tensor] | None = None, group_size: int | None = None
+def model_stats(model: Any, head: nn.Module, input_ids: Tensor, attention_mask: Tensor, mask: Tensor,
+                group_ids: Tensor | None, *, rows: int, temperature: float, topk: int | None, chunk_size: int | None,
+                autocast: Autocast, sampler_topk: tuple[Tensor, Tensor] | None = None, group_size: int | None = None
                 ) -> tuple[TokenStats, Tensor | None]:
-    """:func:`hidden_stats` of a batch: the model runs through its engine (FSDP2 / ZeRO-3 hooks gather each layer)
-    over prompt+completion in chunks of ``rows``, keeping the final-norm hidden states. ``rows`` must be the same
-    on every process, so every process makes the same number of (collective) forwards."""
-    input_ids, attention_mask = model_inputs(batch)
-    T = batch["completion_ids"].size(1)
+    """:func:`hidden_stats` of [B, P + T] prompts and completions (``mask``: the [B, T] response mask): the model
+    runs through its engine (FSDP2 / ZeRO-3 hooks gather each layer) in chunks of ``rows``, keeping the final-norm
+    hidden states. ``rows`` must be the same on every process, so every process makes the same number of
+    (collective) forwards."""
+    T = mask.size(1)
     hidden = [final_hidden(model, input_ids[r0:r0 + rows], attention_mask[r0:r0 + rows], T, autocast)
               for r0 in range(0, input_ids.size(0), rows)]
-    return hidden_stats(head, torch.cat(hidden), mask, batch["completion_ids"], group_ids, temperature=temperature,
+    return hidden_stats(head, torch.cat(hidden), mask, input_ids[:, -T:], group_ids, temperature=temperature,
                         topk=topk, chunk_size=chunk_size, autocast=autocast, sampler_topk=sampler_topk,
                         group_size=group_size)
 
@@ -353,22 +315,24 @@ class StatsSource:
         return fused_forward(model, self.backbone(model), input_ids, attention_mask, T, self.autocast, rows,
                              keep_hidden=keep_hidden, sum_sq=sum_sq)
 
-    def __call__(self, model: Any, batch: dict[str, Any], mask: Tensor, group_ids: Tensor | None = None, *,
-                 mode: str = "train", hidden: Tensor | None = None, fused: Fused | None = None,
-                 sampler_topk: tuple[Tensor, Tensor] | None = None, group_size: int | None = None
-                 ) -> tuple[TokenStats, Tensor | None]:
-        """TokenStats ([B, T] fields) of the sampling policy at ``batch``'s completion positions and the [B, T]
+    def __call__(self, model: Any, input_ids: Tensor, attention_mask: Tensor, mask: Tensor,
+                 group_ids: Tensor | None = None, *, mode: str = "train", hidden: Tensor | None = None,
+                 fused: Fused | None = None, sampler_topk: tuple[Tensor, Tensor] | None = None,
+                 group_size: int | None = None) -> tuple[TokenStats, Tensor | None]:
+        """TokenStats ([B, T] fields) of the sampling policy at the completion positions of ``input_ids`` /
+        ``attention_mask`` ([B, P + T] prompts and completions; ``mask`` the [B, T] response mask) and the [B, T]
         group JS (None without ``group_ids``; ``group_size``: each group's rows, from the trainer's layout).
 
         From ``fused`` (TRL's fused head: no group JS) when given, else the no-grad sweep of the LM head over
-        ``hidden`` ([B, T, H]) when given, else over the model's own forward of ``batch`` in chunks of the mode's
-        rows (:func:`model_stats`). ``sampler_topk``: the [B, T, K] top-K log-probs and ids the sampler recorded.
+        ``hidden`` ([B, T, H]) when given, else over the model's own forward in chunks of the mode's rows
+        (:func:`model_stats`). ``sampler_topk``: the [B, T, K] top-K log-probs and ids the sampler recorded.
         """
         if fused is not None:
             return stats_from_fused(fused.logps, fused.entropy, fused.log_sum_sq, mask), None
         settings = dict(temperature=self.temperature, topk=self.topk, chunk_size=self.chunk_size,
                         autocast=self.autocast, sampler_topk=sampler_topk, group_size=group_size)
         if hidden is not None:
-            return hidden_stats(self.head(model), hidden.detach(), mask, batch["completion_ids"], group_ids,
+            return hidden_stats(self.head(model), hidden.detach(), mask, input_ids[:, -mask.size(1):], group_ids,
                                 **settings)
-        return model_stats(model, self.head(model), batch, mask, group_ids, rows=self.rows[mode], **settings)
+        return model_stats(model, self.head(model), input_ids, attention_mask, mask, group_ids,
+                           rows=self.rows[mode], **settings)

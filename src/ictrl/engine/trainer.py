@@ -72,9 +72,8 @@ from ictrl.engine.heads import backbone, output_head
 from ictrl.engine.model_card import write_model_card
 from ictrl.engine.resumable import Resumable
 from ictrl.engine.sampler_topk import TopKRecorder, TopKRows, recorded_topk, recording_generate, split_vllm_logprobs
-from ictrl.engine.selection_step import SelectionStep, Stats, metrics_logged
-from ictrl.engine.stats_pass import (STATS_PATHS, PathFacts, StatsSource, batch_path, fused_head_with_sum_sq,
-                                     model_inputs, response_mask)
+from ictrl.engine.selection_step import SelectionStep, Stats, metrics_logged, model_inputs, response_mask
+from ictrl.engine.stats_pass import STATS_PATHS, PathFacts, StatsSource, batch_path, fused_head_with_sum_sq
 from ictrl.errors import UserError
 from ictrl.rewards.policy import RewardPolicy
 
