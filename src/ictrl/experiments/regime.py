@@ -25,8 +25,9 @@ Prompt sources (``--prompts``): a task (``tinyarith``, or a task module as ``mod
 ``ictrl.experiments.tasks.registry``; from a clone's root the studies' ``studies.tasks.paths`` and
 ``studies.tasks.countdown``: test-split questions as the warm start saw them), a benchmark or spec from the data
 registry (``gsm8k``, ``math500``, ``math_train:levels=3,4,5``, ``jsonl:PATH``: the prompt the model is evaluated
-with, through its chat template when the tokenizer has one), or a ``.jsonl``/``.json`` file (as ``jsonl:PATH``). Outputs, written atomically to
-``--output-dir``: ``regime.json`` (settings, summary, verdict, one record per prompt) and ``regime.html``.
+with, through its chat template when the tokenizer has one), or a ``.jsonl``/``.json`` file (as ``jsonl:PATH``).
+Outputs, written atomically to ``--output-dir``: ``regime.json`` (settings, summary, verdict, one record per prompt)
+and ``regime.html``.
 """
 
 from __future__ import annotations
