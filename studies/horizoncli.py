@@ -54,15 +54,15 @@ def rl_settings(p: dict[str, Any], steps: int) -> tinyrun.TinyRL:
 
 
 def base_recipe(setting: hz.Setting, quick: bool) -> dict[str, Any]:
-    """TinyRecipe kwargs: the task's grid recipe (``tasks.registry.TASK_RECIPES``) plus the setting's overrides; with
-    ``quick`` the quick recipe's own budget wins."""
+    """TinyRecipe kwargs: the task's grid recipe (``registry.task_recipe``: the task, its default difficulty, its
+    module's ``RECIPE``) plus the setting's overrides; with ``quick`` the quick recipe's own budget wins."""
     from ictrl.experiments import demo
-    from ictrl.experiments.tasks.registry import DEFAULT_DIFFICULTY, TASK_RECIPES
+    from ictrl.experiments.tasks.registry import task_recipe
 
     kw: dict[str, Any] = dict(demo.QUICK_RECIPE) if quick else {}
-    extra = {**TASK_RECIPES.get(setting.task, {}), **setting.recipe}
-    if setting.task != "tinyarith":
-        kw.update(task=setting.task, difficulty=DEFAULT_DIFFICULTY[setting.task])
+    own = task_recipe(setting.task)
+    kw.update({k: v for k, v in own.items() if k in ("task", "difficulty")})
+    extra = {**{k: v for k, v in own.items() if k not in ("task", "difficulty")}, **setting.recipe}
     kw.update({k: v for k, v in extra.items() if not (quick and k in kw)})
     return kw
 

@@ -90,7 +90,7 @@ class Setting:
     """One long-horizon setting, read from a JSON file by :func:`load_setting`."""
 
     name: str  # the file's stem
-    task: str  # an embedded task (ictrl.experiments.tasks.registry)
+    task: str  # tinyarith or a task module path (ictrl.experiments.tasks.registry): studies.tasks.paths
     tuned: dict[str, tuple[float, str | None]]  # method -> (lr, loss normaliser; None = the method's own)
     seeds: tuple[int, ...]
     recipe: dict[str, Any] = field(default_factory=dict)  # TinyRecipe overrides on top of the task's recipe
@@ -119,7 +119,7 @@ def load_setting(spec: str, need_tuned: bool = True) -> Setting:
     setting whose learning rates its own tuned protocol is still to choose: ``python -m studies compare --tune
     --setting``)."""
     from ictrl.core.loss import NORM_MODES
-    from ictrl.experiments.tasks.registry import TASKS
+    from ictrl.experiments.tasks.registry import get_task
 
     path = setting_path(spec)
     if not path.is_file():
@@ -136,8 +136,9 @@ def load_setting(spec: str, need_tuned: bool = True) -> Setting:
         what = sorted(required - data.keys()) if isinstance(data, dict) else ["an object"]
         extra = sorted(data.keys() - allowed) if isinstance(data, dict) else []
         raise _setting_error(path, f"missing field {what[0]!r}" if what else f"unknown field {extra[0]!r}")
-    if data["task"] not in TASKS:
-        raise _setting_error(path, f"field 'task': {data['task']!r} is not one of {', '.join(TASKS)}")
+    if not isinstance(data["task"], str):
+        raise _setting_error(path, f"field 'task': expected a task name or module path, got {data['task']!r}")
+    get_task(data["task"], f"{path}: field 'task'")
     tuned = data.get("tuned", {m: [1.0, None] for m in METHODS})  # absent (need_tuned=False): checked as valid
     if not isinstance(tuned, dict) or set(tuned) != set(METHODS):
         raise _setting_error(path, f"field 'tuned': needs exactly the methods {', '.join(METHODS)}")

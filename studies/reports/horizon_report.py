@@ -342,11 +342,13 @@ def beats(summ: dict[str, list[dict[str, Any]]], tuned_on: str | None = None, ks
 
 
 def tuned_elsewhere(name: str, setting: Any) -> str | None:
-    """The task a setting's methods were tuned on, when its tuned source names another task's tune report."""
+    """The task a setting's methods were tuned on, when its tuned source names another task's tune report (a report
+    is named by the setting or by the task module's last name: tune-countdown for studies.tasks.countdown)."""
     import re
 
     found = re.search(r"tune-([a-z0-9-]+?)-\d{4}-\d{2}-\d{2}", setting.tuned_source or "")
-    return f"on {found.group(1)}" if found and found.group(1) not in (name, setting.task) else None
+    task = re.split(r"[.:]", setting.task)[-1]
+    return f"on {found.group(1)}" if found and found.group(1) not in (name, task) else None
 
 
 def _answer(name: str, setting: Any, summ: dict[str, list[dict[str, Any]]], stops: dict[int, int], n: int,

@@ -1,14 +1,12 @@
 """``ictrl regime``: every per-prompt number against a float64 reference, the intervals over prompts, the verdict
-rule, the regimes of the embedded tasks told apart on ideal bases, and the command end to end with its errors."""
+rule, and the command end to end with its errors. The regimes of tinyarith and the studies' paths task told apart on
+ideal bases, and the command on a task module path: tests/studies/tasks/test_paths.py."""
 
 from __future__ import annotations
 
-import collections
-import collections.abc
 import html
 import json
 import math
-import random
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +16,6 @@ import torch
 from scipy import stats as sps
 
 from ictrl.experiments import regime
-from ictrl.experiments.tasks.registry import DEFAULT_DIFFICULTY, get_task
 
 
 # ---------------------------------------------------------------------------------------------------- reference
@@ -203,85 +200,6 @@ def test_a_prompts_numbers_average_its_diverged_groups() -> None:
     assert summ["groups"] == 4 and summ["identical_groups"] == 2 and summ["pi/ict"]["n"] == 1
 
 
-# ---------------------------------------------------------------------------------------------------- ideal bases
-
-
-Next = collections.abc.Callable[[str], dict[str, float]]
-
-
-def demonstrated_next(task_name: str, problem: Any, rng: random.Random, order_error: float, digit_error: float,
-                      draws: int = 2000) -> Next:
-    """The next-character distribution of ``draws`` warm-start demonstrations of ``problem`` ("$": EOS). Exact
-    enough for tinyarith, whose demonstrations take a few dozen forms; paths' take thousands (see ``paths_next``)."""
-    counts: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
-    for _ in range(draws):
-        d = get_task(task_name).demonstration(problem, rng, order_error, digit_error) + "$"
-        for t in range(len(d)):
-            counts[d[:t]][d[t]] += 1
-    return lambda prefix: {v: c / sum(counts[prefix].values()) for v, c in counts[prefix].items()}
-
-
-def paths_next(problem: Any, error: float) -> Next:
-    """The exact next-letter distribution of paths' demonstration mixture (valid walks with weight 1 - error, walks
-    that end elsewhere with weight ``error``, each uniform; tests/experiments/tasks/test_paths.py's ideal base)."""
-    from ictrl.experiments.tasks import paths
-
-    start, target, length = problem.meta["start"], problem.meta["target"], problem.meta["difficulty"]
-
-    def nxt(prefix: str) -> dict[str, float]:
-        if len(prefix) == length:
-            return {"$": 1.0}
-        node, left = prefix[-1] if prefix else start, length - len(prefix) - 1
-        valid, every = paths.walks(start, target, length), paths.DEGREE ** length
-        w = {v: (1 - error) * paths.walks(v, target, left) / valid
-             + error * (paths.DEGREE ** left - paths.walks(v, target, left)) / (every - valid) for v in paths.GRAPH[node]}
-        return {v: x / sum(w.values()) for v, x in w.items() if x > 0}
-
-    return nxt
-
-
-def ideal_summary(task_name: str, order_error: float, digit_error: float, prompts: int = 24,
-                  G: int = 8) -> dict[str, Any]:
-    """The check on an ideal base of ``task_name`` (its warm-start data's exact conditional): each group's responses
-    drawn from it, the logits its log-probabilities."""
-    rng, records = random.Random(0), []
-    vocab = sorted(set("abcdefghijklmnopqrstuvwxyz0123456789+*=;\\{}$boxed"))
-    for i, p in enumerate(get_task(task_name).generate_problems(prompts, "test", DEFAULT_DIFFICULTY[task_name])):
-        nxt = (paths_next(p, order_error) if task_name == "paths"
-               else demonstrated_next(task_name, p, rng, order_error, digit_error))
-        group = []
-        for _ in range(G):
-            r = ""
-            while not r.endswith("$"):
-                dist = nxt(r)
-                r += rng.choices(list(dist), weights=list(dist.values()))[0]
-            group.append(r)
-        T = max(len(r) for r in group)
-        logits = torch.full((G, T, len(vocab)), -math.inf)
-        tokens = torch.zeros(G, T, dtype=torch.long)
-        mask = torch.zeros(G, T, dtype=torch.bool)
-        for g, r in enumerate(group):
-            for t, ch in enumerate(r):
-                for v, q in nxt(r[:t]).items():
-                    logits[g, t, vocab.index(v)] = math.log(q)
-                tokens[g, t], mask[g, t] = vocab.index(ch), True
-        st, masks = regime.group_selections(logits, tokens, mask, index=i)
-        records.append(regime.group_record(st, masks, tokens, mask))
-    return regime.summarize(records)
-
-
-def test_the_check_tells_paths_from_tinyarith_on_ideal_bases() -> None:
-    """paths was built for the paper's regime (ICT's tokens uncertain, below random's π); tinyarith's ICT tokens are
-    confident disagreements (π near 1). Error rates: each task's warm-start recipe (tasks.registry.TASK_RECIPES; paths'
-    10% letter slips left out of its exact conditional)."""
-    paths = ideal_summary("paths", order_error=0.5, digit_error=0.0)
-    arith = ideal_summary("tinyarith", order_error=0.5, digit_error=0.5)
-    assert regime.verdict(paths)["regime"] == "paper", regime.verdict(paths)["line"]
-    assert paths["pi/ict"]["mean"] < 0.45
-    assert regime.verdict(arith)["regime"] != "paper", regime.verdict(arith)["line"]
-    assert arith["pi/ict"]["mean"] > 0.8, regime.verdict(arith)["line"]
-
-
 # ---------------------------------------------------------------------------------------------------- the command
 
 
@@ -290,11 +208,11 @@ def test_command_writes_json_and_html(tiny_model_dir: Path, tmp_path: Path,
     from ictrl.cli import main
 
     out = tmp_path / "out"
-    rc = main(["regime", "--model", str(tiny_model_dir), "--prompts", "paths", "--num-prompts", "3",
+    rc = main(["regime", "--model", str(tiny_model_dir), "--prompts", "tinyarith", "--num-prompts", "3",
                "--num-generations", "4", "--seeds", "2", "--threads", "1", "--output-dir", str(out)])
     assert rc == 0, capsys.readouterr().err
     result = json.loads((out / "regime.json").read_text())  # strict JSON: no NaN
-    assert len(result["prompts"]) == 3 and result["settings"]["max_new_tokens"] == 10  # paths' own budget
+    assert len(result["prompts"]) == 3 and result["settings"]["max_new_tokens"] == 44  # tinyarith's own budget
     assert result["summary"]["prompts"] == 3 and result["summary"]["groups"] == 6
     assert all(r["responses"] == 4 and len(r["groups"]) == 2 for r in result["prompts"])
     assert all(0 <= r["before/ict"] <= 1 for r in result["prompts"] if r["before/ict"] is not None)
@@ -306,16 +224,21 @@ def test_command_writes_json_and_html(tiny_model_dir: Path, tmp_path: Path,
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["--model", "{tmp}/missing", "--prompts", "paths"], "--model: {tmp}/missing: no such directory"),
-    (["--model", "{model}", "--prompts", "pathz"], "--prompts: unknown source 'pathz'; did you mean 'paths'?"),
+    (["--model", "{tmp}/missing", "--prompts", "tinyarith"], "--model: {tmp}/missing: no such directory"),
+    (["--model", "{model}", "--prompts", "tinyarithm"], "--prompts: unknown source 'tinyarithm'; did you mean 'tinyarith'?"),
+    (["--model", "{model}", "--prompts", "gsm8"], "--prompts: unknown source 'gsm8'; did you mean 'gsm8k'? (a task: "
+                                                  "tinyarith or an importable task module"),
+    (["--model", "{model}", "--prompts", "nomodule.tasks.x"], "or a .jsonl file); importing it: No module named "
+                                                              "'nomodule'"),
+    (["--model", "{model}", "--prompts", "json"], "--prompts: 'json' is not a task: it has no generate_problems"),
     (["--model", "{model}", "--prompts", "{tmp}/rows.jsonl"], "--prompts: {tmp}/rows.jsonl: no such file"),
-    (["--model", "{model}", "--prompts", "paths", "--num-generations", "1"], "--num-generations must be at least 2"),
-    (["--model", "{model}", "--prompts", "paths", "--num-generation", "8"], "unrecognized arguments: --num-generation"),
-    (["--model", "{model}", "--prompts", "paths", "--device", "foo"], "--device: 'foo' is not a torch device"),
-    (["--model", "{model}", "--prompts", "paths", "--device", "xla"], "--device xla: only cpu, cuda and mps"),
-    (["--model", "{model}", "--prompts", "paths", "--threads", "0"], "--threads must be at least 1"),
-    (["--model", "{model}", "--prompts", "paths", "--seeds", "0"], "--seeds must be at least 1"),
-    pytest.param(["--model", "{model}", "--prompts", "paths", "--device", "cuda"], "this machine has no CUDA device",
+    (["--model", "{model}", "--prompts", "tinyarith", "--num-generations", "1"], "--num-generations must be at least 2"),
+    (["--model", "{model}", "--prompts", "tinyarith", "--num-generation", "8"], "unrecognized arguments: --num-generation"),
+    (["--model", "{model}", "--prompts", "tinyarith", "--device", "foo"], "--device: 'foo' is not a torch device"),
+    (["--model", "{model}", "--prompts", "tinyarith", "--device", "xla"], "--device xla: only cpu, cuda and mps"),
+    (["--model", "{model}", "--prompts", "tinyarith", "--threads", "0"], "--threads must be at least 1"),
+    (["--model", "{model}", "--prompts", "tinyarith", "--seeds", "0"], "--seeds must be at least 1"),
+    pytest.param(["--model", "{model}", "--prompts", "tinyarith", "--device", "cuda"], "this machine has no CUDA device",
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="the machine has CUDA")),
 ])
 def test_bad_input_is_one_line_before_the_model_loads(argv: list[str], message: str, tiny_model_dir: Path,

@@ -75,8 +75,8 @@ def test_the_projects_settings_are_the_ones_its_studies_ran() -> None:
 def test_each_setting_warm_starts_its_own_base_on_its_task() -> None:
     from ictrl.experiments import demo
     from studies.horizoncli import base_recipe
-    from ictrl.experiments.tasks.registry import DEFAULT_DIFFICULTY
     from ictrl.experiments.tasks.tinymodel import TinyRecipe
+    from studies.tasks import paths
 
     full = {name: TinyRecipe(**base_recipe(s, False)) for name, s in SETTINGS.items()}
     assert full["paths-tuned"] == full["paths"]  # the same base, its methods tuned on it
@@ -86,11 +86,12 @@ def test_each_setting_warm_starts_its_own_base_on_its_task() -> None:
         quick = TinyRecipe(**base_recipe(setting, True))
         assert full[name].task == quick.task == setting.task
         assert quick.max_steps == demo.QUICK_RECIPE["max_steps"]  # --quick keeps its own budget
-    assert full["paths"].difficulty == DEFAULT_DIFFICULTY["paths"] and full["paths"].order_error == 0.5
+    assert full["paths"].difficulty == paths.DEFAULT_DIFFICULTY and full["paths"].order_error == 0.5
     assert full["countdown-lesstrained"].max_steps == 1500 < full["countdown"].max_steps
     from ictrl.experiments.tasks.registry import task_recipe
 
-    assert task_recipe("paths") == base_recipe(SETTINGS["paths"], False)  # `ictrl tiny-model --task paths` exports it
+    # `ictrl tiny-model --task studies.tasks.paths` exports it
+    assert task_recipe("studies.tasks.paths") == base_recipe(SETTINGS["paths"], False)
 
 
 def write_setting(tmp_path: Path, **changes: object) -> str:
@@ -101,7 +102,9 @@ def write_setting(tmp_path: Path, **changes: object) -> str:
 
 
 @pytest.mark.parametrize("changes,message", [
-    ({"task": "chess"}, "field 'task': 'chess' is not one of"),
+    ({"task": "chess"}, "field 'task': unknown task 'chess'; choose tinyarith or an importable task module"),
+    ({"task": "studies.tasks.chess"}, "field 'task': unknown task .* No module named 'studies.tasks.chess'"),
+    ({"task": 3}, "field 'task': expected a task name or module path, got 3"),
     ({"seeds": None}, "missing field 'seeds'"),
     ({"colour": "red"}, "unknown field 'colour'"),
     ({"seeds": [1, 1]}, "field 'seeds': expected two or more distinct integers"),
@@ -194,10 +197,11 @@ def test_a_setting_tuned_on_another_task_says_so() -> None:
         return SimpleNamespace(task=task, tuned_source=source)
 
     countdown, hard = "docs/results/tune-countdown-2026-11-23.md, table", "docs/results/tune-paths-hard-2026-11-26.md"
-    assert tuned_elsewhere("paths", setting("paths", countdown)) == "on countdown"
-    assert tuned_elsewhere("countdown-lesstrained", setting("countdown", countdown)) is None
-    assert tuned_elsewhere("paths-hard", setting("paths", "own protocol, " + hard)) is None
-    assert tuned_elsewhere("mine", setting("paths", "")) is None
+    assert tuned_elsewhere("paths", setting("studies.tasks.paths", countdown)) == "on countdown"
+    assert tuned_elsewhere("countdown-lesstrained", setting("studies.tasks.countdown", countdown)) is None
+    assert tuned_elsewhere("countdown-lesstrained", setting("studies.tasks:countdown", countdown)) is None
+    assert tuned_elsewhere("paths-hard", setting("studies.tasks.paths", "own protocol, " + hard)) is None
+    assert tuned_elsewhere("mine", setting("studies.tasks.paths", "")) is None
 
 
 def test_renyi2_verdict_follows_the_stated_rule() -> None:

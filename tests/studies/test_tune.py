@@ -111,7 +111,7 @@ def test_a_bad_lr_grid_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture
 def test_tune_quick_countdown_end_to_end_and_resume(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ICTRL_CACHE_DIR", str(tmp_path / "cache"))
     out = tmp_path / "tune"
-    argv = ["--tune", "--quick", "--task", "countdown", "--variants", "grpo,ict,random10", "--lrs", "1e-4,1e-3",
+    argv = ["--tune", "--quick", "--task", "studies.tasks.countdown", "--variants", "grpo,ict,random10", "--lrs", "1e-4,1e-3",
             "--norms", "default", "--final-seeds", "2", "--output-dir", str(out)]
     assert compare.run(parse(argv)) == 0
     choices = json.loads((out / "choices.json").read_text())
@@ -127,7 +127,7 @@ def test_tune_quick_countdown_end_to_end_and_resume(tmp_path: Path, monkeypatch:
     assert 0 <= base["p1"] <= base["p4"] <= 1
     text = (out / "results.md").read_text()
     assert text.startswith("QUICK RUN") and "NOT A RESULT" in text.splitlines()[0]
-    assert "Task countdown" in text and tune.CHOICE_RULE in text
+    assert "Task studies.tasks.countdown" in text and tune.CHOICE_RULE in text
     assert "NOT A RESULT" in (out / "report.html").read_text()
 
     # Resume: a finished protocol trains nothing; a run without its done marker (a crash) is redone alone.

@@ -12,9 +12,10 @@ Writes into ``--output-dir``:
 A rerun skips finished runs (see ``ictrl.experiments.grid.runner``), so an interrupted compare continues where it
 stopped and a finished one only rebuilds the report.
 
-``--task countdown`` and ``--task paths`` run on the other embedded tasks (``ictrl.experiments.tasks``). The
-project's study protocols on top of this command (the tuned comparison, the long horizon) live in the repository's
-``studies/`` (``python -m studies compare --tune`` / ``--horizon SETTING``).
+``--task`` runs on another task module (``ictrl.experiments.tasks.registry``: ``module`` or ``module:attribute``,
+importable from the working directory): from a clone's root, the studies' ``--task studies.tasks.countdown`` and
+``--task studies.tasks.paths``. The project's study protocols on top of this command (the tuned comparison, the long
+horizon) live in the repository's ``studies/`` (``python -m studies compare --tune`` / ``--horizon SETTING``).
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ from ictrl.errors import UserError
 from ictrl.experiments.grid import configrun
 from ictrl.experiments.grid import runner as grid
 from ictrl.experiments.grid import cli as gridcli
-from ictrl.experiments.tasks.registry import TASKS
 from ictrl.experiments.reports import report
 from ictrl.experiments.reports import figures
 from ictrl.files import atomic_write_text
@@ -43,10 +43,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--learning-rate", "--lr", dest="lr", type=float, default=None,
                         help="learning rate (default: the recipe's / config's)")
     parser.add_argument("--note", default="", help="a line put at the top of the report and stored in results.json")
-    parser.add_argument("--task", default="tinyarith", choices=tuple(TASKS),
-                        help="embedded task: tinyarith (operator precedence), countdown (reach a target from "
-                             "given numbers: choices, several valid orders) or paths (a walk of a given length "
-                             "through a fixed graph: a choice at every letter)")
+    parser.add_argument("--task", default="tinyarith",
+                        help="tinyarith (operator precedence; the default) or an importable task module, module or "
+                             "module:attribute (ictrl.experiments.tasks.registry); from a clone's root "
+                             "studies.tasks.countdown (reach a target from given numbers: several valid orders) or "
+                             "studies.tasks.paths (a walk through a fixed graph: a choice at every letter)")
 
 
 def run(args: argparse.Namespace) -> int:

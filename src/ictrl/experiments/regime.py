@@ -21,11 +21,13 @@ prompt being the unit):
 A group whose responses are all identical has u = 0 everywhere (ICT's pick is then arbitrary, and in training its
 advantages are 0): it is counted and left out of the comparisons.
 
-Prompt sources (``--prompts``): an embedded task (``tinyarith``, ``countdown``, ``paths``: test-split questions as
-the warm start saw them), a benchmark or spec from the data registry (``gsm8k``, ``math500``,
-``math_train:levels=3,4,5``, ``jsonl:PATH``: the prompt the model is evaluated with, through its chat template
-when the tokenizer has one), or a ``.jsonl``/``.json`` file (as ``jsonl:PATH``). Outputs, written atomically to
-``--output-dir``: ``regime.json`` (settings, summary, verdict, one record per prompt) and ``regime.html``.
+Prompt sources (``--prompts``): a task (``tinyarith``, or a task module as ``module`` or ``module:attribute``,
+``ictrl.experiments.tasks.registry``; from a clone's root the studies' ``studies.tasks.paths`` and
+``studies.tasks.countdown``: test-split questions as the warm start saw them), a benchmark or spec from the data
+registry (``gsm8k``, ``math500``, ``math_train:levels=3,4,5``, ``jsonl:PATH``: the prompt the model is evaluated
+with, through its chat template when the tokenizer has one), or a ``.jsonl``/``.json`` file (as ``jsonl:PATH``).
+Outputs, written atomically to ``--output-dir``: ``regime.json`` (settings, summary, verdict, one record per prompt)
+and ``regime.html``.
 """
 
 from __future__ import annotations
@@ -240,27 +242,33 @@ def verdict_text(v: dict[str, Any]) -> str:
 
 def load_prompts(source: str, n: int, seed: int = 0) -> tuple[list[Any], Any]:
     """(problems, how to build a prompt): ``n`` of an embedded task's test questions (drawn with ``seed``), or the
-    first ``n`` problems of a benchmark or file with its prompt builder. Raises :class:`UserError` (one line naming ``--prompts``) for an unknown source."""
-    from ictrl.experiments.tasks.registry import DEFAULT_DIFFICULTY, TASKS, get_task
+    first ``n`` problems of a benchmark or file with its prompt builder. A source that is no file and no benchmark is
+    a task. Raises :class:`UserError` (one line naming ``--prompts``) for an unknown source."""
+    from ictrl import preflight
+    from ictrl.data import BENCHMARKS, load_problems, parse_spec
+    from ictrl.experiments.tasks.registry import CHOICES, TASKS, get_task
 
-    if source in TASKS:
-        task = get_task(source)
+    is_file = Path(source).suffix in (".jsonl", ".json")
+    spec = f"jsonl:{source}" if is_file else source
+    head = spec.split(":", 1)[0]
+    if head != "jsonl" and head not in BENCHMARKS:
         try:
-            problems = task.generate_problems(n, "test", DEFAULT_DIFFICULTY[source], seed=seed)
+            task = get_task(source, "--prompts")
+        except UserError as err:
+            if err.__cause__ is None:  # it imports but is not a task: that line says so
+                raise
+            # A dotted name was meant as a module path: why it did not import (for a bare word, only noise).
+            why = f"; importing it: {err.__cause__}" if "." in source or ":" in source else ""
+            known = ", ".join(sorted(BENCHMARKS))
+            raise UserError(f"--prompts: unknown source {source!r}{preflight._suggest(head, [*TASKS, *BENCHMARKS])} "
+                            f"(a task: {CHOICES}; a benchmark: {known}; or a .jsonl file){why}") from None
+        try:
+            problems = task.generate_problems(n, "test", task.DEFAULT_DIFFICULTY, seed=seed)
         except ValueError as exc:
             raise UserError(f"--prompts {source}: {exc}") from None
         return problems, None
-    from ictrl import preflight
-    from ictrl.data import BENCHMARKS, load_problems, parse_spec
-
-    if Path(source).suffix in (".jsonl", ".json"):
+    if is_file:
         preflight.check_file(source, "--prompts")
-    spec = f"jsonl:{source}" if Path(source).suffix in (".jsonl", ".json") else source
-    head = spec.split(":", 1)[0]
-    if head != "jsonl" and head not in BENCHMARKS:
-        known = ", ".join(sorted(BENCHMARKS))
-        raise UserError(f"--prompts: unknown source {source!r}{preflight._suggest(head, [*TASKS, *BENCHMARKS])} "
-                        f"(an embedded task: {', '.join(TASKS)}; a benchmark: {known}; or a .jsonl file)")
     preflight.check_benchmarks([spec], option="--prompts")
     try:
         problems = load_problems(spec, limit=n)
@@ -333,8 +341,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.allow_abbrev = False
     parser.add_argument("--model", required=True, help="model directory or hub id (loaded with from_pretrained)")
     parser.add_argument("--prompts", required=True, metavar="SOURCE",
-                        help="an embedded task (tinyarith, countdown, paths), a benchmark or spec (gsm8k, "
-                             "math500, math_train:levels=3,4,5, jsonl:PATH) or a .jsonl/.json file")
+                        help="an embedded task (tinyarith, or an importable task module, module or "
+                             "module:attribute: from a clone's root studies.tasks.paths, studies.tasks.countdown), "
+                             "a benchmark or spec (gsm8k, math500, math_train:levels=3,4,5, jsonl:PATH) or a "
+                             ".jsonl/.json file")
     parser.add_argument("--num-generations", type=int, default=8, help="G, responses per prompt (>= 2)")
     parser.add_argument("--num-prompts", type=int, default=64, help="prompts sampled (default: %(default)s)")
     parser.add_argument("--seeds", type=int, default=3,
@@ -382,15 +392,15 @@ def run(args: argparse.Namespace) -> int:
 
     from ictrl import preflight
     from ictrl.experiments.reports import regime_report
-    from ictrl.experiments.tasks.registry import DEFAULT_DIFFICULTY, TASKS, get_task
+    from ictrl.experiments.tasks.registry import get_task
     from ictrl.files import check_output_dir
 
     check_args(args)
     check_output_dir(args.output_dir)
     problems, bench = load_prompts(args.prompts, args.num_prompts, args.seed)
     if args.max_new_tokens is None:
-        args.max_new_tokens = (int(get_task(args.prompts).max_new_tokens(DEFAULT_DIFFICULTY[args.prompts]))
-                               if args.prompts in TASKS else 512)
+        task = get_task(args.prompts) if bench is None else None  # bench None: the prompts are a task's
+        args.max_new_tokens = int(task.max_new_tokens(task.DEFAULT_DIFFICULTY)) if task is not None else 512
     preflight.check_model(args.model)
     from ictrl.data import build_prompt
     from ictrl.models import load_model_and_tokenizer

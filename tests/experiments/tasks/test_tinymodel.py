@@ -128,18 +128,3 @@ def test_cli_rejects_shape_flag_mistakes(tmp_path: Path, argv: list[str], messag
 
     assert main(["tiny-model", str(tmp_path / "m"), *argv]) == 2
     assert message in capsys.readouterr().err and not (tmp_path / "m").exists()
-
-
-def test_cli_exports_another_task_with_the_studys_recipe(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """``--task paths``: the paths rows and budget (tests/studies checks its recipe is the long-horizon study's)."""
-    import json
-
-    from ictrl.cli import main
-    from ictrl.experiments.tasks.registry import task_recipe
-
-    assert task_recipe("tinyarith") == {}
-    assert main(["tiny-model", str(tmp_path / "m"), "--untrained", "--task", "paths", "--problems", "5"]) == 0
-    rows = [json.loads(line) for line in (tmp_path / "m" / "train.jsonl").read_text().splitlines()]
-    assert len(rows) == 5 and all(r["id"].startswith("paths-") for r in rows)
-    assert json.loads((tmp_path / "m" / "generation_config.json").read_text())["max_new_tokens"] == 10
-    assert "configs/tiny/ict.yaml" not in capsys.readouterr().out  # that config grades the arithmetic task

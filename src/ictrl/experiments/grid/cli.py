@@ -13,7 +13,6 @@ from ictrl.errors import UserError
 from ictrl.experiments.grid import configrun
 from ictrl.experiments.grid import tinyrun
 from ictrl.experiments.grid.runner import DEFAULT_METHODS, METHODS, RunSpec
-from ictrl.experiments.tasks.registry import TASK_RECIPES
 
 # --quick: ictrl demo's quick base model and an RL budget small enough for tests (seconds per run). Its reports
 # say first that they are a pipeline check (PIPELINE_CHECK), not a result.
@@ -80,17 +79,13 @@ def make_experiment(args: Any, log: Callable[[str], None] = print) -> Experiment
                       "eval_limit": args.eval_problems, "quick": bool(args.quick)},
             default_lr=probe.trainer.get("learning_rate", 1e-6),
         )
+    from ictrl.experiments.tasks.registry import task_recipe
     from ictrl.experiments.tasks.tinymodel import TinyRecipe, build_tiny_base
 
     recipe_kw, rl_kw = default_tiny_settings(args.quick)
-    task = getattr(args, "task", None) or "tinyarith"
-    if task != "tinyarith":
-        from ictrl.experiments.tasks.registry import DEFAULT_DIFFICULTY
-
-        extra = TASK_RECIPES.get(task, {})
-        if args.quick:  # the quick recipe's own budget (steps, problems) wins
-            extra = {k: v for k, v in extra.items() if k not in recipe_kw}
-        recipe_kw.update(task=task, difficulty=DEFAULT_DIFFICULTY[task], **extra)
+    # The task and its difficulty always; with --quick the quick recipe's own budget (steps, problems) wins.
+    recipe_kw.update({k: v for k, v in task_recipe(getattr(args, "task", None) or "tinyarith", "--task").items()
+                      if k in ("task", "difficulty") or not (args.quick and k in recipe_kw)})
     # Base-recipe overrides a caller puts on ``args.recipe`` (a study's base: its tuning runs start from the same base
     # as its long runs). With --quick the quick recipe's own fields win.
     recipe_kw.update({k: v for k, v in (getattr(args, "recipe", None) or {}).items()

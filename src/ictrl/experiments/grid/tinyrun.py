@@ -1,7 +1,7 @@
-"""Grid runs on an embedded task (``ictrl.experiments.tasks.registry``: tinyarith by default, countdown, paths) on the cached
-warm-started base model of ``tinymodel.build_tiny_base``, trained with the engine's ``ICTGRPOTrainer`` (the same
-trainer class, run config and ``metrics.jsonl`` callback as ``ictrl train``) and evaluated on the task's held-out
-split.
+"""Grid runs on an embedded task (``ictrl.experiments.tasks.registry``: tinyarith by default, or a task module such
+as the studies' ``studies.tasks.paths``, as the base's recipe names it) on the cached warm-started base model of
+``tinymodel.build_tiny_base``, trained with the engine's ``ICTGRPOTrainer`` (the same trainer class, run config and
+``metrics.jsonl`` callback as ``ictrl train``) and evaluated on the task's held-out split.
 
 Held-out evaluation samples with the training temperature and top-p, so the base model's P@1 is also its
 expected training reward (the reference ``outcomes.label_run`` compares a run's final reward with).
@@ -102,7 +102,8 @@ def _base_difficulty(base: Path) -> tuple[int, ...]:
 
 
 def base_task(base: Path) -> str:
-    """The embedded task a cached base was warm-started on (bases from before the task field: tinyarith)."""
+    """The task a cached base was warm-started on, as its recipe records it (a registered name or a module path,
+    which ``registry.get_task`` resolves; bases from before the task field: tinyarith)."""
     return str(json.loads((base / "warm_start.json").read_text())["recipe"].get("task", "tinyarith"))
 
 

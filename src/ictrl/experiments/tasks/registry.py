@@ -1,47 +1,58 @@
-"""The embedded tasks by name: ``tinyarith`` (operator precedence, ``tinytask``), ``countdown`` (reach a target
-from given numbers, ``countdown``) and ``paths`` (a walk of a given length through a fixed graph, ``paths``).
+"""The embedded tasks: ``tinyarith`` (operator precedence, ``tinytask``, the demo's) by name, and any other task as
+an importable module path, ``module`` or ``module:attribute`` (as selectors take ``module:function``).
 
-Each module offers the same functions: ``generate_problems``, ``demonstration``, ``grade``, ``reward`` (TRL
-signature), ``train_dataset``, ``eval_task`` and ``max_new_tokens``; the warm start (``tinymodel``) and the grid
-(``grid``) read the task from the base model's recipe. :func:`task_functions` builds the reward, the RL dataset
-and the eval task of each alike."""
+A task is a module (or an object) with ``generate_problems``, ``demonstration``, ``grade``, ``reward`` (TRL
+signature), ``train_dataset``, ``eval_task``, ``max_new_tokens`` and ``DEFAULT_DIFFICULTY`` (the levels a recipe
+uses when it does not say), and optionally ``RECIPE``: its warm-start overrides of ``tinymodel.TinyRecipe``, whose
+defaults are tinyarith's. The repository's studies add two, imported from a clone's root: ``studies.tasks.countdown``
+and ``studies.tasks.paths``. The warm start (``tinymodel``) and the grid (``grid``) read the task from the base
+model's recipe, which records it as given here. :func:`task_functions` builds the reward, the RL dataset and the
+eval task of each alike."""
 
 from __future__ import annotations
 
+import difflib
 import importlib
 from collections.abc import Callable
-from types import ModuleType
 from typing import Any
 
 from ictrl.data import Problem
+from ictrl.errors import UserError
 
-TASKS = {"tinyarith": "ictrl.experiments.tasks.tinytask", "countdown": "ictrl.experiments.tasks.countdown",
-         "paths": "ictrl.experiments.tasks.paths"}
-# The difficulty when a recipe does not say (tinyarith: operators; countdown: numbers; paths: walk lengths).
-DEFAULT_DIFFICULTY = {"tinyarith": (2,), "countdown": (4,), "paths": (4, 5, 6)}
-# Warm-start noise per task beyond the shared recipe (TinyRecipe's defaults are tinyarith's): countdown's
-# demonstrations err mostly by choice (a correct chain to another value), rarely by an arithmetic slip. Its longer
-# chains stay at 0% dev pass@1 for the first ~1,000 steps: more patience than tinyarith's 6 evaluations. Paths has
-# the same kinds of error (a walk to another node; a missing edge), over its whole train split.
-TASK_RECIPES: dict[str, dict[str, Any]] = {"countdown": {"order_error": 0.5, "digit_error": 0.1,
-                                                           "train_problems": 1300, "patience": 12,
-                                                           "max_steps": 4000},
-                                           "paths": {"order_error": 0.5, "digit_error": 0.1, "train_problems": 1400,
-                                                     "patience": 12, "max_steps": 4000}}
+TASKS = {"tinyarith": "ictrl.experiments.tasks.tinytask"}
+TASK_API = ("generate_problems", "demonstration", "grade", "reward", "train_dataset", "eval_task", "max_new_tokens",
+            "DEFAULT_DIFFICULTY")
+CHOICES = (f"{', '.join(TASKS)} or an importable task module, as module or module:attribute (from a clone's root: "
+           "studies.tasks.countdown, studies.tasks.paths)")
 
 
-def task_recipe(name: str) -> dict[str, Any]:
-    """The TinyRecipe overrides of ``name``'s warm-started base (the grid's and the long-horizon study's)."""
-    get_task(name)
+def get_task(name: str, option: str = "task") -> Any:
+    """The task ``name``: a registered name (:data:`TASKS`) or an importable ``module`` / ``module:attribute``.
+    Raises :class:`UserError`, one line naming ``option``, for one that does not import or is not a task."""
+    if name in TASKS:
+        return importlib.import_module(TASKS[name])
+    module, _, attr = name.partition(":")
+    try:
+        task = importlib.import_module(module)
+        task = getattr(task, attr) if attr else task
+    except (ImportError, AttributeError, ValueError, TypeError) as exc:  # TypeError: a relative name (".x")
+        close = difflib.get_close_matches(name, TASKS, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise UserError(f"{option}: unknown task {name!r}{hint}; choose {CHOICES}; importing it: {exc}") from exc
+    missing = [a for a in TASK_API if not hasattr(task, a)]
+    if missing:
+        raise UserError(f"{option}: {name!r} is not a task: it has no {', '.join(missing)} (a task defines "
+                        f"{', '.join(TASK_API)})")
+    return task
+
+
+def task_recipe(name: str, option: str = "task") -> dict[str, Any]:
+    """The TinyRecipe overrides of ``name``'s warm-started base (the grid's and the long-horizon study's): the task
+    (recorded as ``name``, which resolves it again), its default difficulty and its own ``RECIPE``."""
+    task = get_task(name, option)
     if name == "tinyarith":
-        return {}
-    return {"task": name, "difficulty": DEFAULT_DIFFICULTY[name], **TASK_RECIPES.get(name, {})}
-
-
-def get_task(name: str) -> ModuleType:
-    if name not in TASKS:
-        raise ValueError(f"task: unknown task {name!r}; choose from {', '.join(TASKS)}")
-    return importlib.import_module(TASKS[name])
+        return {}  # TinyRecipe's defaults: the key of the demo's cached base stays as it was
+    return {"task": name, "difficulty": tuple(task.DEFAULT_DIFFICULTY), **getattr(task, "RECIPE", {})}
 
 
 def task_functions(name: str, generate: Callable[..., list[Problem]], grade: Callable[[str, str], float],

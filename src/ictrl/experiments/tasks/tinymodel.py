@@ -9,7 +9,8 @@ place, so an interrupted build never leaves a half cache.
 ``ictrl tiny-model OUTPUT_DIR`` (:func:`export_tiny_model`) copies it to a directory any command takes as
 ``--model`` / ``model_name_or_path``, with a plain-prompt chat template (``ictrl.models.PLAIN_CHAT_TEMPLATE``: the
 user's text, no role markers, as the model was trained) and ``train.jsonl`` of tiny-task problems for
-``dataset_name: jsonl:OUTPUT_DIR/train.jsonl`` (``configs/tiny/ict.yaml``).
+``dataset_name: jsonl:OUTPUT_DIR/train.jsonl`` (``configs/tiny/ict.yaml``). ``--task`` warm-starts on another task
+module (``ictrl.experiments.tasks.registry``), e.g. the studies' ``studies.tasks.paths`` from a clone's root.
 
 The warm start stops on a dev-set score, not a step count, because these models
 learn in sudden jumps (dev pass@1 went from 18% to 36% within 50 s while the recipe was tuned): it stops once sampled pass@1 on the dev
@@ -41,7 +42,7 @@ import torch
 
 from ictrl.data import Problem
 from ictrl.errors import UserError
-from ictrl.experiments.tasks.registry import TASKS, get_task, task_recipe
+from ictrl.experiments.tasks.registry import get_task, task_recipe
 from ictrl.files import atomic_write_text
 from ictrl.models import PLAIN_CHAT_TEMPLATE, QWEN25_SHAPES, build_byte_tokenizer, build_real_shape, build_tiny_qwen2
 
@@ -57,18 +58,17 @@ class TinyRecipe:
     """Everything that determines the cached base model."""
 
     seed: int = field(default=0, metadata={"help": "seed for init, data order, noise and dev sampling"})
-    task: str = field(default="tinyarith", metadata={"help": "embedded task (ictrl.experiments.tasks.registry): "
-                                                             "tinyarith, countdown or paths"})
+    task: str = field(default="tinyarith", metadata={"help": "tinyarith or a task module path "
+                                                             "(ictrl.experiments.tasks.registry), recorded as given: "
+                                                             "it names the task again when the base is reused"})
     hidden_size: int = field(default=64, metadata={"help": "model width"})
     num_hidden_layers: int = field(default=2, metadata={"help": "transformer blocks"})
     num_attention_heads: int = field(default=4, metadata={"help": "attention heads"})
     difficulty: tuple[int, ...] = field(default=(2,), metadata={"help": "difficulty levels mixed in the task "
-                                                                          "(operators, numbers or walk lengths)"})
+                                                                          "(tinyarith: operators)"})
     order_error: float = field(default=0.5, metadata={"help": "share of demonstrations with a choice error "
-                                                      "(tinyarith: left to right; countdown: a chain to another value; "
-                                                      "paths: a walk to another node)"})
-    digit_error: float = field(default=0.5, metadata={"help": "share of demonstrations with one corrupted digit "
-                                                                "(paths: letter)"})
+                                                      "(tinyarith: left to right)"})
+    digit_error: float = field(default=0.5, metadata={"help": "share of demonstrations with one corrupted digit"})
     train_problems: int = field(default=2000, metadata={"help": "size of the supervised problem pool"})
     batch_size: int = field(default=32, metadata={"help": "sequences per supervised step"})
     lr: float = field(default=3e-3, metadata={"help": "AdamW learning rate (constant after warm-up)"})
@@ -319,9 +319,11 @@ def add_arguments(parser: Any) -> None:
                              "vocabulary) instead of the tiny one")
     parser.add_argument("--layers", type=int, default=None,
                         help="with --shape: this many transformer blocks (same width; default: the published depth)")
-    parser.add_argument("--task", default="tinyarith", choices=tuple(TASKS),
-                        help="the embedded task whose warm-started base is exported, with its train.jsonl rows "
-                             "(default: %(default)s, the demo's; paths: the task of uncertain forks, `ictrl regime`)")
+    parser.add_argument("--task", default="tinyarith",
+                        help="the task whose warm-started base is exported, with its train.jsonl rows: tinyarith "
+                             "(default, the demo's) or an importable task module, module or module:attribute; from "
+                             "a clone's root studies.tasks.countdown or studies.tasks.paths (the task of uncertain "
+                             "forks, `ictrl regime`)")
     parser.add_argument("--problems", type=int, default=256, help="the task's rows written to train.jsonl")
     parser.add_argument("--cache-dir", default=None, help="where the warm-started base is cached "
                                                          "(default $ICTRL_CACHE_DIR or ~/.cache/ictrl)")
@@ -340,7 +342,7 @@ def run(args: Any) -> int:
         return 2
     args.output_dir = args.output_dir or args.output_flag or DEFAULT_OUTPUT
     try:
-        recipe = TinyRecipe(threads=REPRODUCIBLE_THREADS, **task_recipe(args.task))
+        recipe = TinyRecipe(threads=REPRODUCIBLE_THREADS, **task_recipe(args.task, "--task"))
         out = export_tiny_model(args.output_dir, recipe, untrained=args.untrained,
                                 problems=args.problems, cache_dir=args.cache_dir, shape=args.shape, layers=args.layers)
     except (FileExistsError, UserError) as exc:

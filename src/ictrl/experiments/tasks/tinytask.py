@@ -28,6 +28,7 @@ from ictrl.rewards import MathExtractor, math_reward
 SPLITS = ("train", "dev", "test")
 OPS = ("+", "*")
 TASK_NAME = "tinyarith"
+DEFAULT_DIFFICULTY = (2,)  # operators per problem when a recipe does not say (TinyRecipe's default)
 # Fractions of the hash space; the rest is train.
 DEV_FRACTION = 0.1
 TEST_FRACTION = 0.1
@@ -172,4 +173,4 @@ def max_new_tokens(difficulty: tuple[int, ...]) -> int:
 # RL prompts: at most 2,000, most of the split at difficulty 2.
 tinyarith_reward, train_dataset, eval_task = task_functions(TASK_NAME, generate_problems, grade, extract_answer,
                                                             available=lambda levels: 2000)
-reward = tinyarith_reward  # the name ictrl.experiments.tasks.registry looks up
+reward = tinyarith_reward  # the name the registry (ictrl.experiments.tasks.registry) looks up

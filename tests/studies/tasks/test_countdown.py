@@ -1,4 +1,5 @@
-"""The countdown embedded task: the chain grader, splits, demonstrations' error kinds, the TRL reward."""
+"""The countdown study task (studies/tasks/countdown.py): the chain grader, splits, demonstrations' error kinds, the
+TRL reward, and the registry resolving it by its module path."""
 
 from __future__ import annotations
 
@@ -6,8 +7,8 @@ import random
 
 import pytest
 
-from ictrl.experiments.tasks import countdown
-from ictrl.experiments.tasks.registry import get_task
+from ictrl.experiments.tasks.registry import get_task, task_recipe
+from studies.tasks import countdown
 
 
 def test_grader_checks_the_chain_not_the_number() -> None:
@@ -54,8 +55,16 @@ def test_demonstrations_err_by_choice_with_correct_arithmetic() -> None:
 
 
 def test_reward_signature_and_task_registry() -> None:
-    task = get_task("countdown")
+    task = get_task("studies.tasks.countdown")
+    assert task is countdown and get_task("studies.tasks:countdown") is countdown
     assert task.reward([""] * 2, ["7+5=12;12-2=10;10+3=13;", "x"], gold=["2,3,5,7>13"] * 2) == [1.0, 0.0]
+    assert task.reward.__name__ == "countdown_reward" and task.reward.__module__ == "studies.tasks.countdown"
     assert get_task("tinyarith").reward([""], ["4*5=20;3+20=23;\\boxed{23}"], gold=["23"]) == [1.0]
     with pytest.raises(ValueError, match="unknown task 'nope'"):
         get_task("nope")
+    with pytest.raises(ValueError, match="unknown task 'countdown'.*No module named 'countdown'"):
+        get_task("countdown")  # not the package's any more: its module path, from a clone's root
+    # The module's own default difficulty and warm-start overrides, which the registry holds none of.
+    assert task_recipe("studies.tasks.countdown") == {
+        "task": "studies.tasks.countdown", "difficulty": (4,), "order_error": 0.5, "digit_error": 0.1,
+        "train_problems": 1300, "patience": 12, "max_steps": 4000}

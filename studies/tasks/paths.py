@@ -1,4 +1,4 @@
-"""A third embedded task built for uncertain forks: walks of a given length through a fixed directed graph.
+"""A study task built for uncertain forks: walks of a given length through a fixed directed graph.
 
 The graph has ``len(NODES)`` nodes (the letters a-z) and ``DEGREE`` out-edges per node, drawn once from a fixed
 seed. A problem names a start, a target and a length ``L``; the answer is the ``L`` nodes a walk visits after the
@@ -14,15 +14,17 @@ one prompt stay position-aligned: at a position where two responses sit at diffe
 distributions have different supports. That is the regime of the paper's ICT tokens (uncertain tokens where a
 response departs from its group), which the other two tasks hardly reach: there the JS score's top tokens are
 near-certain ones (π 0.8-0.95). An idealised base (the exact conditional of the demonstration mixture below) puts
-ICT's top-10% tokens at π ≈ 0.3 on this graph (``tests/experiments/tasks/test_paths.py``); the trained base is
+ICT's top-10% tokens at π ≈ 0.3 on this graph (``tests/studies/tasks/test_paths.py``); the trained base is
 measured, not assumed (``studies/horizon_pilot.py``).
 
 The demonstrations of the warm start are uniformly drawn valid walks or, with probability ``order_error``, a
 *choice* error: a walk along valid edges that ends on another node; then with probability ``digit_error`` one
 letter replaced by another (usually an edge that does not exist). The reward checks the walk itself.
 
-Splits hash the problem key ``"g>f/5"``, so no problem is in two splits. The interface matches ``tinytask`` and
-``countdown`` (``ictrl.experiments.tasks.registry`` lists them).
+Splits hash the problem key ``"g>f/5"``, so no problem is in two splits. The interface is
+``ictrl.experiments.tasks.registry``'s (as ``tinytask``'s); from a clone's root every command that takes a task takes
+this one as ``studies.tasks.paths`` (``ictrl tiny-model --task studies.tasks.paths``, ``ictrl regime --prompts
+studies.tasks.paths``).
 """
 
 from __future__ import annotations
@@ -40,7 +42,11 @@ NODES = "abcdefghijklmnopqrstuvwxyz"
 DEGREE = 5  # out-edges per node; simulated with an idealised base, ICT's tokens sit at π 0.52, 0.40, 0.31, 0.24
 # for 3, 4, 5, 6
 GRAPH_SEED = "paths:graph:0"
-LENGTHS = (2, 8)  # the lengths a problem may ask for (difficulty); 4-6 by default (registry)
+LENGTHS = (2, 8)  # the lengths a problem may ask for (difficulty)
+DEFAULT_DIFFICULTY = (4, 5, 6)  # walk lengths when a recipe does not say
+# The warm start beyond the shared recipe: countdown's kinds of error (a walk to another node; a missing edge) and
+# patience, over the whole train split.
+RECIPE = {"order_error": 0.5, "digit_error": 0.1, "train_problems": 1400, "patience": 12, "max_steps": 4000}
 DEV_FRACTION = 0.15  # 26 x 26 pairs x 3 lengths: 15% is ~300 problems, room for 200 held out
 TEST_FRACTION = 0.15
 
@@ -102,7 +108,7 @@ def problem_keys(split: str, length: int) -> tuple[tuple[str, str], ...]:
                  if walks(s, t, length) and split_of(problem_key(s, t, length)) == split)
 
 
-def generate_problems(n: int, split: str, difficulty: int | tuple[int, ...] = (4, 5, 6),
+def generate_problems(n: int, split: str, difficulty: int | tuple[int, ...] = DEFAULT_DIFFICULTY,
                       seed: int = 0) -> list[Problem]:
     """``n`` distinct problems of ``split`` with walk lengths ``difficulty``. Deterministic for ``seed``; raises if
     the split holds fewer than ``n``."""
