@@ -212,6 +212,7 @@ def test_statistics_pass_scores_the_adapted_model(tiny_model_dir: Path, tmp_path
     from peft import LoraConfig
 
     from ictrl.engine import stats_pass
+    from ictrl.engine.selection_step import model_inputs
     from ictrl.engine.stats_pass import STATS_PATHS
     from ictrl.engine.trainer import ICTGRPOTrainer
 
@@ -238,17 +239,17 @@ def test_statistics_pass_scores_the_adapted_model(tiny_model_dir: Path, tmp_path
     inputs = trainer._prepare_inputs(_inputs(trainer))
     if path == "training_forward":
         trainer._compute_loss(trainer.model, inputs)
-        batch = inputs  # the loss's micro-batch, in its own row order
+        tokens = model_inputs(inputs)  # the loss's micro-batch, in its own row order
     else:
         (call,) = calls
-        batch = call["batch"]
+        tokens = call["inputs"]
     assert trainer._metrics["train"]["ictrl/stats_path"] == [STATS_PATHS[path]]
     ((mask, groups, js),) = seen
     merged = copy.deepcopy(trainer.model).merge_and_unload().eval()
-    exact = core_ref.group_js(_full_logits(SimpleNamespace(model=merged), batch), mask, groups, 0.8)
+    exact = core_ref.group_js(_full_logits(SimpleNamespace(model=merged), tokens, mask.size(1)), mask, groups, 0.8)
     torch.testing.assert_close(js.double(), exact, atol=2e-6, rtol=1e-4)
     with trainer.model.disable_adapter():
-        base = core_ref.group_js(_full_logits(trainer, batch), mask, groups, 0.8)
+        base = core_ref.group_js(_full_logits(trainer, tokens, mask.size(1)), mask, groups, 0.8)
     assert float((base - exact)[mask].abs().max()) > 1e-3
 
 
