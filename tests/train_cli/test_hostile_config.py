@@ -10,7 +10,7 @@ import pytest
 
 from ictrl import cli
 from ictrl.engine import config_fields
-from ictrl.train_cli import value_checks
+from ictrl.train_cli import preflight
 from ictrl.errors import quote
 
 TINY = Path(__file__).resolve().parents[2] / "configs" / "tiny" / "ict.yaml"
@@ -160,7 +160,7 @@ def test_range_table_and_the_memory_bound() -> None:
     for _ in range(40):
         nested = [nested] * 9
     assert len(quote(nested)) < 300  # bounded work: 9**40 leaves are never visited
-    assert value_checks.max_batch_tokens() == value_checks.MAX_BATCH_TOKENS
+    assert preflight.max_batch_tokens() == preflight.MAX_BATCH_TOKENS
 
 
 @pytest.mark.parametrize(("values", "message"), [
@@ -184,7 +184,7 @@ def test_a_megabyte_training_prompt_is_dropped_without_tokenising_it(caplog: pyt
 
     import datasets
 
-    from ictrl.train_cli.run import drop_long_prompts
+    from ictrl.train_cli.run_inputs import drop_long_prompts
     from ictrl.models import build_byte_tokenizer
 
     tok = build_byte_tokenizer()

@@ -153,7 +153,6 @@ SECTIONS = {"model": "model_name_or_path", "data": "dataset_name", "reward": "re
 # trl grpo's fourth dataclass (DatasetMixtureConfig): hub datasets, which ictrl train does not load.
 POINTERS = {key: "TRL's hub dataset mixture; ictrl's mixture is dataset_name: {NAME: WEIGHT, ...}"
             for key in ("datasets", "streaming", "test_split_size")}
-MAX_FLAG_CHARS = 1 << 16
 # The method of a file that sets no token_selector. Such a file is a `trl grpo` file, and `ictrl train` runs it as
 # TRL's GRPO (every response token, TRL's normaliser for loss_type): a TRL user's config never changes method
 # silently. ICTGRPOConfig itself defaults to ict: the Python class is ICT's trainer by name.
@@ -302,7 +301,8 @@ def read_yaml(path: str | os.PathLike[str], _seen: tuple[Path, ...] = ()) -> dic
 
 
 def config_from_dict(data: dict[str, Any], source: str = "<dict>", flags: list[str] | None = None) -> RunConfig:
-    """Parse a merged mapping and command-line ``flags`` (``['--learning_rate=1e-6']``) into a :class:`RunConfig`."""
+    """Parse a merged mapping and command-line ``flags`` (``['--learning_rate=1e-6']``, as
+    ``ictrl.train_cli.cli.parse_argv`` read them) into a :class:`RunConfig`."""
     flags = list(flags or [])
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: top level must be a mapping")
@@ -311,11 +311,6 @@ def config_from_dict(data: dict[str, Any], source: str = "<dict>", flags: list[s
     env = data.pop("env", None) or {}
     if not isinstance(env, dict):
         raise ConfigError(f"{source}: env: expected a mapping of environment variables, got {quote(env)}")
-    for arg in flags:
-        key, eq, value = arg.partition("=")
-        if len(value if eq else arg) > MAX_FLAG_CHARS:
-            raise ConfigError(f"override {shorten(key, 100)}: a value of {len(value if eq else arg)} characters, "
-                              f"more than {MAX_FLAG_CHARS}; put long values in the config file")
     argv, direct = _file_argv(data, source)
     values = {**_parse(argv, lambda key: source), **direct}
     set_by_flag = _parse(flags, lambda key: f"override --{shorten(key, 100)}")
