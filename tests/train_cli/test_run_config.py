@@ -5,6 +5,7 @@ nested spelling names its new key; the global step shape."""
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -113,6 +114,22 @@ def test_old_nested_keys_name_their_new_spelling(tmp_path: Path) -> None:
         bad.write_text(text + "output_dir: o\n")
         with pytest.raises(ConfigError, match=rf"^{bad}: {line}"):
             load_config(bad)
+
+
+def test_a_file_that_is_not_a_flat_mapping_is_one_line_naming_it(tmp_path: Path) -> None:
+    """The file's shape (top level, base:, env:) is read_yaml's to check, each file naming itself, bases too."""
+    bad, top = tmp_path / "bad.yaml", tmp_path / "top.yaml"
+    top.write_text("base: bad.yaml\nmodel_name_or_path: m\noutput_dir: o\n")
+    for text, line in (("- a\n- b\n", "top level must be a mapping of keys, got list"),
+                       ("env: 3\n", "env: expected a mapping of environment variables, got 3"),
+                       ("env: [A]\n", "env: expected a mapping of environment variables, got ['A']"),
+                       ("base: 3\n", "base: expected a config file or a list of them, got 3"),
+                       ("base: [a.yaml, 3]\n", "base: expected a config file or a list of them, got ['a.yaml', 3]"),
+                       ("data:\n  train: [x]\n", "data.train is now dataset_name")):
+        bad.write_text(text)
+        for path in (bad, top):  # the file itself, and as another file's base
+            with pytest.raises(ConfigError, match=rf"^{bad}: {re.escape(line)}"):
+                load_config(path)
 
 
 def test_mixture_list_and_name() -> None:

@@ -293,24 +293,26 @@ def read_yaml(path: str | os.PathLike[str], _seen: tuple[Path, ...] = ()) -> dic
         raise ConfigError(f"{path}: top level must be a mapping of keys, got {type(data).__name__}")
     _old_sections(data, str(path))
     bases = data.pop("base", None) or []
+    bases = [bases] if isinstance(bases, str) else bases
+    if not isinstance(bases, list) or not all(isinstance(base, str) for base in bases):
+        raise ConfigError(f"{path}: base: expected a config file or a list of them, got {quote(bases)}")
+    env = data.pop("env", None) or {}
+    if not isinstance(env, dict):
+        raise ConfigError(f"{path}: env: expected a mapping of environment variables, got {quote(env)}")
     merged: dict[str, Any] = {}
-    for base in [bases] if isinstance(bases, str) else bases:
+    for base in bases:
         merged.update(read_yaml(path.parent / base, _seen + (path,)))
-    env = {**merged.pop("env", {}), **(data.pop("env", None) or {})}
+    env = {**merged.pop("env", {}), **env}
     return {**merged, **data, **({"env": env} if env else {})}
 
 
 def config_from_dict(data: dict[str, Any], source: str = "<dict>", flags: list[str] | None = None) -> RunConfig:
-    """Parse a merged mapping and command-line ``flags`` (``['--learning_rate=1e-6']``, as
-    ``ictrl.train_cli.cli.parse_argv`` read them) into a :class:`RunConfig`."""
+    """Parse a merged mapping (:func:`read_yaml`'s, or a mapping of keys built in Python) and command-line
+    ``flags`` (``['--learning_rate=1e-6']``, as ``ictrl.train_cli.cli.parse_argv`` read them) into a
+    :class:`RunConfig`: every key through TRL's parser and its field's checks."""
     flags = list(flags or [])
-    if not isinstance(data, dict):
-        raise ConfigError(f"{source}: top level must be a mapping")
-    _old_sections(data, source)
-    data = dict(data)
+    data = dict(data)  # the file's mapping, its old sections and env: checked by read_yaml
     env = data.pop("env", None) or {}
-    if not isinstance(env, dict):
-        raise ConfigError(f"{source}: env: expected a mapping of environment variables, got {quote(env)}")
     argv, direct = _file_argv(data, source)
     values = {**_parse(argv, lambda key: source), **direct}
     set_by_flag = _parse(flags, lambda key: f"override --{shorten(key, 100)}")
