@@ -73,6 +73,17 @@ def test_hostile_flag_is_one_line_before_the_model(flags: list[str], message: st
     assert loader_calls == [] and not out.exists()
 
 
+@pytest.mark.parametrize("penalty", [[], ["--overlong_buffer_length=4"]])
+def test_reward_weights_not_one_per_reward(penalty: list[str], loader_calls: list[Any], tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """TRL's trainer counts them only after the model loaded; the penalty's own weight is not one of them."""
+    line = refused([str(TINY), f"--output_dir={tmp_path / 'out'}", "--reward_weights", "1", "2", *penalty], capsys)
+    assert line.startswith("ictrl train: error: override --reward_weights=[1.0, 2.0]: reward_weights: 2 weights "
+                           "for 1 rewards (reward_funcs)"), line
+    assert line.endswith("the overlong penalty's weight is overlong_penalty_factor") == bool(penalty), line
+    assert loader_calls == [] and not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("target", ["file", "/dev/null", "under_a_file"])
 def test_output_dir_that_cannot_be_a_directory(target: str, loader_calls: list[Any], tmp_path: Path,
                                                capsys: pytest.CaptureFixture[str]) -> None:

@@ -83,6 +83,7 @@ def preflight(cfg: RunConfig, source: str = "<config>", flags: dict[str, Any] | 
     args = checked.args
     checked.lora = model_init.peft_config(cfg, source)
     checked.reward_funcs = build_rewards(cfg, blame("reward_funcs", source, flags))
+    check_reward_weights(cfg, args, len(checked.reward_funcs), source, flags)
     add_overlong_penalty(cfg, args, checked.reward_funcs, source)
     check_sources(cfg, source, flags)
     check_trainer_inputs(args, source, flags)
@@ -219,6 +220,19 @@ def check_trainer_inputs(args: Any, source: str = "<config>", flags: dict[str, A
     if args.push_to_hub and not shared.hub_reachable():
         raise ConfigError(f"{blame('push_to_hub', source, flags)}: push_to_hub: {shared.why_unreachable()}; "
                           "push the final model later with `hf upload`")
+
+
+def check_reward_weights(cfg: RunConfig, args: Any, rewards: int, source: str = "<config>",
+                         flags: dict[str, Any] | None = None) -> None:
+    """One ``reward_weights`` entry per reward function (``reward_funcs`` and ``reward_model_name_or_path``, the
+    overlong penalty not counted: its weight is ``overlong_penalty_factor``); TRL's trainer would refuse the
+    count only once the model has loaded."""
+    weights = args.reward_weights
+    if weights is not None and len(weights) != rewards:
+        penalty = "; the overlong penalty's weight is overlong_penalty_factor" \
+            if cfg.script.overlong_buffer_length is not None else ""
+        raise ConfigError(f"{blame('reward_weights', source, flags)}: reward_weights: {len(weights)} weights for "
+                          f"{rewards} rewards (reward_funcs){penalty}")
 
 
 def check_output_dir(path: str, source: str = "<config>") -> None:
