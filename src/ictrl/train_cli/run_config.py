@@ -7,9 +7,10 @@ the few keys ictrl adds), ``ICTGRPOConfig`` (TRL's ``GRPOConfig`` plus token sel
 relative to the file) names files merged first, key by key; ``env:`` sets environment variables, as in TRL.
 
 A file's values and the command line's flags (``--learning_rate=2e-6``, ``--learning-rate 2e-6``,
-``--scale_rewards=false``) both go through TRL's argument parser: its types, choices and booleans (``true``, ``no``,
-``1``, ...) are the checks. A value TRL's parser takes as it is (``null``, a mapping, a list of mappings) keeps its
-YAML form, as ``TrlParser`` does. Errors are :class:`ConfigError` lines naming the file or the flag and the key.
+``--scale_rewards=false``) both go through TRL's argument parser's actions: its types, choices and booleans
+(``true``, ``no``, ``1``, ...) are the checks, a file's value converted by its key's action, the flags parsed once.
+A value TRL's parser takes as it is (``null``, a mapping, a list of mappings) keeps its YAML form, as ``TrlParser``
+does. Errors are :class:`ConfigError` lines naming the file or the flag and the key.
 """
 
 from __future__ import annotations
@@ -214,27 +215,36 @@ def _as_text(value: Any) -> str:
     return ("true" if value else "false") if isinstance(value, bool) else str(value)
 
 
-def _file_argv(data: dict[str, Any], source: str) -> tuple[list[str], dict[str, Any]]:
-    """(the argv of ``data``'s scalars and lists of scalars, the values TRL's parser takes as they are)."""
-    actions, argv, direct = _actions(), [], {}
+def _file_values(data: dict[str, Any], source: str) -> dict[str, Any]:
+    """``data``'s values, each checked once by its field's declared type: a scalar or a list of scalars through
+    the key's argparse action (the type, choices and nargs TRL's parser gives the field), as the same value
+    written as a flag; a value TRL's parser takes as it is (null, a mapping, a list of mappings, a bool for a
+    string field such as ``scale_rewards: false``) kept when the field's annotation admits it."""
+    actions, texts, kept = _actions(), {}, {}
     for key, value in data.items():
         if key not in actions:
             raise ConfigError(f"{source}: unknown key {quote(key)}{_suggest(str(key))}")
         action = actions[key]
         scalar = (bool, int, float, str)
         if isinstance(value, list) and value and all(isinstance(v, scalar) for v in value) and action.nargs == "+":
-            argv += [f"--{key}", *map(_as_text, value)]
+            texts[key] = [_as_text(v) for v in value]
         elif isinstance(value, scalar) and not (isinstance(value, bool) and _name(action.type) != "string_to_bool"):
-            argv.append(f"--{key}={_as_text(value)}")
+            texts[key] = [_as_text(value)]
         elif value is None and not _takes_null(key):  # TRL's __post_init__ would compare None with a number
             raise ConfigError(f"{source}: {key}: expected {_annotation(key)}, got null")
         elif isinstance(value, bool) and not any(t in _annotation(key) for t in ("bool", "str", "Any")):
             raise ConfigError(f"{source}: {key}: expected {_annotation(key)}, got {str(value).lower()}")
         elif value is None or isinstance(value, bool) or key == "dataset_name" or _annotation(key, type(value)):
-            direct[key] = value  # as TrlParser passes them: null, a mapping, a bool for a str (scale_rewards: false)
+            kept[key] = value
         else:
             raise ConfigError(f"{source}: {key}: expected {_annotation(key)}, got {quote(value)}")
-    return argv, direct
+    converted = {}
+    for key, strings in texts.items():
+        try:
+            converted[key] = parser()._get_values(actions[key], list(strings))  # argparse's own conversion
+        except argparse.ArgumentError as exc:
+            raise _argument_error(str(exc), lambda _: source) from None
+    return {**converted, **kept}
 
 
 def _takes_null(key: str) -> bool:
@@ -256,15 +266,19 @@ def _name(function: Any) -> str:
     return getattr(function, "__name__", "")
 
 
+def _argument_error(message: str, where: Any) -> ConfigError:
+    """argparse's ``argument --KEY/--K-EY: why`` as one line naming ``where(key)`` and the key."""
+    message = message.removeprefix("argument ")
+    key = message.split(":", 1)[0].split("/")[0].lstrip("-").replace("-", "_")
+    return ConfigError(f"{where(key)}: {key}:{shorten(message.split(':', 1)[-1], 300)}")
+
+
 def _parse(argv: list[str], where: Any) -> dict[str, Any]:
     """``argv`` through TRL's parser -> key -> value; ``where(key)`` names the source in errors."""
     try:
         namespace, rest = parser().parse_known_args(argv)
     except (ConfigError, argparse.ArgumentError) as exc:
-        message = str(exc).removeprefix("argument ")
-        flag = message.split(":", 1)[0].split("/")[0]
-        key = flag.lstrip("-").replace("-", "_")
-        raise ConfigError(f"{where(key)}: {key}:{shorten(message.split(':', 1)[-1], 300)}") from None
+        raise _argument_error(str(exc), where) from None
     if rest:
         bad = next((r for r in rest if r.startswith("--")), rest[0])
         key = bad[2:].partition("=")[0].replace("-", "_")
@@ -313,8 +327,7 @@ def config_from_dict(data: dict[str, Any], source: str = "<dict>", flags: list[s
     flags = list(flags or [])
     data = dict(data)  # the file's mapping, its old sections and env: checked by read_yaml
     env = data.pop("env", None) or {}
-    argv, direct = _file_argv(data, source)
-    values = {**_parse(argv, lambda key: source), **direct}
+    values = _file_values(data, source)
     set_by_flag = _parse(flags, lambda key: f"override --{shorten(key, 100)}")
     values.update(set_by_flag)
     shown = {key: shorten(_as_text(value), QUOTE_LIMIT) for key, value in set_by_flag.items()}
