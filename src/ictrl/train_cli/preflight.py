@@ -1,5 +1,4 @@
-"""``ictrl train``'s preflight: the checks only the command makes, called from here and from nowhere else, before
-anything heavy loads.
+"""``ictrl train``'s preflight: the checks only the command makes, called from here, before anything heavy loads.
 
 Each value's own type, range and choices are checked once, by the field that declares it, when the config is
 built: TRL's parser and ``ScriptArguments`` / ``ModelConfig`` (``ictrl.train_cli.run_config``), ``ICTGRPOConfig``
@@ -10,10 +9,12 @@ files (reward modules, data sources, the model's files and architecture, every t
 trainer (no eval data).
 
 :func:`preflight` is the one entry point, in stages: ``--print-config`` stops after the values (no file read but
-the config), ``ictrl.train_cli.run.train`` goes on to the command's checks and reads the
-inputs (:func:`check_inputs`) under its lock, the parent of a launch (:func:`check_before_launch`) makes them all
-for the processes it is about to start. Each failure is one :class:`ConfigError` / ``DataError`` line naming the
-file or the flag and the key.
+the config); ``ictrl.train_cli.run.train`` goes on to the command's checks, then under its lock reads the inputs
+(:func:`check_inputs`) and, once the tokenizer is loaded, keeps the rows that fit (:func:`train_rows`); the parent
+of a launch (:func:`check_before_launch`) makes them all for the processes it is about to start. What needs the
+checkpoint a resume picks (``engine.resumable``'s ``resume_point`` and ``check_unchanged``, ``run_inputs``'
+``inputs_record``) stays with the run, under its lock. Each failure is one :class:`ConfigError` / ``DataError``
+line naming the file or the flag and the key.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from ictrl.train_cli import model_init
 from ictrl.train_cli.process_group import answered_once
 from ictrl.train_cli.run_config import ConfigError, RunConfig
 from ictrl.train_cli.run_inputs import (add_overlong_penalty, blame, build_rewards, check_enough_rows, check_sources,
-                                        load_train_dataset, name_the_key)
+                                        drop_long_prompts, load_train_dataset, name_the_key)
 
 log = logging.getLogger("ictrl.train")
 
@@ -283,3 +284,14 @@ def check_inputs(cfg: RunConfig, init_kwargs: dict[str, Any], source: str = "<co
                           "directory is damaged")
     model_init.check_architecture(cfg, init_kwargs, source)
     return load_train_dataset(cfg)
+
+
+def train_rows(cfg: RunConfig, dataset: Any, tokenizer: Any, model_config: Any, args: Any,
+               source: str = "<config>") -> Any:
+    """The training rows as the trainer gets them, once the tokenizer is loaded: prompts longer than
+    ``max_prompt_length`` dropped (without it, one that cannot fit the model's positions beside
+    ``max_completion_length`` refused), one generation batch of prompts left at least."""
+    dataset = drop_long_prompts(dataset, tokenizer, cfg.script.max_prompt_length,
+                                getattr(model_config, "max_position_embeddings", None), args.max_completion_length)
+    check_enough_rows(dataset, args, source)
+    return dataset

@@ -22,13 +22,13 @@ from ictrl.engine.resumable import check_unchanged, resume_point, save_final, ve
 from ictrl.errors import Terminated, UserError
 from ictrl.files import reported_write
 from ictrl.rewards.policy import RewardAbandoned, RunStop
-from ictrl.train_cli.preflight import Checked, check_inputs, existing_checkpoints, preflight, trainer_classes
+from ictrl.train_cli.preflight import (Checked, check_inputs, existing_checkpoints, preflight, train_rows,
+                                       trainer_classes)
 from ictrl.train_cli.preflight import build_trainer_args  # noqa: F401  (ictrl.experiments.grid.tinyrun's import)
 from ictrl.train_cli.process_group import answered_once
 from ictrl.train_cli.run_config import RunConfig, config_to_dict, save_config
 from ictrl.train_cli.run_guard import RunLock, StopRequest, add_stop_callback, stopped
-from ictrl.train_cli.run_inputs import (check_enough_rows, drop_long_prompts, input_hashes, inputs_record,
-                                        reward_label)
+from ictrl.train_cli.run_inputs import input_hashes, inputs_record, reward_label
 
 log = logging.getLogger("ictrl.train")
 
@@ -170,9 +170,7 @@ def _train_locked(cfg: RunConfig, checked: Checked, resume: bool | str, source: 
 
     skip_deepspeed_unless_imported()
     model, tokenizer = load_model_and_tokenizer(cfg.model.model_name_or_path, **checked.init_kwargs)
-    dataset = drop_long_prompts(dataset, tokenizer, cfg.script.max_prompt_length,
-                                getattr(model.config, "max_position_embeddings", None), args.max_completion_length)
-    check_enough_rows(dataset, args, source)
+    dataset = train_rows(cfg, dataset, tokenizer, model.config, args, source)
     with reported_write(out, "free space and run again"):
         out.mkdir(parents=True, exist_ok=True)
         save_config(cfg, out / "config.yaml")
