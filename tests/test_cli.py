@@ -141,6 +141,24 @@ def test_overrides_go_before_or_after_the_config_file() -> None:
     assert parse_argv(["--use_peft", "c.yaml"]).config == "c.yaml"  # a bare boolean before the file
 
 
+def test_argv_is_read_in_one_pass_help_winning_over_its_mistakes() -> None:
+    from ictrl.train_cli.cli import MAX_FLAG_CHARS, parse_argv
+
+    for argv in (["-h"], ["c.yaml", "--help"], ["--num-processes", "--help"], ["--num-processes=0", "-h"]):
+        assert parse_argv(argv).help, argv
+    parsed = parse_argv(["c.yaml", "--num-processes=2", "--seed", "3", "--resume"])
+    assert (parsed.config, parsed.overrides, parsed.flags) == ("c.yaml", ["--seed", "3"], {"--resume"})
+    assert parsed.child_argv == ["c.yaml", "--seed", "3", "--resume"] and parsed.launch.num_processes == 2
+    assert parsed.argv == ["c.yaml", "--num-processes=2", "--seed", "3", "--resume"] and parsed.problem is None
+    long = "x" * (MAX_FLAG_CHARS + 1)
+    assert parse_argv(["c.yaml", f"--run_name={long}"]).problem == (
+        f"override --run_name: a value of {MAX_FLAG_CHARS + 1} characters, more than {MAX_FLAG_CHARS}; put long "
+        "values in the config file")
+    assert parse_argv(["c.yaml", "--run_name", long]).problem.startswith("override xxxx")
+    assert parse_argv(["--num-processes=0", "--config"]).problem == (  # the first of its three mistakes
+        "--num-processes: expected a whole number >= 1, got '0'")
+
+
 def test_module_function_imports_from_the_working_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import sys
 

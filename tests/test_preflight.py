@@ -201,7 +201,7 @@ def test_train_missing_model_path_and_offline_hub_id(tmp_path: Path, offline: No
 def test_long_prompts_are_named(tiny_model_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
     import datasets
 
-    from ictrl.train_cli.run import check_enough_rows, drop_long_prompts
+    from ictrl.train_cli.run_inputs import check_enough_rows, drop_long_prompts
     from ictrl.errors import DataError
     from ictrl.models import build_byte_tokenizer
 

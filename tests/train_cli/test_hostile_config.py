@@ -10,7 +10,7 @@ import pytest
 
 from ictrl import cli
 from ictrl.engine import config_fields
-from ictrl.train_cli import value_checks
+from ictrl.train_cli import preflight
 from ictrl.errors import quote
 
 TINY = Path(__file__).resolve().parents[2] / "configs" / "tiny" / "ict.yaml"
@@ -71,6 +71,17 @@ def test_hostile_flag_is_one_line_before_the_model(flags: list[str], message: st
     if message.startswith(("learning_rate:", "seed:", "max_steps:", "top_p:")):  # a flag's value: the flag named
         assert line.startswith(f"ictrl train: error: override --{message.split(':')[0]}"), line
     assert loader_calls == [] and not out.exists()
+
+
+@pytest.mark.parametrize("penalty", [[], ["--overlong_buffer_length=4"]])
+def test_reward_weights_not_one_per_reward(penalty: list[str], loader_calls: list[Any], tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """TRL's trainer counts them only after the model loaded; the penalty's own weight is not one of them."""
+    line = refused([str(TINY), f"--output_dir={tmp_path / 'out'}", "--reward_weights", "1", "2", *penalty], capsys)
+    assert line.startswith("ictrl train: error: override --reward_weights=[1.0, 2.0]: reward_weights: 2 weights "
+                           "for 1 rewards (reward_funcs)"), line
+    assert line.endswith("the overlong penalty's weight is overlong_penalty_factor") == bool(penalty), line
+    assert loader_calls == [] and not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("target", ["file", "/dev/null", "under_a_file"])
@@ -160,7 +171,7 @@ def test_range_table_and_the_memory_bound() -> None:
     for _ in range(40):
         nested = [nested] * 9
     assert len(quote(nested)) < 300  # bounded work: 9**40 leaves are never visited
-    assert value_checks.max_batch_tokens() == value_checks.MAX_BATCH_TOKENS
+    assert preflight.max_batch_tokens() == preflight.MAX_BATCH_TOKENS
 
 
 @pytest.mark.parametrize(("values", "message"), [
@@ -184,7 +195,7 @@ def test_a_megabyte_training_prompt_is_dropped_without_tokenising_it(caplog: pyt
 
     import datasets
 
-    from ictrl.train_cli.run import drop_long_prompts
+    from ictrl.train_cli.run_inputs import drop_long_prompts
     from ictrl.models import build_byte_tokenizer
 
     tok = build_byte_tokenizer()

@@ -21,7 +21,7 @@ handled by ``ictrl.checkpoints``.
   trainer sets e itself at the start of each epoch (accelerate's ``set_epoch`` does not reach the sampler in a
   resumed epoch on several processes).
 - TRL buffers one generation batch for ``steps_per_generation x num_iterations`` micro-steps and does not save
-  the buffer, so a checkpoint must fall on a buffer boundary: ``build_trainer_args`` checks ``save_steps``, and
+  the buffer, so a checkpoint must fall on a buffer boundary: :func:`check_resumable` checks ``save_steps``, and
   SIGTERM stops at the next boundary (``ictrl.train_cli.callbacks.StopOnRequest``).
 - Trainer stops at ``max_steps`` only after a step (``DefaultFlowCallback.on_step_end``). A run resumed from a
   checkpoint at ``max_steps`` that falls inside an epoch re-enters that epoch and trains one step too many

@@ -18,12 +18,13 @@ import logging
 import os
 import shlex
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
 
 from ictrl.cliargs import VERBOSE_ENV, env_flag
+from ictrl.errors import shorten
 from ictrl.train_cli.launch import FLAGS as LAUNCH_FLAGS
 from ictrl.train_cli.launch import Launch, LaunchError
 from ictrl.train_cli.run_inputs import ACCEPT_CHANGED_FLAG
@@ -106,17 +107,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     help_only = parser.parse_args
 
     def parse_args(args: list[str] | None = None, namespace: argparse.Namespace | None = None) -> argparse.Namespace:
-        # Overrides are open-ended (any trainer field), so argparse sees only -h; parse_argv reads the rest.
-        args = list(sys.argv[1:] if args is None else args)
-        if "-h" in args or "--help" in args:
+        # Overrides are open-ended (any trainer field): parse_argv reads the whole line, -h included, in one pass.
+        parsed = parse_argv(list(sys.argv[1:] if args is None else args))
+        if parsed.help:
             parser.epilog = flags_help + "\n\n" + config_keys_help()
             return help_only(["--help"])
-        return argparse.Namespace(argv=args)
+        return argparse.Namespace(train=parsed)
 
     parser.parse_args = parse_args  # type: ignore[method-assign]
 
 
 LAUNCH_ARGV_ENV = "ICTRL_LAUNCH_ARGV"  # `ictrl train --num-processes`'s arguments, for the processes it starts
+HELP = ("-h", "--help")
+MAX_FLAG_CHARS = 1 << 16  # a flag's value; a longer one belongs in the config file
 
 
 class UsageError(ValueError):
@@ -140,6 +143,9 @@ class TrainArgs:
     flags: set[str]
     launch: Launch
     child_argv: list[str]  # everything but the launch flags: what each process a launch starts is given
+    argv: list[str] = field(default_factory=list)  # the line as given: the command a model card and a resume name
+    help: bool = False  # -h / --help anywhere: the help, whatever else the line holds
+    problem: str | None = None  # the line's first mistake (a UsageError's message); None when it has none
 
 
 def _config_file(arg: str) -> bool:
@@ -147,33 +153,50 @@ def _config_file(arg: str) -> bool:
     return arg.endswith((".yaml", ".yml")) or os.path.isfile(arg)
 
 
+def _too_long(arg: str) -> str | None:
+    """The mistake of an override whose value is longer than :data:`MAX_FLAG_CHARS`, else None."""
+    key, eq, value = arg.partition("=")
+    size = len(value if eq else arg)
+    if size <= MAX_FLAG_CHARS:
+        return None
+    return (f"override {shorten(key, 100)}: a value of {size} characters, more than {MAX_FLAG_CHARS}; put long "
+            "values in the config file")
+
+
 def parse_argv(argv: list[str]) -> TrainArgs:
-    """The config file (positional or ``--config``), the ``--KEY=VALUE`` overrides (read later by TRL's parser),
-    ictrl's flags and the launch flags (:class:`ictrl.train_cli.launch.Launch`); a flag without its value, a bad launch
-    value or a second config file is a :class:`UsageError`."""
+    """The one reading of ``ictrl train``'s arguments: the config file (positional or ``--config``), the
+    ``--KEY=VALUE`` overrides (each value at most :data:`MAX_FLAG_CHARS` characters; TRL's parser reads them
+    later), ictrl's flags, the launch flags (:class:`ictrl.train_cli.launch.Launch`) and ``-h`` / ``--help``. A flag
+    without its value, a bad launch value, a second config file or none is the ``problem`` it returns (the first),
+    which help, asked anywhere on the line, overrides."""
     config: str | None = None
     overrides: list[str] = []
     flags: set[str] = set()
     launch = Launch()
     child_argv: list[str] = []
+    problems: list[str] = []
+    wants_help = False
     args = iter(argv)
     takes_value = False  # the argument before was a bare --KEY, whose value this one may be
     for arg in args:
+        wants_help |= arg in HELP
         flag, eq, value = arg.partition("=")
         field = _launch_flag(arg)
         if field is not None or flag == "--config":
             if not eq:
                 value = next(args, "")
+                wants_help |= value in HELP
                 if not value or (field is not None and value.startswith("--")):
-                    raise UsageError(f"{flag} needs a value" if field is not None else "--config needs a file")
+                    problems.append(f"{flag} needs a value" if field is not None else "--config needs a file")
+                    continue
             if field is not None:
                 try:
                     launch.set(field, value)
                 except LaunchError as exc:
-                    raise UsageError(str(exc)) from None
+                    problems.append(str(exc))
                 continue
             if config is not None:
-                raise UsageError(f"two config files: {config} and {value}")
+                problems.append(f"two config files: {config} and {value}")
             config = value
             child_argv += [arg] if eq else [arg, value]
             continue
@@ -183,11 +206,13 @@ def parse_argv(argv: list[str]) -> TrainArgs:
         elif not arg.startswith("--") and config is None and (not takes_value or _config_file(arg)):
             config = arg  # before or after the overrides, as trl grpo takes --config
         else:
+            problems += [p for p in (_too_long(arg),) if p]
             overrides.append(arg)
         takes_value = arg.startswith("--") and not eq and arg not in FLAGS
     if config is None:
-        raise UsageError(f"no config file; usage: {USAGE}")
-    return TrainArgs(config, overrides, flags, launch, child_argv)
+        problems.append(f"no config file; usage: {USAGE}")
+    return TrainArgs(config or "", overrides, flags, launch, child_argv, list(argv), help=wants_help,
+                     problem=problems[0] if problems else None)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -196,38 +221,37 @@ def run(args: argparse.Namespace) -> int:
 
     die_with_launcher()  # a rank of `accelerate launch` / torchrun ends with it, not training on detached
     _setup_logging()
+    parsed: TrainArgs = args.train
+    config, flags, launch = parsed.config, parsed.flags, parsed.launch
     try:
-        parsed = parse_argv(list(args.argv))
-        config, flags, launch, argv = parsed.config, parsed.flags, parsed.launch, parsed.child_argv
+        if parsed.problem is not None:
+            raise UsageError(parsed.problem)
         cfg = load_config(config, parsed.overrides)
+        from ictrl.train_cli.preflight import preflight
         from ictrl.train_cli.process_group import process_group_left
-        from ictrl.train_cli.run import build_trainer_args, train
+        from ictrl.train_cli.run import train
 
         set_by_flag = cfg.flags
         if launch.requested() and "--print-config" not in flags:
             from ictrl.train_cli.launch import check_and_launch
 
-            # the processes' Ctrl-C line names the command that resumes the launch, flags included
-            os.environ[LAUNCH_ARGV_ENV] = shlex.join(args.argv)
+            # the processes' Ctrl-C line names the command that resumes the launch, its launch flags included
+            os.environ[LAUNCH_ARGV_ENV] = shlex.join(parsed.argv)
             try:
-                return check_and_launch(cfg, launch, argv, _resume(flags), config, set_by_flag)
+                return check_and_launch(cfg, launch, parsed.child_argv, _resume(flags), config, set_by_flag)
             finally:
                 del os.environ[LAUNCH_ARGV_ENV]
         # Building the trainer arguments joins the launcher's process group; every exit leaves it.
         with process_group_left():
             if "--print-config" in flags:
-                from ictrl.train_cli import model_init
-                from ictrl.engine.config import planned_processes, process_count
-
                 # every value checked before it is shown, for the processes the run will have
-                with planned_processes(launch.total_processes() if launch.requested() else process_count()):
-                    trainer_args = build_trainer_args(cfg, config, flags=set_by_flag)
-                model_init.load_kwargs(cfg, config)
+                checked = preflight(cfg, config, set_by_flag, values_only=True,
+                                    processes=launch.total_processes() if launch.requested() else None)
                 sys.stdout.write(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
-                sys.stdout.write(_method_comment(cfg, trainer_args))
+                sys.stdout.write(_method_comment(cfg, checked.args))
                 return 0
 
-            launched = shlex.split(os.environ.get(LAUNCH_ARGV_ENV, "")) or argv
+            launched = shlex.split(os.environ.get(LAUNCH_ARGV_ENV, "")) or parsed.argv
             again = ["ictrl", "train", *[a for a in launched if not a.startswith("--resume")
                                          and a != ACCEPT_CHANGED_FLAG], "--resume"]
             result = train(cfg, resume=_resume(flags), source=config, resume_command=shlex.join(again),

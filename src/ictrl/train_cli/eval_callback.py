@@ -47,12 +47,11 @@ class PassAtKCallback(TrainerCallback):
     """Every ``every`` optimizer steps: pass@k on ``tasks`` with ``config``; call :meth:`bind` with the trainer.
 
     ``metric_for_best`` (a key of :func:`eval_metrics`, or None) and ``greater_is_better`` pick the best step.
+    ``every`` is checked where it is set: ``ICTGRPOConfig.eval_steps`` (an int >= 1 with ``eval_benchmarks``).
     """
 
     def __init__(self, tasks: Sequence[EvalTask], config: EvalConfig, every: int, batch_size: int = 16,
                  metric_for_best: str | None = None, greater_is_better: bool = True) -> None:
-        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
-            raise ValueError(f"eval_steps must be an int >= 1 for evaluation during training, got {every!r}")
         if len(config.seeds) != 1:
             raise ValueError(f"evaluation during training uses one fixed sampling seed, got seeds={config.seeds}")
         self.tasks, self.config, self.every, self.batch_size = list(tasks), config, every, batch_size

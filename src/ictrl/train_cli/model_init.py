@@ -141,14 +141,12 @@ def check_architecture(cfg: RunConfig, kwargs: dict[str, Any], source: str = "<c
     if kwargs.get("attn_implementation") is None and not _targets(cfg):
         return
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
-    trust = kwargs["trust_remote_code"]
-    config = AutoConfig.from_pretrained(cfg.model.model_name_or_path, trust_remote_code=trust,
-                                        revision=kwargs.get("revision"))
+    config = _auto_config(cfg, kwargs)
     try:
         with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust,
+            model = AutoModelForCausalLM.from_config(config, trust_remote_code=kwargs["trust_remote_code"],
                                                      attn_implementation=kwargs.get("attn_implementation"))
     except (ImportError, ValueError) as exc:
         if kwargs.get("attn_implementation") is None:

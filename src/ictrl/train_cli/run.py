@@ -1,8 +1,7 @@
-"""``ictrl train``'s body: run config -> trainer arguments, rewards, model, data -> ICTGRPOTrainer.train().
+"""``ictrl train``'s body: run config -> checked trainer arguments, rewards, data -> model -> ICTGRPOTrainer.train().
 
-Everything that can be wrong with the config is checked (``build_trainer_args``, ``build_rewards``,
-``check_sources``, ``ictrl.preflight.check_model``) and every training row is read (``load_train_dataset``)
-before the model loads.
+Everything that can be wrong with the config is checked by ``ictrl.train_cli.preflight`` before the lock is taken,
+and the model's files and every training row (``preflight.check_inputs``) before the model loads.
 
 Checkpoints and resume: ``ictrl.engine.resumable`` (the trainer hooks) and ``ictrl.checkpoints`` (the files).
 """
@@ -11,83 +10,27 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import logging
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import torch
 
-from ictrl.checkpoints import (STAGING_PREFIX, check_weights, clear_staging, complete_checkpoints, finished_run,
-                               trainer_state)
+from ictrl.checkpoints import STAGING_PREFIX, clear_staging, finished_run, trainer_state
 from ictrl.cliargs import VERBOSE_ENV, env_flag
-from ictrl.engine.resumable import (check_resumable, check_unchanged, resume_point, save_final,
-                                   verified_checkpoints)
-from ictrl.errors import Terminated, UserError, shorten
+from ictrl.engine.resumable import check_unchanged, resume_point, save_final, verified_checkpoints
+from ictrl.errors import Terminated, UserError
 from ictrl.files import reported_write
 from ictrl.rewards.policy import RewardAbandoned, RunStop
+from ictrl.train_cli.preflight import (Checked, check_inputs, existing_checkpoints, preflight, train_rows,
+                                       trainer_classes)
+from ictrl.train_cli.preflight import build_trainer_args  # noqa: F401  (ictrl.experiments.grid.tinyrun's import)
 from ictrl.train_cli.process_group import answered_once
-from ictrl.train_cli.run_config import ConfigError, RunConfig, config_to_dict, save_config
+from ictrl.train_cli.run_config import RunConfig, config_to_dict, save_config
 from ictrl.train_cli.run_guard import RunLock, StopRequest, add_stop_callback, stopped
-from ictrl.train_cli.run_inputs import (add_overlong_penalty, blame, build_rewards, check_enough_rows, check_sources,
-                                        drop_long_prompts, input_hashes, inputs_record, load_train_dataset,
-                                        name_the_key, reward_label)
-from ictrl.train_cli.value_checks import check_memory, check_output_dir
+from ictrl.train_cli.run_inputs import input_hashes, inputs_record, reward_label
 
 log = logging.getLogger("ictrl.train")
-
-
-def trainer_classes() -> tuple[type, type]:
-    """(ICTGRPOConfig, ICTGRPOTrainer), imported lazily: TRL takes seconds to import and config errors come first."""
-    from ictrl.engine.config import ICTGRPOConfig
-    from ictrl.engine.trainer import ICTGRPOTrainer
-
-    return ICTGRPOConfig, ICTGRPOTrainer
-
-
-# --- config -> trainer arguments ------------------------------------------------------------------------------
-
-
-@functools.lru_cache(maxsize=None)
-def _note_cpu(precision: str) -> None:
-    """Log the CPU run's precision once per process (a grid builds the trainer arguments once per run)."""
-    log.warning("no CUDA device: training on CPU in %s", precision)
-
-
-def build_trainer_args(cfg: RunConfig, source: str = "<config>", cpu: bool | None = None,
-                       flags: dict[str, Any] | None = None) -> Any:
-    """The trainer's config object from the run config's top-level keys. On a machine without CUDA sets
-    ``use_cpu`` and the precision and logs it; ``use_vllm`` is honoured (vLLM's CPU build runs too). Errors name
-    the key, and the flag (``flags``: the command-line overrides by key) when one set it."""
-    config_cls, _ = trainer_classes()
-    kwargs = dict(cfg.trainer)
-    # ictrl train loads the model with model_init_kwargs itself (ictrl.train_cli.model_init); TRL would only warn
-    # that they are ignored for a model passed in loaded.
-    kwargs.pop("model_init_kwargs", None)
-    cpu = not torch.cuda.is_available() if cpu is None else cpu
-    if cpu:  # bf16 as written runs (AMX/AVX-512 CPUs compute it natively); unset, it is TRL's GPU default: fp32
-        if kwargs.get("fp16"):
-            raise ConfigError(f"{blame('fp16', source, flags)}: fp16: accelerate's fp16 mixed precision needs a GPU; "
-                              "on CPU use bf16: true or neither")
-        kwargs.update(use_cpu=True, fp16=False, bf16=bool(kwargs.get("bf16", False)))
-        _note_cpu("bf16" if kwargs["bf16"] else "fp32 (bf16 not set; TRL's default bf16=True assumes a GPU)")
-    try:
-        args = config_cls(**kwargs)
-    except (ValueError, TypeError) as exc:  # ICTGRPOConfig / TRL messages name the field, which is the key
-        message = name_the_key(str(exc), kwargs, config_cls)
-        raise ConfigError(f"{blame(message, source, flags)}: {shorten(message)}") from None
-    try:
-        from ictrl.engine.config import process_count
-
-        check_memory(args, cfg, source, process_count())
-        check_resumable(args, source)
-    except ConfigError as exc:  # the checks name the key after ``source``: a flag that set the key is blamed
-        message = str(exc)
-        where = blame(message, source, flags)
-        if where == source or not message.startswith(f"{source}: "):
-            raise
-        raise ConfigError(f"{where}: {message[len(source) + 2:]}") from None
-    return args
 
 
 # --- the run ---------------------------------------------------------------------------------------------------
@@ -99,22 +42,6 @@ class TrainResult:
     global_step: int
     resumed_from: Path | None
     final_model: Path
-
-
-def existing_checkpoints(cfg: RunConfig, resume: bool | str, source: str = "<config>") -> list[Path]:
-    """The complete checkpoints in ``output_dir``, oldest first; without ``resume`` there must be none (a fresh
-    run does not start over another run's checkpoints), with ``resume=True`` there must be one (a misspelt
-    output_dir does not train from step 0); ``resume="auto"`` takes either."""
-    out = Path(cfg.output_dir)
-    checkpoints = complete_checkpoints(out)
-    if checkpoints and not resume:
-        raise ConfigError(f"{source}: output_dir: {out} already holds {checkpoints[-1].name}; pass --resume "
-                          "to continue it or choose another output_dir")
-    if not checkpoints and resume is True:
-        where = "holds no checkpoint" if out.is_dir() else "does not exist"
-        raise ConfigError(f"{source}: --resume: output_dir {out} {where}; check the output_dir, or pass "
-                          "--resume=auto to start from step 0 when there is nothing to resume")
-    return checkpoints
 
 
 def prepare_output_dir(cfg: RunConfig, resume: bool | str, source: str = "<config>", args: Any = None) -> Path | None:
@@ -194,108 +121,36 @@ def hide_tied_head_note() -> None:
         logging.getLogger("transformers.trainer").addFilter(_not_tied_head_note)
 
 
-def check_config(cfg: RunConfig, source: str = "<config>", flags: dict[str, Any] | None = None,
-                 cpu: bool | None = None) -> tuple[Any, dict[str, Any], Any, list[Callable[..., Any]]]:
-    """Every value of the config checked, nothing loaded: (trainer arguments, model loading kwargs, LoRA config
-    or None, reward functions). ``cpu``: as :func:`build_trainer_args`."""
-    from ictrl.train_cli import model_init
-
-    args = build_trainer_args(cfg, source, cpu=cpu, flags=flags)
-    init_kwargs = model_init.load_kwargs(cfg, source)
-    lora = model_init.peft_config(cfg, source)
-    reward_funcs = build_rewards(cfg, blame("reward_funcs", source, flags))
-    add_overlong_penalty(cfg, args, reward_funcs, source)
-    check_sources(cfg, source, flags)
-    check_trainer_inputs(args, source, flags)
-    check_output_dir(cfg.output_dir, blame("output_dir", source, flags))
-    if args.use_vllm:  # last: an error in the file itself is named first, on any machine
-        from ictrl.vllm_env import INSTALL_HINT, installed
-
-        if not installed():
-            raise ConfigError(f"{blame('use_vllm', source, flags)}: use_vllm: vLLM is not installed: {INSTALL_HINT}")
-    return args, init_kwargs, lora, reward_funcs
-
-
-def check_trainer_inputs(args: Any, source: str = "<config>", flags: dict[str, Any] | None = None) -> None:
-    """What the trainer that ``ictrl train`` builds needs beyond its config: eval data for ``eval_strategy`` (the
-    trainer gets none), the hub for ``push_to_hub``."""
-    from ictrl import preflight
-
-    strategy = getattr(args.eval_strategy, "value", args.eval_strategy)
-    if strategy != "no":
-        raise ConfigError(f"{blame('eval_strategy', source, flags)}: eval_strategy: {strategy!r} needs eval data, "
-                          "which ictrl train does not give the trainer; evaluation during training is eval_benchmarks "
-                          "(pass@k every eval_steps)")
-    if args.push_to_hub and not preflight.hub_reachable():
-        raise ConfigError(f"{blame('push_to_hub', source, flags)}: push_to_hub: {preflight.why_unreachable()}; "
-                          "push the final model later with `hf upload`")
-
-
-def check_inputs(cfg: RunConfig, init_kwargs: dict[str, Any], source: str = "<config>") -> Any:
-    """The model path and its architecture options (no weights read), then every training row: returns the
-    training dataset (:func:`load_train_dataset`)."""
-    from ictrl import preflight
-    from ictrl.train_cli import model_init
-
-    preflight.check_model(cfg.model.model_name_or_path, "model_name_or_path")
-    damaged = answered_once(lambda: check_weights(cfg.model.model_name_or_path), f"{source}: model_name_or_path",
-                            per_node=True)
-    if damaged is not None:
-        raise ConfigError(f"{source}: model_name_or_path: {cfg.model.model_name_or_path}: {damaged}; the model "
-                          "directory is damaged")
-    model_init.check_architecture(cfg, init_kwargs, source)
-    return load_train_dataset(cfg)
-
-
-def check_before_launch(cfg: RunConfig, processes: int, resume: bool | str = False, source: str = "<config>",
-                        flags: dict[str, Any] | None = None) -> None:
-    """The checks :func:`train` makes before the model loads, for a run on ``processes`` processes, made by the
-    parent of the launch before it starts any (``ictrl.train_cli.launch``). On the CPU, so the parent holds no GPU
-    memory the processes need (the device-specific checks are left to them), and without writing to
-    ``output_dir``. Raises :class:`ConfigError` / ``DataError`` as :func:`train` would."""
-    from ictrl.engine.config import planned_processes
-
-    quiet = log.level
-    log.setLevel(logging.ERROR)  # the CPU note and warnings are the processes' to log, once, from rank 0
-    try:
-        with planned_processes(processes):
-            args, init_kwargs, _, _ = check_config(cfg, source, flags, cpu=True)
-        existing_checkpoints(cfg, resume, source)
-        check_enough_rows(check_inputs(cfg, init_kwargs, source), args, source)
-    finally:
-        log.setLevel(quiet)
-
-
 def train(cfg: RunConfig, resume: bool | str = False, source: str = "<config>",
           callbacks: list[Any] | None = None, resume_command: str | None = None,
           flags: dict[str, Any] | None = None, command: str | None = None,
           accept_changed_inputs: bool = False) -> TrainResult:
-    """Run ``ictrl train``. Config errors surface before the model loads; the run holds ``output_dir``'s lock
-    (:class:`ictrl.train_cli.run_guard.RunLock`) from before it reads a checkpoint there until it returns. Ctrl-C
-    raises :class:`ictrl.errors.Interrupted` naming the step, the last checkpoint and ``resume_command``; SIGTERM
-    stops at the end of the generation batch with a checkpoint (:class:`ictrl.train_cli.run_guard.StopRequest`) and
-    raises :class:`ictrl.errors.Terminated` naming them. The first line logged names the method and its source.
-    The final model and tokenizer are saved in ``output_dir`` (as ``trl grpo``), with a model card naming the base
-    model, the method and ``command``."""
+    """Run ``ictrl train``. Config errors surface before the model loads (``ictrl.train_cli.preflight``); the run
+    holds ``output_dir``'s lock (:class:`ictrl.train_cli.run_guard.RunLock`) from before it reads a checkpoint there
+    until it returns. Ctrl-C raises :class:`ictrl.errors.Interrupted` naming the step, the last checkpoint and
+    ``resume_command``; SIGTERM stops at the end of the generation batch with a checkpoint
+    (:class:`ictrl.train_cli.run_guard.StopRequest`) and raises :class:`ictrl.errors.Terminated` naming them. The
+    first line logged names the method and its source. The final model and tokenizer are saved in ``output_dir``
+    (as ``trl grpo``), with a model card naming the base model, the method and ``command``."""
     from ictrl.train_cli.run_config import method_line
 
     log.info(method_line(cfg, source))
-    args, init_kwargs, lora, reward_funcs = check_config(cfg, source, flags)
+    checked = preflight(cfg, source, flags)
     stop = StopRequest()
     try:
-        with stop, RunLock(cfg.output_dir, args), cpu_threads(args):
-            return _train_locked(cfg, args, reward_funcs, resume, source, callbacks, init_kwargs, lora,
-                                 resume_command, stop, command, accept_changed_inputs)
+        with stop, RunLock(cfg.output_dir, checked.args), cpu_threads(checked.args):
+            return _train_locked(cfg, checked, resume, source, callbacks, resume_command, stop, command,
+                                 accept_changed_inputs)
     except Terminated:
         if not stop.before_training:
             raise
         raise stopped(Path(cfg.output_dir), None, resume_command, Terminated) from None  # nothing new to save
 
 
-def _train_locked(cfg: RunConfig, args: Any, reward_funcs: list[Callable[..., Any]], resume: bool | str, source: str,
-                  callbacks: list[Any] | None, init_kwargs: dict[str, Any], lora: Any,
+def _train_locked(cfg: RunConfig, checked: Checked, resume: bool | str, source: str, callbacks: list[Any] | None,
                   resume_command: str | None, stop: Any, command: str | None = None,
                   accept_changed_inputs: bool = False) -> TrainResult:
+    args, reward_funcs = checked.args, checked.reward_funcs
     resume_from = prepare_output_dir(cfg, resume, source, args)
     # The final model goes where Trainer.save_model(output_dir) and `trl grpo` put it: output_dir itself.
     out = Path(cfg.output_dir)
@@ -306,7 +161,7 @@ def _train_locked(cfg: RunConfig, args: Any, reward_funcs: list[Callable[..., An
         return TrainResult(out, step, resume_from, out)
     if resume_from is not None:
         check_unchanged(out / "config.yaml", config_to_dict(cfg), args, source)
-    dataset = check_inputs(cfg, init_kwargs, source)  # every row checked before the model loads
+    dataset = check_inputs(cfg, checked.init_kwargs, source)  # every row checked before the model loads
     resumed_at = trainer_state(resume_from)["global_step"] if resume_from is not None else None
     inputs = inputs_record(out, input_hashes(dataset, reward_funcs), resumed_at, accept_changed_inputs, source)
 
@@ -314,10 +169,8 @@ def _train_locked(cfg: RunConfig, args: Any, reward_funcs: list[Callable[..., An
     from ictrl.train_cli.callbacks import StopNow
 
     skip_deepspeed_unless_imported()
-    model, tokenizer = load_model_and_tokenizer(cfg.model.model_name_or_path, **init_kwargs)
-    dataset = drop_long_prompts(dataset, tokenizer, cfg.script.max_prompt_length,
-                                getattr(model.config, "max_position_embeddings", None), args.max_completion_length)
-    check_enough_rows(dataset, args, source)
+    model, tokenizer = load_model_and_tokenizer(cfg.model.model_name_or_path, **checked.init_kwargs)
+    dataset = train_rows(cfg, dataset, tokenizer, model.config, args, source)
     with reported_write(out, "free space and run again"):
         out.mkdir(parents=True, exist_ok=True)
         save_config(cfg, out / "config.yaml")
@@ -326,7 +179,7 @@ def _train_locked(cfg: RunConfig, args: Any, reward_funcs: list[Callable[..., An
     _, trainer_cls = trainer_classes()
     trainer = trainer_cls(
         model=model, reward_funcs=reward_funcs, args=args, train_dataset=dataset, processing_class=tokenizer,
-        peft_config=lora,
+        peft_config=checked.lora,
     )
     trainer.command = command  # for the model card
     _add_callbacks(trainer, cfg, reward_funcs, tokenizer, out, callbacks)

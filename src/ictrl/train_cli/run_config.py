@@ -7,9 +7,10 @@ the few keys ictrl adds), ``ICTGRPOConfig`` (TRL's ``GRPOConfig`` plus token sel
 relative to the file) names files merged first, key by key; ``env:`` sets environment variables, as in TRL.
 
 A file's values and the command line's flags (``--learning_rate=2e-6``, ``--learning-rate 2e-6``,
-``--scale_rewards=false``) both go through TRL's argument parser: its types, choices and booleans (``true``, ``no``,
-``1``, ...) are the checks. A value TRL's parser takes as it is (``null``, a mapping, a list of mappings) keeps its
-YAML form, as ``TrlParser`` does. Errors are :class:`ConfigError` lines naming the file or the flag and the key.
+``--scale_rewards=false``) both go through TRL's argument parser's actions: its types, choices and booleans
+(``true``, ``no``, ``1``, ...) are the checks, a file's value converted by its key's action, the flags parsed once.
+A value TRL's parser takes as it is (``null``, a mapping, a list of mappings) keeps its YAML form, as ``TrlParser``
+does. Errors are :class:`ConfigError` lines naming the file or the flag and the key.
 """
 
 from __future__ import annotations
@@ -121,8 +122,8 @@ class ModelConfig(trl.ModelConfig):
 @dataclass
 class RunConfig:
     """A parsed run config: TRL's three argument dataclasses, the trainer's as the keys given (``trainer``:
-    ``ICTGRPOConfig`` is built from them by :func:`ictrl.train_cli.run.build_trainer_args`, which needs the process
-    count), and the keys set by command-line flags (``flags``: key -> the value read, as text), which errors
+    ``ICTGRPOConfig`` is built from them by :func:`ictrl.train_cli.preflight.build_trainer_args`, which needs the
+    process count), and the keys set by command-line flags (``flags``: key -> the value read, as text), which errors
     blame."""
 
     script: ScriptArguments
@@ -153,7 +154,6 @@ SECTIONS = {"model": "model_name_or_path", "data": "dataset_name", "reward": "re
 # trl grpo's fourth dataclass (DatasetMixtureConfig): hub datasets, which ictrl train does not load.
 POINTERS = {key: "TRL's hub dataset mixture; ictrl's mixture is dataset_name: {NAME: WEIGHT, ...}"
             for key in ("datasets", "streaming", "test_split_size")}
-MAX_FLAG_CHARS = 1 << 16
 # The method of a file that sets no token_selector. Such a file is a `trl grpo` file, and `ictrl train` runs it as
 # TRL's GRPO (every response token, TRL's normaliser for loss_type): a TRL user's config never changes method
 # silently. ICTGRPOConfig itself defaults to ict: the Python class is ICT's trainer by name.
@@ -215,27 +215,36 @@ def _as_text(value: Any) -> str:
     return ("true" if value else "false") if isinstance(value, bool) else str(value)
 
 
-def _file_argv(data: dict[str, Any], source: str) -> tuple[list[str], dict[str, Any]]:
-    """(the argv of ``data``'s scalars and lists of scalars, the values TRL's parser takes as they are)."""
-    actions, argv, direct = _actions(), [], {}
+def _file_values(data: dict[str, Any], source: str) -> dict[str, Any]:
+    """``data``'s values, each checked once by its field's declared type: a scalar or a list of scalars through
+    the key's argparse action (the type, choices and nargs TRL's parser gives the field), as the same value
+    written as a flag; a value TRL's parser takes as it is (null, a mapping, a list of mappings, a bool for a
+    string field such as ``scale_rewards: false``) kept when the field's annotation admits it."""
+    actions, texts, kept = _actions(), {}, {}
     for key, value in data.items():
         if key not in actions:
             raise ConfigError(f"{source}: unknown key {quote(key)}{_suggest(str(key))}")
         action = actions[key]
         scalar = (bool, int, float, str)
         if isinstance(value, list) and value and all(isinstance(v, scalar) for v in value) and action.nargs == "+":
-            argv += [f"--{key}", *map(_as_text, value)]
+            texts[key] = [_as_text(v) for v in value]
         elif isinstance(value, scalar) and not (isinstance(value, bool) and _name(action.type) != "string_to_bool"):
-            argv.append(f"--{key}={_as_text(value)}")
+            texts[key] = [_as_text(value)]
         elif value is None and not _takes_null(key):  # TRL's __post_init__ would compare None with a number
             raise ConfigError(f"{source}: {key}: expected {_annotation(key)}, got null")
         elif isinstance(value, bool) and not any(t in _annotation(key) for t in ("bool", "str", "Any")):
             raise ConfigError(f"{source}: {key}: expected {_annotation(key)}, got {str(value).lower()}")
         elif value is None or isinstance(value, bool) or key == "dataset_name" or _annotation(key, type(value)):
-            direct[key] = value  # as TrlParser passes them: null, a mapping, a bool for a str (scale_rewards: false)
+            kept[key] = value
         else:
             raise ConfigError(f"{source}: {key}: expected {_annotation(key)}, got {quote(value)}")
-    return argv, direct
+    converted = {}
+    for key, strings in texts.items():
+        try:
+            converted[key] = parser()._get_values(actions[key], list(strings))  # argparse's own conversion
+        except argparse.ArgumentError as exc:
+            raise _argument_error(str(exc), lambda _: source) from None
+    return {**converted, **kept}
 
 
 def _takes_null(key: str) -> bool:
@@ -257,15 +266,19 @@ def _name(function: Any) -> str:
     return getattr(function, "__name__", "")
 
 
+def _argument_error(message: str, where: Any) -> ConfigError:
+    """argparse's ``argument --KEY/--K-EY: why`` as one line naming ``where(key)`` and the key."""
+    message = message.removeprefix("argument ")
+    key = message.split(":", 1)[0].split("/")[0].lstrip("-").replace("-", "_")
+    return ConfigError(f"{where(key)}: {key}:{shorten(message.split(':', 1)[-1], 300)}")
+
+
 def _parse(argv: list[str], where: Any) -> dict[str, Any]:
     """``argv`` through TRL's parser -> key -> value; ``where(key)`` names the source in errors."""
     try:
         namespace, rest = parser().parse_known_args(argv)
     except (ConfigError, argparse.ArgumentError) as exc:
-        message = str(exc).removeprefix("argument ")
-        flag = message.split(":", 1)[0].split("/")[0]
-        key = flag.lstrip("-").replace("-", "_")
-        raise ConfigError(f"{where(key)}: {key}:{shorten(message.split(':', 1)[-1], 300)}") from None
+        raise _argument_error(str(exc), where) from None
     if rest:
         bad = next((r for r in rest if r.startswith("--")), rest[0])
         key = bad[2:].partition("=")[0].replace("-", "_")
@@ -294,30 +307,27 @@ def read_yaml(path: str | os.PathLike[str], _seen: tuple[Path, ...] = ()) -> dic
         raise ConfigError(f"{path}: top level must be a mapping of keys, got {type(data).__name__}")
     _old_sections(data, str(path))
     bases = data.pop("base", None) or []
+    bases = [bases] if isinstance(bases, str) else bases
+    if not isinstance(bases, list) or not all(isinstance(base, str) for base in bases):
+        raise ConfigError(f"{path}: base: expected a config file or a list of them, got {quote(bases)}")
+    env = data.pop("env", None) or {}
+    if not isinstance(env, dict):
+        raise ConfigError(f"{path}: env: expected a mapping of environment variables, got {quote(env)}")
     merged: dict[str, Any] = {}
-    for base in [bases] if isinstance(bases, str) else bases:
+    for base in bases:
         merged.update(read_yaml(path.parent / base, _seen + (path,)))
-    env = {**merged.pop("env", {}), **(data.pop("env", None) or {})}
+    env = {**merged.pop("env", {}), **env}
     return {**merged, **data, **({"env": env} if env else {})}
 
 
 def config_from_dict(data: dict[str, Any], source: str = "<dict>", flags: list[str] | None = None) -> RunConfig:
-    """Parse a merged mapping and command-line ``flags`` (``['--learning_rate=1e-6']``) into a :class:`RunConfig`."""
+    """Parse a merged mapping (:func:`read_yaml`'s, or a mapping of keys built in Python) and command-line
+    ``flags`` (``['--learning_rate=1e-6']``, as ``ictrl.train_cli.cli.parse_argv`` read them) into a
+    :class:`RunConfig`: every key through TRL's parser and its field's checks."""
     flags = list(flags or [])
-    if not isinstance(data, dict):
-        raise ConfigError(f"{source}: top level must be a mapping")
-    _old_sections(data, source)
-    data = dict(data)
+    data = dict(data)  # the file's mapping, its old sections and env: checked by read_yaml
     env = data.pop("env", None) or {}
-    if not isinstance(env, dict):
-        raise ConfigError(f"{source}: env: expected a mapping of environment variables, got {quote(env)}")
-    for arg in flags:
-        key, eq, value = arg.partition("=")
-        if len(value if eq else arg) > MAX_FLAG_CHARS:
-            raise ConfigError(f"override {shorten(key, 100)}: a value of {len(value if eq else arg)} characters, "
-                              f"more than {MAX_FLAG_CHARS}; put long values in the config file")
-    argv, direct = _file_argv(data, source)
-    values = {**_parse(argv, lambda key: source), **direct}
+    values = _file_values(data, source)
     set_by_flag = _parse(flags, lambda key: f"override --{shorten(key, 100)}")
     values.update(set_by_flag)
     shown = {key: shorten(_as_text(value), QUOTE_LIMIT) for key, value in set_by_flag.items()}

@@ -79,7 +79,8 @@ def add_overlong_penalty(cfg: RunConfig, args: Any, reward_funcs: list[Callable[
                          source: str = "<config>") -> None:
     """Append DAPO's soft overlong punishment (``trl.rewards.get_soft_overlong_punishment`` over
     ``max_completion_length`` with ``overlong_buffer_length``) after the verifier rewards, with weight
-    ``overlong_penalty_factor`` appended to ``args.reward_weights`` (all 1 before it when unset)."""
+    ``overlong_penalty_factor`` appended to ``args.reward_weights`` (all 1 before it when unset; one per reward
+    function: ``ictrl.train_cli.preflight`` checks the count first)."""
     buffer = cfg.script.overlong_buffer_length
     if buffer is None:
         return
@@ -89,9 +90,6 @@ def add_overlong_penalty(cfg: RunConfig, args: Any, reward_funcs: list[Callable[
     from trl.rewards import get_soft_overlong_punishment
 
     weights = list(args.reward_weights) if args.reward_weights is not None else [1.0] * len(reward_funcs)
-    if len(weights) != len(reward_funcs):
-        raise ConfigError(f"{source}: reward_weights: {len(weights)} weights for {len(reward_funcs)} rewards "
-                          "(reward_funcs); the overlong penalty's weight is overlong_penalty_factor")
     reward_funcs.append(get_soft_overlong_punishment(max_completion_len=args.max_completion_length,
                                                      soft_punish_cache=buffer))
     args.reward_weights = [*weights, float(cfg.script.overlong_penalty_factor)]

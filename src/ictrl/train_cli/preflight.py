@@ -1,0 +1,297 @@
+"""``ictrl train``'s preflight: the checks only the command makes, called from here, before anything heavy loads.
+
+Each value's own type, range and choices are checked once, by the field that declares it, when the config is
+built: TRL's parser and ``ScriptArguments`` / ``ModelConfig`` (``ictrl.train_cli.run_config``), ``ICTGRPOConfig``
+(``ictrl.engine.config``, ``ictrl.engine.config_fields``), the same checks a Python user gets. What is left needs
+the command: the machine (fp16 on CPU, vLLM installed, the hub), the processes (a generation batch's memory on each),
+files (reward modules, data sources, the model's files and architecture, every training row), the output directory
+(writable, its checkpoints against ``--resume``, checkpoints at buffer boundaries) and what ``ictrl train`` gives the
+trainer (no eval data).
+
+:func:`preflight` is the one entry point, in stages: ``--print-config`` stops after the values (no file read but
+the config); ``ictrl.train_cli.run.train`` goes on to the command's checks, then under its lock reads the inputs
+(:func:`check_inputs`) and, once the tokenizer is loaded, keeps the rows that fit (:func:`train_rows`); the parent
+of a launch (:func:`check_before_launch`) makes them all for the processes it is about to start. What needs the
+checkpoint a resume picks (``engine.resumable``'s ``resume_point`` and ``check_unchanged``, ``run_inputs``'
+``inputs_record``) stays with the run, under its lock. Each failure is one :class:`ConfigError` / ``DataError``
+line naming the file or the flag and the key.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import logging
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from ictrl.checkpoints import check_weights, complete_checkpoints
+from ictrl.engine.resumable import check_resumable
+from ictrl.errors import UserError, quote, shorten
+from ictrl.train_cli import model_init
+from ictrl.train_cli.process_group import answered_once
+from ictrl.train_cli.run_config import ConfigError, RunConfig
+from ictrl.train_cli.run_inputs import (add_overlong_penalty, blame, build_rewards, check_enough_rows, check_sources,
+                                        drop_long_prompts, load_train_dataset, name_the_key)
+
+log = logging.getLogger("ictrl.train")
+
+# Token ids held for one generation batch on one process. At ~40 bytes per token across the batch's tensors (int64
+# ids and masks, float32 log-probs, advantages and selection statistics) 2**25 tokens is ~1.3 GiB of buffers before
+# any activation; a batch past it is a typo (an extra zero) far more often than a plan. ICTRL_MAX_BATCH_TOKENS
+# raises it.
+MAX_BATCH_TOKENS = 1 << 25
+
+
+@dataclasses.dataclass
+class Checked:
+    """What the checks hand the run: the trainer arguments, the model's ``from_pretrained`` kwargs, the LoRA config
+    (None without ``use_peft``), the reward functions (empty after ``--print-config``'s values-only checks) and the
+    training dataset (when the inputs were read)."""
+
+    args: Any
+    init_kwargs: dict[str, Any]
+    lora: Any = None
+    reward_funcs: list[Callable[..., Any]] = dataclasses.field(default_factory=list)
+    dataset: Any = None
+
+
+def preflight(cfg: RunConfig, source: str = "<config>", flags: dict[str, Any] | None = None, *,
+              processes: int | None = None, cpu: bool | None = None, values_only: bool = False,
+              resume: bool | str | None = None, inputs: bool = False) -> Checked:
+    """``ictrl train``'s checks of ``cfg`` in order, nothing loaded. ``flags``: the command-line overrides by key
+    (errors blame the flag that set a key). ``processes``: check for a run on that many (default: this run's);
+    ``cpu``: as :func:`build_trainer_args`.
+
+    1. the values: the trainer arguments (:func:`trainer_args`) and the model's load kwargs; ``values_only``
+       (``--print-config``) stops here;
+    2. the command: LoRA's package, the reward functions, the data sources, what the trainer gets, ``output_dir``
+       writable, vLLM installed;
+    3. with ``resume`` (True, "auto" or False: the flag), ``output_dir``'s checkpoints against it
+       (:func:`existing_checkpoints`);
+    4. with ``inputs``, the model's files and every training row (:func:`check_inputs`), one generation batch of
+       prompts at least."""
+    from ictrl.engine.config import planned_processes
+
+    with planned_processes(processes) if processes is not None else contextlib.nullcontext():
+        checked = Checked(trainer_args(cfg, source, flags, cpu), model_init.load_kwargs(cfg, source))
+    if values_only:
+        return checked
+    args = checked.args
+    checked.lora = model_init.peft_config(cfg, source)
+    checked.reward_funcs = build_rewards(cfg, blame("reward_funcs", source, flags))
+    check_reward_weights(cfg, args, len(checked.reward_funcs), source, flags)
+    add_overlong_penalty(cfg, args, checked.reward_funcs, source)
+    check_sources(cfg, source, flags)
+    check_trainer_inputs(args, source, flags)
+    check_output_dir(cfg.output_dir, blame("output_dir", source, flags))
+    if args.use_vllm:  # last: an error in the file itself is named first, on any machine
+        from ictrl.vllm_env import INSTALL_HINT, installed
+
+        if not installed():
+            raise ConfigError(f"{blame('use_vllm', source, flags)}: use_vllm: vLLM is not installed: {INSTALL_HINT}")
+    if resume is not None:
+        existing_checkpoints(cfg, resume, source)
+    if inputs:
+        checked.dataset = check_inputs(cfg, checked.init_kwargs, source)
+        check_enough_rows(checked.dataset, args, source)
+    return checked
+
+
+def check_before_launch(cfg: RunConfig, processes: int, resume: bool | str = False, source: str = "<config>",
+                        flags: dict[str, Any] | None = None) -> None:
+    """The checks ``ictrl.train_cli.run.train`` makes before the model loads, for a run on ``processes``
+    processes, made by the parent of the launch before it starts any (``ictrl.train_cli.launch``). On the CPU, so
+    the parent holds no GPU memory the processes need (the device-specific checks are left to them), and without
+    writing to ``output_dir``. Raises :class:`ConfigError` / ``DataError`` as the run would."""
+    quiet = log.level
+    log.setLevel(logging.ERROR)  # the CPU note and warnings are the processes' to log, once, from rank 0
+    try:
+        preflight(cfg, source, flags, processes=processes, cpu=True, resume=resume, inputs=True)
+    finally:
+        log.setLevel(quiet)
+
+
+# --- the values --------------------------------------------------------------------------------------------------
+
+
+def trainer_classes() -> tuple[type, type]:
+    """(ICTGRPOConfig, ICTGRPOTrainer), imported lazily: TRL takes seconds to import and config errors come first."""
+    from ictrl.engine.config import ICTGRPOConfig
+    from ictrl.engine.trainer import ICTGRPOTrainer
+
+    return ICTGRPOConfig, ICTGRPOTrainer
+
+
+@functools.lru_cache(maxsize=None)
+def _note_cpu(precision: str) -> None:
+    """Log the CPU run's precision once per process (a grid builds the trainer arguments once per run)."""
+    log.warning("no CUDA device: training on CPU in %s", precision)
+
+
+def build_trainer_args(cfg: RunConfig, source: str = "<config>", cpu: bool | None = None,
+                       flags: dict[str, Any] | None = None) -> Any:
+    """The trainer's config object from the run config's top-level keys; every field checks its own value. On a
+    machine without CUDA sets ``use_cpu`` and the precision and logs it; ``use_vllm`` is honoured (vLLM's CPU build
+    runs too). Errors name the key, and the flag (``flags``: the command-line overrides by key) when one set it."""
+    config_cls, _ = trainer_classes()
+    kwargs = dict(cfg.trainer)
+    # ictrl train loads the model with model_init_kwargs itself (ictrl.train_cli.model_init); TRL would only warn
+    # that they are ignored for a model passed in loaded.
+    kwargs.pop("model_init_kwargs", None)
+    cpu = not torch.cuda.is_available() if cpu is None else cpu
+    if cpu:  # bf16 as written runs (AMX/AVX-512 CPUs compute it natively); unset, it is TRL's GPU default: fp32
+        if kwargs.get("fp16"):
+            raise ConfigError(f"{blame('fp16', source, flags)}: fp16: accelerate's fp16 mixed precision needs a GPU; "
+                              "on CPU use bf16: true or neither")
+        kwargs.update(use_cpu=True, fp16=False, bf16=bool(kwargs.get("bf16", False)))
+        _note_cpu("bf16" if kwargs["bf16"] else "fp32 (bf16 not set; TRL's default bf16=True assumes a GPU)")
+    try:
+        return config_cls(**kwargs)
+    except (ValueError, TypeError) as exc:  # ICTGRPOConfig / TRL messages name the field, which is the key
+        message = name_the_key(str(exc), kwargs, config_cls)
+        raise ConfigError(f"{blame(message, source, flags)}: {shorten(message)}") from None
+
+
+def trainer_args(cfg: RunConfig, source: str = "<config>", flags: dict[str, Any] | None = None,
+                 cpu: bool | None = None) -> Any:
+    """:func:`build_trainer_args`, then what the arguments ask of the command: one generation batch's memory on
+    each of the run's processes (:func:`check_memory`) and checkpoints where the generation buffer is empty
+    (``resumable.check_resumable``)."""
+    from ictrl.engine.config import process_count
+
+    args = build_trainer_args(cfg, source, cpu=cpu, flags=flags)
+    try:
+        check_memory(args, cfg, source, process_count())
+        check_resumable(args, source)
+    except ConfigError as exc:  # the checks name the key after ``source``: a flag that set the key is blamed
+        message = str(exc)
+        where = blame(message, source, flags)
+        if where == source or not message.startswith(f"{source}: "):
+            raise
+        raise ConfigError(f"{where}: {message[len(source) + 2:]}") from None
+    return args
+
+
+def max_batch_tokens() -> int:
+    """The bound of :func:`check_memory`: ``ICTRL_MAX_BATCH_TOKENS`` when set, else :data:`MAX_BATCH_TOKENS`."""
+    raw = os.environ.get("ICTRL_MAX_BATCH_TOKENS", "").strip()
+    if not raw:
+        return MAX_BATCH_TOKENS
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigError(f"ICTRL_MAX_BATCH_TOKENS: expected an integer, got {quote(raw)}") from None
+
+
+def check_memory(args: Any, cfg: RunConfig, source: str, processes: int) -> None:
+    """Completions of one generation batch on one process x their longest length, against
+    :func:`max_batch_tokens`. The prompt part is ``max_prompt_length`` (not counted when it is null)."""
+    per_process = args.generation_batch_size // max(processes, 1)
+    prompt = cfg.script.max_prompt_length or 0
+    tokens = per_process * (prompt + args.max_completion_length)
+    bound = max_batch_tokens()
+    if tokens > bound:
+        prompt_part = f"max_prompt_length {prompt} + " if prompt else ""
+        raise ConfigError(
+            f"{source}: generation batch too large: {per_process} completions per process (generation_batch_size "
+            f"{args.generation_batch_size} / {processes} process(es)) x ({prompt_part}max_completion_length "
+            f"{args.max_completion_length}) tokens = {tokens} tokens, over the bound of {bound} tokens per process "
+            "(ICTRL_MAX_BATCH_TOKENS raises it); lower num_generations, per_device_train_batch_size, "
+            "prompts_per_step or the lengths")
+
+
+# --- the command -------------------------------------------------------------------------------------------------
+
+
+def check_trainer_inputs(args: Any, source: str = "<config>", flags: dict[str, Any] | None = None) -> None:
+    """What the trainer that ``ictrl train`` builds needs beyond its config: eval data for ``eval_strategy`` (the
+    trainer gets none), the hub for ``push_to_hub``."""
+    from ictrl import preflight as shared
+
+    strategy = getattr(args.eval_strategy, "value", args.eval_strategy)
+    if strategy != "no":
+        raise ConfigError(f"{blame('eval_strategy', source, flags)}: eval_strategy: {strategy!r} needs eval data, "
+                          "which ictrl train does not give the trainer; evaluation during training is eval_benchmarks "
+                          "(pass@k every eval_steps)")
+    if args.push_to_hub and not shared.hub_reachable():
+        raise ConfigError(f"{blame('push_to_hub', source, flags)}: push_to_hub: {shared.why_unreachable()}; "
+                          "push the final model later with `hf upload`")
+
+
+def check_reward_weights(cfg: RunConfig, args: Any, rewards: int, source: str = "<config>",
+                         flags: dict[str, Any] | None = None) -> None:
+    """One ``reward_weights`` entry per reward function (``reward_funcs`` and ``reward_model_name_or_path``, the
+    overlong penalty not counted: its weight is ``overlong_penalty_factor``); TRL's trainer would refuse the
+    count only once the model has loaded."""
+    weights = args.reward_weights
+    if weights is not None and len(weights) != rewards:
+        penalty = "; the overlong penalty's weight is overlong_penalty_factor" \
+            if cfg.script.overlong_buffer_length is not None else ""
+        raise ConfigError(f"{blame('reward_weights', source, flags)}: reward_weights: {len(weights)} weights for "
+                          f"{rewards} rewards (reward_funcs){penalty}")
+
+
+def check_output_dir(path: str, source: str = "<config>") -> None:
+    """``path`` is, or can be made, a writable directory; a path that leaves the working directory through ``..``
+    is named in one warning line."""
+    from ictrl.files import check_output_dir as check_writable
+
+    out = Path(path).expanduser()
+    try:
+        check_writable(path, "output_dir")
+    except UserError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
+    if ".." in out.parts:
+        resolved, cwd = out.resolve(), Path.cwd().resolve()
+        if not resolved.is_relative_to(cwd):
+            log.warning("output_dir %s leaves the working directory %s: writing to %s", path, cwd, resolved)
+
+
+def existing_checkpoints(cfg: RunConfig, resume: bool | str, source: str = "<config>") -> list[Path]:
+    """The complete checkpoints in ``output_dir``, oldest first; without ``resume`` there must be none (a fresh
+    run does not start over another run's checkpoints), with ``resume=True`` there must be one (a misspelt
+    output_dir does not train from step 0); ``resume="auto"`` takes either."""
+    out = Path(cfg.output_dir)
+    checkpoints = complete_checkpoints(out)
+    if checkpoints and not resume:
+        raise ConfigError(f"{source}: output_dir: {out} already holds {checkpoints[-1].name}; pass --resume "
+                          "to continue it or choose another output_dir")
+    if not checkpoints and resume is True:
+        where = "holds no checkpoint" if out.is_dir() else "does not exist"
+        raise ConfigError(f"{source}: --resume: output_dir {out} {where}; check the output_dir, or pass "
+                          "--resume=auto to start from step 0 when there is nothing to resume")
+    return checkpoints
+
+
+# --- the inputs --------------------------------------------------------------------------------------------------
+
+
+def check_inputs(cfg: RunConfig, init_kwargs: dict[str, Any], source: str = "<config>") -> Any:
+    """The model path and its files, its context and architecture options (no weights read), then every training
+    row: returns the training dataset (``run_inputs.load_train_dataset``)."""
+    from ictrl import preflight as shared
+
+    shared.check_model(cfg.model.model_name_or_path, "model_name_or_path")
+    damaged = answered_once(lambda: check_weights(cfg.model.model_name_or_path), f"{source}: model_name_or_path",
+                            per_node=True)
+    if damaged is not None:
+        raise ConfigError(f"{source}: model_name_or_path: {cfg.model.model_name_or_path}: {damaged}; the model "
+                          "directory is damaged")
+    model_init.check_architecture(cfg, init_kwargs, source)
+    return load_train_dataset(cfg)
+
+
+def train_rows(cfg: RunConfig, dataset: Any, tokenizer: Any, model_config: Any, args: Any,
+               source: str = "<config>") -> Any:
+    """The training rows as the trainer gets them, once the tokenizer is loaded: prompts longer than
+    ``max_prompt_length`` dropped (without it, one that cannot fit the model's positions beside
+    ``max_completion_length`` refused), one generation batch of prompts left at least."""
+    dataset = drop_long_prompts(dataset, tokenizer, cfg.script.max_prompt_length,
+                                getattr(model_config, "max_position_embeddings", None), args.max_completion_length)
+    check_enough_rows(dataset, args, source)
+    return dataset
