@@ -61,7 +61,7 @@ def test_parse_methods_names_the_bad_method() -> None:
 
 def test_every_method_maps_to_a_valid_trainer_config(tmp_path: Path) -> None:
     """The name -> selector table goes through the engine's own config mapping and validation."""
-    from ictrl.train_cli.run import build_trainer_args
+    from ictrl.train_cli.preflight import build_trainer_args
 
     base = tmp_path / "base"
     base.mkdir()

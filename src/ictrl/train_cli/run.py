@@ -24,7 +24,6 @@ from ictrl.files import reported_write
 from ictrl.rewards.policy import RewardAbandoned, RunStop
 from ictrl.train_cli.preflight import (Checked, check_inputs, existing_checkpoints, preflight, train_rows,
                                        trainer_classes)
-from ictrl.train_cli.preflight import build_trainer_args  # noqa: F401  (ictrl.experiments.grid.tinyrun's import)
 from ictrl.train_cli.process_group import answered_once
 from ictrl.train_cli.run_config import RunConfig, config_to_dict, save_config
 from ictrl.train_cli.run_guard import RunLock, StopRequest, add_stop_callback, stopped
