@@ -70,9 +70,11 @@ def test_take_rows_repads_prompts_left_and_completions_right() -> None:
 
 
 def test_config_validates_the_fields(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="dynamic_sampling_max_rounds must be an int >= 0"):
+    with pytest.raises(ValueError, match="^dynamic_sampling_max_rounds: must be >= 0, got -1$"):
         w.make_config(tmp_path, dynamic_sampling=True, dynamic_sampling_max_rounds=-1)
-    with pytest.raises(ValueError, match="dynamic_sampling must be a bool"):
+    with pytest.raises(ValueError, match="^dynamic_sampling_max_rounds: expected int, got 1.5$"):
+        w.make_config(tmp_path, dynamic_sampling=True, dynamic_sampling_max_rounds=1.5)
+    with pytest.raises(ValueError, match="^dynamic_sampling: expected bool, got 'yes'$"):
         w.make_config(tmp_path, dynamic_sampling="yes")
 
 

@@ -51,7 +51,7 @@ def alias_bomb(levels: int, key: str) -> str:
         (["--max_steps=0"], "max_steps: must be >= 1"),
         (["--max_steps=-1", "--num_train_epochs=0"], "num_train_epochs: must be > 0 when max_steps is -1"),
         (["--max_steps=-1", "--num_train_epochs=nan"], "num_train_epochs: must be finite, got nan"),
-        (["--temperature=0"], ": temperature must be > 0, got 0"),
+        (["--temperature=0"], ": temperature: must be > 0, got 0.0"),
         (["--top_p=1.5"], "top_p: must be > 0 and <= 1, got 1.5"),
         (["--dataset_name={gsm8k_train: .inf}"], "dataset_name.gsm8k_train: must be finite, got inf"),
         (["--overlong_penalty_factor=nan"], "overlong_penalty_factor: must be a finite number"),

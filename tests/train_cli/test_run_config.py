@@ -185,7 +185,7 @@ def test_unrelated_fields_are_never_suggested() -> None:
         ("--token_selector=ictt", r"token_selector: unknown selector 'ictt'; did you mean 'ict'\?"),
         ("--selection_scope=group", r"selection_scope: scope must be one of \['batch', 'response'\]"),
         ("--selection_ratio=0", r"selection_ratio: ratio must be a number in \(0, 1\]"),
-        ("--selection_topk=0", r"selection_topk must be None or an int >= 1"),
+        ("--selection_topk=0", r"selection_topk: must be >= 1, got 0"),
         ('--selection_options={"tau_p": 0.1}', r"selection_options: unknown option\(s\) \['tau_p'\]"),
         ("--per_device_train_batch_size=7", r"per_device_train_batch_size=7 must divide the 256 completions"),
     ],

@@ -32,7 +32,7 @@ CELL = CONFIGS / "qwen2.5-0.5b" / "ict.yaml"
         ("--lr_scheduler_type=cosine_with_min_lr",
          "lr_scheduler_type: 'cosine_with_min_lr' with lr_scheduler_kwargs={}"),
         ("--push_to_hub=true", "push_to_hub:"),
-        ("--cpu_threads=0", "cpu_threads must be None or an int in [1, 4096], got 0"),
+        ("--cpu_threads=0", "cpu_threads: must be >= 1 and <= 4096, got 0"),
     ],
 )
 def test_bad_config_fails_before_model_load(override: str, message: str, loader_calls: list[Any],

@@ -13,7 +13,7 @@ import logging
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Annotated, Any
 
 from trl import GRPOConfig
 
@@ -21,7 +21,7 @@ from ictrl.core.checks import OptionError
 from ictrl.core.loss import LOSS_TYPES, LossSpec
 from ictrl.core.selection import SELECTORS, Selector, get_selector
 from ictrl.engine import config_fields
-from ictrl.engine.config_fields import refused_field_errors
+from ictrl.engine.config_fields import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, SEED, Range, refused_field_errors
 
 # Selector options that have their own config field (the rest go through ``selection_options``).
 SCALE_REWARDS = ("group", "batch", "none")  # TRL's advantage scalings
@@ -147,56 +147,59 @@ class ICTGRPOConfig(GRPOConfig):
         metadata={"help": "Further keyword options of the selector, checked against its signature: STAPO's "
                   "{tau_p: 0.002, q: 0.75}, or a custom selector's own. None: its defaults."},
     )
-    prompts_per_step: int | None = field(
+    prompts_per_step: Annotated[int | None, AT_LEAST_ONE] = field(
         default=None,
-        metadata={"help": "Prompts per optimizer step over all processes (each with num_generations completions). "
-                  "When set, the per-device micro-batch and gradient_accumulation_steps are derived from the number "
-                  "of processes, so the same config trains on the same completions per step on 1 or 8 GPUs; "
-                  "per_device_train_batch_size is then the largest micro-batch a device runs. None: TRL's "
-                  "per-device batch arithmetic."},
+        metadata={"help": "Prompts per optimizer step over all processes (each with num_generations completions). When "
+                          "set, the per-device micro-batch and gradient_accumulation_steps are derived from the number "
+                          "of processes, so the same config trains on the same completions per step on 1 or 8 GPUs; "
+                          "per_device_train_batch_size is then the largest micro-batch a device runs. None: TRL's "
+                          "per-device batch arithmetic."},
     )
-    selection_temperature: float | None = field(
+    selection_temperature: Annotated[float | None, POSITIVE] = field(
         default=None,
-        metadata={"help": "Temperature applied to the sampling-policy logits for the selection statistics. None: "
-                  "the sampling temperature (`temperature`)."},
+        metadata={"help": "Temperature applied to the sampling-policy logits for the selection statistics. None: the "
+                          "sampling temperature (`temperature`)."},
     )
-    stats_chunk_size: int | None = field(
+    stats_chunk_size: Annotated[int | None, AT_LEAST_ONE] = field(
         default=None,
         metadata={"help": "Most (response, position) rows of full-vocabulary logits materialised at once by the "
-                  "statistics pass (memory bound: rows × vocab × 4 bytes; 512 rows at V = 151,936 is 311 MB). "
-                  "Measured at Qwen2.5-0.5B width (bench/bench_real_shape.py --part passes, bench/README.md): 512 "
-                  "rows used 0.24× the extra memory of TRL's old-log-prob pass at 0.76× its time; 2,048 rows used "
-                  "1.07× at 0.66×."},
+                          "statistics pass (memory bound: rows × vocab × 4 bytes; 512 rows at V = 151,936 is 311 MB). "
+                          "Measured at Qwen2.5-0.5B width (bench/bench_real_shape.py --part passes, bench/README.md): "
+                          "512 rows used 0.24× the extra memory of TRL's old-log-prob pass at 0.76× its time; 2,048 "
+                          "rows used 1.07× at 0.66×."},
     )
-    cpu_threads: int | None = field(
+    cpu_threads: Annotated[int | None, Range(1, 4096)] = field(
         default=None,
         metadata={"help": "torch's intra-op threads in each process when training on CPU (torch.set_num_threads; "
-                  "ignored on GPU). None keeps torch's default (OMP_NUM_THREADS, else one per core). Small models "
-                  "run faster on one thread: the tiny config's step costs 3.5x less CPU time than with two."},
+                          "ignored on GPU). None keeps torch's default (OMP_NUM_THREADS, else one per core). Small "
+                          "models run faster on one thread: the tiny config's step costs 3.5x less CPU time than with "
+                          "two."},
     )
-    selection_topk: int | None = field(
+    selection_topk: Annotated[int | None, AT_LEAST_ONE] = field(
         default=None,
         metadata={"help": "ICT score from each position's top-K sampling-policy log-probs instead of the full "
-                  "distributions (ictrl.core.stats.group_js_divergence_topk; only for selectors that need the ICT score). "
-                  "Each response becomes its top-K probabilities plus one tail bucket of the remaining mass; the "
-                  "approximation treats the tail buckets of different responses as one bucket (a response puts 0 "
-                  "on group ids outside its own top-K). Exact at K >= vocabulary size (K is capped there). Measured "
-                  "agreement with the exact top-10%-per-response selection (bench/bench_topk_agreement.py, V 32,768, "
-                  "synthetic logits): precision 0.88-0.90 on Zipf-like rows (entropy ~2.5 nats), ~0.98 on "
-                  "Student-t rows (~0.6 nats), flat over K = 8..128; on the embedded task's real rollouts 0.97 at "
-                  "K = 8 and >= 0.997 from K = 16 (bench/bench_topk_rollouts.py). Saves the full-vocabulary JS sweep; "
-                  "with selection_topk_source the top-K come from the sampler, saving the top-K sweep too. None: the "
-                  "exact score."},
+                          "distributions (ictrl.core.stats.group_js_divergence_topk; only for selectors that need the "
+                          "ICT score). Each response becomes its top-K probabilities plus one tail bucket of the "
+                          "remaining mass; the approximation treats the tail buckets of different responses as one "
+                          "bucket (a response puts 0 on group ids outside its own top-K). Exact at K >= vocabulary "
+                          "size (K is capped there). Measured agreement with the exact top-10%-per-response selection "
+                          "(bench/bench_topk_agreement.py, V 32,768, synthetic logits): precision 0.88-0.90 on "
+                          "Zipf-like rows (entropy ~2.5 nats), ~0.98 on Student-t rows (~0.6 nats), flat over K = "
+                          "8..128; on the embedded task's real rollouts 0.97 at K = 8 and >= 0.997 from K = 16 "
+                          "(bench/bench_topk_rollouts.py). Saves the full-vocabulary JS sweep; with "
+                          "selection_topk_source the top-K come from the sampler, saving the top-K sweep too. None: "
+                          "the exact score."},
     )
     selection_topk_source: str = field(
         default="auto",
         metadata={"help": "Where the top-K log-probs of selection_topk come from. 'sampler': recorded at generation "
-                  "time (vLLM: logprobs=K per position; transformers generate: a logits processor recording the top-K "
-                  "of log_softmax(scores / selection_temperature) at each step, i.e. after repetition/constraint "
-                  "processors and before temperature/top-k/top-p warping), so the statistics pass skips its top-K "
-                  "sweep over the LM head; an error at init if the sampler's distribution is not the one the "
-                  "statistics pass scores (docs/vllm.md). 'head': from the statistics pass's LM-head logits. 'auto': "
-                  "the sampler when it qualifies, else the head."},
+                          "time (vLLM: logprobs=K per position; transformers generate: a logits processor recording "
+                          "the top-K of log_softmax(scores / selection_temperature) at each step, i.e. after "
+                          "repetition/constraint processors and before temperature/top-k/top-p warping), so the "
+                          "statistics pass skips its top-K sweep over the LM head; an error at init if the sampler's "
+                          "distribution is not the one the statistics pass scores (docs/vllm.md). 'head': from the "
+                          "statistics pass's LM-head logits. 'auto': the sampler when it qualifies, else the head.",
+                  "choices": ("auto", "sampler", "head")},
     )
     sparse_backward: bool = field(
         default=False,
@@ -228,38 +231,50 @@ class ICTGRPOConfig(GRPOConfig):
                   "metric_for_best_model='eval/total' (or another of these keys) keeps the best checkpoint. None: "
                   "no evaluation during training (ictrl.train_cli.eval_callback)."},
     )
-    eval_limit: int | None = field(
-        default=None, metadata={"help": "Evaluate the first eval_limit problems of each benchmark; None: all."})
-    eval_num_samples: int = field(default=4, metadata={"help": "Samples per problem for pass@k (>= max eval_ks)."})
+    eval_limit: Annotated[int | None, AT_LEAST_ONE] = field(
+        default=None,
+        metadata={"help": "Evaluate the first eval_limit problems of each benchmark; None: all."},
+    )
+    eval_num_samples: Annotated[int, AT_LEAST_ONE] = field(
+        default=4,
+        metadata={"help": "Samples per problem for pass@k (>= max eval_ks)."},
+    )
     eval_ks: list[int] = field(default_factory=lambda: [1, 4], metadata={"help": "k values of pass@k."})
-    eval_seed: int = field(default=0, metadata={"help": "Sampling seed of every evaluation during training."})
-    eval_max_new_tokens: int | None = field(
-        default=None, metadata={"help": "Generation budget of the evaluation; None: each benchmark's default "
-                                "(ictrl.data registry: 4096 for MATH-500/AIME, 1024 for GSM8K)."})
-    eval_temperature: float | None = field(
-        default=None, metadata={"help": "Evaluation sampling temperature (0: greedy); None: each benchmark's "
-                                "default (0.6)."})
-    dynamic_sampling_max_rounds: int = field(
+    eval_seed: Annotated[int, SEED] = field(
+        default=0,
+        metadata={"help": "Sampling seed of every evaluation during training."},
+    )
+    eval_max_new_tokens: Annotated[int | None, AT_LEAST_ONE] = field(
+        default=None,
+        metadata={"help": "Generation budget of the evaluation; None: each benchmark's default (ictrl.data registry: "
+                          "4096 for MATH-500/AIME, 1024 for GSM8K)."},
+    )
+    eval_temperature: Annotated[float | None, NON_NEGATIVE] = field(
+        default=None,
+        metadata={"help": "Evaluation sampling temperature (0: greedy); None: each benchmark's default (0.6)."},
+    )
+    dynamic_sampling_max_rounds: Annotated[int, NON_NEGATIVE] = field(
         default=9,
         metadata={"help": "Most extra generation rounds per generation batch under dynamic_sampling (9: at most 10 "
-                  "generation batches, DAPO's max_num_gen_batches). A batch still short afterwards is filled with "
-                  "uniform groups and a warning is logged."},
+                          "generation batches, DAPO's max_num_gen_batches). A batch still short afterwards is filled "
+                          "with uniform groups and a warning is logged."},
     )
 
-    reward_timeout: float | None = field(
+    reward_timeout: Annotated[float | None, POSITIVE] = field(
         default=None,
-        metadata={"help": "Seconds one call of a reward function may take; past it the run stops at that step with "
-                  "one line naming the reward. None: no deadline (the built-in graders keep their own timeout)."},
+        metadata={"help": "Seconds one call of a reward function may take; past it the run stops at that step with one "
+                          "line naming the reward. None: no deadline (the built-in graders keep their own timeout)."},
     )
-    no_signal_steps: int = field(
+    no_signal_steps: Annotated[int, NON_NEGATIVE] = field(
         default=20,
-        metadata={"help": "Stop the run (exit status 2, with the checkpoint and resume line) after this many "
-                  "optimizer steps in a row in which every advantage was 0 (equal rewards in every group, or "
-                  "rewards TRL could not use), whatever the cause. 0: train on."},
+        metadata={"help": "Stop the run (exit status 2, with the checkpoint and resume line) after this many optimizer "
+                          "steps in a row in which every advantage was 0 (equal rewards in every group, or rewards TRL "
+                          "could not use), whatever the cause. 0: train on."},
     )
 
     def __post_init__(self) -> None:
-        config_fields.check_ranges(self)  # first: a range names the bound (a seed's), the generic check only int64
+        # first: each field's own declaration names its bound (a seed's), the generic check only int64
+        config_fields.check_fields(self, ICTGRPOConfig)
         config_fields.check_finite({f.name: getattr(self, f.name) for f in fields(self) if f.init})
         config_fields.check_trains_something(self)
         # several trackers as TRL users write them (a list, or "tensorboard,wandb"); a missing package is one
@@ -271,34 +286,8 @@ class ICTGRPOConfig(GRPOConfig):
             self._derive_step_shape()
         super().__post_init__()
         self._resolve_selector()
-        if not self.temperature > 0:  # else the selection temperature it defaults to is named for it
-            raise ValueError(f"temperature must be > 0, got {self.temperature!r}")
         if self.selection_temperature is None:
             self.selection_temperature = self.temperature
-        if not self.selection_temperature > 0:
-            raise ValueError(f"selection_temperature must be > 0, got {self.selection_temperature!r}")
-        if self.stats_chunk_size is not None and (isinstance(self.stats_chunk_size, bool)
-                                                  or not isinstance(self.stats_chunk_size, int)
-                                                  or self.stats_chunk_size < 1):
-            raise ValueError(f"stats_chunk_size must be an int >= 1, got {self.stats_chunk_size!r}")
-        if self.cpu_threads is not None and (isinstance(self.cpu_threads, bool) or not isinstance(self.cpu_threads, int)
-                                             or not 1 <= self.cpu_threads <= 4096):
-            raise ValueError(f"cpu_threads must be None or an int in [1, 4096], got {self.cpu_threads!r}")
-        if self.selection_topk is not None and (isinstance(self.selection_topk, bool)
-                                                or not isinstance(self.selection_topk, int) or self.selection_topk < 1):
-            raise ValueError(f"selection_topk must be None or an int >= 1, got {self.selection_topk!r}")
-        if self.selection_topk_source not in ("auto", "sampler", "head"):
-            raise ValueError(f"selection_topk_source must be 'auto', 'sampler' or 'head', got "
-                             f"{self.selection_topk_source!r}")
-        if not isinstance(self.sparse_backward, bool):
-            raise ValueError(f"sparse_backward must be a bool, got {self.sparse_backward!r}")
-
-        if not isinstance(self.dynamic_sampling, bool):
-            raise ValueError(f"dynamic_sampling must be a bool, got {self.dynamic_sampling!r}")
-        if isinstance(self.dynamic_sampling_max_rounds, bool) or not isinstance(self.dynamic_sampling_max_rounds, int) \
-                or self.dynamic_sampling_max_rounds < 0:
-            raise ValueError(f"dynamic_sampling_max_rounds must be an int >= 0, got {self.dynamic_sampling_max_rounds!r}")
-
         self._check_eval_during_training()
         self._check_scheduler()
         self._resolve_loss()
@@ -411,8 +400,6 @@ class ICTGRPOConfig(GRPOConfig):
                              f"{self.gradient_accumulation_steps} must be a multiple of steps_per_generation="
                              f"{self.steps_per_generation} x num_iterations={self.num_iterations}: a best checkpoint "
                              "inside a generation buffer could not resume exactly")
-        if self.eval_limit is not None and (isinstance(self.eval_limit, bool) or self.eval_limit < 1):
-            raise ValueError(f"eval_limit must be None or an int >= 1, got {self.eval_limit!r}")
         if not self.eval_ks or max(self.eval_ks) > self.eval_num_samples or min(self.eval_ks) < 1:
             raise ValueError(f"eval_ks={self.eval_ks} must be non-empty ints in [1, eval_num_samples="
                              f"{self.eval_num_samples}]")

@@ -1,8 +1,8 @@
 """The fields of ``ICTGRPOConfig``: what each accepts, and what each of TRL's means under ``ICTGRPOTrainer``.
 
 **Checks.** The checks TRL leaves unchecked, run by the config's ``__post_init__`` before anything else: each value
-in its range (:data:`RANGES`), every number finite and within int64, and a run that trains something, each a
-one-line ``ValueError`` naming the field; and the trackers (``report_to``) and kernels (``use_liger_kernel``) it
+against its declaration (an ictrl field's type and range, :func:`declared`; an inherited field's :data:`RANGES`), every
+number finite and within int64, and a run that trains something, each a one-line ``ValueError`` naming the field; and the trackers (``report_to``) and kernels (``use_liger_kernel``) it
 names installed, a one-line :class:`ictrl.errors.UserError` naming what to install.
 
 **The TRL contract** (docs/trl-contract.md renders it). Every field of TRL's ``GRPOConfig`` is one of: ``honoured``
@@ -20,8 +20,10 @@ import difflib
 import importlib.util
 import math
 import re
+import types
+import typing
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from ictrl.errors import MissingExtraError, UserError, quote
@@ -59,10 +61,11 @@ AT_LEAST_ONE = Range(1)
 UNIT = Range(0, 1)
 SEED = Range(0, SEED_LIMIT, open_high=True)
 
-# Trainer field -> the range its value must lie in (None values are skipped: they mean "the default"). Fields
-# whose value is resolved first (temperature, selection_temperature) are checked there; the loss's values (epsilon,
-# epsilon_high, beta, the vllm_importance_sampling_* options, ...) by the LossSpec the config builds
-# (ictrl.core.loss), the selector's (selection_ratio, selection_seed, ...) by its registration (ictrl.core.selection).
+# The inherited fields (TRL's GRPOConfig, transformers' TrainingArguments) -> the range their value must lie in:
+# ictrl cannot annotate another package's fields. ictrl's own fields declare theirs in their annotation.
+# None values are skipped: they mean "the default". The loss's values (epsilon, epsilon_high, beta, the
+# vllm_importance_sampling_* options, ...) are checked by the LossSpec the config builds (ictrl.core.loss), the
+# selector's (selection_ratio, selection_seed, ...) by its registration (ictrl.core.selection).
 RANGES: dict[str, Range] = {
     "learning_rate": NON_NEGATIVE,
     "weight_decay": NON_NEGATIVE,
@@ -73,10 +76,7 @@ RANGES: dict[str, Range] = {
     "warmup_ratio": UNIT,
     "warmup_steps": NON_NEGATIVE,
     "seed": SEED,
-    "reward_timeout": POSITIVE,
-    "no_signal_steps": NON_NEGATIVE,
     "data_seed": SEED,
-    "eval_seed": SEED,
     "per_device_train_batch_size": AT_LEAST_ONE,
     "gradient_accumulation_steps": AT_LEAST_ONE,
     "num_generations": Range(2),
@@ -84,16 +84,13 @@ RANGES: dict[str, Range] = {
     "num_iterations": AT_LEAST_ONE,
     "steps_per_generation": AT_LEAST_ONE,
     "generation_batch_size": AT_LEAST_ONE,  # 0: TRL's __post_init__ divides by it
+    "temperature": POSITIVE,
     "top_p": Range(0, 1, open_low=True),
     "top_k": NON_NEGATIVE,
     "min_p": UNIT,
     "repetition_penalty": POSITIVE,
     "logging_steps": POSITIVE,
     "save_steps": POSITIVE,
-    "prompts_per_step": AT_LEAST_ONE,
-    "eval_num_samples": AT_LEAST_ONE,
-    "eval_temperature": NON_NEGATIVE,
-    "eval_max_new_tokens": AT_LEAST_ONE,
 }
 
 
@@ -102,18 +99,65 @@ RANGES: dict[str, Range] = {
 NOT_NULL = ("num_generations", "max_completion_length")
 
 
-def check_ranges(config: Any) -> None:
+def declared(cls: type) -> dict[str, tuple[Any, Range | None]]:
+    """Each field ``cls`` itself declares -> (its type, its range): an ictrl field carries its range in its
+    annotation, ``Annotated[int | None, AT_LEAST_ONE]`` (the field's metadata is argparse's keywords, through
+    ``HfArgumentParser``, so it holds the help and the ``choices``)."""
+    hints = typing.get_type_hints(cls, include_extras=True)
+    out: dict[str, tuple[Any, Range | None]] = {}
+    for name in cls.__dict__.get("__annotations__", {}):
+        hint, bound = hints[name], None
+        if typing.get_origin(hint) is typing.Annotated:
+            hint, *extras = typing.get_args(hint)
+            bound = next((e for e in extras if isinstance(e, Range)), None)
+        out[name] = (hint, bound)
+    return out
+
+
+def type_text(hint: Any) -> str:
+    """A type as a config file's reader writes it: ``int | None``, ``list[str]``."""
+    if typing.get_origin(hint) is typing.Annotated:
+        return type_text(typing.get_args(hint)[0])
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return " | ".join(type_text(a) for a in typing.get_args(hint))
+    if hint is type(None):
+        return "None"
+    return hint.__name__ if isinstance(hint, type) else str(hint).replace("typing.", "")
+
+
+def _has_type(hint: Any, value: Any) -> bool:
+    """Whether ``value`` is of type ``hint``; a bool is no number (an int to Python, so TRL would divide by it)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_has_type(a, value) for a in args)
+    if origin in (list, tuple):
+        return isinstance(value, (list, tuple)) and all(_has_type(args[0], v) for v in value) if args else True
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, origin or hint) if isinstance(origin or hint, type) else True
+
+
+def check_fields(config: Any, own: type) -> None:
+    """Every field held to its declaration: each field ``own`` (ictrl's config class) declares its type, range
+    (:func:`declared`) and ``choices``; each inherited field in :data:`RANGES` its range."""
     for key in NOT_NULL:
         if getattr(config, key, 0) is None:
             raise ValueError(f"{key}: expected a number {RANGES.get(key, AT_LEAST_ONE)}, got null")
-    for key, bound in RANGES.items():
-        value = getattr(config, key, None)
-        if isinstance(value, bool):  # an int to Python, so TRL would divide by false
-            raise ValueError(f"{key}: expected a number {bound}, got {str(value).lower()}")
-        if value is None or not isinstance(value, (int, float)):
-            continue
-        if value not in bound:
-            raise ValueError(f"{key}: must be {bound}, got {quote(value)}")
+    mine = declared(own)
+    for f in fields(config):
+        value = getattr(config, f.name, None)
+        hint, bound = mine.get(f.name, (None, RANGES.get(f.name)))
+        if hint is not None and not _has_type(hint, value):
+            raise ValueError(f"{f.name}: expected {type_text(hint)}, got {quote(value)}")
+        if isinstance(value, bool) and bound is not None:
+            raise ValueError(f"{f.name}: expected a number {bound}, got {str(value).lower()}")
+        if bound is not None and isinstance(value, (int, float)) and value not in bound:
+            raise ValueError(f"{f.name}: must be {bound}, got {quote(value)}")
+        choices = f.metadata.get("choices")
+        if choices is not None and value is not None and value not in choices:
+            raise ValueError(f"{f.name}: must be one of {', '.join(map(repr, choices))}, got {quote(value)}")
 
 
 def _bad_number(key: str, value: Any) -> tuple[str, str] | None:

@@ -56,9 +56,12 @@ def config_keys_help(width: int = 110) -> str:
     from trl import ModelConfig as TRLModelConfig
     from trl.scripts.grpo import GRPOScriptArguments
 
+    from ictrl.engine.config import ICTGRPOConfig
+    from ictrl.engine.config_fields import RANGES, declared
     from ictrl.train_cli.run_config import DEFAULT_SELECTOR, owners
 
     fields = {f.name: f for cls in set(owners().values()) for f in dataclasses.fields(cls) if f.init}
+    bounds = {**RANGES, **{n: b for n, (_, b) in declared(ICTGRPOConfig).items() if b is not None}}
     names = {cls: [f.name for f in dataclasses.fields(cls) if f.init] for cls in
              (GRPOScriptArguments, TRLModelConfig, GRPOConfig, TrainingArguments)}
     trl_keys = {n for cls in (GRPOScriptArguments, TRLModelConfig, GRPOConfig) for n in names[cls]}
@@ -74,14 +77,17 @@ def config_keys_help(width: int = 110) -> str:
          [n for n in names[TrainingArguments] if n in owners()]),
     ]
     out = ["config keys: YAML in the file, or --KEY=VALUE / --KEY VALUE before or after it (dashes or underscores);",
-           f"{len(owners())} keys, each with its default and the help of the dataclass that checks it."]
+           f"{len(owners())} keys, each with its default, its range or choices where it has them, and the help of the dataclass "
+           "that checks it."]
     for title, keys in groups:
         out += ["", f"{title}:"]
         for name in keys:
             f = fields[name]
             default = f"{DEFAULT_SELECTOR!r} under ictrl train when the file sets none (TRL's GRPO); the Python " \
                       f"ICTGRPOConfig's: {_default(f)}" if name == "token_selector" else _default(f)
-            out.append(f"  --{name} (default: {default})")
+            choices = f.metadata.get("choices")
+            bound = bounds.get(name) or (f"one of {', '.join(map(repr, choices))}" if choices else "")
+            out.append(f"  --{name} (default: {default}" + (f"; {bound}" if bound else "") + ")")
             text = " ".join(str(f.metadata.get("help", "")).split())
             if text:
                 out += textwrap.wrap(text, width, initial_indent="      ", subsequent_indent="      ",

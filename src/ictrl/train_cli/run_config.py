@@ -259,6 +259,13 @@ def _annotation(key: str, kind: type = object) -> str:
     """The annotation of ``key``'s field as text when it names ``kind`` (list, dict), else ''."""
     hints = [k.__dict__.get("__annotations__", {}) for k in owners()[key].__mro__]  # fields' types: argparse's
     text = str(next(h[key] for h in hints if key in h)).replace("typing.", "")
+    if text.startswith("Annotated["):  # an ictrl field's type and range: the type
+        depth = 0
+        for i, c in enumerate(text[len("Annotated["):]):
+            depth += c in "[(" and 1 or c in "])" and -1 or 0
+            if c == "," and depth == 0:
+                text = text[len("Annotated["):len("Annotated[") + i]
+                break
     return text if kind is object or kind.__name__ in text else ""
 
 
