@@ -118,10 +118,13 @@ def test_train_help_lists_every_key_once_with_its_default_and_whole_help(capsys:
     with pytest.raises(SystemExit):
         cli.main(["train", "--help"])
     out = capsys.readouterr().out
-    listed = re.findall(r"^  --(\w+) \(default: (.*)\)$", out, flags=re.M)
-    assert sorted(name for name, _ in listed) == sorted(owners())  # every accepted key, once
-    defaults = dict(listed)
+    listed = re.findall(r"^  --(\w+) \(default: (.*?)(?:; (.*))?\)$", out, flags=re.M)
+    assert sorted(name for name, _, _ in listed) == sorted(owners())  # every accepted key, once
+    defaults = {name: default for name, default, _ in listed}
     assert defaults["learning_rate"] == "1.0e-06" and defaults["beta"] == "0.0" and defaults["lora_r"] == "16"
+    bounds = {name: bound for name, _, bound in listed if bound}  # a field's declared range or choices
+    assert bounds["cpu_threads"] == ">= 1 and <= 4096" and bounds["learning_rate"] == ">= 0"
+    assert bounds["selection_topk_source"] == "one of 'auto', 'sampler', 'head'"
     assert defaults["token_selector"].startswith("'all' under ictrl train when the file sets none")
     fields = {f.name: f for cls in set(owners().values()) for f in dataclasses.fields(cls)}
     flat = " ".join(out.split())
