@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import collections
 import collections.abc
-import html
 import itertools
 import json
 import math
@@ -231,13 +230,7 @@ def test_regime_takes_the_task_by_its_module_path(tiny_model_dir: Path, tmp_path
     assert rc == 0, capsys.readouterr().err
     result = json.loads((out / "regime.json").read_text())  # strict JSON: no NaN
     assert len(result["prompts"]) == 3 and result["settings"]["max_new_tokens"] == 10  # paths' own budget
-    assert all(r["id"].startswith("paths-") for r in result["prompts"])
-    assert result["summary"]["prompts"] == 3 and result["summary"]["groups"] == 6
-    assert all(r["responses"] == 4 and len(r["groups"]) == 2 for r in result["prompts"])
-    assert all(0 <= r["before/ict"] <= 1 for r in result["prompts"] if r["before/ict"] is not None)
-    page = (out / "regime.html").read_text()
-    assert html.escape(result["verdict"]["line"]) in page and "entropy20" in page and "share after it" in page
-    assert html.escape(result["verdict"]["action"]) in page and "sampling seeds 0-1" in page
+    assert all(r["id"].startswith("paths-") for r in result["prompts"])  # the page and summary: test_regime
     assert regime.verdict_text(result["verdict"]) in capsys.readouterr().out
 
 
