@@ -113,8 +113,6 @@ def test_identical_responses_have_no_divergence() -> None:
     assert regime.first_divergence(tokens, mask) is None
     mask2 = torch.tensor([[True, True, True], [True, True, False]])  # one ended, the other went on
     assert regime.first_divergence(tokens, mask2) == 2
-    end = torch.tensor([[5, 0, 7, 7], [5, 9, 9, 9]])
-    assert regime.response_mask(end, [0, 9]).tolist() == [[True, True, False, False], [True, True, False, False]]
 
 
 def test_intervals_over_prompts_match_scipy_and_leave_identical_groups_out() -> None:

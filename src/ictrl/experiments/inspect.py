@@ -210,9 +210,20 @@ def rollouts_from_tensors(
 # ---------------------------------------------------------------------------------------------------- sampling
 
 
-def response_mask(response: Any, eos_token_id: int) -> Any:
-    """[B, T] bool: positions up to and including each row's first EOS (all of a row that never ends)."""
-    is_eos = (response == eos_token_id).long()
+def eos_ids(model: Any, tokenizer: Any) -> list[int]:
+    """The ids that end a response: the generation config's (an int or a list; what ``generate`` stops at) and the
+    tokenizer's EOS. A chat model's config lists more than the tokenizer's one (Qwen2.5-Instruct: ``<|im_end|>`` and
+    ``<|endoftext|>``); a row that stopped at the other is padded after it, and that padding is no response."""
+    ids = getattr(model.generation_config, "eos_token_id", None)
+    ids = [] if ids is None else [ids] if isinstance(ids, int) else list(ids)
+    return sorted({*ids, *([tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else [])})
+
+
+def response_mask(response: Any, eos: Sequence[int]) -> Any:
+    """[G, T] bool: positions up to and including each row's first end token (all of a row that never ends)."""
+    import torch
+
+    is_eos = torch.isin(response, torch.tensor(list(eos), dtype=response.dtype, device=response.device)).long()
     return (is_eos.cumsum(1) - is_eos) == 0
 
 
@@ -257,7 +268,7 @@ def generate_group(
             pad_token_id=tokenizer.pad_token_id,
         )
     response = full[:, prompt_ids.shape[1] :]
-    return prompt_ids, response, response_mask(response, tokenizer.eos_token_id)
+    return prompt_ids, response, response_mask(response, eos_ids(model, tokenizer))
 
 
 def score_group(

@@ -282,22 +282,6 @@ def load_prompts(source: str, n: int, seed: int = 0) -> tuple[list[Any], Any]:
 # ---------------------------------------------------------------------------------------------------- sampling
 
 
-def eos_ids(model: Any, tokenizer: Any) -> list[int]:
-    """The ids that end a response: the generation config's (an int or a list; what ``generate`` stops at) and the
-    tokenizer's EOS."""
-    ids = getattr(model.generation_config, "eos_token_id", None)
-    ids = [] if ids is None else [ids] if isinstance(ids, int) else list(ids)
-    return sorted({*ids, *([tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else [])})
-
-
-def response_mask(response: Any, eos: Sequence[int]) -> Any:
-    """[G, T] bool: positions up to and including each row's first end token (all of a row that never ends)."""
-    import torch
-
-    is_eos = torch.isin(response, torch.tensor(list(eos), dtype=response.dtype, device=response.device)).long()
-    return (is_eos.cumsum(1) - is_eos) == 0
-
-
 def score_prompt(model: Any, tokenizer: Any, prompt: str, index: int, args: argparse.Namespace,
                  seed: int) -> dict[str, Any]:
     """Sample one group for ``prompt`` with sampling seed ``seed`` (``ictrl inspect``'s sampler), one no-grad forward
@@ -306,9 +290,8 @@ def score_prompt(model: Any, tokenizer: Any, prompt: str, index: int, args: argp
 
     from ictrl.experiments.inspect import generate_group
 
-    prompt_ids, response, _ = generate_group(model, tokenizer, prompt, args.num_generations, args.max_new_tokens,
-                                             args.temperature, seed=seed * 1_000_003 + index)
-    mask = response_mask(response, eos_ids(model, tokenizer))
+    prompt_ids, response, mask = generate_group(model, tokenizer, prompt, args.num_generations, args.max_new_tokens,
+                                                args.temperature, seed=seed * 1_000_003 + index)
     g, p_len = response.shape[0], prompt_ids.shape[1]
     with torch.no_grad():
         logits = model(torch.cat([prompt_ids.expand(g, -1), response], dim=1)).logits[:, p_len - 1:-1].float()
