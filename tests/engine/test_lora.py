@@ -47,7 +47,7 @@ LORA = {"use_peft": True, "lora_r": 4, "lora_alpha": 8, "lora_dropout": 0.0,
         ("--lora_target_modules=q_prj", "lora_target_modules[0]: the model has no module 'q_prj'; did you mean "
                                         "'q_proj'?"),
         ("--lora_r=0", "override --lora_r=0: lora_r: must be >= 1"),
-        ("--lora_dropout=1.5", "override --lora_dropout=1.5: lora_dropout: must be in [0, 1)"),
+        ("--lora_dropout=1.5", "override --lora_dropout=1.5: lora_dropout: must be >= 0 and < 1, got 1.5"),
     ],
 )
 def test_bad_model_options_fail_before_the_model_loads(override: str, message: str, loader_calls: list[Any],

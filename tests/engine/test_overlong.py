@@ -144,8 +144,8 @@ def test_a_buffer_as_long_as_the_completions_is_said(tmp_path: Path, caplog: pyt
 @pytest.mark.parametrize(
     ("override", "message"),
     [
-        ("--overlong_buffer_length=0", "overlong_buffer_length: must be >= 1 or null"),
-        ("--overlong_penalty_factor=-1", "overlong_penalty_factor: must be a finite number >= 0"),
+        ("--overlong_buffer_length=0", "overlong_buffer_length: must be >= 1, got 0"),
+        ("--overlong_penalty_factor=-1", "overlong_penalty_factor: must be >= 0, got -1.0"),
     ],
 )
 def test_bad_overlong_settings_are_named(tmp_path: Path, override: str, message: str) -> None:

@@ -54,7 +54,7 @@ def alias_bomb(levels: int, key: str) -> str:
         (["--temperature=0"], ": temperature: must be > 0, got 0.0"),
         (["--top_p=1.5"], "top_p: must be > 0 and <= 1, got 1.5"),
         (["--dataset_name={gsm8k_train: .inf}"], "dataset_name.gsm8k_train: must be finite, got inf"),
-        (["--overlong_penalty_factor=nan"], "overlong_penalty_factor: must be a finite number"),
+        (["--overlong_penalty_factor=nan"], "overlong_penalty_factor: must be finite, got nan"),
         ([f"--learning_rate={BIG}"], "override --learning_rate: a value of 10000000 characters, more than 65536"),
         ([f"--learning_rate={LONG}"], "learning_rate: invalid float value: 'xxxx"),
         ([f"--dataset_name=[{LONG}]"], "dataset_name: 'xxxx"),

@@ -160,7 +160,7 @@ def test_mixture_list_and_name() -> None:
         ("--use_pef", r"unknown key 'use_pef'; did you mean 'use_peft'\?"),
         ("--datasets=x", r"unknown key 'datasets'; TRL's hub dataset mixture"),
         ("--lora_r=x", r"override --lora_r: lora_r: invalid int value: 'x'"),
-        ("--max_prompt_length=0", r"override --max_prompt_length=0: max_prompt_length: must be >= 1 or null"),
+        ("--max_prompt_length=0", r"override --max_prompt_length=0: max_prompt_length: must be >= 1, got 0"),
     ],
 )
 def test_bad_flag_names_the_flag_and_key(override: str, pattern: str) -> None:

@@ -91,6 +91,9 @@ RANGES: dict[str, Range] = {
     "repetition_penalty": POSITIVE,
     "logging_steps": POSITIVE,
     "save_steps": POSITIVE,
+    "lora_r": AT_LEAST_ONE,  # TRL's ModelConfig: peft takes r=0 or a dropout of 1.5 and fails after the model loads
+    "lora_alpha": POSITIVE,
+    "lora_dropout": Range(0, 1, open_high=True),
 }
 
 
@@ -139,9 +142,10 @@ def _has_type(hint: Any, value: Any) -> bool:
     return isinstance(value, origin or hint) if isinstance(origin or hint, type) else True
 
 
-def check_fields(config: Any, own: type) -> None:
-    """Every field held to its declaration: each field ``own`` (ictrl's config class) declares its type, range
-    (:func:`declared`) and ``choices``; each inherited field in :data:`RANGES` its range."""
+def check_fields(config: Any, own: type, types: bool = True) -> None:
+    """Every field held to its declaration: each field ``own`` (an ictrl config class) declares its type (unless
+    ``types`` is False: a class whose own ``__post_init__`` reads wider values), range (:func:`declared`) and
+    ``choices``; each inherited field in :data:`RANGES` its range."""
     for key in NOT_NULL:
         if getattr(config, key, 0) is None:
             raise ValueError(f"{key}: expected a number {RANGES.get(key, AT_LEAST_ONE)}, got null")
@@ -149,7 +153,7 @@ def check_fields(config: Any, own: type) -> None:
     for f in fields(config):
         value = getattr(config, f.name, None)
         hint, bound = mine.get(f.name, (None, RANGES.get(f.name)))
-        if hint is not None and not _has_type(hint, value):
+        if types and hint is not None and not _has_type(hint, value):
             raise ValueError(f"{f.name}: expected {type_text(hint)}, got {quote(value)}")
         if isinstance(value, bool) and bound is not None:
             raise ValueError(f"{f.name}: expected a number {bound}, got {str(value).lower()}")

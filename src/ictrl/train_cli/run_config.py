@@ -23,13 +23,14 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import yaml
 import trl
 from trl import TrlParser
 from trl.scripts.grpo import GRPOScriptArguments
 
+from ictrl.engine.config_fields import AT_LEAST_ONE, NON_NEGATIVE, check_fields, check_finite
 from ictrl.train_cli.config_yaml import MAX_CONFIG_BYTES, load_yaml_text, load_yaml_value
 from ictrl.errors import QUOTE_LIMIT, ConfigError, quote, shorten
 from ictrl.files import atomic_write_text
@@ -55,9 +56,9 @@ class ScriptArguments(GRPOScriptArguments):
                           "(accuracy_reward, think_format_reward, ...) or a dotted path / module:function with TRL's "
                           "signature. The first is reported as accuracy."},
     )
-    dataset_limit: int | None = field(
+    dataset_limit: Annotated[int | None, AT_LEAST_ONE] = field(
         default=None, metadata={"help": "Use at most this many training rows (of the mixture when several)."})
-    max_prompt_length: int | None = field(
+    max_prompt_length: Annotated[int | None, AT_LEAST_ONE] = field(
         default=512,
         metadata={"help": "Drop training prompts longer than this many tokens (after the chat template); null keeps "
                           "all. Dropping, not truncating: a cut question has no verifiable answer."},
@@ -67,13 +68,13 @@ class ScriptArguments(GRPOScriptArguments):
         metadata={"help": "Benchmarks to evaluate the trained model on with `ictrl eval` (recorded in config.yaml; "
                           "not run during training: that is eval_benchmarks)."},
     )
-    overlong_buffer_length: int | None = field(
+    overlong_buffer_length: Annotated[int | None, AT_LEAST_ONE] = field(
         default=None,
         metadata={"help": "DAPO's soft overlong penalty (Eq. 13; TRL's get_soft_overlong_punishment) added after "
                           "reward_funcs: 0 up to max_completion_length - L, then falling linearly to -1 at "
                           "max_completion_length, times overlong_penalty_factor; L is this length in tokens."},
     )
-    overlong_penalty_factor: float = field(
+    overlong_penalty_factor: Annotated[float, NON_NEGATIVE] = field(
         default=1.0, metadata={"help": "Weight of the overlong penalty (its entry in reward_weights)."})
 
     def __post_init__(self) -> None:
@@ -91,15 +92,10 @@ class ScriptArguments(GRPOScriptArguments):
                              f"{quote(train)}")
         if self.dataset_streaming:
             raise ValueError("dataset_streaming: ictrl train reads every training row before the model loads")
-        for key in ("dataset_limit", "max_prompt_length", "overlong_buffer_length"):
-            value = getattr(self, key)
-            if value is not None and value < 1:
-                raise ValueError(f"{key}: must be >= 1 or null, got {quote(value)}")
+        check_fields(self, ScriptArguments, types=False)  # dataset_name takes a list or mapping too, read above
+        check_finite({"overlong_penalty_factor": self.overlong_penalty_factor})
         if self.reward_funcs is not None and not self.reward_funcs:
             raise ValueError("reward_funcs: empty list; use null for the default ['verifiable']")
-        if not 0 <= self.overlong_penalty_factor < math.inf:
-            raise ValueError(f"overlong_penalty_factor: must be a finite number >= 0, got "
-                             f"{quote(self.overlong_penalty_factor)}")
 
     def sources(self) -> list[str]:
         """The training sources' names (a mixture's keys)."""
@@ -108,15 +104,11 @@ class ScriptArguments(GRPOScriptArguments):
 
 @dataclass
 class ModelConfig(trl.ModelConfig):
-    """TRL's ``ModelConfig``, its LoRA values bounded (peft takes ``r=0`` or a dropout of 1.5 and fails later)."""
+    """TRL's ``ModelConfig``, its LoRA values held to their ranges (``ictrl.engine.config_fields.RANGES``)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.lora_r < 1 or self.lora_alpha <= 0:
-            raise ValueError(f"lora_{'r' if self.lora_r < 1 else 'alpha'}: must be >= 1 (rank) / > 0 (alpha), got "
-                             f"{quote(self.lora_r if self.lora_r < 1 else self.lora_alpha)}")
-        if not 0 <= self.lora_dropout < 1:
-            raise ValueError(f"lora_dropout: must be in [0, 1), got {quote(self.lora_dropout)}")
+        check_fields(self, ModelConfig)
 
 
 @dataclass
