@@ -30,7 +30,7 @@ import trl
 from trl import TrlParser
 from trl.scripts.grpo import GRPOScriptArguments
 
-from ictrl.engine.config_fields import AT_LEAST_ONE, NON_NEGATIVE, check_fields, check_finite
+from ictrl.engine.config_fields import AT_LEAST_ONE, NON_NEGATIVE, check_fields, check_finite, type_text
 from ictrl.train_cli.config_yaml import MAX_CONFIG_BYTES, load_yaml_text, load_yaml_value
 from ictrl.errors import QUOTE_LIMIT, ConfigError, quote, shorten
 from ictrl.files import atomic_write_text
@@ -248,17 +248,17 @@ def _takes_null(key: str) -> bool:
 
 
 def _annotation(key: str, kind: type = object) -> str:
-    """The annotation of ``key``'s field as text when it names ``kind`` (list, dict), else ''."""
-    hints = [k.__dict__.get("__annotations__", {}) for k in owners()[key].__mro__]  # fields' types: argparse's
-    text = str(next(h[key] for h in hints if key in h)).replace("typing.", "")
-    if text.startswith("Annotated["):  # an ictrl field's type and range: the type
-        depth = 0
-        for i, c in enumerate(text[len("Annotated["):]):
-            depth += c in "[(" and 1 or c in "])" and -1 or 0
-            if c == "," and depth == 0:
-                text = text[len("Annotated["):len("Annotated[") + i]
-                break
+    """The type of ``key``'s field as text (``int | None``) when it names ``kind`` (list, dict), else ''."""
+    text = type_text(_type_hints(owners()[key])[key])
     return text if kind is object or kind.__name__ in text else ""
+
+
+@functools.lru_cache(maxsize=None)
+def _type_hints(cls: type) -> dict[str, Any]:
+    """``cls``'s field types, as TRL's parser reads them (an ictrl field's range left out)."""
+    import typing
+
+    return typing.get_type_hints(cls)
 
 
 def _name(function: Any) -> str:
