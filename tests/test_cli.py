@@ -5,12 +5,22 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import types
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from ictrl import cli
+
+
+@pytest.fixture(autouse=True)
+def _sigint_restored() -> Iterator[None]:
+    """``cli.entry`` ignores a second Ctrl-C once a run reports its stop; the tests after these keep their handler."""
+    handler = signal.getsignal(signal.SIGINT)
+    yield
+    signal.signal(signal.SIGINT, handler)
 
 
 def test_argparse_error_is_one_line_with_a_help_pointer(capsys: pytest.CaptureFixture[str]) -> None:
