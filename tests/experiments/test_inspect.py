@@ -15,6 +15,7 @@ import torch
 
 from ictrl.experiments import inspect as ins
 from ictrl.experiments.inspect import Rollout, load_rollouts, render_inspect_html, rollouts_from_tensors, save_rollouts
+from ictrl.experiments.sampling import generate_group
 
 NASTY = ["<b>", "&amp;", " ", "\n", "a b", '"q"', "", "\t", "\x01", "é"]
 SHOWN = ["<b>", "&amp;", "·", "↵", "a·b", '"q"', "∅", "→", "\\x01", "é"]  # visible text of each token
@@ -131,25 +132,6 @@ def test_rollouts_from_tensors_keeps_masked_positions() -> None:
         rollouts_from_tensors(["p", "p"], toks, mask, u, u[:, :3], u, sel)
 
 
-def test_response_mask_stops_after_first_eos() -> None:
-    resp = torch.tensor([[5, 9, 7, 9], [5, 6, 7, 8], [9, 9, 9, 9]])
-    assert ins.response_mask(resp, [9]).tolist() == [
-        [True, True, False, False], [True, True, True, True], [True, False, False, False]]
-    end = torch.tensor([[5, 0, 7, 7], [5, 9, 9, 9]])  # either end token ends a row
-    assert ins.response_mask(end, [0, 9]).tolist() == [[True, True, False, False], [True, True, False, False]]
-
-
-def test_the_end_tokens_are_the_generation_configs_and_the_tokenizers() -> None:
-    """A chat model stops at every id its generation config lists; the row padded after the other one is no
-    response (the tokenizer's EOS alone would count the padding as response tokens)."""
-    from types import SimpleNamespace
-
-    tokenizer = SimpleNamespace(eos_token_id=7)
-    for config_ids, want in ((None, [7]), (9, [7, 9]), ([9, 7, 3], [3, 7, 9])):
-        model = SimpleNamespace(generation_config=SimpleNamespace(eos_token_id=config_ids))
-        assert ins.eos_ids(model, tokenizer) == want
-
-
 def naive_reference(logits: torch.Tensor, mask: torch.Tensor, response: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """float64 H1, pi and group JS (one group, mean over the responses active at t) by the definition."""
     p = torch.softmax(logits.double(), -1)
@@ -172,7 +154,7 @@ def test_end_to_end_on_tiny_model(tiny_model_dir: Path, tmp_path: Path) -> None:
     from ictrl.models import load_model_and_tokenizer
 
     model, tok = load_model_and_tokenizer(str(tiny_model_dir), device="cpu")
-    prompt_ids, response, mask = ins.generate_group(model, tok, "Q: 2+3=", 4, 16, temperature=1.0, seed=0)
+    prompt_ids, response, mask = generate_group(model, tok, "Q: 2+3=", 4, 16, temperature=1.0, seed=0)
     assert response.shape == (4, 16)
     rollouts = ins.score_group(model, tok, "Q: 2+3=", prompt_ids, response, mask, 1.0, "ict", 0.1, "response")
     with torch.no_grad():

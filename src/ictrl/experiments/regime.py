@@ -288,7 +288,7 @@ def score_prompt(model: Any, tokenizer: Any, prompt: str, index: int, args: argp
     over prompt + responses for the logits that produced them, then :func:`group_record`."""
     import torch
 
-    from ictrl.experiments.inspect import generate_group
+    from ictrl.experiments.sampling import generate_group
 
     prompt_ids, response, mask = generate_group(model, tokenizer, prompt, args.num_generations, args.max_new_tokens,
                                                 args.temperature, seed=seed * 1_000_003 + index)
