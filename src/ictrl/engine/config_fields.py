@@ -1,9 +1,10 @@
 """The fields of ``ICTGRPOConfig``: what each accepts, and what each of TRL's means under ``ICTGRPOTrainer``.
 
 **Checks.** The checks TRL leaves unchecked, run by the config's ``__post_init__`` before anything else: each value
-against its declaration (an ictrl field's type and range, :func:`declared`; an inherited field's :data:`RANGES`), every
-number finite and within int64, and a run that trains something, each a one-line ``ValueError`` naming the field; and the trackers (``report_to``) and kernels (``use_liger_kernel``) it
-names installed, a one-line :class:`ictrl.errors.UserError` naming what to install.
+against its declaration (an ictrl field's type and range, :func:`declared`; an inherited field's :data:`RANGES`),
+every number finite and within int64, and a run that trains something, each a one-line ``ValueError`` naming the
+field; and the trackers (``report_to``) and kernels (``use_liger_kernel``) it names installed, a one-line
+:class:`ictrl.errors.UserError` naming what to install.
 
 **The TRL contract** (docs/trl-contract.md renders it). Every field of TRL's ``GRPOConfig`` is one of: ``honoured``
 (the same effect as in TRL's ``GRPOTrainer``), ``selection`` (honoured, with a meaning under a token selector other

@@ -1,10 +1,10 @@
 """The statistics pass: per-token statistics and the group JS score of the sampling policy, and where they come from.
 
-:class:`StatsSource` is the run's one source of statistics, built once when the trainer is (:meth:`StatsSource.plan`).
-It decides the path of each mode once, from :class:`PathFacts`, and is called one way,
-``source(model, input_ids, attention_mask, mask, group_ids, ...) -> (TokenStats, js)``, whether the statistics come from the model's
-own forward over the batch, from hidden states the loss's forward kept, or from TRL's fused head. Three paths,
-logged as ``ictrl/stats_path`` (:data:`STATS_PATHS`):
+:class:`StatsSource` is the run's one source of statistics, built once when the trainer is
+(:meth:`StatsSource.plan`). It decides the path of each mode once, from :class:`PathFacts`, and is called one way,
+``source(model, input_ids, attention_mask, mask, group_ids, ...) -> (TokenStats, js)``, whether the statistics come
+from the model's own forward over the batch, from hidden states the loss's forward kept, or from TRL's fused head.
+Three paths, logged as ``ictrl/stats_path`` (:data:`STATS_PATHS`):
 
 - ``training_forward`` (2): the statistics come from the loss's own forward. Used for ``all`` (its selection is the
   response mask, so only the metrics need statistics: TRL's fused head returns log-probs, entropy and Σp² in the

@@ -42,7 +42,8 @@ def generate_group(
     import torch
 
     if num_generations < 2:
-        raise ValueError(f"num_generations must be >= 2 (ICT compares a response with its group), got {num_generations}")
+        raise ValueError(f"num_generations must be >= 2 (ICT compares a response with its group), got "
+                         f"{num_generations}")
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     if not temperature > 0:

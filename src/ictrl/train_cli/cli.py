@@ -77,8 +77,8 @@ def config_keys_help(width: int = 110) -> str:
          [n for n in names[TrainingArguments] if n in owners()]),
     ]
     out = ["config keys: YAML in the file, or --KEY=VALUE / --KEY VALUE before or after it (dashes or underscores);",
-           f"{len(owners())} keys, each with its default, its range or choices where it has them, and the help of the dataclass "
-           "that checks it."]
+           f"{len(owners())} keys, each with its default, its range or choices where it has them, and the help of the "
+           "dataclass that checks it."]
     for title, keys in groups:
         out += ["", f"{title}:"]
         for name in keys:
