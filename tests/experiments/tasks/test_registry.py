@@ -106,3 +106,18 @@ def test_a_bad_task_on_the_command_line_is_exit_2_before_any_model(argv: list[st
     assert len(err.splitlines()) == 1, err
     assert err.startswith(f"ictrl {argv[0]}: error: --task: unknown task 'nope'; choose tinyarith or"), err
     assert not out.exists() or not any(out.iterdir())
+
+
+def test_a_task_with_a_config_is_refused_not_ignored(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """compare --config trains on the config's data: another --task beside it is a mistake, said in one line."""
+    from ictrl.cli import main
+
+    config = tmp_path / "c.yaml"
+    config.write_text("model_name_or_path: x\noutput_dir: y\n")
+    out = tmp_path / "out"
+    argv = ["compare", "--config", str(config), "--seeds", "1", "--methods", "grpo", "--task", "studies.tasks.paths",
+            "--output-dir", str(out)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("ictrl compare: error: --task studies.tasks.paths: the embedded task's option; with --config the "
+                   "runs train on the config's dataset_name"), err

@@ -69,6 +69,9 @@ def make_experiment(args: Any, log: Callable[[str], None] = print) -> Experiment
     if args.config is not None:
         if not args.config.is_file():
             raise UserError(f"--config: {args.config}: file not found")
+        if getattr(args, "task", None) not in (None, "tinyarith"):  # the default cannot be told from a given one
+            raise UserError(f"--task {args.task}: the embedded task's option; with --config the runs train on the "
+                            "config's dataset_name")
         probe = configrun.load_run_config(args.config, RunSpec("grpo", 0), args.output_dir / "_probe", args.steps)
         runner = functools.partial(configrun.config_run, args.config, args.steps, args.eval_problems)
         return Experiment(
