@@ -246,7 +246,8 @@ def run_one_step(out_dir: Path, model_dir: str, selector: str, per_device: int |
     with recorded_heads() as heads:
         trainer.train()
     if final_dir is not None:
-        from ictrl.train_cli.run import STAGING_PREFIX, save_final
+        from ictrl.checkpoints import STAGING_PREFIX
+        from ictrl.engine.resumable import save_final
 
         save_final(trainer, final_dir.with_name(STAGING_PREFIX + final_dir.name), final_dir)
     paths = sorted({h["ictrl/stats_path"] for h in trainer.state.log_history if "ictrl/stats_path" in h})

@@ -19,7 +19,8 @@ def config_run(config_path: Path, steps: int | None, eval_limit: int | None, spe
                run_dir: Path) -> dict[str, Any]:
     """One run of ``ictrl train`` from ``config_path`` with the grid's method / seed / lr / steps, resumed from
     its last complete checkpoint when there is one, then evaluated on the config's ``eval_datasets``."""
-    from ictrl.train_cli.run import complete_checkpoints, train
+    from ictrl.checkpoints import complete_checkpoints
+    from ictrl.train_cli.run import train
     from ictrl.files import load_metrics
     from ictrl.models import load_model_and_tokenizer
 
