@@ -134,6 +134,7 @@ def test_train_help_lists_every_key_once_with_its_default_and_whole_help(capsys:
     assert defaults["learning_rate"] == "1.0e-06" and defaults["beta"] == "0.0" and defaults["lora_r"] == "16"
     bounds = {name: bound for name, _, bound in listed if bound}  # a field's declared range or choices
     assert bounds["cpu_threads"] == ">= 1 and <= 4096" and bounds["learning_rate"] == ">= 0"
+    assert bounds["max_prompt_length"] == ">= 1" and bounds["lora_dropout"] == ">= 0 and < 1"  # the script's, TRL's
     assert bounds["selection_topk_source"] == "one of 'auto', 'sampler', 'head'"
     assert defaults["token_selector"].startswith("'all' under ictrl train when the file sets none")
     fields = {f.name: f for cls in set(owners().values()) for f in dataclasses.fields(cls)}

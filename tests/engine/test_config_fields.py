@@ -72,3 +72,12 @@ def test_a_float_field_takes_an_int_and_none_stays_the_default(tmp_path: Path) -
     config = _config(tmp_path, reward_timeout=5, selection_temperature=None, temperature=0.7)
     assert config.reward_timeout == 5
     assert config.selection_temperature == 0.7  # None resolves to the sampling temperature after the checks
+
+
+def test_a_list_type_without_its_item_type_still_needs_a_list() -> None:
+    import typing
+
+    from ictrl.engine.config_fields import _has_type
+
+    assert not _has_type(typing.List, 3) and _has_type(typing.List, [1, "a"])
+    assert not _has_type(list[int], [1, "a"]) and _has_type(list[int] | None, None)

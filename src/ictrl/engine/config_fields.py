@@ -18,6 +18,7 @@ in the docs is this one.
 from __future__ import annotations
 
 import difflib
+import functools
 import importlib.util
 import math
 import re
@@ -103,10 +104,11 @@ RANGES: dict[str, Range] = {
 NOT_NULL = ("num_generations", "max_completion_length")
 
 
+@functools.lru_cache(maxsize=None)
 def declared(cls: type) -> dict[str, tuple[Any, Range | None]]:
     """Each field ``cls`` itself declares -> (its type, its range): an ictrl field carries its range in its
     annotation, ``Annotated[int | None, AT_LEAST_ONE]`` (the field's metadata is argparse's keywords, through
-    ``HfArgumentParser``, so it holds the help and the ``choices``)."""
+    ``HfArgumentParser``, so it holds the help and the ``choices``). Read once per class; not to be changed."""
     hints = typing.get_type_hints(cls, include_extras=True)
     out: dict[str, tuple[Any, Range | None]] = {}
     for name in cls.__dict__.get("__annotations__", {}):
@@ -135,7 +137,7 @@ def _has_type(hint: Any, value: Any) -> bool:
     if origin in (typing.Union, types.UnionType):
         return any(_has_type(a, value) for a in args)
     if origin in (list, tuple):
-        return isinstance(value, (list, tuple)) and all(_has_type(args[0], v) for v in value) if args else True
+        return isinstance(value, (list, tuple)) and (not args or all(_has_type(args[0], v) for v in value))
     if hint is float:
         return isinstance(value, (int, float)) and not isinstance(value, bool)
     if hint is int:

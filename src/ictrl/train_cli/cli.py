@@ -56,12 +56,12 @@ def config_keys_help(width: int = 110) -> str:
     from trl import ModelConfig as TRLModelConfig
     from trl.scripts.grpo import GRPOScriptArguments
 
-    from ictrl.engine.config import ICTGRPOConfig
     from ictrl.engine.config_fields import RANGES, declared
     from ictrl.train_cli.run_config import DEFAULT_SELECTOR, owners
 
     fields = {f.name: f for cls in set(owners().values()) for f in dataclasses.fields(cls) if f.init}
-    bounds = {**RANGES, **{n: b for n, (_, b) in declared(ICTGRPOConfig).items() if b is not None}}
+    bounds = {**RANGES, **{n: b for cls in set(owners().values()) for n, (_, b) in declared(cls).items()
+                           if b is not None}}
     names = {cls: [f.name for f in dataclasses.fields(cls) if f.init] for cls in
              (GRPOScriptArguments, TRLModelConfig, GRPOConfig, TrainingArguments)}
     trl_keys = {n for cls in (GRPOScriptArguments, TRLModelConfig, GRPOConfig) for n in names[cls]}
@@ -212,7 +212,8 @@ def parse_argv(argv: list[str]) -> TrainArgs:
         elif not arg.startswith("--") and config is None and (not takes_value or _config_file(arg)):
             config = arg  # before or after the overrides, as trl grpo takes --config
         else:
-            problems += [p for p in (_too_long(arg),) if p]
+            if too_long := _too_long(arg):
+                problems.append(too_long)
             overrides.append(arg)
         takes_value = arg.startswith("--") and not eq and arg not in FLAGS
     if config is None:
