@@ -33,6 +33,7 @@ from ictrl.experiments.grid import runner as grid
 from ictrl.experiments.grid import cli as gridcli
 from ictrl.experiments.reports import report
 from ictrl.experiments.reports import figures
+from ictrl.experiments.tasks.registry import CHOICES
 from ictrl.files import atomic_write_text
 
 CURVE_KEYS = figures.DEFAULT_CURVE_KEYS  # reward, H1 (all, selected), H2, purity, selected fraction
@@ -44,10 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="learning rate (default: the recipe's / config's)")
     parser.add_argument("--note", default="", help="a line put at the top of the report and stored in results.json")
     parser.add_argument("--task", default="tinyarith",
-                        help="tinyarith (operator precedence; the default) or an importable task module, module or "
-                             "module:attribute (ictrl.experiments.tasks.registry); from a clone's root "
-                             "studies.tasks.countdown (reach a target from given numbers: several valid orders) or "
-                             "studies.tasks.paths (a walk through a fixed graph: a choice at every letter)")
+                        help=f"the task of the grid's runs (default: %(default)s, operator precedence): {CHOICES}")
 
 
 def run(args: argparse.Namespace) -> int:

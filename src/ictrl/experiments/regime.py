@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from ictrl.errors import UserError
+from ictrl.experiments.tasks.registry import CHOICES
 
 REFERENCE = "ict"  # the selector under test, by registered name
 CONTROLS = ("random", "entropy")  # what it is compared with: random-10% (chance) first, then 20-Entropy
@@ -324,10 +325,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.allow_abbrev = False
     parser.add_argument("--model", required=True, help="model directory or hub id (loaded with from_pretrained)")
     parser.add_argument("--prompts", required=True, metavar="SOURCE",
-                        help="an embedded task (tinyarith, or an importable task module, module or "
-                             "module:attribute: from a clone's root studies.tasks.paths, studies.tasks.countdown), "
-                             "a benchmark or spec (gsm8k, math500, math_train:levels=3,4,5, jsonl:PATH) or a "
-                             ".jsonl/.json file")
+                        help=f"a task ({CHOICES}), a benchmark or spec (gsm8k, math500, "
+                             "math_train:levels=3,4,5, jsonl:PATH) or a .jsonl/.json file")
     parser.add_argument("--num-generations", type=int, default=8, help="G, responses per prompt (>= 2)")
     parser.add_argument("--num-prompts", type=int, default=64, help="prompts sampled (default: %(default)s)")
     parser.add_argument("--seeds", type=int, default=3,

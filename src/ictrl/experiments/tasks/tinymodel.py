@@ -42,7 +42,7 @@ import torch
 
 from ictrl.data import Problem
 from ictrl.errors import UserError
-from ictrl.experiments.tasks.registry import get_task, task_recipe
+from ictrl.experiments.tasks.registry import CHOICES, get_task, task_recipe
 from ictrl.files import atomic_write_text
 from ictrl.models import PLAIN_CHAT_TEMPLATE, QWEN25_SHAPES, build_byte_tokenizer, build_real_shape, build_tiny_qwen2
 
@@ -320,10 +320,8 @@ def add_arguments(parser: Any) -> None:
     parser.add_argument("--layers", type=int, default=None,
                         help="with --shape: this many transformer blocks (same width; default: the published depth)")
     parser.add_argument("--task", default="tinyarith",
-                        help="the task whose warm-started base is exported, with its train.jsonl rows: tinyarith "
-                             "(default, the demo's) or an importable task module, module or module:attribute; from "
-                             "a clone's root studies.tasks.countdown or studies.tasks.paths (the task of uncertain "
-                             "forks, `ictrl regime`)")
+                        help=f"the task whose warm-started base is exported, with its train.jsonl rows (default: "
+                             f"%(default)s, the demo's): {CHOICES}")
     parser.add_argument("--problems", type=int, default=256, help="the task's rows written to train.jsonl")
     parser.add_argument("--cache-dir", default=None, help="where the warm-started base is cached "
                                                          "(default $ICTRL_CACHE_DIR or ~/.cache/ictrl)")
