@@ -46,10 +46,12 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # The default run is the quick suite; `--integration` (CI) or an explicit `-m` selects the slow tests too.
     if not config.getoption("--integration") and not config.option.markexpr:
-        slow = [item for item in items if "integration" in item.keywords]
+        # Markers, not keywords: keywords also hold the names of the directories above (a checkout in a folder
+        # named "gpu" would skip every test).
+        slow = [item for item in items if item.get_closest_marker("integration") is not None]
         if slow:
             config.hook.pytest_deselected(items=slow)
-            items[:] = [item for item in items if "integration" not in item.keywords]
+            items[:] = [item for item in items if item.get_closest_marker("integration") is None]
     from ictrl.vllm_env import INSTALL_HINT, installed
 
     if not installed():  # the plain set-up: tests of the real engine skip, the rest must pass
@@ -61,7 +63,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return
     skip_gpu = pytest.mark.skip(reason="needs a CUDA device")
     for item in items:
-        if "gpu" in item.keywords:
+        if item.get_closest_marker("gpu") is not None:
             item.add_marker(skip_gpu)
 
 

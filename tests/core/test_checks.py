@@ -34,3 +34,46 @@ def test_require_finite_broadcasts_a_position_mask_over_the_vocabulary() -> None
         require_finite("logits", logits, where)
     with pytest.raises(ValueError, match=r"advantages is not finite at \(row 1\)"):
         require_finite("advantages", torch.tensor([0.0, float("nan")]))
+
+
+def test_first_bad_token_id_names_row_column_and_id_in_ragged_host_rows() -> None:
+    from ictrl.core.checks import check_token_ids, check_vocab_sizes, first_bad_token_id
+
+    assert first_bad_token_id([[1, 2], [], [0, 9]], 10) is None
+    assert first_bad_token_id([[1, 2], [3, 10, 4, 11]], 10) == (1, 1, 10)
+    assert first_bad_token_id([[1, -1]], 10) == (0, 1, -1)
+    assert first_bad_token_id(torch.tensor([[1, 2], [3, 12]]), 10) == (1, 1, 12)
+    with pytest.raises(ValueError, match=r"^completion token id 12 at \(row 1, column 1\) is outside the model's "
+                                         r"vocabulary: model embedding rows 10, tokenizer vocabulary 8$"):
+        check_token_ids([[1, 2], [3, 12]], "completion", 10, 8)
+    check_vocab_sizes(10, 10)
+    with pytest.raises(ValueError, match=r"^token id 10 \(and up to 11\) of the tokenizer has no row in the model: "
+                                         r"tokenizer vocabulary 12, model embedding rows 10;"):
+        check_vocab_sizes(10, 12)
+
+
+def test_require_on_device_raises_at_once_on_cpu_and_deferred_checks_raise_when_read() -> None:
+    from ictrl.core import checks
+
+    checks.require_on_device(torch.tensor(True), "fine")
+    with pytest.raises(ValueError, match="^bad row$"):
+        checks.require_on_device(torch.tensor(False), "bad row")
+    checks.raise_failed_device_checks()  # nothing pending: no read
+    # What a GPU leaves pending (device-independent logic): the first failed message is raised, all are cleared.
+    checks._DEFERRED.update({"ok": torch.tensor(True), "first": torch.tensor(False), "second": torch.tensor(False)})
+    with pytest.raises(ValueError, match=r"^first \(a device-side check of an earlier training step\)$"):
+        checks.raise_failed_device_checks()
+    assert checks._DEFERRED == {}
+    checks.raise_failed_device_checks()
+
+
+@pytest.mark.gpu
+def test_require_on_device_on_cuda_defers_without_a_device_assert() -> None:
+    from ictrl.core import checks
+
+    checks.require_on_device(torch.tensor(True, device="cuda"), "cuda check")
+    checks.require_on_device(torch.tensor(False, device="cuda"), "cuda check")  # folded: False from now on
+    checks.require_on_device(torch.tensor(True, device="cuda"), "cuda check")
+    with pytest.raises(ValueError, match=r"^cuda check \(a device-side check"):
+        checks.raise_failed_device_checks()
+    assert torch.ones(2, device="cuda").sum().item() == 2  # the context still works

@@ -523,3 +523,22 @@ def test_all_neg_inf_row_is_an_error_but_masked_rows_may_hold_anything():
     st = token_stats(logits, mask, tokens, group_ids=GROUPS6, chunk_size=4)
     clean = torch.where(mask.unsqueeze(-1), logits, torch.zeros(()))  # the reference multiplies by the mask
     assert_matches(st, clean, mask, tokens, group_ids=GROUPS6)
+
+
+def test_sweep_block_comes_from_a_bounded_budget_not_from_free_memory(monkeypatch) -> None:
+    """On a GPU the statistics pass's block is SWEEP_BYTES of logits whatever the free memory (a block sized from
+    free memory materialised the whole step's logits); stats_chunk_size overrides it; CPU keeps its rows."""
+    from ictrl.core import stats
+
+    def huge_free(device=None):  # 1 TiB free: must not matter (and is not even asked)
+        raise AssertionError("sweep_rows must not size the block from free memory")
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", huge_free)
+    cuda = torch.device("cuda")
+    for V, itemsize in ((151_936, 2), (151_936, 4), (32_768, 2), (10**9, 2)):
+        rows = stats.sweep_rows(None, V, cuda, itemsize)
+        assert rows >= 1 and (rows == 1 or rows * V * itemsize <= stats.SWEEP_BYTES), (V, itemsize)
+        assert (rows + 1) * V * itemsize > stats.SWEEP_BYTES  # the budget is used, not a fraction of it
+    assert stats.sweep_rows(None, 151_936, cuda) == 883  # 256 MiB of bf16 logits at Qwen2.5's vocabulary
+    assert stats.sweep_rows(64, 151_936, cuda) == 64  # stats_chunk_size, when set
+    assert stats.sweep_rows(None, 151_936, torch.device("cpu")) == stats.CPU_SWEEP_ROWS

@@ -1,15 +1,29 @@
 """The step's ICT path reads nothing back from the device: statistics, selection, sparse head and its backward.
 
-A host-device sync is any op that needs a tensor's value on the host: ``.item()`` / ``int()`` / ``bool()`` of a
-tensor (all dispatch to ``aten._local_scalar_dense``) and ops whose output shape depends on the data (nonzero,
-masked_select, unique, boolean-mask indexing). On a GPU each one drains the stream and stalls the next launch.
+A host-device sync is any op that needs a tensor's value on the host: ``.item()`` / ``int()`` / ``bool()`` /
+``float()`` of a tensor (all dispatch to ``aten._local_scalar_dense``) and ops whose output shape depends on the
+data (nonzero, masked_select, unique, boolean-mask indexing). On a GPU each one drains the stream and stalls the
+next launch. A host-to-device copy syncs too: ``torch.tensor(host data, device=cuda)`` dispatches to
+``aten.lift_fresh`` before its copy, which the recorder flags (CPU tensors alone cannot show the copy itself).
 A TorchDispatchMode records every aten op while the path runs on CPU tensors; the group-JS sweep runs on its
 GPU backend (the Triton kernels) under Triton's interpreter, in a subprocess because TRITON_INTERPRET must be set
 before triton is imported. The selection takes its dense path (what a GPU runs; CPU otherwise sorts the active
-positions only, tested equal in tests/core/test_selection_dense.py).
+positions only, tested equal in tests/core/test_selection_dense.py). On a GPU, ``torch.cuda.set_sync_debug_mode
+("error")`` checks the same path with CUDA's own detector (marked gpu).
 
-The one data-dependent op allowed: the sparse head's ``nonzero`` of the selected positions (it gathers exactly
-the selected rows, whose number only the data knows). Device-side checks (``aten._assert_async``) do not sync.
+What stays, per phase of the step (the allow-list the assertions below encode):
+
+- statistics (``hidden_stats`` with ``group_size``, the Triton backend): nothing. The sweep is planned from the
+  group size; the token-range and finite checks are device-side flags (``ictrl.core.checks.require_on_device``),
+  read once per step at the next rollout, where TRL's host lists already wait for the device. Without
+  ``group_size``, or on the plain and compiled backends (CPU, or a GPU without triton), the sweep reads the mask on
+  the host to plan its blocks, and the top-K variant (``selection_topk``) reads each group's layout on the host.
+- selection (dense path): nothing.
+- normalisers (responses and tokens of an optimizer step): counted once per generation batch in the trainer's
+  ``_prepare_inputs``, where TRL already syncs; not part of the per-micro-batch path recorded here.
+- sparse head: one ``nonzero`` of the selected positions (it gathers exactly the selected rows, whose number only
+  the data knows).
+- backward: nothing.
 """
 
 from __future__ import annotations
@@ -23,7 +37,8 @@ import pytest
 
 pytest.importorskip("triton")
 
-SYNC_OPS = ("_local_scalar_dense", "nonzero", "masked_select", "unique", "bincount", "item", "masked_scatter")
+SYNC_OPS = ("_local_scalar_dense", "nonzero", "masked_select", "unique", "bincount", "item", "masked_scatter",
+            "lift_fresh")
 
 _SCRIPT = r'''
 import contextlib, json, sys
@@ -149,3 +164,6 @@ def test_no_sync_on_cuda_with_sync_debug_mode() -> None:
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert bool((selected & ~mask).sum() == 0) and bool(selected.any())
+    from ictrl.core.checks import raise_failed_device_checks
+
+    raise_failed_device_checks()  # the deferred device checks held: valid ids, finite logits

@@ -6,6 +6,8 @@ so a bad tensor is found where it enters rather than as a NaN three functions la
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor
 
@@ -65,14 +67,71 @@ def require_finite(name: str, x: Tensor, where: Tensor | None = None) -> None:
                      f"entr{'y' if count == 1 else 'ies'})")
 
 
-def require_on_device(ok: Tensor, message: str) -> None:
-    """Raise ValueError(message) unless the 0-d bool ``ok`` holds, without reading it on the host.
+# (message -> running AND of its 0-d bool flags) of the checks require_on_device deferred on a GPU, until
+# raise_failed_device_checks reads them.
+_DEFERRED: dict[str, Tensor] = {}
 
-    ``torch._assert_async`` checks on the tensor's device: on CPU it raises at once (turned into ValueError here);
-    on a GPU the stream fails later with ``message`` (a device-side assert), so the check costs no host-device
-    sync. For the training step's hot path; user-facing calls keep their host checks with a precise message.
+
+def require_on_device(ok: Tensor, message: str) -> None:
+    """Raise ValueError(message) unless the 0-d bool ``ok`` holds, without a host-device sync.
+
+    On CPU the check is immediate (``torch._assert_async`` raises at once; turned into ValueError here). On a GPU
+    it is deferred: ``ok`` is folded into a running flag per message on the device (one tiny kernel, no sync),
+    and :func:`raise_failed_device_checks` raises it later, where the caller already syncs. A device-side assert
+    is never fired: it would poison the CUDA context, so no later call (a checkpoint, an error message) could run.
+    For the training step's hot path; user-facing calls keep their host checks with a precise message.
     """
+    if ok.device.type == "cuda":
+        prev = _DEFERRED.get(message)
+        _DEFERRED[message] = ok.reshape(()) if prev is None else prev & ok.reshape(())
+        return
     try:
         torch._assert_async(ok, message)
     except RuntimeError as err:
         raise ValueError(message) from err
+
+
+def raise_failed_device_checks() -> None:
+    """Raise ValueError naming the first check that :func:`require_on_device` deferred on a GPU and that failed
+    since the last call; clear them all. One device-to-host copy of the flags (a sync), none if nothing is
+    pending: call it where the caller already waits for the device (the rollout's host lists)."""
+    if not _DEFERRED:
+        return
+    messages = list(_DEFERRED)
+    first = _DEFERRED[messages[0]]
+    flags = torch.stack([_DEFERRED[m].to(first.device) for m in messages]).tolist()
+    _DEFERRED.clear()
+    for message, ok in zip(messages, flags):
+        if not ok:
+            raise ValueError(f"{message} (a device-side check of an earlier training step)")
+
+
+def first_bad_token_id(rows: Sequence[Sequence[int]] | Tensor, limit: int) -> tuple[int, int, int] | None:
+    """(row, column, id) of the first token id outside [0, limit) in ``rows`` (host lists of ids, ragged, or a
+    tensor read row by row), or None. The common case, every id in range, costs one min and one max per row."""
+    for r, ids in enumerate(rows):
+        if isinstance(ids, Tensor):
+            ids = ids.tolist()
+        if len(ids) and (min(ids) < 0 or max(ids) >= limit):
+            c = next(c for c, t in enumerate(ids) if not 0 <= t < limit)
+            return r, c, int(ids[c])
+    return None
+
+
+def check_vocab_sizes(model_rows: int, tokenizer_size: int) -> None:
+    """The tokenizer's ids [0, tokenizer_size) must all have a row in the model's embedding and LM head
+    (``model_rows``); raise ValueError naming the first id without one and both sizes."""
+    if tokenizer_size > model_rows:
+        raise ValueError(f"token id {model_rows} (and up to {tokenizer_size - 1}) of the tokenizer has no row in the "
+                         f"model: tokenizer vocabulary {tokenizer_size}, model embedding rows {model_rows}; resize "
+                         "the model's embeddings to len(tokenizer) or use the model's own tokenizer")
+
+
+def check_token_ids(rows: Sequence[Sequence[int]] | Tensor, what: str, model_rows: int, tokenizer_size: int) -> None:
+    """Every id in ``rows`` (``what``: "prompt", "completion") must index the model's ``model_rows`` embedding
+    rows; raise ValueError naming the first that does not, its (row, column) and both vocabulary sizes."""
+    bad = first_bad_token_id(rows, model_rows)
+    if bad is not None:
+        r, c, tok = bad
+        raise ValueError(f"{what} token id {tok} at (row {r}, column {c}) is outside the model's vocabulary: "
+                         f"model embedding rows {model_rows}, tokenizer vocabulary {tokenizer_size}")

@@ -54,19 +54,22 @@ class TokenStats:
 
 
 CPU_SWEEP_ROWS = 512  # rows of [V] logits per head block of the statistics pass on CPU (bench/README.md)
+# Bytes of logits per head block of the statistics pass on a GPU: 256 MiB is 883 rows of bf16 logits at
+# V = 151,936 (55 positions of 16 responses), i.e. ~2,000 (group, position, vocabulary slice) programs of the
+# Triton sweep per launch, enough to fill a GPU; a bounded block keeps the pass's extra memory off the step's peak.
+SWEEP_BYTES = 256 * 2**20
 
 
 def sweep_rows(chunk_size: int | None, V: int, device: torch.device, itemsize: int = 2) -> int:
     """Rows of [V] logits a caller materialises at once for one statistics sweep: ``chunk_size`` when given;
-    otherwise ``CPU_SWEEP_ROWS`` on CPU, and on a GPU the rows whose logits (``itemsize`` bytes each) fit in a
-    quarter of the device's free memory, so a step's sweep is one or a few launches rather than one per 512
-    rows (a launch then streams gigabytes, which is what makes it run near memory bandwidth)."""
+    otherwise ``CPU_SWEEP_ROWS`` on CPU, and on a GPU the rows whose logits (``itemsize`` bytes each) fit in
+    ``SWEEP_BYTES``, at least 1. A fixed budget, not a share of free memory: the block's logits add to whatever
+    the step holds at that point, so a block sized from free memory would raise the step's peak by that much."""
     if chunk_size is not None:
         return chunk_size
     if device.type != "cuda":
         return CPU_SWEEP_ROWS
-    free, _ = torch.cuda.mem_get_info(device)
-    return max(CPU_SWEEP_ROWS, free // 4 // (V * itemsize))
+    return max(1, SWEEP_BYTES // (V * itemsize))
 
 
 def _rows_per_chunk(chunk_size: int | None, V: int) -> int:
@@ -188,8 +191,10 @@ def token_stats(
     anything.
     group_size: every group has exactly this many members (the trainer's layout, from Python-side metadata). On
     the triton backend the whole call then runs without a host-device sync: the sweep is planned from this size,
-    and the token-range and finite checks become device-side asserts (a GPU fails the stream with the message
-    rather than raising here). Not needed for correctness; other backends still read the mask on the host.
+    and the token-range and finite checks run on the device (``ictrl.core.checks.require_on_device``): on CPU
+    they raise here; on a GPU they are deferred (no device-side assert, which would poison the CUDA context) and
+    raised by ``raise_failed_device_checks`` (the trainer calls it at the next rollout), an out-of-range token
+    reading as id 0 meanwhile. Not needed for correctness; other backends still read the mask on the host.
     """
     mask, tokens, group_ids = validate(logits, mask, tokens, group_ids, temperature, chunk_size, group_size)
     B, T, V = logits.shape

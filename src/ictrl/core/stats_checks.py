@@ -1,8 +1,8 @@
 """Argument checks of :mod:`ictrl.core.stats`: shapes, dtypes, token ranges and finite distributions.
 
 Each raises ``ValueError`` naming the argument (and, for values, the first offending (row, position)). With a
-``group_size`` (the trainer's layout) the value checks run on the device (``require_on_device``), so the training
-step makes no host read for them.
+``group_size`` (the trainer's layout) the value checks run on the device (``require_on_device``: at once on CPU,
+deferred on a GPU), so the training step makes no host read for them.
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ def validate(
     group_size: int | None = None,
 ) -> tuple[Tensor, Tensor | None, Tensor | None]:
     """Check arguments; return (bool mask, tokens, group_ids) on the logits' device. With ``group_size`` the
-    value checks run on the device (:func:`require_on_device`: no host read)."""
+    value checks run on the device (:func:`require_on_device`: no host read; on a GPU they are deferred, and
+    out-of-range tokens are returned as 0 so nothing downstream indexes past V)."""
     if not isinstance(logits, Tensor) or logits.dim() != 3:
         shape = tuple(logits.shape) if isinstance(logits, Tensor) else type(logits).__name__
         raise ValueError(f"logits must be a 3-D tensor [B, T, V], got {shape}")
@@ -47,8 +48,10 @@ def validate(
         tokens = tokens.to(logits.device)
         # Masked positions may hold padding (e.g. -100); only active ones must index the vocabulary.
         if group_size is not None:
-            require_on_device(((tokens >= 0) & (tokens < V) | ~mask).all(),
-                              f"tokens at masked-in positions must lie in [0, {V})")
+            in_range = (tokens >= 0) & (tokens < V)
+            require_on_device((in_range | ~mask).all(), f"tokens at masked-in positions must lie in [0, {V})")
+            # On a GPU that check is deferred: an id out of range must not reach a gather (a device-side assert).
+            tokens = torch.where(in_range, tokens, 0)
         active = tokens[mask] if group_size is None else tokens[:0]
         if active.numel() and (int(active.min()) < 0 or int(active.max()) >= V):
             raise ValueError(f"tokens at masked-in positions must lie in [0, {V}), got range "

@@ -122,7 +122,7 @@ def hidden_stats(head: nn.Module, hidden: Tensor, mask: Tensor, completion_ids: 
     (``group_js_divergence_topk``): ``sampler_topk`` ([B, T, K] log-probs and ids recorded at generation) when
     given, else the head's logits. ``group_size``: every group has exactly that many rows (the trainer's layout;
     lets the sweep run without host reads, :func:`token_stats`). ``chunk_size`` None: :func:`sweep_rows` (on a GPU
-    from its free memory, so the whole batch is usually one block).
+    the rows of the head's dtype that fit in a fixed budget of bytes, ``ictrl.core.stats.SWEEP_BYTES``).
 
     On a GPU the head's logits go to the sweep in their own dtype (bf16 under autocast: half the bytes to read);
     on CPU, and for the in-place top-K, they are upcast to fp32 first, as before.
@@ -131,7 +131,8 @@ def hidden_stats(head: nn.Module, hidden: Tensor, mask: Tensor, completion_ids: 
     topk = topk if group_ids is not None else None
     head_topk = topk is not None and sampler_topk is None
     V = head.weight.shape[0] if isinstance(getattr(head, "weight", None), Tensor) else 151_936
-    block = max(1, sweep_rows(chunk_size, V, hidden.device) // B)
+    itemsize = head.weight.element_size() if isinstance(getattr(head, "weight", None), Tensor) else 2  # >= logits'
+    block = max(1, sweep_rows(chunk_size, V, hidden.device, itemsize) // B)
 
     def sweep(lm: nn.Module | Tensor, hidden_all: Tensor) -> tuple[list[TokenStats], list[tuple[Tensor, Tensor]]]:
         parts: list[TokenStats] = []

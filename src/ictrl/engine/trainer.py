@@ -71,6 +71,7 @@ from ictrl.engine.dynamic_sampling import DynamicSampling
 from ictrl.engine.heads import backbone, output_head
 from ictrl.engine.model_card import write_model_card
 from ictrl.engine.resumable import Resumable
+from ictrl.engine.rollout_ids import checked_rollout
 from ictrl.engine.sampler_topk import TopKRecorder, TopKRows, recorded_topk, recording_generate, split_vllm_logprobs
 from ictrl.engine.selection_step import SelectionStep, Stats, metrics_logged, model_inputs, response_mask
 from ictrl.engine.stats_pass import STATS_PATHS, PathFacts, StatsSource, batch_path, fused_head_with_sum_sq
@@ -385,6 +386,7 @@ class ICTGRPOTrainer(GRPOTrainer):
             return vllm_engine.topk_obstacle(self._server, args.selection_topk)
         return None
 
+    @checked_rollout  # ids checked on the host: an out-of-range id is one line, not a device-side assert
     def _generate_single_turn(self, prompt_ids: Any, images: Any, multimodal_fields: Any, num_generations: int,
                               has_tool_images: bool = False) -> Any:
         generation = self._generation  # None outside generation: nothing to hand back

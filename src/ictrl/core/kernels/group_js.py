@@ -256,8 +256,8 @@ def fill_token_stats(res: dict[str, Tensor], flat: Tensor, tok_flat: Tensor | No
     torch.where(done, -purity.log(), out["renyi2"], out=out["renyi2"])
     if tok_flat is not None:
         tok = torch.where(done, tok_flat, 0).unsqueeze(1)  # padding ids at undone rows need not index V
-        z = flat.gather(1, tok).squeeze(1).float() * torch.tensor(1.0 / temperature, dtype=torch.float32,
-                                                                  device=flat.device)
+        # A Python float, not a tensor: a scalar tensor built on the GPU is a host-to-device copy (a sync).
+        z = flat.gather(1, tok).squeeze(1).float() * (1.0 / temperature)
         lp = z - res["max"] - res["lse"]
         torch.where(done, lp, out["logprob"], out=out["logprob"])
         torch.where(done, lp.exp(), out["prob"], out=out["prob"])
