@@ -14,6 +14,13 @@ active (no row is skipped, so all methods do the same work).
     .venv/bin/python bench/bench_stats.py --quick    # headline only: N 2048, V 151936, fp32
     .venv/bin/python bench/bench_stats.py --quick --baseline /tmp/stats_old.py --rounds 3
         # also time another copy of ictrl/core/stats.py (methods "base:..."), interleaved with the current one
+    python bench/bench_stats.py --device cuda --dtype bf16 --v 151936 --n 0 16384 \
+        --methods log_softmax stats_and_js group_js
+        # on a GPU: the sweep (as the trainer calls it, with group_size) against torch.log_softmax on the same bf16
+        # logits, achieved TB/s; N 0 = the trainer's call size (the statistics pass's block: ``sweep_rows``)
+
+Bandwidth (``tb_per_s``): bytes moved / median time, counting two reads of the logits for the sweep (its least
+traffic) and a read and a write (same dtype) for log_softmax: the same bytes, so the TB/s compare directly.
 
 Writes bench/results/stats.json (atomically) and prints a table with ratios to log_softmax.
 """
@@ -68,6 +75,9 @@ def worker(n: int, v: int, dtype: str, method: str, repeats: int, chunk_size: in
     kind = method.removeprefix("base:")
 
     torch.manual_seed(0)
+    if n == 0:  # the trainer's call size: the statistics pass's block of rows at this vocabulary and dtype
+        itemsize = {"fp32": 4, "bf16": 2}[dtype]
+        n = max(RESPONSES, mod.sweep_rows(None, v, torch.device(device), itemsize) // RESPONSES * RESPONSES)
     T = n // RESPONSES
     # Filled 4 rows at a time: a temporary raises the peak RSS before the baseline and would hide that much of a
     # method's extra memory, so it must stay far below the chunk buffers being measured (4 rows: 2.4 MB at V=151936).
@@ -84,7 +94,8 @@ def worker(n: int, v: int, dtype: str, method: str, repeats: int, chunk_size: in
 
     kind, _, backend = kind.partition(":")
     backend = {"": "auto", "compiled_cold": "compiled"}.get(backend, backend)
-    bk = {} if use_base else {"backend": backend}  # a baseline stats.py predates backends
+    # A baseline stats.py predates backends and group_size; the current one is called as the trainer calls it.
+    bk = {} if use_base else {"backend": backend, "group_size": GROUP}
 
     def run(lg, mk, tk, bk=bk):
         if kind == "log_softmax":
@@ -103,7 +114,7 @@ def worker(n: int, v: int, dtype: str, method: str, repeats: int, chunk_size: in
         # alone would stay under auto's size threshold and leave the compile inside the timed runs.
         ran = resolve_backend("auto", logits.device, int(mask.sum()) * v)[0]
     t0 = time.perf_counter()
-    run(logits[:, :2], mask[:, :2], tokens[:, :2], {"backend": ran} if bk else {})  # warm-up: kernels, compile
+    run(logits[:, :2], mask[:, :2], tokens[:, :2], bk | {"backend": ran} if bk else {})  # warm-up: kernels, compile
     first_s = time.perf_counter() - t0
     if cuda:
         torch.cuda.synchronize()
@@ -125,13 +136,15 @@ def worker(n: int, v: int, dtype: str, method: str, repeats: int, chunk_size: in
         "threads": torch.get_num_threads(), "load1": os.getloadavg()[0], "device": device,
         # The fused kernels' least traffic is two reads of the logits; log_softmax's is a read and a write.
         "gb_per_s": 2 * logits.numel() * logits.element_size() / 1e9 / statistics.median(times),
+        "tb_per_s": 2 * logits.numel() * logits.element_size() / 1e12 / statistics.median(times),
     }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="headline case only (N 2048, V 151936, fp32)")
-    ap.add_argument("--n", type=int, nargs="+", default=[512, 2048], help="rows (positions) N, a multiple of 16")
+    ap.add_argument("--n", type=int, nargs="+", default=[512, 2048],
+                    help="rows (positions) N, a multiple of 16; 0: the trainer's call size (sweep_rows)")
     ap.add_argument("--v", type=int, nargs="+", default=[32768, 151936], help="vocabulary sizes")
     ap.add_argument("--dtype", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
     ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
@@ -197,13 +210,13 @@ def main() -> None:
 
     atomic_write_json(args.out, {"argv": sys.argv[1:], "results": results})
     print(f"{'N':>5} {'V':>7} {'dtype':>5} {'method':>24} {'path':>8} {'median s':>9} {'x log_softmax':>13} "
-          f"{'extra GB':>9} {'first s':>8}")
+          f"{'TB/s':>6} {'extra GB':>9} {'first s':>8}")
     base = {(r["n"], r["v"], r["dtype"]): r["median_s"] for r in results if r["method"] == "log_softmax"}
     for r in results:
         b = base.get((r["n"], r["v"], r["dtype"]))
         ratio = f"{r['median_s'] / b:.2f}" if b else "-"
         print(f"{r['n']:>5} {r['v']:>7} {r['dtype']:>5} {r['method']:>24} {r['path']:>8} {r['median_s']:>9.3f} "
-              f"{ratio:>13} {r['peak_extra_gb']:>9.3f} {r['first_s']:>8.1f}")
+              f"{ratio:>13} {r['tb_per_s']:>6.3f} {r['peak_extra_gb']:>9.3f} {r['first_s']:>8.1f}")
     print(f"wrote {args.out}")
 
 

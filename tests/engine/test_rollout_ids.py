@@ -20,8 +20,9 @@ def _trainer(model_dir: Path, tmp_path: Path, cls: type = ICTGRPOTrainer) -> Any
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     tokenizer.padding_side = "left"
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    return cls(model=model, reward_funcs=w.digit_reward, args=w.make_config(tmp_path, token_selector="ict", max_steps=1),
-               train_dataset=w.make_dataset(), processing_class=tokenizer)
+    args = w.make_config(tmp_path, token_selector="ict", max_steps=1)
+    return cls(model=model, reward_funcs=w.digit_reward, args=args, train_dataset=w.make_dataset(),
+               processing_class=tokenizer)
 
 
 def test_sizes_are_read_from_module_attributes(tiny_model_dir: Path) -> None:

@@ -166,7 +166,8 @@ class ICTGRPOConfig(GRPOConfig):
                           "statistics pass (memory bound: rows × vocab × 4 bytes; 512 rows at V = 151,936 is 311 MB). "
                           "Measured at Qwen2.5-0.5B width (bench/bench_real_shape.py --part passes, bench/README.md): "
                           "512 rows used 0.24× the extra memory of TRL's old-log-prob pass at 0.76× its time; 2,048 "
-                          "rows used 1.07× at 0.66×."},
+                          "rows used 1.07× at 0.66×. None: 512 rows on CPU; on a GPU the rows whose logits fit in "
+                          "256 MiB (ictrl.core.stats.SWEEP_BYTES: 883 rows of bf16 logits at V = 151,936)."},
     )
     cpu_threads: Annotated[int | None, Range(1, 4096)] = field(
         default=None,
