@@ -391,13 +391,3 @@ def refused_field_errors(config: object, defaults: dict[str, object]) -> list[st
     return [f"{name}={getattr(config, name)!r} is not supported by ICTGRPOTrainer: {note}"
             for name, (status, note) in GRPO_FIELDS.items()
             if status == REFUSED and getattr(config, name) != defaults[name]]
-
-
-def render_table() -> str:
-    """The Markdown table of every GRPOConfig field (the GRPO ones first, then transformers' in one row)."""
-    rows = ["| field | under ICTGRPOTrainer | note |", "|---|---|---|"]
-    label = {HONOURED: "honoured", SELECTION: "honoured, with a token-selection meaning", REFUSED: "refused"}
-    rows += [f"| `{name}` | {label[status]} | {note} |" for name, (status, note) in GRPO_FIELDS.items()]
-    rows.append("| " + ", ".join(f"`{n}`" for n in TRAINING_ARGUMENTS) + " | honoured | transformers' "
-                "TrainingArguments, run by its Trainer, which ictrl does not replace |")
-    return "\n".join(rows)

@@ -111,11 +111,13 @@ def pad_rows(rows: TopKRows, T: int, device: torch.device) -> tuple[Tensor, Tens
     return lp.to(device), ids.to(device)
 
 
-def recorded_topk(rows: TopKRows | None, calls: int, K: int | None, source: str, B: int, T: int,
-                  device: torch.device) -> tuple[Tensor, Tensor] | None:
-    """[B, T, K] top-K log-probs and ids the sampler recorded over ``calls`` generation calls, or None (the
+def recorded_topk(rows: TopKRows | None, calls: int, K: int | None, source: str, like: Tensor
+                  ) -> tuple[Tensor, Tensor] | None:
+    """[B, T, K] top-K log-probs and ids (on ``like``'s device, ``like`` a [B, T] tensor of the batch) the sampler
+    recorded over ``calls`` generation calls, or None (the
     statistics pass's head scores instead). ``source`` ``auto`` falls back to the head when a subclass's generation
     bypassed the hook (the caller logs which source ran); ``sampler`` makes that an error."""
+    (B, T), device = like.shape, like.device
     recorded = rows is not None and len(rows) == B and calls == 1
     if K is None or not (recorded or source == "sampler"):
         return None
