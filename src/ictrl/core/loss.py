@@ -60,6 +60,9 @@ IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask"
 LEVELS = ("token", "sequence")
 KL_SCOPES = ("selected", "all_tokens")
 _VESPO_LOG_MIN = math.log(1e-8)
+# the numbers LossSpec holds to a range (its __post_init__): their one check
+RANGED = ("eps_low", "eps_high", "kl_coef", "delta", "sapo_temperature_pos", "sapo_temperature_neg",
+          "off_policy_threshold", "is_clip_min", "is_clip_max")
 
 
 # ------------------------------------------------------------------------------------------ the run's options
@@ -122,9 +125,10 @@ class LossSpec:
 def _check_number(name: str, value: object, optional: bool = False, positive: bool = False) -> None:
     if optional and value is None:
         return
-    ok = not isinstance(value, bool) and isinstance(value, (int, float)) and (value > 0 if positive else value >= 0)
+    ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value) and (
+        value > 0 if positive else value >= 0)
     if not ok:
-        raise OptionError(name, f"must be {'None or ' if optional else ''}a number {'>' if positive else '>='} 0, "
+        raise OptionError(name, f"must be {'None or ' if optional else ''}a finite number {'>' if positive else '>='} 0, "
                           f"got {value!r}")
 
 

@@ -262,7 +262,7 @@ def select(name: str, inputs: SelectionInputs, *, warmup_steps: int = 0, **optio
 
 
 def _check_fraction(value: Any, name: str = "ratio") -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < float(value) <= 1.0:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < float(value) <= 1.0:  # NaN too
         raise OptionError(name, f"must be a number in (0, 1], got {value!r}")
     return float(value)
 
@@ -274,8 +274,8 @@ def _check_scope(scope: Any, allowed: tuple[str, ...]) -> str:
 
 
 def _check_nonneg_int(value: Any, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise OptionError(name, f"must be an int >= 0, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 1 << 63:
+        raise OptionError(name, f"must be an int >= 0 and < 2**63, got {value!r}")
     return value
 
 

@@ -8,6 +8,7 @@ TRL's default ``bf16=True`` fails there. Run configs (``ictrl train``) map onto 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -18,7 +19,7 @@ from typing import Annotated, Any
 from trl import GRPOConfig
 
 from ictrl.core.checks import OptionError
-from ictrl.core.loss import LOSS_TYPES, LossSpec
+from ictrl.core.loss import LOSS_TYPES, RANGED, LossSpec
 from ictrl.core.selection import SELECTORS, Selector, get_selector
 from ictrl.engine import config_fields
 from ictrl.engine.config_fields import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, SEED, Range, refused_field_errors
@@ -39,6 +40,15 @@ LOSS_FIELDS = {
     "max_completion_length": "max_completion_length",
 }
 logger = logging.getLogger(__name__)
+
+
+@functools.lru_cache(maxsize=1)
+def _checked_elsewhere() -> frozenset[str]:
+    """The fields whose range is checked where it is declared (its own check also holds the value finite): a
+    :class:`config_fields.Range`, the loss spec's, a selector's registered options'."""
+    ranged = {name for name, (_, bound) in config_fields.declared(ICTGRPOConfig).items() if bound is not None}
+    return frozenset(ranged | set(config_fields.RANGES) | {LOSS_FIELDS[k] for k in RANGED}
+                     | {"selection_ratio", "selection_seed"})
 _METHODS_HELP = "; ".join(f"'{s.name}'" + (f" (= {s.label})" if s.label != s.name else "") + f": {s.help}"
                           for s in SELECTORS.values())
 # the registrations' defaults, as the help states them
@@ -275,7 +285,8 @@ class ICTGRPOConfig(GRPOConfig):
     def __post_init__(self) -> None:
         # first: each field's own declaration names its bound (a seed's), the generic check only int64
         config_fields.check_fields(self, ICTGRPOConfig)
-        config_fields.check_finite({f.name: getattr(self, f.name) for f in fields(self) if f.init})
+        config_fields.check_finite({f.name: getattr(self, f.name) for f in fields(self)
+                                    if f.init and f.name not in _checked_elsewhere()})
         config_fields.check_trains_something(self)
         # several trackers as TRL users write them (a list, or "tensorboard,wandb"); a missing package is one
         # line naming what to install, here rather than when the trainer builds its callbacks after the model loads

@@ -1,8 +1,8 @@
 """The fields of ``ICTGRPOConfig``: what each accepts, and what each of TRL's means under ``ICTGRPOTrainer``.
 
 **Checks.** The checks TRL leaves unchecked, run by the config's ``__post_init__`` before anything else: each value
-against its declaration (an ictrl field's type and range, :func:`declared`; an inherited field's :data:`RANGES`),
-every number finite and within int64, and a run that trains something, each a one-line ``ValueError`` naming the
+against its declaration (an ictrl field's type and range, :func:`declared`; an inherited field's :data:`RANGES`;
+a range also holds its value finite and within int64), every other number finite and within int64, and a run that trains something, each a one-line ``ValueError`` naming the
 field; and the trackers (``report_to``) and kernels (``use_liger_kernel``) it names installed, a one-line
 :class:`ictrl.errors.UserError` naming what to install.
 
@@ -36,7 +36,8 @@ SEED_LIMIT = 1 << 32  # numpy's seed range, which transformers' set_seed feeds
 
 @dataclass(frozen=True)
 class Range:
-    """``low <= value <= high`` (``<`` where ``open_low`` / ``open_high``); None: unbounded on that side."""
+    """``low <= value <= high`` (``<`` where ``open_low`` / ``open_high``); None: unbounded on that side. A value
+    in a range is also finite and within int64: a field with a range has no other check of its value."""
 
     low: float | None = None
     high: float | None = None
@@ -44,9 +45,16 @@ class Range:
     open_high: bool = False
 
     def __contains__(self, value: float) -> bool:
-        if self.low is not None and (value <= self.low if self.open_low else value < self.low):
-            return False
-        return not (self.high is not None and (value >= self.high if self.open_high else value > self.high))
+        return self.why(value) is None
+
+    def why(self, value: float) -> str | None:
+        """Why ``value`` lies outside, or None."""
+        if not math.isfinite(value):
+            return "must be finite"
+        if self.low is not None and (value <= self.low if self.open_low else value < self.low) or (
+                self.high is not None and (value >= self.high if self.open_high else value > self.high)):
+            return f"must be {self}"
+        return None if -INT64 <= value < INT64 else "must fit in 64 bits"
 
     def __str__(self) -> str:
         parts = []
@@ -96,6 +104,7 @@ RANGES: dict[str, Range] = {
     "lora_r": AT_LEAST_ONE,  # TRL's ModelConfig: peft takes r=0 or a dropout of 1.5 and fails after the model loads
     "lora_alpha": POSITIVE,
     "lora_dropout": Range(0, 1, open_high=True),
+    "top_entropy_quantile": Range(0, 1, open_low=True),
 }
 
 
@@ -160,8 +169,9 @@ def check_fields(config: Any, own: type, types: bool = True) -> None:
             raise ValueError(f"{f.name}: expected {type_text(hint)}, got {quote(value)}")
         if isinstance(value, bool) and bound is not None:
             raise ValueError(f"{f.name}: expected a number {bound}, got {str(value).lower()}")
-        if bound is not None and isinstance(value, (int, float)) and value not in bound:
-            raise ValueError(f"{f.name}: must be {bound}, got {quote(value)}")
+        why = bound.why(value) if bound is not None and isinstance(value, (int, float)) else None
+        if why is not None:
+            raise ValueError(f"{f.name}: {why}, got {quote(value)}")
         choices = f.metadata.get("choices")
         if choices is not None and value is not None and value not in choices:
             raise ValueError(f"{f.name}: must be one of {', '.join(map(repr, choices))}, got {quote(value)}")
@@ -184,7 +194,9 @@ def _bad_number(key: str, value: Any) -> tuple[str, str] | None:
 
 
 def check_finite(values: dict[str, Any]) -> None:
-    """Every number in ``values`` (key -> value; lists and mappings walked) finite and within int64."""
+    """Every number in ``values`` (key -> value; lists and mappings walked) finite and within int64. For the
+    values that have no range: a range's own check holds these too (:class:`Range`, ``LossSpec``, a selector's
+    registered options)."""
     for key, value in values.items():
         found = _bad_number(key, value)
         if found:
