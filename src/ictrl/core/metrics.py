@@ -1,20 +1,5 @@
-"""Per-step diagnostics of the token selection (docs/method.md §2, §3: what the selected tokens look like).
-
-``step_metrics(stats, mask, selected)`` returns plain floats, computed in float64:
-
-- ``tokens/all``, ``tokens/selected``: counts of response tokens and of selected tokens (M = selected & mask).
-- ``selected_frac``: Σ M / Σ mask (0 when the mask is empty).
-- ``h1/{all,selected}``, ``h2/{all,selected}``, ``purity/{all,selected}``, ``prob/{all,selected}``: means of H1,
-  H2, β and π(a_t) over the response tokens and over the selected tokens.
-- ``pi_minus_beta/selected``: mean of π(a_t) − β over selected tokens (the paper's collapse/explosion diagnostic:
-  > 0 pushes toward entropy collapse, < 0 toward explosion).
-- ``selected/high_entropy_frac``: fraction of selected tokens with H1 strictly above the median H1 of all response
-  tokens of the batch; the median is ``torch.median``'s, i.e. the lower of the two middle values for an even count.
-
-Empty sets: a mean over an empty set is omitted from the dict (not 0, which would bias averages over steps; not
-NaN). With no selected token, every ``*/selected`` mean and ``selected/high_entropy_frac`` are absent, and the
-counts tell why.
-"""
+"""The step's diagnostics: the selection's metrics and TRL's loss metrics, read from the device in one transfer
+(docs/architecture.md, "Module notes")."""
 
 from __future__ import annotations
 

@@ -1,19 +1,5 @@
-"""The fields of ``ICTGRPOConfig``: what each accepts, and what each of TRL's means under ``ICTGRPOTrainer``.
-
-**Checks.** The checks TRL leaves unchecked, run by the config's ``__post_init__`` before anything else: each value
-against its declaration (an ictrl field's type and range, :func:`declared`; an inherited field's :data:`RANGES`;
-a range also holds its value finite and within int64), every other number finite and within int64, and a run that trains something, each a one-line ``ValueError`` naming the
-field; and the trackers (``report_to``) and kernels (``use_liger_kernel``) it names installed, a one-line
-:class:`ictrl.errors.UserError` naming what to install.
-
-**The TRL contract** (docs/trl-contract.md renders it). Every field of TRL's ``GRPOConfig`` is one of: ``honoured``
-(the same effect as in TRL's ``GRPOTrainer``), ``selection`` (honoured, with a meaning under a token selector other
-than ``all``, given in the note; with ``all`` it is TRL's) or ``refused`` (``ICTGRPOConfig`` raises one line naming
-the field and the note's reason when it is set to a value other than TRL's default). ``TRAINING_ARGUMENTS`` are
-transformers' own fields, run by its ``Trainer``, which ictrl does not replace. ``tests/engine/test_trl_fields.py``
-walks ``dataclasses.fields(trl.GRPOConfig)`` and fails on a field missing here, and checks that the rendered table
-in the docs is this one.
-"""
+"""The fields of ``ICTGRPOConfig``: the one check of each value, and what each of TRL's fields means under
+``ICTGRPOTrainer`` (docs/architecture.md, "Module notes")."""
 
 from __future__ import annotations
 

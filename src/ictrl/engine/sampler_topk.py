@@ -1,19 +1,5 @@
-"""Top-K log-probs recorded by the sampler, for the ICT score (``selection_topk`` with ``selection_topk_source``).
-
-Two rollout engines, one output: per completion row a [T_i, K] float32 tensor of the top-K log-probs at each
-generated position and a [T_i, K] int64 tensor of their token ids, most probable first.
-
-- transformers ``generate`` (CPU, or GPU without vLLM): :class:`TopKRecorder` is a ``LogitsProcessor``. transformers
-  runs user processors after its repetition/constraint processors and before the sampling warpers (temperature,
-  top-k, top-p, min-p), so the recorder sees the model's logits (unchanged when no penalty/constraint is set) and
-  records the top-K of log_softmax(scores / selection_temperature): exactly the distribution the statistics pass
-  scores, untruncated, whatever top_p/top_k the sampler then applies.
-- vLLM (colocate or server): the rollout asks for ``logprobs=K``; vLLM returns, per position, up to K + 1 entries
-  sorted by rank (its top K, plus the sampled token when it lies outside them), computed in TRL's
-  ``processed_logprobs`` mode, i.e. at the sampling temperature after vLLM's logits processing.
-  :func:`split_vllm_logprobs` keeps the first K as the top-K and picks the sampled token's own log-prob for TRL's
-  importance-sampling correction (TRL's generic code would take entry 0, the top-1 token, once K > 0).
-"""
+"""The sampler's top-K log-probs per position, recorded during generation (transformers ``generate`` or vLLM)
+for the ICT score (docs/architecture.md, "Module notes")."""
 
 from __future__ import annotations
 
