@@ -86,7 +86,8 @@ def _check_number(name: str, value: object, optional: bool = False, positive: bo
     ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value) and (
         value > 0 if positive else value >= 0)
     if not ok:
-        raise OptionError(name, f"must be {'None or ' if optional else ''}a finite number {'>' if positive else '>='} 0, "
+        raise OptionError(name, f"must be {'None or ' if optional else ''}a finite number "
+                          f"{'>' if positive else '>='} 0, "
                           f"got {value!r}")
 
 

@@ -47,7 +47,8 @@ class SelectionInputs:
         for name in ("ict_score", "entropy", "prob"):
             value = getattr(self, name)
             if value is not None and tuple(value.shape) != tuple(self.mask.shape):
-                raise ValueError(f"{name} must have the mask's shape {tuple(self.mask.shape)}, got {tuple(value.shape)}")
+                raise ValueError(f"{name} must have the mask's shape {tuple(self.mask.shape)}, "
+                                 f"got {tuple(value.shape)}")
             if value is not None:  # checked on the device: no host read in the training step
                 require_on_device(~(torch.isnan(value) & self.mask).any(), f"{name} holds NaN at active positions")
         if self.advantages is not None and tuple(self.advantages.shape) != (B,):

@@ -135,12 +135,14 @@ class ICTGRPOConfig(GRPOConfig):
     )
     loss_normalization: str | None = field(
         default=None,
-        metadata={"help": "Loss normaliser, one of 'per_response_selected' (Sparse-GRPO), 'token_mean_selected' (80/20, "
-                  "STAPO), 'token_mean_all' (TRL's top_entropy_quantile), 'per_response_all' (original GRPO), 'dr_grpo' "
+        metadata={"help": "Loss normaliser, one of 'per_response_selected' (Sparse-GRPO), 'token_mean_selected' "
+                  "(80/20, STAPO), 'token_mean_all' (TRL's top_entropy_quantile), 'per_response_all' (original GRPO), "
+                  "'dr_grpo' "
                   "(Dr.GRPO: sum over the selected tokens / (responses * max_completion_length)), 'sequence_sum' (each "
                   "response's sum, then the mean over responses: TRL's luspo). None: for token_selector 'all' the "
                   "normaliser TRL uses for loss_type (" + _TRL_NORM_HELP + "), so a TRL config gives TRL's step; for "
-                  "the other selectors their registered normaliser ('dr_grpo' when loss_type='dr_grpo'). Denominators are "
+                  "the other selectors their registered normaliser ('dr_grpo' when loss_type='dr_grpo'). Denominators "
+                  "are "
                   "global over the optimizer step (all micro-batches and processes), except loss_type='bnpo', whose "
                   "token mean is local to each micro-batch as in TRL."},
     )
@@ -214,7 +216,8 @@ class ICTGRPOConfig(GRPOConfig):
     sparse_backward: bool = field(
         default=False,
         metadata={"help": "Apply the LM head (and its backward) only at the selected tokens: the backbone runs as "
-                  "usual, then ictrl.core.logprobs.selected_token_logprobs projects the selected positions' hidden states "
+                  "usual, then ictrl.core.logprobs.selected_token_logprobs projects the selected positions' hidden "
+                  "states "
                   "to the vocabulary in row chunks. Same loss and gradient as the dense path, without the head's "
                   "[tokens, V] work at the unselected positions (~90% of them for ict). Log-probs at unselected "
                   "positions are not computed (they carry zero loss weight). Off by default: on a GPU it measured "
@@ -318,7 +321,8 @@ class ICTGRPOConfig(GRPOConfig):
         except (ValueError, TypeError, KeyError) as exc:
             name = getattr(self.lr_scheduler_type, "value", self.lr_scheduler_type)
             raise ValueError(f"lr_scheduler_type: {name!r} with lr_scheduler_kwargs={self.lr_scheduler_kwargs or {}}:"
-                             f" {str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}") from None
+                             f" {str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}"
+                             ) from None
 
     def _read_scale_rewards(self) -> None:
         """TRL documents ``scale_rewards`` as a str or a bool (true: 'group', false: 'none'); a flag's text is read as
@@ -392,7 +396,8 @@ class ICTGRPOConfig(GRPOConfig):
         if self.eval_benchmarks is None:
             return
         if isinstance(self.eval_benchmarks, str) or not self.eval_benchmarks:
-            raise ValueError(f"eval_benchmarks must be a non-empty list of benchmark specs, got {self.eval_benchmarks!r}")
+            raise ValueError("eval_benchmarks must be a non-empty list of benchmark specs, got "
+                             f"{self.eval_benchmarks!r}")
         from ictrl.data import parse_spec
 
         for i, spec in enumerate(self.eval_benchmarks):

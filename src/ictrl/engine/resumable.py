@@ -260,7 +260,8 @@ def _save_failed(path: Path, exc: BaseException) -> Exception:
 def save_final(trainer: Any, staging: Path, final: Path) -> None:
     """The HF-format model in ``final`` (the output directory), written to ``staging`` then renamed in
     (``checkpoints.publish_model``). ``save_model`` runs on every process: under ZeRO-3 and FSDP it gathers the
-    full weights (a collective; on the main process alone it would hang), and only the main process writes. FSDP checkpoints may be sharded (SHARDED_STATE_DICT), for which
+    full weights (a collective; on the main process alone it would hang), and only the main process writes. FSDP
+    checkpoints may be sharded (SHARDED_STATE_DICT), for which
     ``save_model`` writes no weights: the final save switches the plugin to a full state dict for its duration.
     A LoRA run writes the merged model there and its adapter in ``adapter/`` (:func:`_save_lora`)."""
     barrier = trainer.accelerator.wait_for_everyone

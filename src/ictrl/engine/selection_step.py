@@ -28,7 +28,8 @@ SELECTED, ROW, NORMALISERS = "ictrl_selected", "ictrl_row", ("ictrl_num_response
 
 class LossInputs(NamedTuple):
     """What the loss reads of one micro-batch: [B, T] log π_θ (with grad), the response mask, the tokens that carry
-    the loss, the normalisers (``LossExtras`` fields) and, where the forward gave them, the entropy and router loss."""
+    the loss, the normalisers (``LossExtras`` fields), where the forward gave them the entropy and router loss, and
+    whether ``logps`` holds every response token (the sparse head's only the selected ones)."""
 
     logps: Tensor
     mask: Tensor
@@ -36,6 +37,7 @@ class LossInputs(NamedTuple):
     norm: dict[str, Tensor]
     entropy: Tensor | None = None
     aux: Tensor | None = None
+    dense: bool = True
 
 
 # ------------------------------------------------------------------------------------ a TRL batch's views
@@ -255,7 +257,7 @@ class SelectionStep:
         logps = out.logps if out.logps is not None else self._sparse_head(
             model, out.hidden, batch["completion_ids"], selected & mask)
         return LossInputs(logps, mask, selected, self._normalisers(batch, selected & mask, step, logps.dtype),
-                          out.entropy, out.aux)
+                          out.entropy, out.aux, out.logps is not None)
 
     def _loss_selection(self, batch: dict[str, Any], step: StepContext, mask: Tensor, out: LossForward,
                         path: str) -> Tensor:

@@ -257,7 +257,9 @@ class ICTGRPOTrainer(GRPOTrainer):
                 / step.accumulation
         if chosen.aux is not None:
             loss = loss + self.router_aux_loss_coef * chosen.aux / step.accumulation
-        trl = trl_loss_metrics(chosen.logps, old, inputs["advantages"], chosen.mask, self._loss_spec, ref,
+        # TRL's over the response tokens; under the sparse head, whose log-probs are the selected tokens' only, those
+        trl = trl_loss_metrics(chosen.logps, old, inputs["advantages"],
+                               chosen.mask if chosen.dense else chosen.mask & chosen.selected, self._loss_spec, ref,
                                chosen.entropy)
         self._log_loss_metrics(step, chosen, m, trl, policy)
         return loss
