@@ -32,7 +32,7 @@ def _logs(cls: type, args: Any, tiny_model_dir: Path) -> list[dict[str, float]]:
 
 
 @pytest.mark.parametrize("options", [{}, {"beta": 0.1, "loss_type": "grpo", "importance_sampling_level": "sequence"},
-                                     {"loss_type": "cispo", "epsilon_high": 5.0}])
+                                     {"loss_type": "cispo", "epsilon_high": 5.0}, {"loss_type": "vespo"}])
 def test_ictrl_logs_every_key_trl_logs(tiny_model_dir: Path, tmp_path: Path, options: dict[str, Any]) -> None:
     stock = _logs(_StockStub, GRPOConfig(output_dir=str(tmp_path / "trl"), **COMMON, **options), tiny_model_dir)
     ours = _logs(w.stub_trainer_class(one_pass=True),
@@ -43,6 +43,6 @@ def test_ictrl_logs_every_key_trl_logs(tiny_model_dir: Path, tmp_path: Path, opt
         assert not missing, sorted(missing)
         assert any(k.startswith("ictrl/") for k in mine)
         # the same batch and weights at the first step: TRL's loss metrics agree
-        for key in ("entropy", "kl", "clip_ratio/region_mean", "cispo_clip_ratio"):
+        for key in ("entropy", "kl", "clip_ratio/region_mean", "cispo_clip_ratio", "vespo/phi_seq_mean"):
             if key in theirs and theirs is stock[0]:
                 assert mine[key] == pytest.approx(theirs[key], rel=1e-4, abs=1e-6), key

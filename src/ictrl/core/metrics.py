@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 import torch
@@ -79,7 +80,7 @@ def trl_loss_metrics(logps: Tensor, old: Tensor, advantages: Tensor, mask: Tenso
     it logs (``clip_ratio/low_min``, ``clip_ratio/high_max``). ``ref``: log π_ref (None: no KL term);
     ``entropy``: None where the loss's forward gave none (``sparse_backward``)."""
     m = mask.to(logps.dtype)
-    log_ratio = logps.detach() - old.detach()
+    log_ratio = per_token = logps.detach() - old.detach()
     if spec.level == "sequence":
         log_ratio = ((log_ratio * m).sum(-1) / m.sum(-1).clamp(min=1.0)).unsqueeze(-1)
     coef = torch.exp(log_ratio)
@@ -109,6 +110,14 @@ def trl_loss_metrics(logps: Tensor, old: Tensor, advantages: Tensor, mask: Tenso
         extremes["clip_ratio/low_min"], extremes["clip_ratio/high_max"] = per_response(low), per_response(high)
     elif spec.loss_type == "cispo":
         means["cispo_clip_ratio"] = masked(((coef > spec.eps_high) & (adv > 0)).to(coef.dtype))
+    elif spec.loss_type == "vespo":  # TRL's gamma weight of each response (without a vLLM importance ratio)
+        log_w = (per_token.clamp(-20.0, 20.0) * m).sum(-1, keepdim=True).clamp(math.log(1e-8), 20.0)
+        nonneg = adv >= 0
+        k = torch.where(nonneg, adv.new_tensor(spec.vespo_k_pos), adv.new_tensor(spec.vespo_k_neg))
+        lam = torch.where(nonneg, adv.new_tensor(spec.vespo_lambda_pos), adv.new_tensor(spec.vespo_lambda_neg))
+        lam = lam.clamp(min=1e-4)
+        phi = torch.exp(lam + k * log_w - lam * torch.exp(log_w)).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
+        means["vespo/phi_seq_mean"] = masked(phi)
     return means, extremes
 
 

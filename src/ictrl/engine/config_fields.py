@@ -115,6 +115,12 @@ def declared(cls: type) -> dict[str, tuple[Any, Range | None]]:
     return out
 
 
+@functools.lru_cache(maxsize=None)
+def ranged(cls: type) -> frozenset[str]:
+    """The fields of ``cls`` (an ictrl config class) with a range: declared in their annotation, or in RANGES."""
+    return frozenset({name for name, (_, bound) in declared(cls).items() if bound is not None} | set(RANGES))
+
+
 def type_text(hint: Any) -> str:
     """A type as a config file's reader writes it: ``int | None``, ``list[str]``."""
     if typing.get_origin(hint) is typing.Annotated:
