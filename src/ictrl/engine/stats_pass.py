@@ -39,7 +39,8 @@ class StepContext:
     accumulation: int = 1          # micro-batches of this optimizer step (the Trainer's current window)
     window: int = 1                # gradient_accumulation_steps: the micro-batches the normalisers total over
     logged: bool = True            # this step's metrics reach a log
-    forward: str = "fused"         # the loss's forward when the batch came selected: dense, sparse or fused
+    dense: bool = False            # TRL's own forward for its entropy bonus, entropy mask or router loss
+    sparse: bool = False           # sparse_backward: the LM head at the selected positions only
     entropy_quantile: float = 1.0  # TRL's top_entropy_quantile (< 1: its entropy mask over the micro-batch)
     router_loss: bool = False      # the dense forward also returns a MoE model's router loss
 
@@ -90,24 +91,20 @@ def batch_path(planned: str, batch: BatchFacts) -> str:
     return planned
 
 
-def loss_forward_kind(dense: bool, sparse: bool) -> str:
-    """The loss's forward for a batch that came selected: ``dense`` (TRL's own, for its entropy bonus, entropy
-    mask or router loss), ``sparse`` (the backbone, then the head at the selected positions only) or ``fused``
-    (TRL's fused head)."""
-    return "dense" if dense else "sparse" if sparse else "fused"
-
-
 def loss_path(step: StepContext, selected_in_loss: bool, stat_free: bool, from_trl_head: bool) -> str:
-    """The loss's forward of one micro-batch: ``step.forward`` when the batch came selected (or TRL's dense
-    forward is asked for); on path ``training_forward`` ``metrics`` (a selector that reads no statistics: TRL's
-    fused head, Σp² for the logged metrics), ``select_sparse`` (the backbone, the statistics swept from its hidden
-    states, the head at the selected positions), ``select_fused`` (the statistics from TRL's fused head) or
+    """The loss's forward of one micro-batch. ``dense``: TRL's own (its entropy bonus, entropy mask or router loss).
+    A batch that came selected: ``sparse`` (the backbone, then the head at the selected positions only) or
+    ``fused`` (TRL's fused head). On path ``training_forward``: ``metrics`` (a selector that reads no statistics:
+    TRL's fused head, Σp² for the logged metrics), ``select_sparse`` (the backbone, the statistics swept from its
+    hidden states, the head at the selected positions), ``select_fused`` (the statistics from TRL's fused head) or
     ``select_hidden`` (TRL's fused head keeping the hidden states the statistics sweep)."""
-    if step.forward == "dense" or not selected_in_loss:
-        return step.forward
+    if step.dense:
+        return "dense"
+    if not selected_in_loss:
+        return "sparse" if step.sparse else "fused"
     if stat_free:
         return "metrics"
-    if step.forward == "sparse":
+    if step.sparse:
         return "select_sparse"
     return "select_fused" if from_trl_head else "select_hidden"
 

@@ -26,7 +26,7 @@ from ictrl.engine.resumable import Resumable
 from ictrl.engine.sampler_topk import TopKRecorder, TopKRows, recorded_topk, recording_generate, split_vllm_logprobs
 from ictrl.engine.selection_step import LossInputs, SelectionStep, metrics_logged, model_inputs
 from ictrl.engine.stats_pass import (STATS_PATHS, BatchFacts, PathFacts, Stats, StatsSource, StepContext, batch_path,
-                                     fused_head_with_sum_sq, loss_forward_kind)
+                                     fused_head_with_sum_sq)
 from ictrl.errors import UserError
 from ictrl.rewards.policy import RewardPolicy
 
@@ -149,7 +149,7 @@ class ICTGRPOTrainer(GRPOTrainer):
             accumulation=getattr(self, "current_gradient_accumulation_steps", args.gradient_accumulation_steps)
             if training else 1, window=args.gradient_accumulation_steps,
             logged=metrics_logged(args, self.state, self.is_in_train and training),
-            forward=loss_forward_kind(dense=self._dense_trl_forward(), sparse=bool(args.sparse_backward)),
+            dense=self._dense_trl_forward(), sparse=bool(args.sparse_backward),
             entropy_quantile=self.top_entropy_quantile, router_loss=bool(self.aux_loss_enabled))
 
     # ------------------------------------------------------------------------------------- generation
