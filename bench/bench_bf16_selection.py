@@ -40,7 +40,7 @@ from torch import Tensor
 
 from ictrl.core.selection import SelectionInputs, select
 from ictrl.engine.selection_step import model_inputs
-from ictrl.engine.stats_pass import model_stats
+from ictrl.engine.stats_pass import Request, Sweep, model_stats
 from ictrl.files import atomic_write_json
 from ictrl.models import build_real_shape
 
@@ -115,8 +115,9 @@ def run_scale(model: Any, scale: float, batch: dict[str, Tensor], chunk_size: in
         autocasts = {"fp32": contextlib.nullcontext, "bf16": lambda: torch.autocast("cpu", dtype=torch.bfloat16)}
         for name, autocast in autocasts.items():
             t0 = time.perf_counter()
-            stats, u = model_stats(model, model.lm_head, *model_inputs(batch), mask, groups, rows=B,
-                                   temperature=1.0, topk=None, chunk_size=chunk_size, autocast=autocast)
+            stats, u = model_stats(model, model.lm_head, *model_inputs(batch),
+                                   Request(mask, batch["completion_ids"], groups),
+                                   Sweep(1.0, None, chunk_size, autocast, model.lm_head.out_features, rows=B))
             seconds[name] = time.perf_counter() - t0
             assert u is not None
             passes[name] = (stats, u)

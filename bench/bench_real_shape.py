@@ -63,15 +63,15 @@ def warm_group_js(trainer: Any) -> None:
     import torch
 
     from ictrl.engine.heads import output_head
-    from ictrl.engine.stats_pass import hidden_stats
+    from ictrl.engine.stats_pass import Request, Sweep, hidden_stats
 
     args, B, T = trainer.args, trainer.args.per_device_train_batch_size, 32
     hidden = torch.randn(B, T, trainer.model.config.hidden_size)
     with torch.no_grad():
-        hidden_stats(output_head(trainer.accelerator, trainer.model), hidden, torch.ones(B, T, dtype=torch.bool),
-                     torch.randint(3, 259, (B, T)), torch.arange(B) // trainer.num_generations,
-                     temperature=args.selection_temperature, topk=args.selection_topk,
-                     chunk_size=args.stats_chunk_size, autocast=trainer.accelerator.autocast)
+        hidden_stats(output_head(trainer.accelerator, trainer.model), hidden,
+                     Request(torch.ones(B, T, dtype=torch.bool), torch.randint(3, 259, (B, T)),
+                             torch.arange(B) // trainer.num_generations),
+                     trainer.stats_source.sweep(trainer.model))
 
 
 def step_case(variant: str, a: argparse.Namespace) -> dict[str, Any]:

@@ -33,7 +33,7 @@ from torch import Tensor, nn
 from ictrl.core import reference
 from ictrl.core.selection import SelectionInputs, select
 from ictrl.core.stats import TokenStats, token_stats
-from ictrl.engine.stats_pass import Autocast, hidden_stats
+from ictrl.engine.stats_pass import Autocast, Request, Sweep, hidden_stats
 
 G, N_GROUPS, T, H, V = 8, 4, 64, 256, 8192
 SCALE = 28.0  # final-norm gain: mean entropy 0.97 nats, top-1 0.70 with a std-0.02 head at V 8,192
@@ -63,8 +63,7 @@ def _rollouts() -> tuple[Tensor, nn.Linear, Tensor, Tensor, Tensor]:
 
 def _sweep(h: Tensor, head: nn.Linear, mask: Tensor, tokens: Tensor, groups: Tensor,
            autocast: Autocast) -> tuple[TokenStats, Tensor]:
-    stats, u = hidden_stats(head, h, mask, tokens, groups, temperature=1.0, topk=None, chunk_size=512,
-                            autocast=autocast)
+    stats, u = hidden_stats(head, h, Request(mask, tokens, groups), Sweep(1.0, None, 512, autocast, head.out_features))
     assert u is not None
     return stats, u
 

@@ -229,9 +229,9 @@ def test_statistics_pass_scores_the_adapted_model(tiny_model_dir: Path, tmp_path
     seen: list[tuple[Any, Any, Any]] = []
     original = stats_pass.hidden_stats
 
-    def recording(head: Any, hidden: Any, mask: Any, completion_ids: Any, group_ids: Any, **kwargs: Any) -> Any:
-        stats, js = original(head, hidden, mask, completion_ids, group_ids, **kwargs)
-        seen.append((mask, group_ids, js))
+    def recording(head: Any, hidden: Any, request: Any, sweep: Any) -> Any:
+        stats, js = original(head, hidden, request, sweep)
+        seen.append((request.mask, request.group_ids, js))
         return stats, js
 
     monkeypatch.setattr(stats_pass, "hidden_stats", recording)  # the separate pass and the loss's forward alike

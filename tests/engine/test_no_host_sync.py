@@ -49,7 +49,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from ictrl.core.logprobs import selected_token_logprobs
 from ictrl.core import selection
 from ictrl.core.selection import SelectionInputs, get_selector
-from ictrl.engine.stats_pass import hidden_stats
+from ictrl.engine.stats_pass import Request, Sweep, hidden_stats
 
 SYNC = tuple(sys.argv[1].split(","))
 
@@ -83,8 +83,8 @@ selector = get_selector("ict")
 options = selector.resolve_options({})
 phases = {}
 with Record() as rec:
-    stats, js = hidden_stats(head, hidden.detach(), mask, ids, groups, temperature=0.9, topk=None, chunk_size=None,
-                             autocast=contextlib.nullcontext, group_size=G)
+    stats, js = hidden_stats(head, hidden.detach(), Request(mask, ids, groups, G),
+                             Sweep(0.9, None, None, contextlib.nullcontext, V))
 phases["statistics"] = rec.hits
 with Record() as rec:
     selected = selector.apply(SelectionInputs(mask=mask, step=20, ict_score=js, entropy=stats.entropy,
@@ -142,7 +142,7 @@ def test_no_sync_on_cuda_with_sync_debug_mode() -> None:
     from torch import nn
 
     from ictrl.core.selection import SelectionInputs, get_selector
-    from ictrl.engine.stats_pass import hidden_stats
+    from ictrl.engine.stats_pass import Request, Sweep, hidden_stats
 
     torch.manual_seed(0)
     B, T, H, V, G = 16, 64, 32, 1000, 8
@@ -153,13 +153,12 @@ def test_no_sync_on_cuda_with_sync_debug_mode() -> None:
     groups = torch.arange(B, device="cuda") // G
     selector = get_selector("ict")
     options = selector.resolve_options({})
-    hidden_stats(head, hidden, mask, ids, groups, temperature=1.0, topk=None, chunk_size=None,
-                 autocast=contextlib.nullcontext, group_size=G)  # compile the kernels first
+    request, sweep = Request(mask, ids, groups, G), Sweep(1.0, None, None, contextlib.nullcontext, V)
+    hidden_stats(head, hidden, request, sweep)  # compile the kernels first
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        stats, js = hidden_stats(head, hidden, mask, ids, groups, temperature=1.0, topk=None, chunk_size=None,
-                                 autocast=contextlib.nullcontext, group_size=G)
+        stats, js = hidden_stats(head, hidden, request, sweep)
         selected = selector.apply(SelectionInputs(mask=mask, step=20, ict_score=js, group_ids=groups), 10, options)
     finally:
         torch.cuda.set_sync_debug_mode("default")

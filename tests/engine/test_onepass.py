@@ -105,7 +105,7 @@ def test_fused_head_statistics_equal_the_sweep(tiny_model_dir: Path, tmp_path: P
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from ictrl.engine.heads import backbone
-    from ictrl.engine.stats_pass import fused_forward, stats_from_fused
+    from ictrl.engine.stats_pass import Wants, fused_forward, stats_from_fused
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     tokenizer.padding_side = "left"
@@ -120,16 +120,16 @@ def test_fused_head_statistics_equal_the_sweep(tiny_model_dir: Path, tmp_path: P
     mask = batch["completion_mask"].bool()
     T = mask.size(1)
     with torch.no_grad():
-        logps, ent, lss, hidden = fused_forward(trainer.model, backbone(trainer.accelerator, trainer.model), ids, am, T,
-                                                 trainer.accelerator.autocast, keep_hidden=True)
+        fused = fused_forward(trainer.model, ids, am, T, trainer.accelerator.autocast,
+                              Wants(hidden=backbone(trainer.accelerator, trainer.model)))
+        lss, hidden = fused.log_sum_sq, fused.hidden
         logits = trainer.model(input_ids=ids, attention_mask=am).logits[:, -T - 1:-1]
         plain = trainer.model(input_ids=ids, attention_mask=am, labels=ids, fused_lm_head=True)
-        _, _, no_lss, _ = fused_forward(trainer.model, backbone(trainer.accelerator, trainer.model), ids, am, T,
-                                        trainer.accelerator.autocast, sum_sq=False)
+        no_lss = fused_forward(trainer.model, ids, am, T, trainer.accelerator.autocast, Wants(sum_sq=False)).log_sum_sq
     assert lss is not None and hidden is not None and hidden.shape[:2] == mask.shape
     # TRL's own calls and fused_forward(sum_sq=False) skip log Σp² (one multiply and sum per logit tile)
     assert plain.log_sum_sq_probs is None and plain.entropy is not None and no_lss is None
-    got = stats_from_fused(logps, ent, lss, mask)
+    got = stats_from_fused(fused, mask)
     want = w.naive_stats(logits, batch["completion_ids"], mask, 0.7)
     for field, ref in want.items():
         torch.testing.assert_close(getattr(got, field).double(), ref, rtol=1e-5, atol=1e-6, msg=field)

@@ -34,7 +34,7 @@ def test_server_settings_come_from_trls_client(tiny_model_dir: Path, tmp_path: P
     session = fake_vllm.ServerSession(max_logprobs=-1, logprobs_mode="processed_logprobs")
     trainer = _server_trainer(monkeypatch, tiny_model_dir, tmp_path, session, token_selector="ict",
                               selection_topk=64, temperature=0.7)
-    assert trainer._server == {"max_logprobs": -1, "logprobs_mode": "processed_logprobs"}
+    assert trainer._vllm_server_settings == {"max_logprobs": -1, "logprobs_mode": "processed_logprobs"}
     assert any(url.endswith("/server_info") for url in session.requests)
     assert trainer._sampler_topk == 64 and trainer.vllm_generation.logprobs == 64  # no cap: the sampler's top-K
 
@@ -64,7 +64,7 @@ def test_unprocessed_logprobs_stop_where_they_are_read(tiny_model_dir: Path, tmp
     session = fake_vllm.ServerSession(max_logprobs=-1, logprobs_mode="raw_logprobs")  # vLLM's default
     if stops is None:  # nothing reads the server's log-probs: a raw server is fine
         trainer = _server_trainer(monkeypatch, tiny_model_dir, tmp_path, session, token_selector="ict", **overrides)
-        assert trainer._server["logprobs_mode"] == "raw_logprobs"
+        assert trainer._vllm_server_settings["logprobs_mode"] == "raw_logprobs"
         return
     with pytest.raises(UserError) as err:
         _server_trainer(monkeypatch, tiny_model_dir, tmp_path, session, token_selector="ict", **overrides)

@@ -1,47 +1,5 @@
-"""The policy-gradient loss restricted to selected tokens (docs/method.md §3, §5, §7).
-
-Per token, with M = selected & mask, log-ratio ℓ = logprobs − old_logprobs and ρ = exp(ℓ) (``level="token"``) or
-ρ_i = exp(Σ_t M ℓ / Σ_t M), one ratio per response over its selected tokens (``level="sequence"``, GSPO), the loss
-is ``aggregate(w·P, M) + β·aggregate(KL, K)``:
-
-- P, the per-token policy term of the run's ``loss_type``: a registry (:data:`LOSS_TYPES`, TRL 1.16's loss types
-  with the normaliser TRL aggregates each with) of plain functions ``term(x: Tokens, spec: LossSpec) -> [B, T]``.
-  An off-policy sequence mask (DeepSeek-V3.2, TRL's ``off_policy_mask_threshold``) multiplies P by 0 for a
-  response with Â < 0 whose mean of (behaviour − logprobs) over its mask exceeds the threshold.
-- w, the sampler/trainer importance weight (TRL's ``vllm_importance_sampling_*``, TIS/MIS): when the rollouts come
-  from another engine whose log-probs ``sampler_logprobs`` differ from the trainer's ``old_logprobs``, r =
-  exp(old − sampler), detached: ``token_truncate`` w = clamp(r, is_clip_min, is_clip_max); ``token_mask`` w = r
-  inside the bounds, else 0; ``sequence_*`` the same with one r per response, exp(Σ_t mask·(old − sampler)) over
-  all its tokens. w multiplies the policy term only, never the KL term (as TRL). vespo folds w into its own weight
-  instead. A NaN sampler log-prob means "not scored" (vLLM's None) and gives r = 1.
-- KL, the k3 estimator exp(d) − d − 1 with d = ref_logprobs − logprobs, times ρ when ``bias_correction_kl`` (TRL's
-  ``use_bias_correction_kl``), over K = M (``kl_scope="selected"``) or K = mask (``"all_tokens"``).
-
-:func:`aggregate` is the one normaliser of every term (``norm``, L a [B, T] term over the tokens W it covers):
-
-- ``per_response_selected`` (ICT's Sparse-GRPO): (1/B)·Σ_i [Σ_t W·L / Σ_t W]; a response with Σ_t W = 0
-  contributes 0 but still counts in B.
-- ``per_response_all`` (original GRPO, TRL's grpo and sapo): (1/B)·Σ_i [Σ_t W·L / Σ_t mask].
-- ``token_mean_selected`` (80/20 official code, STAPO): Σ W·L / Σ W.
-- ``token_mean_all`` (TRL's dapo, bnpo, cispo, vespo and ``top_entropy_quantile``): Σ W·L / Σ mask.
-- ``dr_grpo`` (Dr.GRPO, TRL's dr_grpo): Σ W·L / (B · max_completion_length).
-- ``sequence_sum`` (TRL's luspo): (1/B)·Σ_i Σ_t W·L.
-
-Global normalisers, for gradient accumulation and multi-process training: ``num_responses`` replaces B;
-``num_tokens`` replaces the policy term's Σ W (``token_mean_selected``) or Σ mask (``token_mean_all``), and
-``num_mask_tokens`` the KL term's Σ mask when K = mask under ``token_mean_selected``. Passing the totals over all
-micro-batches / processes makes the sum of the micro-batch losses equal the full-batch loss. An override is ignored
-by the modes it does not apply to. A count of 0 is read as 1 (the numerator is then 0 too).
-
-Non-finite input: ``logprobs``, ``old_logprobs``, ``advantages`` and ``ref_logprobs`` must be finite wherever they
-are read (at M, or on the mask where a term covers it), else a ValueError names the (row, position). Masked
-positions may hold anything: they are replaced by 0 before any arithmetic and inactive per-token terms are dropped
-with ``torch.where``, so ±inf/NaN padding never reaches the loss or the gradient. The loss is never NaN: empty
-denominators give a finite 0 that keeps a grad_fn to ``logprobs`` (zero gradients).
-
-Read top to bottom: the run's options (:class:`LossSpec`), the per-token tensors (:class:`Tokens`), the loss types,
-the importance weight and the aggregation, then :func:`policy_loss`, which puts them together.
-"""
+"""The policy-gradient loss over the selected tokens: the loss types, the importance weight, the KL term and
+one ``aggregate`` (docs/method.md §3, §5, §7; docs/architecture.md, "Module notes")."""
 
 from __future__ import annotations
 
@@ -60,6 +18,9 @@ IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask"
 LEVELS = ("token", "sequence")
 KL_SCOPES = ("selected", "all_tokens")
 _VESPO_LOG_MIN = math.log(1e-8)
+# the numbers LossSpec holds to a range (its __post_init__): their one check
+RANGED = ("eps_low", "eps_high", "kl_coef", "delta", "sapo_temperature_pos", "sapo_temperature_neg",
+          "off_policy_threshold", "is_clip_min", "is_clip_max")
 
 
 # ------------------------------------------------------------------------------------------ the run's options
@@ -122,9 +83,11 @@ class LossSpec:
 def _check_number(name: str, value: object, optional: bool = False, positive: bool = False) -> None:
     if optional and value is None:
         return
-    ok = not isinstance(value, bool) and isinstance(value, (int, float)) and (value > 0 if positive else value >= 0)
+    ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value) and (
+        value > 0 if positive else value >= 0)
     if not ok:
-        raise OptionError(name, f"must be {'None or ' if optional else ''}a number {'>' if positive else '>='} 0, "
+        raise OptionError(name, f"must be {'None or ' if optional else ''}a finite number "
+                          f"{'>' if positive else '>='} 0, "
                           f"got {value!r}")
 
 

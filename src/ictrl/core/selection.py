@@ -1,43 +1,5 @@
-"""Token selectors: which response tokens carry the policy gradient (docs/method.md §3, §4).
-
-A small registry in the style of verl: ``SELECTORS`` maps a name to a :class:`Selector`, which holds the rule and
-the method's defaults (ratio, scope, warm-up Θ, loss normaliser, options, label and aliases). ``select(name,
-inputs, warmup_steps=0, **options)`` returns a ``[B, T]`` bool tensor that is always a subset of ``inputs.mask``;
-while ``inputs.step < warmup_steps`` it is the whole mask (the first Θ optimizer steps update every token).
-Adding a method is one function decorated with :func:`register_selector`; it is then accepted by name (or as
-``module:function``) by ``ICTGRPOConfig``, the YAML configs and every command.
-
-Registered selectors (options in brackets; the method label follows the arrow):
-
-- ``all`` -> grpo: the response mask (GRPO).
-- ``entropy(ratio=0.2, scope="batch")`` -> entropy20: the top-k positions by ``entropy`` (20-Entropy). ``batch``
-  uses one cut-off for the batch, as in the 80/20 paper; ``response`` ranks within each row.
-- ``stapo(tau_p=0.002, q=0.75)``: returns the *kept* mask = mask minus the silenced tokens. Candidates are the
-  active tokens with ``advantages[b] > 0`` and ``prob < tau_p``; of the ``n`` candidates in the batch the
-  ``ceil(q * n)`` with the lowest entropy are silenced ("bottom q" = rank < ceil(q·n) in ascending entropy, ties
-  broken by the rule below, so exactly that many are silenced).
-- ``ict(ratio=0.1, scope="response")``: the top-k positions by ``ict_score`` within each scope unit (``response``:
-  one row; ``group``: all rows with the same ``group_ids`` value, adjacent or not; ``batch``: the whole batch).
-- ``random(ratio=0.1, scope="response", seed=0)`` -> random10: as many positions per unit as ``ict`` would pick,
-  uniformly at random. The draw comes from a CPU ``torch.Generator`` seeded from ``(seed, inputs.step)``:
-  reproducible across devices and runs, different across steps, independent of the global RNG.
-- ``frequent(ratio=0.1, scope="response")`` -> frequent90: the mask minus ``ict``'s selection.
-
-Counting and ties, shared by every ratio-based selector:
-
-- A unit with ``n`` active tokens gets ``k = ceil(ratio * n)`` of them, so ``n >= 1`` gives ``k >= 1``, counted
-  exactly on the decimal ratio by :func:`ictrl.core.reference.ceil_count` (binary floats overshoot exact integers,
-  ``0.07 * 100 == 7.000000000000001``, which would otherwise add a token).
-- Among equal scores the earlier position wins: lower flat index ``b * T + t``. Ranking is one stable descending
-  sort of the active positions (taken in flat-index order) on the score, which keeps the lower index first among
-  ties, then one sort on the unique key (unit, score rank); no Python loop over positions or units.
-
-``Selector.needs`` lists the ``SelectionInputs`` fields a selector always reads; ``scope="group"`` additionally
-reads ``group_ids``. A missing field, an unknown option, or a bad option value raises ``ValueError`` naming it.
-Each value is checked once: an option in :meth:`Selector.resolve_options`, Θ in :meth:`Selector.resolve_warmup`
-(``ICTGRPOConfig`` calls both once per run; :meth:`Selector.apply` and :func:`in_warmup` take the resolved values),
-a method's defaults when it is registered.
-"""
+"""Token selectors: the registry of methods that turn per-token statistics into the [B, T] mask the loss trains
+on (docs/architecture.md, "Module notes")."""
 
 from __future__ import annotations
 
@@ -85,7 +47,8 @@ class SelectionInputs:
         for name in ("ict_score", "entropy", "prob"):
             value = getattr(self, name)
             if value is not None and tuple(value.shape) != tuple(self.mask.shape):
-                raise ValueError(f"{name} must have the mask's shape {tuple(self.mask.shape)}, got {tuple(value.shape)}")
+                raise ValueError(f"{name} must have the mask's shape {tuple(self.mask.shape)}, "
+                                 f"got {tuple(value.shape)}")
             if value is not None:  # checked on the device: no host read in the training step
                 require_on_device(~(torch.isnan(value) & self.mask).any(), f"{name} holds NaN at active positions")
         if self.advantages is not None and tuple(self.advantages.shape) != (B,):
@@ -262,7 +225,7 @@ def select(name: str, inputs: SelectionInputs, *, warmup_steps: int = 0, **optio
 
 
 def _check_fraction(value: Any, name: str = "ratio") -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < float(value) <= 1.0:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < float(value) <= 1.0:  # NaN too
         raise OptionError(name, f"must be a number in (0, 1], got {value!r}")
     return float(value)
 
@@ -274,8 +237,8 @@ def _check_scope(scope: Any, allowed: tuple[str, ...]) -> str:
 
 
 def _check_nonneg_int(value: Any, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise OptionError(name, f"must be an int >= 0, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 1 << 63:
+        raise OptionError(name, f"must be an int >= 0 and < 2**63, got {value!r}")
     return value
 
 

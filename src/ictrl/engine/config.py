@@ -18,7 +18,7 @@ from typing import Annotated, Any
 from trl import GRPOConfig
 
 from ictrl.core.checks import OptionError
-from ictrl.core.loss import LOSS_TYPES, LossSpec
+from ictrl.core.loss import LOSS_TYPES, RANGED, LossSpec
 from ictrl.core.selection import SELECTORS, Selector, get_selector
 from ictrl.engine import config_fields
 from ictrl.engine.config_fields import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, SEED, Range, refused_field_errors
@@ -38,6 +38,8 @@ LOSS_FIELDS = {
     "bias_correction_kl": "use_bias_correction_kl", "norm": "loss_normalization",
     "max_completion_length": "max_completion_length",
 }
+# the numbers the loss spec and the selector's registered options hold to their ranges (finite included)
+RANGED_ELSEWHERE = frozenset({LOSS_FIELDS[k] for k in RANGED} | {"selection_ratio", "selection_seed"})
 logger = logging.getLogger(__name__)
 _METHODS_HELP = "; ".join(f"'{s.name}'" + (f" (= {s.label})" if s.label != s.name else "") + f": {s.help}"
                           for s in SELECTORS.values())
@@ -125,14 +127,16 @@ class ICTGRPOConfig(GRPOConfig):
     )
     loss_normalization: str | None = field(
         default=None,
-        metadata={"help": "Loss normaliser, one of 'per_response_selected' (Sparse-GRPO), 'token_mean_selected' (80/20, "
-                  "STAPO), 'token_mean_all' (TRL's top_entropy_quantile), 'per_response_all' (original GRPO), 'dr_grpo' "
-                  "(Dr.GRPO: sum over the selected tokens / (responses * max_completion_length)), 'sequence_sum' (each "
-                  "response's sum, then the mean over responses: TRL's luspo). None: for token_selector 'all' the "
-                  "normaliser TRL uses for loss_type (" + _TRL_NORM_HELP + "), so a TRL config gives TRL's step; for "
-                  "the other selectors their registered normaliser ('dr_grpo' when loss_type='dr_grpo'). Denominators are "
-                  "global over the optimizer step (all micro-batches and processes), except loss_type='bnpo', whose "
-                  "token mean is local to each micro-batch as in TRL."},
+        metadata={"help": "Loss normaliser, one of 'per_response_selected' (Sparse-GRPO), "
+                  "'token_mean_selected' (80/20, STAPO), 'token_mean_all' (TRL's top_entropy_quantile), "
+                  "'per_response_all' (original GRPO), 'dr_grpo' (Dr.GRPO: sum over the selected tokens / (responses "
+                  "* max_completion_length)), 'sequence_sum' (each response's sum, then the mean over responses: "
+                  "TRL's luspo). None: for token_selector 'all' the normaliser TRL uses for loss_type ("
+                  + _TRL_NORM_HELP + "), so a TRL config gives TRL's step; for the other selectors their registered "
+                  "normaliser "
+                  "('dr_grpo' when loss_type='dr_grpo'). Denominators are global over the optimizer step (all "
+                  "micro-batches and processes), except loss_type='bnpo', whose token mean is local to each "
+                  "micro-batch as in TRL."},
     )
     kl_scope: str | None = field(
         default=None,
@@ -205,12 +209,12 @@ class ICTGRPOConfig(GRPOConfig):
     sparse_backward: bool = field(
         default=False,
         metadata={"help": "Apply the LM head (and its backward) only at the selected tokens: the backbone runs as "
-                  "usual, then ictrl.core.logprobs.selected_token_logprobs projects the selected positions' hidden states "
-                  "to the vocabulary in row chunks. Same loss and gradient as the dense path, without the head's "
-                  "[tokens, V] work at the unselected positions (~90% of them for ict). Log-probs at unselected "
-                  "positions are not computed (they carry zero loss weight). Off by default: on a GPU it measured "
-                  "slower than dense (H200, 0.5B, bf16: 0.421 s vs 0.400 s per step); on CPU it measured 0.3x `all`'s "
-                  "head time, so turn it on there (bench/README.md, 'GPU')."},
+                  "usual, then ictrl.core.logprobs.selected_token_logprobs projects the selected positions' hidden "
+                  "states to the vocabulary in row chunks. Same loss and gradient as the dense path, without the "
+                  "head's [tokens, V] work at the unselected positions (~90% of them for ict). Log-probs at "
+                  "unselected positions are not computed (they carry zero loss weight). Off by default: on a GPU it "
+                  "measured slower than dense (H200, 0.5B, bf16: 0.421 s vs 0.400 s per step); on CPU it measured "
+                  "0.3x `all`'s head time, so turn it on there (bench/README.md, 'GPU')."},
     )
     selection_seed: int | None = field(
         default=None,
@@ -276,7 +280,9 @@ class ICTGRPOConfig(GRPOConfig):
     def __post_init__(self) -> None:
         # first: each field's own declaration names its bound (a seed's), the generic check only int64
         config_fields.check_fields(self, ICTGRPOConfig)
-        config_fields.check_finite({f.name: getattr(self, f.name) for f in fields(self) if f.init})
+        skip = config_fields.ranged(ICTGRPOConfig) | RANGED_ELSEWHERE  # a range's check holds it finite
+        config_fields.check_finite({f.name: getattr(self, f.name) for f in fields(self)
+                                    if f.init and f.name not in skip})
         config_fields.check_trains_something(self)
         # several trackers as TRL users write them (a list, or "tensorboard,wandb"); a missing package is one
         # line naming what to install, here rather than when the trainer builds its callbacks after the model loads
@@ -308,7 +314,8 @@ class ICTGRPOConfig(GRPOConfig):
         except (ValueError, TypeError, KeyError) as exc:
             name = getattr(self.lr_scheduler_type, "value", self.lr_scheduler_type)
             raise ValueError(f"lr_scheduler_type: {name!r} with lr_scheduler_kwargs={self.lr_scheduler_kwargs or {}}:"
-                             f" {str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}") from None
+                             f" {str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}"
+                             ) from None
 
     def _read_scale_rewards(self) -> None:
         """TRL documents ``scale_rewards`` as a str or a bool (true: 'group', false: 'none'); a flag's text is read as
@@ -382,7 +389,8 @@ class ICTGRPOConfig(GRPOConfig):
         if self.eval_benchmarks is None:
             return
         if isinstance(self.eval_benchmarks, str) or not self.eval_benchmarks:
-            raise ValueError(f"eval_benchmarks must be a non-empty list of benchmark specs, got {self.eval_benchmarks!r}")
+            raise ValueError("eval_benchmarks must be a non-empty list of benchmark specs, got "
+                             f"{self.eval_benchmarks!r}")
         from ictrl.data import parse_spec
 
         for i, spec in enumerate(self.eval_benchmarks):

@@ -1,19 +1,5 @@
-"""The fields of ``ICTGRPOConfig``: what each accepts, and what each of TRL's means under ``ICTGRPOTrainer``.
-
-**Checks.** The checks TRL leaves unchecked, run by the config's ``__post_init__`` before anything else: each value
-against its declaration (an ictrl field's type and range, :func:`declared`; an inherited field's :data:`RANGES`),
-every number finite and within int64, and a run that trains something, each a one-line ``ValueError`` naming the
-field; and the trackers (``report_to``) and kernels (``use_liger_kernel``) it names installed, a one-line
-:class:`ictrl.errors.UserError` naming what to install.
-
-**The TRL contract** (docs/trl-contract.md renders it). Every field of TRL's ``GRPOConfig`` is one of: ``honoured``
-(the same effect as in TRL's ``GRPOTrainer``), ``selection`` (honoured, with a meaning under a token selector other
-than ``all``, given in the note; with ``all`` it is TRL's) or ``refused`` (``ICTGRPOConfig`` raises one line naming
-the field and the note's reason when it is set to a value other than TRL's default). ``TRAINING_ARGUMENTS`` are
-transformers' own fields, run by its ``Trainer``, which ictrl does not replace. ``tests/engine/test_trl_fields.py``
-walks ``dataclasses.fields(trl.GRPOConfig)`` and fails on a field missing here, and checks that the rendered table
-in the docs is this one.
-"""
+"""The fields of ``ICTGRPOConfig``: the one check of each value, and what each of TRL's fields means under
+``ICTGRPOTrainer`` (docs/architecture.md, "Module notes")."""
 
 from __future__ import annotations
 
@@ -36,7 +22,8 @@ SEED_LIMIT = 1 << 32  # numpy's seed range, which transformers' set_seed feeds
 
 @dataclass(frozen=True)
 class Range:
-    """``low <= value <= high`` (``<`` where ``open_low`` / ``open_high``); None: unbounded on that side."""
+    """``low <= value <= high`` (``<`` where ``open_low`` / ``open_high``); None: unbounded on that side. A value
+    in a range is also finite and within int64: a field with a range has no other check of its value."""
 
     low: float | None = None
     high: float | None = None
@@ -44,9 +31,16 @@ class Range:
     open_high: bool = False
 
     def __contains__(self, value: float) -> bool:
-        if self.low is not None and (value <= self.low if self.open_low else value < self.low):
-            return False
-        return not (self.high is not None and (value >= self.high if self.open_high else value > self.high))
+        return self.why(value) is None
+
+    def why(self, value: float) -> str | None:
+        """Why ``value`` lies outside, or None."""
+        if not math.isfinite(value):
+            return "must be finite"
+        if self.low is not None and (value <= self.low if self.open_low else value < self.low) or (
+                self.high is not None and (value >= self.high if self.open_high else value > self.high)):
+            return f"must be {self}"
+        return None if -INT64 <= value < INT64 else "must fit in 64 bits"
 
     def __str__(self) -> str:
         parts = []
@@ -96,6 +90,7 @@ RANGES: dict[str, Range] = {
     "lora_r": AT_LEAST_ONE,  # TRL's ModelConfig: peft takes r=0 or a dropout of 1.5 and fails after the model loads
     "lora_alpha": POSITIVE,
     "lora_dropout": Range(0, 1, open_high=True),
+    "top_entropy_quantile": Range(0, 1, open_low=True),
 }
 
 
@@ -118,6 +113,12 @@ def declared(cls: type) -> dict[str, tuple[Any, Range | None]]:
             bound = next((e for e in extras if isinstance(e, Range)), None)
         out[name] = (hint, bound)
     return out
+
+
+@functools.lru_cache(maxsize=None)
+def ranged(cls: type) -> frozenset[str]:
+    """The fields of ``cls`` (an ictrl config class) with a range: declared in their annotation, or in RANGES."""
+    return frozenset({name for name, (_, bound) in declared(cls).items() if bound is not None} | set(RANGES))
 
 
 def type_text(hint: Any) -> str:
@@ -160,8 +161,9 @@ def check_fields(config: Any, own: type, types: bool = True) -> None:
             raise ValueError(f"{f.name}: expected {type_text(hint)}, got {quote(value)}")
         if isinstance(value, bool) and bound is not None:
             raise ValueError(f"{f.name}: expected a number {bound}, got {str(value).lower()}")
-        if bound is not None and isinstance(value, (int, float)) and value not in bound:
-            raise ValueError(f"{f.name}: must be {bound}, got {quote(value)}")
+        why = bound.why(value) if bound is not None and isinstance(value, (int, float)) else None
+        if why is not None:
+            raise ValueError(f"{f.name}: {why}, got {quote(value)}")
         choices = f.metadata.get("choices")
         if choices is not None and value is not None and value not in choices:
             raise ValueError(f"{f.name}: must be one of {', '.join(map(repr, choices))}, got {quote(value)}")
@@ -184,7 +186,9 @@ def _bad_number(key: str, value: Any) -> tuple[str, str] | None:
 
 
 def check_finite(values: dict[str, Any]) -> None:
-    """Every number in ``values`` (key -> value; lists and mappings walked) finite and within int64."""
+    """Every number in ``values`` (key -> value; lists and mappings walked) finite and within int64. For the
+    values that have no range: a range's own check holds these too (:class:`Range`, ``LossSpec``, a selector's
+    registered options)."""
     for key, value in values.items():
         found = _bad_number(key, value)
         if found:
@@ -391,13 +395,3 @@ def refused_field_errors(config: object, defaults: dict[str, object]) -> list[st
     return [f"{name}={getattr(config, name)!r} is not supported by ICTGRPOTrainer: {note}"
             for name, (status, note) in GRPO_FIELDS.items()
             if status == REFUSED and getattr(config, name) != defaults[name]]
-
-
-def render_table() -> str:
-    """The Markdown table of every GRPOConfig field (the GRPO ones first, then transformers' in one row)."""
-    rows = ["| field | under ICTGRPOTrainer | note |", "|---|---|---|"]
-    label = {HONOURED: "honoured", SELECTION: "honoured, with a token-selection meaning", REFUSED: "refused"}
-    rows += [f"| `{name}` | {label[status]} | {note} |" for name, (status, note) in GRPO_FIELDS.items()]
-    rows.append("| " + ", ".join(f"`{n}`" for n in TRAINING_ARGUMENTS) + " | honoured | transformers' "
-                "TrainingArguments, run by its Trainer, which ictrl does not replace |")
-    return "\n".join(rows)

@@ -1,34 +1,5 @@
-"""Resumable training: the part of ``ICTGRPOTrainer`` that makes every checkpoint complete and a resumed run continue
-exactly (checked against transformers 5.23 / trl 1.16 by tests/engine/test_resume.py). The files themselves are
-handled by ``ictrl.checkpoints``.
-
-- ``Trainer._save_checkpoint`` writes ``checkpoint-N/`` file by file, in place: a kill mid-save leaves a
-  directory that ``get_last_checkpoint`` would pick. :class:`Resumable` makes it write into
-  ``.staging-checkpoint-N/``, records each file's size and sha256 in ``manifest.json``, fsyncs the files, then
-  renames the directory into place, so every ``checkpoint-N`` is complete. A save that fails to write (a full
-  disk) removes the staging directory on every process and raises one line (``ictrl.files.write_error``).
-- On ``--resume`` (:func:`verified_checkpoints`, :func:`resume_point`): a checkpoint whose files no longer match
-  its manifest is passed over for the one before, with one line; so is one inside a generation batch (below,
-  however it arose: the last step of a shorter run, an older ictrl); one written by another number of processes
-  and a config change that changes the steps (:func:`check_unchanged`) are refused.
-- Trainer restores model, optimizer, scheduler, ``trainer_state.json`` and the python/numpy/torch RNG states,
-  and skips the batches already consumed in the current epoch. The RNG is restored after the skip and before
-  the first resumed step, so TRL's sampling (``model.generate`` draws from the global torch RNG) continues
-  exactly.
-- One gap: TRL's ``RepeatSampler`` (the prompt order) draws each epoch's permutation from a generator seeded
-  once at construction, so a run resumed in epoch e > 0 would replay epoch 0's order. :class:`EpochRepeatSampler`
-  derives epoch e's permutation from (seed, e), the same sequence TRL produces in an uninterrupted run; the
-  trainer sets e itself at the start of each epoch (accelerate's ``set_epoch`` does not reach the sampler in a
-  resumed epoch on several processes).
-- TRL buffers one generation batch for ``steps_per_generation x num_iterations`` micro-steps and does not save
-  the buffer, so a checkpoint must fall on a buffer boundary: :func:`check_resumable` checks ``save_steps``, and
-  SIGTERM stops at the next boundary (``ictrl.train_cli.callbacks.StopOnRequest``).
-- Trainer stops at ``max_steps`` only after a step (``DefaultFlowCallback.on_step_end``). A run resumed from a
-  checkpoint at ``max_steps`` that falls inside an epoch re-enters that epoch and trains one step too many
-  (at an epoch boundary the epoch loop is empty). :meth:`Resumable.run_epoch` skips the epoch when no
-  step is left, and ``ictrl.train_cli.run.train`` returns at once when the final model in the output directory is of
-  the last checkpoint's step.
-"""
+"""Resumable training: the trainer's part that makes every checkpoint complete and a resumed run continue
+exactly (docs/architecture.md, "Module notes")."""
 
 from __future__ import annotations
 
@@ -289,7 +260,8 @@ def _save_failed(path: Path, exc: BaseException) -> Exception:
 def save_final(trainer: Any, staging: Path, final: Path) -> None:
     """The HF-format model in ``final`` (the output directory), written to ``staging`` then renamed in
     (``checkpoints.publish_model``). ``save_model`` runs on every process: under ZeRO-3 and FSDP it gathers the
-    full weights (a collective; on the main process alone it would hang), and only the main process writes. FSDP checkpoints may be sharded (SHARDED_STATE_DICT), for which
+    full weights (a collective; on the main process alone it would hang), and only the main process writes. FSDP
+    checkpoints may be sharded (SHARDED_STATE_DICT), for which
     ``save_model`` writes no weights: the final save switches the plugin to a full state dict for its duration.
     A LoRA run writes the merged model there and its adapter in ``adapter/`` (:func:`_save_lora`)."""
     barrier = trainer.accelerator.wait_for_everyone

@@ -1,19 +1,5 @@
-"""Top-K log-probs recorded by the sampler, for the ICT score (``selection_topk`` with ``selection_topk_source``).
-
-Two rollout engines, one output: per completion row a [T_i, K] float32 tensor of the top-K log-probs at each
-generated position and a [T_i, K] int64 tensor of their token ids, most probable first.
-
-- transformers ``generate`` (CPU, or GPU without vLLM): :class:`TopKRecorder` is a ``LogitsProcessor``. transformers
-  runs user processors after its repetition/constraint processors and before the sampling warpers (temperature,
-  top-k, top-p, min-p), so the recorder sees the model's logits (unchanged when no penalty/constraint is set) and
-  records the top-K of log_softmax(scores / selection_temperature): exactly the distribution the statistics pass
-  scores, untruncated, whatever top_p/top_k the sampler then applies.
-- vLLM (colocate or server): the rollout asks for ``logprobs=K``; vLLM returns, per position, up to K + 1 entries
-  sorted by rank (its top K, plus the sampled token when it lies outside them), computed in TRL's
-  ``processed_logprobs`` mode, i.e. at the sampling temperature after vLLM's logits processing.
-  :func:`split_vllm_logprobs` keeps the first K as the top-K and picks the sampled token's own log-prob for TRL's
-  importance-sampling correction (TRL's generic code would take entry 0, the top-1 token, once K > 0).
-"""
+"""The sampler's top-K log-probs per position, recorded during generation (transformers ``generate`` or vLLM)
+for the ICT score (docs/architecture.md, "Module notes")."""
 
 from __future__ import annotations
 
@@ -111,11 +97,13 @@ def pad_rows(rows: TopKRows, T: int, device: torch.device) -> tuple[Tensor, Tens
     return lp.to(device), ids.to(device)
 
 
-def recorded_topk(rows: TopKRows | None, calls: int, K: int | None, source: str, B: int, T: int,
-                  device: torch.device) -> tuple[Tensor, Tensor] | None:
-    """[B, T, K] top-K log-probs and ids the sampler recorded over ``calls`` generation calls, or None (the
+def recorded_topk(rows: TopKRows | None, calls: int, K: int | None, source: str, like: Tensor
+                  ) -> tuple[Tensor, Tensor] | None:
+    """[B, T, K] top-K log-probs and ids (on ``like``'s device, ``like`` a [B, T] tensor of the batch) the sampler
+    recorded over ``calls`` generation calls, or None (the
     statistics pass's head scores instead). ``source`` ``auto`` falls back to the head when a subclass's generation
     bypassed the hook (the caller logs which source ran); ``sampler`` makes that an error."""
+    (B, T), device = like.shape, like.device
     recorded = rows is not None and len(rows) == B and calls == 1
     if K is None or not (recorded or source == "sampler"):
         return None

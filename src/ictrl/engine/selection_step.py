@@ -1,44 +1,44 @@
-"""The selection step: the one interface from a TRL batch to the loss's inputs: statistics, mask, normalisers.
-
-:class:`SelectionStep` is built once when the trainer is, with the run's statistics source
-(:class:`ictrl.engine.stats_pass.StatsSource`), resolved selector and options, warm-up Θ and normaliser flags. The
-trainer reaches the statistics, the selection and the loss's forward only through it, one call per TRL hook:
-
-- :meth:`SelectionStep.mask` after TRL built a generation batch: statistics (from the source, from what TRL's old
-  log-probs pass kept, or none) → the selection, the batch's local [B, T] mask;
-- :meth:`SelectionStep.old_logps` when TRL asks for old log-probs on path ``shared_old_logps``: one pass gives
-  both, and the statistics wait in the trainer's generation record for :meth:`mask`;
-- :meth:`SelectionStep.attach_normalisers` where TRL has buffered its micro-batches;
-- :meth:`SelectionStep.policy_logps` in the loss: log π_θ with grad, on path ``training_forward`` from the forward
-  whose statistics select the micro-batch (through :meth:`mask`), with ``sparse_backward`` from the head at the
-  selected positions only.
-
-Statistics are requested in one place, :meth:`SelectionStep.statistics`, which holds the group layout check.
-
-TRL's sampler places each prompt's G completions contiguously in the global generation batch, and process p holds
-rows [p·B, (p+1)·B). The selection runs on the [B_global, T] tensors gathered from all processes, so every process
-computes the mask one process would, and keeps its own rows. The loss's normalisers are totals over each optimizer
-step's micro-batches on all processes, so any split of one optimizer batch gives the one-big-batch gradient.
-"""
+"""The selection step: from a TRL batch to what the loss reads (the statistics, the token mask, the normalisers
+and the policy's log-probs), once at generation and once per loss micro-batch."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
 
+from ictrl.core.checks import require_on_device
 from ictrl.core.logprobs import selected_token_logprobs
-from ictrl.core.metrics import step_metrics
+from ictrl.core.metrics import read_metrics, step_metric_values
 from ictrl.core.selection import SelectionInputs, Selector, in_warmup
 from ictrl.core.stats import TokenStats
 from ictrl.engine.heads import call_head
-from ictrl.engine.stats_pass import STAT_FIELDS, STATS_PATHS, Fused, StatsSource, final_hidden
+from ictrl.engine.stats_pass import (STAT_FIELDS, STATS_PATHS, LossForward, Stats, StatsSource, StepContext, Wants,
+                                     loss_path, stats_from_fused)
 
-Stats = tuple[TokenStats | None, Tensor | None]  # the statistics and the [B, T] group JS (None without)
+# TRL shuffles and splits a generation batch over steps_per_generation carrying its [B, ...] tensors, so the
+# per-row values that must follow that shuffle ride in the batch: ``ictrl_selected`` (the [B, T] mask) and, on the
+# training_forward path, ``ictrl_row`` (each row's index in generation order); the per-micro-batch normalisers
+# ride there too because TRL buffers the micro-batches. Only this module writes or reads them.
+SELECTED, ROW, NORMALISERS = "ictrl_selected", "ictrl_row", ("ictrl_num_responses", "ictrl_num_tokens",
+                                                             "ictrl_num_mask_tokens")
+
+
+class LossInputs(NamedTuple):
+    """What the loss reads of one micro-batch: [B, T] log π_θ (with grad), the response mask, the tokens that carry
+    the loss, the normalisers (``LossExtras`` fields), where the forward gave them the entropy and router loss, and
+    whether ``logps`` holds every response token (the sparse head's only the selected ones)."""
+
+    logps: Tensor
+    mask: Tensor
+    selected: Tensor
+    norm: dict[str, Tensor]
+    entropy: Tensor | None = None
+    aux: Tensor | None = None
+    dense: bool = True
 
 
 # ------------------------------------------------------------------------------------ a TRL batch's views
@@ -68,10 +68,10 @@ def check_local_groups(batch: dict[str, Any], G: int) -> None:
         raise RuntimeError(f"group JS needs whole groups on each process, but this process holds {B} "
                            f"completions, not a multiple of num_generations={G}")
     ids = torch.where(batch["prompt_mask"].bool(), batch["prompt_ids"], -1).view(B // G, G, -1)
-    # Checked on the device (no host read in the step): on a GPU a failure fails the stream with this message.
+    # Checked on the device (no host read in the step): on a GPU a failure is raised at the next rollout.
     try:
-        torch._assert_async((ids == ids[:, :1]).all(), _NOT_LOCAL)
-    except RuntimeError as err:
+        require_on_device((ids == ids[:, :1]).all(), _NOT_LOCAL)
+    except ValueError as err:
         raise RuntimeError(_NOT_LOCAL) from err
 
 
@@ -88,34 +88,45 @@ def gather_stats(accelerator: Any, stats: TokenStats) -> TokenStats:
     return TokenStats(**{f: gather_rows(accelerator, getattr(stats, f)) for f in STAT_FIELDS})
 
 
-def drop_nan_metrics(metrics: dict[str, float]) -> dict[str, float]:
-    return {k: v for k, v in metrics.items() if v == v}
-
-
 def log_selection(metrics: dict[str, list[float]], g_mask: Tensor, g_stats: TokenStats | None,
                   g_js: Tensor | None, g_selected: Tensor, warming_up: bool) -> None:
-    """Append the ``ictrl/*`` selection metrics of one generation batch (all processes) to TRL's metric lists
-    (none without statistics: a selector that reads none gets its metrics with the loss's forward)."""
+    """Append the ``ictrl/*`` selection metrics of one generation batch (all processes) to TRL's metric lists,
+    read from the device in one transfer (none without statistics)."""
     if g_stats is None:
         return
-    for key, value in drop_nan_metrics(step_metrics(g_stats, g_mask, g_selected)).items():
-        metrics[f"ictrl/{key}"].append(value)
+    values = step_metric_values(g_stats, g_mask, g_selected)
     if g_js is not None:
         for name, where in (("all", g_mask), ("selected", g_selected & g_mask)):
-            if bool(where.any()):
-                metrics[f"ictrl/ict_score/{name}"].append(float(g_js[where].double().mean()))
+            values.append((f"ict_score/{name}", g_js[where].double().mean(), where.sum()))
+    for key, value in read_metrics(values).items():
+        if value == value:  # a NaN field (no log Σp² from the fused head) drops out
+            metrics[f"ictrl/{key}"].append(value)
     metrics["ictrl/warmup"].append(float(warming_up))
+
+
+def high_entropy_mask(accelerator: Any, entropy: Tensor, mask: Tensor, quantile: float) -> Tensor:
+    """TRL's ``get_high_entropy_mask``: the response tokens whose entropy reaches the ``1 - quantile`` quantile of
+    the micro-batch's response tokens on all processes."""
+    local = entropy[mask.bool()].float()
+    pad = -1e9  # entropy is never negative, so the pad value cannot collide with one
+    gathered = accelerator.gather(accelerator.pad_across_processes(local, dim=0, pad_index=pad))
+    gathered = gathered[gathered != pad]
+    if gathered.numel() == 0:
+        return torch.zeros_like(entropy, dtype=torch.bool)
+    threshold = torch.quantile(gathered, 1.0 - quantile)
+    return ((entropy * mask.float()) >= threshold) & mask.bool()
 
 
 @dataclass(frozen=True)
 class SelectionStep:
-    """The run's statistics, selection and the loss's normalisers (built once; see the module docstring).
+    """The run's statistics, selection and the loss's normalisers (built once with the trainer).
 
     ``source``: where the statistics come from in each mode. ``temperature``: the sampling temperature, the
     loss's (``sparse_backward``'s head). ``options``: the selector's options as ``Selector.resolve_options``
     returned them. ``count_selected``: the token normaliser counts the selected tokens (``token_mean_selected``),
     else every response token. ``buffer_mean``: TRL's own token-mean loss types (dapo, cispo and vespo under
-    ``all``) take the generation buffer's average, as TRL does.
+    ``all``) take the generation buffer's average, as TRL does. ``local_tokens``: TRL's bnpo, whose token mean is
+    the micro-batch's own count.
     """
 
     accelerator: Any
@@ -126,127 +137,168 @@ class SelectionStep:
     buffer_mean: bool
     source: StatsSource
     temperature: float
+    local_tokens: bool = False
 
     def in_warmup(self, step: int) -> bool:
         """The first Θ optimizer steps select every response token (and need no group JS)."""
         return in_warmup(step, self.warmup_steps)
 
-    def statistics(self, model: Any, batch: dict[str, Any], mask: Tensor, *, mode: str, G: int, need_js: bool,
-                   fused: Fused | None = None, hidden: Tensor | None = None,
-                   sampler_topk: tuple[Tensor, Tensor] | None = None) -> tuple[TokenStats, Tensor | None]:
-        """The statistics of ``batch`` ([B, T] fields) and, with ``need_js``, its [B, T] group JS: from ``fused``
-        (TRL's fused head) when given, else the source's sweep over ``hidden`` or over the model's own forward of
-        ``batch`` in ``mode`` (``sampler_topk``: the top-K the sampler recorded). Group JS needs each group of ``G``
-        rows whole on this process, checked here in TRL's generation order (``batch["ictrl_row"]``: each row's
-        global index, when TRL has shuffled the rows)."""
-        groups = None
-        if need_js:  # never with ``fused``: TRL's fused head has no group JS (StatsSource.fused)
-            rank, B = self.accelerator.process_index, mask.size(0)
-            if "ictrl_row" in batch:
-                order = torch.argsort(batch["ictrl_row"] - rank * B)
-                check_local_groups({k: batch[k][order] for k in ("prompt_ids", "prompt_mask")}, G)
-                groups = batch["ictrl_row"] // G
-            else:
-                check_local_groups(batch, G)
-                groups = local_groups(rank, B, G, mask.device)
-        return self.source(model, *model_inputs(batch), mask, groups, mode=mode, hidden=hidden, fused=fused,
-                           sampler_topk=sampler_topk, group_size=G)
+    # --------------------------------------------------------------------------------------- generation
 
-    def mask(self, model: Any, batch: dict[str, Any], metrics: dict[str, list[float]], step: int, *, mode: str,
-             G: int, need_js: bool, stats: Stats | None = None, fused: Fused | None = None,
-             hidden: Tensor | None = None, sampler_topk: tuple[Tensor, Tensor] | None = None) -> Tensor:
-        """Statistics, then the selection: the local [B, T] mask of ``batch``, a whole local generation batch,
-        chosen on the generation batch of all processes (:meth:`select`). ``stats``: the statistics already in hand
-        ((None, None): a selector that reads none); else :meth:`statistics` of ``fused`` / ``hidden`` / the model.
-        With ``batch["ictrl_row"]`` its rows are TRL's shuffle of the generation batch: they are selected in
-        generation order and the mask is put back in the batch's order."""
+    def at_generation(self, model: Any, batch: dict[str, Any], step: StepContext, path: str,
+                      given: Stats | None = None, sampler_topk: tuple[Tensor, Tensor] | None = None) -> None:
+        """Select the generation ``batch`` on ``path``: its [B, T] mask, from the statistics ``given`` (served as
+        TRL's old log-probs, or (None, None) for a selector that reads none) or of the separate pass. On path
+        ``training_forward`` a selector that reads statistics selects in the loss's forward instead, and each row
+        keeps its index in generation order."""
         mask = response_mask(batch)
-        found, js = stats if stats is not None else self.statistics(
-            model, batch, mask, mode=mode, G=G, need_js=need_js, fused=fused, hidden=hidden, sampler_topk=sampler_topk)
-        if "ictrl_row" not in batch:
-            return self.select(metrics, step, mask, found, js, batch["advantages"], G)
-        local = batch["ictrl_row"] - self.accelerator.process_index * mask.size(0)  # index in generation order
-        order = torch.argsort(local)
-        ordered = None if found is None else TokenStats(**{f: getattr(found, f)[order] for f in STAT_FIELDS})
-        return self.select(metrics, step, mask[order], ordered, None if js is None else js[order],
-                           batch["advantages"][order], G)[local]
+        B = mask.size(0)
+        if path == "training_forward":
+            batch[ROW] = self.accelerator.process_index * B + torch.arange(B, device=mask.device)
+            if not self.source.stat_free:
+                return
+            given = (None, None)  # selected now; the metrics come with the loss's forward
+        if given is None:
+            groups = self._groups(batch, step, None)
+            given = self.source(model, *model_inputs(batch), mask, groups, sampler_topk=sampler_topk)
+        batch[SELECTED] = self.select(step, mask, given, batch["advantages"])
 
-    def old_logps(self, model: Any, input_ids: Tensor, attention_mask: Tensor, T: int, *, rows: int | None,
-                  mode: str, G: int, need_js: bool) -> tuple[Tensor, Stats]:
+    def old_logps(self, model: Any, input_ids: Tensor, attention_mask: Tensor, T: int, step: StepContext,
+                  rows: int | None) -> tuple[Tensor, Stats]:
         """Path ``shared_old_logps``: TRL's [B, T] old log-probs and the statistics of the same rows from one
         no-grad pass: TRL's fused head (in chunks of ``rows``) when the statistics need neither group JS nor another
         temperature, else the statistics sweep, whose ``logprob`` (same rows, same temperature) TRL gets."""
         mask = attention_mask[:, -T:].bool()
-        batch = {"prompt_ids": input_ids[:, :-T], "completion_ids": input_ids[:, -T:],
-                 "prompt_mask": attention_mask[:, :-T], "completion_mask": attention_mask[:, -T:]}
-        if self.source.fused(need_js):
-            fused = self.source.forward(model, input_ids, attention_mask, T, rows=rows)
-            return fused.logps, self.statistics(model, batch, mask, mode=mode, G=G, need_js=need_js, fused=fused)
-        stats, js = self.statistics(model, batch, mask, mode=mode, G=G, need_js=need_js)
+        if self.source.from_trl_head(step.need_js):
+            fused = self.source.fused_forward(model, input_ids, attention_mask, T, Wants(rows=rows))
+            return fused.logps, (stats_from_fused(fused, mask), None)
+        batch = {"prompt_ids": input_ids[:, :-T], "prompt_mask": attention_mask[:, :-T]}
+        stats, js = self.source(model, input_ids, attention_mask, mask, self._groups(batch, step, None))
+        assert stats is not None
         return stats.logprob, (stats, js)
 
-    def policy_logps(self, model: Any, inputs: dict[str, Any], metrics: dict[str, list[float]], step: int, *,
-                     G: int, accumulation: int, logged: bool, sparse: bool, trl_logps: Callable[[], Tensor]
-                     ) -> Tensor:
-        """The loss's [B, T] log π_θ (with grad) of the micro-batch ``inputs``.
+    def _groups(self, batch: dict[str, Any], step: StepContext, row: Tensor | None) -> Tensor | None:
+        """[B] group ids of ``batch`` when group JS is needed, after checking that each group is whole on this
+        process, in TRL's generation order (``row``: each row's index in it, when TRL has shuffled the rows)."""
+        if not step.need_js:
+            return None
+        rank, B = self.accelerator.process_index, batch["prompt_ids"].size(0)
+        if row is None:
+            check_local_groups(batch, step.G)
+            return local_groups(rank, B, step.G, batch["prompt_ids"].device)
+        order = torch.argsort(row - rank * B)
+        check_local_groups({k: batch[k][order] for k in ("prompt_ids", "prompt_mask")}, step.G)
+        return row // step.G
 
-        Path ``training_forward`` (the batch carries ``ictrl_row``): :meth:`_training_forward`, whose statistics
-        select the micro-batch. Otherwise the selection came with the batch: TRL's fused forward (``trl_logps``),
-        or with ``sparse`` (``sparse_backward``) the backbone and then the head at the selected positions only.
+    def select(self, step: StepContext, mask: Tensor, stats: Stats, advantages: Tensor) -> Tensor:
+        """The local rows' [B, T] selection, chosen on the generation batch gathered from all processes, with its
+        ``ictrl/*`` metrics appended to ``step.metrics``."""
+        acc, (found, js) = self.accelerator, stats
+        B, T = mask.shape
+        g_mask = gather_rows(acc, mask.to(torch.uint8)).bool()
+        g_stats = None if found is None else gather_stats(acc, found)
+        inputs = SelectionInputs(
+            mask=g_mask, step=step.step, ict_score=None if js is None else gather_rows(acc, js),
+            entropy=None if g_stats is None else g_stats.entropy, prob=None if g_stats is None else g_stats.prob,
+            advantages=acc.gather(advantages.float()),
+            group_ids=torch.arange(g_mask.size(0), device=g_mask.device) // step.G)
+        g_selected = self.selector.apply(inputs, self.warmup_steps, self.options)
+        log_selection(step.metrics, g_mask, g_stats, inputs.ict_score, g_selected, self.in_warmup(step.step))
+        rank = acc.process_index
+        return g_selected[rank * B:(rank + 1) * B, :T].contiguous()
+
+    def attach_normalisers(self, batches: list[dict[str, Any]], accumulation: int) -> None:
+        """Attach each micro-batch's normalisers (0-d): totals over its optimizer step's micro-batches on all
+        processes of the responses, the tokens (the selected ones when ``count_selected``, else every response
+        token) and every response token.
+
+        Exact when the buffered micro-batches split into whole optimizer steps (steps_per_generation a multiple
+        of gradient_accumulation_steps, TRL's default); otherwise an optimizer step spans several generation
+        batches not yet generated, and the buffer's totals are scaled by accumulation / len(batches), as TRL's
+        'dapo' normaliser does; ``buffer_mean`` always takes that buffer average. Batches not yet selected (path
+        ``training_forward``) get theirs in the loss's forward.
         """
-        if "ictrl_row" in inputs:
-            return self._training_forward(model, inputs, metrics, step, G=G, accumulation=accumulation,
-                                          logged=logged, sparse=sparse)
-        if not sparse:
-            return trl_logps()
-        input_ids, attention_mask = model_inputs(inputs)
-        T = inputs["completion_ids"].size(1)
-        hidden = final_hidden(model, input_ids, attention_mask, T, self.source.autocast)
-        selected = inputs["ictrl_selected"] & response_mask(inputs)
-        return self._sparse_head(model, hidden, inputs["completion_ids"], selected)
-
-    def _training_forward(self, model: Any, inputs: dict[str, Any], metrics: dict[str, list[float]], step: int, *,
-                          G: int, accumulation: int, logged: bool, sparse: bool) -> Tensor:
-        """Path ``training_forward``: [B, T] log π_θ (with grad) of the micro-batch, whose statistics select it.
-
-        A selector that reads no statistics (``all``, ``random``): TRL's fused forward; its entropy and Σp² give
-        the metrics (when ``logged``), the selection was made at generation. Other selectors: the micro-batch is the
-        whole local generation batch, shuffled by TRL (``ictrl_row``). The backbone runs once with grad; the
-        statistics sweep its hidden states without grad (TRL's fused entropy and Σp² for selectors without group
-        JS); :meth:`mask` selects and the normalisers are attached; then the head with grad (``sparse``: the
-        selected positions only).
-        """
-        source = self.source
-        input_ids, attention_mask = model_inputs(inputs)
-        mask = response_mask(inputs)
-        T = mask.size(1)
-        metrics["ictrl/stats_path"].append(STATS_PATHS["training_forward"])
-        if source.stat_free:  # selected at generation; only the metrics of this micro-batch on all processes
-            fused = source.forward(model, input_ids, attention_mask, T, sum_sq=logged)
-            if logged:
-                start = time.perf_counter()
-                stats, _ = self.statistics(model, inputs, mask, mode="train", G=G, need_js=False, fused=fused)
-                self.log(metrics, step, mask, stats, inputs["ictrl_selected"])
-                metrics["ictrl/stats_time"].append(time.perf_counter() - start)
-            return fused.logps
-        need_js = source.needs_js and not self.in_warmup(step)
-        hidden = None
-        if sparse:
-            fused, hidden = None, final_hidden(model, input_ids, attention_mask, T, source.autocast)
-        elif source.fused(need_js):
-            fused = source.forward(model, input_ids, attention_mask, T)
+        if not batches or SELECTED not in batches[0]:
+            return
+        counts = []
+        for b in batches:
+            mask = response_mask(b)
+            selected = b[SELECTED] & mask
+            # on the device: the totals go to the loss as tensors, so no host read here
+            counts.append(torch.stack([torch.tensor(float(mask.size(0)), dtype=torch.float64, device=mask.device),
+                                       selected.sum().double(), mask.sum().double()]))
+        local = torch.stack(counts).double()  # [n, 3]
+        n = local.size(0)
+        if n % accumulation == 0 and not self.buffer_mean:
+            windows = local.view(n // accumulation, accumulation, 3).sum(dim=1)
+            index = [i // accumulation for i in range(n)]
         else:
-            fused = source.forward(model, input_ids, attention_mask, T, keep_hidden=True, sum_sq=False)
-            hidden = fused.hidden
-        start = time.perf_counter()
-        selected = self.mask(model, inputs, metrics, step, mode="train", G=G, need_js=need_js,
-                             fused=fused if hidden is None else None, hidden=hidden)
-        inputs["ictrl_selected"] = selected
-        self.attach_normalisers([inputs], accumulation)
-        metrics["ictrl/stats_time"].append(time.perf_counter() - start)  # the no-grad sweep, selection, metrics
-        if fused is None:
-            return self._sparse_head(model, hidden, inputs["completion_ids"], selected & mask)
-        return fused.logps
+            windows = local.sum(dim=0, keepdim=True) * (accumulation / n)
+            index = [0] * n
+        windows = self.accelerator.reduce(windows.to(self.accelerator.device), reduction="sum")
+        columns = (0, 1 if self.count_selected else 2, 2)
+        for b, w in zip(batches, index):
+            for key, col in zip(NORMALISERS, columns):
+                b[key] = windows[w, col].clone()
+
+    # --------------------------------------------------------------------------------------------- loss
+
+    def for_loss(self, model: Any, batch: dict[str, Any], step: StepContext) -> LossInputs:
+        """What the loss reads of the micro-batch ``batch``: its log π_θ from the forward of
+        :func:`~ictrl.engine.stats_pass.loss_path` (on path ``training_forward`` the one whose statistics select the
+        micro-batch), the tokens that carry the loss and the normalisers, the world division and bnpo's included."""
+        mask = response_mask(batch)
+        input_ids, attention_mask = model_inputs(batch)
+        groups = self._groups(batch, step, batch[ROW]) if ROW in batch else None
+        source = self.source
+        req = source.request(model, mask, batch["completion_ids"], groups)
+        path = loss_path(step, ROW in batch, source.stat_free, source.from_trl_head(step.need_js))
+        out = source.loss_forward(model, input_ids, attention_mask, req, path, step)
+        selected = self._loss_selection(batch, step, mask, out, path)
+        logps = out.logps if out.logps is not None else self._sparse_head(
+            model, out.hidden, batch["completion_ids"], selected & mask)
+        return LossInputs(logps, mask, selected, self._normalisers(batch, selected & mask, step, logps.dtype),
+                          out.entropy, out.aux, out.logps is not None)
+
+    def _loss_selection(self, batch: dict[str, Any], step: StepContext, mask: Tensor, out: LossForward,
+                        path: str) -> Tensor:
+        """The [B, T] tokens that carry the loss: the batch's selection, made here from the forward's statistics on
+        path ``training_forward`` (the micro-batch is then a whole local generation batch, shuffled by TRL), and
+        under TRL's dense forward narrowed by its entropy mask."""
+        if path == "metrics" or path.startswith("select"):
+            step.metrics["ictrl/stats_path"].append(STATS_PATHS["training_forward"])
+        if path.startswith("select"):
+            assert out.stats is not None
+            local = batch[ROW] - self.accelerator.process_index * mask.size(0)  # index in generation order
+            order = torch.argsort(local)
+            found, js = out.stats
+            ordered = (None if found is None else TokenStats(**{f: getattr(found, f)[order] for f in STAT_FIELDS}),
+                       None if js is None else js[order])
+            # the micro-batch is a whole generation batch: its selection and normalisers go where the others' are
+            batch[SELECTED] = self.select(step, mask[order], ordered, batch["advantages"][order])[local]
+            self.attach_normalisers([batch], step.window)
+        elif path == "metrics" and out.stats is not None:  # selected at generation: only the metrics
+            assert out.stats[0] is not None
+            self.log(step, mask, out.stats[0], batch[SELECTED])
+        if out.stats is not None:
+            step.metrics["ictrl/stats_time"].append(time.perf_counter() - out.started)
+        selected = batch[SELECTED]
+        if path == "dense" and step.entropy_quantile < 1.0:  # TRL's own mask over this micro-batch
+            assert out.entropy is not None
+            selected = selected & high_entropy_mask(self.accelerator, out.entropy, mask, step.entropy_quantile)
+        return selected
+
+    def _normalisers(self, batch: dict[str, Any], active: Tensor, step: StepContext, dtype: torch.dtype
+                     ) -> dict[str, Tensor]:
+        """The loss's normalisers of this process: DDP averages the processes' gradients, so each divides the global
+        counts by the process count; TRL's bnpo token mean is the micro-batch's own count, scaled for accumulation."""
+        world = self.accelerator.num_processes
+        responses, tokens, mask_tokens = (batch[k] for k in NORMALISERS)
+        tokens = tokens / world
+        if self.local_tokens:
+            count = active if self.count_selected else response_mask(batch)
+            tokens = count.sum().to(dtype) * step.accumulation
+        return {"num_responses": responses / world, "num_tokens": tokens, "num_mask_tokens": mask_tokens / world}
 
     def _sparse_head(self, model: Any, hidden: Tensor | None, completion_ids: Tensor, selected: Tensor) -> Tensor:
         """[B, T] log π_θ from [B, T, H] hidden states, the head with grad on ``selected`` only (0 elsewhere).
@@ -262,64 +314,12 @@ class SelectionStep:
         with self.source.autocast():
             return call_head(self.source.head(model), sparse_head, hidden)
 
-    def select(self, metrics: dict[str, list[float]], step: int, mask: Tensor, stats: TokenStats | None,
-               js: Tensor | None, advantages: Tensor, G: int) -> Tensor:
-        """The local rows' [B, T] selection at optimizer step ``step``, chosen on the generation batch gathered
-        from all processes, with its ``ictrl/*`` metrics appended to ``metrics`` (TRL's lists of the mode)."""
-        acc = self.accelerator
-        B, T = mask.shape
-        rank = acc.process_index
-        g_mask = gather_rows(acc, mask.to(torch.uint8)).bool()
-        g_stats = None if stats is None else gather_stats(acc, stats)
-        inputs = SelectionInputs(
-            mask=g_mask, step=step, ict_score=None if js is None else gather_rows(acc, js),
-            entropy=None if g_stats is None else g_stats.entropy, prob=None if g_stats is None else g_stats.prob,
-            advantages=acc.gather(advantages.float()),
-            group_ids=torch.arange(g_mask.size(0), device=g_mask.device) // G)
-        g_selected = self.selector.apply(inputs, self.warmup_steps, self.options)
-        log_selection(metrics, g_mask, g_stats, inputs.ict_score, g_selected, self.in_warmup(step))
-        return g_selected[rank * B:(rank + 1) * B, :T].contiguous()
-
-    def log(self, metrics: dict[str, list[float]], step: int, mask: Tensor, stats: TokenStats,
-            selected: Tensor) -> None:
+    def log(self, step: StepContext, mask: Tensor, stats: TokenStats, selected: Tensor) -> None:
         """The metrics of a selection made without statistics (``all``, ``random``), from the statistics of the
         loss's forward on all processes."""
         acc = self.accelerator
-        g_stats = gather_stats(acc, stats)
-        log_selection(metrics, gather_rows(acc, mask.to(torch.uint8)).bool(), g_stats, None,
-                      gather_rows(acc, selected.to(torch.uint8)).bool(), self.in_warmup(step))
-
-    def attach_normalisers(self, batches: list[dict[str, Any]], accumulation: int) -> None:
-        """Attach ``ictrl_num_responses`` / ``ictrl_num_tokens`` / ``ictrl_num_mask_tokens`` (0-d): totals over each
-        optimizer step's micro-batches on all processes (``ictrl_num_tokens``: the selected tokens when
-        ``count_selected``, else every response token; ``ictrl_num_mask_tokens``: every response token).
-
-        Exact when the buffered micro-batches split into whole optimizer steps (steps_per_generation a multiple
-        of gradient_accumulation_steps, TRL's default); otherwise an optimizer step spans several generation
-        batches not yet generated, and the buffer's totals are scaled by accumulation / len(batches), as TRL's
-        'dapo' normaliser does; ``buffer_mean`` always takes that buffer average.
-        """
-        counts = []
-        for b in batches:
-            mask = response_mask(b)
-            selected = b["ictrl_selected"] & mask
-            # on the device: the totals go to the loss as tensors, so no host read here
-            counts.append(torch.stack([torch.tensor(float(mask.size(0)), dtype=torch.float64, device=mask.device),
-                                       selected.sum().double(), mask.sum().double()]))
-        local = torch.stack(counts).double()  # [n, 3]
-        n = local.size(0)
-        if n % accumulation == 0 and not self.buffer_mean:
-            windows = local.view(n // accumulation, accumulation, 3).sum(dim=1)
-            index = [i // accumulation for i in range(n)]
-        else:
-            windows = local.sum(dim=0, keepdim=True) * (accumulation / n)
-            index = [0] * n
-        windows = self.accelerator.reduce(windows.to(self.accelerator.device), reduction="sum")
-        token_col = 1 if self.count_selected else 2
-        for b, w in zip(batches, index):
-            b["ictrl_num_responses"] = windows[w, 0].clone()
-            b["ictrl_num_tokens"] = windows[w, token_col].clone()
-            b["ictrl_num_mask_tokens"] = windows[w, 2].clone()
+        log_selection(step.metrics, gather_rows(acc, mask.to(torch.uint8)).bool(), gather_stats(acc, stats), None,
+                      gather_rows(acc, selected.to(torch.uint8)).bool(), self.in_warmup(step.step))
 
 
 def metrics_logged(args: Any, state: Any, training: bool) -> bool:

@@ -1,44 +1,13 @@
-"""The statistics pass: per-token statistics and the group JS score of the sampling policy, and where they come from.
-
-:class:`StatsSource` is the run's one source of statistics, built once when the trainer is
-(:meth:`StatsSource.plan`). It decides the path of each mode once, from :class:`PathFacts`, and is called one way,
-``source(model, input_ids, attention_mask, mask, group_ids, ...) -> (TokenStats, js)``, whether the statistics come
-from the model's own forward over the batch, from hidden states the loss's forward kept, or from TRL's fused head.
-Three paths, logged as ``ictrl/stats_path`` (:data:`STATS_PATHS`):
-
-- ``training_forward`` (2): the statistics come from the loss's own forward. Used for ``all`` (its selection is the
-  response mask, so only the metrics need statistics: TRL's fused head returns log-probs, entropy and Σp² in the
-  same kernel), and, for every other selector, when the run is on-policy and one micro-batch holds the whole local
-  generation batch (``num_iterations`` = 1, ``steps_per_generation`` = 1, TRL computes no old log-probs): the
-  backbone runs once with grad, the statistics sweep over its hidden states is no-grad, the selection runs on the
-  whole generation batch gathered from all processes, and then the head with grad runs (on the selected positions
-  only with ``sparse_backward``; TRL's fused head over every position otherwise).
-- ``shared_old_logps`` (1): TRL computes old-policy log-probs (``num_iterations`` > 1, or generation batches split
-  over several optimizer steps, or vLLM importance sampling). Its no-grad pass is replaced by the statistics pass,
-  whose ``logprob`` (same rows, same temperature) is returned as TRL's old log-probs: one pass instead of two.
-- ``separate`` (0): the statistics pass of its own (eval, a micro-batch that cannot hold a scope unit, top-K from
-  the sampler, dynamic sampling, tools, a selection temperature other than the sampling one where the path would
-  need it, or ``one_pass = False``).
-
-What a batch itself can change is decided by :func:`batch_path`: a batch whose sampler log-probs get the importance
-weight needs π_old at generation (``separate`` instead of ``training_forward``), and a batch with tool output, or
-whose old log-probs TRL did not ask of the policy, falls back from ``shared_old_logps`` to ``separate``.
-
-Selectors that need no group JS (``all``, ``entropy``, ``stapo``, ``random``, a warm-up step) take their statistics
-from TRL's fused head (``log_probs``, ``entropy``, ``log_sum_sq_probs``: Σp²) when the selection temperature is
-the sampling temperature, so they pay no sweep at all; every metric (h1, h2, purity, prob) is still there.
-
-Every function takes what it reads as arguments (the model, its head, the engine's ``autocast``), so the selection
-step (:class:`ictrl.engine.selection_step.SelectionStep`, the source's one caller in the step) composes them and
-nothing here calls back into it or the trainer.
-"""
+"""The statistics pass: per-token statistics and the group JS score of the sampling policy, from the model's own
+forward, from hidden states the loss's forward kept, or from TRL's fused LM head; and which of them a step uses."""
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import torch
@@ -52,14 +21,33 @@ STATS_PATHS = {"separate": 0.0, "shared_old_logps": 1.0, "training_forward": 2.0
 STAT_FIELDS = ("entropy", "renyi2", "purity", "logprob", "prob")
 FUSED_OUTPUTS = ("log_probs", "entropy", "log_sum_sq_probs")
 Autocast = Callable[[], contextlib.AbstractContextManager[Any]]
+Stats = tuple[TokenStats | None, Tensor | None]  # the statistics and the [B, T] group JS (None without)
 
 
 # ---------------------------------------------------------------------------------------------- the path
 
 
 @dataclass(frozen=True)
+class StepContext:
+    """One step as the statistics and the selection read it, built by the trainer at each call."""
+
+    mode: str                      # "train" / "eval"
+    G: int                         # completions per prompt in this mode
+    step: int                      # the optimizer step in progress (global_step)
+    need_js: bool                  # the selector reads group JS and the step is past the warm-up
+    metrics: dict[str, list[float]] = field(default_factory=dict)  # TRL's metric lists of the mode
+    accumulation: int = 1          # micro-batches of this optimizer step (the Trainer's current window)
+    window: int = 1                # gradient_accumulation_steps: the micro-batches the normalisers total over
+    logged: bool = True            # this step's metrics reach a log
+    dense: bool = False            # TRL's own forward for its entropy bonus, entropy mask or router loss
+    sparse: bool = False           # sparse_backward: the LM head at the selected positions only
+    entropy_quantile: float = 1.0  # TRL's top_entropy_quantile (< 1: its entropy mask over the micro-batch)
+    router_loss: bool = False      # the dense forward also returns a MoE model's router loss
+
+
+@dataclass(frozen=True)
 class PathFacts:
-    """What decides the statistics path of a run in one mode (see the module docstring)."""
+    """What decides the statistics path of a run in one mode (docs/architecture.md, "The statistics path")."""
 
     one_pass: bool                # False forces the separate pass (the reference the others are tested against)
     sampler_topk: bool            # the ICT score's top-K log-probs come from the sampler
@@ -73,6 +61,7 @@ class PathFacts:
 
 
 def plan_stats_path(f: PathFacts) -> str:
+    """The planned path of one mode: ``training_forward``, ``shared_old_logps`` or ``separate``."""
     if not f.one_pass or f.sampler_topk or f.dynamic_sampling:
         return "separate"
     if f.stat_free:
@@ -84,20 +73,68 @@ def plan_stats_path(f: PathFacts) -> str:
     return "training_forward" if f.on_policy_single_micro_batch else "separate"
 
 
-def batch_path(planned: str, *, importance_correction: bool, tool_output: bool, shared_rows: int | None,
-               rows: int) -> str:
-    """The path of one generation batch of ``rows`` rows: the planned one, or ``separate`` where the batch needs
-    it. ``importance_correction``: its sampler log-probs get the importance weight, which needs π_old at
-    generation; ``tool_output``: its response mask leaves tool output out, which TRL's old log-probs do not;
-    ``shared_rows``: the rows of the statistics served as TRL's old log-probs (None: TRL asked for none)."""
+class BatchFacts(NamedTuple):
+    """What one generation batch itself can change of its mode's planned path."""
+
+    importance_correction: bool   # its sampler log-probs get the importance weight: π_old needed at generation
+    tool_output: bool             # its response mask leaves tool output out, which TRL's old log-probs do not
+    shared_rows: int | None       # rows of the statistics served as TRL's old log-probs (None: none asked)
+    rows: int
+
+
+def batch_path(planned: str, batch: BatchFacts) -> str:
+    """The path of one generation batch: the planned one, or ``separate`` where the batch needs it."""
     if planned == "training_forward":
-        return "separate" if importance_correction else planned
-    if planned == "shared_old_logps" and (tool_output or shared_rows != rows):
+        return "separate" if batch.importance_correction else planned
+    if planned == "shared_old_logps" and (batch.tool_output or batch.shared_rows != batch.rows):
         return "separate"
     return planned
 
 
+def loss_path(step: StepContext, selected_in_loss: bool, stat_free: bool, from_trl_head: bool) -> str:
+    """The loss's forward of one micro-batch. ``dense``: TRL's own (its entropy bonus, entropy mask or router loss).
+    A batch that came selected: ``sparse`` (the backbone, then the head at the selected positions only) or
+    ``fused`` (TRL's fused head). On path ``training_forward``: ``metrics`` (a selector that reads no statistics:
+    TRL's fused head, Σp² for the logged metrics), ``select_sparse`` (the backbone, the statistics swept from its
+    hidden states, the head at the selected positions), ``select_fused`` (the statistics from TRL's fused head) or
+    ``select_hidden`` (TRL's fused head keeping the hidden states the statistics sweep)."""
+    if step.dense:
+        return "dense"
+    if not selected_in_loss:
+        return "sparse" if step.sparse else "fused"
+    if stat_free:
+        return "metrics"
+    if step.sparse:
+        return "select_sparse"
+    return "select_fused" if from_trl_head else "select_hidden"
+
+
 # ------------------------------------------------------------------------------------- the full sweep
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """How the LM head is swept: the selection temperature, top-K (``selection_topk``), rows of [V] logits at once
+    (``chunk_size``, None: :func:`sweep_rows`), the engine's autocast, the vocabulary size and the rows per model
+    forward (None: all)."""
+
+    temperature: float
+    topk: int | None
+    chunk_size: int | None
+    autocast: Autocast
+    vocab: int
+    rows: int | None = None
+
+
+class Request(NamedTuple):
+    """One batch as the statistics read it: the [B, T] response mask and completion ids, the [B] group ids (None:
+    no group JS), every group's size (lets the sweep skip host reads) and the sampler's [B, T, K] top-K."""
+
+    mask: Tensor
+    tokens: Tensor
+    group_ids: Tensor | None = None
+    group_size: int | None = None
+    sampler_topk: tuple[Tensor, Tensor] | None = None
 
 
 def final_hidden(model: Any, input_ids: Tensor, attention_mask: Tensor, T: int, autocast: Autocast) -> Tensor:
@@ -110,31 +147,26 @@ def final_hidden(model: Any, input_ids: Tensor, attention_mask: Tensor, T: int, 
 
 
 @torch.no_grad()
-def hidden_stats(head: nn.Module, hidden: Tensor, mask: Tensor, completion_ids: Tensor, group_ids: Tensor | None,
-                 *, temperature: float, topk: int | None, chunk_size: int | None, autocast: Autocast,
-                 sampler_topk: tuple[Tensor, Tensor] | None = None, group_size: int | None = None
-                 ) -> tuple[TokenStats, Tensor | None]:
-    """TokenStats ([B, T] fields) and the [B, T] group JS (None without ``group_ids``) from [B, T, H] hidden states.
+def hidden_stats(head: nn.Module, hidden: Tensor, req: Request, sweep: Sweep) -> Stats:
+    """TokenStats ([B, T] fields) and the [B, T] group JS (None without group ids) from [B, T, H] hidden states.
 
     The LM head sweeps blocks of positions with its whole weight, gathered once by the engine (:func:`call_head`),
     so at most ``chunk_size`` rows of [V] logits exist at once, with every group intact (JS at position t needs only
-    the group's distributions at t). With ``topk`` = K the group JS comes from each position's top-K log-probs
-    (``group_js_divergence_topk``): ``sampler_topk`` ([B, T, K] log-probs and ids recorded at generation) when
-    given, else the head's logits. ``group_size``: every group has exactly that many rows (the trainer's layout;
-    lets the sweep run without host reads, :func:`token_stats`). ``chunk_size`` None: :func:`sweep_rows` (on a GPU
-    the rows of the head's dtype that fit in a fixed budget of bytes, ``ictrl.core.stats.SWEEP_BYTES``).
-
-    On a GPU the head's logits go to the sweep in their own dtype (bf16 under autocast: half the bytes to read);
-    on CPU, and for the in-place top-K, they are upcast to fp32 first, as before.
+    the group's distributions at t). With top-K the group JS comes from each position's top-K log-probs: the
+    sampler's when recorded, else the head's. ``chunk_size`` None: :func:`sweep_rows` (on a GPU the rows of the
+    head's dtype that fit in a fixed budget of bytes, ``ictrl.core.stats.SWEEP_BYTES``). On a GPU the logits go to
+    the sweep in their own dtype (bf16 under autocast); on CPU, and for the in-place top-K, they are upcast to fp32.
     """
+    mask, completion_ids, group_ids = req.mask, req.tokens, req.group_ids
     B, T = mask.shape
-    topk = topk if group_ids is not None else None
-    head_topk = topk is not None and sampler_topk is None
-    V = head.weight.shape[0] if isinstance(getattr(head, "weight", None), Tensor) else 151_936
+    topk = sweep.topk if group_ids is not None else None
+    head_topk = topk is not None and req.sampler_topk is None
+    chunk_size, V = sweep.chunk_size, sweep.vocab
     itemsize = head.weight.element_size() if isinstance(getattr(head, "weight", None), Tensor) else 2  # >= logits'
     block = max(1, sweep_rows(chunk_size, V, hidden.device, itemsize) // B)
+    group_size = req.group_size if topk is None and group_ids is not None else None
 
-    def sweep(lm: nn.Module | Tensor, hidden_all: Tensor) -> tuple[list[TokenStats], list[tuple[Tensor, Tensor]]]:
+    def run(lm: nn.Module | Tensor, hidden_all: Tensor) -> tuple[list[TokenStats], list[tuple[Tensor, Tensor]]]:
         parts: list[TokenStats] = []
         topk_parts: list[tuple[Tensor, Tensor]] = []
         for t0 in range(0, T, block):
@@ -143,49 +175,42 @@ def hidden_stats(head: nn.Module, hidden: Tensor, mask: Tensor, completion_ids: 
             logits = lm(h) if isinstance(lm, nn.Module) else F.linear(h.to(lm.dtype), lm)
             if logits.device.type == "cpu" or head_topk:
                 logits = logits.float()
-            m = mask[:, t0:t0 + block]
-            parts.append(token_stats(logits, m, tokens=completion_ids[:, t0:t0 + block], temperature=temperature,
-                                     group_ids=group_ids if topk is None else None,
-                                     group_size=group_size if topk is None and group_ids is not None else None))
+            parts.append(token_stats(logits, mask[:, t0:t0 + block], tokens=completion_ids[:, t0:t0 + block],
+                                     temperature=sweep.temperature, group_ids=group_ids if topk is None else None,
+                                     group_size=group_size))
             if head_topk:
-                topk_parts.append(topk_log_softmax(logits, topk, temperature))
+                topk_parts.append(topk_log_softmax(logits, topk, sweep.temperature))
             del logits
         return parts, topk_parts
 
-    with autocast():
-        parts, topk_parts = call_head(head, sweep, hidden)
+    with sweep.autocast():
+        parts, topk_parts = call_head(head, run, hidden)
     stats = TokenStats(**{f: torch.cat([getattr(p, f) for p in parts], dim=1) for f in STAT_FIELDS})
     if group_ids is None:
         return stats, None
-    if topk is not None:
-        if sampler_topk is None:
-            sampler_topk = (torch.cat([lp for lp, _ in topk_parts], dim=1),
-                            torch.cat([ids for _, ids in topk_parts], dim=1))
-        return stats, group_js_divergence_topk(*sampler_topk, mask, group_ids)
-    return stats, torch.cat([p.ict_score for p in parts], dim=1)
+    if topk is None:
+        return stats, torch.cat([p.ict_score for p in parts], dim=1)
+    sampler_topk = req.sampler_topk or (torch.cat([lp for lp, _ in topk_parts], dim=1),
+                                        torch.cat([ids for _, ids in topk_parts], dim=1))
+    return stats, group_js_divergence_topk(*sampler_topk, mask, group_ids)
 
 
 @torch.no_grad()
-def model_stats(model: Any, head: nn.Module, input_ids: Tensor, attention_mask: Tensor, mask: Tensor,
-                group_ids: Tensor | None, *, rows: int, temperature: float, topk: int | None, chunk_size: int | None,
-                autocast: Autocast, sampler_topk: tuple[Tensor, Tensor] | None = None, group_size: int | None = None
-                ) -> tuple[TokenStats, Tensor | None]:
-    """:func:`hidden_stats` of [B, P + T] prompts and completions (``mask``: the [B, T] response mask): the model
-    runs through its engine (FSDP2 / ZeRO-3 hooks gather each layer) in chunks of ``rows``, keeping the final-norm
-    hidden states. ``rows`` must be the same on every process, so every process makes the same number of
-    (collective) forwards."""
-    T = mask.size(1)
-    hidden = [final_hidden(model, input_ids[r0:r0 + rows], attention_mask[r0:r0 + rows], T, autocast)
+def model_stats(model: Any, head: nn.Module, input_ids: Tensor, attention_mask: Tensor, req: Request,
+                sweep: Sweep) -> Stats:
+    """:func:`hidden_stats` of [B, P + T] prompts and completions: the model runs through its engine (FSDP2 /
+    ZeRO-3 hooks gather each layer) in chunks of ``sweep.rows``, the same on every process, so every process makes
+    the same number of (collective) forwards."""
+    T, rows = req.mask.size(1), sweep.rows or input_ids.size(0)
+    hidden = [final_hidden(model, input_ids[r0:r0 + rows], attention_mask[r0:r0 + rows], T, sweep.autocast)
               for r0 in range(0, input_ids.size(0), rows)]
-    return hidden_stats(head, torch.cat(hidden), mask, input_ids[:, -T:], group_ids, temperature=temperature,
-                        topk=topk, chunk_size=chunk_size, autocast=autocast, sampler_topk=sampler_topk,
-                        group_size=group_size)
+    return hidden_stats(head, torch.cat(hidden), req, sweep)
 
 
 # ------------------------------------------------------------------------------------- TRL's fused head
 
 
-# Whether TRL's fused head computes log Σp² in the current call: only inside fused_forward(..., sum_sq=True)
+# Whether TRL's fused head computes log Σp² in the current call: only inside fused_forward with Wants.sum_sq
 _SUM_SQ: contextvars.ContextVar[bool] = contextvars.ContextVar("ictrl_fused_sum_sq", default=False)
 
 
@@ -218,38 +243,49 @@ def fused_head_with_sum_sq() -> Iterator[None]:
         grpo.add_fused_lm_head = original
 
 
+class Wants(NamedTuple):
+    """What :func:`fused_forward` computes besides log-probs and entropy."""
+
+    sum_sq: bool = True              # log Σp² (one multiply and one sum per logit tile)
+    hidden: nn.Module | None = None  # keep this module's output (the backbone's: the final-norm hidden states)
+    aux: bool = False                # a MoE model's router load-balancing loss
+    rows: int | None = None          # rows per forward (None: all)
+
+
 class Fused(NamedTuple):
-    """What :func:`fused_forward` returns: [B, T] log-probs (with grad when enabled), entropy and log Σp², and the
-    [B, T, H] final-norm hidden states (the LM head's input) when they were kept."""
+    """What :func:`fused_forward` returns: [B, T] log-probs (with grad when enabled), entropy and log Σp², the
+    [B, T, H] final-norm hidden states when kept, and the router loss when asked."""
 
     logps: Tensor
     entropy: Tensor
     log_sum_sq: Tensor | None
     hidden: Tensor | None
+    aux: Tensor | None = None
 
 
-def fused_forward(model: Any, backbone: nn.Module, input_ids: Tensor, attention_mask: Tensor, T: int,
-                  autocast: Autocast, rows: int | None = None, keep_hidden: bool = False, sum_sq: bool = True
-                  ) -> Fused:
-    """TRL's fused forward (its ``_get_per_token_logps_and_entropies`` for text) in chunks of ``rows``.
-
-    log Σp² is None without ``sum_sq`` or if the head does not return it; the hidden states, with ``keep_hidden``,
-    are captured from ``backbone``'s output by a forward hook.
-    """
-    rows = rows or input_ids.size(0)
+def fused_forward(model: Any, input_ids: Tensor, attention_mask: Tensor, T: int, autocast: Autocast,
+                  wants: Wants = Wants()) -> Fused:
+    """TRL's forward through its fused LM head (its ``_get_per_token_logps_and_entropies`` for text), in chunks of
+    ``wants.rows``. log Σp² is None without ``wants.sum_sq`` or if the head does not return it."""
+    rows = wants.rows or input_ids.size(0)
     captured: list[Tensor] = []
-    hook = backbone.register_forward_hook(lambda m, a, out: captured.append(out[0])) if keep_hidden else None
+    hook = None if wants.hidden is None else wants.hidden.register_forward_hook(
+        lambda m, a, out: captured.append(out[0]))
     parts: list[tuple[Tensor, Tensor, Tensor | None]] = []
-    token = _SUM_SQ.set(sum_sq)
+    aux: list[Tensor] = []
+    token = _SUM_SQ.set(wants.sum_sq)
     try:
         for r0 in range(0, input_ids.size(0), rows):
             ids, am = input_ids[r0:r0 + rows], attention_mask[r0:r0 + rows]
             labels = ids.masked_fill(am == 0, -100)
             labels[:, :-T] = -100
+            router = {"output_router_logits": True} if wants.aux else {}
             with autocast():
-                out = model(input_ids=ids, attention_mask=am, labels=labels, fused_lm_head=True)
+                out = model(input_ids=ids, attention_mask=am, **router, labels=labels, fused_lm_head=True)
             parts.append((out.log_probs[:, -T:], out.entropy[:, -T:],
                           None if out.log_sum_sq_probs is None else out.log_sum_sq_probs[:, -T:]))
+            if wants.aux:
+                aux.append(out.aux_loss)
     finally:
         _SUM_SQ.reset(token)
         if hook is not None:
@@ -257,11 +293,11 @@ def fused_forward(model: Any, backbone: nn.Module, input_ids: Tensor, attention_
     logps = torch.cat([p[0] for p in parts])
     entropy = torch.cat([p[1] for p in parts])
     lss = None if any(p[2] is None for p in parts) else torch.cat([p[2] for p in parts])
-    hidden = torch.cat([h[:, -T - 1:-1] for h in captured]) if keep_hidden else None
-    return Fused(logps, entropy, lss, hidden)
+    hidden = torch.cat([h[:, -T - 1:-1] for h in captured]) if captured else None
+    return Fused(logps, entropy, lss, hidden, torch.stack(aux).mean() if aux else None)
 
 
-def stats_from_fused(logps: Tensor, entropy: Tensor, log_sum_sq: Tensor | None, mask: Tensor) -> TokenStats:
+def stats_from_fused(fused: Fused, mask: Tensor) -> TokenStats:
     """TokenStats ([B, T] float32, zeros off the mask) from TRL's fused-head outputs at the sampling temperature.
 
     Without log Σp² (a model whose head was patched elsewhere), renyi2 and purity are NaN: their metrics drop out.
@@ -269,12 +305,26 @@ def stats_from_fused(logps: Tensor, entropy: Tensor, log_sum_sq: Tensor | None, 
     def on(x: Tensor) -> Tensor:
         return torch.where(mask, x.detach().float(), 0.0)
 
-    if log_sum_sq is None:
+    if fused.log_sum_sq is None:
         nan = torch.full(mask.shape, float("nan"), device=mask.device)
         renyi2, purity = nan, nan
     else:
-        renyi2, purity = on(-log_sum_sq), on(log_sum_sq.exp())
-    return TokenStats(entropy=on(entropy), renyi2=renyi2, purity=purity, logprob=on(logps), prob=on(logps.exp()))
+        renyi2, purity = on(-fused.log_sum_sq), on(fused.log_sum_sq.exp())
+    logps = fused.logps
+    return TokenStats(entropy=on(fused.entropy), renyi2=renyi2, purity=purity, logprob=on(logps), prob=on(logps.exp()))
+
+
+class LossForward(NamedTuple):
+    """What the loss's forward gives: [B, T] log-probs (None: the sparse head runs after the selection), entropy
+    and router loss where computed, the [B, T, H] hidden states the sparse head reads, the statistics the path
+    takes from it, and when their computation began (``ictrl/stats_time``)."""
+
+    logps: Tensor | None
+    entropy: Tensor | None
+    aux: Tensor | None
+    hidden: Tensor | None
+    stats: Stats | None
+    started: float
 
 
 # ------------------------------------------------------------------------------------------ the source
@@ -282,20 +332,21 @@ def stats_from_fused(logps: Tensor, entropy: Tensor, log_sum_sq: Tensor | None, 
 
 @dataclass(frozen=True)
 class StatsSource:
-    """The run's statistics: where they come from in each mode, decided once, and how they are computed.
+    """The run's statistics: the planned path of each mode (:meth:`plan`) and how each source computes them.
 
-    Built by :meth:`plan` when the trainer is; what varies at run time is only the mode, the selection's warm-up
-    (no group JS: the caller passes no ``group_ids``) and the per-batch fallbacks of :func:`batch_path`.
+    The mode of a call is the model's (``model.training``): it picks the rows per forward and the group size.
     """
 
     paths: Mapping[str, str]      # mode ("train" / "eval") -> its planned path
-    needs_js: bool                # the selector reads the group JS score
+    need_js: bool                 # the selector reads the group JS score (the warm-up aside)
     stat_free: bool               # the selector reads no statistics (all, random)
     same_temperature: bool        # selection temperature == sampling temperature
     temperature: float            # the selection temperature
     topk: int | None              # group JS from each position's top-K log-probs (selection_topk)
     chunk_size: int | None        # rows of [V] logits at once in the head's sweep (None: sweep_rows)
+    vocab: int                    # the LM head's rows
     rows: Mapping[str, int]       # mode -> rows per forward of the separate pass (the mode's per-device batch)
+    group_size: Mapping[str, int]  # mode -> completions per prompt
     autocast: Autocast
     head: Callable[[Any], nn.Module]      # model -> its LM head as the engine exposes it
     backbone: Callable[[Any], nn.Module]  # model -> the module whose output is the final-norm hidden states
@@ -306,34 +357,53 @@ class StatsSource:
         return cls(paths={"train": plan_stats_path(facts(True)), "eval": plan_stats_path(facts(False))},
                    **settings)
 
-    def fused(self, need_js: bool) -> bool:
+    def from_trl_head(self, need_js: bool) -> bool:
         """The statistics can come from TRL's fused head: no group JS, and its temperature is the selection's."""
         return not need_js and self.same_temperature
 
-    def forward(self, model: Any, input_ids: Tensor, attention_mask: Tensor, T: int, rows: int | None = None,
-                keep_hidden: bool = False, sum_sq: bool = True) -> Fused:
-        """:func:`fused_forward` with the run's engine."""
-        return fused_forward(model, self.backbone(model), input_ids, attention_mask, T, self.autocast, rows,
-                             keep_hidden=keep_hidden, sum_sq=sum_sq)
+    def sweep(self, model: Any) -> Sweep:
+        mode = "train" if model.training else "eval"
+        return Sweep(self.temperature, self.topk, self.chunk_size, self.autocast, self.vocab, self.rows[mode])
+
+    def request(self, model: Any, mask: Tensor, tokens: Tensor, group_ids: Tensor | None,
+                sampler_topk: tuple[Tensor, Tensor] | None = None) -> Request:
+        size = None if group_ids is None else self.group_size["train" if model.training else "eval"]
+        return Request(mask, tokens, group_ids, size, sampler_topk)
+
+    def fused_forward(self, model: Any, input_ids: Tensor, attention_mask: Tensor, T: int,
+                      wants: Wants = Wants()) -> Fused:
+        """:func:`fused_forward` with the run's engine (``keep_hidden`` in ``wants``: the backbone's output)."""
+        return fused_forward(model, input_ids, attention_mask, T, self.autocast, wants)
 
     def __call__(self, model: Any, input_ids: Tensor, attention_mask: Tensor, mask: Tensor,
-                 group_ids: Tensor | None = None, *, mode: str = "train", hidden: Tensor | None = None,
-                 fused: Fused | None = None, sampler_topk: tuple[Tensor, Tensor] | None = None,
-                 group_size: int | None = None) -> tuple[TokenStats, Tensor | None]:
-        """TokenStats ([B, T] fields) of the sampling policy at the completion positions of ``input_ids`` /
-        ``attention_mask`` ([B, P + T] prompts and completions; ``mask`` the [B, T] response mask) and the [B, T]
-        group JS (None without ``group_ids``; ``group_size``: each group's rows, from the trainer's layout).
+                 group_ids: Tensor | None = None, sampler_topk: tuple[Tensor, Tensor] | None = None) -> Stats:
+        """The separate pass: TokenStats ([B, T] fields) and the [B, T] group JS (None without ``group_ids``) at
+        the completion positions of ``input_ids`` / ``attention_mask`` ([B, P + T]; ``mask``: the [B, T] response
+        mask), from the model's own forward. ``sampler_topk``: the [B, T, K] top-K the sampler recorded."""
+        req = self.request(model, mask, input_ids[:, -mask.size(1):], group_ids, sampler_topk)
+        return model_stats(model, self.head(model), input_ids, attention_mask, req, self.sweep(model))
 
-        From ``fused`` (TRL's fused head: no group JS) when given, else the no-grad sweep of the LM head over
-        ``hidden`` ([B, T, H]) when given, else over the model's own forward in chunks of the mode's rows
-        (:func:`model_stats`). ``sampler_topk``: the [B, T, K] top-K log-probs and ids the sampler recorded.
-        """
-        if fused is not None:
-            return stats_from_fused(fused.logps, fused.entropy, fused.log_sum_sq, mask), None
-        settings = dict(temperature=self.temperature, topk=self.topk, chunk_size=self.chunk_size,
-                        autocast=self.autocast, sampler_topk=sampler_topk, group_size=group_size)
-        if hidden is not None:
-            return hidden_stats(self.head(model), hidden.detach(), mask, input_ids[:, -mask.size(1):], group_ids,
-                                **settings)
-        return model_stats(model, self.head(model), input_ids, attention_mask, mask, group_ids,
-                           rows=self.rows[mode], **settings)
+    def from_hidden(self, model: Any, hidden: Tensor, req: Request) -> Stats:
+        """The no-grad sweep of the LM head over [B, T, H] hidden states the loss's forward kept."""
+        return hidden_stats(self.head(model), hidden.detach(), req, self.sweep(model))
+
+    def loss_forward(self, model: Any, input_ids: Tensor, attention_mask: Tensor, req: Request, path: str,
+                     step: StepContext) -> LossForward:
+        """The loss's forward of one micro-batch on ``path`` (:func:`loss_path`), and its statistics where the
+        path takes them from it."""
+        T = req.mask.size(1)
+        wants = {"dense": Wants(sum_sq=False, aux=step.router_loss), "fused": Wants(sum_sq=False),
+                 "metrics": Wants(sum_sq=step.logged), "select_fused": Wants(),
+                 "select_hidden": Wants(sum_sq=False, hidden=self.backbone(model))}.get(path)
+        fused = None if wants is None else fused_forward(model, input_ids, attention_mask, T, self.autocast, wants)
+        hidden = final_hidden(model, input_ids, attention_mask, T, self.autocast) if fused is None else fused.hidden
+        start = time.perf_counter()
+        stats: Stats | None = None
+        if fused is not None and (path == "select_fused" or path == "metrics" and step.logged):
+            stats = (stats_from_fused(fused, req.mask), None)
+        elif path in ("select_hidden", "select_sparse"):
+            assert hidden is not None
+            stats = self.from_hidden(model, hidden, req)
+        if fused is None:
+            return LossForward(None, None, None, hidden, stats, start)
+        return LossForward(fused.logps, fused.entropy, fused.aux, None, stats, start)

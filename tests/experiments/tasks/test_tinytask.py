@@ -11,6 +11,12 @@ from ictrl.experiments.tasks import tinytask
 from ictrl.rewards import math_reward
 
 
+def gold_solution(problem: tinytask.Problem) -> str:
+    """The worked solution in the operators' precedence order."""
+    operands, ops = tinytask._parse_expression(problem.meta["expression"])
+    return tinytask.format_solution(*tinytask.solve_steps(operands, ops))
+
+
 def _all_expressions(difficulty: int) -> list[str]:
     out = []
     for operands in itertools.product("123456789", repeat=difficulty + 1):
@@ -50,10 +56,10 @@ def test_gold_matches_python_evaluation_and_gold_solutions_grade_correct() -> No
     problems = tinytask.generate_problems(300, "train", (1, 2, 3), seed=1)
     for p in problems:
         assert int(p.gold) == eval(p.meta["expression"])  # naive reference: Python's precedence rules
-        solution = tinytask.gold_solution(p)
+        solution = gold_solution(p)
         assert solution.endswith(f"\\boxed{{{p.gold}}}")
         assert tinytask.grade(solution, p.gold) == 1.0
-    assert sum(tinytask.grade(tinytask.gold_solution(p), p.gold) for p in problems) == len(problems)
+    assert sum(tinytask.grade(gold_solution(p), p.gold) for p in problems) == len(problems)
 
 
 def test_wrong_answers_grade_zero() -> None:

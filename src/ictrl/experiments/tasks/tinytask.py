@@ -119,12 +119,6 @@ def generate_problems(n: int, split: str, difficulty: int | tuple[int, ...] = (2
     return problems
 
 
-def gold_solution(problem: Problem) -> str:
-    operands, ops = _parse_expression(problem.meta["expression"])
-    steps, value = solve_steps(operands, ops)
-    return format_solution(steps, value)
-
-
 def demonstration(problem: Problem, rng: random.Random, order_error: float = 0.0, digit_error: float = 0.0) -> str:
     """An imperfect worked solution: left-to-right order with probability ``order_error``, then one digit
     of an intermediate result corrupted with probability ``digit_error`` (errors propagate to the answer)."""
