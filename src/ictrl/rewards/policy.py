@@ -28,6 +28,7 @@ training thread (math-verify's own timeouts need the main thread) and SIGTERM in
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
 import math
@@ -36,7 +37,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from ictrl.errors import Interrupted, UserError, quote
+from ictrl.errors import Interrupted, UserError, failure, quote
 
 # A reward call's time to finish after SIGTERM: the run then ends within 20 s, under a scheduler's usual 30 s grace.
 SIGTERM_GRACE_S = 5.0
@@ -57,6 +58,25 @@ class NoLearningSignal(RunStop):
 
 class RewardAbandoned(RunStop):
     """A stop request found a reward call running and it did not finish within :data:`SIGTERM_GRACE_S`."""
+
+
+def import_reward(spec: str) -> Callable[..., Any]:
+    """The reward function ``module:function`` (or ``module.function``) names, imported. Raises
+    :class:`UserError` in one line when the module fails to import (whatever it raises, ``SystemExit`` included:
+    the exception, its file and line), lacks the name, or the name is not callable."""
+    import importlib
+
+    module, _, attr = spec.partition(":") if ":" in spec else spec.rpartition(".")
+    try:
+        fn = getattr(importlib.import_module(module), attr)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - a user's module: whatever its import raises, named
+        raise UserError(f"cannot import {spec!r}: {failure(exc)}") from None
+    if not callable(fn):
+        raise UserError(f"{spec!r} is {type(fn).__name__} {quote(fn, 80)}, not a function; a reward is a function "
+                        "(prompts, completions, **columns) -> list of floats")
+    return fn
 
 
 def _label(fn: Any) -> str:
@@ -98,9 +118,9 @@ class RewardPolicy:
             async def checked_async(*args: Any, **kwargs: Any) -> Any:
                 try:
                     out = await fn(*args, **kwargs)
-                except (RunStop, Interrupted):
+                except (RunStop, Interrupted, KeyboardInterrupt, asyncio.CancelledError):
                     raise
-                except Exception as exc:  # noqa: BLE001 - a user's reward: any failure is named, then the stop
+                except BaseException as exc:  # noqa: BLE001 - a user's reward: any failure (sys.exit too) is named
                     raise self._raised(name, exc) from exc
                 return self.check(name, out, kwargs)
 
@@ -127,7 +147,7 @@ class RewardPolicy:
                 return fn(*args, **kwargs)
             except (RunStop, Interrupted, KeyboardInterrupt):  # a stop of the run's own, not the reward's failure
                 raise
-            except Exception as exc:  # noqa: BLE001 - a user's reward: any failure is named, then the stop
+            except BaseException as exc:  # noqa: BLE001 - a user's reward: any failure (sys.exit too) is named
                 raise self._raised(name, exc) from exc
             finally:
                 self.calling = None

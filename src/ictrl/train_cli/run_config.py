@@ -123,6 +123,7 @@ class RunConfig:
     trainer: dict[str, Any] = field(default_factory=dict)
     flags: dict[str, str] = field(default_factory=dict, compare=False)
     method_from: str = field(default="file", compare=False)  # where token_selector came from: file, flag, default
+    modes: frozenset[str] = field(default_factory=frozenset, compare=False)  # ictrl train's --overwrite, --allow-no-op
 
     @property
     def output_dir(self) -> str:
