@@ -12,6 +12,7 @@ import errno
 import json
 import os
 import shutil
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -152,8 +153,9 @@ def check_output_dir(path: str | os.PathLike[str], label: str = "--output-dir") 
         if not out.is_dir():
             kind = "a file" if out.is_file() else "not a directory"
             raise UserError(f"{label}: {shown} is {kind}; give a directory")
-        if not os.access(out, os.W_OK | os.X_OK):
-            raise UserError(f"{label}: {shown} is not writable")
+        failed = _try_create(out) if os.access(out, os.W_OK | os.X_OK) else PermissionError()
+        if failed is not None:
+            raise UserError(f"{label}: {shown} is not writable" + (f": {failed.strerror}" if failed.strerror else ""))
         return
     parent = out.absolute().parent
     while not (parent.exists() or parent.is_symlink()):
@@ -162,3 +164,30 @@ def check_output_dir(path: str | os.PathLike[str], label: str = "--output-dir") 
         raise UserError(f"{label}: {shown}: {parent} is not a directory")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise UserError(f"{label}: {shown}: cannot create it, {parent} is not writable")
+    failed = _try_create(out)  # os.access answers yes to root everywhere (sysfs, a read-only mount): try it
+    if failed is not None:
+        raise UserError(f"{label}: {shown}: cannot create it: {failed.strerror or failed}")
+
+
+def _try_create(out: Path) -> OSError | None:
+    """Create ``out`` (and the missing folders above it) and a file in it, then remove all of them: the error
+    that stopped it, or None."""
+    created: list[Path] = []
+    try:
+        missing, at = [], out.absolute()
+        while not (at.exists() or at.is_symlink()):
+            missing.append(at)
+            at = at.parent
+        for folder in reversed(missing):
+            folder.mkdir()
+            created.append(folder)
+        fd, name = tempfile.mkstemp(dir=out, prefix=".ictrl-probe-")
+        os.close(fd)
+        os.unlink(name)
+    except OSError as exc:
+        return exc
+    finally:
+        for folder in reversed(created):
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+    return None
