@@ -12,9 +12,8 @@ import errno
 import json
 import os
 import shutil
-import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -60,14 +59,15 @@ def write_error(path: str | os.PathLike[str], exc: BaseException, after: str = "
 
 
 @contextlib.contextmanager
-def reported_write(path: str | os.PathLike[str], after: str = "") -> Iterator[None]:
-    """Turn a write failure (:func:`is_write_failure`) inside the block into :func:`write_error`'s one line."""
+def reported_write(path: str | os.PathLike[str], after: str | Callable[[], str] = "") -> Iterator[None]:
+    """Turn a write failure (:func:`is_write_failure`) inside the block into :func:`write_error`'s one line;
+    ``after`` may be a function, asked when the write fails (what is kept then, and so how to go on)."""
     try:
         yield
     except OSError as exc:
         if not is_write_failure(exc):
             raise
-        raise write_error(exc.filename or path, exc, after) from exc
+        raise write_error(exc.filename or path, exc, after() if callable(after) else after) from exc
 
 
 def append_whole(fd: int, data: bytes) -> None:
@@ -179,11 +179,14 @@ def _try_create(out: Path) -> OSError | None:
             missing.append(at)
             at = at.parent
         for folder in reversed(missing):
-            folder.mkdir()
+            try:
+                folder.mkdir()
+            except FileExistsError:  # a "..": made by the folder before it
+                continue
             created.append(folder)
-        fd, name = tempfile.mkstemp(dir=out, prefix=".ictrl-probe-")
-        os.close(fd)
-        os.unlink(name)
+        probe = out / f".ictrl-probe-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        probe.unlink()
     except OSError as exc:
         return exc
     finally:

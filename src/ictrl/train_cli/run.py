@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from ictrl.checkpoints import STAGING_PREFIX, clear_staging, finished_run, trainer_state
+from ictrl.checkpoints import STAGING_PREFIX, clear_staging, finished_run, rerun_advice, trainer_state
 from ictrl.cliargs import VERBOSE_ENV, env_flag
 from ictrl.engine.resumable import check_unchanged, resume_point, save_final, verified_checkpoints
 from ictrl.errors import Terminated, UserError
@@ -173,7 +173,7 @@ def _train_locked(cfg: RunConfig, checked: Checked, resume: bool | str, source: 
     skip_deepspeed_unless_imported()
     model, tokenizer = load_model_and_tokenizer(cfg.model.model_name_or_path, **checked.init_kwargs)
     dataset = train_rows(cfg, dataset, tokenizer, model.config, args, source)
-    with reported_write(out, "free space and run again"):
+    with reported_write(out, lambda: rerun_advice(out)):
         out.mkdir(parents=True, exist_ok=True)
         save_config(cfg, out / "config.yaml")
         write_run_labels(out, args, cfg.method_from, inputs)
@@ -220,7 +220,7 @@ def _train_locked(cfg: RunConfig, checked: Checked, resume: bool | str, source: 
     note_short_run(trainer.state.global_step, trainer.state.max_steps, out)
 
     save_final(trainer, out / f"{STAGING_PREFIX}final", out)
-    with reported_write(out, "free space and run again"):
+    with reported_write(out, lambda: rerun_advice(out)):
         trainer.create_model_card()
     return TrainResult(out, trainer.state.global_step, resume_from, out)
 

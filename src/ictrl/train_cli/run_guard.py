@@ -27,7 +27,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from ictrl.checkpoints import CHECKPOINT_RE, LAST_FILES, MANIFEST, RUN_FILES, STAGING_PREFIX
+from ictrl.checkpoints import CHECKPOINT_RE, LAST_FILES, MANIFEST, OVERWRITE_FLAG, RUN_FILES, STAGING_PREFIX
 from ictrl.errors import ConfigError, UserError, shorten
 from ictrl.files import is_write_failure, write_error
 
@@ -269,7 +269,6 @@ def stopped(out: Path, step: int | None, resume_command: str | None, kind: type 
 
 # --- what output_dir must not replace ------------------------------------------------------------------------------
 
-OVERWRITE_FLAG = "--overwrite"  # transformers 5 has no overwrite_output_dir: ictrl's own flag
 NO_OP_FLAG = "--allow-no-op"  # a run that changes no weight (learning_rate 0), asked for by name
 MODE_FLAGS = (OVERWRITE_FLAG, NO_OP_FLAG)
 
