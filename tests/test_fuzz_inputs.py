@@ -1,12 +1,16 @@
 """Property-based fuzzing of every input a user hands ictrl before a model loads: run configs (YAML text and
-``--KEY=VALUE`` flags: wrong types, out-of-range and non-finite values, duplicate and unknown keys, odd unicode),
-training data rows (jsonl with wrong fields, types, encodings and sizes) and ``ictrl eval`` arguments.
+``--KEY=VALUE`` flags: wrong types, out-of-range and non-finite values, duplicate and unknown keys, odd unicode,
+extreme learning rates), training data rows (jsonl with wrong fields, types, encodings and sizes; U+2028, U+0085,
+lone surrogates, a BOM, CRLF), reward modules (exiting or raising at import, names that are not functions) and
+reward calls (exiting, raising, returning anything), output paths that alias the model, the data or the config,
+reruns into an earlier run's folder, and ``ictrl eval`` arguments.
 
 The README promises two outcomes for bad input: success, or one line ``ictrl COMMAND: error: ...`` with exit status
 2, before any model loads. Each case runs the command in-process (``ictrl.cli.main``: ``train --print-config``, the
 data loader ``train`` uses, ``eval`` up to its backend) with the model loader replaced by one that fails the test,
-and asserts one of the two outcomes; anything else (a traceback) fails with hypothesis's smallest example. The
-default suite runs the ``quick`` profile; ``pytest --integration`` runs ``thorough`` (ten times the examples)."""
+and asserts one of the two outcomes; anything else (a traceback, an input or an earlier run replaced, a run that
+trains nothing) fails with hypothesis's smallest example. The default suite runs the ``quick`` profile; ``pytest
+--integration`` runs ``thorough`` (ten times the examples)."""
 
 from __future__ import annotations
 

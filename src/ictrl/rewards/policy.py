@@ -11,7 +11,11 @@ word), and a reward that hangs has no deadline. :class:`RewardPolicy` wraps each
 - the result is not a list/tuple of one value per completion;
 - a value is not a real number or ``None`` (a string, a list, a tensor of several values);
 - a value is ``inf`` / ``-inf``, or NaN: ``None`` is how a reward says "not scored", a NaN is a failure;
-- the reward raises (the exception's type and first line), or runs past ``reward_timeout`` seconds.
+- the reward raises (the exception's type and first line; ``sys.exit`` and any ``BaseException`` but Ctrl-C too,
+  so no reward ends a run silently), or runs past ``reward_timeout`` seconds.
+
+:func:`import_reward` imports a ``module:function`` reward and names, in one line, a module that fails to import
+(the exception, its file and line) or a name that is not a function.
 
 A reward *model* (an ``nn.Module``) has no per-function hook in TRL: :meth:`RewardPolicy.check_scores` checks the
 gathered scores for ``inf`` after TRL computes them. :meth:`RewardPolicy.observe_advantages` counts optimizer steps

@@ -5,8 +5,9 @@ built: TRL's parser and ``ScriptArguments`` / ``ModelConfig`` (``ictrl.train_cli
 (``ictrl.engine.config``, ``ictrl.engine.config_fields``), the same checks a Python user gets. What is left needs
 the command: the machine (fp16 on CPU, vLLM installed, the hub), the processes (a generation batch's memory on each),
 files (reward modules, data sources, the model's files and architecture, every training row), the output directory
-(writable, its checkpoints against ``--resume``, checkpoints at buffer boundaries) and what ``ictrl train`` gives the
-trainer (no eval data).
+(writable, none of the run's inputs among what it writes, its checkpoints against ``--resume``, no earlier run
+without ``--overwrite``, checkpoints at buffer boundaries), a learning rate that trains (0 only with
+``--allow-no-op``) and what ``ictrl train`` gives the trainer (no eval data).
 
 :func:`preflight` is the one entry point, in stages: ``--print-config`` stops after the values (no file read but
 the config); ``ictrl.train_cli.run.train`` goes on to the command's checks, then under its lock reads the inputs

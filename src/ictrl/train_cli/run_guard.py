@@ -14,6 +14,11 @@ line.
 torch elastic agent (``accelerate launch --multi_gpu``, ``torchrun``; accelerate runs the agent inside the launcher
 process) start ranks as direct children, in sessions of their own, so neither ``kill -9`` of the launcher nor a
 signal to its process group reaches them.
+
+What ``output_dir`` may not replace (:func:`check_not_an_input`: the model directory, a data file, the config file
+or a reward module the run reads; :func:`check_no_previous_run`: an earlier run's model or record, unless
+``--overwrite``) is checked before any model loads. :func:`run_failure` turns what ends a training loop that is the
+run's own end (divergence, a selector's ``sys.exit``) into one line with the last checkpoint.
 """
 
 from __future__ import annotations
