@@ -280,7 +280,8 @@ MODE_FLAGS = (OVERWRITE_FLAG, NO_OP_FLAG)
 # Names at the top of output_dir a run writes (its record, the final model's save, the lock), besides the
 # checkpoint-N and staging folders it writes, rotates and clears.
 _RUN_WRITES = frozenset({*RUN_FILES, *LAST_FILES, LOCK_NAME, "generation_config.json", "special_tokens_map.json",
-                         "vocab.json", "merges.txt", "added_tokens.json", "training_args.bin"})
+                         "vocab.json", "merges.txt", "added_tokens.json", "training_args.bin", "tokenizer.json",
+                         "tokenizer_config.json", "model.safetensors.index.json"})
 _SAVE_SUFFIXES = (".safetensors", ".bin", ".jinja", ".model", ".pt", ".pth")
 
 
@@ -295,8 +296,7 @@ def written_by_run(path: Path, out: Path) -> bool:
         return True
     if len(path.relative_to(out).parts) > 1:
         return False
-    return top in _RUN_WRITES or top.startswith(("tokenizer", "adapter_", "model-", "pytorch_model")) \
-        or top.endswith(_SAVE_SUFFIXES)
+    return top in _RUN_WRITES or top.startswith("adapter_") or top.endswith(_SAVE_SUFFIXES)
 
 
 def check_not_an_input(out_dir: str, inputs: list[tuple[str, Path]], source: str) -> None:
