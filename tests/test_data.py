@@ -19,6 +19,7 @@ from ictrl.data import (
     get_benchmark,
     load_mixture,
     load_problems,
+    parse_spec,
     read_records,
     to_trl_dataset,
 )
@@ -373,3 +374,64 @@ def test_prompt_template_option_sends_the_question_alone(tmp_path: Path) -> None
     assert user_message(problem, parse_spec("jsonl:f.jsonl")[0]).endswith("within \\boxed{}.")
     with pytest.raises(ValueError, match="prompt_template: must contain"):
         parse_spec("jsonl:f.jsonl:prompt_template=no placeholder")
+
+
+# --- JSON Lines as datasets reads them ------------------------------------------------------------------------
+
+
+def test_jsonl_lines_end_at_newline_only(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """U+2028 and U+0085 inside a string stay in it (str.splitlines would split there), CRLF ends a line, and a
+    BOM at the start is skipped with one warning: what ``datasets.load_dataset("json")`` reads."""
+    path = tmp_path / "rows.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + '{"question": "a\u2028b\u0085c", "answer": "1"}\r\n\r\n'.encode()
+                     + b'{"question": "d", "answer": "2"}')
+    with caplog.at_level("WARNING"):
+        problems = load_problems(f"jsonl:{path}")
+    assert [p.question for p in problems] == ["a\u2028b\u0085c", "d"] and [p.gold for p in problems] == ["1", "2"]
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{path}: skipping the UTF-8 byte order mark at the start of the file"]
+    path.write_bytes(b'{"question": "a", "answer": "1"}\n{"question": "b"\n')
+    with pytest.raises(DataError, match=r"rows.jsonl: line 2, column"):
+        load_problems(f"jsonl:{path}")
+
+
+@pytest.mark.parametrize("gold, says", [("NaN", "nan is not a gold answer"), ("Infinity", "inf is not a gold"),
+                                        ('"$$"', "empty once normalised"), ('"#### "', "empty once normalised")])
+def test_a_gold_no_completion_can_match_is_refused(tmp_path: Path, gold: str, says: str) -> None:
+    path = tmp_path / "rows.jsonl"
+    path.write_text(f'{{"question": "q", "answer": "1"}}\n{{"question": "q", "answer": {gold}}}\n')
+    kind = ":kind=gsm8k" if "####" in gold else ""
+    with pytest.raises(DataError, match=rf"rows.jsonl: line 2: field 'answer': .*{says}"):
+        load_problems(f"jsonl:{path}{kind}")
+
+
+def test_a_lone_surrogate_is_refused_naming_the_row(tmp_path: Path) -> None:
+    path = tmp_path / "rows.jsonl"
+    path.write_text('{"question": "q", "answer": "1"}\n{"question": "q", "answer": "\\udc00x"}\n')
+    with pytest.raises(DataError, match=r"rows.jsonl: line 2: field 'answer': a lone surrogate '\\udc00'"):
+        load_problems(f"jsonl:{path}")
+    path.write_text('{"question": "\\ud83d\\ude00", "answer": "1"}\n')  # a pair is one character
+    assert load_problems(f"jsonl:{path}")[0].question == "\U0001f600"
+
+
+def test_a_path_with_equals_is_given_as_the_path_option(tmp_path: Path) -> None:
+    folder = tmp_path / "run=3"
+    folder.mkdir()
+    (folder / "train.jsonl").write_text('{"question": "q", "answer": "#### 4"}\n')
+    bench, path = parse_spec(f"jsonl:path={folder}/train.jsonl:kind=gsm8k")
+    assert path == f"{folder}/train.jsonl" and bench.kind == "gsm8k"
+    assert load_problems(f"jsonl:path={folder}/train.jsonl:kind=gsm8k")[0].gold == "4"
+    with pytest.raises(ValueError, match=r"needs a path \(one with '=' in it is written jsonl:path=PATH\)"):
+        parse_spec(f"jsonl:{folder}/train.jsonl")
+    with pytest.raises(ValueError, match="two paths"):
+        parse_spec("jsonl:a.jsonl:path=b.jsonl")
+
+
+def test_mixture_sources_with_one_file_name_keep_their_own_options(tmp_path: Path) -> None:
+    for folder, row in (("a", '{"question": "one", "answer": "1"}'), ("b", '{"question": "two", "answer": "#### 2"}')):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "train.jsonl").write_text(row + "\n")
+    dataset = to_trl_dataset([f"jsonl:{tmp_path}/a/train.jsonl:prompt_template=A {{question}}",
+                              f"jsonl:{tmp_path}/b/train.jsonl:kind=gsm8k:prompt_template=B {{question}}"])
+    rows = sorted((r["prompt"][0]["content"], r["kind"], r["answer"]) for r in dataset)
+    assert rows == [("A one", "math", "1"), ("B two", "gsm8k", "2")]

@@ -1,12 +1,16 @@
 """Property-based fuzzing of every input a user hands ictrl before a model loads: run configs (YAML text and
-``--KEY=VALUE`` flags: wrong types, out-of-range and non-finite values, duplicate and unknown keys, odd unicode),
-training data rows (jsonl with wrong fields, types, encodings and sizes) and ``ictrl eval`` arguments.
+``--KEY=VALUE`` flags: wrong types, out-of-range and non-finite values, duplicate and unknown keys, odd unicode,
+extreme learning rates), training data rows (jsonl with wrong fields, types, encodings and sizes; U+2028, U+0085,
+lone surrogates, a BOM, CRLF), reward modules (exiting or raising at import, names that are not functions) and
+reward calls (exiting, raising, returning anything), output paths that alias the model, the data or the config,
+reruns into an earlier run's folder, and ``ictrl eval`` arguments.
 
 The README promises two outcomes for bad input: success, or one line ``ictrl COMMAND: error: ...`` with exit status
 2, before any model loads. Each case runs the command in-process (``ictrl.cli.main``: ``train --print-config``, the
 data loader ``train`` uses, ``eval`` up to its backend) with the model loader replaced by one that fails the test,
-and asserts one of the two outcomes; anything else (a traceback) fails with hypothesis's smallest example. The
-default suite runs the ``quick`` profile; ``pytest --integration`` runs ``thorough`` (ten times the examples)."""
+and asserts one of the two outcomes; anything else (a traceback, an input or an earlier run replaced, a run that
+trains nothing) fails with hypothesis's smallest example. The default suite runs the ``quick`` profile; ``pytest
+--integration`` runs ``thorough`` (ten times the examples)."""
 
 from __future__ import annotations
 
@@ -33,7 +37,10 @@ settings.register_profile("thorough", max_examples=400, **COMMON)
 
 
 # read when the module loads: hypothesis binds a test's settings when it is decorated
-settings.load_profile("thorough" if "--integration" in sys.argv else "quick")
+THOROUGH = "--integration" in sys.argv
+settings.load_profile("thorough" if THOROUGH else "quick")
+# the properties that run ictrl train's checks up to the model load (a tenth of a second each) take fewer
+FULL_CHECKS = settings(max_examples=150 if THOROUGH else 12, **COMMON)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -205,9 +212,14 @@ def test_data_rows_load_or_are_one_line(data: Any, workdir: Path, monkeypatch: p
     if data.draw(st.booleans()):
         lines.insert(data.draw(st.integers(0, len(lines))), data.draw(st.sampled_from(
             [b"\xff\xfe not utf-8", b"{not json", b"[1, 2]", b"null", b"", b"\"text\"", b"{\"question\": NaN}",
-             b"\xef\xbb\xbf{\"question\": \"q\", \"answer\": \"1\"}", b"{\"question\": \"q\"} trailing"])))
+             b"\xef\xbb\xbf{\"question\": \"q\", \"answer\": \"1\"}", b"{\"question\": \"q\"} trailing",
+             b"{\"question\": \"q\\ud800\", \"answer\": \"1\"}", b"{\"question\": \"q\", \"answer\": \"\\udfff\"}",
+             "{\"question\": \"a\u2028b\u0085c\", \"answer\": \"1\"}".encode(),
+             b"{\"question\": \"q\", \"answer\": Infinity}", b"{\"question\": \"q\", \"answer\": \"$ $\"}"])))
     path = workdir / f"rows-{CASES['count']}.jsonl"
-    path.write_bytes(b"\n".join(lines) + (b"\n" if data.draw(st.booleans()) else b""))
+    end = data.draw(st.sampled_from([b"\n", b"\r\n"]))
+    bom = b"\xef\xbb\xbf" if data.draw(st.integers(0, 3)) == 0 else b""
+    path.write_bytes(bom + end.join(lines) + (end if data.draw(st.booleans()) else b""))
     try:
         ictrl_data.to_trl_dataset(f"jsonl:{path}")
     except UserError as exc:
@@ -243,3 +255,171 @@ def test_eval_arguments_pass_or_are_one_line(data: Any, workdir: Path, tiny_mode
     status, stderr = run_cli(argv, allow_load=True)
     named = [a for a in argv[1:] if a.startswith("--")]
     assert_one_line_or_success(status, stderr, "eval", named + [a[2:].replace("-", "_") for a in named] + ["--k"])
+
+
+# --- what a run reads and writes: reward modules, output paths, reruns ----------------------------------------
+
+IMPORT_TIME = st.sampled_from(["", "import sys\nsys.exit(0)\n", "import sys\nsys.exit(3)\n", "raise KeyError('k')\n",
+                               "x = 1 / 0\n", "def broken(:\n", "import no_such_module_anywhere\n",
+                               "raise SystemExit('bye')\n", "class Gone(BaseException):\n    pass\nraise Gone()\n"])
+ATTRIBUTE = st.sampled_from(["def score(prompts=None, completions=None, **kw):\n    return [0.0] * len(completions)\n",
+                             "score = 3\n", "score = 'text'\n", "score = None\n", "score = [1.0]\n", ""])
+
+
+@FULL_CHECKS
+@given(data=st.data())
+def test_reward_modules_load_or_are_one_line(data: Any, workdir: Path, tiny_model_dir: Path, no_model_load: None,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A generated reward module (exiting or raising at import, a syntax error, a name that is not a function or
+    is missing) is named in one line before the model loads, or reaches the model load."""
+    monkeypatch.chdir(workdir)
+    monkeypatch.syspath_prepend(str(workdir))
+    name = f"fuzz_reward_{CASES['count']}"
+    (workdir / f"{name}.py").write_text(data.draw(st.one_of(st.just(""), IMPORT_TIME)) + data.draw(ATTRIBUTE))
+    path = workdir / "reward.yaml"
+    path.write_text(yaml.safe_dump({**configs_base(tiny_model_dir, workdir / "out-reward"),
+                                    "reward_funcs": [f"{name}:score"]}))
+    status, stderr = run_cli(["train", str(path)], allow_load=True)
+    assert_one_line_or_success(status, stderr, "train", [f"{name}:score"])
+    if status == 0:  # only a module that imports and holds a function passes
+        assert callable(getattr(__import__(name), "score", None))
+
+
+@given(data=st.data())
+def test_reward_calls_are_checked_or_one_error(data: Any) -> None:
+    """Whatever a reward returns or raises when called (sys.exit, any BaseException, a wrong value) is a list TRL
+    takes or one RewardError naming it; Ctrl-C stays Ctrl-C."""
+    from ictrl.errors import one_line
+    from ictrl.rewards.policy import RewardError, RewardPolicy
+
+    CASES["count"] += 1
+    outcome = data.draw(st.one_of(VALUES, st.lists(st.one_of(PLAUSIBLE, SCALARS), min_size=0, max_size=5),
+                                  st.sampled_from([SystemExit(0), SystemExit(2), SystemExit("x"), GeneratorExit(),
+                                                   ValueError("bad"), RecursionError(), MemoryError()])))
+
+    def score(prompts: Any = None, completions: Any = None, **kw: Any) -> Any:
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
+
+    wrapped = RewardPolicy(timeout=data.draw(st.sampled_from([None, 30.0])), step=lambda: 1).wrap(score)
+    try:
+        out = wrapped(prompts=["p"] * 3, completions=["c"] * 3)
+    except RewardError as exc:
+        assert "\n" not in one_line(exc) and "'score'" in str(exc)
+    else:
+        assert isinstance(out, list) and len(out) == 3
+
+
+def configs_base(model: Path, out: Path, **keys: Any) -> dict[str, Any]:
+    """A run that passes every check (the stand-in loader ends it at the model load)."""
+    return {"model_name_or_path": str(model), "output_dir": str(out), "dataset_name": "jsonl:train.jsonl",
+            "use_vllm": False, "report_to": "none", "prompts_per_step": 2, "num_generations": 4,
+            "per_device_train_batch_size": 8, "max_completion_length": 8, "max_prompt_length": None,
+            "learning_rate": 1e-3, **keys}
+
+
+# where output_dir points: the model, a data file's folder, the config's folder, an earlier run, or somewhere new
+PLACES = ["new", "model", "model/sub", "data-as-metrics", "config-dir", "finished", "finished-with-checkpoint",
+          "record-only", "data-beside"]
+
+
+@FULL_CHECKS
+@given(place=st.sampled_from(PLACES), flags=st.lists(st.sampled_from(["--overwrite", "--resume", "--resume=auto"]),
+                                                     max_size=2, unique=True))
+def test_output_paths_never_replace_what_the_run_reads_or_an_earlier_run(
+        place: str, flags: list[str], workdir: Path, tiny_model_dir: Path, no_model_load: None,
+        tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every output_dir aliasing the model, a data file or the config, and every rerun into an earlier run's folder,
+    is refused in one line, unless nothing the run reads is replaced and an earlier run is continued (--resume
+    with a checkpoint) or replaced by name (--overwrite)."""
+    if "--resume" in flags and "--resume=auto" in flags:
+        flags.remove("--resume")
+    root = tmp_path_factory.mktemp("alias")
+    monkeypatch.chdir(root)
+    (root / "train.jsonl").write_text((workdir / "train.jsonl").read_text())
+    model = root / "model"
+    if place.startswith("model"):
+        import shutil
+
+        shutil.copytree(tiny_model_dir, model)
+    out = {"new": root / "out", "model": model, "model/sub": model / "sub", "config-dir": root / "cfgdir",
+           "data-as-metrics": root / "out", "data-beside": root / "out"}.get(place, root / "out")
+    keys: dict[str, Any] = {}
+    if place in ("data-as-metrics", "data-beside"):
+        out.mkdir()
+        target = out / ("metrics.jsonl" if place == "data-as-metrics" else "rows.jsonl")
+        target.write_text((workdir / "train.jsonl").read_text())
+        keys["dataset_name"] = f"jsonl:{target}"
+    earlier = place.startswith(("finished", "record"))
+    if earlier:
+        out.mkdir()
+        (out / "run.json").write_text("{}")
+        (out / "metrics.jsonl").write_text('{"step": 1}\n')
+        if place != "record-only":
+            (out / "model.safetensors").write_text("weights")
+            (out / "manifest.json").write_text("{}")
+        if place == "finished-with-checkpoint":
+            (out / "checkpoint-1").mkdir()
+            (out / "checkpoint-1" / "trainer_state.json").write_text('{"global_step": 1}')
+    cfg = root / ("cfgdir" if place == "config-dir" else ".") / "config.yaml"
+    cfg.parent.mkdir(exist_ok=True)
+    cfg.write_text(yaml.safe_dump(configs_base(model if place.startswith("model") else tiny_model_dir, out,
+                                              **keys)))
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} if out.is_dir() else {}
+    status, stderr = run_cli(["train", str(cfg), *flags], allow_load=True)
+    assert_one_line_or_success(status, stderr, "train", ["output_dir", "--resume", str(out)])
+    replaces_input = place in ("model", "data-as-metrics", "config-dir")
+    continued = place == "finished-with-checkpoint" and any(f.startswith("--resume") for f in flags)
+    replaced_by_name = "--overwrite" in flags and place != "finished-with-checkpoint"
+    requeued = place == "record-only" and "--resume=auto" in flags
+    if status == 0:
+        assert not replaces_input, place
+        assert not earlier or continued or replaced_by_name or requeued, (place, flags)
+    if status != 0 or not (replaced_by_name or continued):  # nothing of the earlier run changed
+        assert all(p.read_bytes() == data for p, data in before.items()), place
+
+
+LINE_TEXT = st.text(alphabet=st.one_of(st.characters(codec="utf-8", exclude_categories=("Cs",)),
+                                       st.sampled_from(["\u2028", "\u2029", "\u0085", "\x0b", "\x0c", "\x1c", "\r"])),
+                    max_size=20)
+
+
+@given(data=st.data())
+def test_json_lines_read_every_row_as_written(data: Any, workdir: Path) -> None:
+    """Rows whose strings hold U+2028, U+0085 and the other characters ``str.splitlines`` splits at, in a file
+    with LF or CRLF endings and maybe a BOM, load as exactly those rows: none split, none lost."""
+    from ictrl import data as ictrl_data
+
+    CASES["count"] += 1
+    questions = ["q" + data.draw(LINE_TEXT) for _ in range(data.draw(st.integers(1, 4)))]
+    lines = [json.dumps({"question": q, "answer": str(i)}, ensure_ascii=data.draw(st.booleans())).encode()
+             for i, q in enumerate(questions)]
+    end = data.draw(st.sampled_from([b"\n", b"\r\n"]))
+    path = workdir / f"lines-{CASES['count']}.jsonl"
+    path.write_bytes((b"\xef\xbb\xbf" if data.draw(st.booleans()) else b"") + end.join(lines) + end)
+    try:
+        problems = ictrl_data.load_problems(f"jsonl:{path}")
+    finally:
+        path.unlink()
+    assert [p.question for p in problems] == questions and [p.gold for p in problems] == [
+        str(i) for i in range(len(questions))]
+
+
+@given(rate=st.sampled_from(["0", "0.0", "-0.0", "0e5", "5e-324", "1e-300", "1e300", "1e309", "inf", "nan", "-1e-9",
+                             "2e-6"]), no_op=st.booleans())
+def test_extreme_learning_rates_pass_or_are_one_line(rate: str, no_op: bool, workdir: Path, tiny_model_dir: Path,
+                                                     no_model_load: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every learning rate is a run or one line naming learning_rate; 0 only with --allow-no-op (no silent
+    no-op)."""
+    monkeypatch.chdir(workdir)
+    path = workdir / "lr.yaml"
+    path.write_text(yaml.safe_dump(configs_base(tiny_model_dir, workdir / "out-lr")))
+    argv = ["train", str(path), f"--learning_rate={rate}", "--print-config", *(["--allow-no-op"] if no_op else [])]
+    status, stderr = run_cli(argv)
+    assert_one_line_or_success(status, stderr, "train", ["learning_rate"])
+    value = float(rate)
+    if status == 0:
+        assert value > 0 and value != float("inf") or value == 0 and no_op, (rate, no_op)
+    if value == 0 and not no_op:
+        assert status == 2 and "0 trains nothing" in stderr

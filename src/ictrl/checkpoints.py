@@ -35,6 +35,21 @@ def complete_checkpoints(output_dir: str | os.PathLike[str]) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
+# ictrl train's flag for a fresh run in an output directory an earlier run wrote (transformers 5 has no
+# overwrite_output_dir): named here, where the advice after a failed write is made
+OVERWRITE_FLAG = "--overwrite"
+
+
+def rerun_advice(output_dir: str | os.PathLike[str], done: str = "") -> str:
+    """How to go on after a write into ``output_dir`` failed (a full disk), led by ``done`` (what stopped):
+    ``--resume`` when a complete checkpoint is there, else the same command with :data:`OVERWRITE_FLAG` (the run's
+    record is there already, so a plain rerun is refused)."""
+    lead = f"{done}; " if done else ""
+    if complete_checkpoints(output_dir):
+        return f"{lead}free space and resume with --resume"
+    return f"{lead}no checkpoint yet: free space and run the same command with {OVERWRITE_FLAG}"
+
+
 def clear_staging(output_dir: str | os.PathLike[str]) -> None:
     """Remove the staging directories a kill during a save left in ``output_dir``."""
     root = Path(output_dir)

@@ -13,7 +13,7 @@ import json
 import os
 import shutil
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -59,14 +59,15 @@ def write_error(path: str | os.PathLike[str], exc: BaseException, after: str = "
 
 
 @contextlib.contextmanager
-def reported_write(path: str | os.PathLike[str], after: str = "") -> Iterator[None]:
-    """Turn a write failure (:func:`is_write_failure`) inside the block into :func:`write_error`'s one line."""
+def reported_write(path: str | os.PathLike[str], after: str | Callable[[], str] = "") -> Iterator[None]:
+    """Turn a write failure (:func:`is_write_failure`) inside the block into :func:`write_error`'s one line;
+    ``after`` may be a function, asked when the write fails (what is kept then, and so how to go on)."""
     try:
         yield
     except OSError as exc:
         if not is_write_failure(exc):
             raise
-        raise write_error(exc.filename or path, exc, after) from exc
+        raise write_error(exc.filename or path, exc, after() if callable(after) else after) from exc
 
 
 def append_whole(fd: int, data: bytes) -> None:
@@ -152,8 +153,9 @@ def check_output_dir(path: str | os.PathLike[str], label: str = "--output-dir") 
         if not out.is_dir():
             kind = "a file" if out.is_file() else "not a directory"
             raise UserError(f"{label}: {shown} is {kind}; give a directory")
-        if not os.access(out, os.W_OK | os.X_OK):
-            raise UserError(f"{label}: {shown} is not writable")
+        failed = _try_create(out) if os.access(out, os.W_OK | os.X_OK) else PermissionError()
+        if failed is not None:
+            raise UserError(f"{label}: {shown} is not writable" + (f": {failed.strerror}" if failed.strerror else ""))
         return
     parent = out.absolute().parent
     while not (parent.exists() or parent.is_symlink()):
@@ -162,3 +164,33 @@ def check_output_dir(path: str | os.PathLike[str], label: str = "--output-dir") 
         raise UserError(f"{label}: {shown}: {parent} is not a directory")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise UserError(f"{label}: {shown}: cannot create it, {parent} is not writable")
+    failed = _try_create(out)  # os.access answers yes to root everywhere (sysfs, a read-only mount): try it
+    if failed is not None:
+        raise UserError(f"{label}: {shown}: cannot create it: {failed.strerror or failed}")
+
+
+def _try_create(out: Path) -> OSError | None:
+    """Create ``out`` (and the missing folders above it) and a file in it, then remove all of them: the error
+    that stopped it, or None."""
+    created: list[Path] = []
+    try:
+        missing, at = [], out.absolute()
+        while not (at.exists() or at.is_symlink()):
+            missing.append(at)
+            at = at.parent
+        for folder in reversed(missing):
+            try:
+                folder.mkdir()
+            except FileExistsError:  # a "..": made by the folder before it
+                continue
+            created.append(folder)
+        probe = out / f".ictrl-probe-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        probe.unlink()
+    except OSError as exc:
+        return exc
+    finally:
+        for folder in reversed(created):
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+    return None

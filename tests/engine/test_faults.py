@@ -226,13 +226,20 @@ def test_resume_cuts_metrics_in_place_so_tail_follows(tmp_path: Path) -> None:
     assert json.loads(path.read_text().splitlines()[-1])["loss"] == 0.25
 
 
-def test_a_metrics_row_the_disk_has_no_room_for_is_not_written(tmp_path: Path,
-                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("checkpoint, advice", [
+    (True, "free space and resume with --resume"),
+    (False, "no checkpoint yet: free space and run the same command with --overwrite"),  # --resume would refuse
+])
+def test_a_metrics_row_the_disk_has_no_room_for_is_not_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                checkpoint: bool, advice: str) -> None:
     import os
 
     from ictrl.train_cli.callbacks import MetricsJSONL
     from ictrl.errors import WriteError
 
+    if checkpoint:
+        (tmp_path / "checkpoint-1").mkdir()
+        (tmp_path / "checkpoint-1" / "trainer_state.json").write_text('{"global_step": 1}')
     path = tmp_path / "metrics.jsonl"
     cb = MetricsJSONL(path)
     cb.on_train_begin(None, _state(0), None)
@@ -247,7 +254,7 @@ def test_a_metrics_row_the_disk_has_no_room_for_is_not_written(tmp_path: Path,
 
     monkeypatch.setattr(os, "write", half_then_full)
     with pytest.raises(WriteError, match=rf"^cannot write {path}: No space left on device \(.* free\); the run "
-                                         "stopped at step 2; free space and resume with --resume$"):
+                                         rf"stopped at step 2; {advice}$"):
         cb.on_log(None, _state(2), None, logs={"loss": 0.4})
     monkeypatch.undo()
     assert path.read_bytes() == before  # no torn row

@@ -124,3 +124,16 @@ def test_plain_process_is_not_tied_to_its_parent() -> None:
     code = "from ictrl.train_cli.run_guard import die_with_launcher; print(die_with_launcher())"
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert done.stdout.strip() == "False", done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("name, written", [
+    ("metrics.jsonl", True), ("config.yaml", True), ("config.json", True), ("model-00001-of-00002.safetensors", True),
+    ("tokenizer.json", True), ("adapter_config.json", True), ("checkpoint-3/rows.jsonl", True),
+    (".staging-final/x.py", True), ("rows.jsonl", False), ("my_reward.py", False), ("data/metrics.jsonl", False),
+    ("model-notes.jsonl", False),
+])
+def test_what_a_run_writes_in_its_output_dir(tmp_path: Path, name: str, written: bool) -> None:
+    from ictrl.train_cli.run_guard import written_by_run
+
+    assert written_by_run(tmp_path / "out" / name, tmp_path / "out") is written
+    assert not written_by_run(tmp_path / "elsewhere" / name, tmp_path / "out")

@@ -121,7 +121,14 @@ class Selector:
         for field in sorted(self.needs):
             if getattr(inputs, field) is None:
                 raise ValueError(f"selector {self.name!r} needs SelectionInputs.{field}, which is None")
-        return self.fn(inputs, **options) & inputs.mask
+        try:
+            chosen = self.fn(inputs, **options)
+        except (Exception, KeyboardInterrupt):
+            raise
+        except BaseException as exc:  # sys.exit() in a rule: a named error, never a silent end of the run
+            raise SelectorExit(f"selector {self.name!r} raised {type(exc).__name__}({exc}) at step "
+                               f"{inputs.step}") from exc
+        return chosen & inputs.mask
 
 
 SELECTORS: dict[str, Selector] = {}
@@ -200,12 +207,18 @@ def get_selector(name: str) -> Selector:
                      "module:function (a function registered with ictrl.core.selection.register_selector)")
 
 
+class SelectorExit(RuntimeError):
+    """A selector's function raised ``SystemExit`` (or another ``BaseException`` but Ctrl-C): the message names it."""
+
+
 def _import_selector(spec: str) -> Selector:
     module, _, attr = spec.partition(":")
     try:
         fn = getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError, ValueError) as exc:
-        raise ValueError(f"selector {spec!r}: cannot import it: {exc}") from None
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - a user's module: whatever its import raises, named in one line
+        raise ValueError(f"selector {spec!r}: cannot import it: {_failure(exc)}") from None
     for selector in SELECTORS.values():
         if selector.fn is fn:
             return selector
@@ -213,6 +226,22 @@ def _import_selector(spec: str) -> Selector:
         raise ValueError(f"selector {spec!r}: {type(fn).__name__} is not a function")
     register_selector(spec)(fn)
     return SELECTORS[spec]
+
+
+def _failure(exc: BaseException) -> str:
+    """``exc`` in a phrase: its type, first line, and the file and line it was raised at (the last frame)."""
+    text = exc.msg if isinstance(exc, SyntaxError) else str(exc)
+    first = (str(text).strip().splitlines() or [""])[0][:300]
+    where = ""
+    if isinstance(exc, SyntaxError) and exc.filename:
+        where = f" ({exc.filename}, line {exc.lineno})"
+    elif exc.__traceback__ is not None:
+        tb = exc.__traceback__
+        while tb.tb_next is not None:
+            tb = tb.tb_next
+        if not tb.tb_frame.f_code.co_filename.startswith("<frozen"):
+            where = f" ({tb.tb_frame.f_code.co_filename}, line {tb.tb_lineno})"
+    return f"{type(exc).__name__}: {first}{where}" if first else f"{type(exc).__name__}{where}"
 
 
 def select(name: str, inputs: SelectionInputs, *, warmup_steps: int = 0, **options: Any) -> Tensor:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import random
 import re
@@ -13,10 +14,11 @@ from typing import Any
 
 from ictrl.data.prompts import LETTERS, user_message
 from ictrl.data.registry import Benchmark, Problem, apply_options, build_prompt, parse_spec
-from ictrl.errors import DataError
+from ictrl.errors import DataError, quote
 from ictrl.rewards import gsm8k_gold, last_boxed
 
 logger = logging.getLogger(__name__)
+BOM = b"\xef\xbb\xbf"
 
 
 def default_data_root() -> Path | None:
@@ -31,10 +33,17 @@ def default_data_root() -> Path | None:
 def read_records(path: Path) -> list[tuple[int, Any]]:
     """(line number, record) pairs from a JSONL file or a JSON list (whatever the extension says).
 
+    JSON Lines as ``datasets`` and Python's ``json`` read them line by line: lines end at ``\\n`` only (a ``\\r``
+    before it is dropped), so U+2028, U+0085 and the other characters ``str.splitlines`` would also split at stay
+    inside their string; a UTF-8 byte order mark at the start is skipped with one warning.
+
     Raises:
         DataError: a byte that is not UTF-8 or a line that is not JSON, naming the file and the line.
     """
     raw_bytes = path.read_bytes()
+    if raw_bytes.startswith(BOM):
+        logger.warning("%s: skipping the UTF-8 byte order mark at the start of the file", path)
+        raw_bytes = raw_bytes[len(BOM):]
     try:
         text = raw_bytes.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -63,7 +72,8 @@ def read_records(path: Path) -> list[tuple[int, Any]]:
             except json.JSONDecodeError as e:
                 raise DataError(f"{path}: line {e.lineno}, column {e.colno}: invalid JSON ({e.msg})") from None
             records.append((line, obj))
-    for lineno, raw in enumerate(text.splitlines(), 1):
+    for lineno, raw in enumerate(text.split("\n"), 1):
+        raw = raw.removesuffix("\r")
         if not raw.strip():
             continue
         try:
@@ -170,13 +180,21 @@ def row_to_problem(row: Any, bench: Benchmark, index: int, where: str) -> Proble
         except TypeError as e:
             raise DataError(f"{where}: field {gkey!r}: {e}") from None
     elif isinstance(gold, (int, float)) and not isinstance(gold, bool):
+        if not math.isfinite(gold):  # JSON's NaN / Infinity: no completion can equal it
+            raise DataError(f"{where}: field {gkey!r}: {gold} is not a gold answer (not a finite number)")
         gold = str(int(gold)) if float(gold).is_integer() else str(gold)
     elif not isinstance(gold, str) or not gold.strip():
         raise DataError(f"{where}: field {gkey!r} must be a non-empty string or number, got {type(gold).__name__}")
+    original = gold
     if bench.kind == "gsm8k":
         meta["solution"] = gold
         gold = gsm8k_gold(gold)
     gold = gold.strip().strip("$").strip() if bench.kind == "math" else gold
+    if not gold.strip():
+        if bench.skip_missing_gold:
+            return None
+        raise DataError(f"{where}: field {gkey!r}: the gold answer is empty once normalised (kind {bench.kind}: "
+                        f"{quote(original, 60)}); no completion can match it")
 
     for mkey in bench.meta_fields:
         if mkey in row and row[mkey] is not None:
@@ -189,8 +207,23 @@ def row_to_problem(row: Any, bench: Benchmark, index: int, where: str) -> Proble
             return None
         meta["level"] = level
     _, rid = _lookup(row, bench.id_field)
+    _check_unicode(where, [(key, question), (gkey, gold), (bench.choices_field[0] if choices else "", choices),
+                           ("id", rid)])
     return Problem(id=str(rid) if rid is not None else f"{bench.name}-{index}", question=question,
                    gold=gold, choices=choices, meta=meta)
+
+
+def _check_unicode(where: str, fields: list[tuple[str, Any]]) -> None:
+    """Every string of ``fields`` is valid Unicode: JSON's ``\\ud800`` escape decodes to a lone surrogate, which
+    no file or Arrow table can hold (``datasets`` fails on it later, far from the row)."""
+    for key, value in fields:
+        for text in value if isinstance(value, list) else [value]:
+            if isinstance(text, str):
+                try:
+                    text.encode("utf-8")
+                except UnicodeEncodeError as e:
+                    raise DataError(f"{where}: field {key!r}: a lone surrogate {text[e.start]!r} at character "
+                                    f"{e.start} (an unpaired \\ud800-\\udfff escape) is not valid Unicode") from None
 
 
 def load_problems(
@@ -274,6 +307,9 @@ def load_mixture(
         raise ValueError(f"weights: need {len(names)} non-negative weights with a positive sum, got {weights}")
     rng = random.Random(seed)
     sources = [load_problems(n, data_root=data_root) for n in names]
+    for spec, problems in zip(names, sources):  # the spec, not the benchmark's name: two files may share a name
+        for p in problems:
+            p.meta["source"] = spec
     if weights is None:
         mixed = [p for src in sources for p in src]
     else:
@@ -316,10 +352,12 @@ def to_trl_dataset(
     else:
         problems = load_mixture(list(name), weights=weights, seed=seed, data_root=data_root)[:limit]
     cols: dict[str, list[Any]] = {"prompt": [], gold_column: [], "kind": [], "id": [], "benchmark": []}
-    specs = {name} if isinstance(name, str) else set(name)
-    benches = {parse_spec(s)[0].name: parse_spec(s)[0] for s in specs}
+    # keyed by the whole spec: jsonl:a/train.jsonl and jsonl:b/train.jsonl share the name jsonl:train.jsonl, and each
+    # keeps its own template, kind and options
+    specs = [name] if isinstance(name, str) else list(name)
+    benches = {s: parse_spec(s)[0] for s in specs}
     for p in problems:
-        bench = benches[p.meta["benchmark"]]
+        bench = benches[p.meta.get("source", specs[0])]
         msg = user_message(p, bench)
         prompt = [{"role": "user", "content": msg}] if conversational else build_prompt(p, bench, tokenizer)
         cols["prompt"].append(prompt)

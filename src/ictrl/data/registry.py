@@ -171,20 +171,27 @@ def get_benchmark(name: str) -> Benchmark:
 
 
 def parse_spec(spec: str) -> tuple[Benchmark, str | None]:
-    """A registry entry (with ``:key=value`` options applied) and, for ``jsonl:PATH``, the path."""
+    """A registry entry (with ``:key=value`` options applied) and, for ``jsonl:PATH``, the path. A path with ``=``
+    in it is written as the ``path`` option: ``jsonl:path=data/run=3/train.jsonl:kind=gsm8k``."""
     if not isinstance(spec, str) or not spec:
         raise ValueError(f"benchmark: expected a non-empty name or spec, got {spec!r}")
     parts = spec.split(":")
     head, path = parts[0], None
+    options = dict(p.split("=", 1) for p in parts[1:] if "=" in p)
     if head == "jsonl":
         path_parts = [p for p in parts[1:] if "=" not in p]
-        if not path_parts:
-            raise ValueError(f"benchmark spec {spec!r}: 'jsonl:' needs a path")
-        path = ":".join(path_parts)
+        given = options.pop("path", None)
+        if given is not None and path_parts:
+            raise ValueError(f"benchmark spec {spec!r}: two paths: {':'.join(path_parts)!r} and path={given!r}")
+        if given is None and not path_parts:
+            raise ValueError(f"benchmark spec {spec!r}: 'jsonl:' needs a path (one with '=' in it is written "
+                             "jsonl:path=PATH)")
+        path = given if given is not None else ":".join(path_parts)
+        if not path:
+            raise ValueError(f"benchmark spec {spec!r}: path= needs a path")
         bench = Benchmark(name=f"jsonl:{Path(path).name}", kind="math", local_path=path)
     else:
         bench = get_benchmark(head)
-    options = dict(p.split("=", 1) for p in parts[1:] if "=" in p)
     return apply_options(bench, **options), path
 
 

@@ -249,11 +249,11 @@ def _agree(failure: BaseException | None, barrier: Any, device: Any = None) -> B
 
 
 def _save_failed(path: Path, exc: BaseException) -> Exception:
-    from ictrl.checkpoints import complete_checkpoints
+    from ictrl.checkpoints import OVERWRITE_FLAG, complete_checkpoints
 
     kept = complete_checkpoints(path.parent)
     after = (f"{kept[-1].name} is intact; free space and resume with --resume" if kept
-             else "no earlier checkpoint; free space and run again")
+             else f"no earlier checkpoint; free space and run again (ictrl train: with {OVERWRITE_FLAG})")
     return write_error(path, exc, after)
 
 

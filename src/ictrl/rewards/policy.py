@@ -11,7 +11,11 @@ word), and a reward that hangs has no deadline. :class:`RewardPolicy` wraps each
 - the result is not a list/tuple of one value per completion;
 - a value is not a real number or ``None`` (a string, a list, a tensor of several values);
 - a value is ``inf`` / ``-inf``, or NaN: ``None`` is how a reward says "not scored", a NaN is a failure;
-- the reward raises (the exception's type and first line), or runs past ``reward_timeout`` seconds.
+- the reward raises (the exception's type and first line; ``sys.exit`` and any ``BaseException`` but Ctrl-C too,
+  so no reward ends a run silently), or runs past ``reward_timeout`` seconds.
+
+:func:`import_reward` imports a ``module:function`` reward and names, in one line, a module that fails to import
+(the exception, its file and line) or a name that is not a function.
 
 A reward *model* (an ``nn.Module``) has no per-function hook in TRL: :meth:`RewardPolicy.check_scores` checks the
 gathered scores for ``inf`` after TRL computes them. :meth:`RewardPolicy.observe_advantages` counts optimizer steps
@@ -28,6 +32,7 @@ training thread (math-verify's own timeouts need the main thread) and SIGTERM in
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
 import math
@@ -36,7 +41,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from ictrl.errors import Interrupted, UserError, quote
+from ictrl.errors import Interrupted, UserError, failure, quote
 
 # A reward call's time to finish after SIGTERM: the run then ends within 20 s, under a scheduler's usual 30 s grace.
 SIGTERM_GRACE_S = 5.0
@@ -57,6 +62,25 @@ class NoLearningSignal(RunStop):
 
 class RewardAbandoned(RunStop):
     """A stop request found a reward call running and it did not finish within :data:`SIGTERM_GRACE_S`."""
+
+
+def import_reward(spec: str) -> Callable[..., Any]:
+    """The reward function ``module:function`` (or ``module.function``) names, imported. Raises
+    :class:`UserError` in one line when the module fails to import (whatever it raises, ``SystemExit`` included:
+    the exception, its file and line), lacks the name, or the name is not callable."""
+    import importlib
+
+    module, _, attr = spec.partition(":") if ":" in spec else spec.rpartition(".")
+    try:
+        fn = getattr(importlib.import_module(module), attr)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - a user's module: whatever its import raises, named
+        raise UserError(f"cannot import {spec!r}: {failure(exc)}") from None
+    if not callable(fn):
+        raise UserError(f"{spec!r} is {type(fn).__name__} {quote(fn, 80)}, not a function; a reward is a function "
+                        "(prompts, completions, **columns) -> list of floats")
+    return fn
 
 
 def _label(fn: Any) -> str:
@@ -98,9 +122,9 @@ class RewardPolicy:
             async def checked_async(*args: Any, **kwargs: Any) -> Any:
                 try:
                     out = await fn(*args, **kwargs)
-                except (RunStop, Interrupted):
+                except (RunStop, Interrupted, KeyboardInterrupt, asyncio.CancelledError):
                     raise
-                except Exception as exc:  # noqa: BLE001 - a user's reward: any failure is named, then the stop
+                except BaseException as exc:  # noqa: BLE001 - a user's reward: any failure (sys.exit too) is named
                     raise self._raised(name, exc) from exc
                 return self.check(name, out, kwargs)
 
@@ -127,7 +151,7 @@ class RewardPolicy:
                 return fn(*args, **kwargs)
             except (RunStop, Interrupted, KeyboardInterrupt):  # a stop of the run's own, not the reward's failure
                 raise
-            except Exception as exc:  # noqa: BLE001 - a user's reward: any failure is named, then the stop
+            except BaseException as exc:  # noqa: BLE001 - a user's reward: any failure (sys.exit too) is named
                 raise self._raised(name, exc) from exc
             finally:
                 self.calling = None

@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from transformers import TrainerCallback
 
+from ictrl.checkpoints import rerun_advice
 from ictrl.files import append_whole, atomic_write_text, reported_write
 
 CLIP_KEY = "ictrl/clip_frac"  # ICTGRPOTrainer's; plain TRL logs clip_ratio/region_mean
@@ -53,7 +54,7 @@ class MetricsJSONL(TrainerCallback):
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if not state.is_world_process_zero:
             return
-        with reported_write(self.path, "free space and resume with --resume"):
+        with reported_write(self.path, lambda: rerun_advice(self.path.parent)):
             self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
             keep = _rows_through(os.pread(self._fd, os.fstat(self._fd).st_size, 0), state.global_step)
             if keep is None:  # rows out of step order (hand-edited): rewritten, no longer the file a tail follows
@@ -76,8 +77,8 @@ class MetricsJSONL(TrainerCallback):
         row: dict[str, Any] = {"step": state.global_step, "time": stamp, "unix_time": ms / 1000, **logs}
         if self.accuracy_key and self.accuracy_key in logs:
             row["accuracy"] = logs[self.accuracy_key]
-        with reported_write(self.path, f"the run stopped at step {state.global_step}; free space and resume with "
-                            "--resume"):
+        with reported_write(self.path, lambda: rerun_advice(self.path.parent,
+                                                            f"the run stopped at step {state.global_step}")):
             append_whole(self._fd, (json.dumps(_finite_row(row)) + "\n").encode())
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:

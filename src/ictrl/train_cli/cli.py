@@ -27,10 +27,12 @@ from ictrl.cliargs import VERBOSE_ENV, env_flag
 from ictrl.errors import shorten
 from ictrl.train_cli.launch import FLAGS as LAUNCH_FLAGS
 from ictrl.train_cli.launch import Launch, LaunchError
+from ictrl.train_cli.run_guard import MODE_FLAGS, NO_OP_FLAG, OVERWRITE_FLAG
 from ictrl.train_cli.run_inputs import ACCEPT_CHANGED_FLAG
 
-FLAGS = ("--resume", "--resume=auto", "--print-config", ACCEPT_CHANGED_FLAG)
+FLAGS = ("--resume", "--resume=auto", "--print-config", ACCEPT_CHANGED_FLAG, *MODE_FLAGS)
 USAGE = ("ictrl train (CONFIG.yaml | --config CONFIG.yaml) [--KEY=VALUE | --KEY VALUE ...] [--resume] [--print-config]"
+         f" [{OVERWRITE_FLAG}] [{NO_OP_FLAG}]"
          " [--num-processes N [--accelerate-config FILE] [--main-process-port PORT]]")
 
 
@@ -103,6 +105,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                   f"{ACCEPT_CHANGED_FLAG}: with --resume, continue although the training data or a local reward\n"
                   "  module changed since the run started (refused otherwise; run.json records it).\n"
                   "--print-config: print the resolved config and exit. More on keys: configs/README.md.\n"
+                  f"{OVERWRITE_FLAG}: start a fresh run in an output_dir that holds an earlier run's model or record\n"
+                  "  (refused otherwise; its checkpoints are still refused: --resume continues them).\n"
+                  f"{NO_OP_FLAG}: run although learning_rate is 0 (rollouts and rewards, no weight changes).\n"
                   "--num-processes N: check the config, then start N processes through accelerate's launcher "
                   "(data parallel;\n  on CPU, gloo). --accelerate-config FILE: accelerate's config "
                   "(configs/accelerate/{ddp,fsdp2,zero2,zero3}.yaml);\n  its num_processes unless --num-processes "
@@ -234,6 +239,7 @@ def run(args: argparse.Namespace) -> int:
         if parsed.problem is not None:
             raise UsageError(parsed.problem)
         cfg = load_config(config, parsed.overrides)
+        cfg.modes = frozenset(flags & set(MODE_FLAGS))
         from ictrl.train_cli.preflight import preflight
         from ictrl.train_cli.process_group import process_group_left
         from ictrl.train_cli.run import train
@@ -260,7 +266,7 @@ def run(args: argparse.Namespace) -> int:
 
             launched = shlex.split(os.environ.get(LAUNCH_ARGV_ENV, "")) or parsed.argv
             again = ["ictrl", "train", *[a for a in launched if not a.startswith("--resume")
-                                         and a != ACCEPT_CHANGED_FLAG], "--resume"]
+                                         and a not in (ACCEPT_CHANGED_FLAG, OVERWRITE_FLAG)], "--resume"]
             result = train(cfg, resume=_resume(flags), source=config, resume_command=shlex.join(again),
                            flags=set_by_flag, accept_changed_inputs=ACCEPT_CHANGED_FLAG in flags,
                            command=shlex.join(["ictrl", "train", *launched]))

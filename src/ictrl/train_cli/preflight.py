@@ -5,8 +5,9 @@ built: TRL's parser and ``ScriptArguments`` / ``ModelConfig`` (``ictrl.train_cli
 (``ictrl.engine.config``, ``ictrl.engine.config_fields``), the same checks a Python user gets. What is left needs
 the command: the machine (fp16 on CPU, vLLM installed, the hub), the processes (a generation batch's memory on each),
 files (reward modules, data sources, the model's files and architecture, every training row), the output directory
-(writable, its checkpoints against ``--resume``, checkpoints at buffer boundaries) and what ``ictrl train`` gives the
-trainer (no eval data).
+(writable, none of the run's inputs among what it writes, its checkpoints against ``--resume``, no earlier run
+without ``--overwrite``, checkpoints at buffer boundaries), a learning rate that trains (0 only with
+``--allow-no-op``) and what ``ictrl train`` gives the trainer (no eval data).
 
 :func:`preflight` is the one entry point, in stages: ``--print-config`` stops after the values (no file read but
 the config); ``ictrl.train_cli.run.train`` goes on to the command's checks, then under its lock reads the inputs
@@ -22,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import itertools
 import logging
 import os
 from pathlib import Path
@@ -35,6 +37,7 @@ from ictrl.errors import UserError, quote, shorten
 from ictrl.train_cli import model_init
 from ictrl.train_cli.process_group import answered_once
 from ictrl.train_cli.run_config import ConfigError, RunConfig
+from ictrl.train_cli.run_guard import NO_OP_FLAG, check_no_previous_run, check_not_an_input
 from ictrl.train_cli.run_inputs import (add_overlong_penalty, blame, build_rewards, check_enough_rows, check_sources,
                                         drop_long_prompts, load_train_dataset, name_the_key)
 
@@ -79,6 +82,7 @@ def preflight(cfg: RunConfig, source: str = "<config>", flags: dict[str, Any] | 
 
     with planned_processes(processes) if processes is not None else contextlib.nullcontext():
         checked = Checked(trainer_args(cfg, source, flags, cpu), model_init.load_kwargs(cfg, source))
+    check_trains(cfg, checked.args, source, flags)
     if values_only:
         return checked
     args = checked.args
@@ -89,6 +93,8 @@ def preflight(cfg: RunConfig, source: str = "<config>", flags: dict[str, Any] | 
     check_sources(cfg, source, flags)
     check_trainer_inputs(args, source, flags)
     check_output_dir(cfg.output_dir, blame("output_dir", source, flags))
+    check_not_an_input(cfg.output_dir, inputs_read(cfg, checked.reward_funcs, source),
+                       blame("output_dir", source, flags))
     if args.use_vllm:  # last: an error in the file itself is named first, on any machine
         from ictrl.vllm_env import INSTALL_HINT, installed
 
@@ -205,7 +211,46 @@ def check_memory(args: Any, cfg: RunConfig, source: str, processes: int) -> None
             "prompts_per_step or the lengths")
 
 
+def check_trains(cfg: RunConfig, args: Any, source: str = "<config>", flags: dict[str, Any] | None = None) -> None:
+    """``learning_rate`` 0 leaves every weight as it is: refused as ``max_steps: 0`` is, unless the command names
+    the no-op (``--allow-no-op``: rollouts and rewards of the base model)."""
+    if args.learning_rate == 0 and NO_OP_FLAG not in cfg.modes:
+        raise ConfigError(f"{blame('learning_rate', source, flags)}: learning_rate: 0 trains nothing (the model "
+                          f"would stay the base model, bit for bit); set a learning_rate > 0, or pass {NO_OP_FLAG} "
+                          "to run rollouts and rewards without changing it")
+
+
 # --- the command -------------------------------------------------------------------------------------------------
+
+
+def inputs_read(cfg: RunConfig, reward_funcs: list[Any], source: str = "<config>") -> list[tuple[str, Path]]:
+    """(what, path) of every local file or directory the run reads that output_dir could alias: the model
+    directory, the config file (``source``), each ``jsonl:`` data file (a dataset directory's files) and the
+    file of each reward function's module."""
+    import inspect
+
+    from ictrl import data
+    from ictrl.train_cli.run_inputs import trl_dataset
+
+    found: list[tuple[str, Path]] = []
+    model = Path(cfg.model.model_name_or_path).expanduser()
+    if model.is_dir():
+        found.append(("model_name_or_path", model))
+    if Path(source).is_file():
+        found.append(("the config file", Path(source)))
+    if trl_dataset(cfg):
+        files = list(itertools.islice(Path(str(cfg.script.dataset_name)).rglob("*"), 1000))
+        found += [(f"a file of dataset_name {cfg.script.dataset_name}", p) for p in files if p.is_file()]
+    for spec in [] if trl_dataset(cfg) else cfg.script.sources():
+        path = data.parse_spec(spec)[1]
+        if path is not None:
+            found.append((f"the data file of dataset_name {quote(spec, 120)}", Path(path)))
+    for fn in reward_funcs:
+        module = inspect.getmodule(fn if inspect.isroutine(fn) else type(fn))
+        file = getattr(module, "__file__", None)
+        if file:
+            found.append((f"the module of reward {getattr(fn, '__name__', type(fn).__name__)!r}", Path(file)))
+    return found
 
 
 def check_trainer_inputs(args: Any, source: str = "<config>", flags: dict[str, Any] | None = None) -> None:
@@ -255,7 +300,8 @@ def check_output_dir(path: str, source: str = "<config>") -> None:
 def existing_checkpoints(cfg: RunConfig, resume: bool | str, source: str = "<config>") -> list[Path]:
     """The complete checkpoints in ``output_dir``, oldest first; without ``resume`` there must be none (a fresh
     run does not start over another run's checkpoints), with ``resume=True`` there must be one (a misspelt
-    output_dir does not train from step 0); ``resume="auto"`` takes either."""
+    output_dir does not train from step 0); ``resume="auto"`` takes either. With none, ``output_dir`` must hold
+    no earlier run's model or record either (``run_guard.check_no_previous_run``; ``--overwrite`` allows it)."""
     out = Path(cfg.output_dir)
     checkpoints = complete_checkpoints(out)
     if checkpoints and not resume:
@@ -265,6 +311,8 @@ def existing_checkpoints(cfg: RunConfig, resume: bool | str, source: str = "<con
         where = "holds no checkpoint" if out.is_dir() else "does not exist"
         raise ConfigError(f"{source}: --resume: output_dir {out} {where}; check the output_dir, or pass "
                           "--resume=auto to start from step 0 when there is nothing to resume")
+    if not checkpoints:
+        check_no_previous_run(out, resume, cfg.modes, source)
     return checkpoints
 
 

@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from ictrl.checkpoints import STAGING_PREFIX, clear_staging, finished_run, trainer_state
+from ictrl.checkpoints import STAGING_PREFIX, clear_staging, finished_run, rerun_advice, trainer_state
 from ictrl.cliargs import VERBOSE_ENV, env_flag
 from ictrl.engine.resumable import check_unchanged, resume_point, save_final, verified_checkpoints
 from ictrl.errors import Terminated, UserError
@@ -26,7 +26,8 @@ from ictrl.train_cli.preflight import (Checked, check_inputs, existing_checkpoin
                                        trainer_classes)
 from ictrl.train_cli.process_group import answered_once
 from ictrl.train_cli.run_config import RunConfig, config_to_dict, save_config
-from ictrl.train_cli.run_guard import RunLock, StopRequest, add_stop_callback, stopped
+from ictrl.train_cli.run_guard import (OVERWRITE_FLAG, RunLock, StopRequest, add_stop_callback, forget_previous_run,
+                                       note_short_run, run_failure, stopped)
 from ictrl.train_cli.run_inputs import input_hashes, inputs_record, reward_label
 
 log = logging.getLogger("ictrl.train")
@@ -51,6 +52,8 @@ def prepare_output_dir(cfg: RunConfig, resume: bool | str, source: str = "<confi
     out = Path(cfg.output_dir)
     checkpoints = existing_checkpoints(cfg, resume, source)
     clear_staging(out)
+    if not checkpoints and OVERWRITE_FLAG in cfg.modes:
+        forget_previous_run(out)
     if not resume or not checkpoints:
         return None
     # every file of every checkpoint is read to verify it: once per copy of output_dir, not once per process
@@ -170,7 +173,7 @@ def _train_locked(cfg: RunConfig, checked: Checked, resume: bool | str, source: 
     skip_deepspeed_unless_imported()
     model, tokenizer = load_model_and_tokenizer(cfg.model.model_name_or_path, **checked.init_kwargs)
     dataset = train_rows(cfg, dataset, tokenizer, model.config, args, source)
-    with reported_write(out, "free space and run again"):
+    with reported_write(out, lambda: rerun_advice(out)):
         out.mkdir(parents=True, exist_ok=True)
         save_config(cfg, out / "config.yaml")
         write_run_labels(out, args, cfg.method_from, inputs)
@@ -207,11 +210,17 @@ def _train_locked(cfg: RunConfig, checked: Checked, resume: bool | str, source: 
         url = args.vllm_server_base_url or f"http://{args.vllm_server_host}:{args.vllm_server_port}"
         kept = stopped(out, trainer.state.global_step, resume_command)
         raise UserError(f"vLLM server {url} stopped answering ({type(exc).__name__}); {kept}") from None
+    except (ValueError, RuntimeError) as exc:  # divergence, a selector's sys.exit: one line, then --resume
+        failure = run_failure(exc, out, trainer.state.global_step, resume_command, args.learning_rate)
+        if failure is None:
+            raise
+        raise failure from exc
     if stop.received and trainer.state.global_step < trainer.state.max_steps:
         raise stopped(out, trainer.state.global_step, resume_command, Terminated)
+    note_short_run(trainer.state.global_step, trainer.state.max_steps, out)
 
     save_final(trainer, out / f"{STAGING_PREFIX}final", out)
-    with reported_write(out, "free space and run again"):
+    with reported_write(out, lambda: rerun_advice(out)):
         trainer.create_model_card()
     return TrainResult(out, trainer.state.global_step, resume_from, out)
 

@@ -123,6 +123,7 @@ class RunConfig:
     trainer: dict[str, Any] = field(default_factory=dict)
     flags: dict[str, str] = field(default_factory=dict, compare=False)
     method_from: str = field(default="file", compare=False)  # where token_selector came from: file, flag, default
+    modes: frozenset[str] = field(default_factory=frozenset, compare=False)  # ictrl train's --overwrite, --allow-no-op
 
     @property
     def output_dir(self) -> str:
@@ -293,7 +294,8 @@ def read_yaml(path: str | os.PathLike[str], _seen: tuple[Path, ...] = ()) -> dic
     if path in _seen:
         raise ConfigError(f"{path}: base: inheritance cycle through {[str(p) for p in _seen]}")
     if not path.is_file():
-        raise ConfigError(f"{path}: config file not found")
+        raise ConfigError(f"{path}: " + ("a directory, not a config file" if path.is_dir()
+                                         else "config file not found"))
     size = path.stat().st_size
     if size > MAX_CONFIG_BYTES:
         raise ConfigError(f"{path}: {size} bytes, more than a run config's {MAX_CONFIG_BYTES}; is it the right file?")

@@ -14,6 +14,11 @@ line.
 torch elastic agent (``accelerate launch --multi_gpu``, ``torchrun``; accelerate runs the agent inside the launcher
 process) start ranks as direct children, in sessions of their own, so neither ``kill -9`` of the launcher nor a
 signal to its process group reaches them.
+
+What ``output_dir`` may not replace (:func:`check_not_an_input`: the model directory, a data file, the config file
+or a reward module the run reads; :func:`check_no_previous_run`: an earlier run's model or record, unless
+``--overwrite``) is checked before any model loads. :func:`run_failure` turns what ends a training loop that is the
+run's own end (divergence, a selector's ``sys.exit``) into one line with the last checkpoint.
 """
 
 from __future__ import annotations
@@ -21,12 +26,14 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import re
 import socket
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from ictrl.errors import ConfigError, UserError
+from ictrl.checkpoints import CHECKPOINT_RE, LAST_FILES, MANIFEST, OVERWRITE_FLAG, RUN_FILES, STAGING_PREFIX
+from ictrl.errors import ConfigError, UserError, shorten
 from ictrl.files import is_write_failure, write_error
 
 log = logging.getLogger("ictrl.train")
@@ -263,3 +270,125 @@ def stopped(out: Path, step: int | None, resume_command: str | None, kind: type 
     kept = f"last complete checkpoint {checkpoints[-1]}" if checkpoints else "no checkpoint yet (save_steps)"
     again = f"; resume with `{resume_command}`" if resume_command and checkpoints else ""
     return kind(f"{what}{at}; {kept}{again}")
+
+
+# --- what output_dir must not replace ------------------------------------------------------------------------------
+
+NO_OP_FLAG = "--allow-no-op"  # a run that changes no weight (learning_rate 0), asked for by name
+MODE_FLAGS = (OVERWRITE_FLAG, NO_OP_FLAG)
+
+# Names at the top of output_dir a run writes (its record, the final model's save, the lock), besides the
+# checkpoint-N and staging folders it writes, rotates and clears.
+_RUN_WRITES = frozenset({*RUN_FILES, *LAST_FILES, LOCK_NAME, "generation_config.json", "special_tokens_map.json",
+                         "vocab.json", "merges.txt", "added_tokens.json", "training_args.bin", "tokenizer.json",
+                         "tokenizer_config.json", "model.safetensors.index.json"})
+_SAVE_SUFFIXES = (".safetensors", ".bin", ".jinja", ".model", ".pt", ".pth")
+
+
+def written_by_run(path: Path, out: Path) -> bool:
+    """Whether a run with ``output_dir`` ``out`` writes, replaces or removes ``path`` (both resolved): a file at
+    the top of ``out`` with a name the run's record or final model save uses, or anything under one of its
+    ``checkpoint-N`` (rotated by ``save_total_limit``) or staging folders (cleared at start)."""
+    if not path.is_relative_to(out) or path == out:
+        return False
+    top = path.relative_to(out).parts[0]
+    if CHECKPOINT_RE.match(top) or top.startswith(STAGING_PREFIX):
+        return True
+    if len(path.relative_to(out).parts) > 1:
+        return False
+    return top in _RUN_WRITES or top.startswith("adapter_") or top.endswith(_SAVE_SUFFIXES)
+
+
+def check_not_an_input(out_dir: str, inputs: list[tuple[str, Path]], source: str) -> None:
+    """Refuse an ``output_dir`` whose writes would replace a file the run reads: the model directory itself (its
+    weights, config and tokenizer; a folder inside it is fine), or a data file, the config file or a local reward
+    module (``inputs``: (what, path) pairs) that :func:`written_by_run` says the run writes. A config file that is
+    the ``config.yaml`` an earlier run wrote beside its ``run.json`` (``ictrl train OUT/config.yaml --resume``) is
+    the run's own record, written back as it was read."""
+    out = Path(out_dir).expanduser().resolve()
+    for what, path in inputs:
+        path = path.expanduser().resolve()
+        if what == "model_name_or_path" and path == out:
+            raise ConfigError(f"{source}: output_dir: {out_dir} is the model directory (model_name_or_path): the run "
+                              "would replace its weights, config and tokenizer; choose another output_dir (a folder "
+                              "inside the model directory is fine)")
+        if what == "the config file" and path == out / "config.yaml" and (out / "run.json").is_file():
+            continue
+        if written_by_run(path, out):
+            raise ConfigError(f"{source}: output_dir: {out_dir}: the run writes {path}, which is {what}; choose "
+                              "another output_dir or move the file out of it")
+
+
+def previous_run(out: Path, finished_only: bool) -> list[str]:
+    """The files in ``out`` that an earlier run left: its model (weights, ``config.json``, ``manifest.json``),
+    and with ``finished_only`` False its record (``run.json``, ``metrics.jsonl``) too."""
+    if not out.is_dir():
+        return []
+    record = () if finished_only else ("run.json", "metrics.jsonl")
+    found = []
+    for path in sorted(out.iterdir()):
+        name = path.name
+        if path.is_file() and (name in (*record, "config.json", "manifest.json", "adapter_config.json")
+                               or name.endswith((".safetensors", ".bin")) and name != "training_args.bin"):
+            found.append(name)
+    return found
+
+
+def check_no_previous_run(out: Path, resume: bool | str, modes: frozenset[str] | set[str], source: str) -> None:
+    """With no checkpoint to resume, ``out`` must hold no earlier run (:func:`previous_run`: its record or its
+    model; under ``--resume=auto``, which starts over when nothing is left to resume, its model), unless
+    :data:`OVERWRITE_FLAG`: TRL's ``Trainer.save_model`` would replace it without a word."""
+    if OVERWRITE_FLAG in modes:
+        return
+    found = previous_run(out, finished_only=resume == "auto")
+    if found:
+        shown = ", ".join(found[:4]) + (f" and {len(found) - 4} more" if len(found) > 4 else "")
+        raise ConfigError(f"{source}: output_dir: {out} holds an earlier run ({shown}) and no checkpoint to resume; "
+                          f"choose another output_dir, or pass {OVERWRITE_FLAG} to replace it")
+
+
+def forget_previous_run(out: Path) -> None:
+    """Under :data:`OVERWRITE_FLAG`, remove the marks of the earlier run's final model (``manifest.json``,
+    ``trainer_state.json``) before this run writes: a later ``--resume`` then never takes that model for this
+    run's (``checkpoints.finished_run``). The earlier files themselves are replaced as this run writes its own."""
+    for name in (MANIFEST, "trainer_state.json"):
+        (out / name).unlink(missing_ok=True)
+
+
+# --- what ends a training loop -------------------------------------------------------------------------------------
+
+# The checks that find non-finite numbers in the model's outputs (ictrl.core.loss, core.stats_checks, the selection
+# inputs) and the sampler's own (torch.multinomial in transformers' generate): each is the weights gone non-finite.
+DIVERGED = re.compile(r"^(?:(?:old_|ref_|sampler_|behaviour_)?logprobs|logits\b.*?) is not finite"
+                      r"|^(?:ict_score|entropy|prob) holds NaN"
+                      r"|probability tensor contains either `inf`, `nan` or element < 0")
+
+
+def run_failure(exc: BaseException, out: Path, step: int, resume_command: str | None, learning_rate: float) -> \
+        UserError | None:
+    """The one line for ``exc``, which ended the training loop after ``step`` optimizer steps, when it is the run's
+    own end rather than a bug: training diverged (:data:`DIVERGED`), or a selector's function ended the process
+    (``core.selection.SelectorExit``). None for anything else, which keeps its traceback."""
+    from ictrl.checkpoints import complete_checkpoints
+    from ictrl.core.selection import SelectorExit
+
+    message = str(exc).strip().split("\n")[0]
+    if isinstance(exc, SelectorExit):
+        return UserError(f"{message}; {stopped(out, step, resume_command, what='stopped')}")
+    if isinstance(exc, (ValueError, RuntimeError)) and DIVERGED.search(message):
+        kept = stopped(out, step, None, what="stopped")
+        # a resume is exact and keeps learning_rate (engine.resumable.check_unchanged): it would diverge again
+        again = f" (`{resume_command}` would repeat the same steps: a resume keeps learning_rate)" \
+            if resume_command and complete_checkpoints(out) else ""
+        return UserError(f"training diverged: loss/log-probs not finite at step {step + 1} ({shorten(message, 200)}): "
+                         f"lower learning_rate (now {learning_rate:g}) and start again in another output_dir; "
+                         f"{kept}{again}")
+    return None
+
+
+def note_short_run(step: int, max_steps: int, out: Path) -> None:
+    """A training loop that returned before ``max_steps`` without an error (a callback asked it to stop) says so:
+    the model saved is that step's."""
+    if 0 < max_steps and step < max_steps:
+        log.warning("training ended at step %d of max_steps %d (a callback stopped it); %s holds the model of step "
+                    "%d", step, max_steps, out, step)

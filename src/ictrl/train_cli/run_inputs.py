@@ -6,13 +6,12 @@ an error comes from. ``ictrl.train_cli.run`` runs them in order."""
 from __future__ import annotations
 
 import difflib
-import importlib
 import logging
 from pathlib import Path
 from typing import Any, Callable
 
 from ictrl.train_cli.run_config import ConfigError, RunConfig
-from ictrl.errors import quote, shorten
+from ictrl.errors import UserError, quote, shorten
 
 log = logging.getLogger("ictrl.train")
 
@@ -57,12 +56,12 @@ def build_rewards(cfg: RunConfig, source: str = "<config>", gold_column: str = "
         elif name in TRL_REWARDS:
             out.append(_trl_reward(name))
         elif ":" in name or "." in name:
-            module, _, attr = name.partition(":") if ":" in name else name.rpartition(".")
+            from ictrl.rewards.policy import import_reward
+
             try:
-                fn = getattr(importlib.import_module(module), attr)
-            except (ImportError, AttributeError) as exc:
-                raise ConfigError(f"{source}: {key}: cannot import {name!r}: {exc}") from None
-            out.append(fn)
+                out.append(import_reward(name))
+            except UserError as exc:
+                raise ConfigError(f"{source}: {key}: {exc}") from None
         elif name in rewards.REWARDS:
             gold = None if name == "format" else gold_column
             out.append(rewards.trl_reward(rewards.REWARDS[name], gold_column=gold, name=name))

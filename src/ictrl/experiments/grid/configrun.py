@@ -29,6 +29,10 @@ def config_run(config_path: Path, steps: int | None, eval_limit: int | None, spe
     shutil.rmtree(run_dir / EVAL_DIR, ignore_errors=True)  # an eval of an unfinished model is stale
     if not resume and (run_dir / "metrics.jsonl").exists():
         (run_dir / "metrics.jsonl").unlink()
+    if not resume:  # the grid's own cell, started again: what an earlier try left is replaced by name
+        from ictrl.checkpoints import OVERWRITE_FLAG
+
+        cfg.modes = frozenset({OVERWRITE_FLAG})
     result = train(cfg, resume=resume, source=str(config_path))
     model, tokenizer = load_model_and_tokenizer(str(result.final_model), dtype=cfg.model.dtype or "auto")
     scores = config_eval(cfg, model, tokenizer, run_dir / EVAL_DIR, str(result.final_model), eval_limit)
