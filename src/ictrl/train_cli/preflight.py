@@ -292,6 +292,7 @@ def train_rows(cfg: RunConfig, dataset: Any, tokenizer: Any, model_config: Any, 
     ``max_prompt_length`` dropped (without it, one that cannot fit the model's positions beside
     ``max_completion_length`` refused), one generation batch of prompts left at least."""
     dataset = drop_long_prompts(dataset, tokenizer, cfg.script.max_prompt_length,
-                                getattr(model_config, "max_position_embeddings", None), args.max_completion_length)
+                                getattr(model_config, "max_position_embeddings", None), args.max_completion_length,
+                                source, str(cfg.script.dataset_name))
     check_enough_rows(dataset, args, source)
     return dataset

@@ -59,9 +59,11 @@ class ScriptArguments(GRPOScriptArguments):
     dataset_limit: Annotated[int | None, AT_LEAST_ONE] = field(
         default=None, metadata={"help": "Use at most this many training rows (of the mixture when several)."})
     max_prompt_length: Annotated[int | None, AT_LEAST_ONE] = field(
-        default=512,
-        metadata={"help": "Drop training prompts longer than this many tokens (after the chat template); null keeps "
-                          "all. Dropping, not truncating: a cut question has no verifiable answer."},
+        default=None,
+        metadata={"help": "Drop training prompts longer than this many tokens (after the chat template); null (the "
+                          "default, as TRL 1.16, which has no such key) keeps all, and a prompt that cannot fit the "
+                          "model's positions beside max_completion_length is refused naming its row. Dropping, not "
+                          "truncating: a cut question has no verifiable answer."},
     )
     eval_datasets: list[str] = field(
         default_factory=list,

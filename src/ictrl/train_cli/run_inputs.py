@@ -164,10 +164,11 @@ def load_train_dataset(cfg: RunConfig) -> Any:
 
 
 def drop_long_prompts(dataset: Any, tokenizer: Any, limit: int | None, max_positions: int | None = None,
-                      completion_length: int = 0) -> Any:
+                      completion_length: int = 0, source: str | None = None, data: str | None = None) -> Any:
     """``dataset`` minus prompts longer than ``limit`` tokens (``max_prompt_length``), with a warning naming
     the first rows dropped and their lengths. Without a limit, a prompt that cannot fit in the model's
-    ``max_positions`` beside ``completion_length`` tokens is an error naming its row."""
+    ``max_positions`` beside ``completion_length`` tokens is an error naming its row, led by ``source`` (the config
+    file) and the data it came from (``data``, the ``dataset_name`` value)."""
     from ictrl.errors import DataError
     from ictrl.eval.precheck import longest_token
 
@@ -192,7 +193,9 @@ def drop_long_prompts(dataset: Any, tokenizer: Any, limit: int | None, max_posit
     if limit is None:
         too_long = [i for i, n in enumerate(lengths) if room is not None and n > room]
         if too_long:
-            raise DataError(f"dataset_name: {rows(too_long)}: longer than the {room} tokens the model's "
+            where = f"{source}: " if source else ""
+            named = f" {shorten(data, 200)}" if data else ""
+            raise DataError(f"{where}dataset_name{named}: {rows(too_long)}: longer than the {room} tokens the model's "
                             f"{max_positions} positions leave beside max_completion_length {completion_length}; "
                             "set max_prompt_length to drop such prompts")
         return dataset
