@@ -78,3 +78,83 @@ def test_a_set_cap_past_the_context_is_still_refused_before_the_model_loads(shor
     assert cli.main(["train", str(config)]) == 2
     assert ("max_prompt_length: 512 + max_completion_length 8 = 520 tokens, more than the 256 positions"
             in capsys.readouterr().err)
+
+
+def resumable_file(tmp_path: Path, model_dir: Path, out: str, max_steps: int) -> Path:
+    """The TRL file saving every step, on a constant learning rate (a resume may then change max_steps)."""
+    return edit(trl_file(tmp_path, model_dir, max_steps=max_steps), output_dir=str(tmp_path / out),
+                save_strategy="steps", save_steps=1, lr_scheduler_type="constant")
+
+
+def test_resume_from_checkpoint_in_another_folder_continues_that_run_exactly(tiny_model_dir: Path, in_tmp: Path,
+                                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """``--output_dir=B --resume_from_checkpoint=A/checkpoint-2`` starts at step 3 from A's checkpoint, and its
+    step 4 weights are those of the straight 4-step run in A."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from ictrl import cli
+
+    config = resumable_file(in_tmp, tiny_model_dir, "a", max_steps=4)
+    assert cli.main(["train", str(config)]) == 0
+    code = cli.main(["train", str(config), f"--output_dir={in_tmp / 'b'}",
+                     f"--resume_from_checkpoint={in_tmp / 'a' / 'checkpoint-2'}"])
+    assert code == 0, capsys.readouterr().err[-3000:]
+    steps = [json.loads(line)["step"] for line in (in_tmp / "b" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [3, 4]
+    assert json.loads((in_tmp / "b" / "trainer_state.json").read_text())["global_step"] == 4
+    assert sorted(p.name for p in (in_tmp / "b").glob("checkpoint-*")) == ["checkpoint-3", "checkpoint-4"]
+    straight = AutoModelForCausalLM.from_pretrained(in_tmp / "a").state_dict()
+    resumed = AutoModelForCausalLM.from_pretrained(in_tmp / "b").state_dict()
+    assert straight.keys() == resumed.keys() and all(torch.equal(straight[k], resumed[k]) for k in straight)
+
+
+def fake_checkpoint(path: Path, step: int = 2) -> Path:
+    path.mkdir(parents=True)
+    (path / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+    return path
+
+
+@pytest.mark.parametrize("case", ["missing", "incomplete", "disagree", "true_without_checkpoint", "elsewhere_busy"])
+def test_resume_from_checkpoint_that_cannot_resume_is_one_line(case: str, tiny_model_dir: Path, in_tmp: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    from ictrl import cli
+
+    config = resumable_file(in_tmp, tiny_model_dir, "b", max_steps=4)
+    other = in_tmp / "a" / "checkpoint-2"
+    argv, expected = ["train", str(config), f"--resume_from_checkpoint={other}"], ""
+    if case == "missing":
+        expected = f"resume_from_checkpoint: {other}: does not exist; name a checkpoint folder"
+    elif case == "incomplete":
+        other.mkdir(parents=True)
+        expected = f"resume_from_checkpoint: {other}: not a complete checkpoint (no readable trainer_state.json)"
+    elif case == "disagree":
+        fake_checkpoint(other)
+        fake_checkpoint(in_tmp / "b" / "checkpoint-1", step=1)
+        argv.append("--resume")
+        expected = f"--resume continues the last checkpoint in output_dir {in_tmp / 'b'}, and resume_from_checkpoint"
+    elif case == "true_without_checkpoint":
+        argv[-1] = "--resume_from_checkpoint=true"
+        expected = "--resume: output_dir "  # the path, shortened, then "does not exist"
+    else:
+        fake_checkpoint(other)
+        fake_checkpoint(in_tmp / "b" / "checkpoint-1", step=1)
+        expected = f"output_dir: {in_tmp / 'b'} already holds checkpoint-1"
+    assert cli.main(argv) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if "rror" in line or expected in line]
+    assert any(expected in line for line in err), err
+
+
+def test_resume_from_checkpoint_true_is_the_last_checkpoint_in_output_dir(tmp_path: Path) -> None:
+    from ictrl.train_cli.run_config import config_from_dict
+    from ictrl.train_cli.run_inputs import named_checkpoint
+
+    base = {"model_name_or_path": "m", "output_dir": str(tmp_path), "dataset_name": "gsm8k_train"}
+    for value in (True, "true", "True"):
+        cfg = config_from_dict({**base, "resume_from_checkpoint": value})
+        assert named_checkpoint(cfg, False) == (True, None)
+        assert named_checkpoint(cfg, "auto") == ("auto", None)
+    assert named_checkpoint(config_from_dict({**base, "resume_from_checkpoint": False}), False) == (False, None)
+    inside = fake_checkpoint(tmp_path / "checkpoint-2")
+    cfg = config_from_dict({**base, "resume_from_checkpoint": str(inside)})
+    assert named_checkpoint(cfg, True) == (True, inside)  # --resume and the key agree: a checkpoint of output_dir

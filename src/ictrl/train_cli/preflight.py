@@ -36,7 +36,8 @@ from ictrl.train_cli import model_init
 from ictrl.train_cli.process_group import answered_once
 from ictrl.train_cli.run_config import ConfigError, RunConfig
 from ictrl.train_cli.run_inputs import (add_overlong_penalty, blame, build_rewards, check_enough_rows, check_sources,
-                                        drop_long_prompts, load_train_dataset, name_the_key)
+                                        drop_long_prompts, load_train_dataset, name_the_key,
+                                        named_checkpoint)
 
 log = logging.getLogger("ictrl.train")
 
@@ -255,10 +256,12 @@ def check_output_dir(path: str, source: str = "<config>") -> None:
 def existing_checkpoints(cfg: RunConfig, resume: bool | str, source: str = "<config>") -> list[Path]:
     """The complete checkpoints in ``output_dir``, oldest first; without ``resume`` there must be none (a fresh
     run does not start over another run's checkpoints), with ``resume=True`` there must be one (a misspelt
-    output_dir does not train from step 0); ``resume="auto"`` takes either."""
+    output_dir does not train from step 0); ``resume="auto"`` takes either. ``resume_from_checkpoint`` counts as
+    ``resume`` (``run_inputs.named_checkpoint``: ``true``, or a checkpoint in output_dir)."""
+    resume, named = named_checkpoint(cfg, resume, source)
     out = Path(cfg.output_dir)
     checkpoints = complete_checkpoints(out)
-    if checkpoints and not resume:
+    if checkpoints and not resume and (named is None or named.resolve().parent != out.resolve()):
         raise ConfigError(f"{source}: output_dir: {out} already holds {checkpoints[-1].name}; pass --resume "
                           "to continue it or choose another output_dir")
     if not checkpoints and resume is True:

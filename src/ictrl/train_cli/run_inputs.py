@@ -228,6 +228,39 @@ def _prompt_text(prompt: Any, tokenizer: Any) -> str:
     return str(tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True))
 
 
+# --- TRL's resume key ----------------------------------------------------------------------------------------------
+
+
+def named_checkpoint(cfg: RunConfig, resume: bool | str, source: str = "<config>") -> tuple[bool | str, Path | None]:
+    """``resume_from_checkpoint`` (TRL's key, as ``trl grpo`` passes it to ``Trainer.train``) beside ictrl's
+    ``--resume`` (``resume``): the ``resume`` the run takes and the checkpoint the key names (None: none named).
+    ``true`` is TRL's "the last checkpoint in output_dir", which is ``--resume``; a path must be a checkpoint
+    folder with a readable trainer state (its files are verified with the resume); a path outside output_dir
+    beside ``--resume`` is refused in one line, since each names a different start."""
+    from ictrl.checkpoints import trainer_state
+
+    value = cfg.trainer.get("resume_from_checkpoint")
+    text = str(value).strip().lower() if value is not None else ""
+    if text in ("", "false", "none", "null"):
+        return resume, None
+    if value is True or text == "true":
+        return (resume or True), None
+    named, out = Path(str(value)).expanduser(), Path(cfg.output_dir).expanduser()
+    key = f"{source}: resume_from_checkpoint: {shorten(str(value), 200)}"
+    if not named.is_dir():
+        raise ConfigError(f"{key}: {'not a folder' if named.exists() else 'does not exist'}; name a checkpoint "
+                          "folder (OUTPUT_DIR/checkpoint-N) or true for the last one in output_dir")
+    try:
+        trainer_state(named)
+    except ValueError:
+        raise ConfigError(f"{key}: not a complete checkpoint (no readable trainer_state.json); name a checkpoint "
+                          "folder (OUTPUT_DIR/checkpoint-N)") from None
+    if resume and named.resolve().parent != out.resolve():
+        raise ConfigError(f"{key}: --resume continues the last checkpoint in output_dir {out}, and "
+                          "resume_from_checkpoint names a checkpoint elsewhere; give one of them")
+    return resume, named
+
+
 # --- what a resumed run must read again --------------------------------------------------------------------------
 
 ACCEPT_CHANGED_FLAG = "--accept-changed-inputs"
