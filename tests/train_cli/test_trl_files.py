@@ -158,3 +158,120 @@ def test_resume_from_checkpoint_true_is_the_last_checkpoint_in_output_dir(tmp_pa
     inside = fake_checkpoint(tmp_path / "checkpoint-2")
     cfg = config_from_dict({**base, "resume_from_checkpoint": str(inside)})
     assert named_checkpoint(cfg, True) == (True, inside)  # --resume and the key agree: a checkpoint of output_dir
+
+
+# --- data sets and rewards as trl grpo names them --------------------------------------------------------------
+
+
+def hub_config(**values: Any) -> Any:
+    from ictrl.train_cli.run_config import config_from_dict
+
+    return config_from_dict({"model_name_or_path": "m", "output_dir": "o", **values})
+
+
+def test_a_hub_id_reaches_load_dataset_with_trl_grpos_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
+    import datasets
+
+    from ictrl.train_cli.run_inputs import check_sources, load_train_dataset
+
+    calls: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+
+    def load_dataset(*args: Any, **kwargs: Any) -> Any:
+        calls.append((args, kwargs))
+        rows = datasets.Dataset.from_dict({"prompt": ["1+1=", "2+2="], "solution": ["2", "4"]})
+        return datasets.DatasetDict({"train": rows, "test": rows.select([0])})
+
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    cfg = hub_config(dataset_name="trl-lib/DeepMath-103K", dataset_config="main", dataset_train_split="test")
+    check_sources(cfg)  # a hub id is not an unknown benchmark name, and takes dataset_config / dataset_train_split
+    rows = load_train_dataset(cfg)
+    # trl grpo: load_dataset(dataset_name, name=dataset_config, streaming=dataset_streaming)[dataset_train_split]
+    assert calls == [(("trl-lib/DeepMath-103K",), {"name": "main", "streaming": False})]
+    assert rows["prompt"] == ["1+1="]
+
+
+@pytest.mark.parametrize("name", ["gsm8k_trian", "trl-lib/DeepMath-103K/extra"])
+def test_a_name_of_neither_shape_keeps_the_known_names_line(name: str) -> None:
+    from ictrl.train_cli.run_config import ConfigError
+    from ictrl.train_cli.run_inputs import check_sources
+
+    with pytest.raises(ConfigError, match=rf"dataset_name: '{name}': benchmark: unknown name"):
+        check_sources(hub_config(dataset_name=name))
+
+
+def test_a_missing_split_names_the_splits_there_are(tmp_path: Path) -> None:
+    from ictrl.errors import DataError
+    from ictrl.train_cli.run_inputs import load_train_dataset
+
+    (tmp_path / "train.jsonl").write_text('{"prompt": "1+1=", "solution": "2"}\n')
+    cfg = hub_config(dataset_name=str(tmp_path), dataset_train_split="validation")
+    with pytest.raises(DataError) as raised:
+        load_train_dataset(cfg)
+    assert str(raised.value) == f"dataset_train_split: 'validation': {tmp_path} has no such split; its splits: train"
+
+
+def offline_env(tmp_path: Path, cache: Path) -> dict[str, str]:
+    import os
+
+    return {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf_home"),
+            "HF_DATASETS_CACHE": str(cache)}
+
+
+def test_offline_without_a_cached_copy_is_one_line_before_the_model_loads(tiny_model_dir: Path,
+                                                                          tmp_path: Path) -> None:
+    import subprocess
+
+    config = trl_file(tmp_path, tiny_model_dir)
+    proc = subprocess.run([sys.executable, "-m", "ictrl", "train", str(config), "--dataset_name=fake-org/digits"],
+                          cwd=tmp_path, env=offline_env(tmp_path, tmp_path / "empty_cache"), capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert ("dataset_name: fake-org/digits: not in the local datasets cache, and HF_HUB_OFFLINE=1 keeps datasets "
+            "off the hub") in proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "out").exists()
+
+
+def warm_cache(tmp_path: Path, data: Path, repo: str) -> Path:
+    """A datasets cache holding ``repo`` (owner/name) as ``datasets`` keeps a downloaded hub data set: the arrow
+    files and dataset_info.json of its builder under OWNER___NAME/default/0.0.0/HASH, which ``load_dataset(repo)``
+    reads offline through its Cache builder. Built from ``data`` with the json builder, then laid out there."""
+    import shutil
+
+    import datasets
+
+    cache = tmp_path / "warm_cache"
+    datasets.load_dataset("json", data_files={"train": str(data)}, cache_dir=str(cache))
+    built = next(cache.glob("json/*/0.0.0/*/dataset_info.json")).parent
+    owner, name = repo.split("/")
+    target = cache / f"{owner}___{name}" / "default" / "0.0.0" / built.name
+    shutil.copytree(built, target)
+    (target / "json-train.arrow").rename(target / f"{name}-train.arrow")
+    info = json.loads((target / "dataset_info.json").read_text())
+    info.update(config_name="default", dataset_name=name, builder_name="parquet")
+    (target / "dataset_info.json").write_text(json.dumps(info))
+    return cache
+
+
+@pytest.mark.integration
+def test_a_hub_id_in_a_warm_offline_cache_trains(tiny_model_dir: Path, tmp_path: Path) -> None:
+    import os
+    import subprocess
+
+    config = trl_file(tmp_path, tiny_model_dir)
+    cache = warm_cache(tmp_path, tmp_path / "digits" / "train.jsonl", "fake-org/digits")
+    env = {**offline_env(tmp_path, cache), "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    proc = subprocess.run([sys.executable, "-m", "ictrl", "train", str(config), "--dataset_name=fake-org/digits"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert [json.loads(line)["step"] for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()] == [1]
+
+
+def test_reward_funcs_takes_a_flags_yaml_list(tmp_path: Path) -> None:
+    from ictrl.train_cli.run_config import ConfigError, load_config
+
+    config = tmp_path / "c.yaml"
+    config.write_text("model_name_or_path: m\noutput_dir: o\ndataset_name: gsm8k_train\n")
+    assert load_config(config, ["--reward_funcs=[math, format]"]).script.reward_funcs == ["math", "format"]
+    assert load_config(config, ["--reward_funcs", "math", "format"]).script.reward_funcs == ["math", "format"]
+    with pytest.raises(ConfigError, match=r"reward_funcs: expected a list of names, got '\[math, \[x\]\]'"):
+        load_config(config, ["--reward_funcs=[math, [x]]"])

@@ -8,6 +8,7 @@ from __future__ import annotations
 import difflib
 import importlib
 import logging
+import os
 from pathlib import Path
 from typing import Any, Callable
 
@@ -114,8 +115,8 @@ def check_sources(cfg: RunConfig, config: str = "<config>", flags: dict[str, Any
     script, directory = cfg.script, trl_dataset(cfg)
     for key, set_to in (("dataset_config", script.dataset_config), ("dataset_train_split", script.dataset_train_split)):
         if set_to not in (None, "train") and not directory:
-            raise ConfigError(f"{blame(key, config, flags)}: {key}: applies to a dataset directory (trl grpo's "
-                              "dataset_name); an ictrl.data source takes its options in the name (NAME:hub_split=...)")
+            raise ConfigError(f"{blame(key, config, flags)}: {key}: applies to a dataset directory or hub id "
+                              "(trl grpo's dataset_name); an ictrl.data source takes its options in the name (NAME:hub_split=...)")
     train = [] if directory else script.sources()
     for key, names in (("dataset_name", train), ("eval_datasets", script.eval_datasets)):
         source = blame(key, config, flags)
@@ -130,10 +131,51 @@ def check_sources(cfg: RunConfig, config: str = "<config>", flags: dict[str, Any
                 raise ConfigError(f"{source}: {key}: {quote(name)}: file not found")
 
 
+# A hub dataset id as the hub spells one: owner/name (letters, digits, '-', '_', '.').
+HUB_ID = r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*"
+OFFLINE_ENV = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+
+
 def trl_dataset(cfg: RunConfig) -> bool:
-    """Whether ``dataset_name`` is a dataset directory, which ``trl grpo`` reads with ``datasets.load_dataset``."""
+    """Whether ``trl grpo``'s ``datasets.load_dataset`` reads ``dataset_name``: a dataset directory, or a hub id
+    (``owner/name``) that is neither an ictrl.data name nor a local path (those come first)."""
+    import re
+
     name = cfg.script.dataset_name
-    return isinstance(name, str) and Path(name).is_dir()
+    if not isinstance(name, str):
+        return False
+    return Path(name).is_dir() or (re.fullmatch(HUB_ID, name) is not None and not Path(name).exists())
+
+
+def _offline() -> str | None:
+    """The environment variable that keeps ``datasets`` off the hub, as it reads it (1, true, yes, on)."""
+    return next((f"{key}={os.environ[key]}" for key in OFFLINE_ENV
+                 if os.environ.get(key, "").strip().upper() in ("1", "TRUE", "YES", "ON")), None)
+
+
+def _load_trl_dataset(script: Any) -> Any:
+    """``trl grpo``'s call: ``load_dataset(dataset_name, name=dataset_config, streaming=dataset_streaming)``, then
+    its ``dataset_train_split``; errors are one :class:`ictrl.errors.DataError` line naming the id (offline: the
+    setting that kept it off the hub; a missing split: the splits there are)."""
+    from datasets import load_dataset
+
+    from ictrl.errors import DataError
+
+    name, split = script.dataset_name, script.dataset_train_split
+    try:
+        loaded = load_dataset(name, name=script.dataset_config, streaming=script.dataset_streaming)
+    except Exception as exc:  # datasets raises many types (ConnectionError, DatasetNotFoundError, ValueError, ...)
+        offline = _offline() if not Path(name).is_dir() else None
+        if offline:
+            raise DataError(f"dataset_name: {name}: not in the local datasets cache, and {offline} keeps datasets "
+                            "off the hub: unset it to download the data set, or name a local directory") from None
+        if isinstance(exc, (ValueError, KeyError, FileNotFoundError, ConnectionError, OSError)):
+            raise DataError(f"dataset_name: {name}: {shorten(str(exc), 300)}") from None
+        raise
+    if split not in loaded:
+        raise DataError(f"dataset_train_split: {split!r}: {name} has no such split; its splits: "
+                        f"{', '.join(map(str, loaded)) or 'none'}")
+    return loaded[split]
 
 
 def load_train_dataset(cfg: RunConfig) -> Any:
@@ -143,15 +185,10 @@ def load_train_dataset(cfg: RunConfig) -> Any:
     from ictrl import data
 
     if trl_dataset(cfg):  # as trl grpo: load_dataset(dataset_name, name=dataset_config)[dataset_train_split]
-        from datasets import load_dataset
-
         from ictrl.errors import DataError
 
         script = cfg.script
-        try:
-            rows = load_dataset(script.dataset_name, name=script.dataset_config)[script.dataset_train_split]
-        except (ValueError, KeyError, FileNotFoundError) as exc:
-            raise DataError(f"dataset_name: {script.dataset_name}: {shorten(str(exc), 300)}") from None
+        rows = _load_trl_dataset(script)
         if "prompt" not in rows.column_names:
             raise DataError(f"dataset_name: {script.dataset_name}: no 'prompt' column (TRL's GRPOTrainer reads it); "
                             f"columns: {rows.column_names}")
