@@ -174,11 +174,13 @@ def _train_locked(cfg: RunConfig, checked: Checked, resume: bool | str, source: 
                            input_hashes(dataset, reward_funcs), resumed_at, accept_changed_inputs, source)
 
     from ictrl.models import load_model_and_tokenizer
+    from ictrl.train_cli.model_init import tokenizer_and_config
     from ictrl.train_cli.callbacks import StopNow
 
     skip_deepspeed_unless_imported()
+    tokenizer, text_config = tokenizer_and_config(cfg, checked.init_kwargs)
+    dataset = train_rows(cfg, dataset, tokenizer, text_config, args, source)  # a row that cannot fit: before weights
     model, tokenizer = load_model_and_tokenizer(cfg.model.model_name_or_path, **checked.init_kwargs)
-    dataset = train_rows(cfg, dataset, tokenizer, model.config, args, source)
     with reported_write(out, "free space and run again"):
         out.mkdir(parents=True, exist_ok=True)
         save_config(cfg, out / "config.yaml")
