@@ -116,7 +116,8 @@ def check_sources(cfg: RunConfig, config: str = "<config>", flags: dict[str, Any
     for key, set_to in (("dataset_config", script.dataset_config), ("dataset_train_split", script.dataset_train_split)):
         if set_to not in (None, "train") and not directory:
             raise ConfigError(f"{blame(key, config, flags)}: {key}: applies to a dataset directory or hub id "
-                              "(trl grpo's dataset_name); an ictrl.data source takes its options in the name (NAME:hub_split=...)")
+                              "(trl grpo's dataset_name); an ictrl.data source takes its options in the name "
+                              "(NAME:hub_split=...)")
     train = [] if directory else script.sources()
     for key, names in (("dataset_name", train), ("eval_datasets", script.eval_datasets)):
         source = blame(key, config, flags)
