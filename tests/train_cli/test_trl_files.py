@@ -94,7 +94,9 @@ def resumable_file(tmp_path: Path, model_dir: Path, out: str, max_steps: int) ->
 def test_resume_from_checkpoint_in_another_folder_continues_that_run_exactly(tiny_model_dir: Path, in_tmp: Path,
                                                                             capsys: pytest.CaptureFixture[str]) -> None:
     """``--output_dir=B --resume_from_checkpoint=A/checkpoint-2`` starts at step 3 from A's checkpoint, and its
-    step 4 weights are those of the straight 4-step run in A."""
+    step 4 weights are those of the straight 4-step run in A; so are those of ``resume_from_checkpoint: true``."""
+    import shutil
+
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -109,9 +111,18 @@ def test_resume_from_checkpoint_in_another_folder_continues_that_run_exactly(tin
     assert steps == [3, 4]
     assert json.loads((in_tmp / "b" / "trainer_state.json").read_text())["global_step"] == 4
     assert sorted(p.name for p in (in_tmp / "b").glob("checkpoint-*")) == ["checkpoint-3", "checkpoint-4"]
+    # true: TRL's "the last checkpoint in output_dir", here a copy of A's first two steps
+    copy = in_tmp / "c"
+    shutil.copytree(in_tmp / "a" / "checkpoint-2", copy / "checkpoint-2")
+    for name in ("config.yaml", "run.json"):
+        shutil.copy(in_tmp / "a" / name, copy / name)
+    assert cli.main(["train", str(config), f"--output_dir={copy}", "--resume_from_checkpoint=true"]) == 0
+    steps = [json.loads(line)["step"] for line in (copy / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [3, 4]
     straight = AutoModelForCausalLM.from_pretrained(in_tmp / "a").state_dict()
-    resumed = AutoModelForCausalLM.from_pretrained(in_tmp / "b").state_dict()
-    assert straight.keys() == resumed.keys() and all(torch.equal(straight[k], resumed[k]) for k in straight)
+    for run in ("b", "c"):
+        resumed = AutoModelForCausalLM.from_pretrained(in_tmp / run).state_dict()
+        assert straight.keys() == resumed.keys() and all(torch.equal(straight[k], resumed[k]) for k in straight)
 
 
 def fake_checkpoint(path: Path, step: int = 2) -> Path:
@@ -140,7 +151,7 @@ def test_resume_from_checkpoint_that_cannot_resume_is_one_line(case: str, tiny_m
         expected = f"--resume continues the last checkpoint in output_dir {in_tmp / 'b'}, and resume_from_checkpoint"
     elif case == "true_without_checkpoint":
         argv[-1] = "--resume_from_checkpoint=true"
-        expected = "--resume: output_dir "  # the path, shortened, then "does not exist"
+        expected = "resume_from_checkpoint: true resumes the last checkpoint in output_dir "
     else:
         fake_checkpoint(other)
         fake_checkpoint(in_tmp / "b" / "checkpoint-1", step=1)
@@ -155,6 +166,7 @@ def test_resume_from_checkpoint_true_is_the_last_checkpoint_in_output_dir(tmp_pa
     from ictrl.train_cli.run_inputs import named_checkpoint
 
     base = {"model_name_or_path": "m", "output_dir": str(tmp_path), "dataset_name": "gsm8k_train"}
+    fake_checkpoint(tmp_path / "checkpoint-1", step=1)
     for value in (True, "true", "True"):
         cfg = config_from_dict({**base, "resume_from_checkpoint": value})
         assert named_checkpoint(cfg, False) == (True, None)

@@ -282,6 +282,12 @@ def named_checkpoint(cfg: RunConfig, resume: bool | str, source: str = "<config>
     if text in ("", "false", "none", "null"):
         return resume, None
     if value is True or text == "true":
+        from ictrl.checkpoints import complete_checkpoints
+
+        if not resume and not complete_checkpoints(cfg.output_dir):  # TRL raises here too; --resume=auto would not
+            raise ConfigError(f"{source}: resume_from_checkpoint: true resumes the last checkpoint in output_dir "
+                              f"{shorten(str(cfg.output_dir), 200)}, which holds none; check the output_dir, or "
+                              "name a checkpoint folder")
         return (resume or True), None
     named, out = Path(str(value)).expanduser(), Path(cfg.output_dir).expanduser()
     key = f"{source}: resume_from_checkpoint: {shorten(str(value), 200)}"
