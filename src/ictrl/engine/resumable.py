@@ -78,7 +78,7 @@ def resume_point(verified: list[Path], args: Any, source: str = "<config>") -> P
 RESUME_FREE_KEYS = frozenset({
     "max_steps", "num_train_epochs", "save_steps", "save_strategy", "save_total_limit", "logging_steps",
     "logging_first_step", "logging_strategy", "report_to", "run_name", "project", "disable_tqdm", "log_level",
-    "cpu_threads", "output_dir", "dataloader_num_workers", "enable_jit_checkpoint",
+    "cpu_threads", "output_dir", "resume_from_checkpoint", "dataloader_num_workers", "enable_jit_checkpoint",
     # where a vLLM server is and how long to wait for it: a restarted server is the usual reason to resume
     "vllm_server_base_url", "vllm_server_host", "vllm_server_port", "vllm_server_timeout", "vllm_group_port"})
 LENGTH_KEYS = ("max_steps", "num_train_epochs")  # the schedule's length, unless the learning rate is constant

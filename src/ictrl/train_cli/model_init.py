@@ -109,8 +109,8 @@ def _targets(cfg: RunConfig) -> list[str]:
 def check_context(cfg: RunConfig, kwargs: dict[str, Any], source: str = "<config>") -> None:
     """``max_prompt_length + max_completion_length`` within the model's ``max_position_embeddings`` (its
     config.json, no weights read): past it a prompt and its completion do not fit, and transformers only prints a
-    reminder. Without ``max_prompt_length`` each prompt is checked against the room left once it is tokenised
-    (``ictrl.train_cli.run_inputs.drop_long_prompts``)."""
+    reminder. Without ``max_prompt_length`` (TRL's behaviour: no cap) each prompt is checked against the room left
+    once it is tokenised, before the weights load (``ictrl.train_cli.run_inputs.drop_long_prompts``)."""
     from trl import GRPOConfig
 
     prompt = cfg.script.max_prompt_length
@@ -129,6 +129,17 @@ def _auto_config(cfg: RunConfig, kwargs: dict[str, Any]) -> Any:
 
     return AutoConfig.from_pretrained(cfg.model.model_name_or_path, trust_remote_code=kwargs["trust_remote_code"],
                                       revision=kwargs.get("revision"))
+
+
+def tokenizer_and_config(cfg: RunConfig, kwargs: dict[str, Any]) -> tuple[Any, Any]:
+    """The model's tokenizer and its text config (``max_position_embeddings``), without its weights: what the
+    training rows are measured against before the model loads."""
+    from transformers import AutoTokenizer
+
+    revision = {"revision": kwargs["revision"]} if kwargs.get("revision") else {}
+    tokenizer = AutoTokenizer.from_pretrained(cfg.model.model_name_or_path,
+                                              trust_remote_code=kwargs["trust_remote_code"], **revision)
+    return tokenizer, _auto_config(cfg, kwargs).get_text_config()
 
 
 def check_architecture(cfg: RunConfig, kwargs: dict[str, Any], source: str = "<config>") -> None:

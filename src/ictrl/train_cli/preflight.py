@@ -39,7 +39,8 @@ from ictrl.train_cli.process_group import answered_once
 from ictrl.train_cli.run_config import ConfigError, RunConfig
 from ictrl.train_cli.run_guard import NO_OP_FLAG, check_no_previous_run, check_not_an_input
 from ictrl.train_cli.run_inputs import (add_overlong_penalty, blame, build_rewards, check_enough_rows, check_sources,
-                                        drop_long_prompts, load_train_dataset, name_the_key)
+                                        drop_long_prompts, load_train_dataset, name_the_key,
+                                        named_checkpoint)
 
 log = logging.getLogger("ictrl.train")
 
@@ -301,10 +302,13 @@ def existing_checkpoints(cfg: RunConfig, resume: bool | str, source: str = "<con
     """The complete checkpoints in ``output_dir``, oldest first; without ``resume`` there must be none (a fresh
     run does not start over another run's checkpoints), with ``resume=True`` there must be one (a misspelt
     output_dir does not train from step 0); ``resume="auto"`` takes either. With none, ``output_dir`` must hold
-    no earlier run's model or record either (``run_guard.check_no_previous_run``; ``--overwrite`` allows it)."""
+    no earlier run's model or record either (``run_guard.check_no_previous_run``; ``--overwrite`` allows it).
+    ``resume_from_checkpoint`` counts as ``resume`` (``run_inputs.named_checkpoint``: ``true``, or a checkpoint
+    in output_dir)."""
+    resume, named = named_checkpoint(cfg, resume, source)
     out = Path(cfg.output_dir)
     checkpoints = complete_checkpoints(out)
-    if checkpoints and not resume:
+    if checkpoints and not resume and (named is None or named.resolve().parent != out.resolve()):
         raise ConfigError(f"{source}: output_dir: {out} already holds {checkpoints[-1].name}; pass --resume "
                           "to continue it or choose another output_dir")
     if not checkpoints and resume is True:
@@ -340,6 +344,7 @@ def train_rows(cfg: RunConfig, dataset: Any, tokenizer: Any, model_config: Any, 
     ``max_prompt_length`` dropped (without it, one that cannot fit the model's positions beside
     ``max_completion_length`` refused), one generation batch of prompts left at least."""
     dataset = drop_long_prompts(dataset, tokenizer, cfg.script.max_prompt_length,
-                                getattr(model_config, "max_position_embeddings", None), args.max_completion_length)
+                                getattr(model_config, "max_position_embeddings", None), args.max_completion_length,
+                                source, str(cfg.script.dataset_name))
     check_enough_rows(dataset, args, source)
     return dataset

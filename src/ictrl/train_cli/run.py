@@ -19,7 +19,7 @@ import torch
 from ictrl.checkpoints import STAGING_PREFIX, clear_staging, finished_run, rerun_advice, trainer_state
 from ictrl.cliargs import VERBOSE_ENV, env_flag
 from ictrl.engine.resumable import check_unchanged, resume_point, save_final, verified_checkpoints
-from ictrl.errors import Terminated, UserError
+from ictrl.errors import ConfigError, Terminated, UserError
 from ictrl.files import reported_write
 from ictrl.rewards.policy import RewardAbandoned, RunStop
 from ictrl.train_cli.preflight import (Checked, check_inputs, existing_checkpoints, preflight, train_rows,
@@ -28,7 +28,7 @@ from ictrl.train_cli.process_group import answered_once
 from ictrl.train_cli.run_config import RunConfig, config_to_dict, save_config
 from ictrl.train_cli.run_guard import (OVERWRITE_FLAG, RunLock, StopRequest, add_stop_callback, forget_previous_run,
                                        note_short_run, run_failure, stopped)
-from ictrl.train_cli.run_inputs import input_hashes, inputs_record, reward_label
+from ictrl.train_cli.run_inputs import input_hashes, inputs_record, named_checkpoint, reward_label
 
 log = logging.getLogger("ictrl.train")
 
@@ -50,8 +50,15 @@ def prepare_output_dir(cfg: RunConfig, resume: bool | str, source: str = "<confi
     (``resumable.resume_point``; without ``args``, the newest verified). Refuses to start over existing
     checkpoints."""
     out = Path(cfg.output_dir)
+    resume, named = named_checkpoint(cfg, resume, source)  # TRL's resume_from_checkpoint
     checkpoints = existing_checkpoints(cfg, resume, source)
     clear_staging(out)
+    if named is not None:  # that checkpoint, checked as --resume checks its own
+        verified = verified_checkpoints([named])
+        if not verified:
+            raise ConfigError(f"{source}: resume_from_checkpoint: {named} is not a complete checkpoint (named "
+                              "above); name another")
+        return resume_point(verified, args, source) if args is not None else named
     if not checkpoints and OVERWRITE_FLAG in cfg.modes:
         forget_previous_run(out)
     if not resume or not checkpoints:
@@ -156,23 +163,27 @@ def _train_locked(cfg: RunConfig, checked: Checked, resume: bool | str, source: 
     resume_from = prepare_output_dir(cfg, resume, source, args)
     # The final model goes where Trainer.save_model(output_dir) and `trl grpo` put it: output_dir itself.
     out = Path(cfg.output_dir)
-    if resume_from is not None and finished_run(resume_from, args.max_steps):
+    if resume_from is not None and resume_from.parent.resolve() == out.resolve() and \
+            finished_run(resume_from, args.max_steps):
         step = trainer_state(resume_from)["global_step"]
         log.warning("--resume: the run is complete: %s is at step %d (max_steps %d) and %s holds its model; "
                     "nothing to train", resume_from.name, step, args.max_steps, out)
         return TrainResult(out, step, resume_from, out)
     if resume_from is not None:
-        check_unchanged(out / "config.yaml", config_to_dict(cfg), args, source)
+        check_unchanged(resume_from.parent / "config.yaml", config_to_dict(cfg), args, source)  # the run it ends
     dataset = check_inputs(cfg, checked.init_kwargs, source)  # every row checked before the model loads
     resumed_at = trainer_state(resume_from)["global_step"] if resume_from is not None else None
-    inputs = inputs_record(out, input_hashes(dataset, reward_funcs), resumed_at, accept_changed_inputs, source)
+    inputs = inputs_record(resume_from.parent if resume_from is not None else out,
+                           input_hashes(dataset, reward_funcs), resumed_at, accept_changed_inputs, source)
 
     from ictrl.models import load_model_and_tokenizer
+    from ictrl.train_cli.model_init import tokenizer_and_config
     from ictrl.train_cli.callbacks import StopNow
 
     skip_deepspeed_unless_imported()
+    tokenizer, text_config = tokenizer_and_config(cfg, checked.init_kwargs)
+    dataset = train_rows(cfg, dataset, tokenizer, text_config, args, source)  # a row that cannot fit: before weights
     model, tokenizer = load_model_and_tokenizer(cfg.model.model_name_or_path, **checked.init_kwargs)
-    dataset = train_rows(cfg, dataset, tokenizer, model.config, args, source)
     with reported_write(out, lambda: rerun_advice(out)):
         out.mkdir(parents=True, exist_ok=True)
         save_config(cfg, out / "config.yaml")

@@ -44,8 +44,9 @@ class ScriptArguments(GRPOScriptArguments):
     dataset_name: str | None = field(
         default=None,
         metadata={"help": "Training data: an ictrl.data registry name (gsm8k_train, math_train, "
-                          "math_train:levels=3,4,5), jsonl:PATH, or as in trl grpo a local dataset directory (read by "
-                          "datasets.load_dataset with dataset_config and dataset_train_split, a 'prompt' column); in "
+                          "math_train:levels=3,4,5), jsonl:PATH, or as in trl grpo a local dataset directory or a hub "
+                          "id owner/name (read by datasets.load_dataset with dataset_config and dataset_train_split, a "
+                          "'prompt' column); in "
                           "YAML also a list (concatenated) or a mapping name: weight (a mixture); a flag takes the "
                           "same as YAML flow ('[a, b]', '{a: 1, b: 3}')."},
     )
@@ -54,14 +55,16 @@ class ScriptArguments(GRPOScriptArguments):
         metadata={"help": "Reward functions: ictrl's graders ('verifiable', the default: each row's kind picks the "
                           "math, gsm8k or choice reward; or math, gsm8k, choice, format), trl grpo's names "
                           "(accuracy_reward, think_format_reward, ...) or a dotted path / module:function with TRL's "
-                          "signature. The first is reported as accuracy."},
+                          "signature; a flag also takes the YAML list '[a, b]'. The first is reported as accuracy."},
     )
     dataset_limit: Annotated[int | None, AT_LEAST_ONE] = field(
         default=None, metadata={"help": "Use at most this many training rows (of the mixture when several)."})
     max_prompt_length: Annotated[int | None, AT_LEAST_ONE] = field(
-        default=512,
-        metadata={"help": "Drop training prompts longer than this many tokens (after the chat template); null keeps "
-                          "all. Dropping, not truncating: a cut question has no verifiable answer."},
+        default=None,
+        metadata={"help": "Drop training prompts longer than this many tokens (after the chat template); null (the "
+                          "default, as TRL 1.16, which has no such key) keeps all, and a prompt that cannot fit the "
+                          "model's positions beside max_completion_length is refused naming its row. Dropping, not "
+                          "truncating: a cut question has no verifiable answer."},
     )
     eval_datasets: list[str] = field(
         default_factory=list,
@@ -80,6 +83,11 @@ class ScriptArguments(GRPOScriptArguments):
     def __post_init__(self) -> None:
         if isinstance(self.dataset_name, str) and self.dataset_name.lstrip()[:1] in ("[", "{"):
             self.dataset_name = load_yaml_value(self.dataset_name, "dataset_name")
+        funcs = self.reward_funcs
+        if isinstance(funcs, list) and len(funcs) == 1 and isinstance(funcs[0], str) and funcs[0].lstrip()[:1] == "[":
+            self.reward_funcs = load_yaml_value(funcs[0], "reward_funcs")  # a flag's '[a, b]', as dataset_name's
+            if not isinstance(self.reward_funcs, list) or not all(isinstance(f, str) for f in self.reward_funcs):
+                raise ValueError(f"reward_funcs: expected a list of names, got {quote(funcs[0])}")
         train = self.dataset_name
         if isinstance(train, dict):
             for name, weight in train.items():

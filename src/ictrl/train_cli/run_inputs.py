@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import difflib
 import logging
+import os
 from pathlib import Path
 from typing import Any, Callable
 
@@ -113,8 +114,9 @@ def check_sources(cfg: RunConfig, config: str = "<config>", flags: dict[str, Any
     script, directory = cfg.script, trl_dataset(cfg)
     for key, set_to in (("dataset_config", script.dataset_config), ("dataset_train_split", script.dataset_train_split)):
         if set_to not in (None, "train") and not directory:
-            raise ConfigError(f"{blame(key, config, flags)}: {key}: applies to a dataset directory (trl grpo's "
-                              "dataset_name); an ictrl.data source takes its options in the name (NAME:hub_split=...)")
+            raise ConfigError(f"{blame(key, config, flags)}: {key}: applies to a dataset directory or hub id "
+                              "(trl grpo's dataset_name); an ictrl.data source takes its options in the name "
+                              "(NAME:hub_split=...)")
     train = [] if directory else script.sources()
     for key, names in (("dataset_name", train), ("eval_datasets", script.eval_datasets)):
         source = blame(key, config, flags)
@@ -129,10 +131,51 @@ def check_sources(cfg: RunConfig, config: str = "<config>", flags: dict[str, Any
                 raise ConfigError(f"{source}: {key}: {quote(name)}: file not found")
 
 
+# A hub dataset id as the hub spells one: owner/name (letters, digits, '-', '_', '.').
+HUB_ID = r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*"
+OFFLINE_ENV = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+
+
 def trl_dataset(cfg: RunConfig) -> bool:
-    """Whether ``dataset_name`` is a dataset directory, which ``trl grpo`` reads with ``datasets.load_dataset``."""
+    """Whether ``trl grpo``'s ``datasets.load_dataset`` reads ``dataset_name``: a dataset directory, or a hub id
+    (``owner/name``) that is neither an ictrl.data name nor a local path (those come first)."""
+    import re
+
     name = cfg.script.dataset_name
-    return isinstance(name, str) and Path(name).is_dir()
+    if not isinstance(name, str):
+        return False
+    return Path(name).is_dir() or (re.fullmatch(HUB_ID, name) is not None and not Path(name).exists())
+
+
+def _offline() -> str | None:
+    """The environment variable that keeps ``datasets`` off the hub, as it reads it (1, true, yes, on)."""
+    return next((f"{key}={os.environ[key]}" for key in OFFLINE_ENV
+                 if os.environ.get(key, "").strip().upper() in ("1", "TRUE", "YES", "ON")), None)
+
+
+def _load_trl_dataset(script: Any) -> Any:
+    """``trl grpo``'s call: ``load_dataset(dataset_name, name=dataset_config, streaming=dataset_streaming)``, then
+    its ``dataset_train_split``; errors are one :class:`ictrl.errors.DataError` line naming the id (offline: the
+    setting that kept it off the hub; a missing split: the splits there are)."""
+    from datasets import load_dataset
+
+    from ictrl.errors import DataError
+
+    name, split = script.dataset_name, script.dataset_train_split
+    try:
+        loaded = load_dataset(name, name=script.dataset_config, streaming=script.dataset_streaming)
+    except Exception as exc:  # datasets raises many types (ConnectionError, DatasetNotFoundError, ValueError, ...)
+        offline = _offline() if not Path(name).is_dir() else None
+        if offline:
+            raise DataError(f"dataset_name: {name}: not in the local datasets cache, and {offline} keeps datasets "
+                            "off the hub: unset it to download the data set, or name a local directory") from None
+        if isinstance(exc, (ValueError, KeyError, FileNotFoundError, ConnectionError, OSError)):
+            raise DataError(f"dataset_name: {name}: {shorten(str(exc), 300)}") from None
+        raise
+    if split not in loaded:
+        raise DataError(f"dataset_train_split: {split!r}: {name} has no such split; its splits: "
+                        f"{', '.join(map(str, loaded)) or 'none'}")
+    return loaded[split]
 
 
 def load_train_dataset(cfg: RunConfig) -> Any:
@@ -142,15 +185,10 @@ def load_train_dataset(cfg: RunConfig) -> Any:
     from ictrl import data
 
     if trl_dataset(cfg):  # as trl grpo: load_dataset(dataset_name, name=dataset_config)[dataset_train_split]
-        from datasets import load_dataset
-
         from ictrl.errors import DataError
 
         script = cfg.script
-        try:
-            rows = load_dataset(script.dataset_name, name=script.dataset_config)[script.dataset_train_split]
-        except (ValueError, KeyError, FileNotFoundError) as exc:
-            raise DataError(f"dataset_name: {script.dataset_name}: {shorten(str(exc), 300)}") from None
+        rows = _load_trl_dataset(script)
         if "prompt" not in rows.column_names:
             raise DataError(f"dataset_name: {script.dataset_name}: no 'prompt' column (TRL's GRPOTrainer reads it); "
                             f"columns: {rows.column_names}")
@@ -163,10 +201,11 @@ def load_train_dataset(cfg: RunConfig) -> Any:
 
 
 def drop_long_prompts(dataset: Any, tokenizer: Any, limit: int | None, max_positions: int | None = None,
-                      completion_length: int = 0) -> Any:
+                      completion_length: int = 0, source: str | None = None, data: str | None = None) -> Any:
     """``dataset`` minus prompts longer than ``limit`` tokens (``max_prompt_length``), with a warning naming
     the first rows dropped and their lengths. Without a limit, a prompt that cannot fit in the model's
-    ``max_positions`` beside ``completion_length`` tokens is an error naming its row."""
+    ``max_positions`` beside ``completion_length`` tokens is an error naming its row, led by ``source`` (the config
+    file) and the data it came from (``data``, the ``dataset_name`` value)."""
     from ictrl.errors import DataError
     from ictrl.eval.precheck import longest_token
 
@@ -191,7 +230,9 @@ def drop_long_prompts(dataset: Any, tokenizer: Any, limit: int | None, max_posit
     if limit is None:
         too_long = [i for i, n in enumerate(lengths) if room is not None and n > room]
         if too_long:
-            raise DataError(f"dataset_name: {rows(too_long)}: longer than the {room} tokens the model's "
+            where = f"{source}: " if source else ""
+            named = f" {shorten(data, 200)}" if data else ""
+            raise DataError(f"{where}dataset_name{named}: {rows(too_long)}: longer than the {room} tokens the model's "
                             f"{max_positions} positions leave beside max_completion_length {completion_length}; "
                             "set max_prompt_length to drop such prompts")
         return dataset
@@ -222,6 +263,45 @@ def _prompt_text(prompt: Any, tokenizer: Any) -> str:
     if isinstance(prompt, str):
         return prompt
     return str(tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True))
+
+
+# --- TRL's resume key ----------------------------------------------------------------------------------------------
+
+
+def named_checkpoint(cfg: RunConfig, resume: bool | str, source: str = "<config>") -> tuple[bool | str, Path | None]:
+    """``resume_from_checkpoint`` (TRL's key, as ``trl grpo`` passes it to ``Trainer.train``) beside ictrl's
+    ``--resume`` (``resume``): the ``resume`` the run takes and the checkpoint the key names (None: none named).
+    ``true`` is TRL's "the last checkpoint in output_dir", which is ``--resume``; a path must be a checkpoint
+    folder with a readable trainer state (its files are verified with the resume); a path outside output_dir
+    beside ``--resume`` is refused in one line, since each names a different start."""
+    from ictrl.checkpoints import trainer_state
+
+    value = cfg.trainer.get("resume_from_checkpoint")
+    text = str(value).strip().lower() if value is not None else ""
+    if text in ("", "false", "none", "null"):
+        return resume, None
+    if value is True or text == "true":
+        from ictrl.checkpoints import complete_checkpoints
+
+        if not resume and not complete_checkpoints(cfg.output_dir):  # TRL raises here too; --resume=auto would not
+            raise ConfigError(f"{source}: resume_from_checkpoint: true resumes the last checkpoint in output_dir "
+                              f"{shorten(str(cfg.output_dir), 200)}, which holds none; check the output_dir, or "
+                              "name a checkpoint folder")
+        return (resume or True), None
+    named, out = Path(str(value)).expanduser(), Path(cfg.output_dir).expanduser()
+    key = f"{source}: resume_from_checkpoint: {shorten(str(value), 200)}"
+    if not named.is_dir():
+        raise ConfigError(f"{key}: {'not a folder' if named.exists() else 'does not exist'}; name a checkpoint "
+                          "folder (OUTPUT_DIR/checkpoint-N) or true for the last one in output_dir")
+    try:
+        trainer_state(named)
+    except ValueError:
+        raise ConfigError(f"{key}: not a complete checkpoint (no readable trainer_state.json); name a checkpoint "
+                          "folder (OUTPUT_DIR/checkpoint-N)") from None
+    if resume and named.resolve().parent != out.resolve():
+        raise ConfigError(f"{key}: --resume continues the last checkpoint in output_dir {out}, and "
+                          "resume_from_checkpoint names a checkpoint elsewhere; give one of them")
+    return resume, named
 
 
 # --- what a resumed run must read again --------------------------------------------------------------------------
