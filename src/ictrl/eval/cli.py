@@ -181,6 +181,10 @@ def run(args: argparse.Namespace) -> int:
         check_output_dir(args.output_dir)
     preflight.check_benchmarks(args.benchmarks, data_root=args.data_root)
     preflight.check_model(args.model)
+    if config.method is None:  # `ictrl table` groups runs by method: say it now, not when the table refuses
+        print(f"ictrl eval: warning: no method label: --method is not given and {args.model} has no run.json or "
+              "config.yaml of `ictrl train` beside it, so the results record method: null and `ictrl table` will "
+              "not take them; pass --method NAME (e.g. --method grpo)", file=sys.stderr)
     config.model_sha256 = model_identity(args.model)
     from ictrl.eval.generate import BackendUnavailableError, build_backend, check_backend
 
