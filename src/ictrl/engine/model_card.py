@@ -38,8 +38,8 @@ def model_card(base_model: str, output_dir: Path, args: Any, command: str | None
     how = ("trained by `ictrl train` (ICTGRPOTrainer, a subclass of TRL's `GRPOTrainer`)" if command else
            f"trained from Python with `ictrl.ICTGRPOTrainer` (a subclass of TRL's `GRPOTrainer`, method {label})")
     made = (["Trained with:", "", "```bash", command, "```", ""] if command else
-            ["Trained from Python: `ICTGRPOTrainer(model, reward_funcs, args=ICTGRPOConfig(...))`; the settings above "
-             "are the resolved `ICTGRPOConfig`.", ""])
+            ["Trained from Python with `ICTGRPOTrainer(...)`, not a command: the settings above are its resolved "
+             "arguments (`trainer.args`); no config file was written.", ""])
     # only the files that are really there: a Python run writes neither unless its caller did
     beside = [f"`{name}`" for name in ("config.yaml", "run.json") if (output_dir / name).is_file()]
     settings = ([f"The resolved settings are in {' and '.join(beside)} beside this file.", ""] if beside else [])
