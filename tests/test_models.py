@@ -104,3 +104,14 @@ def test_padded_tokenizer_reloads_as_qwen2_with_identical_ids(tmp_path: Path) ->
     assert reloaded.decode([151935]) == "<|pad_151935|>"  # the last id a random model can sample decodes
     with pytest.raises(ValueError, match="pad_to=100"):
         build_byte_tokenizer(pad_to=100)
+
+
+def test_saved_tokenizer_keeps_trl_sides(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """As TRL's GRPOTrainer loads its tokenizer, so its saved tokenizer_config.json says left padding/truncation."""
+    import json
+
+    _, tokenizer = load_model_and_tokenizer(str(tiny_model_dir))
+    assert tokenizer.padding_side == "left"
+    tokenizer.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    assert (saved["padding_side"], saved["truncation_side"]) == ("left", "left")

@@ -239,10 +239,12 @@ def load_model_and_tokenizer(
     if local.exists() and not (local / "config.json").exists():
         raise FileNotFoundError(f"{name_or_path}: directory has no config.json, so it is not a model checkpoint")
     revision = {"revision": init_kwargs["revision"]} if init_kwargs.get("revision") else {}
-    tokenizer = AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=trust_remote_code, **revision)
+    # TRL's GRPOTrainer loads its processing class with these sides, and save_pretrained then writes them (an
+    # attribute set after loading is not saved): the saved tokenizer_config.json matches trl grpo's
+    tokenizer = AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=trust_remote_code, padding_side="left",
+                                              truncation_side="left", **revision)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    tokenizer.padding_side = "left"
     target = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if isinstance(dtype, str) and dtype != "auto":
         dtype = getattr(torch, dtype)

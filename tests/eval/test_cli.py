@@ -62,7 +62,8 @@ def test_eval_end_to_end_on_real_benchmarks(
     assert "settings mismatch" in err and "temperature: stored 0.6, requested 1.0" in err
 
 
-def test_data_root_option_and_greedy_copies(tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_data_root_option_and_greedy_copies(tiny_model_dir: Path, tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
     root = tmp_path / "data"
     (root / "gsm8k").mkdir(parents=True)
     rows = [{"question": "What is 2+3?", "answer": "2+3=5\n#### 5"}, {"question": "What is 4*4?", "answer": "#### 16"}]
@@ -70,8 +71,14 @@ def test_data_root_option_and_greedy_copies(tiny_model_dir: Path, tmp_path: Path
     out = tmp_path / "eval"
     args = eval_args(tiny_model_dir, out, "--benchmarks", "gsm8k", "--data-root", str(root), "--temperature", "0")
     assert main(args) == 0
+    # no --method and no run.json beside the model: one warning line naming the flag, method null recorded
+    warned = [line for line in capsys.readouterr().err.splitlines() if "no method label" in line]
+    assert len(warned) == 1 and "pass --method NAME" in warned[0] and str(tiny_model_dir) in warned[0]
+    assert json.loads((out / RESULTS_JSON).read_text())["summary"]["settings"]["method"] is None
     records = json.loads((out / RESULTS_JSON).read_text())["records"]
     assert [r["gold"] for r in records] == ["5", "16"]
+    assert main([*args, "--method", "grpo", "--output-dir", str(tmp_path / "labelled")]) == 0
+    assert "no method label" not in capsys.readouterr().err
     assert "What is 4*4?" in records[1]["prompt"]
     for rec in records:  # greedy: the n samples are one decode, copied
         assert len({s["completion"] for s in rec["samples"]}) == 1

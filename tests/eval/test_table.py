@@ -116,7 +116,7 @@ def test_one_pair_has_no_interval_and_one_seed_no_std(tmp_path: Path) -> None:
         ("missing_bench", "no benchmark 'b'"),
         ("num_problems", "benchmarks.a.num_problems is 7"),
         ("generation", "generation settings of a"),
-        ("no_method", "settings.method is not set; rerun `ictrl eval` with --method"),
+        ("no_method", "settings.method is not set; set summary.settings.method in this file"),
         ("bad_json", "cannot read"),
     ],
 )
@@ -208,3 +208,17 @@ def test_table_from_real_eval_outputs_of_tiny_models(tmp_path: Path, shared_data
     shutil.copytree(eval_dirs[0], tmp_path / "copy")
     assert main(["table", *map(str, eval_dirs), str(tmp_path / "copy")]) == 2
     assert "method 'grpo' with train seed 0 is also in" in capsys.readouterr().err
+
+
+def test_unlabelled_run_is_refused_in_one_line_and_the_named_fix_works(tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    write_result(tmp_path, "ict", 0, SCORES[("ict", 0)])
+    path = write_result(tmp_path, None, 0, SCORES[("grpo", 0)]) / RESULTS_JSON
+    assert main(["table", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(path) in err[0] and "set summary.settings.method in this file" in err[0]
+    data = json.loads(path.read_text())
+    data["summary"]["settings"]["method"] = "grpo"  # the fix the line names
+    path.write_text(json.dumps(data))
+    assert main(["table", str(tmp_path)]) == 0
+    assert "grpo" in capsys.readouterr().out

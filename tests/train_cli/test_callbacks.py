@@ -9,6 +9,8 @@ from datetime import datetime
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
+
 from ictrl.train_cli.callbacks import MetricsJSONL
 
 
@@ -87,3 +89,29 @@ def test_log_line_shows_the_running_mean_of_the_logged_rewards() -> None:
     assert len(lines) == 24 and lines[0].startswith("step 1/30  reward 0.010 (avg1 0.010)")
     last = [s / 100 for s in range(1, 25, 2)][-TREND:]  # the last 10 of the 12 rewards
     assert lines[-1].startswith(f"step 24/30  reward - (avg10 {sum(last) / len(last):.3f})"), lines[-1]
+
+
+def test_a_run_inside_the_selection_warmup_says_so(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    from ictrl.engine.config import ICTGRPOConfig
+    from ictrl.train_cli.callbacks import warmup_line
+
+    def cpu_args(out: Path, **kw: object) -> ICTGRPOConfig:
+        return ICTGRPOConfig(output_dir=str(out), use_cpu=True, bf16=False, report_to="none", num_generations=4,
+                             per_device_train_batch_size=8, **{"selection_warmup_steps": 0, **kw})
+
+    ict = cpu_args(tmp_path / "a", token_selector="ict", selection_warmup_steps=10)
+    state = SimpleNamespace(global_step=0, is_world_process_zero=True, max_steps=2)
+    with caplog.at_level(logging.INFO, logger="ictrl.train"):
+        MetricsJSONL(tmp_path / "metrics.jsonl").on_train_begin(ict, state, None)
+    lines = [r.getMessage() for r in caplog.records if "warm-up" in r.getMessage()]
+    assert len(lines) == 1
+    assert lines[0].startswith("selection warm-up: steps 1-10 train on all tokens (selection_warmup_steps=10)")
+    assert "ends at step 2, inside the warm-up" in lines[0] and "--selection_warmup_steps=0" in lines[0]
+    assert "inside" not in (warmup_line(ict, 0, 40) or "")  # a longer run: the warm-up, then ict selects
+    assert warmup_line(ict, 0, 40) is not None and "ict selects from step 11" in warmup_line(ict, 0, 40)
+    assert warmup_line(ict, 4, 40).startswith("selection warm-up: steps 5-10")  # resumed inside it
+    assert warmup_line(ict, 10, 40) is None  # resumed after it
+    assert warmup_line(cpu_args(tmp_path / "b", token_selector="all"), 0, 2) is None
+    assert warmup_line(cpu_args(tmp_path / "c", token_selector="ict"), 0, 2) is None  # Θ=0

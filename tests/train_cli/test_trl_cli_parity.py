@@ -158,6 +158,9 @@ def test_a_plain_trl_file_trains_as_trl_grpo_bit_for_bit(tiny_model_dir: Path, t
     AutoTokenizer.from_pretrained(tmp_path / "out")
     assert ours.keys() == theirs.keys()
     assert all(torch.equal(ours[k], theirs[k]) for k in ours)
+    sides = [{k: v for k, v in json.loads((tmp_path / d / "tokenizer_config.json").read_text()).items()
+              if k.endswith("_side")} for d in ("trl", "out")]
+    assert sides[0] == sides[1] == {"padding_side": "left", "truncation_side": "left"}
     assert any(not torch.equal(ours[k], base[k]) for k in ours)  # the reward varied: the weights moved
     labels = json.loads((tmp_path / "out" / "run.json").read_text())
     assert (labels["method"], labels["method_from"], labels["loss_normalization"]) == ("grpo", "default",
@@ -165,3 +168,4 @@ def test_a_plain_trl_file_trains_as_trl_grpo_bit_for_bit(tiny_model_dir: Path, t
     card = (tmp_path / "out" / "README.md").read_text()
     assert f"base_model: {tiny_model_dir.resolve()}" in card and "None" not in card
     assert "TRL's GRPO" in card and f"ictrl train {config}" in card
+    assert "`config.yaml` and `run.json` beside this file" in card and "from Python" not in card

@@ -35,14 +35,20 @@ def model_card(base_model: str, output_dir: Path, args: Any, command: str | None
     base = f"[{base_model}](https://huggingface.co/{base_model})" if hub else f"`{front['base_model']}`"
     details = ", ".join(f"{key} {value}" for key, value in method.items()
                         if key not in ("method", "token_selector") and value is not None)
+    how = ("trained by `ictrl train` (ICTGRPOTrainer, a subclass of TRL's `GRPOTrainer`)" if command else
+           f"trained from Python with `ictrl.ICTGRPOTrainer` (a subclass of TRL's `GRPOTrainer`, method {label})")
+    made = (["Trained with:", "", "```bash", command, "```", ""] if command else
+            ["Trained from Python with `ICTGRPOTrainer(...)`, not a command: the settings above are its resolved "
+             "arguments (`trainer.args`); no config file was written.", ""])
+    # only the files that are really there: a Python run writes neither unless its caller did
+    beside = [f"`{name}`" for name in ("config.yaml", "run.json") if (output_dir / name).is_file()]
+    settings = ([f"The resolved settings are in {' and '.join(beside)} beside this file.", ""] if beside else [])
     lines = [
         "---", yaml.safe_dump(front, sort_keys=False).strip(), "---", "",
         f"# {output_dir.name}", "",
-        f"This model is a fine-tuned version of {base}, "
-        f"trained by `ictrl train` (ICTGRPOTrainer, a subclass of TRL's `GRPOTrainer`) with {name}: {details}"
+        f"This model is a fine-tuned version of {base}, {how} with {name}: {details}"
         + (f", {step} optimizer steps" if step is not None else "") + f", seed {args.seed}.", "",
-        "Trained with:", "", "```bash", command or "ICTGRPOTrainer (from Python)", "```", "",
-        "The resolved settings are in `config.yaml` and `run.json` beside this file.", "",
+        *made, *settings,
         "## Use", "", "```python", "from transformers import AutoModelForCausalLM, AutoTokenizer", "",
         f'model = AutoModelForCausalLM.from_pretrained("{output_dir}")',
         f'tokenizer = AutoTokenizer.from_pretrained("{output_dir}")', "```", "",

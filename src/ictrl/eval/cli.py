@@ -152,6 +152,13 @@ def _checked_tasks(args: argparse.Namespace, config: EvalConfig) -> list[Any]:
     return tasks
 
 
+def _warn_no_method(model: str) -> None:
+    """One line: the results will record ``method: null``, which ``ictrl table`` refuses; names ``--method``."""
+    print(f"ictrl eval: warning: no method label: --method is not given and {model} has no run.json or "
+          "config.yaml of `ictrl train` beside it, so the results record method: null and `ictrl table` will "
+          "not take them; pass --method NAME (e.g. --method grpo)", file=sys.stderr)
+
+
 def run(args: argparse.Namespace) -> int:
     from ictrl import preflight
     from ictrl.errors import UserError
@@ -194,6 +201,8 @@ def run(args: argparse.Namespace) -> int:
             backend = build_backend(args.backend, args.model, batch_size=args.batch_size, dtype=args.dtype)
         except OSError as err:  # not on the hub, gated, or the connection dropped: transformers says which
             raise UserError(f"--model: {args.model}: cannot load: {str(err).splitlines()[0]}") from err
+        if config.method is None:  # once the model loaded (an error stays one line): before any sample
+            _warn_no_method(args.model)
         with sigterm_raises(), reported_write(args.output_dir or "."):
             result = evaluate(tasks, backend, config, output_dir=args.output_dir, progress=not args.no_progress)
     except (Terminated, KeyboardInterrupt) as stop:

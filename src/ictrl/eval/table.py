@@ -96,8 +96,8 @@ def load_run(path: Path) -> RunScores:
         settings, benchmarks = summary["settings"], summary["benchmarks"]
     except (KeyError, TypeError):
         raise TableError(f"{path}: no summary.settings / summary.benchmarks (not an `ictrl eval` result)") from None
-    method, seed = _method_and_seed(path, settings, "settings", "; rerun `ictrl eval` with --method NAME (or "
-                                    "evaluate a model saved by `ictrl train`, whose run.json names the method)")
+    method, seed = _method_and_seed(path, settings, "settings", "; set summary.settings.method in this file to the "
+                                    "run's method (e.g. \"grpo\"), or rerun `ictrl eval` with --method NAME")
     scores: dict[str, dict[str, float]] = {}
     for name, bench in benchmarks.items():
         try:

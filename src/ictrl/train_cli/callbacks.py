@@ -8,6 +8,7 @@ Both read the dict that ``Trainer.log`` hands to ``on_log``: TRL's keys (``rewar
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import time
@@ -35,6 +36,22 @@ def _finite_row(row: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
+def warmup_line(args: Any, start: int, max_steps: int) -> str | None:
+    """The line saying which of the steps after ``start`` (the step a run begins or resumes at) fall inside the
+    selection warm-up (``selection_warmup_steps`` Θ: steps 1-Θ train on every response token), or None when none do
+    or the method selects every token anyway."""
+    warmup = int(getattr(args, "selection_warmup_steps", 0) or 0)
+    selector = getattr(args, "selector", None)
+    if warmup <= start or selector is None or selector.trl_loss:
+        return None
+    line = (f"selection warm-up: steps {start + 1}-{warmup} train on all tokens (selection_warmup_steps={warmup}); "
+            f"{selector.label} selects from step {warmup + 1}")
+    if 0 < max_steps <= warmup:  # the whole run is warm-up: it trains as GRPO on every token
+        line += (f"; this run ends at step {max_steps}, inside the warm-up, so no step selects tokens "
+                 "(--selection_warmup_steps=0 selects from step 1)")
+    return line
+
+
 class MetricsJSONL(TrainerCallback):
     """Append one JSON object per logging step to ``path`` (flushed at once; experiments tail it).
 
@@ -54,6 +71,10 @@ class MetricsJSONL(TrainerCallback):
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if not state.is_world_process_zero:
             return
+        # said before the first row: the rows of warm-up steps show every token selected (ictrl/selected_frac 1)
+        note = warmup_line(args, state.global_step, getattr(state, "max_steps", 0))
+        if note:
+            logging.getLogger("ictrl.train").info(note)
         with reported_write(self.path, lambda: rerun_advice(self.path.parent)):
             self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
             keep = _rows_through(os.pread(self._fd, os.fstat(self._fd).st_size, 0), state.global_step)

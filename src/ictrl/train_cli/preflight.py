@@ -33,6 +33,7 @@ import torch
 
 from ictrl.checkpoints import check_weights, complete_checkpoints
 from ictrl.engine.resumable import check_resumable
+from ictrl.engine.trl_args import run_precision
 from ictrl.errors import UserError, quote, shorten
 from ictrl.train_cli import model_init
 from ictrl.train_cli.process_group import answered_once
@@ -140,6 +141,12 @@ def _note_cpu(precision: str) -> None:
     log.warning("no CUDA device: training on CPU in %s", precision)
 
 
+@functools.lru_cache(maxsize=None)
+def _note_precision(precision: str) -> None:
+    """Log a GPU run's precision once per process."""
+    log.info("training in %s", precision)
+
+
 def build_trainer_args(cfg: RunConfig, source: str = "<config>", cpu: bool | None = None,
                        flags: dict[str, Any] | None = None) -> Any:
     """The trainer's config object from the run config's top-level keys; every field checks its own value. On a
@@ -156,12 +163,15 @@ def build_trainer_args(cfg: RunConfig, source: str = "<config>", cpu: bool | Non
             raise ConfigError(f"{blame('fp16', source, flags)}: fp16: accelerate's fp16 mixed precision needs a GPU; "
                               "on CPU use bf16: true or neither")
         kwargs.update(use_cpu=True, fp16=False, bf16=bool(kwargs.get("bf16", False)))
-        _note_cpu("bf16" if kwargs["bf16"] else "fp32 (bf16 not set; TRL's default bf16=True assumes a GPU)")
     try:
-        return config_cls(**kwargs)
+        args = config_cls(**kwargs)
     except (ValueError, TypeError) as exc:  # ICTGRPOConfig / TRL messages name the field, which is the key
         message = name_the_key(str(exc), kwargs, config_cls)
         raise ConfigError(f"{blame(message, source, flags)}: {shorten(message)}") from None
+    # the precision the Trainer's Accelerator gets (args.mixed_precision), which accelerate launch can set too
+    precision, why = run_precision(args)
+    (_note_cpu if cpu else _note_precision)(f"{precision} ({why})")
+    return args
 
 
 def trainer_args(cfg: RunConfig, source: str = "<config>", flags: dict[str, Any] | None = None,

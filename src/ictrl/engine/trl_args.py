@@ -1,0 +1,58 @@
+"""TRL's own trainer arguments as ``ICTGRPOTrainer`` takes them: a plain ``trl.GRPOConfig`` converted into an
+``ICTGRPOConfig`` that runs TRL's GRPO, and the precision a set of arguments gives the Trainer's Accelerator."""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import fields
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+
+def from_grpo_config(args: Any) -> Any:
+    """An ``ICTGRPOConfig`` with every field of the ``trl.GRPOConfig`` ``args`` and TRL's behaviour: token_selector
+    'all' with TRL's normaliser for ``loss_type``, as ``ictrl train`` runs a ``trl grpo`` file that sets no
+    ``token_selector``. ictrl's other fields keep their defaults. Logs one line naming the method that runs."""
+    from ictrl.engine.config import ICTGRPOConfig
+
+    values = {f.name: getattr(args, f.name) for f in fields(args) if f.init}
+    # TRL's __post_init__ derives generation_batch_size from steps_per_generation (or the reverse) and refuses both
+    # set; steps_per_generation alone gives back the same generation batch.
+    values["generation_batch_size"] = None
+    converted = ICTGRPOConfig(**values, token_selector="all")
+    logger.warning("ICTGRPOTrainer: args is a trl.GRPOConfig; converted to ICTGRPOConfig running TRL's GRPO "
+                   "(method %s, token_selector 'all': every response token, TRL's normaliser %r for loss_type %r); "
+                   "for ICT pass ictrl.ICTGRPOConfig(..., token_selector='ict')", converted.selector.label,
+                   converted.loss_normalization, converted.loss_type)
+    return converted
+
+
+def as_ict_config(args: Any) -> Any:
+    """``args`` converted by :func:`from_grpo_config` when it is a ``trl.GRPOConfig`` but not an ``ICTGRPOConfig``;
+    anything else unchanged (the trainer refuses what is not an ``ICTGRPOConfig``)."""
+    from trl import GRPOConfig
+
+    from ictrl.engine.config import ICTGRPOConfig
+
+    if isinstance(args, GRPOConfig) and not isinstance(args, ICTGRPOConfig):
+        return from_grpo_config(args)
+    return args
+
+
+def run_precision(args: Any, environ: dict[str, str] | None = None) -> tuple[str, str]:
+    """(precision, what set it) for the trainer arguments ``args``, as transformers decides it: the config's
+    ``fp16``/``bf16`` when true, else ``ACCELERATE_MIXED_PRECISION`` (set by ``accelerate launch`` from its config
+    file's ``mixed_precision`` or its ``--mixed_precision`` flag), else fp32. ``args.mixed_precision`` is the value
+    the Trainer hands its Accelerator; ``environ`` (default ``os.environ``) is read when ``args`` has none."""
+    env = os.environ if environ is None else environ
+    mixed = getattr(args, "mixed_precision", None) or env.get("ACCELERATE_MIXED_PRECISION", "no")
+    if getattr(args, "fp16", False) and mixed == "fp16":
+        return "fp16", "the run config's fp16: true"
+    if getattr(args, "bf16", False) and mixed == "bf16":
+        return "bf16", "the run config's bf16: true"
+    if mixed != "no":
+        return mixed, ("accelerate's mixed_precision (ACCELERATE_MIXED_PRECISION, from its config file or "
+                       "--mixed_precision; the run config's bf16/fp16 is not true)")
+    return "fp32", "neither the run config's bf16/fp16 nor accelerate's mixed_precision is set"

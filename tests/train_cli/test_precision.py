@@ -1,0 +1,81 @@
+"""The precision line names what the Trainer's Accelerator really gets: the run config's bf16/fp16 when true, else
+accelerate launch's mixed_precision (ACCELERATE_MIXED_PRECISION, from its config file or flag), else fp32."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+CELL = REPO / "configs" / "qwen2.5-0.5b" / "ict.yaml"
+
+
+def test_run_precision_follows_transformers_rule() -> None:
+    from ictrl.engine.trl_args import run_precision
+
+    # TrainingArguments: mixed_precision = env, then fp16/bf16 when true
+    assert run_precision(SimpleNamespace(bf16=False, fp16=False, mixed_precision="bf16"), {})[0] == "bf16"
+    precision, why = run_precision(SimpleNamespace(bf16=False, fp16=False, mixed_precision=None),
+                                   {"ACCELERATE_MIXED_PRECISION": "bf16"})
+    assert precision == "bf16" and "ACCELERATE_MIXED_PRECISION" in why
+    assert run_precision(SimpleNamespace(bf16=True, fp16=False, mixed_precision="bf16"), {}) == (
+        "bf16", "the run config's bf16: true")
+    assert run_precision(SimpleNamespace(bf16=False, fp16=False, mixed_precision="no"), {})[0] == "fp32"
+
+
+def _build(tmp_path: Path, *overrides: str) -> object:
+    from ictrl.train_cli.preflight import _note_cpu, build_trainer_args
+    from ictrl.train_cli.run_config import load_config
+
+    _note_cpu.cache_clear()  # said once per process
+    cfg = load_config(CELL, [f"--output_dir={tmp_path / 'out'}", *overrides])
+    return build_trainer_args(cfg, "test", cpu=True)
+
+
+@pytest.mark.parametrize(("env", "overrides", "said"), [
+    ("bf16", [], "training on CPU in bf16 (accelerate's mixed_precision"),  # accelerate launch of a bf16 file
+    (None, [], "training on CPU in fp32 (neither"),
+    (None, ["--bf16=true"], "training on CPU in bf16 (the run config's bf16: true)"),
+    ("no", ["--bf16=true"], "training on CPU in bf16 (the run config's bf16: true)"),
+])
+def test_cpu_precision_line_from_accelerate_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                  caplog: pytest.LogCaptureFixture, env: str | None,
+                                                  overrides: list[str], said: str) -> None:
+    if env is None:
+        monkeypatch.delenv("ACCELERATE_MIXED_PRECISION", raising=False)
+    else:
+        monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", env)
+    with caplog.at_level(logging.WARNING, logger="ictrl"):
+        args = _build(tmp_path, *overrides)
+    assert said in caplog.text, caplog.text
+    assert args.mixed_precision == said.split(" in ")[1].split(" ")[0].replace("fp32", "no")
+
+
+def test_shipped_ddp_file_leaves_the_precision_to_the_run_config() -> None:
+    data = yaml.safe_load((REPO / "configs" / "accelerate" / "ddp.yaml").read_text())
+    assert data["mixed_precision"] == "no"
+
+
+@pytest.mark.integration
+def test_accelerate_launch_flag_precision_is_logged(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """``accelerate launch --mixed_precision bf16`` on CPU trains in bf16, and the log says so and why."""
+    sys.path.insert(0, str(REPO / "tests" / "engine"))
+    import mp_worker as w
+
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+           str(REPO / "configs" / "accelerate" / "ddp.yaml"), "--num_processes", "1", "--mixed_precision", "bf16",
+           "--main_process_port", str(w.free_port()), "-m", "ictrl", "train", str(CELL),
+           f"--model_name_or_path={tiny_model_dir}", f"--output_dir={tmp_path / 'out'}", "--max_steps=1",
+           "--prompts_per_step=2", "--per_device_train_batch_size=8", "--num_generations=4",
+           "--max_completion_length=8", "--dataset_name=[gsm8k_train]", "--dataset_limit=4",
+           "--max_prompt_length=null", "--selection_warmup_steps=0", "--save_strategy=no", "--disable_tqdm=true",
+           "--dynamic_sampling=false", "--use_vllm=false"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "training on CPU in bf16 (accelerate's mixed_precision" in proc.stderr, proc.stderr[-3000:]
