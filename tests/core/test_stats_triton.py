@@ -197,7 +197,7 @@ def test_multi_block_sweep_from_a_bounded_budget_matches_the_reference(device, m
     import contextlib
 
     from ictrl.core import stats as core_stats
-    from ictrl.engine.stats_pass import hidden_stats
+    from ictrl.engine.stats_pass import Request, Sweep, hidden_stats
 
     monkeypatch.setenv("ICTRL_STATS_BACKEND", "triton")
     g = torch.Generator().manual_seed(41)
@@ -215,8 +215,8 @@ def test_multi_block_sweep_from_a_bounded_budget_matches_the_reference(device, m
     monkeypatch.setattr(core_stats, "SWEEP_BYTES", budget)
     monkeypatch.setattr(core_stats, "CPU_SWEEP_ROWS", B * 2)
     assert core_stats.sweep_rows(None, V, torch.device(device), itemsize=4) * V * 4 <= budget
-    st, js = hidden_stats(head, hidden, mask, ids, groups, temperature=0.7, topk=None, chunk_size=None,
-                          autocast=contextlib.nullcontext, group_size=G)
+    req = Request(mask, ids, groups, group_size=G)
+    st, js = hidden_stats(head, hidden, req, Sweep(0.7, None, None, contextlib.nullcontext, V))
     logits = (hidden @ head.weight.t()).float().cpu()
     st.ict_score = js
     for f in ("entropy", "renyi2", "purity", "logprob", "prob", "ict_score"):
@@ -224,7 +224,6 @@ def test_multi_block_sweep_from_a_bounded_budget_matches_the_reference(device, m
     assert_matches(st, logits, mask.cpu(), ids.cpu(), temperature=0.7, group_ids=groups.cpu(), atol=1e-4, rtol=1e-4)
     assert (st.ict_score[:, 7:] == 0).all()  # one response per group active from t = 7 on (rows 0, 4)
     assert (st.ict_score[[0, 2], 0] > 0).all()
-    one = hidden_stats(head, hidden, mask, ids, groups, temperature=0.7, topk=None, chunk_size=B * T,
-                       autocast=contextlib.nullcontext, group_size=G)  # the whole batch in one block
+    one = hidden_stats(head, hidden, req, Sweep(0.7, None, B * T, contextlib.nullcontext, V))  # one block
     torch.testing.assert_close(one[1].cpu(), st.ict_score, atol=1e-6, rtol=1e-6)
     torch.testing.assert_close(one[0].entropy.cpu(), st.entropy, atol=1e-6, rtol=1e-6)
