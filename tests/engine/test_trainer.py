@@ -99,13 +99,13 @@ def test_config_rejects_bad_values_naming_the_field(tmp_path: Path, overrides: d
         ICTGRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to="none", **overrides)
 
 
-def test_trainer_requires_ict_config(tiny_model_dir: Path, tmp_path: Path) -> None:
-    from trl import GRPOConfig
+def test_trainer_refuses_args_that_are_not_a_grpo_config(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """A trl.GRPOConfig is converted (tests/engine/test_trl_args.py); other arguments are refused in one line."""
+    from transformers import TrainingArguments
 
     model, tokenizer = _load(tiny_model_dir)
-    args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to="none", num_generations=4,
-                      per_device_train_batch_size=8)
-    with pytest.raises(ValueError, match="ICTGRPOConfig"):
+    args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to="none")
+    with pytest.raises(ValueError, match="args must be an ICTGRPOConfig, got TrainingArguments"):
         ICTGRPOTrainer(model=model, reward_funcs=w.digit_reward, args=args, train_dataset=w.make_dataset(),
                        processing_class=tokenizer)
 

@@ -35,9 +35,9 @@ def test_defaults_and_bad_arguments(tmp_path: Path) -> None:
 def test_trajectory_reads_logged_h1_and_skips_steps_without_generation() -> None:
     history = [
         {"step": 1, "ictrl/h1/all": 0.5, "reward": 0.25, "ictrl/selected_frac": 1.0},
-        {"step": 2, "loss": 0.1},  # second inner update: no new generation, no statistics
-        {"step": 3, "entropy": 0.4, "reward": 0.5},  # plain TRL key as a fallback
-        {"step": 3, "train_runtime": 1.0, "entropy": 9.9},
+        {"step": 2, "loss": 0.1, "entropy": 0.7},  # second inner update: TRL's entropy is the loss forward's, no H1
+        {"step": 3, "ictrl/h1/all": 0.4, "reward": 0.5},
+        {"step": 3, "train_runtime": 1.0, "ictrl/h1/all": 9.9},
     ]
     rows = demo._trajectory(history)
     assert [r["step"] for r in rows] == [1, 3]
