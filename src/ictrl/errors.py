@@ -12,6 +12,8 @@ import contextlib
 import re
 from collections.abc import Iterator
 
+from ictrl.core.describe import failure, shorten
+
 
 class UserError(ValueError):
     """A mistake in the user's input; the message is one line naming where it is."""
@@ -77,28 +79,6 @@ def _bounded_repr(value: object, depth: int, limit: int) -> str:
         return repr(value)[: limit + 1]
     except ValueError:  # an int past sys.get_int_max_str_digits() has no repr
         return f"<{type(value).__name__} too large to show>"
-
-
-def shorten(text: str, limit: int = 600) -> str:
-    """``text`` cut to ``limit`` characters, saying how long it was."""
-    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
-
-
-def failure(exc: BaseException) -> str:
-    """``exc`` in a phrase for one line: its type, its first line, and the file and line it was raised at (a
-    ``SyntaxError``'s own, else the last frame of its traceback outside the import machinery)."""
-    text = exc.msg if isinstance(exc, SyntaxError) else str(exc)
-    first = shorten(next((p.strip() for p in re.split(r"[\r\n]+", str(text)) if p.strip()), ""), 300)
-    where = ""
-    if isinstance(exc, SyntaxError) and exc.filename:
-        where = f" ({exc.filename}, line {exc.lineno})"
-    elif exc.__traceback__ is not None:
-        tb = exc.__traceback__
-        while tb.tb_next is not None:
-            tb = tb.tb_next
-        if not tb.tb_frame.f_code.co_filename.startswith("<frozen"):
-            where = f" ({tb.tb_frame.f_code.co_filename}, line {tb.tb_lineno})"
-    return f"{type(exc).__name__}: {first}{where}" if first else f"{type(exc).__name__}{where}"
 
 
 class Interrupted(Exception):

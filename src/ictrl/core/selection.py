@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from ictrl.core.checks import OptionError, as_bool_mask, check_group_ids, require_on_device
+from ictrl.core.describe import failure
 from ictrl.core.loss import NORM_MODES
 from ictrl.core.reference import ceil_count
 
@@ -218,7 +219,7 @@ def _import_selector(spec: str) -> Selector:
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # noqa: BLE001 - a user's module: whatever its import raises, named in one line
-        raise ValueError(f"selector {spec!r}: cannot import it: {_failure(exc)}") from None
+        raise ValueError(f"selector {spec!r}: cannot import it: {failure(exc)}") from None
     for selector in SELECTORS.values():
         if selector.fn is fn:
             return selector
@@ -226,22 +227,6 @@ def _import_selector(spec: str) -> Selector:
         raise ValueError(f"selector {spec!r}: {type(fn).__name__} is not a function")
     register_selector(spec)(fn)
     return SELECTORS[spec]
-
-
-def _failure(exc: BaseException) -> str:
-    """``exc`` in a phrase: its type, first line, and the file and line it was raised at (the last frame)."""
-    text = exc.msg if isinstance(exc, SyntaxError) else str(exc)
-    first = (str(text).strip().splitlines() or [""])[0][:300]
-    where = ""
-    if isinstance(exc, SyntaxError) and exc.filename:
-        where = f" ({exc.filename}, line {exc.lineno})"
-    elif exc.__traceback__ is not None:
-        tb = exc.__traceback__
-        while tb.tb_next is not None:
-            tb = tb.tb_next
-        if not tb.tb_frame.f_code.co_filename.startswith("<frozen"):
-            where = f" ({tb.tb_frame.f_code.co_filename}, line {tb.tb_lineno})"
-    return f"{type(exc).__name__}: {first}{where}" if first else f"{type(exc).__name__}{where}"
 
 
 def select(name: str, inputs: SelectionInputs, *, warmup_steps: int = 0, **options: Any) -> Tensor:
