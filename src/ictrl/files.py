@@ -11,7 +11,9 @@ import contextlib
 import errno
 import json
 import os
+import random
 import shutil
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -171,7 +173,18 @@ def check_output_dir(path: str | os.PathLike[str], label: str = "--output-dir") 
 
 def _try_create(out: Path) -> OSError | None:
     """Create ``out`` (and the missing folders above it) and a file in it, then remove all of them: the error
-    that stopped it, or None."""
+    that stopped it, or None. The processes of one launch probe the same path at once, and one may remove a
+    folder another just made and stands on: a folder gone under the probe is tried again."""
+    failed: OSError | None = None
+    for _ in range(8):
+        failed = _create_once(out)
+        if not isinstance(failed, FileNotFoundError):
+            return failed
+        time.sleep(random.uniform(0.0, 0.05))  # out of step with the other process
+    return failed
+
+
+def _create_once(out: Path) -> OSError | None:
     created: list[Path] = []
     try:
         missing, at = [], out.absolute()

@@ -40,7 +40,7 @@ class Range:
         if self.low is not None and (value <= self.low if self.open_low else value < self.low) or (
                 self.high is not None and (value >= self.high if self.open_high else value > self.high)):
             return f"must be {self}"
-        return None if -INT64 <= value < INT64 else "must fit in 64 bits"
+        return "must fit in 64 bits" if isinstance(value, int) and not -INT64 <= value < INT64 else None
 
     def __str__(self) -> str:
         parts = []
