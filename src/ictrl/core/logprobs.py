@@ -17,11 +17,11 @@ backbone (``model.base_model`` in transformers), so ``hidden`` is already normal
 into the shared parameter). Logit scaling or soft-capping that a model applies outside its head module is not
 applied here.
 
-Chunk size. ``chunk_size`` counts rows; ``None`` picks, on CPU, ``_CHUNK_BYTES // (4 * V)`` rows (at least 1): 55 rows at
-V = 151,936, 256 at V = 32,768. The fused backward holds one fp32 ``[chunk, V]`` buffer per chunk (the checkpointed
-path three or four); larger chunks amortise the reads of the ``[V, H]`` weight over more rows. On a GPU, ``None``
-sizes chunks from the device's free memory (:func:`_rows`) and the backward's GEMMs run in the compute dtype
-(bf16 tensor cores).
+Chunk size. ``chunk_size`` counts rows; ``None`` picks, on CPU, ``_CHUNK_BYTES // (4 * V)`` rows (at least 1): 55 rows
+at V = 151,936, 256 at V = 32,768. The fused backward holds one fp32 ``[chunk, V]`` buffer per chunk (the checkpointed
+path three or four); larger chunks amortise the reads of the ``[V, H]`` weight over more rows. On a GPU, ``None`` sizes
+chunks from the device's free memory (:func:`_rows`) and the backward's GEMMs run in the compute dtype (bf16 tensor
+cores).
 """
 
 from __future__ import annotations

@@ -163,7 +163,8 @@ def _json_safe(obj: Any) -> Any:
 
 
 def benchmark_tasks(
-    specs: Sequence[str], tokenizer: Any = None, limit: int | None = None, data_root: str | os.PathLike[str] | None = None
+    specs: Sequence[str], tokenizer: Any = None, limit: int | None = None,
+    data_root: str | os.PathLike[str] | None = None,
 ) -> list[EvalTask]:
     """EvalTasks for registered benchmarks (``ictrl.data`` specs such as ``"gsm8k"`` or ``"math_train:levels=5"``).
 
@@ -351,7 +352,8 @@ def evaluate(tasks: Sequence[EvalTask], backend: Backend, config: EvalConfig,
                                       f"samples, not n={config.n}; use another output directory")
 
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                               TimeRemainingColumn)
 
     bar = Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn(),
@@ -389,7 +391,8 @@ def evaluate(tasks: Sequence[EvalTask], backend: Backend, config: EvalConfig,
         rec["pass_at_k"] = {str(k): pass_at_k(config.n, int(rec["num_correct"]), k) for k in config.ks}
     summary = summarize(records, tasks, config)
     markdown = format_markdown(summary)
-    harness_file = None if out is None else _write_results(out, summary, records, markdown, time.perf_counter() - started)
+    harness_file = (None if out is None
+                    else _write_results(out, summary, records, markdown, time.perf_counter() - started))
     return EvalResult(summary=_json_safe(summary), records=records, markdown=markdown, harness_file=harness_file)
 
 
@@ -432,7 +435,8 @@ def summarize(records: Sequence[dict[str, Any]], tasks: Sequence[EvalTask], conf
         benchmarks[name] = {
             "num_problems": arr.shape[1],
             "generation": task.generation(config),
-            "pass_at_k": {str(k): _stat(arr[:, :, j].mean(axis=1), [arr[:, :, j].mean(axis=0)], config) for j, k in enumerate(ks)},
+            "pass_at_k": {str(k): _stat(arr[:, :, j].mean(axis=1), [arr[:, :, j].mean(axis=0)], config)
+                          for j, k in enumerate(ks)},
         }
     average = {
         str(k): _stat(
@@ -492,9 +496,12 @@ def format_markdown(summary: dict[str, Any]) -> str:
         "|---|---:|" + "---:|" * len(ks),
     ]
     for name, bench in summary["benchmarks"].items():
-        lines.append(f"| {name} | {bench['num_problems']} | " + " | ".join(_cell(bench["pass_at_k"][k], seeds) for k in ks) + " |")
+        lines.append(f"| {name} | {bench['num_problems']} | "
+                     + " | ".join(_cell(bench["pass_at_k"][k], seeds) for k in ks) + " |")
     avg = summary["average"]
-    lines.append(f"| **Avg** | {avg['num_problems']} | " + " | ".join(_cell(avg["pass_at_k"][k], seeds) for k in ks) + " |")
+    lines.append(f"| **Avg** | {avg['num_problems']} | "
+                 + " | ".join(_cell(avg["pass_at_k"][k], seeds) for k in ks) + " |")
     total_label = " + ".join(f"avg P@{k}" for k in ks)
-    lines.append(f"| **Total** = ({total_label}) / {len(ks)} | | {_cell(summary['total'], seeds)} |" + " |" * (len(ks) - 1))
+    lines.append(f"| **Total** = ({total_label}) / {len(ks)} | | {_cell(summary['total'], seeds)} |"
+                 + " |" * (len(ks) - 1))
     return "\n".join(lines) + "\n"

@@ -18,8 +18,9 @@ each k, the n samples per problem are the task's ``repeats`` (as lm-evaluation-h
 HumanEval family, record them), the filter is ``none`` (the benchmark's own answer extraction and grading), and a
 metric's value is its mean over problems of the per-problem pass@k averaged over the evaluation seeds, with the
 standard error of that mean over problems (lm-evaluation-harness's ``mean_stderr``: sample std / sqrt(problems)),
-``"N/A"`` for one problem. A problem's samples line holds every seed's completions in seed order. ``n-samples``' ``original`` is the problems
-evaluated, as ``effective``: with ``--limit`` only the first problems are loaded, and the rest are not counted.
+``"N/A"`` for one problem. A problem's samples line holds every seed's completions in seed order.
+``n-samples``' ``original`` is the problems evaluated, as ``effective``: with ``--limit`` only the first problems
+are loaded, and the rest are not counted.
 ictrl's own run labels (method, training seed, the weights' sha256) sit in ``config``, where ``ictrl table`` reads
 them.
 """

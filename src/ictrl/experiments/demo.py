@@ -197,8 +197,9 @@ def _run(args: argparse.Namespace) -> int:
     summary = {
         "method": args.method, "seed": args.seed, "quick": bool(args.quick), "threads": args.threads,
         "base_model": str(base), "model": str(out / "model"),
-        "recipe": asdict(recipe), "plan": plan, "eval": {"split": "test", "problems": len(test),
-                                                          "samples_per_problem": plan["eval_samples"], "temperature": 1.0},
+        "recipe": asdict(recipe), "plan": plan,
+        "eval": {"split": "test", "problems": len(test), "samples_per_problem": plan["eval_samples"],
+                 "temperature": 1.0},
         "before": before, "after": after,
         "improvement": {k: after[k] - before[k] for k in before},
         "entropy_trajectory": trajectory, "seconds": timings,

@@ -186,7 +186,8 @@ def eta(seconds: Sequence[float], left: int, parallel: int = 1) -> str:
     if left <= 0 or not seconds:
         return ""
     total = int(round(math.fsum(seconds) / len(seconds) * math.ceil(left / max(1, parallel))))
-    return f"; ETA {total // 3600}h{total % 3600 // 60:02d}m" if total >= 3600 else f"; ETA {total // 60}m{total % 60:02d}s"
+    return (f"; ETA {total // 3600}h{total % 3600 // 60:02d}m" if total >= 3600
+            else f"; ETA {total // 60}m{total % 60:02d}s")
 
 
 def _init_worker(threads: int) -> None:
