@@ -323,6 +323,29 @@ def _visible(text: str) -> str:
     return "".join(parts)
 
 
+def _rollout_rows(rollouts: Sequence[Rollout], u_max: float, h_max: float) -> list[str]:
+    """HTML rows: each response's coloured tokens, preceded by its group's prompt the first time that prompt appears."""
+    rows = []
+    prompts: dict[tuple[int, str], None] = {}
+    for i, r in enumerate(rollouts):
+        key = (r.group, r.prompt)
+        if key not in prompts:
+            prompts[key] = None
+            rows.append(f'<div class="gh">group {r.group} · prompt</div>'
+                        f'<pre class="prompt">{html.escape(r.prompt)}</pre>')
+        spans = []
+        for t, tok in enumerate(r.tokens):
+            tip = (f"t={t}\nu={r.u[t]:.4g}\nH1={r.entropy[t]:.4g}\nπ={r.prob[t]:.4g}"
+                   + ("\nselected" if r.selected[t] else ""))
+            cls = "tok sel" if r.selected[t] else "tok"
+            style = f"--u:{_mix(U_RGB, r.u[t] / u_max)};--h:{_mix(H_RGB, r.entropy[t] / h_max)}"
+            spans.append(f'<span class="{cls}" style="{style}" title="{html.escape(tip)}">{_visible(tok)}</span>')
+        reward = "–" if r.reward is None else f"{r.reward:g}"
+        rmeta = f"#{i} · reward {reward}<br>{len(r.tokens)} tokens · {sum(r.selected)} selected"
+        rows.append(f'<div class="row"><div class="rmeta">{rmeta}</div><div class="toks">{"".join(spans)}</div></div>')
+    return rows
+
+
 def render_inspect_html(
     rollouts: Sequence[Rollout],
     out_path: str | os.PathLike[str],
@@ -361,24 +384,7 @@ def render_inspect_html(
         '<span class="lg"><span class="sel">x</span> = selected (outlined, underlined)</span>'
         '<span class="lg">hover a token: t, u, H1, π · marks: · space, ↵ newline, → tab, ∅ empty</span></div>'
     )
-    rows = []
-    prompts: dict[tuple[int, str], None] = {}
-    for i, r in enumerate(rollouts):
-        key = (r.group, r.prompt)
-        if key not in prompts:
-            prompts[key] = None
-            rows.append(f'<div class="gh">group {r.group} · prompt</div>'
-                        f'<pre class="prompt">{html.escape(r.prompt)}</pre>')
-        spans = []
-        for t, tok in enumerate(r.tokens):
-            tip = (f"t={t}\nu={r.u[t]:.4g}\nH1={r.entropy[t]:.4g}\nπ={r.prob[t]:.4g}"
-                   + ("\nselected" if r.selected[t] else ""))
-            cls = "tok sel" if r.selected[t] else "tok"
-            style = f"--u:{_mix(U_RGB, r.u[t] / u_max)};--h:{_mix(H_RGB, r.entropy[t] / h_max)}"
-            spans.append(f'<span class="{cls}" style="{style}" title="{html.escape(tip)}">{_visible(tok)}</span>')
-        reward = "–" if r.reward is None else f"{r.reward:g}"
-        rmeta = f"#{i} · reward {reward}<br>{len(r.tokens)} tokens · {sum(r.selected)} selected"
-        rows.append(f'<div class="row"><div class="rmeta">{rmeta}</div><div class="toks">{"".join(spans)}</div></div>')
+    rows = _rollout_rows(rollouts, u_max, h_max)
     css = _CSS % {"u": ",".join(map(str, U_RGB)), "h": ",".join(map(str, H_RGB))}
     page = (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
