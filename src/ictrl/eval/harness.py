@@ -321,6 +321,35 @@ def validate_tasks(tasks: Sequence[EvalTask]) -> None:
             raise ValueError(f"task {task.name!r}: problem id {dup!r} appears more than once (resume keys on ids)")
 
 
+def _check_finished(finished: dict[tuple[int, str, str], dict[str, Any]], tasks: Sequence[EvalTask],
+                    prompts: dict[str, list[str]], config: EvalConfig) -> None:
+    """Stored samples of this evaluation's problems have the prompts built now and ``config.n`` samples each, else
+    :class:`ResumeMismatchError`."""
+    prompt_of = {(t.name, str(p.id)): q for t in tasks for p, q in zip(t.problems, prompts[t.name])}
+    for (_, name, pid), rec in finished.items():
+        if (name, pid) in prompt_of and rec.get("prompt") != prompt_of[(name, pid)]:
+            raise ResumeMismatchError(
+                f"{name} problem {pid}: the prompt differs from the one stored in {SAMPLES_FILE} "
+                "(prompt template or tokenizer changed); use another output directory"
+            )
+        if (name, pid) in prompt_of and len(rec.get("samples") or []) != config.n:
+            raise ResumeMismatchError(f"{SAMPLES_FILE}: {name} problem {pid} holds {len(rec.get('samples') or [])} "
+                                      f"samples, not n={config.n}; use another output directory")
+
+
+def _progress_bar(progress: bool) -> Any:
+    """A rich progress bar on stderr (disabled when ``progress`` is False)."""
+    from rich.console import Console
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                               TimeRemainingColumn)
+
+    return Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn(),
+        console=Console(stderr=True),  # stdout carries only the results table
+        disable=not progress,
+    )
+
+
 def evaluate(tasks: Sequence[EvalTask], backend: Backend, config: EvalConfig,
              output_dir: str | os.PathLike[str] | None = None, progress: bool = True) -> EvalResult:
     """Sample ``config.n`` completions per problem per seed, grade them and report pass@k.
@@ -340,26 +369,8 @@ def evaluate(tasks: Sequence[EvalTask], backend: Backend, config: EvalConfig,
         finished = _load_finished(out / SAMPLES_FILE)
 
     prompts = {t.name: [t.prompt_fn(p) for p in t.problems] for t in tasks}
-    prompt_of = {(t.name, str(p.id)): q for t in tasks for p, q in zip(t.problems, prompts[t.name])}
-    for (_, name, pid), rec in finished.items():
-        if (name, pid) in prompt_of and rec.get("prompt") != prompt_of[(name, pid)]:
-            raise ResumeMismatchError(
-                f"{name} problem {pid}: the prompt differs from the one stored in {SAMPLES_FILE} "
-                "(prompt template or tokenizer changed); use another output directory"
-            )
-        if (name, pid) in prompt_of and len(rec.get("samples") or []) != config.n:
-            raise ResumeMismatchError(f"{SAMPLES_FILE}: {name} problem {pid} holds {len(rec.get('samples') or [])} "
-                                      f"samples, not n={config.n}; use another output directory")
-
-    from rich.console import Console
-    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
-                               TimeRemainingColumn)
-
-    bar = Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn(),
-        console=Console(stderr=True),  # stdout carries only the results table
-        disable=not progress,
-    )
+    _check_finished(finished, tasks, prompts, config)
+    bar = _progress_bar(progress)
     samples = out / SAMPLES_FILE if out is not None else Path(SAMPLES_FILE)
     sink = os.open(samples, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644) if out is not None else None
     try:
