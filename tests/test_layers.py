@@ -171,7 +171,7 @@ def test_no_import_cycles() -> None:
 
 # Modules ("ictrl.x") or functions ("ictrl.x.f") allowed over the limits; keep it empty.
 SIZE_ALLOWED: set[str] = set()
-MAX_MODULE_LINES, MAX_FUNCTION_LINES = 500, 80
+MAX_MODULE_LINES, MAX_FUNCTION_LINES, MAX_LINE_CHARS = 500, 60, 120
 
 
 def test_modules_and_functions_are_short() -> None:
@@ -186,6 +186,14 @@ def test_modules_and_functions_are_short() -> None:
                 key = f"{name}.{node.name}"
                 if length > MAX_FUNCTION_LINES and key not in SIZE_ALLOWED:
                     bad.append(f"{key}: {length} lines")
+    assert not bad, "\n".join(bad)
+
+
+def test_lines_are_short() -> None:
+    """No line of the package (``ictrl/__init__.py`` included) is longer than MAX_LINE_CHARS characters: code,
+    comments and docstrings alike."""
+    bad = [f"{path.relative_to(ROOT)}:{i}: {len(line)} characters" for path in sorted(SRC.rglob("*.py"))
+           for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if len(line) > MAX_LINE_CHARS]
     assert not bad, "\n".join(bad)
 
 

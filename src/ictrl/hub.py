@@ -46,7 +46,8 @@ def why_unreachable() -> str:
 
 def _looks_like_path(name: str) -> bool:
     """A name only a local path can be: absolute, ./ or ~/ relative, more than one slash, or a trailing slash."""
-    return name.startswith(("/", ".", "~")) or name.count("/") > 1 or name.endswith("/") or os.sep != "/" and os.sep in name
+    return (name.startswith(("/", ".", "~")) or name.count("/") > 1 or name.endswith("/")
+            or os.sep != "/" and os.sep in name)
 
 
 def _valid_repo_id(name: str) -> bool:

@@ -37,7 +37,8 @@ PLAIN_CHAT_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% e
 
 def _bytes_to_unicode() -> dict[int, str]:
     """GPT-2's reversible byte -> printable-character map, which ByteLevel pre-tokenization emits."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    printable = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+                 + list(range(ord("®"), ord("ÿ") + 1)))
     mapping = {b: chr(b) for b in printable}
     extra = 0
     for b in range(256):
@@ -245,7 +246,8 @@ def load_model_and_tokenizer(
                                               truncation_side="left", **revision)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    target = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    target = (torch.device(device) if device is not None
+              else torch.device("cuda" if torch.cuda.is_available() else "cpu"))
     if isinstance(dtype, str) and dtype != "auto":
         dtype = getattr(torch, dtype)
     if dtype == "auto" and target.type == "cpu":

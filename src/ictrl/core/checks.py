@@ -60,7 +60,8 @@ def require_finite(name: str, x: Tensor, where: Tensor | None = None) -> None:
     if not bool(bad.any()):
         return
     index = tuple(int(i) for i in bad.nonzero()[0])
-    labels = ("row", "position", "vocab id")[: len(index)] if len(index) <= 3 else [f"dim{d}" for d in range(len(index))]
+    labels = (("row", "position", "vocab id")[: len(index)] if len(index) <= 3
+              else [f"dim{d}" for d in range(len(index))])
     at = ", ".join(f"{label} {i}" for label, i in zip(labels, index))
     count = int(bad.sum())
     raise ValueError(f"{name} is not finite at ({at}): {float(x[index])} ({count} non-finite active "

@@ -17,11 +17,11 @@ backbone (``model.base_model`` in transformers), so ``hidden`` is already normal
 into the shared parameter). Logit scaling or soft-capping that a model applies outside its head module is not
 applied here.
 
-Chunk size. ``chunk_size`` counts rows; ``None`` picks, on CPU, ``_CHUNK_BYTES // (4 * V)`` rows (at least 1): 55 rows at
-V = 151,936, 256 at V = 32,768. The fused backward holds one fp32 ``[chunk, V]`` buffer per chunk (the checkpointed
-path three or four); larger chunks amortise the reads of the ``[V, H]`` weight over more rows. On a GPU, ``None``
-sizes chunks from the device's free memory (:func:`_rows`) and the backward's GEMMs run in the compute dtype
-(bf16 tensor cores).
+Chunk size. ``chunk_size`` counts rows; ``None`` picks, on CPU, ``_CHUNK_BYTES // (4 * V)`` rows (at least 1): 55 rows
+at V = 151,936, 256 at V = 32,768. The fused backward holds one fp32 ``[chunk, V]`` buffer per chunk (the checkpointed
+path three or four); larger chunks amortise the reads of the ``[V, H]`` weight over more rows. On a GPU, ``None`` sizes
+chunks from the device's free memory (:func:`_rows`) and the backward's GEMMs run in the compute dtype (bf16 tensor
+cores).
 """
 
 from __future__ import annotations
@@ -194,6 +194,29 @@ class _LinearLogProb(torch.autograd.Function):
                 grad_b.to(bias.dtype) if grad_b is not None else None, None, None, None)
 
 
+def _fill_unselected(base: Tensor, flat_h: Tensor, flat_tok: Tensor, rest: Tensor, head: Any, temperature: float,
+                     rows: int) -> None:
+    """Write into ``base`` the log-probs at the flat positions ``rest``, under ``no_grad``, ``rows`` at a time."""
+    with torch.no_grad():
+        for start in range(0, rest.numel(), rows):
+            idx = rest[start:start + rows]
+            base[idx] = _head_logprobs(flat_h[idx], flat_tok[idx], head, temperature).to(base.dtype)
+
+
+def _checkpointed_logprobs(h_sel: Tensor, tok_sel: Tensor, lm_head: nn.Module, temperature: float,
+                           rows: int) -> Tensor:
+    """Log-probs of ``tok_sel`` through any head module, ``rows`` at a time."""
+    # Any other head module (e.g. an adapter-wrapped layer): checkpoint each chunk, so backward recomputes its
+    # [rows, V] logits instead of keeping them for all n_sel rows. At least one (possibly empty) chunk keeps
+    # the output connected to the head when nothing is selected.
+    grad = torch.is_grad_enabled()
+    parts = [checkpoint(_head_logprobs, h_sel[s:s + rows], tok_sel[s:s + rows], lm_head, temperature,
+                        use_reentrant=False) if grad else
+             _head_logprobs(h_sel[s:s + rows], tok_sel[s:s + rows], lm_head, temperature)
+             for s in range(0, max(h_sel.shape[0], 1), rows)]
+    return torch.cat(parts)
+
+
 def selected_token_logprobs(
     hidden: Tensor,
     lm_head: nn.Module | Tensor,
@@ -243,23 +266,12 @@ def selected_token_logprobs(
     if with_unselected:
         rest = (full & ~sel).reshape(-1).nonzero().squeeze(1)
         head = (lambda x: F.linear(x, weight, bias)) if fused else lm_head
-        with torch.no_grad():
-            for start in range(0, rest.numel(), rows):
-                idx = rest[start:start + rows]
-                base[idx] = _head_logprobs(flat_h[idx], flat_tok[idx], head, temperature).to(out_dtype)
+        _fill_unselected(base, flat_h, flat_tok, rest, head, temperature, rows)
 
     idx = sel.reshape(-1).nonzero().squeeze(1)
     h_sel, tok_sel = flat_h.index_select(0, idx), flat_tok.index_select(0, idx)
     if fused:
         vals = _LinearLogProb.apply(h_sel, weight, bias, tok_sel, float(temperature), rows)
     else:
-        # Any other head module (e.g. an adapter-wrapped layer): checkpoint each chunk, so backward recomputes its
-        # [rows, V] logits instead of keeping them for all n_sel rows. At least one (possibly empty) chunk keeps
-        # the output connected to the head when nothing is selected.
-        grad = torch.is_grad_enabled()
-        parts = [checkpoint(_head_logprobs, h_sel[s:s + rows], tok_sel[s:s + rows], lm_head, temperature,
-                            use_reentrant=False) if grad else
-                 _head_logprobs(h_sel[s:s + rows], tok_sel[s:s + rows], lm_head, temperature)
-                 for s in range(0, max(idx.numel(), 1), rows)]
-        vals = torch.cat(parts)
+        vals = _checkpointed_logprobs(h_sel, tok_sel, lm_head, temperature, rows)
     return base.index_put((idx,), vals.to(out_dtype)).view(B, T)

@@ -12,7 +12,8 @@ Specs accepted by :func:`load_problems`: a registry name (``"math500"``), a name
 ``answer_field``, ``choices_field``, ``id_field`` (a ``.json`` list works too).
 
 Modules: :mod:`ictrl.data.registry` (Problem, Benchmark, BENCHMARKS, specs), :mod:`ictrl.data.loading`
-(files, hub, mixtures, TRL datasets), :mod:`ictrl.data.prompts` (templates, the user message; ``registry.build_prompt`` adds the chat template).
+(files, hub, mixtures, TRL datasets), :mod:`ictrl.data.prompts` (templates, the user message;
+``registry.build_prompt`` adds the chat template).
 """
 
 from ictrl.data.loading import (

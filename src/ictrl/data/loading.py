@@ -136,6 +136,47 @@ def _math_level(row: dict[str, Any]) -> int | None:
     return None
 
 
+def _typed_gold(row: dict[str, Any], bench: Benchmark, gold: Any, gkey: str,
+                where: str) -> tuple[list[str] | None, str]:
+    """(choices, gold as a string): a choice row's choices and gold letter, else None and the gold answer (a finite
+    number written as a string); a gold of another type raises."""
+    if bench.kind == "choice":
+        ckey, raw_choices = _lookup(row, bench.choices_field)
+        if ckey is None:
+            raise DataError(f"{where}: field {bench.choices_field[0]!r} missing")
+        try:
+            labels, choices = _normalize_choices(raw_choices)
+        except (TypeError, KeyError) as e:
+            raise DataError(f"{where}: field {ckey!r}: {e}") from None
+        try:
+            return choices, _choice_gold(gold, labels)
+        except TypeError as e:
+            raise DataError(f"{where}: field {gkey!r}: {e}") from None
+    if isinstance(gold, (int, float)) and not isinstance(gold, bool):
+        if not math.isfinite(gold):  # JSON's NaN / Infinity: no completion can equal it
+            raise DataError(f"{where}: field {gkey!r}: {gold} is not a gold answer (not a finite number)")
+        return None, str(int(gold)) if float(gold).is_integer() else str(gold)
+    if not isinstance(gold, str) or not gold.strip():
+        raise DataError(f"{where}: field {gkey!r} must be a non-empty string or number, got {type(gold).__name__}")
+    return None, gold
+
+
+def _normalised_gold(bench: Benchmark, gold: str, gkey: str, where: str, meta: dict[str, Any]) -> str | None:
+    """The gold answer as graded: a GSM8K solution's final number (the solution kept in ``meta``), a math answer
+    without ``$``. An answer empty once normalised is None when the benchmark skips rows without gold, else raises."""
+    original = gold
+    if bench.kind == "gsm8k":
+        meta["solution"] = gold
+        gold = gsm8k_gold(gold)
+    gold = gold.strip().strip("$").strip() if bench.kind == "math" else gold
+    if not gold.strip():
+        if bench.skip_missing_gold:
+            return None
+        raise DataError(f"{where}: field {gkey!r}: the gold answer is empty once normalised (kind {bench.kind}: "
+                        f"{quote(original, 60)}); no completion can match it")
+    return gold
+
+
 def row_to_problem(row: Any, bench: Benchmark, index: int, where: str) -> Problem | None:
     """One raw record as a :class:`Problem` (None if filtered out). ``where`` ("FILE: line N") prefixes errors."""
     if not isinstance(row, dict):
@@ -165,36 +206,11 @@ def row_to_problem(row: Any, bench: Benchmark, index: int, where: str) -> Proble
     if isinstance(gold, list) and len(gold) == 1:  # OlympiadBench: final_answer is a one-item list
         gold = gold[0]
 
-    choices = None
     meta: dict[str, Any] = {"benchmark": bench.name}
-    if bench.kind == "choice":
-        ckey, raw_choices = _lookup(row, bench.choices_field)
-        if ckey is None:
-            raise DataError(f"{where}: field {bench.choices_field[0]!r} missing")
-        try:
-            labels, choices = _normalize_choices(raw_choices)
-        except (TypeError, KeyError) as e:
-            raise DataError(f"{where}: field {ckey!r}: {e}") from None
-        try:
-            gold = _choice_gold(gold, labels)
-        except TypeError as e:
-            raise DataError(f"{where}: field {gkey!r}: {e}") from None
-    elif isinstance(gold, (int, float)) and not isinstance(gold, bool):
-        if not math.isfinite(gold):  # JSON's NaN / Infinity: no completion can equal it
-            raise DataError(f"{where}: field {gkey!r}: {gold} is not a gold answer (not a finite number)")
-        gold = str(int(gold)) if float(gold).is_integer() else str(gold)
-    elif not isinstance(gold, str) or not gold.strip():
-        raise DataError(f"{where}: field {gkey!r} must be a non-empty string or number, got {type(gold).__name__}")
-    original = gold
-    if bench.kind == "gsm8k":
-        meta["solution"] = gold
-        gold = gsm8k_gold(gold)
-    gold = gold.strip().strip("$").strip() if bench.kind == "math" else gold
-    if not gold.strip():
-        if bench.skip_missing_gold:
-            return None
-        raise DataError(f"{where}: field {gkey!r}: the gold answer is empty once normalised (kind {bench.kind}: "
-                        f"{quote(original, 60)}); no completion can match it")
+    choices, gold = _typed_gold(row, bench, gold, gkey, where)
+    gold = _normalised_gold(bench, gold, gkey, where, meta)
+    if gold is None:
+        return None
 
     for mkey in bench.meta_fields:
         if mkey in row and row[mkey] is not None:
@@ -255,20 +271,32 @@ def load_problems(
         root = Path(data_root) if data_root is not None else default_data_root()
         if root is not None and (root / bench.local_path).is_file():
             file = root / bench.local_path
-    problems: list[Problem] = []
     if file is not None:
-        if not file.is_file():
-            raise DataError(f"{file}: no such file" if not file.exists() else f"{file}: not a file")
-        records = read_records(file)
-        if not records:
-            raise DataError(f"{file}: no rows (the file is empty)")
-        for index, (lineno, row) in enumerate(records):
-            p = row_to_problem(row, bench, index, f"{file}: line {lineno}")
-            if p is not None:
-                problems.append(p)
-                if limit is not None and len(problems) >= limit:
-                    break
-        return problems
+        return _problems_from_file(file, bench, limit)
+    return _problems_from_hub(bench, limit, data_root)
+
+
+def _problems_from_file(file: Path, bench: Benchmark, limit: int | None) -> list[Problem]:
+    """The first ``limit`` problems of a JSON/JSONL file (errors name the file and the line)."""
+    if not file.is_file():
+        raise DataError(f"{file}: no such file" if not file.exists() else f"{file}: not a file")
+    records = read_records(file)
+    if not records:
+        raise DataError(f"{file}: no rows (the file is empty)")
+    problems: list[Problem] = []
+    for index, (lineno, row) in enumerate(records):
+        p = row_to_problem(row, bench, index, f"{file}: line {lineno}")
+        if p is not None:
+            problems.append(p)
+            if limit is not None and len(problems) >= limit:
+                break
+    return problems
+
+
+def _problems_from_hub(bench: Benchmark, limit: int | None,
+                       data_root: str | os.PathLike[str] | None) -> list[Problem]:
+    """The first ``limit`` problems of the benchmark's hub dataset (``data_root`` only names where no local file was
+    found, in the log and the offline error)."""
     if bench.hub_id is None:
         raise DataError(f"benchmark {bench.name!r}: local file {bench.local_path!r} not found and no hub id")
     import datasets  # heavy; and looked up at call time so tests can monkeypatch load_dataset
@@ -282,6 +310,7 @@ def load_problems(
         raise DataError(f"benchmark {bench.name}: no local copy (data root: {data_root or default_data_root()}), "
                         f"and no network to fetch {bench.hub_id} from the hub ({exc})") from exc
     where = f"hub:{bench.hub_id}" + (f"/{bench.hub_config}" if bench.hub_config else "") + f"[{bench.hub_split}]"
+    problems: list[Problem] = []
     for index, row in enumerate(ds):
         p = row_to_problem(dict(row), bench, index, f"{where}: row {index}")
         if p is not None:

@@ -60,7 +60,8 @@ class Benchmark:
         if self.kind == "choice" and not self.choices_field and self.adapter is None:
             raise ValueError(f"benchmark {self.name!r}: a choice benchmark needs choices_field")
         if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
-            raise ValueError(f"benchmark {self.name!r}: max_new_tokens must be an int >= 1, got {self.max_new_tokens!r}")
+            raise ValueError(f"benchmark {self.name!r}: max_new_tokens must be an int >= 1, "
+                             f"got {self.max_new_tokens!r}")
         if not self.temperature >= 0:
             raise ValueError(f"benchmark {self.name!r}: temperature must be >= 0, got {self.temperature!r}")
         if not 0.0 < self.top_p <= 1.0:

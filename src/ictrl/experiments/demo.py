@@ -133,6 +133,41 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(threads)
 
 
+def _make_trainer(args: argparse.Namespace, model: Any, tokenizer: Any, recipe: TinyRecipe, plan: dict[str, Any],
+                  out: Path) -> Any:
+    """The demo's ICTGRPOTrainer on the tiny task, logging metrics to ``out/metrics.jsonl`` and a rich progress bar
+    instead of transformers' printer."""
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+    from ictrl.train_cli.callbacks import MetricsJSONL, RichProgress
+    from ictrl.train_cli.run import skip_deepspeed_unless_imported
+    from ictrl.engine.trainer import ICTGRPOTrainer
+
+    dataset = tinytask.train_dataset(plan["prompts"], plan["steps"], recipe.difficulty, seed=args.seed)
+    trainer_args = _trainer_args(args.method, out / "rl", args.seed, plan["steps"], plan["lr"], plan["prompts"],
+                                 plan["generations"], max_new_tokens(recipe.difficulty))
+    tokenizer.padding_side = "left"
+    skip_deepspeed_unless_imported()
+    trainer = ICTGRPOTrainer(model=model, reward_funcs=[tinytask.tinyarith_reward], args=trainer_args,
+                             train_dataset=dataset, processing_class=tokenizer)
+    for cb in (PrinterCallback, ProgressCallback):
+        trainer.remove_callback(cb)
+    trainer.add_callback(MetricsJSONL(out / "metrics.jsonl", accuracy_reward=REWARD_NAME))
+    trainer.add_callback(RichProgress(accuracy_reward=REWARD_NAME))
+    return trainer
+
+
+def _print_results(before: dict[str, float], after: dict[str, float], trajectory: list[dict[str, float]],
+                   timings: dict[str, float]) -> None:
+    """The pass@k table before and after RL, the entropy trajectory and the times."""
+    print(f"\n{'':10}{'pass@1':>9}{'pass@4':>9}")
+    for name, res in (("before", before), ("after", after)):
+        print(f"{name:10}{res['pass@1']:9.3f}{res['pass@4']:9.3f}")
+    print("H1 per step: " + " ".join(f"{r['h1']:.3f}" for r in trajectory))
+    print(f"wall time {timings['total']:.0f}s (base model {timings['base_model']:.0f}s, RL {timings['rl']:.0f}s); "
+          f"process CPU time {timings['process_cpu']:.0f}s")
+
+
 def _run(args: argparse.Namespace) -> int:
     from ictrl.files import atomic_write_text
 
@@ -156,23 +191,7 @@ def _run(args: argparse.Namespace) -> int:
     timings["eval_before"] = time.perf_counter() - t
     print(f"before RL: pass@1 {before['pass@1']:.3f}  pass@4 {before['pass@4']:.3f}")
 
-    from transformers.trainer_callback import PrinterCallback, ProgressCallback
-
-    from ictrl.train_cli.callbacks import MetricsJSONL, RichProgress
-    from ictrl.train_cli.run import skip_deepspeed_unless_imported
-    from ictrl.engine.trainer import ICTGRPOTrainer
-
-    dataset = tinytask.train_dataset(plan["prompts"], plan["steps"], recipe.difficulty, seed=args.seed)
-    trainer_args = _trainer_args(args.method, out / "rl", args.seed, plan["steps"], plan["lr"], plan["prompts"],
-                                 plan["generations"], max_new_tokens(recipe.difficulty))
-    tokenizer.padding_side = "left"
-    skip_deepspeed_unless_imported()
-    trainer = ICTGRPOTrainer(model=model, reward_funcs=[tinytask.tinyarith_reward], args=trainer_args,
-                             train_dataset=dataset, processing_class=tokenizer)
-    for cb in (PrinterCallback, ProgressCallback):
-        trainer.remove_callback(cb)
-    trainer.add_callback(MetricsJSONL(out / "metrics.jsonl", accuracy_reward=REWARD_NAME))
-    trainer.add_callback(RichProgress(accuracy_reward=REWARD_NAME))
+    trainer = _make_trainer(args, model, tokenizer, recipe, plan, out)
     t = time.perf_counter()
     trainer.train()
     timings["rl"] = time.perf_counter() - t
@@ -187,18 +206,14 @@ def _run(args: argparse.Namespace) -> int:
     trainer.save_model(str(out / "model"))  # for ictrl inspect / ictrl eval
     tokenizer.save_pretrained(out / "model")
 
-    print(f"\n{'':10}{'pass@1':>9}{'pass@4':>9}")
-    for name, res in (("before", before), ("after", after)):
-        print(f"{name:10}{res['pass@1']:9.3f}{res['pass@4']:9.3f}")
-    print("H1 per step: " + " ".join(f"{r['h1']:.3f}" for r in trajectory))
-    print(f"wall time {timings['total']:.0f}s (base model {timings['base_model']:.0f}s, RL {timings['rl']:.0f}s); "
-          f"process CPU time {timings['process_cpu']:.0f}s")
+    _print_results(before, after, trajectory, timings)
 
     summary = {
         "method": args.method, "seed": args.seed, "quick": bool(args.quick), "threads": args.threads,
         "base_model": str(base), "model": str(out / "model"),
-        "recipe": asdict(recipe), "plan": plan, "eval": {"split": "test", "problems": len(test),
-                                                          "samples_per_problem": plan["eval_samples"], "temperature": 1.0},
+        "recipe": asdict(recipe), "plan": plan,
+        "eval": {"split": "test", "problems": len(test), "samples_per_problem": plan["eval_samples"],
+                 "temperature": 1.0},
         "before": before, "after": after,
         "improvement": {k: after[k] - before[k] for k in before},
         "entropy_trajectory": trajectory, "seconds": timings,

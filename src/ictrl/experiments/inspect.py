@@ -57,7 +57,8 @@ def check_selector(name: str) -> Any:
 
 
 def flag_options(name: str, ratio: float | None, scope: str | None) -> dict[str, Any]:
-    """The selector's options with the ``--ratio`` / ``--scope`` flags applied, for selectors that take them (None: the selector's default)."""
+    """The selector's options with the ``--ratio`` / ``--scope`` flags applied, for selectors that take them (None:
+    the selector's default)."""
     selector = check_selector(name)
     given = {k: v for k, v in (("ratio", ratio), ("scope", scope)) if v is not None}
     unused = sorted(set(given) - set(selector.options))
@@ -105,7 +106,8 @@ class Rollout:
         self.prob = [float(v) for v in self.prob]
         self.selected = [bool(v) for v in self.selected]
         if self.reward is not None:
-            if isinstance(self.reward, bool) or not isinstance(self.reward, (int, float)) or not math.isfinite(self.reward):
+            if (isinstance(self.reward, bool) or not isinstance(self.reward, (int, float))
+                    or not math.isfinite(self.reward)):
                 raise ValueError(f"{w}: field 'reward' must be a finite number or null, got {self.reward!r}")
             self.reward = float(self.reward)
         if isinstance(self.group, bool) or not isinstance(self.group, int):
@@ -180,7 +182,8 @@ def rollouts_from_tensors(
         if tuple(value.shape) != (b, t):
             raise ValueError(f"{name} has shape {tuple(value.shape)}, expected {(b, t)} like mask")
     if len(prompts) != b or len(tokens) != b:
-        raise ValueError(f"prompts and tokens must have {b} rows (one per response), got {len(prompts)} and {len(tokens)}")
+        raise ValueError(f"prompts and tokens must have {b} rows (one per response), "
+                         f"got {len(prompts)} and {len(tokens)}")
     for name, seq in (("rewards", rewards), ("group_ids", group_ids)):
         if seq is not None and len(seq) != b:
             raise ValueError(f"{name} must have {b} entries, got {len(seq)}")
@@ -262,7 +265,8 @@ def sample_and_score(
 ) -> list[Rollout]:
     """``generate_group`` then ``score_group``: G scored rollouts of one prompt."""
     flag_options(selector, ratio, scope)  # a bad name or option fails before sampling
-    prompt_ids, response, mask = generate_group(model, tokenizer, prompt, num_generations, max_new_tokens, temperature, seed)
+    prompt_ids, response, mask = generate_group(model, tokenizer, prompt, num_generations, max_new_tokens,
+                                                temperature, seed)
     return score_group(model, tokenizer, prompt, prompt_ids, response, mask, temperature, selector, ratio, scope)
 
 
@@ -319,6 +323,29 @@ def _visible(text: str) -> str:
     return "".join(parts)
 
 
+def _rollout_rows(rollouts: Sequence[Rollout], u_max: float, h_max: float) -> list[str]:
+    """HTML rows: each response's coloured tokens, preceded by its group's prompt the first time that prompt appears."""
+    rows = []
+    prompts: dict[tuple[int, str], None] = {}
+    for i, r in enumerate(rollouts):
+        key = (r.group, r.prompt)
+        if key not in prompts:
+            prompts[key] = None
+            rows.append(f'<div class="gh">group {r.group} · prompt</div>'
+                        f'<pre class="prompt">{html.escape(r.prompt)}</pre>')
+        spans = []
+        for t, tok in enumerate(r.tokens):
+            tip = (f"t={t}\nu={r.u[t]:.4g}\nH1={r.entropy[t]:.4g}\nπ={r.prob[t]:.4g}"
+                   + ("\nselected" if r.selected[t] else ""))
+            cls = "tok sel" if r.selected[t] else "tok"
+            style = f"--u:{_mix(U_RGB, r.u[t] / u_max)};--h:{_mix(H_RGB, r.entropy[t] / h_max)}"
+            spans.append(f'<span class="{cls}" style="{style}" title="{html.escape(tip)}">{_visible(tok)}</span>')
+        reward = "–" if r.reward is None else f"{r.reward:g}"
+        rmeta = f"#{i} · reward {reward}<br>{len(r.tokens)} tokens · {sum(r.selected)} selected"
+        rows.append(f'<div class="row"><div class="rmeta">{rmeta}</div><div class="toks">{"".join(spans)}</div></div>')
+    return rows
+
+
 def render_inspect_html(
     rollouts: Sequence[Rollout],
     out_path: str | os.PathLike[str],
@@ -341,7 +368,8 @@ def render_inspect_html(
     head = [f"<h1>{html.escape(title)}</h1>"]
     info = dict(meta or {})
     info.update({"responses": len(rollouts), "tokens": n_tok, "selected": n_sel})
-    head.append('<div class="meta">' + " · ".join(f"{html.escape(str(k))}: {html.escape(str(v))}" for k, v in info.items()) + "</div>")
+    head.append('<div class="meta">'
+                + " · ".join(f"{html.escape(str(k))}: {html.escape(str(v))}" for k, v in info.items()) + "</div>")
     # CSS-only toggle: the radios must be siblings of .views, .legend and .rows for the ~ selectors to reach them.
     controls = (
         f'<input type="radio" class="vr" name="view" id="view-u"{" checked" if view == "u" else ""}>'
@@ -356,22 +384,7 @@ def render_inspect_html(
         '<span class="lg"><span class="sel">x</span> = selected (outlined, underlined)</span>'
         '<span class="lg">hover a token: t, u, H1, π · marks: · space, ↵ newline, → tab, ∅ empty</span></div>'
     )
-    rows = []
-    prompts: dict[tuple[int, str], None] = {}
-    for i, r in enumerate(rollouts):
-        key = (r.group, r.prompt)
-        if key not in prompts:
-            prompts[key] = None
-            rows.append(f'<div class="gh">group {r.group} · prompt</div><pre class="prompt">{html.escape(r.prompt)}</pre>')
-        spans = []
-        for t, tok in enumerate(r.tokens):
-            tip = f"t={t}\nu={r.u[t]:.4g}\nH1={r.entropy[t]:.4g}\nπ={r.prob[t]:.4g}" + ("\nselected" if r.selected[t] else "")
-            cls = "tok sel" if r.selected[t] else "tok"
-            style = f"--u:{_mix(U_RGB, r.u[t] / u_max)};--h:{_mix(H_RGB, r.entropy[t] / h_max)}"
-            spans.append(f'<span class="{cls}" style="{style}" title="{html.escape(tip)}">{_visible(tok)}</span>')
-        reward = "–" if r.reward is None else f"{r.reward:g}"
-        rmeta = f"#{i} · reward {reward}<br>{len(r.tokens)} tokens · {sum(r.selected)} selected"
-        rows.append(f'<div class="row"><div class="rmeta">{rmeta}</div><div class="toks">{"".join(spans)}</div></div>')
+    rows = _rollout_rows(rollouts, u_max, h_max)
     css = _CSS % {"u": ",".join(map(str, U_RGB)), "h": ",".join(map(str, H_RGB))}
     page = (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'

@@ -235,7 +235,8 @@ def verdict(summary: dict[str, Any]) -> dict[str, Any]:
 
 def verdict_text(v: dict[str, Any]) -> str:
     """The verdict as the command prints it: the line, what to do, and the evidence."""
-    return "\n".join([v["line"], f"What to do: {v['action']}", *([f"Evidence: {v['evidence']}"] if v["evidence"] else [])])
+    return "\n".join([v["line"], f"What to do: {v['action']}",
+                      *([f"Evidence: {v['evidence']}"] if v["evidence"] else [])])
 
 
 # ---------------------------------------------------------------------------------------------------- sources

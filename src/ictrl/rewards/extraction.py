@@ -109,7 +109,8 @@ def find_box(text: str, max_depth: int = 12) -> str | _Refused | None:
 
 
 def last_boxed(text: str, max_depth: int = 12) -> str | None:
-    """Content of the last usable ``\\boxed{...}``/``\\fbox{...}`` (or ``\\boxed 5``), else None (see :func:`find_box`)."""
+    """Content of the last usable ``\\boxed{...}``/``\\fbox{...}`` (or ``\\boxed 5``), else None (see
+    :func:`find_box`)."""
     found = find_box(text, max_depth)
     return found if isinstance(found, str) else None
 

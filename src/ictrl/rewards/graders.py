@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import re
 
-from ictrl.rewards.extraction import _BOX_RE, DEFAULT_EXTRACTOR, MathExtractor, _strip_delimiters, extract_choice, last_boxed
+from ictrl.rewards.extraction import (
+    _BOX_RE,
+    DEFAULT_EXTRACTOR,
+    MathExtractor,
+    _strip_delimiters,
+    extract_choice,
+    last_boxed,
+)
 from ictrl.rewards.normalize import parse_number
 from ictrl.rewards.verify import _STATS, _explosive, verify_answer
 

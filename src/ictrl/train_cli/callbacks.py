@@ -245,13 +245,13 @@ class StopNow(Exception):
 
 
 class StopOnRequest(TrainerCallback):
-    """Ends training after a stop request (``request.received``: SIGTERM, :class:`ictrl.train_cli.run_guard.StopRequest`)
-    at the first step where TRL's generation batch is used up (``at_boundary(step)``), with a checkpoint of that
-    step: a checkpoint inside the batch would not hold the rest of it and could not resume exactly. The steps to
-    that point reuse completions already generated, so finishing them costs no generation. Every process asks
-    the others at each step's start and end (one all-reduce), so all stop at the same step. A request that arrives
-    while a step is logged or saved is honoured at the next step's start, before anything of it runs: ``save()``
-    writes that step's checkpoint unless it exists, then :class:`StopNow` leaves the loop."""
+    """Ends training after a stop request (``request.received``: SIGTERM,
+    :class:`ictrl.train_cli.run_guard.StopRequest`) at the first step where TRL's generation batch is used up
+    (``at_boundary(step)``), with a checkpoint of that step: a checkpoint inside the batch would not hold the rest of it
+    and could not resume exactly. The steps to that point reuse completions already generated, so finishing them costs
+    no generation. Every process asks the others at each step's start and end (one all-reduce), so all stop at the same
+    step. A request that arrives while a step is logged or saved is honoured at the next step's start, before anything
+    of it runs: ``save()`` writes that step's checkpoint unless it exists, then :class:`StopNow` leaves the loop."""
 
     def __init__(self, request: Any, at_boundary: Any, save: Any, device: Any = None) -> None:
         self.request, self.at_boundary, self.save, self.device = request, at_boundary, save, device

@@ -178,7 +178,6 @@ def _train_locked(cfg: RunConfig, checked: Checked, resume: bool | str, source: 
 
     from ictrl.models import load_model_and_tokenizer
     from ictrl.train_cli.model_init import tokenizer_and_config
-    from ictrl.train_cli.callbacks import StopNow
 
     skip_deepspeed_unless_imported()
     tokenizer, text_config = tokenizer_and_config(cfg, checked.init_kwargs)
@@ -205,6 +204,22 @@ def _train_locked(cfg: RunConfig, checked: Checked, resume: bool | str, source: 
             log.warning("--resume: %s is at step %d, max_steps is %d: no step left to train; writing %s from it",
                         resume_from.name, step, args.max_steps, out)
     add_stop_callback(trainer, stop, out)
+    _train(trainer, args, out, resume_from, resume_command)
+    if stop.received and trainer.state.global_step < trainer.state.max_steps:
+        raise stopped(out, trainer.state.global_step, resume_command, Terminated)
+    note_short_run(trainer.state.global_step, trainer.state.max_steps, out)
+
+    save_final(trainer, out / f"{STAGING_PREFIX}final", out)
+    with reported_write(out, lambda: rerun_advice(out)):
+        trainer.create_model_card()
+    return TrainResult(out, trainer.state.global_step, resume_from, out)
+
+
+def _train(trainer: Any, args: Any, out: Path, resume_from: Path | None, resume_command: str | None) -> None:
+    """``trainer.train()``, from ``resume_from`` when given. A stop request ends it quietly; Ctrl-C, a run stop, a
+    lost vLLM server or a divergence ends it with one line naming the checkpoint to continue from."""
+    from ictrl.train_cli.callbacks import StopNow
+
     try:
         trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
     except KeyboardInterrupt:
@@ -226,14 +241,6 @@ def _train_locked(cfg: RunConfig, checked: Checked, resume: bool | str, source: 
         if failure is None:
             raise
         raise failure from exc
-    if stop.received and trainer.state.global_step < trainer.state.max_steps:
-        raise stopped(out, trainer.state.global_step, resume_command, Terminated)
-    note_short_run(trainer.state.global_step, trainer.state.max_steps, out)
-
-    save_final(trainer, out / f"{STAGING_PREFIX}final", out)
-    with reported_write(out, lambda: rerun_advice(out)):
-        trainer.create_model_card()
-    return TrainResult(out, trainer.state.global_step, resume_from, out)
 
 
 def _add_callbacks(trainer: Any, cfg: RunConfig, reward_funcs: list[Callable[..., Any]], tokenizer: Any, out: Path,

@@ -258,8 +258,8 @@ def add_stop_callback(trainer: Any, stop: StopRequest, out: Path) -> None:
 def stopped(out: Path, step: int | None, resume_command: str | None, kind: type | None = None,
             what: str | None = None) -> Exception:
     """The one-line :class:`ictrl.errors.Interrupted` (Ctrl-C) or ``kind`` (:class:`ictrl.errors.Terminated`) of a
-    run stopped at ``step`` (None: outside the training loop): the last complete checkpoint and the command that continues
-    from it (``--resume`` redoes the steps after that checkpoint exactly)."""
+    run stopped at ``step`` (None: outside the training loop): the last complete checkpoint and the command that
+    continues from it (``--resume`` redoes the steps after that checkpoint exactly)."""
     from ictrl.checkpoints import complete_checkpoints
     from ictrl.errors import Interrupted, Terminated
 

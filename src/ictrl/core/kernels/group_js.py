@@ -167,7 +167,9 @@ def _new_result(n: int, device: torch.device) -> dict[str, Tensor]:
     return res
 
 
-def compiled_group_sweep(flat: Tensor, mask: Tensor, inverse: Tensor, temperature: float, rows: int) -> dict[str, Tensor]:
+def compiled_group_sweep(
+    flat: Tensor, mask: Tensor, inverse: Tensor, temperature: float, rows: int
+) -> dict[str, Tensor]:
     """Run :func:`_block_fn` compiled over every (group, position block); see :func:`fused_group_sweep`."""
     fn = _compiled_fn()
     B, T = mask.shape

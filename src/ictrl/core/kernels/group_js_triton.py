@@ -137,7 +137,8 @@ def triton_group_sweep(flat: Tensor, mask: Tensor, members: Tensor, temperature:
     if flat.stride(1) != 1:
         flat = flat.contiguous()
     device = flat.device
-    res = {k: torch.zeros(B * T, dtype=torch.float32, device=device) for k in ("max", "lse", "entropy", "purity", "ict")}
+    res = {k: torch.zeros(B * T, dtype=torch.float32, device=device)
+           for k in ("max", "lse", "entropy", "purity", "ict")}
     res["done"] = mask.reshape(-1).clone()
     n_groups, GP = members.shape
     if n_groups == 0 or T == 0:

@@ -123,14 +123,7 @@ def run_grid(
     if jobs < 1:
         raise UserError(f"jobs must be at least 1, got {jobs}")
     root = Path(root)
-    results: dict[RunSpec, dict[str, Any]] = {}
-    todo = []
-    for spec in specs:
-        done = root / spec.relpath / DONE_FILE
-        if done.is_file():
-            results[spec] = json.loads(done.read_text())
-        else:
-            todo.append(spec)
+    results, todo = _done_and_todo(specs, root)
     log(f"grid: {len(specs)} runs, {len(results)} already done, {len(todo)} to run"
         + (f" in {jobs} processes" if jobs > 1 and todo else ""))
 
@@ -159,19 +152,40 @@ def run_grid(
             result = run_one(spec, root / spec.relpath)
             finish(spec, result, time.perf_counter() - start)
     else:
-        import multiprocessing
-        from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-
-        ctx = multiprocessing.get_context("spawn")  # fork after torch/OpenMP initialisation can deadlock
-        with ProcessPoolExecutor(jobs, mp_context=ctx, initializer=_init_worker, initargs=(threads or 1,)) as pool:
-            pending = {pool.submit(_timed, run_one, spec, root / spec.relpath): spec for spec in todo}
-            while pending:
-                finished, _ = wait(pending, return_when=FIRST_COMPLETED)
-                for future in finished:
-                    spec = pending.pop(future)
-                    result, seconds = future.result()
-                    finish(spec, result, seconds)
+        _run_in_processes(todo, root, run_one, jobs, threads, finish)
     return {spec: results[spec] for spec in specs}
+
+
+def _done_and_todo(specs: Sequence[RunSpec], root: Path) -> tuple[dict[RunSpec, dict[str, Any]], list[RunSpec]]:
+    """(spec -> its ``done.json`` for the specs with a done marker, the specs without one in order)."""
+    results: dict[RunSpec, dict[str, Any]] = {}
+    todo = []
+    for spec in specs:
+        done = root / spec.relpath / DONE_FILE
+        if done.is_file():
+            results[spec] = json.loads(done.read_text())
+        else:
+            todo.append(spec)
+    return results, todo
+
+
+def _run_in_processes(todo: Sequence[RunSpec], root: Path, run_one: Callable[[RunSpec, Path], dict[str, Any]],
+                      jobs: int, threads: int | None,
+                      finish: Callable[[RunSpec, dict[str, Any], float], None]) -> None:
+    """Run ``todo`` in ``jobs`` spawned worker processes of ``threads`` torch threads each (default 1), calling
+    ``finish(spec, result, seconds)`` in this process as each run ends."""
+    import multiprocessing
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+
+    ctx = multiprocessing.get_context("spawn")  # fork after torch/OpenMP initialisation can deadlock
+    with ProcessPoolExecutor(jobs, mp_context=ctx, initializer=_init_worker, initargs=(threads or 1,)) as pool:
+        pending = {pool.submit(_timed, run_one, spec, root / spec.relpath): spec for spec in todo}
+        while pending:
+            finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for future in finished:
+                spec = pending.pop(future)
+                result, seconds = future.result()
+                finish(spec, result, seconds)
 
 
 def progress_bar(done: int, total: int, width: int = 20) -> str:
@@ -186,7 +200,8 @@ def eta(seconds: Sequence[float], left: int, parallel: int = 1) -> str:
     if left <= 0 or not seconds:
         return ""
     total = int(round(math.fsum(seconds) / len(seconds) * math.ceil(left / max(1, parallel))))
-    return f"; ETA {total // 3600}h{total % 3600 // 60:02d}m" if total >= 3600 else f"; ETA {total // 60}m{total % 60:02d}s"
+    return (f"; ETA {total // 3600}h{total % 3600 // 60:02d}m" if total >= 3600
+            else f"; ETA {total // 60}m{total % 60:02d}s")
 
 
 def _init_worker(threads: int) -> None:

@@ -2,9 +2,9 @@
 
 Inputs are plain Python data so that compare.py (and a study) can call these functions directly:
 
-- a *run* is the list of records of one ``metrics.jsonl`` (``ictrl.files.load_metrics``): dicts with ``"step"`` and any of the
-  keys named in a curve mapping (display name -> metrics key, ``DEFAULT_CURVE_KEYS``). Missing keys are tolerated:
-  a curve no run logged is not drawn.
+- a *run* is the list of records of one ``metrics.jsonl`` (``ictrl.files.load_metrics``): dicts with ``"step"`` and
+  any of the keys named in a curve mapping (display name -> metrics key, ``DEFAULT_CURVE_KEYS``). Missing keys are
+  tolerated: a curve no run logged is not drawn.
 - ``runs``: method -> list of runs (one per seed).
 - per-seed results for the table: method -> list of ``{"p1": float, "p4": float}`` with values in [0, 1].
 
@@ -102,14 +102,16 @@ def results_table(
                     raise ValueError(f"per_seed[{method!r}][{s}] has no {key!r}")
                 v = _number(res[key], f"per_seed[{method!r}][{s}][{key!r}]")
                 if v is None or not 0 <= v <= 1:
-                    raise ValueError(f"per_seed[{method!r}][{s}][{key!r}] must be a finite fraction in [0, 1], got {res[key]!r}")
+                    raise ValueError(f"per_seed[{method!r}][{s}][{key!r}] must be a finite fraction in [0, 1], "
+                                     f"got {res[key]!r}")
                 vals.append(100.0 * v)
             cols["P@1"].append(vals[0])
             cols["P@4"].append(vals[1])
             cols["Total"].append((vals[0] + vals[1]) / 2.0)
         columns[method] = cols
     rows = {
-        m: {c: Cell(math.fsum(v) / len(v), sample_std(v), len(v)) for c, v in cols.items()} for m, cols in columns.items()
+        m: {c: Cell(math.fsum(v) / len(v), sample_std(v), len(v)) for c, v in cols.items()}
+        for m, cols in columns.items()
     }
     if diff is None:
         return ResultsTable(rows)
@@ -127,7 +129,8 @@ def results_table(
 def markdown_table_to_html(text: str) -> str:
     """A markdown pipe table (header row, separator row, body rows) as an escaped HTML <table>."""
     lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
-    if len(lines) < 2 or not all(ln.startswith("|") for ln in lines) or not re.fullmatch(r"\|(\s*:?-+:?\s*\|)+", lines[1]):
+    if (len(lines) < 2 or not all(ln.startswith("|") for ln in lines)
+            or not re.fullmatch(r"\|(\s*:?-+:?\s*\|)+", lines[1])):
         raise ValueError("table is neither HTML (starting with '<') nor a markdown pipe table")
 
     def cells(line: str) -> list[str]:

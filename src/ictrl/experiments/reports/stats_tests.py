@@ -49,7 +49,8 @@ def welch_diff(a: Sequence[float], b: Sequence[float], confidence: float = 0.95)
     """mean(a) - mean(b) with a two-sided Welch t-interval (Welch–Satterthwaite df) and Welch's t-test p-value.
 
     The interval is scipy's t quantile times the standard error; the p-value is Welch's t-test's (scipy's t
-    survival function; the test checks it equals ``scipy.stats.ttest_ind(..., equal_var=False)``). Two constant samples give a zero-width interval (p = 0 if the means differ, 1 if not).
+    survival function; the test checks it equals ``scipy.stats.ttest_ind(..., equal_var=False)``). Two constant
+    samples give a zero-width interval (p = 0 if the means differ, 1 if not).
     """
     from scipy import stats
 

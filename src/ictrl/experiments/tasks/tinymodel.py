@@ -13,8 +13,8 @@ user's text, no role markers, as the model was trained) and ``train.jsonl`` of t
 module (``ictrl.experiments.tasks.registry``), e.g. the studies' ``studies.tasks.paths`` from a clone's root.
 
 The warm start stops on a dev-set score, not a step count, because these models
-learn in sudden jumps (dev pass@1 went from 18% to 36% within 50 s while the recipe was tuned): it stops once sampled pass@1 on the dev
-split reaches ``recipe.target_dev`` (or after ``recipe.patience`` evaluations
+learn in sudden jumps (dev pass@1 went from 18% to 36% within 50 s while the recipe was tuned): it stops once
+sampled pass@1 on the dev split reaches ``recipe.target_dev`` (or after ``recipe.patience`` evaluations
 without improvement, or at ``recipe.max_steps``), and keeps the best evaluated weights.
 
 Determinism: for a fixed recipe and thread count the build is reproducible (seeded
@@ -91,7 +91,8 @@ class TinyRecipe:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.hidden_size % self.num_attention_heads:
-            raise ValueError(f"hidden_size={self.hidden_size} must divide by num_attention_heads={self.num_attention_heads}")
+            raise ValueError(f"hidden_size={self.hidden_size} must divide by "
+                             f"num_attention_heads={self.num_attention_heads}")
         if self.lr <= 0:
             raise ValueError(f"lr must be positive, got {self.lr}")
         if self.threads is not None and self.threads < 1:
@@ -151,7 +152,9 @@ def sample_correct(
     return counts
 
 
-def _encode_batch(tokenizer: Any, prompts: list[str], completions: list[str]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _encode_batch(
+    tokenizer: Any, prompts: list[str], completions: list[str]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Right-padded ids [B, L], attention mask [B, L], and labels [B, L] (-100 outside completion + EOS)."""
     p_ids = tokenizer(prompts, add_special_tokens=False)["input_ids"]
     c_ids = tokenizer(completions, add_special_tokens=False)["input_ids"]

@@ -85,7 +85,8 @@ def make_problem(expression: str) -> Problem:
         id=f"{TASK_NAME}-{expression}",
         question=f"Q:{expression}=A:",
         gold=str(value),
-        meta={"expression": expression, "difficulty": len(ops), "split": split_of(expression), "order_matters": order_matters},
+        meta={"expression": expression, "difficulty": len(ops), "split": split_of(expression),
+              "order_matters": order_matters},
     )
 
 
