@@ -175,6 +175,8 @@ def _try_create(out: Path) -> OSError | None:
     """Create ``out`` (and the missing folders above it) and a file in it, then remove all of them: the error
     that stopped it, or None. The processes of one launch probe the same path at once, and one may remove a
     folder another just made and stands on: a folder gone under the probe is tried again."""
+    if os.environ.get("RANK", "0") != "0":  # rank 0 probes: another rank's probe would remove the folder rank 0
+        return None                         # is making its lock file in
     failed: OSError | None = None
     for _ in range(8):
         failed = _create_once(out)
