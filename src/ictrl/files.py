@@ -11,9 +11,7 @@ import contextlib
 import errno
 import json
 import os
-import random
 import shutil
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -173,20 +171,10 @@ def check_output_dir(path: str | os.PathLike[str], label: str = "--output-dir") 
 
 def _try_create(out: Path) -> OSError | None:
     """Create ``out`` (and the missing folders above it) and a file in it, then remove all of them: the error
-    that stopped it, or None. The processes of one launch probe the same path at once, and one may remove a
-    folder another just made and stands on: a folder gone under the probe is tried again."""
-    if os.environ.get("RANK", "0") != "0":  # rank 0 probes: another rank's probe would remove the folder rank 0
-        return None                         # is making its lock file in
-    failed: OSError | None = None
-    for _ in range(8):
-        failed = _create_once(out)
-        if not isinstance(failed, FileNotFoundError):
-            return failed
-        time.sleep(random.uniform(0.0, 0.05))  # out of step with the other process
-    return failed
-
-
-def _create_once(out: Path) -> OSError | None:
+    that stopped it, or None. Only rank 0 of a launch probes: another rank's probe would remove the folder rank 0
+    is making its lock file in."""
+    if os.environ.get("RANK", "0") != "0":
+        return None
     created: list[Path] = []
     try:
         missing, at = [], out.absolute()
