@@ -260,8 +260,9 @@ def _add_callbacks(trainer: Any, cfg: RunConfig, reward_funcs: list[Callable[...
         trainer.remove_callback(cb)
     trainer.add_callback(MetricsJSONL(out / "metrics.jsonl", accuracy_reward=accuracy))
     trainer.add_callback(NoSignalWarning())
-    if not args.disable_tqdm:  # the rich bar stands in for transformers' tqdm bar
-        trainer.add_callback(RichProgress(accuracy_reward=accuracy))
+    # the rich bar stands in for transformers' tqdm bar; under disable_tqdm its step lines stay (TRL's dict printer
+    # would print each step too)
+    trainer.add_callback(RichProgress(accuracy_reward=accuracy, bar=not args.disable_tqdm))
     for cb in callbacks or []:
         trainer.add_callback(cb)
     if args.eval_benchmarks:
