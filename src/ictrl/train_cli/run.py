@@ -18,7 +18,8 @@ import torch
 
 from ictrl.checkpoints import STAGING_PREFIX, clear_staging, finished_run, rerun_advice, trainer_state
 from ictrl.cliargs import VERBOSE_ENV, env_flag
-from ictrl.engine.resumable import check_unchanged, resume_point, save_final, verified_checkpoints
+from ictrl.engine.resumable import (INEXACT_FLAG, NEW_SCHEDULE_FLAG, check_exact, check_unchanged, resume_point,
+                                    save_final, verified_checkpoints)
 from ictrl.errors import ConfigError, Terminated, UserError
 from ictrl.files import reported_write
 from ictrl.rewards.policy import RewardAbandoned, RunStop
@@ -170,7 +171,9 @@ def _train_locked(cfg: RunConfig, checked: Checked, resume: bool | str, source: 
                     "nothing to train", resume_from.name, step, args.max_steps, out)
         return TrainResult(out, step, resume_from, out)
     if resume_from is not None:
-        check_unchanged(resume_from.parent / "config.yaml", config_to_dict(cfg), args, source)  # the run it ends
+        check_exact(resume_from, args, INEXACT_FLAG in cfg.modes, source)  # optimizer, scheduler and RNG state there
+        check_unchanged(resume_from.parent / "config.yaml", config_to_dict(cfg), args, source,  # the run it ends
+                        new_schedule=NEW_SCHEDULE_FLAG in cfg.modes)
     dataset = check_inputs(cfg, checked.init_kwargs, source)  # every row checked before the model loads
     resumed_at = trainer_state(resume_from)["global_step"] if resume_from is not None else None
     inputs = inputs_record(resume_from.parent if resume_from is not None else out,

@@ -1,0 +1,90 @@
+"""TRL's data forms and habits under ``ictrl train``, beside ``trl grpo`` on the same file: a quiet run
+(``disable_tqdm``) still reports each step; TRL's ``datasets:`` mixture and local data files as ``dataset_name``;
+streamed data; chat prompts on a tokenizer without a chat template. Tiny models, local files."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+import yaml
+
+from tests.train_cli.test_trl_cli_parity import trl_file
+
+
+@pytest.fixture
+def in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    yield tmp_path
+    sys.modules.pop("parity_rewards", None)
+
+
+def edit(config: Path, **values: Any) -> Path:
+    data = yaml.safe_load(config.read_text())
+    data.update(values)
+    config.write_text(yaml.safe_dump(data))
+    return config
+
+
+def test_a_quiet_run_prints_one_line_per_logged_step(tiny_model_dir: Path, in_tmp: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """``disable_tqdm: true`` (the TRL file sets it): no bar, and each logged step is one line on the console."""
+    from ictrl import cli
+
+    config = trl_file(in_tmp, tiny_model_dir, max_steps=2)
+    assert cli.main(["train", str(config)]) == 0
+    err = capsys.readouterr().err
+    steps = [line for line in err.splitlines() if line.startswith("step ")]
+    assert [line.split("  ")[0] for line in steps] == ["step 1/2", "step 2/2"], err[-2000:]
+    assert all(" reward " in line and " loss " in line for line in steps)
+
+
+def state_dict(path: Path) -> dict[str, Any]:
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path).state_dict()
+
+
+def same_weights(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    import torch
+
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.integration
+def test_a_weights_only_checkpoint_resumes_only_when_asked_by_name(tiny_model_dir: Path, in_tmp: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """``save_only_model: true``: ``--resume`` and ``resume_from_checkpoint`` are refused in one line naming the
+    missing optimizer, scheduler and RNG state; ``--resume-inexact`` resumes, says what differs, and ends with the
+    weights ``trl grpo`` gives when it resumes the same checkpoint."""
+    from trl.scripts import grpo
+
+    from ictrl import cli
+    from tests.train_cli.test_trl_files import resumable_file
+
+    config = edit(resumable_file(in_tmp, tiny_model_dir, "a", max_steps=2), save_only_model=True,
+                  lr_scheduler_type="linear", max_steps=3)
+    assert cli.main(["train", str(config), "--max_steps=2", "--resume-new-schedule"]) == 0
+    capsys.readouterr()
+    lacks = "has no optimizer state (optimizer.pt), no learning-rate scheduler state (scheduler.pt), no RNG state " \
+            "(rng_state.pth) (save_only_model: true writes the weights alone)"
+    checkpoint = in_tmp / "a" / "checkpoint-2"
+    for extra in (["--resume"], [f"--resume_from_checkpoint={checkpoint}", f"--output_dir={in_tmp / 'b'}"]):
+        assert cli.main(["train", str(config), "--resume-new-schedule", *extra]) == 2
+        err = capsys.readouterr().err
+        assert f"--resume: {checkpoint} {lacks}" in err and "--resume-inexact" in err, err[-2000:]
+    assert cli.main(["train", str(config), "--resume", "--resume-inexact", "--resume-new-schedule"]) == 0
+    err = capsys.readouterr().err
+    said = next(line for line in err.splitlines() if "--resume-inexact: resuming from" in line)
+    assert "the optimizer starts fresh" in said and "schedule starts again from its first step" in said
+    assert [json.loads(line)["step"] for line in (in_tmp / "a" / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
+    parser = grpo.make_parser()
+    script, args, model, mixture = parser.parse_args_and_config(
+        ["--config", str(config), "--output_dir", str(in_tmp / "trl"), f"--resume_from_checkpoint={checkpoint}"],
+        fail_with_unknown_args=False)
+    grpo.main(script, args, model, mixture)
+    assert same_weights(state_dict(in_tmp / "trl"), state_dict(in_tmp / "a"))
