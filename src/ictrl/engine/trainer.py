@@ -60,9 +60,9 @@ class ICTGRPOTrainer(GRPOTrainer):
 
     def __init__(self, model: Any, reward_funcs: Any, args: ICTGRPOConfig | None = None, *pos: Any,
                  **kwargs: Any) -> None:
-        from ictrl.engine.trl_args import as_ict_config  # a plain trl.GRPOConfig runs TRL's GRPO
+        from ictrl.engine.trl_args import as_ict_config, default_config  # a plain trl.GRPOConfig runs TRL's GRPO
 
-        args = as_ict_config(args)
+        args = as_ict_config(args) if args is not None else default_config(model)  # none: TRL's GRPOConfig
         if not isinstance(args, ICTGRPOConfig):
             raise ValueError(f"args must be an ICTGRPOConfig, got {type(args).__name__}")
         if isinstance(model, str):  # offline, an uncached hub id is one error now, not a minute of hub retries
