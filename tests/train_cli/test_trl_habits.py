@@ -41,6 +41,7 @@ def test_a_quiet_run_prints_one_line_per_logged_step(tiny_model_dir: Path, in_tm
     steps = [line for line in err.splitlines() if line.startswith("step ")]
     assert [line.split("  ")[0] for line in steps] == ["step 1/2", "step 2/2"], err[-2000:]
     assert all(" reward " in line and " loss " in line for line in steps)
+    assert "INFO ictrl.train: 1 process\n" in err  # the first lines say how many processes run
 
 
 def state_dict(path: Path) -> dict[str, Any]:

@@ -64,5 +64,6 @@ def run_precision(args: Any, environ: dict[str, str] | None = None) -> tuple[str
         return "bf16", "the run config's bf16: true"
     if mixed != "no":
         return mixed, ("accelerate's mixed_precision (ACCELERATE_MIXED_PRECISION, from its config file or "
-                       "--mixed_precision; the run config's bf16/fp16 is not true)")
-    return "fp32", "neither the run config's bf16/fp16 nor accelerate's mixed_precision is set"
+                       "--mixed_precision; the run config's bf16 and fp16 are false)")
+    # "false", not "not set": the values are the arguments', whether the file wrote false or left TRL's default off
+    return "fp32", "the run config's bf16 and fp16 are false and accelerate's mixed_precision is no"

@@ -147,6 +147,18 @@ def _note_precision(precision: str) -> None:
     log.info("training in %s", precision)
 
 
+@functools.lru_cache(maxsize=None)
+def _note_processes(count: int, simple_launch: bool) -> None:
+    """Log the run's process count once per process; a single process started by ``accelerate launch`` without a
+    config file (its simple launcher, which runs one process whatever ``--num_processes`` says) is named."""
+    if count == 1 and simple_launch:
+        log.info("1 process: accelerate launch without a config file (or --multi_gpu) runs the script once, whatever "
+                 "--num_processes says; ictrl train --num-processes N starts N (gloo on CPU), as does accelerate "
+                 "launch --config_file configs/accelerate/ddp.yaml")
+    else:
+        log.info("%d process%s", count, "" if count == 1 else "es (data parallel)")
+
+
 def build_trainer_args(cfg: RunConfig, source: str = "<config>", cpu: bool | None = None,
                        flags: dict[str, Any] | None = None) -> Any:
     """The trainer's config object from the run config's top-level keys; every field checks its own value. On a
@@ -171,6 +183,10 @@ def build_trainer_args(cfg: RunConfig, source: str = "<config>", cpu: bool | Non
     # the precision the Trainer's Accelerator gets (args.mixed_precision), which accelerate launch can set too
     precision, why = run_precision(args)
     (_note_cpu if cpu else _note_precision)(f"{precision} ({why})")
+    # accelerate's simple launcher sets ACCELERATE_USE_CPU and no WORLD_SIZE; its multi-process launchers set both
+    from ictrl.engine.config import process_count
+
+    _note_processes(process_count(), "ACCELERATE_USE_CPU" in os.environ and "WORLD_SIZE" not in os.environ)
     return args
 
 
