@@ -89,3 +89,59 @@ def test_a_weights_only_checkpoint_resumes_only_when_asked_by_name(tiny_model_di
         fail_with_unknown_args=False)
     grpo.main(script, args, model, mixture)
     assert same_weights(state_dict(in_tmp / "trl"), state_dict(in_tmp / "a"))
+
+
+@pytest.fixture(scope="module")
+def base_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model with a tokenizer that has no chat template, as a base model's."""
+    from ictrl.models import build_byte_tokenizer, build_tiny_qwen2
+
+    path = tmp_path_factory.mktemp("base_model")
+    tokenizer = build_byte_tokenizer(chat_template=None)
+    build_tiny_qwen2(tokenizer, seed=0).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def chat_file(tmp_path: Path, model_dir: Path, **values: Any) -> Path:
+    """The TRL file with its prompts as chat messages (TRL's conversational form)."""
+    config = trl_file(tmp_path, model_dir)
+    data = tmp_path / "digits" / "train.jsonl"
+    rows = [json.loads(line) for line in data.read_text().splitlines()]
+    data.write_text("".join(json.dumps({**r, "prompt": [{"role": "user", "content": r["prompt"]}]}) + "\n"
+                            for r in rows))
+    return edit(config, **values)
+
+
+def test_chat_prompts_without_a_chat_template_are_one_line_before_the_model_loads(
+        base_model: Path, in_tmp: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    from ictrl import cli, models
+
+    def no_weights(*_: Any, **__: Any) -> None:
+        raise AssertionError("the model's weights loaded before the chat template was checked")
+
+    monkeypatch.setattr(models, "load_model_and_tokenizer", no_weights)
+    config = chat_file(in_tmp, base_model)
+    assert cli.main(["train", str(config)]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if "error" in line.lower()]
+    assert len(err) == 1 and f"{config}: dataset_name {in_tmp / 'digits'}: row 0: the prompt is a list of chat " \
+                              "messages" in err[0], err
+    assert f"the tokenizer of {base_model} has no chat template" in err[0] and "set chat_template_path" in err[0]
+    missing = in_tmp / "none.jinja"
+    assert cli.main(["train", str(config), f"--chat_template_path={missing}"]) == 2
+    assert f"{config}: chat_template_path: {missing}: neither a .jinja file nor a tokenizer" in capsys.readouterr().err
+
+
+@pytest.mark.integration
+def test_chat_template_path_gives_a_base_model_its_template(base_model: Path, in_tmp: Path) -> None:
+    """A .jinja file as chat_template_path: the run trains, and the saved tokenizer carries the template."""
+    from transformers import AutoTokenizer
+
+    from ictrl import cli
+    from ictrl.models import CHAT_TEMPLATE
+
+    template = in_tmp / "chat.jinja"
+    template.write_text(CHAT_TEMPLATE)
+    config = chat_file(in_tmp, base_model, chat_template_path=str(template))
+    assert cli.main(["train", str(config)]) == 0
+    assert AutoTokenizer.from_pretrained(in_tmp / "out").chat_template == CHAT_TEMPLATE

@@ -369,8 +369,24 @@ def train_rows(cfg: RunConfig, dataset: Any, tokenizer: Any, model_config: Any, 
     """The training rows as the trainer gets them, once the tokenizer is loaded: prompts longer than
     ``max_prompt_length`` dropped (without it, one that cannot fit the model's positions beside
     ``max_completion_length`` refused), one generation batch of prompts left at least."""
+    check_chat_template(dataset, tokenizer, cfg, source)
     dataset = drop_long_prompts(dataset, tokenizer, cfg.script.max_prompt_length,
                                 getattr(model_config, "max_position_embeddings", None), args.max_completion_length,
                                 source, str(cfg.script.dataset_name))
     check_enough_rows(dataset, args, source)
     return dataset
+
+
+def check_chat_template(dataset: Any, tokenizer: Any, cfg: RunConfig, source: str = "<config>") -> None:
+    """Chat-message prompts need the tokenizer's chat template: without one (a base model), one line naming the
+    first such row and ``chat_template_path``, before the model loads (TRL fails in its first generation)."""
+    if getattr(tokenizer, "chat_template", None):
+        return
+    row = next((i for i, prompt in enumerate(dataset["prompt"]) if not isinstance(prompt, str)), None)
+    if row is not None:
+        from ictrl.errors import DataError
+
+        raise DataError(f"{source}: dataset_name {shorten(str(cfg.script.dataset_name), 200)}: row {row}: the prompt "
+                        f"is a list of chat messages, and the tokenizer of {cfg.model.model_name_or_path} has no chat "
+                        "template to render it; set chat_template_path (a .jinja file, or a tokenizer folder or hub "
+                        "id whose template to use), or give plain-text prompts")

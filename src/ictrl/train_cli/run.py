@@ -157,6 +157,15 @@ def train(cfg: RunConfig, resume: bool | str = False, source: str = "<config>",
         raise stopped(Path(cfg.output_dir), None, resume_command, Terminated) from None  # nothing new to save
 
 
+def check_resume(cfg: RunConfig, checkpoint: Path, args: Any, source: str = "<config>") -> None:
+    """A resume continues the run exactly: ``checkpoint`` holds the optimizer, scheduler and RNG state, and the
+    config is that of the run it ends (its folder's ``config.yaml``); unless the command accepts the difference by
+    name (``--resume-inexact``, ``--resume-new-schedule``), when one line says what differs."""
+    check_exact(checkpoint, args, INEXACT_FLAG in cfg.modes, source)
+    check_unchanged(checkpoint.parent / "config.yaml", config_to_dict(cfg), args, source,
+                    new_schedule=NEW_SCHEDULE_FLAG in cfg.modes)
+
+
 def _train_locked(cfg: RunConfig, checked: Checked, resume: bool | str, source: str, callbacks: list[Any] | None,
                   resume_command: str | None, stop: Any, command: str | None = None,
                   accept_changed_inputs: bool = False) -> TrainResult:
@@ -171,9 +180,7 @@ def _train_locked(cfg: RunConfig, checked: Checked, resume: bool | str, source: 
                     "nothing to train", resume_from.name, step, args.max_steps, out)
         return TrainResult(out, step, resume_from, out)
     if resume_from is not None:
-        check_exact(resume_from, args, INEXACT_FLAG in cfg.modes, source)  # optimizer, scheduler and RNG state there
-        check_unchanged(resume_from.parent / "config.yaml", config_to_dict(cfg), args, source,  # the run it ends
-                        new_schedule=NEW_SCHEDULE_FLAG in cfg.modes)
+        check_resume(cfg, resume_from, args, source)
     dataset = check_inputs(cfg, checked.init_kwargs, source)  # every row checked before the model loads
     resumed_at = trainer_state(resume_from)["global_step"] if resume_from is not None else None
     inputs = inputs_record(resume_from.parent if resume_from is not None else out,
@@ -183,9 +190,12 @@ def _train_locked(cfg: RunConfig, checked: Checked, resume: bool | str, source: 
     from ictrl.train_cli.model_init import tokenizer_and_config
 
     skip_deepspeed_unless_imported()
-    tokenizer, text_config = tokenizer_and_config(cfg, checked.init_kwargs)
+    tokenizer, text_config = tokenizer_and_config(cfg, checked.init_kwargs, source)
     dataset = train_rows(cfg, dataset, tokenizer, text_config, args, source)  # a row that cannot fit: before weights
+    template = tokenizer.chat_template
     model, tokenizer = load_model_and_tokenizer(cfg.model.model_name_or_path, **checked.init_kwargs)
+    if cfg.script.chat_template_path:  # the template the rows were checked with, saved with the model's tokenizer
+        tokenizer.chat_template = template
     with reported_write(out, lambda: rerun_advice(out)):
         out.mkdir(parents=True, exist_ok=True)
         save_config(cfg, out / "config.yaml")

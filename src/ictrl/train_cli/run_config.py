@@ -79,6 +79,12 @@ class ScriptArguments(GRPOScriptArguments):
     )
     overlong_penalty_factor: Annotated[float, NON_NEGATIVE] = field(
         default=1.0, metadata={"help": "Weight of the overlong penalty (its entry in reward_weights)."})
+    chat_template_path: str | None = field(
+        default=None,
+        metadata={"help": "The chat template for chat-message prompts when the model's tokenizer has none (a base "
+                          "model), as TRL's SFTConfig key: a Jinja file (.jinja, .j2) or a tokenizer folder or hub id "
+                          "whose template is used; saved with the trained model's tokenizer."},
+    )
 
     def __post_init__(self) -> None:
         if isinstance(self.dataset_name, str) and self.dataset_name.lstrip()[:1] in ("[", "{"):
