@@ -357,7 +357,8 @@ def test_a_longer_run_on_a_decaying_schedule_resumes_when_asked_by_name(tmp_path
     with caplog.at_level(logging.WARNING, logger="ictrl.train"):
         check_unchanged(saved, {**before, "max_steps": 6}, args, new_schedule=True)
     assert [r.getMessage().split(":")[0] for r in caplog.records] == [NEW_SCHEDULE_FLAG]
-    assert "max_steps changed (3 -> 6): the linear learning-rate schedule is recomputed" in caplog.records[0].getMessage()
+    said = caplog.records[0].getMessage()
+    assert "max_steps changed (3 -> 6): the linear learning-rate schedule is recomputed" in said
     with pytest.raises(ConfigError, match=r"learning_rate: 0.0002 -> 0.001") as other:  # the flag frees the length only
         check_unchanged(saved, {**before, "max_steps": 6, "learning_rate": 1e-3}, args, new_schedule=True)
     assert NEW_SCHEDULE_FLAG not in str(other.value)

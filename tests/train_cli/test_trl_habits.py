@@ -145,3 +145,144 @@ def test_chat_template_path_gives_a_base_model_its_template(base_model: Path, in
     config = chat_file(in_tmp, base_model, chat_template_path=str(template))
     assert cli.main(["train", str(config)]) == 0
     assert AutoTokenizer.from_pretrained(in_tmp / "out").chat_template == CHAT_TEMPLATE
+
+
+def mixture_file(tmp_path: Path, model_dir: Path, max_steps: int = 2, **values: Any) -> Path:
+    """The TRL file reading its data through TRL's ``datasets:`` mixture (a local jsonl file), no dataset_name."""
+    config = trl_file(tmp_path, model_dir, max_steps=max_steps)
+    data = yaml.safe_load(config.read_text())
+    del data["dataset_name"], data["dataset_train_split"]
+    data["datasets"] = [{"path": "json", "data_files": str(tmp_path / "digits" / "train.jsonl"),
+                         "columns": ["prompt", "solution"]}]
+    config.write_text(yaml.safe_dump({**data, **values}))
+    return config
+
+
+def run_trl_grpo(config: Path, *flags: str) -> None:
+    from trl.scripts import grpo
+
+    parser = grpo.make_parser()
+    script, args, model, mixture = parser.parse_args_and_config(["--config", str(config), *flags],
+                                                                fail_with_unknown_args=False)
+    grpo.main(script, args, model, mixture)
+
+
+@pytest.mark.integration
+def test_trls_datasets_mixture_and_a_parquet_file_train_as_trl_grpo(tiny_model_dir: Path, in_tmp: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """TRL's ``datasets:`` key (a local jsonl through datasets' json builder) under trl grpo and ictrl train: the
+    same weights, bit for bit; the same rows as a .parquet file named by dataset_name (which trl grpo cannot read)
+    give them too."""
+    from datasets import load_dataset
+
+    from ictrl import cli
+
+    config = mixture_file(in_tmp, tiny_model_dir)
+    run_trl_grpo(config, "--output_dir", str(in_tmp / "trl"))
+    assert cli.main(["train", str(config)]) == 0, capsys.readouterr().err[-2000:]
+    parquet = in_tmp / "digits.parquet"
+    load_dataset("json", data_files=str(in_tmp / "digits" / "train.jsonl"), split="train").to_parquet(parquet)
+    assert cli.main(["train", str(config), f"--dataset_name={parquet}", "--datasets=null",
+                     f"--output_dir={in_tmp / 'parquet'}"]) == 0, capsys.readouterr().err[-2000:]
+    theirs = state_dict(in_tmp / "trl")
+    assert same_weights(theirs, state_dict(in_tmp / "out")) and same_weights(theirs, state_dict(in_tmp / "parquet"))
+    assert not same_weights(theirs, state_dict(tiny_model_dir))
+
+
+def test_the_datasets_mixture_reads_as_trls_get_dataset(tmp_path: Path) -> None:
+    """Each of TRL's DatasetConfig keys (path, name, data_dir, data_files, split, columns, fraction) and
+    test_split_size: the rows ictrl reads are trl.get_dataset's."""
+    from trl import DatasetMixtureConfig, get_dataset
+    from trl.scripts.utils import DatasetConfig
+
+    from ictrl.train_cli.run_inputs import load_train_dataset
+    from ictrl.train_cli.run_config import config_from_dict
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "train.jsonl").write_text("".join(json.dumps({"prompt": f"{i}=", "x": i}) + "\n"
+                                                        for i in range(6)))
+    (tmp_path / "b.jsonl").write_text("".join(json.dumps({"prompt": f"{i}+1=", "x": i}) + "\n" for i in range(4)))
+    entries = [{"path": "json", "data_dir": str(tmp_path / "a"), "split": "train", "columns": ["prompt"],
+                "fraction": 0.5},
+               {"path": "json", "data_files": [str(tmp_path / "b.jsonl")], "columns": ["prompt"], "fraction": 0.5}]
+    base = {"model_name_or_path": "m", "output_dir": "o", "datasets": entries}
+    ours = load_train_dataset(config_from_dict(base))
+    theirs = get_dataset(DatasetMixtureConfig(datasets=[DatasetConfig(**e) for e in entries]))["train"]
+    assert ours.column_names == theirs.column_names == ["prompt"]
+    assert ours[:] == theirs[:] and len(ours) == 8  # 4 rows of each: the fractions capped by the smaller source
+    split = load_train_dataset(config_from_dict({**base, "test_split_size": 0.25}))  # train_test_split's train part
+    assert len(split) == 6 and set(split["prompt"]) <= set(theirs["prompt"])
+
+
+@pytest.mark.parametrize(("entries", "said"), [
+    ([{"path": "json", "data_files": "missing.jsonl"}], "datasets[0].data_files: missing.jsonl: file not found"),
+    ([{"path": "json", "data_fils": "a.jsonl"}], "datasets[0]: unknown key 'data_fils'"),
+    ([{"data_files": "a.jsonl"}], "datasets[0].path: required"),
+])
+def test_a_bad_mixture_entry_is_one_line_naming_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                   entries: list[dict[str, Any]], said: str) -> None:
+    from ictrl.errors import UserError
+    from ictrl.train_cli.run_config import config_from_dict
+    from ictrl.train_cli.run_inputs import load_train_dataset
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UserError) as raised:
+        load_train_dataset(config_from_dict({"model_name_or_path": "m", "output_dir": "o", "datasets": entries},
+                                            "f.yaml"))
+    assert said in str(raised.value) and "\n" not in str(raised.value)
+
+
+@pytest.mark.parametrize("suffix", [".parquet", ".jsonl", ".json", ".csv", "/"])
+def test_a_local_data_file_or_folder_loads_through_datasets_builders(tmp_path: Path, suffix: str) -> None:
+    from datasets import Dataset
+
+    from ictrl.train_cli.run_config import config_from_dict
+    from ictrl.train_cli.run_inputs import check_sources, load_train_dataset
+
+    rows = Dataset.from_dict({"prompt": ["1+1=", "2+2="], "solution": ["2", "4"]})
+    if suffix == "/":
+        (tmp_path / "data").mkdir()
+        rows.to_parquet(tmp_path / "data" / "part-0.parquet")
+        rows.to_parquet(tmp_path / "data" / "part-1.parquet")
+        path, expected = tmp_path / "data", list(rows["prompt"]) * 2
+    else:
+        path, expected = tmp_path / f"rows{suffix}", rows["prompt"]
+        if suffix == ".json":  # a JSON array of rows
+            path.write_text(json.dumps(rows.to_list()))
+        else:
+            {".parquet": rows.to_parquet, ".csv": rows.to_csv, ".jsonl": rows.to_json}[suffix](path)
+    cfg = config_from_dict({"model_name_or_path": "m", "output_dir": "o", "dataset_name": str(path)})
+    check_sources(cfg)
+    assert list(load_train_dataset(cfg)["prompt"]) == list(expected)
+
+
+def test_an_unknown_dataset_name_says_what_was_tried(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ictrl.train_cli.run_config import ConfigError, config_from_dict
+    from ictrl.train_cli.run_inputs import check_sources
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "rows.xlsx").write_text("x")
+    for name, tried in (("rows.parquet", f"no file or folder at {tmp_path / 'rows.parquet'}"),
+                        ("rows.xlsx", "a .xlsx file, which datasets has no builder for")):
+        cfg = config_from_dict({"model_name_or_path": "m", "output_dir": "o", "dataset_name": name}, "f.yaml")
+        with pytest.raises(ConfigError) as raised:
+            check_sources(cfg, "f.yaml")
+        line = str(raised.value)
+        assert line.startswith(f"f.yaml: dataset_name: '{name}': benchmark: unknown name"), line
+        assert f"tried as a local path ({tried}" in line and "as a hub id (not owner/name)" in line
+
+
+def test_a_missing_dataset_config_is_reported_under_dataset_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    import datasets
+
+    from ictrl.errors import DataError
+    from ictrl.train_cli.run_config import config_from_dict
+    from ictrl.train_cli.run_inputs import load_train_dataset
+
+    def needs_config(*_: Any, **__: Any) -> None:  # datasets' words for a hub data set with several configs
+        raise ValueError("Config name is missing.\nPlease pick one among the available configs: ['main', 'socratic']")
+
+    monkeypatch.setattr(datasets, "load_dataset", needs_config)
+    cfg = config_from_dict({"model_name_or_path": "m", "output_dir": "o", "dataset_name": "openai/gsm8k"})
+    with pytest.raises(DataError, match=r"^dataset_config: None for openai/gsm8k: Config name is missing"):
+        load_train_dataset(cfg)

@@ -265,7 +265,9 @@ def inputs_read(cfg: RunConfig, reward_funcs: list[Any], source: str = "<config>
         found.append(("model_name_or_path", model))
     if Path(source).is_file():
         found.append(("the config file", Path(source)))
-    if trl_dataset(cfg):
+    if trl_dataset(cfg) and Path(str(cfg.script.dataset_name)).is_file():  # a data file read by datasets' builders
+        found.append(("the data file of dataset_name", Path(str(cfg.script.dataset_name))))
+    elif trl_dataset(cfg):
         files = list(itertools.islice(Path(str(cfg.script.dataset_name)).rglob("*"), 1000))
         found += [(f"a file of dataset_name {cfg.script.dataset_name}", p) for p in files if p.is_file()]
     for spec in [] if trl_dataset(cfg) else cfg.script.sources():

@@ -86,6 +86,19 @@ class ScriptArguments(GRPOScriptArguments):
                           "whose template is used; saved with the trained model's tokenizer."},
     )
 
+    # trl grpo's DatasetMixtureConfig keys, read by trl.get_dataset as trl grpo reads them
+    datasets: list[dict[str, Any]] | None = field(
+        default=None,
+        metadata={"help": "TRL's dataset mixture (trl grpo's `datasets:`): a list of mappings with datasets."
+                          "load_dataset's path, name, data_dir, data_files, split, and columns and fraction, loaded "
+                          "and concatenated by trl.get_dataset; used in place of dataset_name (a local file: path: "
+                          "json, data_files: FILE). A flag takes YAML flow: '[{path: json, data_files: a.jsonl}]'."},
+    )
+    streaming: bool = field(default=False, metadata={"help": "Stream the `datasets:` mixture (TRL's key)."})
+    test_split_size: float | None = field(
+        default=None, metadata={"help": "Split the `datasets:` mixture into train and test (TRL's key: "
+                                        "datasets.train_test_split's test_size)."})
+
     def __post_init__(self) -> None:
         if isinstance(self.dataset_name, str) and self.dataset_name.lstrip()[:1] in ("[", "{"):
             self.dataset_name = load_yaml_value(self.dataset_name, "dataset_name")
@@ -106,10 +119,40 @@ class ScriptArguments(GRPOScriptArguments):
                              f"{quote(train)}")
         if self.dataset_streaming:
             raise ValueError("dataset_streaming: ictrl train reads every training row before the model loads")
+        if self.streaming:
+            raise ValueError("streaming: ictrl train reads every training row before the model loads")
+        self._read_mixture()
         check_fields(self, ScriptArguments, types=False)  # dataset_name takes a list or mapping too, read above
         check_finite({"overlong_penalty_factor": self.overlong_penalty_factor})
         if self.reward_funcs is not None and not self.reward_funcs:
             raise ValueError("reward_funcs: empty list; use null for the default ['verifiable']")
+
+    def _read_mixture(self) -> None:
+        """``datasets``: a flag's YAML flow read, each entry a mapping of TRL's ``DatasetConfig`` keys with a
+        ``path``."""
+        from trl.scripts.utils import DatasetConfig
+
+        mixture = self.datasets
+        if isinstance(mixture, list) and len(mixture) == 1 and isinstance(mixture[0], str):
+            mixture = self.datasets = load_yaml_value(mixture[0], "datasets")
+        if mixture is None:
+            return
+        if not isinstance(mixture, list) or not mixture:
+            raise ValueError("datasets: expected a list of mappings (path: ..., data_files: ...), got "
+                             f"{quote(mixture)}")
+        keys = [f.name for f in dataclasses.fields(DatasetConfig)]
+        for i, entry in enumerate(mixture):
+            if not isinstance(entry, dict):
+                raise ValueError(f"datasets[{i}]: expected a mapping with path (and {', '.join(keys[1:])}), got "
+                                 f"{quote(entry)}")
+            unknown = [k for k in entry if k not in keys]
+            if unknown:
+                close = difflib.get_close_matches(str(unknown[0]), keys, n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                raise ValueError(f"datasets[{i}]: unknown key {quote(unknown[0])}; TRL's keys: {', '.join(keys)}{hint}")
+            if not isinstance(entry.get("path"), str) or not entry["path"]:
+                raise ValueError(f"datasets[{i}].path: required: a datasets.load_dataset path (json, parquet, csv with "
+                                 "data_files; a folder; a hub id)")
 
     def sources(self) -> list[str]:
         """The training sources' names (a mixture's keys)."""
@@ -159,8 +202,7 @@ OLD_KEYS = {"model.name_or_path": "model_name_or_path", "model.dtype": "dtype",
 SECTIONS = {"model": "model_name_or_path", "data": "dataset_name", "reward": "reward_funcs",
             "peft": "use_peft: true with lora_r, lora_alpha, lora_dropout, lora_target_modules"}
 # trl grpo's fourth dataclass (DatasetMixtureConfig): hub datasets, which ictrl train does not load.
-POINTERS = {key: "TRL's hub dataset mixture; ictrl's mixture is dataset_name: {NAME: WEIGHT, ...}"
-            for key in ("datasets", "streaming", "test_split_size")}
+POINTERS: dict[str, str] = {}
 # The method of a file that sets no token_selector. Such a file is a `trl grpo` file, and `ictrl train` runs it as
 # TRL's GRPO (every response token, TRL's normaliser for loss_type): a TRL user's config never changes method
 # silently. ICTGRPOConfig itself defaults to ict: the Python class is ICT's trainer by name.
@@ -180,6 +222,8 @@ def parser() -> TrlParser:
     p = TrlParser((ScriptArguments, ICTGRPOConfig, ModelConfig), allow_abbrev=False)  # a typo is not a prefix
     for action in p._actions:
         action.default, action.required = argparse.SUPPRESS, False
+        if action.dest == "datasets":  # a flag's YAML flow text, read by ScriptArguments (argparse's dict() cannot)
+            action.type = str
     p.error = _raise  # type: ignore[method-assign]
     return p
 

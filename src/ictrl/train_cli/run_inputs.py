@@ -108,7 +108,7 @@ def check_sources(cfg: RunConfig, config: str = "<config>", flags: dict[str, Any
     name the flag that set the key (``flags``), else ``config``."""
     from ictrl import data
 
-    if not cfg.script.sources():
+    if not cfg.script.sources() and not cfg.script.datasets:
         raise ConfigError(f"{blame('dataset_name', config, flags)}: dataset_name: required: an ictrl.data name "
                           "(gsm8k_train, math_train), jsonl:PATH, a list of them or a mapping name: weight")
     script, directory = cfg.script, trl_dataset(cfg)
@@ -126,9 +126,23 @@ def check_sources(cfg: RunConfig, config: str = "<config>", flags: dict[str, Any
             except ValueError as exc:
                 close = difflib.get_close_matches(name.split(":", 1)[0], list(data.BENCHMARKS), n=1)
                 hint = f"; did you mean {close[0]!r}?" if close else ""
-                raise ConfigError(f"{source}: {key}: {quote(name)}: {shorten(str(exc), 300)}{hint}") from None
+                raise ConfigError(f"{source}: {key}: {quote(name)}: {shorten(str(exc), 300)}{hint}"
+                                  f"{_tried(name) if key == 'dataset_name' else ''}") from None
             if path is not None and not Path(path).is_file():
                 raise ConfigError(f"{source}: {key}: {quote(name)}: file not found")
+
+
+def _tried(name: str) -> str:
+    """What a ``dataset_name`` that is none of its forms was tried as, after the ictrl.data names."""
+    import re
+
+    from ictrl.train_cli.trl_data import DATA_FILE_BUILDERS
+
+    local = Path(name).expanduser()
+    where = (f"a {local.suffix} file, which datasets has no builder for (it reads "
+             f"{', '.join(DATA_FILE_BUILDERS)})" if local.is_file() else f"no file or folder at {local.resolve()}")
+    hub = "not owner/name" if re.fullmatch(HUB_ID, name) is None else "owner/name"
+    return f"; tried as a local path ({where}) and as a hub id ({hub})"
 
 
 # A hub dataset id as the hub spells one: owner/name (letters, digits, '-', '_', '.').
@@ -141,10 +155,15 @@ def trl_dataset(cfg: RunConfig) -> bool:
     (``owner/name``) that is neither an ictrl.data name nor a local path (those come first)."""
     import re
 
+    from ictrl.train_cli.trl_data import file_builder
+
     name = cfg.script.dataset_name
+    if cfg.script.datasets:  # trl grpo's mixture, which it reads in place of dataset_name
+        return True
     if not isinstance(name, str):
         return False
-    return Path(name).is_dir() or (re.fullmatch(HUB_ID, name) is not None and not Path(name).exists())
+    return Path(name).is_dir() or file_builder(name) is not None or (
+        re.fullmatch(HUB_ID, name) is not None and not Path(name).exists())
 
 
 def _offline() -> str | None:
@@ -161,21 +180,41 @@ def _load_trl_dataset(script: Any) -> Any:
 
     from ictrl.errors import DataError
 
+    from ictrl.train_cli.trl_data import file_builder, load_file, load_mixture
+
     name, split = script.dataset_name, script.dataset_train_split
+    if script.datasets:
+        loaded, name = load_mixture(script), "the datasets mixture"
+    elif file_builder(name) is not None:
+        loaded = load_file(name, script)
+    else:
+        loaded = _load_named(name, script)
+    if split not in loaded:
+        raise DataError(f"dataset_train_split: {split!r}: {name} has no such split; its splits: "
+                        f"{', '.join(map(str, loaded)) or 'none'}")
+    return loaded[split]
+
+
+def _load_named(name: str, script: Any) -> Any:
+    """``load_dataset(dataset_name, name=dataset_config, streaming=dataset_streaming)``, its errors one line naming
+    the key at fault: ``dataset_config`` when the data set's configs are the trouble, else ``dataset_name``."""
+    from datasets import load_dataset
+
+    from ictrl.errors import DataError
+
     try:
-        loaded = load_dataset(name, name=script.dataset_config, streaming=script.dataset_streaming)
+        return load_dataset(name, name=script.dataset_config, streaming=script.dataset_streaming)
     except Exception as exc:  # datasets raises many types (ConnectionError, DatasetNotFoundError, ValueError, ...)
         offline = _offline() if not Path(name).is_dir() else None
         if offline:
             raise DataError(f"dataset_name: {name}: not in the local datasets cache, and {offline} keeps datasets "
                             "off the hub: unset it to download the data set, or name a local directory") from None
         if isinstance(exc, (ValueError, KeyError, FileNotFoundError, ConnectionError, OSError)):
-            raise DataError(f"dataset_name: {name}: {shorten(str(exc), 300)}") from None
+            text = str(exc)
+            if "Config name is missing" in text or "BuilderConfig" in text:  # datasets' words for a config name
+                raise DataError(f"dataset_config: {script.dataset_config!r} for {name}: {shorten(text, 300)}") from None
+            raise DataError(f"dataset_name: {name}: {shorten(text, 300)}") from None
         raise
-    if split not in loaded:
-        raise DataError(f"dataset_train_split: {split!r}: {name} has no such split; its splits: "
-                        f"{', '.join(map(str, loaded)) or 'none'}")
-    return loaded[split]
 
 
 def load_train_dataset(cfg: RunConfig) -> Any:
@@ -190,8 +229,8 @@ def load_train_dataset(cfg: RunConfig) -> Any:
         script = cfg.script
         rows = _load_trl_dataset(script)
         if "prompt" not in rows.column_names:
-            raise DataError(f"dataset_name: {script.dataset_name}: no 'prompt' column (TRL's GRPOTrainer reads it); "
-                            f"columns: {rows.column_names}")
+            key = "datasets" if script.datasets else f"dataset_name: {script.dataset_name}"
+            raise DataError(f"{key}: no 'prompt' column (TRL's GRPOTrainer reads it); columns: {rows.column_names}")
         return rows.select(range(min(len(rows), script.dataset_limit))) if script.dataset_limit else rows
     train, names, limit = cfg.script.dataset_name, cfg.script.sources(), cfg.script.dataset_limit
     if len(names) == 1:

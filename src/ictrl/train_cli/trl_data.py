@@ -1,0 +1,67 @@
+"""TRL's data forms beyond a dataset directory or hub id, read as ``trl grpo`` reads them: the ``datasets:`` mixture
+(``trl.get_dataset`` over ``DatasetMixtureConfig``) and a local data file as ``dataset_name`` (``datasets``' own
+``parquet``, ``json`` and ``csv`` builders, where ``trl grpo`` fails). ``ictrl.train_cli.run_inputs`` calls them;
+errors are one :class:`ictrl.errors.DataError` line naming the key."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from ictrl.errors import DataError, shorten
+
+log = logging.getLogger("ictrl.train")
+
+# A local data file's suffix -> the datasets builder that reads it (.jsonl and .json are both the json builder).
+DATA_FILE_BUILDERS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".csv": "csv"}
+
+
+def file_builder(name: Any) -> str | None:
+    """The ``datasets`` builder for ``name`` when it is a local data file (:data:`DATA_FILE_BUILDERS`), else None."""
+    if not isinstance(name, str):
+        return None
+    path = Path(name).expanduser()
+    return DATA_FILE_BUILDERS.get(path.suffix.lower()) if path.is_file() else None
+
+
+def load_file(name: str, script: Any) -> Any:
+    """``load_dataset(builder, data_files=name, streaming=dataset_streaming)``: the file as a ``DatasetDict`` whose
+    one split is ``train`` (``datasets``' builders name it so)."""
+    from datasets import load_dataset
+
+    builder = file_builder(name)
+    try:
+        return load_dataset(builder, data_files=str(Path(name).expanduser()), streaming=script.dataset_streaming)
+    except Exception as exc:  # datasets raises many types for a malformed file (ArrowInvalid, DatasetGenerationError)
+        raise DataError(f"dataset_name: {name}: not readable as {builder} ({type(exc).__name__}: "
+                        f"{shorten(str(exc).splitlines()[0] if str(exc) else '', 300)})") from None
+
+
+def load_mixture(script: Any) -> Any:
+    """trl grpo's ``get_dataset(DatasetMixtureConfig(datasets, streaming, test_split_size))``: each entry loaded
+    by ``datasets.load_dataset`` with its path, name, data_dir, data_files and split, its columns selected, the
+    fractions applied, concatenated, split into train and test by ``test_split_size``. With ``dataset_name`` set
+    too, ``datasets`` is used, as in trl grpo, said in one line."""
+    from trl import DatasetMixtureConfig, get_dataset
+    from trl.scripts.utils import DatasetConfig
+
+    if script.dataset_name:
+        log.warning("datasets and dataset_name are both set: the datasets mixture is used and dataset_name %s is "
+                    "ignored, as in trl grpo", shorten(str(script.dataset_name), 200))
+    entries = [DatasetConfig(**entry) for entry in script.datasets]
+    mixture = DatasetMixtureConfig(datasets=entries, streaming=script.streaming,
+                                   test_split_size=script.test_split_size)
+    for i, entry in enumerate(entries):  # a missing local file named by its entry, not by datasets' glob error
+        files = entry.data_files if isinstance(entry.data_files, list) else [entry.data_files]
+        for file in files if not isinstance(entry.data_files, dict) else list(entry.data_files.values()):
+            if isinstance(file, str) and entry.path in DATA_FILE_BUILDERS.values() and not any(
+                    c in file for c in "*?[") and not Path(file).expanduser().exists():
+                raise DataError(f"datasets[{i}].data_files: {file}: file not found")
+    try:
+        return get_dataset(mixture)
+    except Exception as exc:  # datasets raises many types (FileNotFoundError, ValueError, DatasetNotFoundError, ...)
+        if not isinstance(exc, (ValueError, KeyError, FileNotFoundError, ConnectionError, OSError)):
+            raise
+        raise DataError(f"datasets: {shorten(str(exc).splitlines()[0] if str(exc) else type(exc).__name__, 300)}"
+                        ) from None
