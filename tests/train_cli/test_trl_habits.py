@@ -286,3 +286,32 @@ def test_a_missing_dataset_config_is_reported_under_dataset_config(monkeypatch: 
     cfg = config_from_dict({"model_name_or_path": "m", "output_dir": "o", "dataset_name": "openai/gsm8k"})
     with pytest.raises(DataError, match=r"^dataset_config: None for openai/gsm8k: Config name is missing"):
         load_train_dataset(cfg)
+
+
+@pytest.mark.integration
+def test_eval_strategy_with_dataset_test_split_evaluates_as_trl_grpo(tiny_model_dir: Path, in_tmp: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """``eval_strategy: steps`` on a dataset directory with a test split: trl grpo and ictrl train evaluate on it
+    with the same eval_* values, and end with the same weights."""
+    import ast
+
+    from ictrl import cli
+
+    config = edit(trl_file(in_tmp, tiny_model_dir, max_steps=2), eval_strategy="steps", eval_steps=1,
+                  per_device_eval_batch_size=4, dataset_test_split="test")
+    test = [{"prompt": f"{a}*{b}=", "solution": str(a * b)} for a in range(2) for b in range(2)]
+    (in_tmp / "digits" / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in test))
+    run_trl_grpo(config, "--output_dir", str(in_tmp / "trl"))
+    printed = [ast.literal_eval(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{'eval_")]
+    assert cli.main(["train", str(config)]) == 0, capsys.readouterr().err[-2000:]
+    rows = [json.loads(line) for line in (in_tmp / "out" / "metrics.jsonl").read_text().splitlines()]
+    ours = [{k: v for k, v in r.items() if k.startswith("eval_") and not k.startswith("eval_ictrl/")}
+            for r in rows if "eval_reward" in r]  # ictrl's own statistics beside TRL's
+    theirs = [{k: v for k, v in r.items() if k.startswith("eval_")} for r in printed]
+    assert len(ours) == len(theirs) == 2
+    timing = ("eval_runtime", "eval_samples_per_second", "eval_steps_per_second")
+    for a, b in zip(ours, theirs):  # TRL's printer shows 4 significant digits
+        assert a.keys() == b.keys()
+        assert {k: f"{v:.4g}" for k, v in a.items() if k not in timing} == {
+            k: f"{float(v):.4g}" for k, v in b.items() if k not in timing}
+    assert same_weights(state_dict(in_tmp / "trl"), state_dict(in_tmp / "out"))

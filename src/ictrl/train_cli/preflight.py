@@ -93,7 +93,7 @@ def preflight(cfg: RunConfig, source: str = "<config>", flags: dict[str, Any] | 
     check_reward_weights(cfg, args, len(checked.reward_funcs), source, flags)
     add_overlong_penalty(cfg, args, checked.reward_funcs, source)
     check_sources(cfg, source, flags)
-    check_trainer_inputs(args, source, flags)
+    check_trainer_inputs(args, source, flags, cfg)
     check_output_dir(cfg.output_dir, blame("output_dir", source, flags))
     check_not_an_input(cfg.output_dir, inputs_read(cfg, checked.reward_funcs, source),
                        blame("output_dir", source, flags))
@@ -282,16 +282,20 @@ def inputs_read(cfg: RunConfig, reward_funcs: list[Any], source: str = "<config>
     return found
 
 
-def check_trainer_inputs(args: Any, source: str = "<config>", flags: dict[str, Any] | None = None) -> None:
-    """What the trainer that ``ictrl train`` builds needs beyond its config: eval data for ``eval_strategy`` (the
-    trainer gets none), the hub for ``push_to_hub``."""
+def check_trainer_inputs(args: Any, source: str = "<config>", flags: dict[str, Any] | None = None,
+                         cfg: RunConfig | None = None) -> None:
+    """What the trainer that ``ictrl train`` builds needs beyond its config: eval data for ``eval_strategy`` (as
+    ``trl grpo``: the ``dataset_test_split`` of a dataset directory, hub id, data file or ``datasets`` mixture; an
+    ictrl.data source has none), the hub for ``push_to_hub``."""
     from ictrl import preflight as shared
+    from ictrl.train_cli.run_inputs import trl_dataset
 
     strategy = getattr(args.eval_strategy, "value", args.eval_strategy)
-    if strategy != "no":
-        raise ConfigError(f"{blame('eval_strategy', source, flags)}: eval_strategy: {strategy!r} needs eval data, "
-                          "which ictrl train does not give the trainer; evaluation during training is eval_benchmarks "
-                          "(pass@k every eval_steps)")
+    if strategy != "no" and (cfg is None or not trl_dataset(cfg)):
+        raise ConfigError(f"{blame('eval_strategy', source, flags)}: eval_strategy: {strategy!r} needs eval data: "
+                          "as in trl grpo, the dataset_test_split of a dataset directory, hub id, data file or "
+                          "datasets mixture; an ictrl.data source has none: evaluation during training is "
+                          "eval_benchmarks (pass@k every eval_steps)")
     if args.push_to_hub and not shared.hub_reachable():
         raise ConfigError(f"{blame('push_to_hub', source, flags)}: push_to_hub: {shared.why_unreachable()}; "
                           "push the final model later with `hf upload`")

@@ -29,7 +29,7 @@ from ictrl.train_cli.process_group import answered_once
 from ictrl.train_cli.run_config import RunConfig, config_to_dict, save_config
 from ictrl.train_cli.run_guard import (OVERWRITE_FLAG, RunLock, StopRequest, add_stop_callback, forget_previous_run,
                                        note_short_run, run_failure, stopped)
-from ictrl.train_cli.run_inputs import input_hashes, inputs_record, named_checkpoint, reward_label
+from ictrl.train_cli.run_inputs import eval_rows, input_hashes, inputs_record, named_checkpoint, reward_label
 
 log = logging.getLogger("ictrl.train")
 
@@ -186,16 +186,13 @@ def _train_locked(cfg: RunConfig, checked: Checked, resume: bool | str, source: 
     inputs = inputs_record(resume_from.parent if resume_from is not None else out,
                            input_hashes(dataset, reward_funcs), resumed_at, accept_changed_inputs, source)
 
-    from ictrl.models import load_model_and_tokenizer
+    eval_dataset = eval_rows(cfg, args)  # trl grpo's dataset_test_split, under eval_strategy
     from ictrl.train_cli.model_init import tokenizer_and_config
 
     skip_deepspeed_unless_imported()
     tokenizer, text_config = tokenizer_and_config(cfg, checked.init_kwargs, source)
     dataset = train_rows(cfg, dataset, tokenizer, text_config, args, source)  # a row that cannot fit: before weights
-    template = tokenizer.chat_template
-    model, tokenizer = load_model_and_tokenizer(cfg.model.model_name_or_path, **checked.init_kwargs)
-    if cfg.script.chat_template_path:  # the template the rows were checked with, saved with the model's tokenizer
-        tokenizer.chat_template = template
+    model, tokenizer = _model_and_tokenizer(cfg, checked.init_kwargs, tokenizer.chat_template)
     with reported_write(out, lambda: rerun_advice(out)):
         out.mkdir(parents=True, exist_ok=True)
         save_config(cfg, out / "config.yaml")
@@ -204,7 +201,7 @@ def _train_locked(cfg: RunConfig, checked: Checked, resume: bool | str, source: 
     _, trainer_cls = trainer_classes()
     trainer = trainer_cls(
         model=model, reward_funcs=reward_funcs, args=args, train_dataset=dataset, processing_class=tokenizer,
-        peft_config=checked.lora,
+        peft_config=checked.lora, eval_dataset=eval_dataset,
     )
     trainer.command = command  # for the model card
     _add_callbacks(trainer, cfg, reward_funcs, tokenizer, out, callbacks)
@@ -226,6 +223,17 @@ def _train_locked(cfg: RunConfig, checked: Checked, resume: bool | str, source: 
     with reported_write(out, lambda: rerun_advice(out)):
         trainer.create_model_card()
     return TrainResult(out, trainer.state.global_step, resume_from, out)
+
+
+def _model_and_tokenizer(cfg: RunConfig, init_kwargs: dict[str, Any], template: str | None) -> tuple[Any, Any]:
+    """The model and its tokenizer as ``trl grpo`` loads them; with ``chat_template_path``, the tokenizer keeps
+    ``template``, the one the rows were checked with (saved with the model)."""
+    from ictrl.models import load_model_and_tokenizer
+
+    model, tokenizer = load_model_and_tokenizer(cfg.model.model_name_or_path, **init_kwargs)
+    if cfg.script.chat_template_path:
+        tokenizer.chat_template = template
+    return model, tokenizer
 
 
 def _train(trainer: Any, args: Any, out: Path, resume_from: Path | None, resume_command: str | None) -> None:

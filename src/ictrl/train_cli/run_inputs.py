@@ -180,19 +180,36 @@ def _load_trl_dataset(script: Any) -> Any:
 
     from ictrl.errors import DataError
 
+    return _split(*_load_trl_splits(script), "dataset_train_split", script.dataset_train_split)
+
+
+def _load_trl_splits(script: Any) -> tuple[Any, str]:
+    """The ``DatasetDict`` of the data ``trl grpo`` reads (the ``datasets`` mixture, a local data file, a folder
+    or hub id), and its name for error lines."""
     from ictrl.train_cli.trl_data import file_builder, load_file, load_mixture
 
-    name, split = script.dataset_name, script.dataset_train_split
     if script.datasets:
-        loaded, name = load_mixture(script), "the datasets mixture"
-    elif file_builder(name) is not None:
-        loaded = load_file(name, script)
-    else:
-        loaded = _load_named(name, script)
+        return load_mixture(script), "the datasets mixture"
+    if file_builder(script.dataset_name) is not None:
+        return load_file(script.dataset_name, script), script.dataset_name
+    return _load_named(script.dataset_name, script), script.dataset_name
+
+
+def _split(loaded: Any, name: str, key: str, split: str) -> Any:
+    from ictrl.errors import DataError
+
     if split not in loaded:
-        raise DataError(f"dataset_train_split: {split!r}: {name} has no such split; its splits: "
+        raise DataError(f"{key}: {split!r}: {name} has no such split; its splits: "
                         f"{', '.join(map(str, loaded)) or 'none'}")
     return loaded[split]
+
+
+def eval_rows(cfg: RunConfig, args: Any) -> Any:
+    """``trl grpo``'s ``eval_dataset``: the ``dataset_test_split`` of the data it reads when ``eval_strategy`` is
+    not ``no`` (``preflight.check_trainer_inputs`` refuses it for ictrl.data sources), else None."""
+    if getattr(args.eval_strategy, "value", args.eval_strategy) == "no":
+        return None
+    return _split(*_load_trl_splits(cfg.script), "dataset_test_split", cfg.script.dataset_test_split)
 
 
 def _load_named(name: str, script: Any) -> Any:
