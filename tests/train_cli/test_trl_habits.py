@@ -315,3 +315,79 @@ def test_eval_strategy_with_dataset_test_split_evaluates_as_trl_grpo(tiny_model_
         assert {k: f"{v:.4g}" for k, v in a.items() if k not in timing} == {
             k: f"{float(v):.4g}" for k, v in b.items() if k not in timing}
     assert same_weights(state_dict(in_tmp / "trl"), state_dict(in_tmp / "out"))
+
+
+@pytest.mark.integration
+def test_dataset_streaming_trains_as_trl_grpo(tiny_model_dir: Path, in_tmp: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """``dataset_streaming: true`` with max_steps: trl grpo and ictrl train (each row checked as it streams) end
+    with the same weights; without max_steps it is one line before the model loads, as TRL requires it."""
+    from ictrl import cli
+
+    config = edit(trl_file(in_tmp, tiny_model_dir, max_steps=2), dataset_streaming=True)
+    run_trl_grpo(config, "--output_dir", str(in_tmp / "trl"))
+    assert cli.main(["train", str(config)]) == 0, capsys.readouterr().err[-2000:]
+    err = capsys.readouterr().err
+    assert "streams: each row is checked as it is read" in err
+    assert same_weights(state_dict(in_tmp / "trl"), state_dict(in_tmp / "out"))
+    assert cli.main(["train", str(config), "--max_steps=-1", f"--output_dir={in_tmp / 'b'}"]) == 2
+    assert "max_steps: a streamed dataset has no length" in capsys.readouterr().err
+
+
+@pytest.mark.integration
+def test_a_bad_streamed_row_stops_the_run_naming_its_position(tiny_model_dir: Path, in_tmp: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    from ictrl import cli
+
+    config = edit(trl_file(in_tmp, tiny_model_dir, max_steps=2), dataset_streaming=True)
+    data = in_tmp / "digits" / "train.jsonl"
+    lines = data.read_text().splitlines()
+    lines[5] = json.dumps({"prompt": 7, "solution": "1"})
+    data.write_text("\n".join(lines) + "\n")
+    assert cli.main(["train", str(config)]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if "streamed row" in line]
+    assert len(err) == 1 and f"dataset_name {in_tmp / 'digits'}: streamed row 5: prompt: expected text or a list of " \
+                              "chat messages, got 7 (the run stops at a bad streamed row)" in err[0], err
+
+
+def test_streamed_rows_are_checked_one_by_one(caplog: pytest.LogCaptureFixture) -> None:
+    """A prompt over max_prompt_length is skipped with a line naming its position; without the cap, one that cannot
+    fit the model's positions stops the run, as does a prompt that is not text or messages."""
+    import logging
+
+    from datasets import Dataset
+
+    from ictrl.errors import DataError
+    from ictrl.models import build_byte_tokenizer
+    from ictrl.train_cli.trl_data import check_stream
+
+    rows = Dataset.from_dict({"prompt": ["1+1=", "9" * 40, "2+2="]}).to_iterable_dataset()
+    tokenizer = build_byte_tokenizer()
+    with caplog.at_level(logging.INFO, logger="ictrl.train"):
+        kept = list(check_stream(rows, tokenizer, "f.yaml: dataset_name d", 10, 256, 8))
+    assert [r["prompt"] for r in kept] == ["1+1=", "2+2="]
+    said = [r.getMessage() for r in caplog.records]
+    assert "longer than max_prompt_length=10 is skipped with a line" in said[0]
+    assert said[1].startswith("f.yaml: dataset_name d: streamed row 1: 40 tokens, longer than max_prompt_length=10: "
+                              "skipped")
+    with pytest.raises(DataError, match=r"streamed row 1: 40 tokens, longer than the 24 the model's positions"):
+        list(check_stream(rows, tokenizer, "f.yaml: dataset_name d", None, 32, 8))
+    chat = Dataset.from_dict({"prompt": [[{"role": "user", "content": "1+1="}]]}).to_iterable_dataset()
+    with pytest.raises(DataError, match=r"streamed row 0: the prompt is a list of chat messages and the tokenizer has"):
+        list(check_stream(chat, build_byte_tokenizer(chat_template=None), "d", None, 32, 8))
+
+
+def test_streaming_an_ictrl_source_or_with_the_wrong_key_is_one_line(tmp_path: Path) -> None:
+    from ictrl.train_cli.preflight import check_trainer_inputs
+    from ictrl.train_cli.run_config import ConfigError, config_from_dict
+
+    (tmp_path / "rows.jsonl").write_text('{"prompt": "1+1="}\n')
+    base = {"model_name_or_path": "m", "output_dir": "o", "max_steps": 2}
+    for values, said in (({"dataset_name": "gsm8k_train", "dataset_streaming": True},
+                          "f.yaml: dataset_streaming: streams data trl grpo reads"),
+                         ({"dataset_name": str(tmp_path / "rows.jsonl"), "streaming": True},
+                          "f.yaml: streaming: does not apply to dataset_name; use dataset_streaming")):
+        cfg = config_from_dict({**base, **values}, "f.yaml")
+        with pytest.raises(ConfigError, match=said):
+            check_trainer_inputs(type("Args", (), {"eval_strategy": "no", "max_steps": 2, "push_to_hub": False})(),
+                                 "f.yaml", None, cfg)

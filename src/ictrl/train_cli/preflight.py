@@ -41,7 +41,7 @@ from ictrl.train_cli.run_config import ConfigError, RunConfig
 from ictrl.train_cli.run_guard import NO_OP_FLAG, check_no_previous_run, check_not_an_input
 from ictrl.train_cli.run_inputs import (add_overlong_penalty, blame, build_rewards, check_enough_rows, check_sources,
                                         drop_long_prompts, load_train_dataset, name_the_key,
-                                        named_checkpoint)
+                                        named_checkpoint, trl_dataset)
 
 log = logging.getLogger("ictrl.train")
 
@@ -296,6 +296,20 @@ def check_trainer_inputs(args: Any, source: str = "<config>", flags: dict[str, A
                           "as in trl grpo, the dataset_test_split of a dataset directory, hub id, data file or "
                           "datasets mixture; an ictrl.data source has none: evaluation during training is "
                           "eval_benchmarks (pass@k every eval_steps)")
+    if cfg is not None and (cfg.script.dataset_streaming or cfg.script.streaming):
+        from ictrl.train_cli.trl_data import streamed
+
+        key = "dataset_streaming" if cfg.script.dataset_streaming else "streaming"
+        if not trl_dataset(cfg):
+            raise ConfigError(f"{blame(key, source, flags)}: {key}: streams data trl grpo reads (a dataset directory, "
+                              "hub id, data file or datasets mixture); an ictrl.data source is read whole")
+        if not streamed(cfg.script):  # as trl grpo: the mixture reads streaming, dataset_name dataset_streaming
+            right = "streaming" if key == "dataset_streaming" else "dataset_streaming"
+            raise ConfigError(f"{blame(key, source, flags)}: {key}: does not apply to "
+                              f"{'the datasets mixture' if cfg.script.datasets else 'dataset_name'}; use {right}")
+        if args.max_steps <= 0:
+            raise ConfigError(f"{blame('max_steps', source, flags)}: max_steps: a streamed dataset has no length, so "
+                              f"the run's length is max_steps (TRL requires it too): set max_steps with {key}")
     if args.push_to_hub and not shared.hub_reachable():
         raise ConfigError(f"{blame('push_to_hub', source, flags)}: push_to_hub: {shared.why_unreachable()}; "
                           "push the final model later with `hf upload`")
@@ -375,9 +389,16 @@ def train_rows(cfg: RunConfig, dataset: Any, tokenizer: Any, model_config: Any, 
     """The training rows as the trainer gets them, once the tokenizer is loaded: prompts longer than
     ``max_prompt_length`` dropped (without it, one that cannot fit the model's positions beside
     ``max_completion_length`` refused), one generation batch of prompts left at least."""
+    from ictrl.train_cli.trl_data import check_stream, streamed
+
+    positions = getattr(model_config, "max_position_embeddings", None)
+    if trl_dataset(cfg) and streamed(cfg.script):  # each row checked as it streams, once the run reads it
+        name = "datasets" if cfg.script.datasets else f"dataset_name {shorten(str(cfg.script.dataset_name), 200)}"
+        return check_stream(dataset, tokenizer, f"{source}: {name}", cfg.script.max_prompt_length, positions,
+                            args.max_completion_length)
     check_chat_template(dataset, tokenizer, cfg, source)
     dataset = drop_long_prompts(dataset, tokenizer, cfg.script.max_prompt_length,
-                                getattr(model_config, "max_position_embeddings", None), args.max_completion_length,
+                                positions, args.max_completion_length,
                                 source, str(cfg.script.dataset_name))
     check_enough_rows(dataset, args, source)
     return dataset

@@ -117,10 +117,6 @@ class ScriptArguments(GRPOScriptArguments):
         elif not isinstance(train, (str, list, type(None))) or not all(isinstance(n, str) for n in self.sources()):
             raise ValueError(f"dataset_name: expected a name, a list of names or a mapping name: weight, got "
                              f"{quote(train)}")
-        if self.dataset_streaming:
-            raise ValueError("dataset_streaming: ictrl train reads every training row before the model loads")
-        if self.streaming:
-            raise ValueError("streaming: ictrl train reads every training row before the model loads")
         self._read_mixture()
         check_fields(self, ScriptArguments, types=False)  # dataset_name takes a list or mapping too, read above
         check_finite({"overlong_penalty_factor": self.overlong_penalty_factor})

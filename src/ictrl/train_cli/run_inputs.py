@@ -243,11 +243,16 @@ def load_train_dataset(cfg: RunConfig) -> Any:
     if trl_dataset(cfg):  # as trl grpo: load_dataset(dataset_name, name=dataset_config)[dataset_train_split]
         from ictrl.errors import DataError
 
+        from ictrl.train_cli.trl_data import first_row, streamed
+
         script = cfg.script
         rows = _load_trl_dataset(script)
-        if "prompt" not in rows.column_names:
-            key = "datasets" if script.datasets else f"dataset_name: {script.dataset_name}"
-            raise DataError(f"{key}: no 'prompt' column (TRL's GRPOTrainer reads it); columns: {rows.column_names}")
+        key = "datasets" if script.datasets else f"dataset_name: {script.dataset_name}"
+        columns = rows.column_names if rows.column_names is not None else list(first_row(rows, key))
+        if "prompt" not in columns:
+            raise DataError(f"{key}: no 'prompt' column (TRL's GRPOTrainer reads it); columns: {columns}")
+        if streamed(script):  # rows checked as they stream (trl_data.check_stream)
+            return rows.take(script.dataset_limit) if script.dataset_limit else rows
         return rows.select(range(min(len(rows), script.dataset_limit))) if script.dataset_limit else rows
     train, names, limit = cfg.script.dataset_name, cfg.script.sources(), cfg.script.dataset_limit
     if len(names) == 1:
@@ -306,7 +311,11 @@ def check_enough_rows(dataset: Any, args: Any, source: str = "<config>") -> None
     would 'finish' at step 0."""
     from ictrl.errors import DataError
 
+    from datasets import IterableDataset
+
     prompts = args.generation_batch_size // args.num_generations
+    if isinstance(dataset, IterableDataset):  # a stream's length is max_steps' (preflight.check_trainer_inputs)
+        return
     if len(dataset) == 0:
         raise DataError(f"{source}: dataset_name: no training rows left (check dataset_limit and max_prompt_length)")
     if len(dataset) < prompts:
@@ -376,8 +385,13 @@ def input_hashes(dataset: Any, reward_funcs: list[Any]) -> dict[str, str]:
 
     from ictrl.checkpoints import sha256_file
 
+    from datasets import IterableDataset
+
     digest = hashlib.sha256()
-    columns = dataset.to_dict()  # every value as Python data (datasets' dataset[column] is a lazy Column)
+    if isinstance(dataset, IterableDataset):  # a stream is not read ahead: what it is read from stands for it
+        digest.update(json.dumps([str(dataset.info.builder_name), str(dataset.info.config_name),
+                                  str(dataset.info.splits)], default=str).encode())
+    columns = {} if isinstance(dataset, IterableDataset) else dataset.to_dict()  # every value as Python data
     for column in sorted(columns):
         digest.update(column.encode())
         digest.update(json.dumps(columns[column], sort_keys=True, ensure_ascii=False, default=str).encode())

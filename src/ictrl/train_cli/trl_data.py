@@ -65,3 +65,67 @@ def load_mixture(script: Any) -> Any:
             raise
         raise DataError(f"datasets: {shorten(str(exc).splitlines()[0] if str(exc) else type(exc).__name__, 300)}"
                         ) from None
+
+
+# --- streamed data ------------------------------------------------------------------------------------------------
+
+
+def streamed(script: Any) -> bool:
+    """Whether the training data streams: ``dataset_streaming``, or the ``datasets`` mixture's ``streaming``."""
+    return bool(script.datasets and script.streaming) or (not script.datasets and bool(script.dataset_streaming))
+
+
+def first_row(rows: Any, name: str) -> dict[str, Any]:
+    """A stream's first row (its columns, when ``datasets`` knows no features before reading)."""
+    try:
+        return dict(next(iter(rows)))
+    except StopIteration:
+        raise DataError(f"{name}: the stream has no rows") from None
+
+
+class RowCheck:
+    """ictrl's row checks, applied to each row as it streams (``IterableDataset.filter`` with its position): a
+    prompt that is neither text nor chat messages, or messages without a chat template, stops the run in one line
+    naming the row; a prompt longer than ``limit`` tokens (``max_prompt_length``) is skipped with a line; without a
+    limit, one that cannot fit ``room`` tokens (the model's positions beside ``max_completion_length``) stops it."""
+
+    def __init__(self, tokenizer: Any, name: str, limit: int | None, room: int | None) -> None:
+        self.tokenizer, self.name, self.limit, self.room = tokenizer, name, limit, room
+        self.skipped = 0
+
+    def __call__(self, row: dict[str, Any], position: int) -> bool:
+        prompt = row.get("prompt")
+        where = f"{self.name}: streamed row {position}"
+        if isinstance(prompt, list) and prompt and all(isinstance(m, dict) for m in prompt):
+            if not getattr(self.tokenizer, "chat_template", None):
+                raise DataError(f"{where}: the prompt is a list of chat messages and the tokenizer has no chat "
+                                "template; set chat_template_path (the run stops at a bad streamed row)")
+            text = str(self.tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True))
+        elif isinstance(prompt, str) and prompt:
+            text = prompt
+        else:
+            raise DataError(f"{where}: prompt: expected text or a list of chat messages, got "
+                            f"{shorten(repr(prompt), 80)} (the run stops at a bad streamed row)")
+        tokens = len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        if self.limit is not None and tokens > self.limit:
+            self.skipped += 1
+            log.warning("%s: %d tokens, longer than max_prompt_length=%d: skipped (%d skipped so far)", where,
+                        tokens, self.limit, self.skipped)
+            return False
+        if self.limit is None and self.room is not None and tokens > self.room:
+            raise DataError(f"{where}: {tokens} tokens, longer than the {self.room} the model's positions leave "
+                            "beside max_completion_length; set max_prompt_length to skip such prompts (the run stops "
+                            "at a row that cannot fit)")
+        return True
+
+
+def check_stream(rows: Any, tokenizer: Any, name: str, limit: int | None, max_positions: int | None,
+                 completion_length: int) -> Any:
+    """``rows`` (an ``IterableDataset``) with :class:`RowCheck` applied to each row as it streams, the choice for
+    each kind of bad row said in one line first."""
+    room = max_positions - completion_length if max_positions is not None else None
+    long = (f"longer than max_prompt_length={limit} is skipped with a line" if limit is not None else
+            f"that cannot fit the model's {max_positions} positions beside max_completion_length stops the run")
+    log.info("%s streams: each row is checked as it is read: a prompt that is neither text nor chat messages "
+             "stops the run naming its position; one %s", name, long)
+    return rows.filter(RowCheck(tokenizer, name, limit, room), with_indices=True)
