@@ -89,8 +89,11 @@ def test_the_first_lines_say_how_many_processes_run(tmp_path: Path, monkeypatch:
     --num_processes says) it says so and how to start several."""
     from ictrl.train_cli.preflight import _note_processes
 
+    from ictrl.errors import REPORTED_FILE_ENV
+
     monkeypatch.delenv("ACCELERATE_USE_CPU", raising=False)
     monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.delenv(REPORTED_FILE_ENV, raising=False)
     _note_processes.cache_clear()
     with caplog.at_level(logging.INFO, logger="ictrl"):
         _build(tmp_path)
@@ -103,6 +106,12 @@ def test_the_first_lines_say_how_many_processes_run(tmp_path: Path, monkeypatch:
     said = [r.getMessage() for r in caplog.records if "process" in r.getMessage()]
     assert len(said) == 1 and said[0].startswith("1 process: accelerate launch without a config file")
     assert "ictrl train --num-processes N" in said[0]
+    caplog.clear()
+    _note_processes.cache_clear()
+    monkeypatch.setenv(REPORTED_FILE_ENV, str(tmp_path / "reported"))  # ictrl train --num-processes 1's process
+    with caplog.at_level(logging.INFO, logger="ictrl"):
+        _build(tmp_path)
+    assert [r.getMessage() for r in caplog.records if "process" in r.getMessage()] == ["1 process"]
     _note_processes.cache_clear()
     with caplog.at_level(logging.INFO, logger="ictrl"):
         _note_processes(2, False)

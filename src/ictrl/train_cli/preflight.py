@@ -184,9 +184,12 @@ def build_trainer_args(cfg: RunConfig, source: str = "<config>", cpu: bool | Non
     precision, why = run_precision(args)
     (_note_cpu if cpu else _note_precision)(f"{precision} ({why})")
     # accelerate's simple launcher sets ACCELERATE_USE_CPU and no WORLD_SIZE; its multi-process launchers set both
+    # (ictrl train --num-processes 1 goes through it too, and marks its processes with REPORTED_FILE_ENV)
     from ictrl.engine.config import process_count
+    from ictrl.errors import REPORTED_FILE_ENV
 
-    _note_processes(process_count(), "ACCELERATE_USE_CPU" in os.environ and "WORLD_SIZE" not in os.environ)
+    simple = "ACCELERATE_USE_CPU" in os.environ and not {"WORLD_SIZE", REPORTED_FILE_ENV} & set(os.environ)
+    _note_processes(process_count(), simple)
     return args
 
 

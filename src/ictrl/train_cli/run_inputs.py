@@ -139,8 +139,12 @@ def _tried(name: str) -> str:
     from ictrl.train_cli.trl_data import DATA_FILE_BUILDERS
 
     local = Path(name).expanduser()
-    where = (f"a {local.suffix} file, which datasets has no builder for (it reads "
-             f"{', '.join(DATA_FILE_BUILDERS)})" if local.is_file() else f"no file or folder at {local.resolve()}")
+    try:
+        is_file = local.is_file()
+    except (OSError, ValueError):  # a name longer than a path can be, or with a NUL byte
+        is_file = False
+    where = (f"a {local.suffix} file, which datasets has no builder for (it reads {', '.join(DATA_FILE_BUILDERS)})"
+             if is_file else f"no file or folder at {shorten(str(Path.cwd() / local), 120)}")
     hub = "not owner/name" if re.fullmatch(HUB_ID, name) is None else "owner/name"
     return f"; tried as a local path ({where}) and as a hub id ({hub})"
 

@@ -22,7 +22,10 @@ def file_builder(name: Any) -> str | None:
     if not isinstance(name, str):
         return None
     path = Path(name).expanduser()
-    return DATA_FILE_BUILDERS.get(path.suffix.lower()) if path.is_file() else None
+    try:
+        return DATA_FILE_BUILDERS.get(path.suffix.lower()) if path.is_file() else None
+    except (OSError, ValueError):  # a name longer than a path can be, or with a NUL byte: not a file
+        return None
 
 
 def load_file(name: str, script: Any) -> Any:
