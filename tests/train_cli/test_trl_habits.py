@@ -30,6 +30,7 @@ def edit(config: Path, **values: Any) -> Path:
     return config
 
 
+@pytest.mark.integration
 def test_a_quiet_run_prints_one_line_per_logged_step(tiny_model_dir: Path, in_tmp: Path,
                                                      capsys: pytest.CaptureFixture[str]) -> None:
     """``disable_tqdm: true`` (the TRL file sets it): no bar, and each logged step is one line on the console."""
