@@ -3,6 +3,7 @@ and the policy's log-probs), once at generation and once per loss micro-batch.""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -169,8 +170,8 @@ class SelectionStep:
         no-grad pass: TRL's fused head (in chunks of ``rows``) when the statistics need neither group JS nor another
         temperature, else the statistics sweep, whose ``logprob`` (same rows, same temperature) TRL gets."""
         mask = attention_mask[:, -T:].bool()
-        if self.source.from_trl_head(step.need_js):
-            fused = self.source.fused_forward(model, input_ids, attention_mask, T, Wants(rows=rows))
+        if self.source.from_trl_head(step.needs):
+            fused = self.source.fused_forward(model, input_ids, attention_mask, T, Wants(sum_sq=step.sum_sq, rows=rows))
             return fused.logps, (stats_from_fused(fused, mask), None)
         batch = {"prompt_ids": input_ids[:, :-T], "prompt_mask": attention_mask[:, :-T]}
         stats, js = self.source(model, input_ids, attention_mask, mask, self._groups(batch, step, None))
@@ -197,13 +198,14 @@ class SelectionStep:
         B, T = mask.shape
         g_mask = gather_rows(acc, mask.to(torch.uint8)).bool()
         g_stats = None if found is None else gather_stats(acc, found)
-        inputs = SelectionInputs(
-            mask=g_mask, step=step.step, ict_score=None if js is None else gather_rows(acc, js),
-            entropy=None if g_stats is None else g_stats.entropy, prob=None if g_stats is None else g_stats.prob,
+        g_js = None if js is None else gather_rows(acc, js)
+        inputs = SelectionInputs.from_stats(
+            g_mask, None if g_stats is None else dataclasses.replace(g_stats, ict_score=g_js), step.needs,
+            step=step.step,
             advantages=acc.gather(advantages.float()),
             group_ids=torch.arange(g_mask.size(0), device=g_mask.device) // step.G)
         g_selected = self.selector.apply(inputs, self.warmup_steps, self.options)
-        log_selection(step.metrics, g_mask, g_stats, inputs.ict_score, g_selected, self.in_warmup(step.step))
+        log_selection(step.metrics, g_mask, g_stats, g_js, g_selected, self.in_warmup(step.step))
         rank = acc.process_index
         return g_selected[rank * B:(rank + 1) * B, :T].contiguous()
 
@@ -252,7 +254,7 @@ class SelectionStep:
         groups = self._groups(batch, step, batch[ROW]) if ROW in batch else None
         source = self.source
         req = source.request(model, mask, batch["completion_ids"], groups)
-        path = loss_path(step, ROW in batch, source.stat_free, source.from_trl_head(step.need_js))
+        path = loss_path(step, ROW in batch, source.stat_free, source.from_trl_head(step.needs))
         out = source.loss_forward(model, input_ids, attention_mask, req, path, step)
         selected = self._loss_selection(batch, step, mask, out, path)
         logps = out.logps if out.logps is not None else self._sparse_head(

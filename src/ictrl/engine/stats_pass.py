@@ -14,12 +14,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ictrl.core import selection
 from ictrl.core.stats import TokenStats, group_js_divergence_topk, sweep_rows, token_stats, topk_log_softmax
 from ictrl.engine.heads import call_head
 
 STATS_PATHS = {"separate": 0.0, "shared_old_logps": 1.0, "training_forward": 2.0}
-STAT_FIELDS = ("entropy", "renyi2", "purity", "logprob", "prob")
+# The statistics one sweep of each position's distribution gives (the group JS score comes apart: it needs groups)
+STAT_FIELDS = tuple(f for f in selection.STAT_FIELDS if f != "ict_score")
 FUSED_OUTPUTS = ("log_probs", "entropy", "log_sum_sq_probs")
+SUM_SQ_STATS = frozenset({"renyi2", "purity"})  # from log Σp², which TRL's fused head computes only when asked
 Autocast = Callable[[], contextlib.AbstractContextManager[Any]]
 Stats = tuple[TokenStats | None, Tensor | None]  # the statistics and the [B, T] group JS (None without)
 
@@ -34,7 +37,7 @@ class StepContext:
     mode: str                      # "train" / "eval"
     G: int                         # completions per prompt in this mode
     step: int                      # the optimizer step in progress (global_step)
-    need_js: bool                  # the selector reads group JS and the step is past the warm-up
+    needs: frozenset[str]          # the statistics this step computes (ictrl.core.selection.needed_stats)
     metrics: dict[str, list[float]] = field(default_factory=dict)  # TRL's metric lists of the mode
     accumulation: int = 1          # micro-batches of this optimizer step (the Trainer's current window)
     window: int = 1                # gradient_accumulation_steps: the micro-batches the normalisers total over
@@ -43,6 +46,16 @@ class StepContext:
     sparse: bool = False           # sparse_backward: the LM head at the selected positions only
     entropy_quantile: float = 1.0  # TRL's top_entropy_quantile (< 1: its entropy mask over the micro-batch)
     router_loss: bool = False      # the dense forward also returns a MoE model's router loss
+
+    @property
+    def need_js(self) -> bool:
+        """The step computes the group JS score (its groups must be whole on each process)."""
+        return "ict_score" in self.needs
+
+    @property
+    def sum_sq(self) -> bool:
+        """TRL's fused head computes log Σp²: the selection reads H2 or purity, or the step's metrics are logged."""
+        return self.logged or bool(self.needs & SUM_SQ_STATS)
 
 
 @dataclass(frozen=True)
@@ -243,6 +256,15 @@ def fused_head_with_sum_sq() -> Iterator[None]:
         grpo.add_fused_lm_head = original
 
 
+def fused_head_stats() -> frozenset[str]:
+    """The statistics TRL's fused LM head gives: log-probs and entropy, and H2 and purity where its kernel computes
+    log Σp² (``log_sum_sq_probs``); a selector that reads another (the group JS) has its statistics swept."""
+    from trl.kernels import chunked_logprob
+
+    given = frozenset({"logprob", "prob", "entropy"})
+    return given | SUM_SQ_STATS if "log_sum_sq_probs" in getattr(chunked_logprob, "OPTIONAL_OUTPUTS", ()) else given
+
+
 class Wants(NamedTuple):
     """What :func:`fused_forward` computes besides log-probs and entropy."""
 
@@ -338,8 +360,8 @@ class StatsSource:
     """
 
     paths: Mapping[str, str]      # mode ("train" / "eval") -> its planned path
-    need_js: bool                 # the selector reads the group JS score (the warm-up aside)
-    stat_free: bool               # the selector reads no statistics (all, random)
+    needs: frozenset[str]         # the statistics the selector reads (the warm-up aside): needed_stats
+    fused_stats: frozenset[str]   # the statistics TRL's fused head gives (fused_head_stats)
     same_temperature: bool        # selection temperature == sampling temperature
     temperature: float            # the selection temperature
     topk: int | None              # group JS from each position's top-K log-probs (selection_topk)
@@ -357,9 +379,15 @@ class StatsSource:
         return cls(paths={"train": plan_stats_path(facts(True)), "eval": plan_stats_path(facts(False))},
                    **settings)
 
-    def from_trl_head(self, need_js: bool) -> bool:
-        """The statistics can come from TRL's fused head: no group JS, and its temperature is the selection's."""
-        return not need_js and self.same_temperature
+    @property
+    def stat_free(self) -> bool:
+        """The selector reads no statistics (all, random)."""
+        return not self.needs
+
+    def from_trl_head(self, needs: frozenset[str]) -> bool:
+        """The statistics ``needs`` can come from TRL's fused head: it gives each of them, at the selection's
+        temperature."""
+        return self.same_temperature and needs <= self.fused_stats
 
     def sweep(self, model: Any) -> Sweep:
         mode = "train" if model.training else "eval"
@@ -393,7 +421,7 @@ class StatsSource:
         path takes them from it."""
         T = req.mask.size(1)
         wants = {"dense": Wants(sum_sq=False, aux=step.router_loss), "fused": Wants(sum_sq=False),
-                 "metrics": Wants(sum_sq=step.logged), "select_fused": Wants(),
+                 "metrics": Wants(sum_sq=step.logged), "select_fused": Wants(sum_sq=step.sum_sq),
                  "select_hidden": Wants(sum_sq=False, hidden=self.backbone(model))}.get(path)
         fused = None if wants is None else fused_forward(model, input_ids, attention_mask, T, self.autocast, wants)
         hidden = final_hidden(model, input_ids, attention_mask, T, self.autocast) if fused is None else fused.hidden

@@ -17,6 +17,7 @@ from trl import GRPOTrainer
 
 from ictrl.core.loss import LOSS_TYPES, LossExtras, policy_loss
 from ictrl.core.metrics import nan_extreme, trl_loss_metrics
+from ictrl.core.selection import needed_stats
 from ictrl.engine import vllm_engine
 from ictrl.engine.config import ICTGRPOConfig
 from ictrl.engine.dynamic_sampling import DynamicSampling
@@ -27,7 +28,7 @@ from ictrl.engine.rollout_ids import checked_rollout
 from ictrl.engine.sampler_topk import TopKRecorder, TopKRows, recorded_topk, recording_generate, split_vllm_logprobs
 from ictrl.engine.selection_step import LossInputs, SelectionStep, metrics_logged, model_inputs
 from ictrl.engine.stats_pass import (STATS_PATHS, BatchFacts, PathFacts, Stats, StatsSource, StepContext, batch_path,
-                                     fused_head_with_sum_sq)
+                                     fused_head_stats, fused_head_with_sum_sq)
 from ictrl.errors import UserError
 from ictrl.rewards.policy import RewardPolicy
 
@@ -77,18 +78,18 @@ class ICTGRPOTrainer(GRPOTrainer):
             super().__init__(model, reward_funcs, args, *pos, **kwargs)
         if args.use_vllm:
             vllm_engine.engine_built(self)
-        need_js = "ict_score" in args.selector.needs  # selector, options, loss spec: resolved by the config
+        needs = needed_stats(args.selector)  # selector, options, loss spec: resolved by the config
         self._vllm_server_settings = vllm_engine.server_settings(self)  # None unless vllm_mode='server'
         self._loss_spec = args.loss_spec
         if args.sparse_backward and self.aux_loss_enabled:
             raise ValueError("router_aux_loss_coef: the MoE router loss comes with TRL's dense forward, which "
                              "sparse_backward replaces; set router_aux_loss_coef=0 or turn sparse_backward off")
-        self._sampler_topk = self._resolve_topk_source(need_js)
+        self._sampler_topk = self._resolve_topk_source("ict_score" in needs)
         self.selection_step = SelectionStep(
             self.accelerator, args.selector, args.selector_options, args.selection_warmup_steps,
             count_selected=args.loss_normalization == "token_mean_selected",
             buffer_mean=args.selector.trl_loss and LOSS_TYPES[args.loss_type].buffer_mean,
-            source=self._plan_stats(need_js), temperature=self.temperature, local_tokens=args.loss_type == "bnpo")
+            source=self._plan_stats(needs), temperature=self.temperature, local_tokens=args.loss_type == "bnpo")
         self._generation: GenerationPass | None = None  # set only inside _generate_and_score_completions
         if self._sampler_topk is not None and self.use_vllm:
             self._install_vllm_topk()
@@ -104,10 +105,11 @@ class ICTGRPOTrainer(GRPOTrainer):
         and no token selection)."""
         write_model_card(self, self.base_model, self.command)
 
-    def _plan_stats(self, need_js: bool) -> StatsSource:
-        """The run's statistics source, with the path of each mode decided here, once."""
+    def _plan_stats(self, needs: frozenset[str]) -> StatsSource:
+        """The run's statistics source for a selector that reads the statistics ``needs``, with the path of each
+        mode decided here, once."""
         args = self.args
-        stat_free = not (args.selector.needs & {"ict_score", "entropy", "prob"})
+        stat_free = not needs
         same_temperature = args.selection_temperature == self.temperature
         generate_every = args.steps_per_generation * self.num_iterations
         trl_computes_old_logps = args.gradient_accumulation_steps % generate_every != 0 or bool(
@@ -122,7 +124,7 @@ class ICTGRPOTrainer(GRPOTrainer):
                 on_policy_single_micro_batch=self.num_iterations == 1 and args.steps_per_generation == 1)
 
         return StatsSource.plan(
-            facts, need_js=need_js, stat_free=stat_free, same_temperature=same_temperature,
+            facts, needs=needs, fused_stats=fused_head_stats(), same_temperature=same_temperature,
             temperature=args.selection_temperature, topk=args.selection_topk, chunk_size=args.stats_chunk_size,
             vocab=int(self.model.config.get_text_config().vocab_size),
             rows={"train": args.per_device_train_batch_size, "eval": args.per_device_eval_batch_size},
@@ -148,7 +150,7 @@ class ICTGRPOTrainer(GRPOTrainer):
         step = int(self.state.global_step)
         return StepContext(
             mode, self.num_generations if training else self.num_generations_eval, step,
-            self.stats_source.need_js and not self.selection_step.in_warmup(step), self._metrics[mode],
+            needed_stats(self.args.selector, self.selection_step.in_warmup(step)), self._metrics[mode],
             # set by the Trainer's loop (its last window may be shorter); outside it, the configured value
             accumulation=getattr(self, "current_gradient_accumulation_steps", args.gradient_accumulation_steps)
             if training else 1, window=args.gradient_accumulation_steps,
