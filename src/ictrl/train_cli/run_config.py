@@ -473,7 +473,7 @@ def method_config(name: str, warmup_steps: int | None = None) -> dict[str, Any]:
     from ictrl.core.selection import get_selector
 
     selector = get_selector(name)
-    keys: dict[str, Any] = {"token_selector": name if ":" in name else selector.name, "run_name": selector.label,
+    keys: dict[str, Any] = {"token_selector": name if ":" in name else selector.spec, "run_name": selector.label,
                             "loss_normalization": selector.normalization}
     if warmup_steps is not None and selector.warmup_steps > 0:
         keys["selection_warmup_steps"] = warmup_steps
