@@ -29,7 +29,7 @@ from ictrl.engine.selection_step import LossInputs, SelectionStep, metrics_logge
 from ictrl.engine.stats_pass import (STATS_PATHS, BatchFacts, PathFacts, Stats, StatsSource, StepContext, batch_path,
                                      fused_head_with_sum_sq)
 from ictrl.errors import UserError
-from ictrl.rewards.policy import RewardPolicy
+from ictrl.engine.reward_policy import RewardPolicy
 
 
 @dataclass

@@ -100,7 +100,7 @@ class StopRequest:
         self.training = False
         self.before_training = False  # raised Terminated outside the training loop
         self._previous: Any = None
-        self.reward_policy: Any = None  # the trainer's ictrl.rewards.policy.RewardPolicy, set by add_stop_callback
+        self.reward_policy: Any = None  # the trainer's RewardPolicy, set by add_stop_callback
         self._reward_since: float | None = None
 
     def __enter__(self) -> StopRequest:
@@ -146,7 +146,7 @@ class StopRequest:
 
     @staticmethod
     def reward_grace_s() -> float:
-        from ictrl.rewards.policy import SIGTERM_GRACE_S
+        from ictrl.engine.reward_policy import SIGTERM_GRACE_S
 
         return SIGTERM_GRACE_S
 
@@ -309,7 +309,7 @@ def run_failure(exc: BaseException, out: Path, step: int, resume_command: str | 
         return UserError(f"{message}; {stopped(out, step, resume_command, what='stopped')}")
     if isinstance(exc, (ValueError, RuntimeError)) and DIVERGED.search(message):
         kept = stopped(out, step, None, what="stopped")
-        # a resume is exact and keeps learning_rate (engine.resumable.check_unchanged): it would diverge again
+        # a resume is exact and keeps learning_rate (train_cli.resume_check.check_unchanged): it would diverge again
         again = f" (`{resume_command}` would repeat the same steps: a resume keeps learning_rate)" \
             if resume_command and complete_checkpoints(out) else ""
         return UserError(f"training diverged: loss/log-probs not finite at step {step + 1} ({shorten(message, 200)}): "
