@@ -21,7 +21,7 @@ LAYERS: dict[str, int] = {
 CORE_THIRD_PARTY = {"torch", "math", "dataclasses", "typing", "collections", "__future__", "hashlib", "inspect",
                     "difflib", "importlib", "fractions",
                     "json", "os", "uuid", "pathlib", "re", "shutil", "errno", "contextlib", "signal", "threading",
-                    "logging", "tempfile",
+                    "logging", "tempfile", "contextvars",
                     "triton"}  # triton: only ictrl.core.kernels.group_js_triton, imported when triton is
 
 

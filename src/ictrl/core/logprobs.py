@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from ictrl.core.checks import as_bool_mask, require_on_device
+from ictrl.core.checks import as_bool_mask, checking, require_on_device
 
 __all__ = ["selected_token_logprobs"]
 
@@ -61,7 +61,12 @@ def _validate(
     temperature: float,
     chunk_size: int | None,
 ) -> tuple[Tensor, Tensor, int | None]:
-    """Check arguments; return (selected bool, mask bool, V or None)."""
+    """Check arguments; return (selected bool, mask bool, V or None). Inside
+    :func:`ictrl.core.checks.trusted_inputs` (the trainer's step) only the conversions."""
+    if not checking():
+        sel = as_bool_mask(selected).to(hidden.device)
+        full = as_bool_mask(mask).to(hidden.device) if mask is not None else torch.ones_like(sel)
+        return sel, full, _vocab_size(lm_head)
     if not isinstance(hidden, Tensor) or hidden.dim() != 3 or not hidden.dtype.is_floating_point:
         got = (tuple(hidden.shape), hidden.dtype) if isinstance(hidden, Tensor) else type(hidden).__name__
         raise ValueError(f"hidden must be a floating 3-D tensor [B, T, H], got {got}")
