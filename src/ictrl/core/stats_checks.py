@@ -82,7 +82,8 @@ def check_mask(mask: Tensor, shape: tuple[int, int], device: torch.device) -> Te
 
 
 def check_temperature_chunk(temperature: float, chunk_size: int | None) -> None:
-    if not isinstance(temperature, (int, float)) or not math.isfinite(temperature) or temperature <= 0:
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not math.isfinite(temperature) \
+            or temperature <= 0:
         raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
     if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0):
         raise ValueError(f"chunk_size must be a positive int or None, got {chunk_size!r}")
