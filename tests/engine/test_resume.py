@@ -309,7 +309,7 @@ def test_a_checkpoint_without_its_training_state_names_what_it_lacks(tmp_path: P
     import logging
     from types import SimpleNamespace
 
-    from ictrl.engine.resumable import INEXACT_FLAG, NEW_SCHEDULE_FLAG, check_exact, missing_state
+    from ictrl.train_cli.resume_check import INEXACT_FLAG, NEW_SCHEDULE_FLAG, check_exact, missing_state
     from ictrl.errors import ConfigError
     from ictrl.train_cli.cli import RESUME_FLAGS
 
@@ -345,7 +345,7 @@ def test_a_longer_run_on_a_decaying_schedule_resumes_when_asked_by_name(tmp_path
 
     import yaml
 
-    from ictrl.engine.resumable import NEW_SCHEDULE_FLAG, check_unchanged
+    from ictrl.train_cli.resume_check import NEW_SCHEDULE_FLAG, check_unchanged
     from ictrl.errors import ConfigError
 
     args = SimpleNamespace(lr_scheduler_type="linear", warmup_steps=0)

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 from trl import GRPOTrainer
 
+from ictrl.core.checks import trusted_inputs
 from ictrl.core.loss import LOSS_TYPES, LossExtras, policy_loss
 from ictrl.core.metrics import nan_extreme, trl_loss_metrics
 from ictrl.core.selection import needed_stats
@@ -30,7 +31,7 @@ from ictrl.engine.selection_step import LossInputs, SelectionStep, metrics_logge
 from ictrl.engine.stats_pass import StatsSource, StepContext, fused_head_stats, fused_head_with_sum_sq
 from ictrl.engine.stats_paths import PathFacts, Separate, plan_path
 from ictrl.errors import UserError
-from ictrl.rewards.policy import RewardPolicy
+from ictrl.engine.reward_policy import RewardPolicy
 
 
 class ICTGRPOTrainer(GRPOTrainer):
@@ -83,6 +84,12 @@ class ICTGRPOTrainer(GRPOTrainer):
             if getattr(text_config, attr, None) not in (None, 1, 1.0):
                 raise ValueError(f"model config sets {attr}; the statistics pass reads raw LM-head logits and "
                                  "does not apply it")
+
+    def training_step(self, *args: Any, **kwargs: Any) -> Tensor:
+        """TRL's step (generation, statistics, selection, loss) on tensors it builds itself: the core takes them as
+        built (``ictrl.core.checks.trusted_inputs``; ``ICTRL_DEBUG_CHECKS=1`` checks them too)."""
+        with trusted_inputs():
+            return super().training_step(*args, **kwargs)
 
     def create_model_card(self, *args: Any, **kwargs: Any) -> None:
         """ictrl's card wherever TRL writes its own (``ictrl.engine.model_card``: TRL's names no local base model

@@ -245,7 +245,7 @@ class NoSignalWarning(TrainerCallback):
                      f"(reward {_fmt(logs, 'reward')}), so every advantage, the loss and the gradient are 0; the "
                      "model needs some right and some wrong answers per prompt: check the prompt format it was "
                      "trained on, the reward and max_completion_length (the run stops after no_signal_steps such "
-                     "steps in a row: ictrl.rewards.policy)")
+                     "steps in a row: ictrl.engine.reward_policy)")
 
 
 class StopNow(Exception):

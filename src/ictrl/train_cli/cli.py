@@ -30,7 +30,7 @@ from ictrl.train_cli.launch import Launch, LaunchError
 from ictrl.train_cli.run_guard import MODE_FLAGS, NO_OP_FLAG, OVERWRITE_FLAG
 from ictrl.train_cli.run_inputs import ACCEPT_CHANGED_FLAG
 
-RESUME_FLAGS = ("--resume-inexact", "--resume-new-schedule")  # engine.resumable's INEXACT_FLAG, NEW_SCHEDULE_FLAG
+RESUME_FLAGS = ("--resume-inexact", "--resume-new-schedule")  # resume_check's INEXACT_FLAG, NEW_SCHEDULE_FLAG
 FLAGS = ("--resume", "--resume=auto", "--print-config", ACCEPT_CHANGED_FLAG, *MODE_FLAGS, *RESUME_FLAGS)
 USAGE = ("ictrl train (CONFIG.yaml | --config CONFIG.yaml) [--KEY=VALUE | --KEY VALUE ...] [--resume] [--print-config]"
          f" [{OVERWRITE_FLAG}] [{NO_OP_FLAG}]"

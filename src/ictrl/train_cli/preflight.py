@@ -13,7 +13,7 @@ without ``--overwrite``, checkpoints at buffer boundaries), a learning rate that
 the config); ``ictrl.train_cli.run.train`` goes on to the command's checks, then under its lock reads the inputs
 (:func:`check_inputs`) and, once the tokenizer is loaded, keeps the rows that fit (:func:`train_rows`); the parent
 of a launch (:func:`check_before_launch`) makes them all for the processes it is about to start. What needs the
-checkpoint a resume picks (``engine.resumable``'s ``resume_point`` and ``check_unchanged``, ``run_inputs``'
+checkpoint a resume picks (``engine.resumable.resume_point``, ``resume_check.check_unchanged``, ``run_inputs``'
 ``inputs_record``) stays with the run, under its lock. Each failure is one :class:`ConfigError` / ``DataError``
 line naming the file or the flag and the key.
 """
@@ -287,12 +287,19 @@ def inputs_read(cfg: RunConfig, reward_funcs: list[Any], source: str = "<config>
 
 def check_trainer_inputs(args: Any, source: str = "<config>", flags: dict[str, Any] | None = None,
                          cfg: RunConfig | None = None) -> None:
-    """What the trainer that ``ictrl train`` builds needs beyond its config: eval data for ``eval_strategy`` (as
-    ``trl grpo``: the ``dataset_test_split`` of a dataset directory, hub id, data file or ``datasets`` mixture; an
-    ictrl.data source has none), the hub for ``push_to_hub``."""
+    """What the trainer that ``ictrl train`` builds needs beyond its config: benchmarks ``eval_benchmarks`` names
+    (the command builds their evaluation), eval data for ``eval_strategy`` (as ``trl grpo``: the
+    ``dataset_test_split`` of a dataset directory, hub id, data file or ``datasets`` mixture; an ictrl.data source
+    has none), the hub for ``push_to_hub``."""
+    from ictrl import data
     from ictrl import preflight as shared
     from ictrl.train_cli.run_inputs import trl_dataset
 
+    for i, spec in enumerate(args.eval_benchmarks or []):  # the library keeps the names; the command resolves them
+        try:
+            data.parse_spec(spec)
+        except ValueError as err:
+            raise ConfigError(f"{blame('eval_benchmarks', source, flags)}: eval_benchmarks[{i}]: {err}") from None
     strategy = getattr(args.eval_strategy, "value", args.eval_strategy)
     if strategy != "no" and (cfg is None or not trl_dataset(cfg)):
         raise ConfigError(f"{blame('eval_strategy', source, flags)}: eval_strategy: {strategy!r} needs eval data: "

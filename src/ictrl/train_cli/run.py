@@ -18,11 +18,11 @@ import torch
 
 from ictrl.checkpoints import STAGING_PREFIX, clear_staging, finished_run, rerun_advice, trainer_state
 from ictrl.cliargs import VERBOSE_ENV, env_flag
-from ictrl.engine.resumable import (INEXACT_FLAG, NEW_SCHEDULE_FLAG, check_exact, check_unchanged, resume_point,
-                                    save_final, verified_checkpoints)
+from ictrl.engine.resumable import resume_point, save_final, verified_checkpoints
+from ictrl.train_cli.resume_check import INEXACT_FLAG, NEW_SCHEDULE_FLAG, check_exact, check_unchanged
 from ictrl.errors import ConfigError, Terminated, UserError
 from ictrl.files import reported_write
-from ictrl.rewards.policy import RewardAbandoned, RunStop
+from ictrl.engine.reward_policy import RewardAbandoned, RunStop
 from ictrl.train_cli.preflight import (Checked, check_inputs, existing_checkpoints, preflight, train_rows,
                                        trainer_classes)
 from ictrl.train_cli.process_group import answered_once

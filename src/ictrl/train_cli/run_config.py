@@ -107,6 +107,10 @@ class ScriptArguments(GRPOScriptArguments):
             self.reward_funcs = load_yaml_value(funcs[0], "reward_funcs")  # a flag's '[a, b]', as dataset_name's
             if not isinstance(self.reward_funcs, list) or not all(isinstance(f, str) for f in self.reward_funcs):
                 raise ValueError(f"reward_funcs: expected a list of names, got {quote(funcs[0])}")
+        for key in ("reward_funcs", "eval_datasets"):  # list[str] fields the type checks below skip
+            value = getattr(self, key)
+            if value is not None and (not isinstance(value, list) or not all(isinstance(v, str) for v in value)):
+                raise ValueError(f"{key}: expected a list of names, got {quote(value)}")
         train = self.dataset_name
         if isinstance(train, dict):
             for name, weight in train.items():
