@@ -390,5 +390,5 @@ def test_streaming_an_ictrl_source_or_with_the_wrong_key_is_one_line(tmp_path: P
                           "f.yaml: streaming: does not apply to dataset_name; use dataset_streaming")):
         cfg = config_from_dict({**base, **values}, "f.yaml")
         with pytest.raises(ConfigError, match=said):
-            check_trainer_inputs(type("Args", (), {"eval_strategy": "no", "max_steps": 2, "push_to_hub": False})(),
+            check_trainer_inputs(type("Args", (), {"eval_strategy": "no", "max_steps": 2, "push_to_hub": False, "eval_benchmarks": None})(),
                                  "f.yaml", None, cfg)
