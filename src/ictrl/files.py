@@ -13,7 +13,7 @@ import json
 import os
 import shutil
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -98,7 +98,9 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
             os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        # The cleanup must not raise over the write's own error: in a read-only folder the unlink fails too.
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
         raise
     return path
 
@@ -197,3 +199,116 @@ def _try_create(out: Path) -> OSError | None:
             with contextlib.suppress(OSError):
                 folder.rmdir()
     return None
+
+
+# --- the files ictrl wrote in an output directory ---------------------------------------------------------------
+
+# ictrl's list of the names it writes in an output directory, kept in that directory: a file there under a name a
+# command writes is replaced only when this list (or an earlier run's record, for folders written before the list
+# existed) says ictrl wrote it.
+OWNED_FILE = ".ictrl-files.json"
+LOCK_FILE = ".ictrl.lock"
+
+
+def owned_files(out: str | os.PathLike[str]) -> set[str] | None:
+    """The names listed in ``out``'s :data:`OWNED_FILE` (None when there is none); a damaged list is one
+    :class:`ictrl.errors.UserError` line naming it."""
+    from ictrl.errors import UserError
+
+    path = Path(out) / OWNED_FILE
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) else str(exc).splitlines()[0][:200]
+        raise UserError(f"{path}: cannot read ictrl's list of the files it wrote in {out} ({reason}); restore it "
+                        "or choose another output directory") from None
+    files = data.get("files") if isinstance(data, dict) else None
+    if not isinstance(files, list) or not all(isinstance(name, str) for name in files):
+        raise UserError(f"{path}: not ictrl's list of the files it wrote in {out} (no list of names under "
+                        "'files'); restore it or choose another output directory")
+    return set(files)
+
+
+def claim_files(out: str | os.PathLike[str], names: Iterable[str]) -> None:
+    """Add ``names`` (top-level entries of ``out``; a folder covers what is in it) to ``out``'s :data:`OWNED_FILE`,
+    atomically, before they are written: a kill between the two leaves the names listed, never ictrl's files
+    unlisted (which the next run would refuse to replace). Call it after :func:`check_own_files`."""
+    out = Path(out)
+    known = owned_files(out)
+    merged = (known or set()) | set(names)
+    if known is None or merged != known:
+        atomic_write_json(out / OWNED_FILE, {"written_by": "ictrl", "files": sorted(merged)})
+
+
+def foreign_files(out: str | os.PathLike[str], names: Iterable[str],
+                  legacy: Callable[[Path], bool] | None = None) -> list[str]:
+    """Of ``names`` (top-level entries of ``out``), those present that ictrl did not write there: not listed in
+    :data:`OWNED_FILE`. A folder with no list whose ``legacy(out)`` is true (an earlier run's own record, written
+    before the list existed) counts as ictrl's throughout."""
+    out = Path(out)
+    if not out.is_dir():
+        return []
+    owned = owned_files(out)
+    if owned is None and legacy is not None and legacy(out):
+        return []
+    return [name for name in dict.fromkeys(names) if name not in (owned or set()) and name not in
+            (OWNED_FILE, LOCK_FILE) and ((out / name).exists() or (out / name).is_symlink())]
+
+
+def check_own_files(out: str | os.PathLike[str], names: Iterable[str], label: str = "--output-dir",
+                    legacy: Callable[[Path], bool] | None = None, hint: str = "") -> None:
+    """Refuse, in one :class:`ictrl.errors.UserError` line naming ``label`` and the file, an output directory that
+    holds a file the command would replace and ictrl did not write (:func:`foreign_files`)."""
+    from ictrl.errors import UserError
+
+    found = foreign_files(out, names, legacy)
+    if found:
+        more = f" (and {', '.join(found[1:4])}{' ...' if len(found) > 4 else ''})" if len(found) > 1 else ""
+        raise UserError(f"{label}: {Path(out) / found[0]}{more} was not written by ictrl and the command would "
+                        f"replace it; choose another output directory or move the file away{hint}")
+
+
+@contextlib.contextmanager
+def output_lock(path: str | os.PathLike[str], command: str, label: str = "--output-dir") -> Iterator[None]:
+    """Hold the output directory ``path``'s lock (:data:`LOCK_FILE`, the one ``ictrl train`` takes) for the block;
+    another process holding it is one :class:`ictrl.errors.UserError` line naming its pid. The lock is a
+    ``flock``: the kernel drops it when its holder ends, however it ends."""
+    import socket
+
+    import filelock
+
+    from ictrl.errors import UserError
+
+    out = Path(path)
+    lock_path = out / LOCK_FILE
+    with reported_write(lock_path, f"`ictrl {command}` did not start"):
+        out.mkdir(parents=True, exist_ok=True)
+    lock = filelock.FileLock(lock_path, timeout=0, preserve_lock_file=True)
+    try:
+        lock.acquire()
+    except filelock.Timeout:
+        holder = _read_holder(lock_path)
+        raise UserError(f"{label}: {out} is in use by another run ({holder or 'pid unknown'}, lock {lock_path}); "
+                        "wait for it to end or stop it") from None
+    except OSError as exc:
+        raise UserError(f"{label}: cannot lock {lock_path}: {exc.strerror or exc}") from None
+    try:
+        with reported_write(lock_path, f"`ictrl {command}` did not start"):
+            with open(lock_path, "r+", encoding="utf-8") as fh:  # the holder, for the line another run prints
+                fh.truncate(0)
+                fh.write(f"pid {os.getpid()} on {socket.gethostname()} (ictrl {command})\n")
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            with open(lock_path, "r+", encoding="utf-8") as fh:
+                fh.truncate(0)
+        lock.release()
+
+
+def _read_holder(lock_path: Path) -> str:
+    try:
+        return lock_path.read_text(encoding="utf-8", errors="replace").strip()[:200]
+    except OSError:
+        return ""

@@ -15,8 +15,13 @@ from typing import Any
 
 from ictrl.cliargs import CommaList, comma_list
 from ictrl.errors import Terminated, sigterm_raises
-from ictrl.files import reported_write
-from ictrl.eval.harness import RESULTS_JSON, RESULTS_MD, EvalConfig, ResumeMismatchError, benchmark_tasks, evaluate
+from ictrl.files import check_output_dir, check_own_files, claim_files, output_lock, reported_write
+from ictrl.eval.harness import (RESULTS_JSON, RESULTS_MD, SAMPLES_FILE, SETTINGS_FILE, EvalConfig,
+                                ResumeMismatchError, benchmark_tasks, evaluate)
+
+# what `ictrl eval` writes at the top of --output-dir (besides lm-evaluation-harness's dated files in a folder named
+# after the model, which replace nothing)
+OUTPUT_FILES = (SETTINGS_FILE, SAMPLES_FILE, RESULTS_JSON, RESULTS_MD)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -88,6 +93,17 @@ def train_run_labels(model: str) -> tuple[str | None, int | None]:
         name, seed = _method_label(cfg.get("token_selector")), cfg.get("seed")
         return name, (int(seed) if isinstance(seed, int) and not isinstance(seed, bool) else None)
     return None, None
+
+
+def earlier_eval(out: Path) -> bool:
+    """Whether ``out`` holds the settings.json of an `ictrl eval` written before ictrl listed its files there."""
+    import json
+
+    try:
+        stored = json.loads((out / SETTINGS_FILE).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    return isinstance(stored, dict) and {"model", "n", "ks", "seeds"} <= set(stored)
 
 
 def _method_label(selector: object) -> str | None:
@@ -164,8 +180,6 @@ def _warn_no_method(model: str) -> None:
 def run(args: argparse.Namespace) -> int:
     from ictrl import preflight
     from ictrl.errors import UserError
-    from ictrl.files import check_output_dir
-
     # the cheap checks first: a typo costs a fraction of a second, not a model load
     if args.seeds < 1 or args.seed_start < 0:
         raise UserError(f"--seeds must be at least 1 and --seed-start at least 0, got {args.seeds} and "
@@ -188,16 +202,30 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--data-root: {args.data_root}: no such directory")
     if args.output_dir is not None:
         check_output_dir(args.output_dir)
+        check_own_files(args.output_dir, OUTPUT_FILES, legacy=earlier_eval)
     preflight.check_benchmarks(args.benchmarks, data_root=args.data_root)
     preflight.check_model(args.model)
     config.model_sha256 = model_identity(args.model)
-    from ictrl.eval.generate import BackendUnavailableError, build_backend, check_backend
+    from ictrl.eval.generate import BackendUnavailableError, check_backend
 
     try:
         check_backend(args.backend)
     except BackendUnavailableError as err:
         raise UserError(str(err)) from err
     tasks = _checked_tasks(args, config)  # every row read and every prompt measured before the weights load
+    if args.output_dir is None:
+        return _evaluate(args, config, tasks)
+    with output_lock(args.output_dir, "eval"):  # one writer: a second run would append every row again
+        check_own_files(args.output_dir, OUTPUT_FILES, legacy=earlier_eval)  # as it is now the lock is held
+        claim_files(args.output_dir, OUTPUT_FILES)
+        return _evaluate(args, config, tasks)
+
+
+def _evaluate(args: argparse.Namespace, config: EvalConfig, tasks: list[Any]) -> int:
+    """Load the model and evaluate ``tasks`` (into ``args.output_dir``, whose lock the caller holds)."""
+    from ictrl.errors import UserError
+    from ictrl.eval.generate import BackendUnavailableError, build_backend
+
     try:
         try:
             backend = build_backend(args.backend, args.model, batch_size=args.batch_size, dtype=args.dtype)
