@@ -135,6 +135,19 @@ def read_jsonl(path: str | os.PathLike[str]) -> Iterator[tuple[str, dict[str, An
             yield where, obj
 
 
+def read_json(path: str | os.PathLike[str], advice: str = "") -> Any:
+    """The JSON document in ``path``, a file ictrl wrote and reads back; a torn or unreadable one is one
+    :class:`ictrl.errors.UserError` line naming it, then ``advice`` (how to go on)."""
+    from ictrl.errors import UserError
+
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc).splitlines()[0][:200]
+        raise UserError(f"{path}: cannot read it ({'not valid JSON: ' if isinstance(exc, ValueError) else ''}"
+                        f"{reason}){'; ' + advice if advice else ''}") from None
+
+
 def load_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """Read a run's ``metrics.jsonl``: one JSON object per line (blank lines skipped)."""
     return [obj for _, obj in read_jsonl(path)]
@@ -270,6 +283,29 @@ def check_own_files(out: str | os.PathLike[str], names: Iterable[str], label: st
                         f"replace it; choose another output directory or move the file away{hint}")
 
 
+def check_output_file(path: str | os.PathLike[str], label: str,
+                      legacy: Callable[[Path], bool] | None = None) -> Path:
+    """A file a command writes where its user named it (``--out FILE``): its folder writable
+    (:func:`check_output_dir`) and no file there under its name that ictrl did not write (:func:`check_own_files`).
+    Returns it as a Path; a directory there is one line."""
+    from ictrl.errors import UserError
+
+    path = Path(path)
+    if path.is_dir():
+        raise UserError(f"{label}: {path} is a directory; name a file")
+    check_output_dir(path.parent, label)
+    check_own_files(path.parent, [path.name], label, legacy)
+    return path
+
+
+def write_own(path: Path, write: Callable[[], Path]) -> Path:
+    """``write()``, which writes ``path`` atomically, with ``path`` listed as ictrl's in its folder first; a write
+    the filesystem refuses (read-only, full) is :func:`write_error`'s one line."""
+    with reported_write(path, "nothing else was written"):
+        claim_files(path.parent, [path.name])
+        return write()
+
+
 @contextlib.contextmanager
 def output_lock(path: str | os.PathLike[str], command: str, label: str = "--output-dir") -> Iterator[None]:
     """Hold the output directory ``path``'s lock (:data:`LOCK_FILE`, the one ``ictrl train`` takes) for the block;
@@ -298,7 +334,7 @@ def output_lock(path: str | os.PathLike[str], command: str, label: str = "--outp
         with reported_write(lock_path, f"`ictrl {command}` did not start"):
             with open(lock_path, "r+", encoding="utf-8") as fh:  # the holder, for the line another run prints
                 fh.truncate(0)
-                fh.write(f"pid {os.getpid()} on {socket.gethostname()} (ictrl {command})\n")
+                fh.write(f"pid {os.getpid()} on {socket.gethostname()}: ictrl {command}\n")
         yield
     finally:
         with contextlib.suppress(OSError):

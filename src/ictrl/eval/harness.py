@@ -235,7 +235,8 @@ def _check_settings(output_dir: Path, config: EvalConfig, tasks: Sequence[EvalTa
 
 
 def _load_finished(path: Path) -> dict[tuple[int, str, str], dict[str, Any]]:
-    """Read samples.jsonl; a torn last line (crash mid-write) is dropped and the file repaired."""
+    """Read samples.jsonl; a torn last line (crash mid-write) is dropped and the file repaired, and so is a row
+    already there (two unlocked runs of an older ictrl each appended every row), which readers would count twice."""
     if not path.exists():
         return {}
     text = path.read_text(encoding="utf-8")
@@ -252,6 +253,8 @@ def _load_finished(path: Path) -> dict[tuple[int, str, str], dict[str, Any]]:
             if lineno == len(lines):
                 break
             raise ValueError(f"{path}:{lineno}: unreadable record ({err})") from err
+        if key in finished:
+            continue
         finished[key] = rec
         kept.append(line)
     if len(kept) != len(lines) or (text and not text.endswith("\n")):
