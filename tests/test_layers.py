@@ -11,7 +11,7 @@ STUDIES = ROOT / "studies"
 
 # Lower number = lower layer. A module may import ictrl modules of its own layer or below.
 LAYERS: dict[str, int] = {
-    "files": 0, "checkpoints": 0, "errors": 0, "core": 0, "cliargs": 1,
+    "files": 0, "checkpoints": 0, "errors": 0, "core": 0, "cliargs": 1, "dirlock": 1,
     "rewards": 1, "data": 1, "hub": 1, "yamlfile": 1, "models": 1, "eval": 1, "preflight": 1, "vllm_env": 1,
     "engine": 2,  # the library: ICTGRPOConfig, ICTGRPOTrainer and the parts composed into it
     "train_cli": 3,  # the `ictrl train` command: it imports the library, the library nothing from it

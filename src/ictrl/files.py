@@ -220,7 +220,7 @@ def _try_create(out: Path) -> OSError | None:
 # command writes is replaced only when this list (or an earlier run's record, for folders written before the list
 # existed) says ictrl wrote it.
 OWNED_FILE = ".ictrl-files.json"
-LOCK_FILE = ".ictrl.lock"
+_LOCK_NAME = ".ictrl.lock"  # ictrl.dirlock.LOCK_NAME, every command's lock: never a file a command replaces
 
 
 def owned_files(out: str | os.PathLike[str]) -> set[str] | None:
@@ -267,7 +267,7 @@ def foreign_files(out: str | os.PathLike[str], names: Iterable[str],
     if owned is None and legacy is not None and legacy(out):
         return []
     return [name for name in dict.fromkeys(names) if name not in (owned or set()) and name not in
-            (OWNED_FILE, LOCK_FILE) and ((out / name).exists() or (out / name).is_symlink())]
+            (OWNED_FILE, _LOCK_NAME) and ((out / name).exists() or (out / name).is_symlink())]
 
 
 def check_own_files(out: str | os.PathLike[str], names: Iterable[str], label: str = "--output-dir",
@@ -304,47 +304,3 @@ def write_own(path: Path, write: Callable[[], Path]) -> Path:
     with reported_write(path, "nothing else was written"):
         claim_files(path.parent, [path.name])
         return write()
-
-
-@contextlib.contextmanager
-def output_lock(path: str | os.PathLike[str], command: str, label: str = "--output-dir") -> Iterator[None]:
-    """Hold the output directory ``path``'s lock (:data:`LOCK_FILE`, the one ``ictrl train`` takes) for the block;
-    another process holding it is one :class:`ictrl.errors.UserError` line naming its pid. The lock is a
-    ``flock``: the kernel drops it when its holder ends, however it ends."""
-    import socket
-
-    import filelock
-
-    from ictrl.errors import UserError
-
-    out = Path(path)
-    lock_path = out / LOCK_FILE
-    with reported_write(lock_path, f"`ictrl {command}` did not start"):
-        out.mkdir(parents=True, exist_ok=True)
-    lock = filelock.FileLock(lock_path, timeout=0, preserve_lock_file=True)
-    try:
-        lock.acquire()
-    except filelock.Timeout:
-        holder = _read_holder(lock_path)
-        raise UserError(f"{label}: {out} is in use by another run ({holder or 'pid unknown'}, lock {lock_path}); "
-                        "wait for it to end or stop it") from None
-    except OSError as exc:
-        raise UserError(f"{label}: cannot lock {lock_path}: {exc.strerror or exc}") from None
-    try:
-        with reported_write(lock_path, f"`ictrl {command}` did not start"):
-            with open(lock_path, "r+", encoding="utf-8") as fh:  # the holder, for the line another run prints
-                fh.truncate(0)
-                fh.write(f"pid {os.getpid()} on {socket.gethostname()}: ictrl {command}\n")
-        yield
-    finally:
-        with contextlib.suppress(OSError):
-            with open(lock_path, "r+", encoding="utf-8") as fh:
-                fh.truncate(0)
-        lock.release()
-
-
-def _read_holder(lock_path: Path) -> str:
-    try:
-        return lock_path.read_text(encoding="utf-8", errors="replace").strip()[:200]
-    except OSError:
-        return ""

@@ -15,7 +15,8 @@ from typing import Any
 
 from ictrl.cliargs import CommaList, comma_list
 from ictrl.errors import Terminated, sigterm_raises
-from ictrl.files import check_output_dir, check_own_files, claim_files, output_lock, reported_write
+from ictrl.dirlock import OutputLock
+from ictrl.files import check_output_dir, check_own_files, claim_files, reported_write
 from ictrl.eval.harness import (RESULTS_JSON, RESULTS_MD, SAMPLES_FILE, SETTINGS_FILE, EvalConfig,
                                 ResumeMismatchError, benchmark_tasks, evaluate)
 
@@ -215,7 +216,9 @@ def run(args: argparse.Namespace) -> int:
     tasks = _checked_tasks(args, config)  # every row read and every prompt measured before the weights load
     if args.output_dir is None:
         return _evaluate(args, config, tasks)
-    with output_lock(args.output_dir, "eval"):  # one writer: a second run would append every row again
+    # one writer at a time: a second run would append every row again
+    with OutputLock(args.output_dir, label="--output-dir", stopped="the evaluation did not start",
+                    logger="ictrl.eval"):
         check_own_files(args.output_dir, OUTPUT_FILES, legacy=earlier_eval)  # as it is now the lock is held
         claim_files(args.output_dir, OUTPUT_FILES)
         return _evaluate(args, config, tasks)
