@@ -121,18 +121,23 @@ def read_jsonl(path: str | os.PathLike[str]) -> Iterator[tuple[str, dict[str, An
     A line that is not a JSON object raises ValueError naming the file and line, so callers can add their own
     field checks with the same location prefix.
     """
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{where}, column {e.colno}: not valid JSON ({e.msg})") from None
-            if not isinstance(obj, dict):
-                raise ValueError(f"{where}: expected a JSON object, got {type(obj).__name__}")
-            yield where, obj
+    with open(path, "rb") as fh:  # by bytes: a line that is not UTF-8 is named like one that is not JSON
+        lines = fh.read().splitlines()  # at \n, \r\n and \r, as text mode's universal newlines
+    for lineno, raw in enumerate(lines, 1):
+        if not raw.strip():
+            continue
+        where = f"{path}:{lineno}"
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{where}: not UTF-8 (byte {e.start + 1})") from None
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{where}, column {e.colno}: not valid JSON ({e.msg})") from None
+        if not isinstance(obj, dict):
+            raise ValueError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+        yield where, obj
 
 
 def read_json(path: str | os.PathLike[str], advice: str = "") -> Any:

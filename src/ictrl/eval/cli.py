@@ -18,7 +18,7 @@ from ictrl.errors import Terminated, sigterm_raises
 from ictrl.dirlock import OutputLock
 from ictrl.files import check_output_dir, check_own_files, claim_files, reported_write
 from ictrl.eval.harness import (RESULTS_JSON, RESULTS_MD, SAMPLES_FILE, SETTINGS_FILE, EvalConfig,
-                                ResumeMismatchError, benchmark_tasks, evaluate)
+                                ResumeMismatchError, benchmark_tasks, check_resumable, evaluate)
 
 # what `ictrl eval` writes at the top of --output-dir (besides lm-evaluation-harness's dated files in a folder named
 # after the model, which replace nothing)
@@ -70,18 +70,14 @@ def train_run_labels(model: str) -> tuple[str | None, int | None]:
     model, or one of its ``checkpoint-N/``): from the ``run.json`` it writes (resolved values), else from
     ``config.yaml`` (the keys as written: ``token_selector``'s label and ``seed``); (None, None) for a hub id or a
     model not trained by ``ictrl train``."""
-    import json
-
+    from ictrl.files import read_json
     from ictrl.yamlfile import load_yaml
 
     path = Path(model)
     for root in (path, path.parent):
         labels = root / "run.json"
         if labels.is_file():
-            try:
-                data = json.loads(labels.read_text(encoding="utf-8"))
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{labels}: not valid JSON ({err})") from None
+            data = read_json(labels, "restore it, or move it away and pass --method and --train-seed")
             seed = data.get("seed") if isinstance(data, dict) else None
             return (data.get("method") if isinstance(data, dict) else None), (
                 seed if isinstance(seed, int) and not isinstance(seed, bool) else None)
@@ -221,6 +217,11 @@ def run(args: argparse.Namespace) -> int:
                     logger="ictrl.eval"):
         check_own_files(args.output_dir, OUTPUT_FILES, legacy=earlier_eval)  # as it is now the lock is held
         claim_files(args.output_dir, OUTPUT_FILES)
+        try:  # the rows a resume reads, and its settings, before the weights load
+            check_resumable(args.output_dir, config, tasks)
+        except ValueError as err:
+            kind = "settings mismatch: " if isinstance(err, ResumeMismatchError) else ""
+            raise UserError(f"{kind}{err}") from err
         return _evaluate(args, config, tasks)
 
 
