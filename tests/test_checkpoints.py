@@ -41,7 +41,10 @@ def test_the_model_lands_beside_the_run_files_and_an_earlier_save_is_replaced(tm
     assert finished_run(out / "checkpoint-2", 2)
     assert {p.name for p in out.iterdir()} == {"checkpoint-2", "config.yaml", "run.json", "metrics.jsonl",
                                               "model-1.bin", "model-2.bin", "adapter", "config.json",
-                                              "trainer_state.json", MANIFEST}
+                                              "trainer_state.json", MANIFEST, ".ictrl-files.json"}
+    # listed as ictrl's before they appeared: a rerun with --overwrite replaces them, a foreign file never
+    assert {"model-1.bin", "model-2.bin", "adapter", "config.json", MANIFEST} <= set(
+        json.loads((out / ".ictrl-files.json").read_text())["files"])
     publish_model(_staged(out, 2, ["model.bin"]), out)  # another shard count: the earlier shards go
     assert not (out / "model-1.bin").exists() and not (out / "model-2.bin").exists() and check_weights(out) is None
     assert all((out / name).read_text() == "kept" for name in ("config.yaml", "run.json", "metrics.jsonl"))
@@ -58,6 +61,8 @@ def test_a_kill_mid_publish_leaves_no_model_that_looks_complete(tmp_path: Path, 
     real = os.replace
 
     def replace(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
+        if Path(dst).name == ".ictrl-files.json":  # the list of ictrl's files, written before any model file
+            return real(src, dst)
         if len(done) == renames_before_the_kill:
             raise KeyboardInterrupt  # the kill
         done.append(Path(dst).name)

@@ -354,7 +354,7 @@ def test_output_paths_never_replace_what_the_run_reads_or_an_earlier_run(
     earlier = place.startswith(("finished", "record"))
     if earlier:
         out.mkdir()
-        (out / "run.json").write_text("{}")
+        (out / "run.json").write_text('{"method": "ict", "method_from": "file", "seed": 0}')  # ictrl train's record
         (out / "metrics.jsonl").write_text('{"step": 1}\n')
         if place != "record-only":
             (out / "model.safetensors").write_text("weights")

@@ -19,6 +19,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from ictrl.files import claim_files
+
 CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 STAGING_PREFIX = ".staging-"
 MANIFEST = "manifest.json"
@@ -100,6 +102,7 @@ def publish_model(staging: Path, out: Path) -> None:
     for name in LAST_FILES:
         (out / name).unlink(missing_ok=True)
     entries = sorted(p.name for p in staging.iterdir())
+    claim_files(out, entries)  # listed before they appear: the next run replaces them as ictrl's own
     for stale in sorted(earlier - set(entries)):  # a model file of the earlier save only (another shard count)
         path = out / stale
         if path.is_file() and not CHECKPOINT_RE.match(stale) and stale not in RUN_FILES:

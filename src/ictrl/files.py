@@ -13,7 +13,7 @@ import json
 import os
 import shutil
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -98,7 +98,9 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
             os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        # The cleanup must not raise over the write's own error: in a read-only folder the unlink fails too.
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
         raise
     return path
 
@@ -119,18 +121,36 @@ def read_jsonl(path: str | os.PathLike[str]) -> Iterator[tuple[str, dict[str, An
     A line that is not a JSON object raises ValueError naming the file and line, so callers can add their own
     field checks with the same location prefix.
     """
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{where}, column {e.colno}: not valid JSON ({e.msg})") from None
-            if not isinstance(obj, dict):
-                raise ValueError(f"{where}: expected a JSON object, got {type(obj).__name__}")
-            yield where, obj
+    with open(path, "rb") as fh:  # by bytes: a line that is not UTF-8 is named like one that is not JSON
+        lines = fh.read().splitlines()  # at \n, \r\n and \r, as text mode's universal newlines
+    for lineno, raw in enumerate(lines, 1):
+        if not raw.strip():
+            continue
+        where = f"{path}:{lineno}"
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{where}: not UTF-8 (byte {e.start + 1})") from None
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{where}, column {e.colno}: not valid JSON ({e.msg})") from None
+        if not isinstance(obj, dict):
+            raise ValueError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+        yield where, obj
+
+
+def read_json(path: str | os.PathLike[str], advice: str = "") -> Any:
+    """The JSON document in ``path``, a file ictrl wrote and reads back; a torn or unreadable one is one
+    :class:`ictrl.errors.UserError` line naming it, then ``advice`` (how to go on)."""
+    from ictrl.errors import UserError
+
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc).splitlines()[0][:200]
+        raise UserError(f"{path}: cannot read it ({'not valid JSON: ' if isinstance(exc, ValueError) else ''}"
+                        f"{reason}){'; ' + advice if advice else ''}") from None
 
 
 def load_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
@@ -181,3 +201,95 @@ def _try_create(folder: Path) -> OSError | None:
     except OSError as exc:
         return exc
     return None
+
+
+# --- the files ictrl wrote in an output directory ---------------------------------------------------------------
+
+# ictrl's list of the names it writes in an output directory, kept in that directory: a file there under a name a
+# command writes is replaced only when this list (or an earlier run's record, for folders written before the list
+# existed) says ictrl wrote it.
+OWNED_FILE = ".ictrl-files.json"
+_LOCK_NAME = ".ictrl.lock"  # ictrl.dirlock.LOCK_NAME, every command's lock: never a file a command replaces
+
+
+def owned_files(out: str | os.PathLike[str]) -> set[str] | None:
+    """The names listed in ``out``'s :data:`OWNED_FILE` (None when there is none); a damaged list is one
+    :class:`ictrl.errors.UserError` line naming it."""
+    from ictrl.errors import UserError
+
+    path = Path(out) / OWNED_FILE
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) else str(exc).splitlines()[0][:200]
+        raise UserError(f"{path}: cannot read ictrl's list of the files it wrote in {out} ({reason}); restore it "
+                        "or choose another output directory") from None
+    files = data.get("files") if isinstance(data, dict) else None
+    if not isinstance(files, list) or not all(isinstance(name, str) for name in files):
+        raise UserError(f"{path}: not ictrl's list of the files it wrote in {out} (no list of names under "
+                        "'files'); restore it or choose another output directory")
+    return set(files)
+
+
+def claim_files(out: str | os.PathLike[str], names: Iterable[str]) -> None:
+    """Add ``names`` (top-level entries of ``out``; a folder covers what is in it) to ``out``'s :data:`OWNED_FILE`,
+    atomically, before they are written: a kill between the two leaves the names listed, never ictrl's files
+    unlisted (which the next run would refuse to replace). Call it after :func:`check_own_files`."""
+    out = Path(out)
+    known = owned_files(out)
+    merged = (known or set()) | set(names)
+    if known is None or merged != known:
+        atomic_write_json(out / OWNED_FILE, {"written_by": "ictrl", "files": sorted(merged)})
+
+
+def foreign_files(out: str | os.PathLike[str], names: Iterable[str],
+                  legacy: Callable[[Path], bool] | None = None) -> list[str]:
+    """Of ``names`` (top-level entries of ``out``), those present that ictrl did not write there: not listed in
+    :data:`OWNED_FILE`. A folder with no list whose ``legacy(out)`` is true (an earlier run's own record, written
+    before the list existed) counts as ictrl's throughout."""
+    out = Path(out)
+    if not out.is_dir():
+        return []
+    owned = owned_files(out)
+    if owned is None and legacy is not None and legacy(out):
+        return []
+    return [name for name in dict.fromkeys(names) if name not in (owned or set()) and name not in
+            (OWNED_FILE, _LOCK_NAME) and ((out / name).exists() or (out / name).is_symlink())]
+
+
+def check_own_files(out: str | os.PathLike[str], names: Iterable[str], label: str = "--output-dir",
+                    legacy: Callable[[Path], bool] | None = None, hint: str = "") -> None:
+    """Refuse, in one :class:`ictrl.errors.UserError` line naming ``label`` and the file, an output directory that
+    holds a file the command would replace and ictrl did not write (:func:`foreign_files`)."""
+    from ictrl.errors import UserError
+
+    found = foreign_files(out, names, legacy)
+    if found:
+        more = f" (and {', '.join(found[1:4])}{' ...' if len(found) > 4 else ''})" if len(found) > 1 else ""
+        raise UserError(f"{label}: {Path(out) / found[0]}{more} was not written by ictrl and the command would "
+                        f"replace it; choose another output directory or move the file away{hint}")
+
+
+def check_output_file(path: str | os.PathLike[str], label: str,
+                      legacy: Callable[[Path], bool] | None = None) -> Path:
+    """A file a command writes where its user named it (``--out FILE``): its folder writable
+    (:func:`check_output_dir`) and no file there under its name that ictrl did not write (:func:`check_own_files`).
+    Returns it as a Path; a directory there is one line."""
+    from ictrl.errors import UserError
+
+    path = Path(path)
+    if path.is_dir():
+        raise UserError(f"{label}: {path} is a directory; name a file")
+    check_output_dir(path.parent, label)
+    check_own_files(path.parent, [path.name], label, legacy)
+    return path
+
+
+def write_own(path: Path, write: Callable[[], Path]) -> Path:
+    """``write()``, which writes ``path`` atomically, with ``path`` listed as ictrl's in its folder first; a write
+    the filesystem refuses (read-only, full) is :func:`write_error`'s one line."""
+    with reported_write(path, "nothing else was written"):
+        claim_files(path.parent, [path.name])
+        return write()

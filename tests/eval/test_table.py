@@ -222,3 +222,23 @@ def test_unlabelled_run_is_refused_in_one_line_and_the_named_fix_works(tmp_path:
     path.write_text(json.dumps(data))
     assert main(["table", str(tmp_path)]) == 0
     assert "grpo" in capsys.readouterr().out
+
+
+def test_a_table_file_ictrl_did_not_write_is_never_replaced(tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    run = write_result(tmp_path / "runs", "grpo", 0, SCORES[("grpo", 0)])
+    out = tmp_path / "table"
+    assert main(["table", str(run), "--output-dir", str(out)]) == 0
+    assert main(["table", str(run), "--output-dir", str(out)]) == 0  # its own files, listed
+    (out / ".ictrl-files.json").unlink()  # written by an earlier ictrl, before the list: known by its table.json
+    assert main(["table", str(run), "--output-dir", str(out)]) == 0
+    capsys.readouterr()
+    (out / TABLE_JSON).write_text('{"mine": 1}')
+    (out / ".ictrl-files.json").unlink()
+    before = (out / TABLE_MD).read_bytes()
+    assert main(["table", str(run), "--output-dir", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines() == [f"ictrl table: error: --output-dir: {out / TABLE_MD} (and {TABLE_JSON}, "
+                                        f"{TABLE_HTML}) was not written by ictrl and the command would replace it; "
+                                        "choose another output directory or move the file away"]
+    assert (out / TABLE_MD).read_bytes() == before and (out / TABLE_JSON).read_text() == '{"mine": 1}'

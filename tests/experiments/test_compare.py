@@ -366,3 +366,71 @@ def test_compare_runs_a_rule_from_the_users_own_module(h2rule: Path, quick_cache
     assert records and all("ictrl/h2/all" in r and "ictrl/ict_score/all" not in r for r in records)
     assert (out / "ict/seed0" / grid.DONE_FILE).is_file()
     assert "| top_h2 (n=1) |" in (out / "results.md").read_text()
+
+
+# ------------------------------------------------------------------------------------------------ the output folder
+
+
+def fake_experiment(monkeypatch: pytest.MonkeyPatch, runner: CountingRunner) -> None:
+    monkeypatch.setattr(gridcli, "make_experiment", lambda args: gridcli.Experiment(
+        runner=runner, eval_base=lambda out: {"p1": 0.1, "p4": 0.2}, settings={}, default_lr=None))
+
+
+def compare_cli(out: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, list[str]]:
+    """``ictrl compare`` of two methods, two seeds into ``out``: its status and error lines."""
+    from ictrl.cli import main
+
+    code = main(["compare", "--methods", "ict,random10", "--seeds", "2", "--output-dir", str(out)])
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err
+    return code, [line for line in err.splitlines() if line.startswith("ictrl compare: error:")]
+
+
+@pytest.mark.parametrize("name", ["results.md", "results.json", "report.html", "curve_reward.png", "base", "ict"])
+def test_a_file_ictrl_did_not_write_is_never_replaced(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    runner = CountingRunner()
+    fake_experiment(monkeypatch, runner)
+    out = tmp_path / "cmp"
+    (out / name if name in ("base", "ict") else out).mkdir(parents=True)
+    mine = out / name / "notes.txt" if name in ("base", "ict") else out / name
+    mine.write_text("mine")
+    code, lines = compare_cli(out, capsys)
+    assert code == 2 and lines == [f"ictrl compare: error: --output-dir: {out / name} was not written by ictrl and "
+                                   "the command would replace it; choose another output directory or move the file "
+                                   "away"], lines
+    assert runner.calls == [] and mine.read_text() == "mine"
+    assert sorted(p.name for p in out.rglob("*")) == sorted(["notes.txt", name] if name in ("base", "ict") else [name])
+
+
+@pytest.mark.parametrize("torn, says", [
+    ("ict/seed0/done.json", "not valid JSON"),
+    ("base/result.json", "not valid JSON"),
+    ("random10/seed1/metrics.jsonl", "random10/seed1/metrics.jsonl:13, column"),
+    (".ictrl-files.json", "cannot read ictrl's list of the files it wrote"),
+])
+def test_a_torn_file_compare_reads_back_is_one_line_naming_it(torn: str, says: str, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    runner = CountingRunner()
+    fake_experiment(monkeypatch, runner)
+    out = tmp_path / "cmp"
+    assert compare_cli(out, capsys) == (0, [])
+    assert len(runner.calls) == 4
+    path = out / torn
+    text = path.read_text()
+    path.write_text(text[: len(text) // 2] if torn.endswith(".json") else text + '{"step": 13, "rew\n')
+    code, lines = compare_cli(out, capsys)
+    assert code == 2 and len(lines) == 1 and str(path) in lines[0] and says in lines[0], lines
+    assert len(runner.calls) == 4  # nothing ran again over it
+
+
+def test_an_earlier_compare_folder_without_the_list_resumes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    runner = CountingRunner()
+    fake_experiment(monkeypatch, runner)
+    out = tmp_path / "cmp"
+    assert compare_cli(out, capsys) == (0, [])
+    (out / ".ictrl-files.json").unlink()  # a folder written before ictrl listed its files: its results.json says
+    assert compare_cli(out, capsys) == (0, [])
+    assert len(runner.calls) == 4 and (out / ".ictrl-files.json").is_file()

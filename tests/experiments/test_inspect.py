@@ -242,3 +242,28 @@ def test_inspect_runs_a_rule_from_the_users_own_module(tiny_model_dir: Path, h2r
     for r, h2, mask in zip(rollouts, seen.renyi2, seen.mask):
         chosen = [float(x) for x, s in zip(h2[mask], r.selected) if s]
         assert min(chosen) >= max((float(x) for x, s in zip(h2[mask], r.selected) if not s), default=0.0)
+
+
+def test_a_page_ictrl_did_not_write_is_never_replaced(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``ictrl inspect`` into a folder holding someone's inspect.html (or ``--out`` naming someone's file): one line,
+    the file as it was; its own page, listed or written by an earlier ictrl, is replaced."""
+    from ictrl.cli import main
+
+    rollouts = save_rollouts(tmp_path / "r.jsonl", make_rollouts())
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "inspect.html").write_text("<html>my notes</html>")
+    assert main(["inspect", "--rollouts", str(rollouts), "--output-dir", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == (f"ictrl inspect: error: --output-dir: {out / 'inspect.html'} was not written by ictrl and "
+                           "the command would replace it; choose another output directory or move the file away")
+    assert (out / "inspect.html").read_text() == "<html>my notes</html>"
+    mine = tmp_path / "page.html"
+    mine.write_text("mine")
+    assert main(["inspect", "--rollouts", str(rollouts), "--out", str(mine)]) == 2
+    assert f"--out: {mine} was not written by ictrl" in capsys.readouterr().err and mine.read_text() == "mine"
+    own = tmp_path / "own"
+    assert main(["inspect", "--rollouts", str(rollouts), "--output-dir", str(own)]) == 0
+    assert main(["inspect", "--rollouts", str(rollouts), "--output-dir", str(own)]) == 0  # listed: its own
+    (own / ".ictrl-files.json").unlink()  # a page an earlier ictrl wrote, before the list: known by its head
+    assert main(["inspect", "--rollouts", str(rollouts), "--output-dir", str(own)]) == 0

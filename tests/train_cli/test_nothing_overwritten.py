@@ -138,10 +138,14 @@ def test_an_output_dir_that_would_replace_an_input_is_refused(where: str, what: 
 # --- an earlier run in output_dir -----------------------------------------------------------------------------
 
 
+# the run.json of an `ictrl train` run written before ictrl listed the files it writes
+RUN_RECORD = '{"method": "ict", "method_from": "file", "seed": 0}\n'
+
+
 def finished_run(out: Path, record_only: bool = False) -> dict[str, str]:
     """The files a finished run leaves with ``save_strategy: no`` (or its checkpoints deleted)."""
     out.mkdir(parents=True)
-    (out / "run.json").write_text('{"method": "ict"}\n')
+    (out / "run.json").write_text(RUN_RECORD)
     (out / "metrics.jsonl").write_text('{"step": 1}\n')
     if not record_only:
         for name in ("model.safetensors", "config.json", "manifest.json", "trainer_state.json"):
@@ -184,11 +188,86 @@ def test_the_runs_own_config_resumes(tiny_model_dir: Path, tmp_path: Path, loads
     out = tmp_path / "out"
     (out / "checkpoint-1").mkdir(parents=True)
     (out / "checkpoint-1" / "trainer_state.json").write_text('{"global_step": 1}')
-    (out / "run.json").write_text("{}")
+    (out / "run.json").write_text(RUN_RECORD)
     own = out / "config.yaml"
     own.write_text(config(tmp_path, tiny_model_dir).read_text())
     code, line = train([str(own), "--resume"], capsys)
     assert "which is the config file" not in line
+
+
+# --- files in output_dir that ictrl did not write -----------------------------------------------------------------
+
+
+def project(folder: Path, tiny_model_dir: Path) -> Path:
+    """A project folder: a git repository with its own README.md and config.yaml, and the run's train.yaml."""
+    folder.mkdir()
+    subprocess.run(["git", "init", "-q", str(folder)], check=True)
+    (folder / "README.md").write_text("# my project\n")
+    (folder / "config.yaml").write_text("project: mine\nlr: 3\n")
+    (folder / "train.yaml").write_text(config(folder, tiny_model_dir).read_text())
+    return folder / "train.yaml"
+
+
+def test_output_dir_dot_in_a_project_folder_replaces_nothing(tiny_model_dir: Path, tmp_path: Path,
+                                                             loads: list[Any], monkeypatch: pytest.MonkeyPatch,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = project(tmp_path / "proj", tiny_model_dir)
+    monkeypatch.chdir(cfg.parent)
+    before = digest(cfg.parent)
+    for flags in ([], ["--overwrite"], ["--resume=auto"]):
+        code, line = train(["train.yaml", "--output-dir", ".", *flags], capsys)
+        assert code == 2 and loads == [], line
+        assert "output_dir: README.md (and config.yaml) was not written by ictrl and the command would replace " \
+               "it; choose another output directory or move the file away (--overwrite replaces only files ictrl " \
+               "wrote)" in line, line
+        assert digest(cfg.parent) == before
+    assert train(["train.yaml", "--output-dir", "runs/a"], capsys) == (0, "")  # a folder inside it is fine
+
+
+@pytest.mark.parametrize("name", ["README.md", "config.yaml", "run.json", "metrics.jsonl", "config.json",
+                                  "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+                                  "generation_config.json", "chat_template.jinja", "adapter_config.json",
+                                  "adapter", "trainer_state.json", "manifest.json"])
+def test_a_foreign_file_under_a_name_the_run_writes_is_refused(name: str, tiny_model_dir: Path, tmp_path: Path,
+                                                               loads: list[Any],
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    if name == "adapter":
+        (out / name).mkdir()
+        (out / name / "weights.bin").write_text("mine")
+    else:
+        (out / name).write_text("mine")
+    before = digest(out)
+    for flags in ([], ["--overwrite"]):
+        code, line = train([str(config(tmp_path, tiny_model_dir)), *flags], capsys)
+        assert code == 2 and loads == [], line
+        assert f"output_dir: {out / name} was not written by ictrl" in line, line
+        assert digest(out) == before
+
+
+def test_files_ictrl_listed_are_its_own_and_overwrite_replaces_them(tiny_model_dir: Path, tmp_path: Path,
+                                                                    loads: list[Any],
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "out"
+    finished_run(out)
+    (out / "run.json").write_text("{}")  # no record of its own: the list alone says whose the files are
+    (out / "README.md").write_text("the model card")
+    names = ["README.md", "run.json", "metrics.jsonl", "model.safetensors", "config.json", "manifest.json",
+             "trainer_state.json"]
+    (out / ".ictrl-files.json").write_text(json.dumps({"files": names}))
+    cfg = str(config(tmp_path, tiny_model_dir))
+    code, line = train([cfg], capsys)
+    assert code == 2 and "holds an earlier run" in line, line
+    (out / "tokenizer.json").write_text("a user's")
+    code, line = train([cfg, "--overwrite"], capsys)
+    assert code == 2 and f"{out / 'tokenizer.json'} was not written by ictrl" in line, line
+    (out / "tokenizer.json").unlink()
+    assert train([cfg, "--overwrite"], capsys) == (0, "")
+    (out / ".ictrl-files.json").write_text('{"files": ["README.md", ')  # torn
+    code, line = train([cfg, "--overwrite"], capsys)
+    assert code == 2 and f"{out / '.ictrl-files.json'}: cannot read ictrl's list of the files it wrote" in line
 
 
 # --- training nothing ------------------------------------------------------------------------------------------
@@ -351,3 +430,9 @@ def test_a_rerun_into_a_finished_run_without_checkpoints_changes_nothing(tiny_mo
     code, lines, err = run_cli(tmp_path, cfg, "--seed=3", "--overwrite")
     assert code == 0 and "finished at step 1" in err, err[-2000:]
     assert json.loads((out / "run.json").read_text())["seed"] == 3
+    listed = set(json.loads((out / ".ictrl-files.json").read_text())["files"])
+    assert {"README.md", "config.yaml", "run.json", "metrics.jsonl", "config.json", "model.safetensors",
+            "manifest.json", "tokenizer.json"} <= listed, listed
+    (out / "notes.md").write_text("a user's notes beside the run")  # a name the run does not write: kept
+    code, lines, err = run_cli(tmp_path, cfg, "--seed=4", "--overwrite")
+    assert code == 0 and (out / "notes.md").read_text() == "a user's notes beside the run", err[-2000:]

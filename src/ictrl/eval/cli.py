@@ -15,8 +15,14 @@ from typing import Any
 
 from ictrl.cliargs import CommaList, comma_list
 from ictrl.errors import Terminated, sigterm_raises
-from ictrl.files import reported_write
-from ictrl.eval.harness import RESULTS_JSON, RESULTS_MD, EvalConfig, ResumeMismatchError, benchmark_tasks, evaluate
+from ictrl.dirlock import OutputLock
+from ictrl.files import check_output_dir, check_own_files, claim_files, reported_write
+from ictrl.eval.harness import (RESULTS_JSON, RESULTS_MD, SAMPLES_FILE, SETTINGS_FILE, EvalConfig,
+                                ResumeMismatchError, benchmark_tasks, check_resumable, evaluate)
+
+# what `ictrl eval` writes at the top of --output-dir (besides lm-evaluation-harness's dated files in a folder named
+# after the model, which replace nothing)
+OUTPUT_FILES = (SETTINGS_FILE, SAMPLES_FILE, RESULTS_JSON, RESULTS_MD)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -64,18 +70,14 @@ def train_run_labels(model: str) -> tuple[str | None, int | None]:
     model, or one of its ``checkpoint-N/``): from the ``run.json`` it writes (resolved values), else from
     ``config.yaml`` (the keys as written: ``token_selector``'s label and ``seed``); (None, None) for a hub id or a
     model not trained by ``ictrl train``."""
-    import json
-
+    from ictrl.files import read_json
     from ictrl.yamlfile import load_yaml
 
     path = Path(model)
     for root in (path, path.parent):
         labels = root / "run.json"
         if labels.is_file():
-            try:
-                data = json.loads(labels.read_text(encoding="utf-8"))
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{labels}: not valid JSON ({err})") from None
+            data = read_json(labels, "restore it, or move it away and pass --method and --train-seed")
             seed = data.get("seed") if isinstance(data, dict) else None
             return (data.get("method") if isinstance(data, dict) else None), (
                 seed if isinstance(seed, int) and not isinstance(seed, bool) else None)
@@ -88,6 +90,17 @@ def train_run_labels(model: str) -> tuple[str | None, int | None]:
         name, seed = _method_label(cfg.get("token_selector")), cfg.get("seed")
         return name, (int(seed) if isinstance(seed, int) and not isinstance(seed, bool) else None)
     return None, None
+
+
+def earlier_eval(out: Path) -> bool:
+    """Whether ``out`` holds the settings.json of an `ictrl eval` written before ictrl listed its files there."""
+    import json
+
+    try:
+        stored = json.loads((out / SETTINGS_FILE).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    return isinstance(stored, dict) and {"model", "n", "ks", "seeds"} <= set(stored)
 
 
 def _method_label(selector: object) -> str | None:
@@ -164,8 +177,6 @@ def _warn_no_method(model: str) -> None:
 def run(args: argparse.Namespace) -> int:
     from ictrl import preflight
     from ictrl.errors import UserError
-    from ictrl.files import check_output_dir
-
     # the cheap checks first: a typo costs a fraction of a second, not a model load
     if args.seeds < 1 or args.seed_start < 0:
         raise UserError(f"--seeds must be at least 1 and --seed-start at least 0, got {args.seeds} and "
@@ -188,16 +199,37 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--data-root: {args.data_root}: no such directory")
     if args.output_dir is not None:
         check_output_dir(args.output_dir)
+        check_own_files(args.output_dir, OUTPUT_FILES, legacy=earlier_eval)
     preflight.check_benchmarks(args.benchmarks, data_root=args.data_root)
     preflight.check_model(args.model)
     config.model_sha256 = model_identity(args.model)
-    from ictrl.eval.generate import BackendUnavailableError, build_backend, check_backend
+    from ictrl.eval.generate import BackendUnavailableError, check_backend
 
     try:
         check_backend(args.backend)
     except BackendUnavailableError as err:
         raise UserError(str(err)) from err
     tasks = _checked_tasks(args, config)  # every row read and every prompt measured before the weights load
+    if args.output_dir is None:
+        return _evaluate(args, config, tasks)
+    # one writer at a time: a second run would append every row again
+    with OutputLock(args.output_dir, label="--output-dir", stopped="the evaluation did not start",
+                    logger="ictrl.eval"):
+        check_own_files(args.output_dir, OUTPUT_FILES, legacy=earlier_eval)  # as it is now the lock is held
+        claim_files(args.output_dir, OUTPUT_FILES)
+        try:  # the rows a resume reads, and its settings, before the weights load
+            check_resumable(args.output_dir, config, tasks)
+        except ValueError as err:
+            kind = "settings mismatch: " if isinstance(err, ResumeMismatchError) else ""
+            raise UserError(f"{kind}{err}") from err
+        return _evaluate(args, config, tasks)
+
+
+def _evaluate(args: argparse.Namespace, config: EvalConfig, tasks: list[Any]) -> int:
+    """Load the model and evaluate ``tasks`` (into ``args.output_dir``, whose lock the caller holds)."""
+    from ictrl.errors import UserError
+    from ictrl.eval.generate import BackendUnavailableError, build_backend
+
     try:
         try:
             backend = build_backend(args.backend, args.model, batch_size=args.batch_size, dtype=args.dtype)

@@ -29,7 +29,7 @@ import numpy as np
 
 from ictrl import __version__
 from ictrl.eval import lmeval
-from ictrl.files import append_whole, atomic_write_text, reported_write
+from ictrl.files import append_whole, atomic_write_text, read_json, reported_write
 from ictrl.eval.markdown import GENERATION_FIELDS, format_markdown
 from ictrl.eval.passk import bootstrap_ci, mean_std, pass_at_k
 
@@ -207,10 +207,9 @@ def _check_settings(output_dir: Path, config: EvalConfig, tasks: Sequence[EvalTa
     if not path.exists():
         atomic_write_text(path, json.dumps(current, indent=2) + "\n")
         return
-    try:
-        stored = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{path}: not valid JSON ({err})") from err
+    stored = read_json(path, "remove the folder's samples to start over, or choose another output directory")
+    if not isinstance(stored, dict):
+        raise ValueError(f"{path}: not the settings of an evaluation (a JSON object); choose another output directory")
     by_hash = bool(stored.get("model_sha256") and current.get("model_sha256"))  # else by the path
     diffs = [f"{name}: stored {stored.get(name)!r}, requested {current[name]!r}" for name in EvalConfig.RESUME_FIELDS
              if stored.get(name) != current[name] and not (by_hash and name == "model")]
@@ -235,10 +234,14 @@ def _check_settings(output_dir: Path, config: EvalConfig, tasks: Sequence[EvalTa
 
 
 def _load_finished(path: Path) -> dict[tuple[int, str, str], dict[str, Any]]:
-    """Read samples.jsonl; a torn last line (crash mid-write) is dropped and the file repaired."""
+    """Read samples.jsonl; a torn last line (crash mid-write) is dropped and the file repaired, and so is a row
+    already there (two unlocked runs of an older ictrl each appended every row), which readers would count twice."""
     if not path.exists():
         return {}
-    text = path.read_text(encoding="utf-8")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path}: cannot read it ({err}); choose another output directory") from None
     lines = text.split("\n")
     if lines and lines[-1] == "":
         lines.pop()
@@ -252,6 +255,8 @@ def _load_finished(path: Path) -> dict[tuple[int, str, str], dict[str, Any]]:
             if lineno == len(lines):
                 break
             raise ValueError(f"{path}:{lineno}: unreadable record ({err})") from err
+        if key in finished:
+            continue
         finished[key] = rec
         kept.append(line)
     if len(kept) != len(lines) or (text and not text.endswith("\n")):
@@ -347,6 +352,16 @@ def _progress_bar(progress: bool) -> Any:
         console=Console(stderr=True),  # stdout carries only the results table
         disable=not progress,
     )
+
+
+def check_resumable(output_dir: str | os.PathLike[str], config: EvalConfig, tasks: Sequence[EvalTask]) -> None:
+    """What :func:`evaluate` checks of ``output_dir`` before it samples (its settings against ``config``, every
+    stored row readable), for a caller to run before the model loads; raises as :func:`evaluate` would. A folder
+    with no settings yet is left as it is: a model that then fails to load leaves no settings to hold a rerun to."""
+    out = Path(output_dir)
+    if (out / SETTINGS_FILE).exists():
+        _check_settings(out, config, tasks)
+    _load_finished(out / SAMPLES_FILE)
 
 
 def evaluate(tasks: Sequence[EvalTask], backend: Backend, config: EvalConfig,

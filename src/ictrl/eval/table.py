@@ -34,7 +34,7 @@ from ictrl.cliargs import CommaList, comma_list
 from ictrl.errors import UserError
 from ictrl.eval.harness import RESULTS_JSON, _json_safe
 from ictrl.eval.lmeval import FILTER, RESULTS_GLOB, generation_of
-from ictrl.files import atomic_write_text
+from ictrl.files import atomic_write_text, check_output_dir, check_own_files, claim_files, reported_write
 
 TABLE_MD, TABLE_JSON, TABLE_HTML = "table.md", "table.json", "table.html"
 
@@ -87,7 +87,7 @@ def load_run(path: Path) -> RunScores:
     field is named with the file."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as err:
+    except (OSError, ValueError) as err:  # ValueError: torn JSON, or bytes that are not UTF-8
         raise TableError(f"{path}: cannot read ({err})") from None
     if isinstance(data, dict) and "results" in data and "summary" not in data:
         return load_harness_run(path, data)
@@ -407,13 +407,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="write table.md, table.json and table.html here (default: only print the Markdown)")
 
 
+def earlier_table(out: Path) -> bool:
+    """Whether ``out`` holds the table.json of an ``ictrl table`` written before ictrl listed its files there."""
+    try:
+        stored = json.loads((out / TABLE_JSON).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    return isinstance(stored, dict) and {"columns", "benchmarks", "ks", "target"} <= set(stored)
+
+
 def run(args: argparse.Namespace) -> int:
     """Bad inputs raise :class:`TableError` (a UserError: ``ictrl.cli`` prints one line, exit 2)."""
+    names = (TABLE_MD, TABLE_JSON, TABLE_HTML)
+    if args.output_dir is not None:  # a folder it cannot write, or a file there it would replace: before any read
+        check_output_dir(args.output_dir)
+        check_own_files(args.output_dir, names, legacy=earlier_table)
     runs = [load_run(p) for p in find_results(args.runs)]
     table = build_table(runs, target=args.target, methods=args.methods, benchmarks=args.benchmarks,
                         ks=[str(k) for k in args.k] if args.k else None, ci=args.ci)
     print(format_markdown(table), end="")
     if args.output_dir is not None:
-        paths = write_table(table, args.output_dir)
+        with reported_write(args.output_dir, "nothing else was written"):
+            claim_files(args.output_dir, names)
+            paths = write_table(table, args.output_dir)
         print("wrote " + ", ".join(str(p) for p in paths), file=sys.stderr)
     return 0

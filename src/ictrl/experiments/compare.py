@@ -48,17 +48,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"the task of the grid's runs (default: %(default)s, operator precedence): {CHOICES}")
 
 
+def output_names(specs: list[grid.RunSpec]) -> list[str]:
+    """The entries at the top of ``--output-dir`` that the command writes: the report's files, ``base/``, each
+    run's folder (its method, or its learning rate's) and ``_probe/`` (``--config``'s check)."""
+    curves = [figures.curve_filename(name) for name in CURVE_KEYS]
+    runs = [spec.relpath.split("/")[0] for spec in specs]
+    return ["results.md", "results.json", "report.html", *curves, "base", "_probe", *runs]
+
+
+def earlier_compare(out: Path) -> bool:
+    """Whether ``out`` holds the results.json of an ``ictrl compare`` written before ictrl listed its files."""
+    try:
+        stored = json.loads((out / "results.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    return isinstance(stored, dict) and {"settings", "methods", "base", "runs"} <= set(stored)
+
+
 def run(args: argparse.Namespace) -> int:
-    from ictrl.files import check_output_dir
+    from ictrl.files import check_output_dir, check_own_files, claim_files
 
     check_output_dir(args.output_dir)  # before any run or model load
     methods = grid.parse_methods(args.methods)
     if args.lr is not None and not args.lr > 0:
         raise UserError(f"--learning-rate must be > 0, got {args.lr}")
     specs = grid.grid_specs(methods, args.seeds, None if args.lr is None else [args.lr])
+    out: Path = args.output_dir
+    check_own_files(out, output_names(specs), legacy=earlier_compare)
     start = time.perf_counter()
     experiment = gridcli.make_experiment(args)
-    out: Path = args.output_dir
+    claim_files(out, output_names(specs))
     results = grid.run_grid(specs, out, experiment.runner, jobs=args.jobs)
     base = grid.cached_result(out / "base" / "result.json", lambda: experiment.eval_base(out / "base"))
     paths = write_report(out, methods, specs, results, base, experiment.settings, time.perf_counter() - start,

@@ -31,14 +31,14 @@ import html
 import json
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ictrl.errors import UserError
 from ictrl.experiments.sampling import generate_group
-from ictrl.files import atomic_write_text, read_jsonl
+from ictrl.files import atomic_write_text, read_jsonl, write_own
 
 # What the page shows of every token, computed whatever the selector reads.
 SHOWN = frozenset({"ict_score", "entropy", "prob"})
@@ -426,10 +426,41 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--save-rollouts", default=None, help="also write the scored rollouts as JSONL (with --model)")
 
 
+PAGE_HEAD = b'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>ictrl inspect</title>'
+
+
+def _earlier(name: str, rollouts: bool = False) -> Callable[[Path], bool]:
+    """Whether a folder holds, as ``name``, the page (``rollouts``: the JSONL) ``ictrl inspect`` wrote before ictrl
+    listed its files there."""
+    def earlier(folder: Path) -> bool:
+        try:
+            with open(folder / name, "rb") as fh:
+                if not rollouts:
+                    return fh.read(len(PAGE_HEAD)) == PAGE_HEAD
+                first = json.loads(fh.readline())
+        except (OSError, ValueError):
+            return False
+        return isinstance(first, dict) and {"tokens", "u", "entropy", "prob", "selected"} <= set(first)
+    return earlier
+
+
+def check_outputs(args: argparse.Namespace) -> list[Path]:
+    """The files the command writes (``files.check_output_file``), before the model loads."""
+    from ictrl.files import check_output_file
+
+    page = Path(args.out) if args.out else Path(args.output_dir) / "inspect.html"
+    outputs = [check_output_file(page, "--out" if args.out else "--output-dir", _earlier(page.name))]
+    if args.save_rollouts and args.rollouts is None:
+        path = Path(args.save_rollouts)
+        outputs.append(check_output_file(path, "--save-rollouts", _earlier(path.name, rollouts=True)))
+    return outputs
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         from ictrl import preflight
 
+        outputs = check_outputs(args)
         if args.rollouts is not None:
             preflight.check_file(args.rollouts, "--rollouts")
             rollouts = load_rollouts(args.rollouts)
@@ -452,11 +483,11 @@ def run(args: argparse.Namespace) -> int:
             meta = {"model": args.model, "temperature": args.temperature, "seed": args.seed,
                     "selector": f"{args.selector}{opts}"}
             if args.save_rollouts:
-                save_rollouts(args.save_rollouts, rollouts)
+                write_own(outputs[1], lambda: save_rollouts(outputs[1], rollouts))
         if args.answer is not None:
             rollouts = score_rollouts(rollouts, args.answer)
             meta["answer"] = args.answer
-        path = render_inspect_html(rollouts, args.out or Path(args.output_dir) / "inspect.html", meta=meta)
+        path = write_own(outputs[0], lambda: render_inspect_html(rollouts, outputs[0], meta=meta))
     except UserError:
         raise
     except (ValueError, FileNotFoundError) as e:  # the CLI prints one line (--debug: the traceback)

@@ -38,7 +38,7 @@ from ictrl.errors import UserError, quote, shorten
 from ictrl.train_cli import model_init
 from ictrl.train_cli.process_group import answered_once
 from ictrl.train_cli.run_config import ConfigError, RunConfig
-from ictrl.train_cli.run_guard import NO_OP_FLAG, check_no_previous_run, check_not_an_input
+from ictrl.train_cli.run_guard import NO_OP_FLAG, check_no_previous_run, check_not_an_input, check_own_output
 from ictrl.train_cli.run_inputs import (add_overlong_penalty, blame, build_rewards, check_enough_rows, check_sources,
                                         drop_long_prompts, load_train_dataset, name_the_key,
                                         named_checkpoint, trl_dataset)
@@ -97,6 +97,7 @@ def preflight(cfg: RunConfig, source: str = "<config>", flags: dict[str, Any] | 
     check_output_dir(cfg.output_dir, blame("output_dir", source, flags))
     check_not_an_input(cfg.output_dir, inputs_read(cfg, checked.reward_funcs, source),
                        blame("output_dir", source, flags))
+    check_own_output(cfg.output_dir, blame("output_dir", source, flags))
     if args.use_vllm:  # last: an error in the file itself is named first, on any machine
         from ictrl.vllm_env import INSTALL_HINT, installed
 

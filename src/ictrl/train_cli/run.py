@@ -16,12 +16,12 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from ictrl.checkpoints import STAGING_PREFIX, clear_staging, finished_run, rerun_advice, trainer_state
+from ictrl.checkpoints import RUN_FILES, STAGING_PREFIX, clear_staging, finished_run, rerun_advice, trainer_state
 from ictrl.cliargs import VERBOSE_ENV, env_flag
 from ictrl.engine.resumable import resume_point, save_final, verified_checkpoints
 from ictrl.train_cli.resume_check import INEXACT_FLAG, NEW_SCHEDULE_FLAG, check_exact, check_unchanged
 from ictrl.errors import ConfigError, Terminated, UserError
-from ictrl.files import reported_write
+from ictrl.files import claim_files, reported_write
 from ictrl.engine.reward_policy import RewardAbandoned, RunStop
 from ictrl.train_cli.preflight import (Checked, check_inputs, existing_checkpoints, preflight, train_rows,
                                        trainer_classes)
@@ -195,6 +195,7 @@ def _train_locked(cfg: RunConfig, checked: Checked, resume: bool | str, source: 
     model, tokenizer = _model_and_tokenizer(cfg, checked.init_kwargs, tokenizer.chat_template)
     with reported_write(out, lambda: rerun_advice(out)):
         out.mkdir(parents=True, exist_ok=True)
+        claim_files(out, RUN_FILES)  # checked in preflight: none of them is there unless ictrl wrote it
         save_config(cfg, out / "config.yaml")
         write_run_labels(out, args, cfg.method_from, inputs)
 

@@ -32,6 +32,7 @@ from typing import Any
 from ictrl.checkpoints import CHECKPOINT_RE, LAST_FILES, MANIFEST, OVERWRITE_FLAG, RUN_FILES, STAGING_PREFIX
 from ictrl.dirlock import LOCK_NAME, OutputLock
 from ictrl.errors import ConfigError, UserError, shorten
+from ictrl.files import check_own_files
 
 log = logging.getLogger("ictrl.train")
 
@@ -229,6 +230,37 @@ def written_by_run(path: Path, out: Path) -> bool:
     if len(path.relative_to(out).parts) > 1:
         return False
     return top in _RUN_WRITES or top.startswith("adapter_") or top.endswith(_SAVE_SUFFIXES)
+
+
+def run_writes(out: Path) -> list[str]:
+    """The entries at the top of ``out`` that a run writes over (:func:`written_by_run`; a LoRA run's final
+    ``adapter/``), but for its
+    ``checkpoint-N`` and staging folders, which :func:`ictrl.train_cli.preflight.existing_checkpoints` and
+    ``checkpoints.clear_staging`` answer for."""
+    if not out.is_dir():
+        return []
+    return [p.name for p in sorted(out.iterdir()) if p.name == "adapter" or written_by_run(p, out)
+            and not CHECKPOINT_RE.match(p.name) and not p.name.startswith(STAGING_PREFIX)]
+
+
+def earlier_run(out: Path) -> bool:
+    """Whether ``out`` holds the ``run.json`` of an ``ictrl train`` run written before ictrl listed its files."""
+    import json
+
+    try:
+        record = json.loads((out / "run.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    return isinstance(record, dict) and "method_from" in record and "seed" in record
+
+
+def check_own_output(out_dir: str, label: str) -> None:
+    """Refuse an ``output_dir`` holding a file the run would write over that ictrl did not write there
+    (``files.check_own_files``): a project's README.md or config.yaml under ``--output-dir .``. ``--overwrite``
+    replaces only ictrl's own files, so it does not lift this."""
+    out = Path(out_dir).expanduser()
+    check_own_files(out, run_writes(out), f"{label}: output_dir", earlier_run,
+                    f" ({OVERWRITE_FLAG} replaces only files ictrl wrote)")
 
 
 def check_not_an_input(out_dir: str, inputs: list[tuple[str, Path]], source: str) -> None:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ictrl.errors import UserError
-from ictrl.files import atomic_write_text
+from ictrl.files import atomic_write_text, read_json
 
 DONE_FILE = "done.json"
 EVAL_DIR = "eval"
@@ -163,7 +163,11 @@ def _done_and_todo(specs: Sequence[RunSpec], root: Path) -> tuple[dict[RunSpec, 
     for spec in specs:
         done = root / spec.relpath / DONE_FILE
         if done.is_file():
-            results[spec] = json.loads(done.read_text())
+            result = read_json(done, f"remove it to run {spec.relpath} again")
+            if not isinstance(result, dict) or not all(isinstance(result.get(k), (int, float)) for k in ("p1", "p4")):
+                raise UserError(f"{done}: not the result of a finished run (no numbers p1 and p4); remove it to run "
+                                f"{spec.relpath} again")
+            results[spec] = result
         else:
             todo.append(spec)
     return results, todo
@@ -224,7 +228,10 @@ def _timed(run_one: Callable[[RunSpec, Path], dict[str, Any]], spec: RunSpec,
 def cached_result(path: Path, compute: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     """``compute()`` once: its JSON result is stored atomically at ``path`` and read back on later calls."""
     if path.is_file():
-        return json.loads(path.read_text())
+        stored = read_json(path, "remove it to compute it again")
+        if not isinstance(stored, dict):
+            raise UserError(f"{path}: not a stored result (a JSON object); remove it to compute it again")
+        return stored
     result = compute()
     atomic_write_text(path, json.dumps(result, indent=1) + "\n")
     return result
@@ -240,4 +247,7 @@ def final_reward(records: Sequence[dict[str, Any]], window: int = 5) -> float:
 def load_grid_metrics(root: Path, specs: Sequence[RunSpec]) -> dict[RunSpec, list[dict[str, Any]]]:
     from ictrl.files import load_metrics
 
-    return {s: load_metrics(root / s.relpath / "metrics.jsonl") for s in specs}
+    try:
+        return {s: load_metrics(root / s.relpath / "metrics.jsonl") for s in specs}
+    except (OSError, ValueError) as exc:  # a torn line names its file and line
+        raise UserError(f"{exc}; remove the run's {DONE_FILE} to run it again") from None

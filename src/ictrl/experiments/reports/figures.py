@@ -58,6 +58,11 @@ def _slug(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_") or "curve"
 
 
+def curve_filename(name: str) -> str:
+    """The file :func:`plot_curves` writes the curve ``name`` to."""
+    return f"curve_{_slug(name)}.png"
+
+
 MIN_RELATIVE_SPAN = 0.02  # a y range narrower than 2% of the values' magnitude is widened to it
 
 
@@ -201,6 +206,6 @@ def plot_curves(runs: Runs, keys: Mapping[str, str] | None = None, out_dir: str 
         _plain_axes(ax, integer_x=True)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-        paths.append(save_figure(fig, Path(out_dir) / f"curve_{_slug(name)}.png",
+        paths.append(save_figure(fig, Path(out_dir) / curve_filename(name),
                                  _curve_caption(name, data, runs, band)))
     return paths

@@ -342,10 +342,14 @@ def run(args: Any) -> int:
               f"{args.output_flag}", file=sys.stderr)
         return 2
     args.output_dir = args.output_dir or args.output_flag or DEFAULT_OUTPUT
+    from ictrl.files import check_output_dir, reported_write
+
     try:
         recipe = TinyRecipe(threads=REPRODUCIBLE_THREADS, **task_recipe(args.task, "--task"))
-        out = export_tiny_model(args.output_dir, recipe, untrained=args.untrained,
-                                problems=args.problems, cache_dir=args.cache_dir, shape=args.shape, layers=args.layers)
+        check_output_dir(args.output_dir, "OUTPUT_DIR")  # a folder it cannot write: before minutes of building
+        with reported_write(args.output_dir, "remove the folder and run the command again"):
+            out = export_tiny_model(args.output_dir, recipe, untrained=args.untrained, problems=args.problems,
+                                    cache_dir=args.cache_dir, shape=args.shape, layers=args.layers)
     except (FileExistsError, UserError) as exc:
         print(f"ictrl tiny-model: error: {exc}", file=sys.stderr)
         return 2
