@@ -157,7 +157,6 @@ def train_tiny(settings: TinyRL, base: Path, spec: RunSpec, run_dir: Path,
         shutil.rmtree(stale) if stale.is_dir() else stale.unlink()
     cfg = tiny_run_config(settings, base, spec, run_dir)
     args = build_trainer_args(cfg, cfg.output_dir)
-    skip_deepspeed_unless_imported()
     model, tokenizer = load_tiny_base(base)
     task = get_task(base_task(base))
     dataset = task.train_dataset(settings.prompts_per_step, settings.steps, _base_difficulty(base), spec.seed)
@@ -174,7 +173,8 @@ def train_tiny(settings: TinyRL, base: Path, spec: RunSpec, run_dir: Path,
     for make in callbacks:
         trainer.add_callback(make(metrics_path))
     try:
-        trainer.train()
+        with skip_deepspeed_unless_imported():
+            trainer.train()
     except RuntimeError as exc:
         if not is_divergence(exc):
             raise
