@@ -80,6 +80,33 @@ def _selector_registry_isolated() -> Any:
     selection._ALIASES.update(saved[1])
 
 
+# The README's rule on another statistic, as a user writes it beside their config (docs/method.md, "Write your own
+# rule"); SEEN keeps what the trainer hands it, for the tests.
+H2RULE = '''
+from ictrl.core.selection import register_selector, top_fraction
+
+SEEN = []
+
+
+@register_selector("top_h2", needs=("renyi2",))
+def top_h2(inputs, *, ratio=0.1):
+    """The top `ratio` of each response's tokens by Renyi-2 entropy H2."""
+    SEEN.append(inputs)
+    return top_fraction(inputs.renyi2, inputs, ratio)
+'''
+
+
+@pytest.fixture
+def h2rule(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The working directory ``tmp_path`` holding a user's ``h2rule.py`` (:data:`H2RULE`), importable as ``h2rule``
+    as ``ictrl`` makes the working directory; forgotten again afterwards (the registry by the fixture above)."""
+    (tmp_path / "h2rule.py").write_text(H2RULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    yield tmp_path
+    sys.modules.pop("h2rule", None)
+
+
 @pytest.fixture(autouse=True)
 def _no_process_group_left_behind() -> Any:
     """A test that initialises a default process group in this process (TRL's colocated vLLM set-up does, over the

@@ -290,7 +290,7 @@ def test_reward_calls_are_checked_or_one_error(data: Any) -> None:
     """Whatever a reward returns or raises when called (sys.exit, any BaseException, a wrong value) is a list TRL
     takes or one RewardError naming it; Ctrl-C stays Ctrl-C."""
     from ictrl.errors import one_line
-    from ictrl.rewards.policy import RewardError, RewardPolicy
+    from ictrl.engine.reward_policy import RewardError, RewardPolicy
 
     CASES["count"] += 1
     outcome = data.draw(st.one_of(VALUES, st.lists(st.one_of(PLAUSIBLE, SCALARS), min_size=0, max_size=5),

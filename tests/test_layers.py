@@ -11,7 +11,7 @@ STUDIES = ROOT / "studies"
 
 # Lower number = lower layer. A module may import ictrl modules of its own layer or below.
 LAYERS: dict[str, int] = {
-    "files": 0, "checkpoints": 0, "errors": 0, "core": 0, "cliargs": 1,
+    "files": 0, "checkpoints": 0, "errors": 0, "core": 0, "cliargs": 1, "dirlock": 1,
     "rewards": 1, "data": 1, "hub": 1, "yamlfile": 1, "models": 1, "eval": 1, "preflight": 1, "vllm_env": 1,
     "engine": 2,  # the library: ICTGRPOConfig, ICTGRPOTrainer and the parts composed into it
     "train_cli": 3,  # the `ictrl train` command: it imports the library, the library nothing from it
@@ -21,7 +21,8 @@ LAYERS: dict[str, int] = {
 CORE_THIRD_PARTY = {"torch", "math", "dataclasses", "typing", "collections", "__future__", "hashlib", "inspect",
                     "difflib", "importlib", "fractions",
                     "json", "os", "uuid", "pathlib", "re", "shutil", "errno", "contextlib", "signal", "threading",
-                    "logging", "triton"}  # triton: only ictrl.core.kernels.group_js_triton, imported when triton is
+                    "logging", "tempfile", "contextvars",
+                    "triton"}  # triton: only ictrl.core.kernels.group_js_triton, imported when triton is
 
 
 def _layer_of(module: str) -> int:
@@ -80,6 +81,35 @@ def test_the_library_imports_nothing_of_a_command() -> None:
     bad = [f"{name} imports {imported}" for name, path in _modules() if name.startswith("ictrl.engine")
            for imported in _imports(path) if imported.split(".")[:2] in (["ictrl", "preflight"], ["ictrl", "train_cli"])]
     assert not bad, "\n".join(bad)
+
+
+# The top-level modules the library (ICTGRPOConfig, ICTGRPOTrainer) may reach besides ictrl.core and ictrl.engine.
+LIBRARY_TOP = frozenset({"errors", "files", "checkpoints", "hub", "vllm_env"})
+LIBRARY_ROOTS = ("ictrl", "ictrl.engine.config", "ictrl.engine.trainer")
+
+
+def outside_the_library(modules: list[str] | set[str]) -> list[str]:
+    """The ictrl modules of ``modules`` that are not the library's: not ``ictrl`` itself, not under ``core`` or
+    ``engine``, not one of :data:`LIBRARY_TOP`."""
+    return sorted(m for m in modules if m != "ictrl" and m.split(".")[1] not in {"core", "engine", *LIBRARY_TOP})
+
+
+def test_the_library_reaches_only_the_library() -> None:
+    """Every ictrl module ``from ictrl import ICTGRPOConfig, ICTGRPOTrainer`` can reach, through any import
+    statement (inside functions too) and the packages a dotted import runs, is the library's: never the grader and
+    its sandbox (``rewards``), the benchmark registry (``data``), ``eval``, ``experiments`` or a command.
+    tests/engine/test_import_closure.py checks what a training step really loads."""
+    graph = _import_graph()
+    seen: set[str] = set()
+    todo = list(LIBRARY_ROOTS)
+    while todo:
+        name = todo.pop()
+        if name not in seen:
+            seen.add(name)
+            parents = {".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 1)}
+            todo += sorted((graph.get(name, set()) | parents) - seen)
+    assert outside_the_library(seen) == []
+    assert {"ictrl.engine.reward_policy", "ictrl.core.loss", "ictrl.errors"} <= seen  # the walk walks
 
 
 def test_core_is_pure_torch() -> None:

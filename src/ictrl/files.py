@@ -164,36 +164,20 @@ def check_output_dir(path: str | os.PathLike[str], label: str = "--output-dir") 
         raise UserError(f"{label}: {shown}: {parent} is not a directory")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise UserError(f"{label}: {shown}: cannot create it, {parent} is not writable")
-    failed = _try_create(out)  # os.access answers yes to root everywhere (sysfs, a read-only mount): try it
+    failed = _try_create(parent)  # os.access answers yes to root everywhere (sysfs, a read-only mount): try it
     if failed is not None:
         raise UserError(f"{label}: {shown}: cannot create it: {failed.strerror or failed}")
 
 
-def _try_create(out: Path) -> OSError | None:
-    """Create ``out`` (and the missing folders above it) and a file in it, then remove all of them: the error
-    that stopped it, or None. Only rank 0 of a launch probes: another rank's probe would remove the folder rank 0
-    is making its lock file in."""
-    if os.environ.get("RANK", "0") != "0":
-        return None
-    created: list[Path] = []
+def _try_create(folder: Path) -> OSError | None:
+    """Create and remove a uniquely named file in the existing directory ``folder``: the error that stopped it, or
+    None. Nothing else is made, so processes probing at once (the ranks of a launch) never remove each other's
+    folders."""
+    import tempfile
+
     try:
-        missing, at = [], out.absolute()
-        while not (at.exists() or at.is_symlink()):
-            missing.append(at)
-            at = at.parent
-        for folder in reversed(missing):
-            try:
-                folder.mkdir()
-            except FileExistsError:  # a "..": made by the folder before it
-                continue
-            created.append(folder)
-        probe = out / f".ictrl-probe-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
-        probe.unlink()
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".ictrl-probe-"):
+            pass
     except OSError as exc:
         return exc
-    finally:
-        for folder in reversed(created):
-            with contextlib.suppress(OSError):
-                folder.rmdir()
     return None

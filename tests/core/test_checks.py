@@ -77,3 +77,33 @@ def test_require_on_device_on_cuda_defers_without_a_device_assert() -> None:
     with pytest.raises(ValueError, match=r"^cuda check \(a device-side check"):
         checks.raise_failed_device_checks()
     assert torch.ones(2, device="cuda").sum().item() == 2  # the context still works
+
+
+def test_trusted_inputs_skips_argument_checks_but_not_the_divergence_checks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The trainer's step (``trusted_inputs``) takes its own tensors as built; a user's call is checked where it
+    enters; ``ICTRL_DEBUG_CHECKS=1`` checks the step too. Non-finite logits or log-probs raise either way."""
+    from ictrl.core.checks import DEBUG_ENV, checking, trusted_inputs
+    from ictrl.core.loss import policy_loss
+    from ictrl.core.stats import token_stats
+
+    logits, mask = torch.zeros(2, 3, 5), torch.tensor([[1, 1, 0], [1, 0, 0]])
+    lp, adv = torch.zeros(2, 3), torch.zeros(2)
+    wrong = torch.tensor([[0, 2, 0], [1, 0, 0]])  # not 0/1
+    monkeypatch.delenv(DEBUG_ENV, raising=False)
+    with pytest.raises(ValueError, match="mask must be bool or hold only 0/1"):
+        token_stats(logits, wrong)
+    with pytest.raises(ValueError, match="old_logprobs must have logprobs' shape"):
+        policy_loss(lp, lp[:, :2], adv, mask)
+    with trusted_inputs():
+        assert not checking()
+        assert token_stats(logits, wrong).entropy.shape == (2, 3)  # read as != 0, no host read
+        policy_loss(lp, lp, adv, mask)
+        logits[0, 1, 2] = float("nan")
+        with pytest.raises(ValueError, match="logits .* is not finite"):
+            token_stats(logits, mask)
+        with pytest.raises(ValueError, match="logprobs is not finite"):
+            policy_loss(lp.masked_fill(mask.bool(), float("nan")), lp, adv, mask)
+    assert checking()
+    monkeypatch.setenv(DEBUG_ENV, "1")
+    with trusted_inputs(), pytest.raises(ValueError, match="mask must be bool or hold only 0/1"):
+        token_stats(torch.zeros(2, 3, 5), wrong)

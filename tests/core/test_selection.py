@@ -417,3 +417,30 @@ def test_option_errors_carry_the_option_name() -> None:
         with pytest.raises(OptionError) as err:
             get_selector(selector).resolve_options(given)
         assert err.value.field == field and str(err.value).startswith(f"{field} must be")
+
+
+def test_a_rule_may_read_every_token_statistic_under_its_own_name() -> None:
+    """needs accepts each field of TokenStats (the list is TokenStats's own), and SelectionInputs.from_stats hands
+    a rule the fields asked for, each under its name."""
+    import dataclasses
+
+    from ictrl.core.selection import STAT_FIELDS, get_selector, needed_stats, register_selector, top_fraction
+    from ictrl.core.stats import TokenStats
+
+    assert STAT_FIELDS == tuple(f.name for f in dataclasses.fields(TokenStats))
+    g = torch.Generator().manual_seed(5)
+    mask = torch.rand(3, 9, generator=g) < 0.7
+    stats = TokenStats(**{f: torch.rand(3, 9, generator=g) for f in STAT_FIELDS})
+    for field in STAT_FIELDS:
+        register_selector(f"test_top_{field}", needs=(field,))(
+            lambda inputs, *, ratio=0.3, field=field: top_fraction(getattr(inputs, field), inputs, ratio))
+        selector = get_selector(f"test_top_{field}")
+        assert needed_stats(selector) == {field} and needed_stats(selector, warming_up=True) == set()
+        inputs = SelectionInputs.from_stats(mask, stats, needed_stats(selector))
+        assert all((getattr(inputs, f) is None) == (f != field) for f in STAT_FIELDS)
+        want = naive_top_k(getattr(stats, field).double(), mask, list(range(3)), 0.3)
+        assert torch.equal(selector(inputs), want)
+    with pytest.raises(ValueError, match=r"unknown field\(s\) \['h3'\]"):
+        register_selector("test_h3", needs=("h3",))
+    register_selector("test_one_string", needs="renyi2")(lambda inputs: inputs.mask)  # one name, not its letters
+    assert get_selector("test_one_string").needs == {"renyi2"}

@@ -79,11 +79,15 @@ def stub_trainer_class(one_pass: bool = False) -> type:
 
 def separate_pass(trainer: Any) -> None:
     """From now on the separate statistics pass in every mode: the path ``one_pass = False`` plans when the trainer
-    is built (``ictrl.engine.stats_pass``)."""
+    is built (``ictrl.engine.stats_paths``)."""
     import dataclasses
 
+    from ictrl.engine.stats_paths import Separate
+
     source = trainer.stats_source
-    trainer.stats_source = dataclasses.replace(source, paths=dict.fromkeys(source.paths, "separate"))
+    # a separate pass already (the sampler's top-K one too) stays
+    paths = {mode: p if p.code == Separate.code else Separate() for mode, p in source.paths.items()}
+    trainer.stats_source = dataclasses.replace(source, paths=paths)
 
 
 def make_config(output_dir: str | os.PathLike[str], **overrides: Any) -> Any:

@@ -155,7 +155,7 @@ def test_resume_without_a_checkpoint_refuses_unless_auto(tmp_path: Path) -> None
 def test_a_config_change_that_changes_the_steps_is_refused(tmp_path: Path) -> None:
     import yaml
 
-    from ictrl.engine.resumable import check_unchanged
+    from ictrl.train_cli.resume_check import check_unchanged
     from ictrl.errors import ConfigError
 
     saved = tmp_path / "config.yaml"
@@ -264,7 +264,7 @@ def test_a_metrics_row_the_disk_has_no_room_for_is_not_written(tmp_path: Path, m
 def test_no_room_for_the_lock_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import os
 
-    from ictrl.train_cli.run_guard import LOCK_NAME, OutputDirLock
+    from ictrl.dirlock import LOCK_NAME, OutputLock
     from ictrl.errors import WriteError
 
     def full(*args: Any) -> int:
@@ -273,9 +273,9 @@ def test_no_room_for_the_lock_is_one_line(tmp_path: Path, monkeypatch: pytest.Mo
     monkeypatch.setattr(os, "pwrite", full)
     with pytest.raises(WriteError, match=rf"cannot write {tmp_path / LOCK_NAME}: No space left on device \(.* "
                                          r"free\); the run did not start"):
-        OutputDirLock(tmp_path).acquire()
+        OutputLock(tmp_path).acquire()
     monkeypatch.undo()
-    with OutputDirLock(tmp_path):  # the failed attempt released everything
+    with OutputLock(tmp_path):  # the failed attempt released everything
         pass
 
 

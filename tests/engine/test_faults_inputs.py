@@ -24,7 +24,7 @@ from ictrl.errors import ConfigError, UserError
 
 
 def _policy(**kwargs: Any) -> Any:
-    from ictrl.rewards.policy import RewardPolicy
+    from ictrl.engine.reward_policy import RewardPolicy
 
     return RewardPolicy(step=lambda: 3, **kwargs)
 
@@ -45,7 +45,7 @@ def _call(fn: Any, n: int = 4, **policy: Any) -> Any:
 ])
 def test_a_reward_the_run_cannot_use_is_one_line_naming_it_the_row_and_the_value(values: Any,
                                                                                 names: list[str]) -> None:
-    from ictrl.rewards.policy import RewardError
+    from ictrl.engine.reward_policy import RewardError
 
     def score(prompts: Any = None, completions: Any = None, **kw: Any) -> Any:
         return values
@@ -68,7 +68,7 @@ def test_none_ints_numpy_and_one_value_tensors_pass_as_trl_takes_them() -> None:
 
 
 def test_a_raising_reward_is_named_with_its_exception() -> None:
-    from ictrl.rewards.policy import RewardError
+    from ictrl.engine.reward_policy import RewardError
 
     def broken(prompts: Any = None, completions: Any = None, **kw: Any) -> Any:
         return [1 / 0 for _ in completions]
@@ -81,7 +81,7 @@ def test_an_async_reward_is_checked_and_stays_async() -> None:
     import asyncio
     import inspect
 
-    from ictrl.rewards.policy import RewardError
+    from ictrl.engine.reward_policy import RewardError
 
     async def later(prompts: Any = None, completions: Any = None, **kw: Any) -> Any:
         return [math.inf] * len(completions)
@@ -93,7 +93,7 @@ def test_an_async_reward_is_checked_and_stays_async() -> None:
 
 
 def test_a_reward_past_its_deadline_stops_the_run_naming_it() -> None:
-    from ictrl.rewards.policy import RewardError
+    from ictrl.engine.reward_policy import RewardError
 
     def hangs(prompts: Any = None, completions: Any = None, **kw: Any) -> Any:
         time.sleep(30)
@@ -107,8 +107,8 @@ def test_a_reward_past_its_deadline_stops_the_run_naming_it() -> None:
 
 
 def test_a_stop_request_abandons_a_reward_call_after_the_grace(monkeypatch: pytest.MonkeyPatch) -> None:
-    import ictrl.rewards.policy as policy_module
-    from ictrl.rewards.policy import RewardAbandoned
+    import ictrl.engine.reward_policy as policy_module
+    from ictrl.engine.reward_policy import RewardAbandoned
 
     monkeypatch.setattr(policy_module, "SIGTERM_GRACE_S", 0.5)
     policy = _policy(timeout=60.0)
@@ -123,7 +123,7 @@ def test_a_stop_request_abandons_a_reward_call_after_the_grace(monkeypatch: pyte
 def test_a_reward_model_score_that_is_not_finite_is_named() -> None:
     import torch
 
-    from ictrl.rewards.policy import RewardError
+    from ictrl.engine.reward_policy import RewardError
 
     scores = torch.tensor([[0.5, 1.0], [0.5, math.inf]])
     with pytest.raises(RewardError, match=r"reward 'rm' scored row 1 inf"):
@@ -132,7 +132,7 @@ def test_a_reward_model_score_that_is_not_finite_is_named() -> None:
 
 
 def test_all_zero_advantages_for_n_steps_in_a_row_stop_the_run() -> None:
-    from ictrl.rewards.policy import NoLearningSignal
+    from ictrl.engine.reward_policy import NoLearningSignal
 
     policy = _policy(no_signal_steps=4, steps_per_batch=2)
     policy.observe_advantages(True)

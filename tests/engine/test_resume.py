@@ -300,3 +300,65 @@ def test_resume_at_max_steps_trains_no_step(tiny_model_dir: Path, shared_data: P
     assert result.global_step == 2
     assert "no step left to train" in caplog.text
     unchanged_run()
+
+
+def test_a_checkpoint_without_its_training_state_names_what_it_lacks(tmp_path: Path,
+                                                                     caplog: pytest.LogCaptureFixture) -> None:
+    """save_only_model (or lost files): refused in one line naming each missing part, unless the user accepts an
+    inexact resume, when one line says what will differ."""
+    import logging
+    from types import SimpleNamespace
+
+    from ictrl.train_cli.resume_check import INEXACT_FLAG, NEW_SCHEDULE_FLAG, check_exact, missing_state
+    from ictrl.errors import ConfigError
+    from ictrl.train_cli.cli import RESUME_FLAGS
+
+    assert RESUME_FLAGS == (INEXACT_FLAG, NEW_SCHEDULE_FLAG)  # the command's flags are the engine's names
+    args = SimpleNamespace(world_size=1, save_only_model=True, lr_scheduler_type="linear")
+    full = tmp_path / "checkpoint-2"
+    full.mkdir()
+    for name in ("model.safetensors", "optimizer.pt", "scheduler.pt", "rng_state.pth", "trainer_state.json"):
+        (full / name).write_text("x")
+    assert missing_state(full, args) == []
+    check_exact(full, args, accept=False)  # complete: nothing said
+    (full / "optimizer.pt").unlink()
+    (full / "rng_state.pth").unlink()
+    with pytest.raises(ConfigError) as refused:
+        check_exact(full, args, accept=False, source="run.yaml")
+    line = str(refused.value)
+    assert line.startswith(f"run.yaml: --resume: {full} has no optimizer state (optimizer.pt), no RNG state "
+                           "(rng_state.pth) (save_only_model: true writes the weights alone)")
+    assert INEXACT_FLAG in line and "\n" not in line
+    assert missing_state(full, SimpleNamespace(world_size=2))[-1] == "RNG state (rng_state_0.pth, rng_state_1.pth)"
+    with caplog.at_level(logging.WARNING, logger="ictrl.train"):
+        check_exact(full, args, accept=True)
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 1 and said[0].startswith(f"{INEXACT_FLAG}: resuming from {full}")
+    assert "the optimizer starts fresh" in said[0] and "sampling draws from the seed's start" in said[0]
+    assert "schedule" not in said[0]  # scheduler.pt is there: the schedule continues
+
+
+def test_a_longer_run_on_a_decaying_schedule_resumes_when_asked_by_name(tmp_path: Path,
+                                                                        caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+    from types import SimpleNamespace
+
+    import yaml
+
+    from ictrl.train_cli.resume_check import NEW_SCHEDULE_FLAG, check_unchanged
+    from ictrl.errors import ConfigError
+
+    args = SimpleNamespace(lr_scheduler_type="linear", warmup_steps=0)
+    saved = tmp_path / "config.yaml"
+    before = {"model_name_or_path": "m", "learning_rate": 2e-4, "max_steps": 3}
+    saved.write_text(yaml.safe_dump(before))
+    with pytest.raises(ConfigError, match=rf"max_steps: 3 -> 6 .*pass {NEW_SCHEDULE_FLAG} to resume on the new"):
+        check_unchanged(saved, {**before, "max_steps": 6}, args)
+    with caplog.at_level(logging.WARNING, logger="ictrl.train"):
+        check_unchanged(saved, {**before, "max_steps": 6}, args, new_schedule=True)
+    assert [r.getMessage().split(":")[0] for r in caplog.records] == [NEW_SCHEDULE_FLAG]
+    said = caplog.records[0].getMessage()
+    assert "max_steps changed (3 -> 6): the linear learning-rate schedule is recomputed" in said
+    with pytest.raises(ConfigError, match=r"learning_rate: 0.0002 -> 0.001") as other:  # the flag frees the length only
+        check_unchanged(saved, {**before, "max_steps": 6, "learning_rate": 1e-3}, args, new_schedule=True)
+    assert NEW_SCHEDULE_FLAG not in str(other.value)

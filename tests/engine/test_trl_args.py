@@ -64,3 +64,29 @@ def test_trainer_given_a_trl_config_steps_as_trl(tiny_model_dir: Path, tmp_path:
     assert max(float((params[0][k] - start[k]).abs().max()) for k in start) > 1e-4
     for k in start:
         torch.testing.assert_close(params[1][k], params[0][k], rtol=1e-4, atol=1e-7, msg=k)
+
+
+def test_no_args_is_trls_quick_start(tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                     caplog: pytest.LogCaptureFixture) -> None:
+    """``ICTGRPOTrainer(model, reward_funcs, train_dataset=ds)``, TRL's quick start: the arguments TRL makes
+    (``GRPOConfig("<model>-GRPO")``, every field), TRL's GRPO, said in one line."""
+    from ictrl.engine.trainer import ICTGRPOTrainer
+
+    import transformers.training_args
+
+    monkeypatch.chdir(tmp_path)
+    # TRL's defaults ask for bf16, which TrainingArguments refuses without a GPU unless use_cpu is set: this
+    # machine passes for a bf16 GPU, so both trainers build from the defaults alone (neither trains here)
+    monkeypatch.setattr(transformers.training_args, "is_torch_bf16_gpu_available", lambda: True)
+    made = []
+    for cls in (GRPOTrainer, ICTGRPOTrainer):
+        model, tokenizer = _load(tiny_model_dir)
+        with caplog.at_level(logging.WARNING):
+            trainer = cls(model, w.digit_reward, train_dataset=w.make_dataset(), processing_class=tokenizer)
+        made.append(trainer.args)
+    theirs, ours = made
+    assert theirs.output_dir == ours.output_dir == f"{tiny_model_dir.name}-GRPO"
+    differ = {f.name for f in fields(GRPOConfig) if getattr(theirs, f.name) != getattr(ours, f.name)}
+    assert differ <= {"generation_batch_size"} and theirs.generation_batch_size == ours.generation_batch_size
+    assert ours.token_selector == "all"
+    assert any("no args: TRL's GRPOConfig(" in r.getMessage() for r in caplog.records)

@@ -125,7 +125,7 @@ def engine(kind: str, out: Path, temperature: float) -> None:
     selections = []
     for source in (trainer.stats_source, dataclasses.replace(trainer.stats_source, topk=None)):  # head top-K, exact
         stats, js = source(trainer.model, *model_inputs(batch), mask, groups)
-        context = StepContext("train", trainer.num_generations, step, True, metrics)
+        context = StepContext("train", trainer.num_generations, step, frozenset({"ict_score"}), metrics)
         selections.append(trainer.selection_step.select(context, mask, (stats, js), batch["advantages"]))
     head_topk, exact = selections
     result.update(agree_head=agreement(sampler, head_topk), agree_exact=agreement(sampler, exact),

@@ -343,3 +343,26 @@ def test_compare_from_a_run_config_resumes_from_a_checkpoint(tiny_model_dir: Pat
     done = json.loads((run_dir / grid.DONE_FILE).read_text())
     assert done["resumed"] is True and done["steps"] == 2
     assert [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+
+
+def test_a_rule_from_the_users_own_module_is_a_method(h2rule: Path) -> None:
+    """``--methods h2rule:top_h2,ict``: the run is named by the rule's label, and its config names the module, so a
+    worker process (``--jobs``) or a rerun of the run's config.yaml imports it."""
+    from ictrl.train_cli.run_config import method_config
+
+    assert grid.parse_methods("h2rule:top_h2,ict") == ["top_h2", "ict"]
+    assert method_config("top_h2")["token_selector"] == "h2rule:top_h2"
+    assert method_config("ict")["token_selector"] == "ict"
+
+
+@pytest.mark.integration
+def test_compare_runs_a_rule_from_the_users_own_module(h2rule: Path, quick_cache_dir: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ICTRL_CACHE_DIR", str(quick_cache_dir))
+    out = h2rule / "cmp"
+    argv = ["--quick", "--methods", "h2rule:top_h2,ict", "--seeds", "1", "--output-dir", str(out)]
+    assert compare.run(parse(argv)) == 0
+    records = [json.loads(line) for line in (out / "top_h2/seed0/metrics.jsonl").read_text().splitlines()]
+    assert records and all("ictrl/h2/all" in r and "ictrl/ict_score/all" not in r for r in records)
+    assert (out / "ict/seed0" / grid.DONE_FILE).is_file()
+    assert "| top_h2 (n=1) |" in (out / "results.md").read_text()

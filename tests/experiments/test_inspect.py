@@ -219,3 +219,26 @@ def test_a_bad_device_is_one_line_before_the_model_loads(device: str, message: s
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("ictrl inspect: error:") and message in err[0], err
     assert loader_calls == []
+
+
+def test_inspect_runs_a_rule_from_the_users_own_module(tiny_model_dir: Path, h2rule: Path) -> None:
+    """``ictrl inspect --selector h2rule:top_h2``: the rule sees the sweep's H2 (and no statistic it does not read)
+    and its selection is the page's."""
+    import importlib
+
+    from ictrl.cli import main
+
+    saved = h2rule / "rollouts.jsonl"
+    argv = ["inspect", "--model", str(tiny_model_dir), "--prompt", "Q: 2+3=", "--num-generations", "4",
+            "--max-new-tokens", "12", "--selector", "h2rule:top_h2", "--out", str(h2rule / "inspect.html"),
+            "--save-rollouts", str(saved)]
+    assert main(argv) == 0
+    (seen,) = importlib.import_module("h2rule").SEEN
+    assert seen.renyi2 is not None and seen.ict_score is None and seen.entropy is None
+    rollouts = load_rollouts(saved)
+    active = seen.mask.sum(1).tolist()
+    assert [len(r.tokens) for r in rollouts] == active
+    assert [sum(r.selected) for r in rollouts] == [-(-n // 10) for n in active]  # ceil(0.1 n) of each response
+    for r, h2, mask in zip(rollouts, seen.renyi2, seen.mask):
+        chosen = [float(x) for x, s in zip(h2[mask], r.selected) if s]
+        assert min(chosen) >= max((float(x) for x, s in zip(h2[mask], r.selected) if not s), default=0.0)

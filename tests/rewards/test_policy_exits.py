@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from ictrl.core.selection import SelectionInputs, SelectorExit, register_selector, select
-from ictrl.rewards.policy import RewardError, RewardPolicy, import_reward
+from ictrl.engine.reward_policy import RewardError, RewardPolicy
+from ictrl.rewards.trl import import_reward
 
 
 class Custom(BaseException):

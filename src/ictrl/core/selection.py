@@ -7,7 +7,8 @@ import difflib
 import hashlib
 import importlib
 import inspect
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, fields
 from typing import Any, Callable
 
 import torch
@@ -17,8 +18,12 @@ from ictrl.core.checks import OptionError, as_bool_mask, check_group_ids, requir
 from ictrl.core.describe import failure
 from ictrl.core.loss import NORM_MODES
 from ictrl.core.reference import ceil_count
+from ictrl.core.stats import TokenStats
 
-_FIELDS = ("ict_score", "entropy", "prob", "advantages", "group_ids")
+# What a selector's ``needs`` may name: every per-token statistic (the fields of TokenStats, each under its own name
+# on SelectionInputs), then the per-response values.
+STAT_FIELDS = tuple(f.name for f in fields(TokenStats))
+_FIELDS = (*STAT_FIELDS, "advantages", "group_ids")
 SCOPES = ("response", "group", "batch")
 
 
@@ -26,17 +31,32 @@ SCOPES = ("response", "group", "batch")
 class SelectionInputs:
     """Everything a selector may read. ``mask`` is required; the rest are optional per selector.
 
-    mask [B, T] bool (0/1 accepted, converted); ict_score, entropy, prob [B, T]; advantages [B];
-    group_ids [B] integer prompt labels; step: the optimizer step (warm-up and the random draw).
+    mask [B, T] bool (0/1 accepted, converted); entropy, renyi2, purity, logprob, prob, ict_score [B, T]: the
+    fields of :class:`~ictrl.core.stats.TokenStats` under their own names; advantages [B]; group_ids [B] integer
+    prompt labels; step: the optimizer step (warm-up and the random draw). :meth:`from_stats` builds it from a
+    ``TokenStats``, as the trainer, ``ictrl inspect`` and ``ictrl regime`` do.
     """
 
     mask: Tensor
     step: int = 0
-    ict_score: Tensor | None = None
     entropy: Tensor | None = None
+    renyi2: Tensor | None = None
+    purity: Tensor | None = None
+    logprob: Tensor | None = None
     prob: Tensor | None = None
+    ict_score: Tensor | None = None
     advantages: Tensor | None = None
     group_ids: Tensor | None = None
+
+    @classmethod
+    def from_stats(cls, mask: Tensor, stats: TokenStats | None, fields: Iterable[str] = STAT_FIELDS, *,
+                   step: int = 0, advantages: Tensor | None = None,
+                   group_ids: Tensor | None = None) -> SelectionInputs:
+        """The inputs with the statistics ``fields`` of ``stats`` (None: none) under their own names; the other
+        statistics stay None (a step computes what its selector reads: :func:`needed_stats`)."""
+        wanted = set(fields)
+        values = {f: getattr(stats, f) for f in STAT_FIELDS if f in wanted} if stats is not None else {}
+        return cls(mask=mask, step=step, advantages=advantages, group_ids=group_ids, **values)
 
     def __post_init__(self) -> None:
         self.mask = as_bool_mask(self.mask, "mask")
@@ -45,7 +65,7 @@ class SelectionInputs:
         if isinstance(self.step, bool) or not isinstance(self.step, int) or self.step < 0:
             raise ValueError(f"step must be an int >= 0, got {self.step!r}")
         B = self.mask.shape[0]
-        for name in ("ict_score", "entropy", "prob"):
+        for name in STAT_FIELDS:
             value = getattr(self, name)
             if value is not None and tuple(value.shape) != tuple(self.mask.shape):
                 raise ValueError(f"{name} must have the mask's shape {tuple(self.mask.shape)}, "
@@ -89,6 +109,16 @@ class Selector:
     help: str = ""
     in_default_grid: bool = False
     trl_loss: bool = False
+
+    @property
+    def spec(self) -> str:
+        """The name another process finds this selector by: ``module:function`` for one a user's module registered
+        with the decorator (a fresh process imports the module), else the registered name."""
+        module = getattr(self.fn, "__module__", None) or "__main__"
+        qualname = getattr(self.fn, "__qualname__", "")
+        ours = module == "__main__" or module.partition(".")[0] == "ictrl"  # a script's is not importable
+        importable = getattr(inspect.getmodule(self.fn), qualname, None) is self.fn  # a module-level function
+        return self.name if ":" in self.name or ours or not importable else f"{module}:{qualname}"
 
     def resolve_options(self, given: dict[str, Any] | None = None) -> dict[str, Any]:
         """The selector's defaults updated with ``given``, each value checked once (an option's bad value is an
@@ -142,6 +172,14 @@ def in_warmup(step: int, warmup_steps: int) -> bool:
     return step < warmup_steps
 
 
+def needed_stats(selector: Selector, warming_up: bool = False) -> frozenset[str]:
+    """The per-token statistics (TokenStats fields) a step computes for ``selector``: those its ``needs`` name,
+    none while it warms up (the whole mask is selected then). The trainer plans its statistics path from this,
+    ``ictrl inspect`` and ``ictrl regime`` what they sweep. ``ict_score`` means the group JS sweep; the other fields
+    come from one sweep of each position's distribution (or TRL's fused head, where it gives them)."""
+    return frozenset() if warming_up else selector.needs & frozenset(STAT_FIELDS)
+
+
 def register_selector(
     name: str | None = None,
     needs: tuple[str, ...] = (),
@@ -158,6 +196,7 @@ def register_selector(
     """Decorator registering ``fn(inputs, *, option=default, ...)`` under ``name`` (default: ``fn.__name__``),
     with the method defaults described on :class:`Selector`, each checked here. ``scopes`` defaults to every scope
     when ``fn`` has a ``scope`` option; ``help`` defaults to the first line of ``fn``'s docstring."""
+    needs = (needs,) if isinstance(needs, str) else tuple(needs)
     bad = sorted(set(needs) - set(_FIELDS))
     if bad:
         raise ValueError(f"needs holds unknown field(s) {bad}; valid: {list(_FIELDS)}")
@@ -291,6 +330,14 @@ def _units(inputs: SelectionInputs, scope: str) -> Tensor:
 DENSE_ON_CPU = False
 
 
+def top_fraction(score: Tensor, inputs: SelectionInputs, ratio: float, scope: str = "response") -> Tensor:
+    """[B, T] bool: in each unit of ``scope`` (a response, a group of ``inputs.group_ids``, or the batch), the
+    ceil(ratio · n) positions of ``inputs.mask`` with the highest ``score`` [B, T] (n: the unit's active positions;
+    ties go to the earlier position). ICT's rule is ``top_fraction(inputs.ict_score, inputs, ratio)``; a rule of
+    your own on another statistic is the same line on that field."""
+    return _top_k_per_unit(score, inputs.mask, _units(inputs, scope), ratio)
+
+
 def _top_k_per_unit(score: Tensor, mask: Tensor, units: Tensor, ratio: float) -> Tensor:
     """[B, T] bool: in each unit, the ceil(ratio * n_active) active positions with the highest score.
 
@@ -411,7 +458,7 @@ def _select_stapo(inputs: SelectionInputs, *, tau_p: float = 0.002, q: float = 0
                    help="ICT / Sparse-GRPO: the top 10% of each response by JS divergence to the group mean")
 def _select_ict(inputs: SelectionInputs, *, ratio: float = 0.1, scope: str = "response") -> Tensor:
     assert inputs.ict_score is not None
-    return _top_k_per_unit(inputs.ict_score, inputs.mask, _units(inputs, scope), ratio)
+    return top_fraction(inputs.ict_score, inputs, ratio, scope)
 
 
 @register_selector("random", warmup_steps=10, label="random10", in_default_grid=True,

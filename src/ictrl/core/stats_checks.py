@@ -12,7 +12,7 @@ import math
 import torch
 from torch import Tensor
 
-from ictrl.core.checks import as_bool_mask, check_group_ids, require_finite, require_on_device
+from ictrl.core.checks import as_bool_mask, check_group_ids, checking, require_finite, require_on_device
 
 def check_int(name: str, t: Tensor) -> None:
     if t.dtype == torch.bool or t.dtype.is_floating_point or t.dtype.is_complex:
@@ -30,7 +30,14 @@ def validate(
 ) -> tuple[Tensor, Tensor | None, Tensor | None]:
     """Check arguments; return (bool mask, tokens, group_ids) on the logits' device. With ``group_size`` the
     value checks run on the device (:func:`require_on_device`: no host read; on a GPU they are deferred, and
-    out-of-range tokens are returned as 0 so nothing downstream indexes past V)."""
+    out-of-range tokens are returned as 0 so nothing downstream indexes past V). Inside
+    :func:`ictrl.core.checks.trusted_inputs` (the trainer's step) nothing is checked: only the conversions."""
+    if not checking():
+        device, V = logits.device, logits.shape[-1]
+        if tokens is not None and group_size is not None:  # padding must not reach a gather either way
+            tokens = torch.where((tokens >= 0) & (tokens < V), tokens, 0)
+        return (as_bool_mask(mask).to(device), tokens.to(device) if tokens is not None else None,
+                group_ids.to(device) if group_ids is not None else None)
     if not isinstance(logits, Tensor) or logits.dim() != 3:
         shape = tuple(logits.shape) if isinstance(logits, Tensor) else type(logits).__name__
         raise ValueError(f"logits must be a 3-D tensor [B, T, V], got {shape}")
@@ -75,7 +82,8 @@ def check_mask(mask: Tensor, shape: tuple[int, int], device: torch.device) -> Te
 
 
 def check_temperature_chunk(temperature: float, chunk_size: int | None) -> None:
-    if not isinstance(temperature, (int, float)) or not math.isfinite(temperature) or temperature <= 0:
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not math.isfinite(temperature) \
+            or temperature <= 0:
         raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
     if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0):
         raise ValueError(f"chunk_size must be a positive int or None, got {chunk_size!r}")

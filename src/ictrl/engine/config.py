@@ -234,7 +234,9 @@ class ICTGRPOConfig(GRPOConfig):
                   "eval_steps optimizer steps during training, on fixed problems with a fixed sampling seed; logged "
                   "as eval/<benchmark>/pass@k, eval/avg/pass@k and eval/total beside the training metrics. "
                   "metric_for_best_model='eval/total' (or another of these keys) keeps the best checkpoint. None: "
-                  "no evaluation during training (ictrl.train_cli.eval_callback)."},
+                  "no evaluation during training. The trainer runs none itself: ``ictrl train`` resolves the names "
+                  "and adds ictrl.train_cli.eval_callback.PassAtKCallback; from Python, pass "
+                  "callbacks=[PassAtKCallback.from_args(args, tokenizer)]."},
     )
     eval_limit: Annotated[int | None, AT_LEAST_ONE] = field(
         default=None,
@@ -391,13 +393,6 @@ class ICTGRPOConfig(GRPOConfig):
         if isinstance(self.eval_benchmarks, str) or not self.eval_benchmarks:
             raise ValueError("eval_benchmarks must be a non-empty list of benchmark specs, got "
                              f"{self.eval_benchmarks!r}")
-        from ictrl.data import parse_spec
-
-        for i, spec in enumerate(self.eval_benchmarks):
-            try:
-                parse_spec(spec)
-            except ValueError as err:
-                raise ValueError(f"eval_benchmarks[{i}]: {err}") from None
         steps = self.eval_steps
         if steps is None or isinstance(steps, bool) or float(steps) != int(steps) or int(steps) < 1:
             raise ValueError(f"eval_benchmarks needs eval_steps, an int >= 1 (optimizer steps between evaluations), "

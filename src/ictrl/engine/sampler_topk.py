@@ -11,6 +11,9 @@ import torch
 from torch import Tensor
 from transformers import LogitsProcessor, LogitsProcessorList
 
+from ictrl.engine.stats_pass import StepContext
+from ictrl.engine.stats_paths import Separate
+
 TopKRows = list[tuple[Tensor, Tensor]]  # per completion row: ([T_i, K] log-probs, [T_i, K] ids)
 
 
@@ -112,3 +115,27 @@ def recorded_topk(rows: TopKRows | None, calls: int, K: int | None, source: str,
                            f"{0 if rows is None else len(rows)} rows in {calls} generation calls, expected {B} "
                            "rows in one call")
     return pad_rows(rows, T, device)
+
+
+class SamplerTopK(Separate):
+    """The separate statistics pass whose ICT score reads the top-``K`` log-probs the sampler recorded
+    (``selection_topk_source`` ``auto`` or ``sampler``), kept here from the generation call that recorded them;
+    ``source`` ``auto`` scores from the LM head when the sampler recorded no single call of the batch's rows."""
+
+    def __init__(self, K: int, source: str) -> None:
+        self.K, self.source = K, source
+        self.calls, self.rows = 0, None
+
+    def generating(self, step: StepContext) -> None:
+        self.calls, self.rows = 0, None
+
+    def rollout_started(self) -> None:
+        self.calls += 1
+
+    def rollout_recorded(self, rows: Any) -> None:
+        self.rows = rows
+
+    def sampler_topk(self, batch: dict[str, Any], step: StepContext) -> tuple[Tensor, Tensor] | None:
+        if not step.need_js:
+            return None
+        return recorded_topk(self.rows, self.calls, self.K, self.source, batch["completion_mask"])

@@ -3,6 +3,7 @@ and the policy's log-probs), once at generation and once per loss micro-batch.""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -16,8 +17,7 @@ from ictrl.core.metrics import read_metrics, step_metric_values
 from ictrl.core.selection import SelectionInputs, Selector, in_warmup
 from ictrl.core.stats import TokenStats
 from ictrl.engine.heads import call_head
-from ictrl.engine.stats_pass import (STAT_FIELDS, STATS_PATHS, LossForward, Stats, StatsSource, StepContext, Wants,
-                                     loss_path, stats_from_fused)
+from ictrl.engine.stats_pass import STAT_FIELDS, LossForward, Stats, StatsSource, StepContext, Wants, stats_from_fused
 
 # TRL shuffles and splits a generation batch over steps_per_generation carrying its [B, ...] tensors, so the
 # per-row values that must follow that shuffle ride in the batch: ``ictrl_selected`` (the [B, T] mask) and, on the
@@ -145,32 +145,30 @@ class SelectionStep:
 
     # --------------------------------------------------------------------------------------- generation
 
-    def at_generation(self, model: Any, batch: dict[str, Any], step: StepContext, path: str,
-                      given: Stats | None = None, sampler_topk: tuple[Tensor, Tensor] | None = None) -> None:
-        """Select the generation ``batch`` on ``path``: its [B, T] mask, from the statistics ``given`` (served as
-        TRL's old log-probs, or (None, None) for a selector that reads none) or of the separate pass. On path
-        ``training_forward`` a selector that reads statistics selects in the loss's forward instead, and each row
-        keeps its index in generation order."""
+    def at_generation(self, model: Any, batch: dict[str, Any], step: StepContext, given: Stats | None = None,
+                      sampler_topk: tuple[Tensor, Tensor] | None = None) -> None:
+        """Select the generation ``batch``: its [B, T] mask, from the statistics ``given`` (served as TRL's old
+        log-probs, or (None, None) for a selector that reads none) or of the separate pass (``sampler_topk``: the
+        [B, T, K] top-K the sampler recorded)."""
         mask = response_mask(batch)
-        B = mask.size(0)
-        if path == "training_forward":
-            batch[ROW] = self.accelerator.process_index * B + torch.arange(B, device=mask.device)
-            if not self.source.stat_free:
-                return
-            given = (None, None)  # selected now; the metrics come with the loss's forward
         if given is None:
             groups = self._groups(batch, step, None)
             given = self.source(model, *model_inputs(batch), mask, groups, sampler_topk=sampler_topk)
         batch[SELECTED] = self.select(step, mask, given, batch["advantages"])
 
+    def keep_row_order(self, batch: dict[str, Any]) -> None:
+        """Each row's index in generation order, for a selection made in the loss, after TRL's shuffle."""
+        B, device = batch["completion_mask"].size(0), batch["completion_mask"].device
+        batch[ROW] = self.accelerator.process_index * B + torch.arange(B, device=device)
+
     def old_logps(self, model: Any, input_ids: Tensor, attention_mask: Tensor, T: int, step: StepContext,
                   rows: int | None) -> tuple[Tensor, Stats]:
-        """Path ``shared_old_logps``: TRL's [B, T] old log-probs and the statistics of the same rows from one
+        """TRL's [B, T] old log-probs and the statistics of the same rows from one
         no-grad pass: TRL's fused head (in chunks of ``rows``) when the statistics need neither group JS nor another
         temperature, else the statistics sweep, whose ``logprob`` (same rows, same temperature) TRL gets."""
         mask = attention_mask[:, -T:].bool()
-        if self.source.from_trl_head(step.need_js):
-            fused = self.source.fused_forward(model, input_ids, attention_mask, T, Wants(rows=rows))
+        if self.source.from_trl_head(step.needs):
+            fused = self.source.fused_forward(model, input_ids, attention_mask, T, Wants(sum_sq=step.sum_sq, rows=rows))
             return fused.logps, (stats_from_fused(fused, mask), None)
         batch = {"prompt_ids": input_ids[:, :-T], "prompt_mask": attention_mask[:, :-T]}
         stats, js = self.source(model, input_ids, attention_mask, mask, self._groups(batch, step, None))
@@ -197,13 +195,14 @@ class SelectionStep:
         B, T = mask.shape
         g_mask = gather_rows(acc, mask.to(torch.uint8)).bool()
         g_stats = None if found is None else gather_stats(acc, found)
-        inputs = SelectionInputs(
-            mask=g_mask, step=step.step, ict_score=None if js is None else gather_rows(acc, js),
-            entropy=None if g_stats is None else g_stats.entropy, prob=None if g_stats is None else g_stats.prob,
+        g_js = None if js is None else gather_rows(acc, js)
+        inputs = SelectionInputs.from_stats(
+            g_mask, None if g_stats is None else dataclasses.replace(g_stats, ict_score=g_js), step.needs,
+            step=step.step,
             advantages=acc.gather(advantages.float()),
             group_ids=torch.arange(g_mask.size(0), device=g_mask.device) // step.G)
         g_selected = self.selector.apply(inputs, self.warmup_steps, self.options)
-        log_selection(step.metrics, g_mask, g_stats, inputs.ict_score, g_selected, self.in_warmup(step.step))
+        log_selection(step.metrics, g_mask, g_stats, g_js, g_selected, self.in_warmup(step.step))
         rank = acc.process_index
         return g_selected[rank * B:(rank + 1) * B, :T].contiguous()
 
@@ -243,50 +242,45 @@ class SelectionStep:
 
     # --------------------------------------------------------------------------------------------- loss
 
-    def for_loss(self, model: Any, batch: dict[str, Any], step: StepContext) -> LossInputs:
-        """What the loss reads of the micro-batch ``batch``: its log π_θ from the forward of
-        :func:`~ictrl.engine.stats_pass.loss_path` (on path ``training_forward`` the one whose statistics select the
-        micro-batch), the tokens that carry the loss and the normalisers, the world division and bnpo's included."""
+    def loss_forward(self, model: Any, batch: dict[str, Any], step: StepContext, wants: Wants | None,
+                     stats: bool = False) -> LossForward:
+        """The loss's forward of the micro-batch ``batch``: TRL's fused head computing ``wants`` (None: the backbone
+        alone, for the sparse head), and with ``stats`` the statistics it gives (:meth:`StatsSource.loss_forward`;
+        with group JS in generation order where the batch keeps it)."""
         mask = response_mask(batch)
-        input_ids, attention_mask = model_inputs(batch)
         groups = self._groups(batch, step, batch[ROW]) if ROW in batch else None
-        source = self.source
-        req = source.request(model, mask, batch["completion_ids"], groups)
-        path = loss_path(step, ROW in batch, source.stat_free, source.from_trl_head(step.need_js))
-        out = source.loss_forward(model, input_ids, attention_mask, req, path, step)
-        selected = self._loss_selection(batch, step, mask, out, path)
+        req = self.source.request(model, mask, batch["completion_ids"], groups)
+        return self.source.loss_forward(model, *model_inputs(batch), req, wants, stats)
+
+    def select_in_loss(self, batch: dict[str, Any], step: StepContext, out: LossForward) -> None:
+        """Select ``batch`` from the statistics of its loss's forward: the micro-batch is then a whole local
+        generation batch, shuffled by TRL, so the selection is made in generation order and its normalisers go
+        where the others' are."""
+        assert out.stats is not None
+        mask = response_mask(batch)
+        local = batch[ROW] - self.accelerator.process_index * mask.size(0)  # index in generation order
+        order = torch.argsort(local)
+        found, js = out.stats
+        ordered = (None if found is None else TokenStats(**{f: getattr(found, f)[order] for f in STAT_FIELDS}),
+                   None if js is None else js[order])
+        batch[SELECTED] = self.select(step, mask[order], ordered, batch["advantages"][order])[local]
+        self.attach_normalisers([batch], step.window)
+
+    def for_loss(self, model: Any, batch: dict[str, Any], step: StepContext, out: LossForward) -> LossInputs:
+        """What the loss reads of the selected micro-batch ``batch`` after its forward ``out``: its log π_θ (the
+        sparse head's where the forward kept hidden states), the tokens that carry the loss (narrowed by TRL's
+        entropy mask under its dense forward) and the normalisers, the world division and bnpo's included."""
+        mask = response_mask(batch)
+        if out.stats is not None:
+            step.metrics["ictrl/stats_time"].append(time.perf_counter() - out.started)
+        selected = batch[SELECTED]
+        if step.dense and step.entropy_quantile < 1.0:  # TRL's own mask over this micro-batch
+            assert out.entropy is not None
+            selected = selected & high_entropy_mask(self.accelerator, out.entropy, mask, step.entropy_quantile)
         logps = out.logps if out.logps is not None else self._sparse_head(
             model, out.hidden, batch["completion_ids"], selected & mask)
         return LossInputs(logps, mask, selected, self._normalisers(batch, selected & mask, step, logps.dtype),
                           out.entropy, out.aux, out.logps is not None)
-
-    def _loss_selection(self, batch: dict[str, Any], step: StepContext, mask: Tensor, out: LossForward,
-                        path: str) -> Tensor:
-        """The [B, T] tokens that carry the loss: the batch's selection, made here from the forward's statistics on
-        path ``training_forward`` (the micro-batch is then a whole local generation batch, shuffled by TRL), and
-        under TRL's dense forward narrowed by its entropy mask."""
-        if path == "metrics" or path.startswith("select"):
-            step.metrics["ictrl/stats_path"].append(STATS_PATHS["training_forward"])
-        if path.startswith("select"):
-            assert out.stats is not None
-            local = batch[ROW] - self.accelerator.process_index * mask.size(0)  # index in generation order
-            order = torch.argsort(local)
-            found, js = out.stats
-            ordered = (None if found is None else TokenStats(**{f: getattr(found, f)[order] for f in STAT_FIELDS}),
-                       None if js is None else js[order])
-            # the micro-batch is a whole generation batch: its selection and normalisers go where the others' are
-            batch[SELECTED] = self.select(step, mask[order], ordered, batch["advantages"][order])[local]
-            self.attach_normalisers([batch], step.window)
-        elif path == "metrics" and out.stats is not None:  # selected at generation: only the metrics
-            assert out.stats[0] is not None
-            self.log(step, mask, out.stats[0], batch[SELECTED])
-        if out.stats is not None:
-            step.metrics["ictrl/stats_time"].append(time.perf_counter() - out.started)
-        selected = batch[SELECTED]
-        if path == "dense" and step.entropy_quantile < 1.0:  # TRL's own mask over this micro-batch
-            assert out.entropy is not None
-            selected = selected & high_entropy_mask(self.accelerator, out.entropy, mask, step.entropy_quantile)
-        return selected
 
     def _normalisers(self, batch: dict[str, Any], active: Tensor, step: StepContext, dtype: torch.dtype
                      ) -> dict[str, Tensor]:

@@ -1,5 +1,6 @@
 """The statistics pass: per-token statistics and the group JS score of the sampling policy, from the model's own
-forward, from hidden states the loss's forward kept, or from TRL's fused LM head; and which of them a step uses."""
+forward, from hidden states the loss's forward kept, or from TRL's fused LM head (which path a step takes:
+``ictrl.engine.stats_paths``)."""
 
 from __future__ import annotations
 
@@ -14,17 +15,20 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ictrl.core import selection
 from ictrl.core.stats import TokenStats, group_js_divergence_topk, sweep_rows, token_stats, topk_log_softmax
 from ictrl.engine.heads import call_head
 
 STATS_PATHS = {"separate": 0.0, "shared_old_logps": 1.0, "training_forward": 2.0}
-STAT_FIELDS = ("entropy", "renyi2", "purity", "logprob", "prob")
+# The statistics one sweep of each position's distribution gives (the group JS score comes apart: it needs groups)
+STAT_FIELDS = tuple(f for f in selection.STAT_FIELDS if f != "ict_score")
 FUSED_OUTPUTS = ("log_probs", "entropy", "log_sum_sq_probs")
+SUM_SQ_STATS = frozenset({"renyi2", "purity"})  # from log Σp², which TRL's fused head computes only when asked
 Autocast = Callable[[], contextlib.AbstractContextManager[Any]]
 Stats = tuple[TokenStats | None, Tensor | None]  # the statistics and the [B, T] group JS (None without)
 
 
-# ---------------------------------------------------------------------------------------------- the path
+# ---------------------------------------------------------------------------------------------- the step
 
 
 @dataclass(frozen=True)
@@ -34,7 +38,7 @@ class StepContext:
     mode: str                      # "train" / "eval"
     G: int                         # completions per prompt in this mode
     step: int                      # the optimizer step in progress (global_step)
-    need_js: bool                  # the selector reads group JS and the step is past the warm-up
+    needs: frozenset[str]          # the statistics this step computes (ictrl.core.selection.needed_stats)
     metrics: dict[str, list[float]] = field(default_factory=dict)  # TRL's metric lists of the mode
     accumulation: int = 1          # micro-batches of this optimizer step (the Trainer's current window)
     window: int = 1                # gradient_accumulation_steps: the micro-batches the normalisers total over
@@ -44,69 +48,15 @@ class StepContext:
     entropy_quantile: float = 1.0  # TRL's top_entropy_quantile (< 1: its entropy mask over the micro-batch)
     router_loss: bool = False      # the dense forward also returns a MoE model's router loss
 
+    @property
+    def need_js(self) -> bool:
+        """The step computes the group JS score (its groups must be whole on each process)."""
+        return "ict_score" in self.needs
 
-@dataclass(frozen=True)
-class PathFacts:
-    """What decides the statistics path of a run in one mode (docs/architecture.md, "The statistics path")."""
-
-    one_pass: bool                # False forces the separate pass (the reference the others are tested against)
-    sampler_topk: bool            # the ICT score's top-K log-probs come from the sampler
-    dynamic_sampling: bool
-    stat_free: bool               # the selector reads no statistics (all, random)
-    same_temperature: bool        # selection temperature == sampling temperature
-    training: bool
-    trl_computes_old_logps: bool
-    tools: bool
-    on_policy_single_micro_batch: bool  # num_iterations == 1 and steps_per_generation == 1
-
-
-def plan_stats_path(f: PathFacts) -> str:
-    """The planned path of one mode: ``training_forward``, ``shared_old_logps`` or ``separate``."""
-    if not f.one_pass or f.sampler_topk or f.dynamic_sampling:
-        return "separate"
-    if f.stat_free:
-        return "training_forward" if f.same_temperature else "separate"
-    if not f.training:
-        return "separate"
-    if f.trl_computes_old_logps:
-        return "shared_old_logps" if not f.tools and f.same_temperature else "separate"
-    return "training_forward" if f.on_policy_single_micro_batch else "separate"
-
-
-class BatchFacts(NamedTuple):
-    """What one generation batch itself can change of its mode's planned path."""
-
-    importance_correction: bool   # its sampler log-probs get the importance weight: π_old needed at generation
-    tool_output: bool             # its response mask leaves tool output out, which TRL's old log-probs do not
-    shared_rows: int | None       # rows of the statistics served as TRL's old log-probs (None: none asked)
-    rows: int
-
-
-def batch_path(planned: str, batch: BatchFacts) -> str:
-    """The path of one generation batch: the planned one, or ``separate`` where the batch needs it."""
-    if planned == "training_forward":
-        return "separate" if batch.importance_correction else planned
-    if planned == "shared_old_logps" and (batch.tool_output or batch.shared_rows != batch.rows):
-        return "separate"
-    return planned
-
-
-def loss_path(step: StepContext, selected_in_loss: bool, stat_free: bool, from_trl_head: bool) -> str:
-    """The loss's forward of one micro-batch. ``dense``: TRL's own (its entropy bonus, entropy mask or router loss).
-    A batch that came selected: ``sparse`` (the backbone, then the head at the selected positions only) or
-    ``fused`` (TRL's fused head). On path ``training_forward``: ``metrics`` (a selector that reads no statistics:
-    TRL's fused head, Σp² for the logged metrics), ``select_sparse`` (the backbone, the statistics swept from its
-    hidden states, the head at the selected positions), ``select_fused`` (the statistics from TRL's fused head) or
-    ``select_hidden`` (TRL's fused head keeping the hidden states the statistics sweep)."""
-    if step.dense:
-        return "dense"
-    if not selected_in_loss:
-        return "sparse" if step.sparse else "fused"
-    if stat_free:
-        return "metrics"
-    if step.sparse:
-        return "select_sparse"
-    return "select_fused" if from_trl_head else "select_hidden"
+    @property
+    def sum_sq(self) -> bool:
+        """TRL's fused head computes log Σp²: the selection reads H2 or purity, or the step's metrics are logged."""
+        return self.logged or bool(self.needs & SUM_SQ_STATS)
 
 
 # ------------------------------------------------------------------------------------- the full sweep
@@ -243,6 +193,15 @@ def fused_head_with_sum_sq() -> Iterator[None]:
         grpo.add_fused_lm_head = original
 
 
+def fused_head_stats() -> frozenset[str]:
+    """The statistics TRL's fused LM head gives: log-probs and entropy, and H2 and purity where its kernel computes
+    log Σp² (``log_sum_sq_probs``); a selector that reads another (the group JS) has its statistics swept."""
+    from trl.kernels import chunked_logprob
+
+    given = frozenset({"logprob", "prob", "entropy"})
+    return given | SUM_SQ_STATS if "log_sum_sq_probs" in getattr(chunked_logprob, "OPTIONAL_OUTPUTS", ()) else given
+
+
 class Wants(NamedTuple):
     """What :func:`fused_forward` computes besides log-probs and entropy."""
 
@@ -337,9 +296,9 @@ class StatsSource:
     The mode of a call is the model's (``model.training``): it picks the rows per forward and the group size.
     """
 
-    paths: Mapping[str, str]      # mode ("train" / "eval") -> its planned path
-    need_js: bool                 # the selector reads the group JS score (the warm-up aside)
-    stat_free: bool               # the selector reads no statistics (all, random)
+    paths: Mapping[str, Any]      # mode ("train" / "eval") -> its statistics path (ictrl.engine.stats_paths)
+    needs: frozenset[str]         # the statistics the selector reads (the warm-up aside): needed_stats
+    fused_stats: frozenset[str]   # the statistics TRL's fused head gives (fused_head_stats)
     same_temperature: bool        # selection temperature == sampling temperature
     temperature: float            # the selection temperature
     topk: int | None              # group JS from each position's top-K log-probs (selection_topk)
@@ -351,15 +310,15 @@ class StatsSource:
     head: Callable[[Any], nn.Module]      # model -> its LM head as the engine exposes it
     backbone: Callable[[Any], nn.Module]  # model -> the module whose output is the final-norm hidden states
 
-    @classmethod
-    def plan(cls, facts: Callable[[bool], PathFacts], **settings: Any) -> StatsSource:
-        """The source with the path of each mode, from ``facts(training)``."""
-        return cls(paths={"train": plan_stats_path(facts(True)), "eval": plan_stats_path(facts(False))},
-                   **settings)
+    @property
+    def stat_free(self) -> bool:
+        """The selector reads no statistics (all, random)."""
+        return not self.needs
 
-    def from_trl_head(self, need_js: bool) -> bool:
-        """The statistics can come from TRL's fused head: no group JS, and its temperature is the selection's."""
-        return not need_js and self.same_temperature
+    def from_trl_head(self, needs: frozenset[str]) -> bool:
+        """The statistics ``needs`` can come from TRL's fused head: it gives each of them, at the selection's
+        temperature."""
+        return self.same_temperature and needs <= self.fused_stats
 
     def sweep(self, model: Any) -> Sweep:
         mode = "train" if model.training else "eval"
@@ -387,23 +346,21 @@ class StatsSource:
         """The no-grad sweep of the LM head over [B, T, H] hidden states the loss's forward kept."""
         return hidden_stats(self.head(model), hidden.detach(), req, self.sweep(model))
 
-    def loss_forward(self, model: Any, input_ids: Tensor, attention_mask: Tensor, req: Request, path: str,
-                     step: StepContext) -> LossForward:
-        """The loss's forward of one micro-batch on ``path`` (:func:`loss_path`), and its statistics where the
-        path takes them from it."""
+    def loss_forward(self, model: Any, input_ids: Tensor, attention_mask: Tensor, req: Request, wants: Wants | None,
+                     stats: bool = False) -> LossForward:
+        """The loss's forward of one micro-batch: TRL's fused head computing ``wants``, or with None the backbone
+        alone (the sparse head reads its hidden states); with ``stats`` the statistics it gives: the fused head's,
+        or the sweep of the hidden states it kept (``wants.hidden``) or the backbone gave."""
         T = req.mask.size(1)
-        wants = {"dense": Wants(sum_sq=False, aux=step.router_loss), "fused": Wants(sum_sq=False),
-                 "metrics": Wants(sum_sq=step.logged), "select_fused": Wants(),
-                 "select_hidden": Wants(sum_sq=False, hidden=self.backbone(model))}.get(path)
         fused = None if wants is None else fused_forward(model, input_ids, attention_mask, T, self.autocast, wants)
         hidden = final_hidden(model, input_ids, attention_mask, T, self.autocast) if fused is None else fused.hidden
         start = time.perf_counter()
-        stats: Stats | None = None
-        if fused is not None and (path == "select_fused" or path == "metrics" and step.logged):
-            stats = (stats_from_fused(fused, req.mask), None)
-        elif path in ("select_hidden", "select_sparse"):
+        found: Stats | None = None
+        if stats and fused is not None and hidden is None:
+            found = (stats_from_fused(fused, req.mask), None)
+        elif stats:
             assert hidden is not None
-            stats = self.from_hidden(model, hidden, req)
+            found = self.from_hidden(model, hidden, req)
         if fused is None:
-            return LossForward(None, None, None, hidden, stats, start)
-        return LossForward(fused.logps, fused.entropy, fused.aux, None, stats, start)
+            return LossForward(None, None, None, hidden, found, start)
+        return LossForward(fused.logps, fused.entropy, fused.aux, None, found, start)

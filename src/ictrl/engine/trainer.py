@@ -7,7 +7,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -15,8 +15,10 @@ import torch
 from torch import Tensor
 from trl import GRPOTrainer
 
+from ictrl.core.checks import trusted_inputs
 from ictrl.core.loss import LOSS_TYPES, LossExtras, policy_loss
 from ictrl.core.metrics import nan_extreme, trl_loss_metrics
+from ictrl.core.selection import needed_stats
 from ictrl.engine import vllm_engine
 from ictrl.engine.config import ICTGRPOConfig
 from ictrl.engine.dynamic_sampling import DynamicSampling
@@ -24,28 +26,12 @@ from ictrl.engine.heads import backbone, output_head
 from ictrl.engine.model_card import write_model_card
 from ictrl.engine.resumable import Resumable
 from ictrl.engine.rollout_ids import checked_rollout
-from ictrl.engine.sampler_topk import TopKRecorder, TopKRows, recorded_topk, recording_generate, split_vllm_logprobs
+from ictrl.engine.sampler_topk import SamplerTopK, TopKRecorder, recording_generate, split_vllm_logprobs
 from ictrl.engine.selection_step import LossInputs, SelectionStep, metrics_logged, model_inputs
-from ictrl.engine.stats_pass import (STATS_PATHS, BatchFacts, PathFacts, Stats, StatsSource, StepContext, batch_path,
-                                     fused_head_with_sum_sq)
+from ictrl.engine.stats_pass import StatsSource, StepContext, fused_head_stats, fused_head_with_sum_sq
+from ictrl.engine.stats_paths import PathFacts, Separate, plan_path
 from ictrl.errors import UserError
-from ictrl.rewards.policy import RewardPolicy
-
-
-@dataclass
-class GenerationPass:
-    """What ictrl's hooks inside one ``super()._generate_and_score_completions`` call hand back to the trainer.
-
-    TRL calls ``_generate_single_turn`` (and vLLM's ``generate``) and ``_get_per_token_logps_and_entropies`` from
-    inside that call and keeps only their usual return values, so the sampler's top-K and the statistics served as
-    TRL's old log-probs are kept here, in a record that exists only for that call (:meth:`ICTGRPOTrainer._generating`).
-    """
-
-    path: str                      # the mode's planned statistics path
-    step: StepContext
-    rollout_calls: int = 0         # generation calls TRL made (the sampler's top-K must come from one)
-    rollout_topk: TopKRows | None = None              # the sampler's top-K rows of the last call
-    shared: tuple[int, Stats] | None = None  # rows, and the statistics and JS served as old log-probs
+from ictrl.engine.reward_policy import RewardPolicy
 
 
 class ICTGRPOTrainer(GRPOTrainer):
@@ -60,9 +46,9 @@ class ICTGRPOTrainer(GRPOTrainer):
 
     def __init__(self, model: Any, reward_funcs: Any, args: ICTGRPOConfig | None = None, *pos: Any,
                  **kwargs: Any) -> None:
-        from ictrl.engine.trl_args import as_ict_config  # a plain trl.GRPOConfig runs TRL's GRPO
+        from ictrl.engine.trl_args import as_ict_config, default_config  # a plain trl.GRPOConfig runs TRL's GRPO
 
-        args = as_ict_config(args)
+        args = as_ict_config(args) if args is not None else default_config(model)  # none: TRL's GRPOConfig
         if not isinstance(args, ICTGRPOConfig):
             raise ValueError(f"args must be an ICTGRPOConfig, got {type(args).__name__}")
         if isinstance(model, str):  # offline, an uncached hub id is one error now, not a minute of hub retries
@@ -77,19 +63,19 @@ class ICTGRPOTrainer(GRPOTrainer):
             super().__init__(model, reward_funcs, args, *pos, **kwargs)
         if args.use_vllm:
             vllm_engine.engine_built(self)
-        need_js = "ict_score" in args.selector.needs  # selector, options, loss spec: resolved by the config
+        needs = needed_stats(args.selector)  # selector, options, loss spec: resolved by the config
         self._vllm_server_settings = vllm_engine.server_settings(self)  # None unless vllm_mode='server'
         self._loss_spec = args.loss_spec
         if args.sparse_backward and self.aux_loss_enabled:
             raise ValueError("router_aux_loss_coef: the MoE router loss comes with TRL's dense forward, which "
                              "sparse_backward replaces; set router_aux_loss_coef=0 or turn sparse_backward off")
-        self._sampler_topk = self._resolve_topk_source(need_js)
+        self._sampler_topk = self._resolve_topk_source("ict_score" in needs)
         self.selection_step = SelectionStep(
             self.accelerator, args.selector, args.selector_options, args.selection_warmup_steps,
             count_selected=args.loss_normalization == "token_mean_selected",
             buffer_mean=args.selector.trl_loss and LOSS_TYPES[args.loss_type].buffer_mean,
-            source=self._plan_stats(need_js), temperature=self.temperature, local_tokens=args.loss_type == "bnpo")
-        self._generation: GenerationPass | None = None  # set only inside _generate_and_score_completions
+            source=self._plan_stats(needs), temperature=self.temperature, local_tokens=args.loss_type == "bnpo")
+        self._generation_path: Separate | None = None  # the mode's path, only inside _generate_and_score_completions
         if self._sampler_topk is not None and self.use_vllm:
             self._install_vllm_topk()
         vllm_engine.check_logprobs_mode(self._vllm_server_settings, args, self._sampler_topk)
@@ -99,15 +85,22 @@ class ICTGRPOTrainer(GRPOTrainer):
                 raise ValueError(f"model config sets {attr}; the statistics pass reads raw LM-head logits and "
                                  "does not apply it")
 
+    def training_step(self, *args: Any, **kwargs: Any) -> Tensor:
+        """TRL's step (generation, statistics, selection, loss) on tensors it builds itself: the core takes them as
+        built (``ictrl.core.checks.trusted_inputs``; ``ICTRL_DEBUG_CHECKS=1`` checks them too)."""
+        with trusted_inputs():
+            return super().training_step(*args, **kwargs)
+
     def create_model_card(self, *args: Any, **kwargs: Any) -> None:
         """ictrl's card wherever TRL writes its own (``ictrl.engine.model_card``: TRL's names no local base model
         and no token selection)."""
         write_model_card(self, self.base_model, self.command)
 
-    def _plan_stats(self, need_js: bool) -> StatsSource:
-        """The run's statistics source, with the path of each mode decided here, once."""
+    def _plan_stats(self, needs: frozenset[str]) -> StatsSource:
+        """The run's statistics source for a selector that reads the statistics ``needs``, with the path of each
+        mode decided here, once."""
         args = self.args
-        stat_free = not (args.selector.needs & {"ict_score", "entropy", "prob"})
+        stat_free = not needs
         same_temperature = args.selection_temperature == self.temperature
         generate_every = args.steps_per_generation * self.num_iterations
         trl_computes_old_logps = args.gradient_accumulation_steps % generate_every != 0 or bool(
@@ -121,8 +114,14 @@ class ICTGRPOTrainer(GRPOTrainer):
                 tools=bool(self.tools),
                 on_policy_single_micro_batch=self.num_iterations == 1 and args.steps_per_generation == 1)
 
-        return StatsSource.plan(
-            facts, need_js=need_js, stat_free=stat_free, same_temperature=same_temperature,
+        K, topk_source = self._sampler_topk, args.selection_topk_source
+
+        def separate() -> Separate:
+            return Separate() if K is None else SamplerTopK(K, topk_source)
+
+        return StatsSource(
+            paths={"train": plan_path(facts(True), separate), "eval": plan_path(facts(False), separate)},
+            needs=needs, fused_stats=fused_head_stats(), same_temperature=same_temperature,
             temperature=args.selection_temperature, topk=args.selection_topk, chunk_size=args.stats_chunk_size,
             vocab=int(self.model.config.get_text_config().vocab_size),
             rows={"train": args.per_device_train_batch_size, "eval": args.per_device_eval_batch_size},
@@ -148,7 +147,7 @@ class ICTGRPOTrainer(GRPOTrainer):
         step = int(self.state.global_step)
         return StepContext(
             mode, self.num_generations if training else self.num_generations_eval, step,
-            self.stats_source.need_js and not self.selection_step.in_warmup(step), self._metrics[mode],
+            needed_stats(self.args.selector, self.selection_step.in_warmup(step)), self._metrics[mode],
             # set by the Trainer's loop (its last window may be shorter); outside it, the configured value
             accumulation=getattr(self, "current_gradient_accumulation_steps", args.gradient_accumulation_steps)
             if training else 1, window=args.gradient_accumulation_steps,
@@ -160,56 +159,46 @@ class ICTGRPOTrainer(GRPOTrainer):
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         step = self._step_context()
-        generation = GenerationPass(self.stats_source.paths[step.mode], step)
-        with self._generating(generation):  # in rounds under dynamic sampling
+        path = self.stats_source.paths[step.mode]
+        with self._generating(path, step):  # in rounds under dynamic sampling
             batch = self.batch_filter.generate(super()._generate_and_score_completions, inputs)
         if step.mode == "train":
             self.reward_policy.observe_batch(batch, self.accelerator.gather)
         if "pixel_values" in batch:
             raise ValueError("ICTGRPOTrainer supports text-only models (its statistics pass has no image inputs)")
         start = time.perf_counter()
-        shared, completions = generation.shared, batch["completion_mask"]
-        path = batch_path(generation.path, BatchFacts(self._importance_correction(batch), "tool_mask" in batch,
-                                                      None if shared is None else shared[0], completions.size(0)))
-        sampler_topk = None
-        if path == "separate":
-            if step.need_js:
-                sampler_topk = recorded_topk(generation.rollout_topk, generation.rollout_calls, self._sampler_topk,
-                                             self.args.selection_topk_source, completions)
-            step.metrics["ictrl/topk_from_sampler"].append(float(sampler_topk is not None))
-        given = shared[1] if shared is not None and path == "shared_old_logps" else None
-        self.selection_step.at_generation(self.model, batch, step, path, given, sampler_topk)
-        if path == "training_forward":  # statistics and selection come with the loss's forward
+        code = path.at_generation(self.selection_step, self.model, batch, step, self._importance_correction(batch))
+        if code is None:  # statistics and selection come with the loss's forward
             return batch
         self._ensure_old_logps(batch)
-        step.metrics["ictrl/stats_path"].append(STATS_PATHS[path])
+        step.metrics["ictrl/stats_path"].append(code)
         step.metrics["ictrl/stats_time"].append(time.perf_counter() - start)
         return batch
 
     @contextlib.contextmanager
-    def _generating(self, generation: GenerationPass) -> Iterator[GenerationPass]:
-        previous, self._generation = self._generation, generation
+    def _generating(self, path: Separate, step: StepContext) -> Iterator[Separate]:
+        """While TRL's generation call runs, its hooks below hand what they produce to the mode's path."""
+        previous, self._generation_path = self._generation_path, path
+        path.generating(step)
         try:
-            yield generation
+            yield path
         finally:
-            self._generation = previous
+            self._generation_path = previous
 
     def _get_per_token_logps_and_entropies(self, model: Any, input_ids: Tensor, attention_mask: Tensor,
                                            logits_to_keep: int, batch_size: int | None = None,
                                            compute_entropy: bool = False, compute_aux_loss: bool = False,
                                            **kwargs: Any) -> tuple[Tensor, Tensor | None, Tensor | None]:
-        """TRL's method; inside generation on path ``shared_old_logps`` its first no-grad call on the policy is
-        served by the statistics pass, whose results the generation record keeps for the trainer."""
-        generation = self._generation
-        if (generation is None or generation.path != "shared_old_logps" or generation.shared is not None
-                or model is not self.model or torch.is_grad_enabled() or compute_entropy or compute_aux_loss
-                or any(v is not None for v in kwargs.values())):
+        """TRL's method; inside generation a no-grad call on the policy is served by the path where it computes
+        TRL's old log-probs itself (``SharedOldLogps``)."""
+        path, logps = self._generation_path, None
+        if (path is not None and model is self.model and not torch.is_grad_enabled() and not compute_entropy
+                and not compute_aux_loss and all(v is None for v in kwargs.values())):
+            logps = path.old_logps(self.selection_step, model, input_ids, attention_mask, logits_to_keep, batch_size)
+        if logps is None:
             return super()._get_per_token_logps_and_entropies(
                 model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size,
                 compute_entropy=compute_entropy, compute_aux_loss=compute_aux_loss, **kwargs)
-        logps, stats = self.selection_step.old_logps(model, input_ids, attention_mask, logits_to_keep,
-                                                     generation.step, batch_size)
-        generation.shared = (input_ids.size(0), stats)
         return logps, None, None
 
     # ------------------------------------------- the composed parts' hooks: dynamic sampling, exact resume
@@ -244,7 +233,8 @@ class ICTGRPOTrainer(GRPOTrainer):
     def _compute_loss(self, model: Any, inputs: dict[str, Any]) -> Tensor:
         step = self._step_context()
         correct = self._importance_correction(inputs)
-        chosen = self.selection_step.for_loss(model, inputs, step)  # log-probs, mask, selection, normalisers
+        # log-probs, mask, selection, normalisers, by the mode's statistics path
+        chosen = self.stats_source.paths[step.mode].in_loss(self.selection_step, model, inputs, step)
         old = inputs.get("old_per_token_logps")
         old = chosen.logps.detach() if old is None else old
         ref = inputs.get("ref_per_token_logps") if self.beta != 0.0 else None
@@ -335,9 +325,9 @@ class ICTGRPOTrainer(GRPOTrainer):
     @checked_rollout  # ids checked on the host: an out-of-range id is one line, not a device-side assert
     def _generate_single_turn(self, prompt_ids: Any, images: Any, multimodal_fields: Any, num_generations: int,
                               has_tool_images: bool = False) -> Any:
-        generation = self._generation  # None outside generation: nothing to hand back
-        if generation is not None:
-            generation.rollout_calls += 1
+        path = self._generation_path  # None outside generation: nothing to hand back
+        if path is not None:
+            path.rollout_started()
         K = self._sampler_topk
         if K is None or self.use_vllm:  # vLLM records through _vllm_generate_recording_topk
             return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations,
@@ -346,8 +336,8 @@ class ICTGRPOTrainer(GRPOTrainer):
         with recording_generate(self.accelerator.unwrap_model(self.model_wrapped), recorder):
             out = super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations,
                                                 has_tool_images)
-        if generation is not None:
-            generation.rollout_topk = recorder.rows()
+        if path is not None:
+            path.rollout_recorded(recorder.rows())
         return out
 
     def _install_vllm_topk(self) -> None:
@@ -362,8 +352,8 @@ class ICTGRPOTrainer(GRPOTrainer):
         if logprobs is None or token_ids is None:
             raise RuntimeError("vLLM returned no top-K log-probs (selection_topk_source)")
         sampled, topk = split_vllm_logprobs(logprobs, token_ids, completion_ids, self._sampler_topk)
-        if self._generation is not None:
-            self._generation.rollout_topk = topk
+        if self._generation_path is not None:
+            self._generation_path.rollout_recorded(topk)
         return prompt_ids, completion_ids, sampled, None
 
     def _importance_correction(self, batch: dict[str, Any]) -> bool:

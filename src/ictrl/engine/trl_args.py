@@ -11,7 +11,7 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 
-def from_grpo_config(args: Any) -> Any:
+def from_grpo_config(args: Any, given: str = "args is a trl.GRPOConfig") -> Any:
     """An ``ICTGRPOConfig`` with every field of the ``trl.GRPOConfig`` ``args`` and TRL's behaviour: token_selector
     'all' with TRL's normaliser for ``loss_type``, as ``ictrl train`` runs a ``trl grpo`` file that sets no
     ``token_selector``. ictrl's other fields keep their defaults. Logs one line naming the method that runs."""
@@ -22,11 +22,21 @@ def from_grpo_config(args: Any) -> Any:
     # set; steps_per_generation alone gives back the same generation batch.
     values["generation_batch_size"] = None
     converted = ICTGRPOConfig(**values, token_selector="all")
-    logger.warning("ICTGRPOTrainer: args is a trl.GRPOConfig; converted to ICTGRPOConfig running TRL's GRPO "
-                   "(method %s, token_selector 'all': every response token, TRL's normaliser %r for loss_type %r); "
-                   "for ICT pass ictrl.ICTGRPOConfig(..., token_selector='ict')", converted.selector.label,
+    logger.warning("ICTGRPOTrainer: %s; converted to ICTGRPOConfig running TRL's GRPO (method %s, token_selector "
+                   "'all': every response token, TRL's normaliser %r for loss_type %r); for ICT pass "
+                   "ictrl.ICTGRPOConfig(..., token_selector='ict')", given, converted.selector.label,
                    converted.loss_normalization, converted.loss_type)
     return converted
+
+
+def default_config(model: Any) -> Any:
+    """The arguments ``trl.GRPOTrainer`` makes when given none: ``GRPOConfig("<model name>-GRPO")`` (the last part
+    of the model's id or path, as a relative output folder), converted by :func:`from_grpo_config`: TRL's GRPO."""
+    from trl import GRPOConfig
+
+    name = model if isinstance(model, str) else getattr(model.config, "_name_or_path", "")  # as TRL reads it
+    output_dir = f"{str(name).split('/')[-1]}-GRPO"
+    return from_grpo_config(GRPOConfig(output_dir), f"no args: TRL's GRPOConfig({output_dir!r})")
 
 
 def as_ict_config(args: Any) -> Any:
@@ -54,5 +64,6 @@ def run_precision(args: Any, environ: dict[str, str] | None = None) -> tuple[str
         return "bf16", "the run config's bf16: true"
     if mixed != "no":
         return mixed, ("accelerate's mixed_precision (ACCELERATE_MIXED_PRECISION, from its config file or "
-                       "--mixed_precision; the run config's bf16/fp16 is not true)")
-    return "fp32", "neither the run config's bf16/fp16 nor accelerate's mixed_precision is set"
+                       "--mixed_precision; the run config's bf16 and fp16 are false)")
+    # "false", not "not set": the values are the arguments', whether the file wrote false or left TRL's default off
+    return "fp32", "the run config's bf16 and fp16 are false and accelerate's mixed_precision is no"

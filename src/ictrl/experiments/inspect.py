@@ -40,16 +40,17 @@ from ictrl.errors import UserError
 from ictrl.experiments.sampling import generate_group
 from ictrl.files import atomic_write_text, read_jsonl
 
-# What one sampled group provides to a selector (no rewards, hence no advantages: stapo cannot run here).
-AVAILABLE = frozenset({"ict_score", "entropy", "prob", "group_ids"})
+# What the page shows of every token, computed whatever the selector reads.
+SHOWN = frozenset({"ict_score", "entropy", "prob"})
 
 
 def check_selector(name: str) -> Any:
-    """The registered selector ``name`` if inspect can compute what it reads; ``ValueError`` (one line) if not."""
-    from ictrl.core.selection import get_selector
+    """The registered selector ``name`` if inspect can compute what it reads (every token statistic and the group,
+    but no rewards, hence no advantages: stapo cannot run here); ``ValueError`` (one line) if not."""
+    from ictrl.core.selection import STAT_FIELDS, get_selector
 
     selector = get_selector(name)
-    missing = sorted(selector.needs - AVAILABLE)
+    missing = sorted(selector.needs - {*STAT_FIELDS, "group_ids"})
     if missing:
         raise ValueError(f"selector {name!r} needs {', '.join(missing)} (from rewards), which ictrl inspect does not "
                          "compute for one prompt")
@@ -234,21 +235,21 @@ def score_group(
     """
     import torch
 
-    from ictrl.core.selection import SelectionInputs, select
-    from ictrl.core.stats import group_js_divergence, token_stats
+    from ictrl.core.selection import SelectionInputs, needed_stats, select
+    from ictrl.core.stats import token_stats
 
     options = flag_options(selector, ratio, scope)
+    needs = needed_stats(check_selector(selector))
     g, p_len = response.shape[0], prompt_ids.shape[1]
     full = torch.cat([prompt_ids.expand(g, -1), response], dim=1)
+    group_ids = torch.zeros(g, dtype=torch.long, device=response.device)
     with torch.no_grad():
         logits = model(full).logits[:, p_len - 1 : -1].float()  # shifted: logits[b, t] produced response[b, t]
-        stats = token_stats(logits, mask, tokens=response, temperature=temperature)
-        group_ids = torch.zeros(g, dtype=torch.long, device=response.device)
-        u = group_js_divergence(logits, mask, group_ids, temperature=temperature)
-    inputs = SelectionInputs(mask=mask, ict_score=u, entropy=stats.entropy, prob=stats.prob, group_ids=group_ids)
-    selected = select(selector, inputs, **options)
+        stats = token_stats(logits, mask, tokens=response, temperature=temperature,
+                            group_ids=group_ids if "ict_score" in needs | SHOWN else None)
+    selected = select(selector, SelectionInputs.from_stats(mask, stats, needs, group_ids=group_ids), **options)
     strings = token_strings(tokenizer, response.tolist())
-    return rollouts_from_tensors([prompt] * g, strings, mask, u, stats.entropy, stats.prob, selected)
+    return rollouts_from_tensors([prompt] * g, strings, mask, stats.ict_score, stats.entropy, stats.prob, selected)
 
 
 def sample_and_score(

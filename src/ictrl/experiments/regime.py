@@ -122,17 +122,18 @@ def group_selections(logits: Any, tokens: Any, mask: Any, temperature: float = 1
     in training it is every prompt of the step, which this check, one prompt at a time, does not have."""
     import torch
 
-    from ictrl.core.selection import SelectionInputs, get_selector, select
+    from ictrl.core.selection import SelectionInputs, get_selector, needed_stats
     from ictrl.core.stats import token_stats
 
+    selectors = [get_selector(name) for name in (REFERENCE, *CONTROLS)]
+    needs = frozenset().union(*(needed_stats(selector) for selector in selectors))
     group_ids = torch.zeros(tokens.shape[0], dtype=torch.long, device=tokens.device)
-    stats = token_stats(logits, mask, tokens=tokens, temperature=temperature, group_ids=group_ids)
-    inputs = SelectionInputs(mask=mask, step=index, ict_score=stats.ict_score, entropy=stats.entropy,
-                             prob=stats.prob, group_ids=group_ids)
+    stats = token_stats(logits, mask, tokens=tokens, temperature=temperature,
+                        group_ids=group_ids if "ict_score" in needs else None)
+    inputs = SelectionInputs.from_stats(mask, stats, needs, step=index, group_ids=group_ids)
     masks: dict[str, Any] = {}
-    for name in (REFERENCE, *CONTROLS):
-        selector = get_selector(name)
-        masks[selector.label] = select(name, inputs, **({"seed": seed} if "seed" in selector.options else {}))
+    for selector in selectors:
+        masks[selector.label] = selector(inputs, **({"seed": seed} if "seed" in selector.options else {}))
     masks["all"] = inputs.mask
     return stats, masks
 

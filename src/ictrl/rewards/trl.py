@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ictrl.errors import UserError, failure, quote
 from ictrl.rewards.graders import choice_reward, format_reward, gsm8k_reward, math_reward
-
 
 
 def completion_text(completion: str | Sequence[dict[str, Any]]) -> str:
@@ -93,3 +93,22 @@ def trl_kind_reward(
 
     reward.__name__ = reward.__qualname__ = name
     return reward
+
+
+def import_reward(spec: str) -> Callable[..., Any]:
+    """The reward function ``module:function`` (or ``module.function``) names, imported. Raises
+    :class:`UserError` in one line when the module fails to import (whatever it raises, ``SystemExit`` included:
+    the exception, its file and line), lacks the name, or the name is not callable."""
+    import importlib
+
+    module, _, attr = spec.partition(":") if ":" in spec else spec.rpartition(".")
+    try:
+        fn = getattr(importlib.import_module(module), attr)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - a user's module: whatever its import raises, named
+        raise UserError(f"cannot import {spec!r}: {failure(exc)}") from None
+    if not callable(fn):
+        raise UserError(f"{spec!r} is {type(fn).__name__} {quote(fn, 80)}, not a function; a reward is a function "
+                        "(prompts, completions, **columns) -> list of floats")
+    return fn

@@ -162,22 +162,28 @@ def step_line(step: int, max_steps: int, logs: dict[str, Any], accuracy_key: str
 
 
 class RichProgress(TrainerCallback):
-    """A rich bar (step, reward, selected fraction) plus one printed line per logged step.
+    """A rich bar (step, reward, selected fraction) plus one printed line per logged step; with ``bar=False``
+    (``disable_tqdm: true``) the lines alone, so a quiet run's console or log file still shows each step.
 
     Replaces transformers' tqdm bar and its dict printer (``disable_tqdm=True`` and the PrinterCallback
     removed by ``ictrl.train_cli.run``). On a non-terminal (CI, a log file) rich shows no live bar, and the
     printed lines are the record.
     """
 
-    def __init__(self, accuracy_reward: str | None = None, console: Console | None = None) -> None:
+    def __init__(self, accuracy_reward: str | None = None, console: Console | None = None, bar: bool = True) -> None:
         self.console = console or Console(stderr=True, soft_wrap=True)  # a log line stays one line
         self.accuracy_key = f"rewards/{accuracy_reward}/mean" if accuracy_reward else None
+        self.bar = bar
         self.progress: Progress | None = None
+        self.printing = False  # this process prints (the local main one, between train begin and end)
         self.task: Any = None
         self.rewards: list[float] = []
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if not state.is_local_process_zero:
+            return
+        self.printing = True
+        if not self.bar:
             return
         self.progress = Progress(
             TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
@@ -192,21 +198,24 @@ class RichProgress(TrainerCallback):
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None,
                **kwargs: Any) -> None:
-        if self.progress is None or not logs:
+        if not self.printing or not logs:
             return
+        console = self.progress.console if self.progress is not None else self.console
         if any(k in logs for k in SUMMARY_KEYS):
             if state.global_step >= state.max_steps:  # a run stopped early says so itself, once
-                self.progress.console.print(f"done: {state.global_step} steps in "
-                                            f"{_fmt(logs, 'train_runtime', '.1f')}s")
+                console.print(f"done: {state.global_step} steps in {_fmt(logs, 'train_runtime', '.1f')}s",
+                              highlight=False)
             return
         if isinstance(logs.get("reward"), (int, float)):
             self.rewards = [*self.rewards, float(logs["reward"])][-TREND:]
-        info = f"reward {_fmt(logs, 'reward')}  sel {_fmt(logs, 'ictrl/selected_frac')}"
-        self.progress.update(self.task, completed=state.global_step, info=info)
-        self.progress.console.print(step_line(state.global_step, state.max_steps, logs, self.accuracy_key,
-                                              self.rewards), highlight=False)
+        if self.progress is not None:
+            info = f"reward {_fmt(logs, 'reward')}  sel {_fmt(logs, 'ictrl/selected_frac')}"
+            self.progress.update(self.task, completed=state.global_step, info=info)
+        console.print(step_line(state.global_step, state.max_steps, logs, self.accuracy_key, self.rewards),
+                      highlight=False)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.printing = False
         if self.progress is not None:
             self.progress.stop()
             self.progress = None
@@ -236,7 +245,7 @@ class NoSignalWarning(TrainerCallback):
                      f"(reward {_fmt(logs, 'reward')}), so every advantage, the loss and the gradient are 0; the "
                      "model needs some right and some wrong answers per prompt: check the prompt format it was "
                      "trained on, the reward and max_completion_length (the run stops after no_signal_steps such "
-                     "steps in a row: ictrl.rewards.policy)")
+                     "steps in a row: ictrl.engine.reward_policy)")
 
 
 class StopNow(Exception):

@@ -30,7 +30,8 @@ from ictrl.train_cli.launch import Launch, LaunchError
 from ictrl.train_cli.run_guard import MODE_FLAGS, NO_OP_FLAG, OVERWRITE_FLAG
 from ictrl.train_cli.run_inputs import ACCEPT_CHANGED_FLAG
 
-FLAGS = ("--resume", "--resume=auto", "--print-config", ACCEPT_CHANGED_FLAG, *MODE_FLAGS)
+RESUME_FLAGS = ("--resume-inexact", "--resume-new-schedule")  # resume_check's INEXACT_FLAG, NEW_SCHEDULE_FLAG
+FLAGS = ("--resume", "--resume=auto", "--print-config", ACCEPT_CHANGED_FLAG, *MODE_FLAGS, *RESUME_FLAGS)
 USAGE = ("ictrl train (CONFIG.yaml | --config CONFIG.yaml) [--KEY=VALUE | --KEY VALUE ...] [--resume] [--print-config]"
          f" [{OVERWRITE_FLAG}] [{NO_OP_FLAG}]"
          " [--num-processes N [--accelerate-config FILE] [--main-process-port PORT]]")
@@ -104,6 +105,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                   "  --resume=auto starts from step 0 then, for a job script that is requeued).\n"
                   f"{ACCEPT_CHANGED_FLAG}: with --resume, continue although the training data or a local reward\n"
                   "  module changed since the run started (refused otherwise; run.json records it).\n"
+                  "--resume-inexact: resume from a checkpoint without its optimizer, scheduler or RNG state\n"
+                  "  (save_only_model; refused otherwise), saying what will differ.\n"
+                  "--resume-new-schedule: resume with max_steps / num_train_epochs changed under a decaying\n"
+                  "  learning-rate schedule (refused otherwise): the schedule is recomputed over the new length.\n"
                   "--print-config: print the resolved config and exit. More on keys: configs/README.md.\n"
                   f"{OVERWRITE_FLAG}: start a fresh run in an output_dir that holds an earlier run's model or record\n"
                   "  (refused otherwise; its checkpoints are still refused: --resume continues them).\n"
@@ -239,7 +244,7 @@ def run(args: argparse.Namespace) -> int:
         if parsed.problem is not None:
             raise UsageError(parsed.problem)
         cfg = load_config(config, parsed.overrides)
-        cfg.modes = frozenset(flags & set(MODE_FLAGS))
+        cfg.modes = frozenset(flags & {*MODE_FLAGS, *RESUME_FLAGS})
         from ictrl.train_cli.preflight import preflight
         from ictrl.train_cli.process_group import process_group_left
         from ictrl.train_cli.run import train

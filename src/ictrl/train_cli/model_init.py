@@ -18,8 +18,10 @@ import dataclasses
 import difflib
 import importlib.util
 import json
+from pathlib import Path
 from typing import Any
 
+from ictrl.errors import shorten
 from ictrl.train_cli.run_config import ConfigError, RunConfig
 
 KEY = "model_init_kwargs"
@@ -131,7 +133,7 @@ def _auto_config(cfg: RunConfig, kwargs: dict[str, Any]) -> Any:
                                       revision=kwargs.get("revision"))
 
 
-def tokenizer_and_config(cfg: RunConfig, kwargs: dict[str, Any]) -> tuple[Any, Any]:
+def tokenizer_and_config(cfg: RunConfig, kwargs: dict[str, Any], source: str = "<config>") -> tuple[Any, Any]:
     """The model's tokenizer and its text config (``max_position_embeddings``), without its weights: what the
     training rows are measured against before the model loads."""
     from transformers import AutoTokenizer
@@ -139,7 +141,27 @@ def tokenizer_and_config(cfg: RunConfig, kwargs: dict[str, Any]) -> tuple[Any, A
     revision = {"revision": kwargs["revision"]} if kwargs.get("revision") else {}
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.model_name_or_path,
                                               trust_remote_code=kwargs["trust_remote_code"], **revision)
+    if cfg.script.chat_template_path:
+        tokenizer.chat_template = chat_template(cfg.script.chat_template_path, source)
     return tokenizer, _auto_config(cfg, kwargs).get_text_config()
+
+
+def chat_template(path: str, source: str = "<config>") -> str:
+    """The template ``chat_template_path`` names: a Jinja file's text (.jinja, .j2), else the chat template of the
+    tokenizer at that folder or hub id (TRL's SFT reading; its tokens are not added to the model's vocabulary)."""
+    from transformers import AutoTokenizer
+
+    local = Path(path).expanduser()
+    if local.is_file() and local.suffix in (".jinja", ".j2"):
+        return local.read_text(encoding="utf-8")
+    try:
+        template = AutoTokenizer.from_pretrained(path).chat_template
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{source}: chat_template_path: {path}: neither a .jinja file nor a tokenizer "
+                          f"({shorten(str(exc).splitlines()[0], 200)})") from None
+    if not template:
+        raise ConfigError(f"{source}: chat_template_path: {path}: that tokenizer has no chat template either")
+    return str(template)
 
 
 def check_architecture(cfg: RunConfig, kwargs: dict[str, Any], source: str = "<config>") -> None:

@@ -13,7 +13,7 @@ without ``--overwrite``, checkpoints at buffer boundaries), a learning rate that
 the config); ``ictrl.train_cli.run.train`` goes on to the command's checks, then under its lock reads the inputs
 (:func:`check_inputs`) and, once the tokenizer is loaded, keeps the rows that fit (:func:`train_rows`); the parent
 of a launch (:func:`check_before_launch`) makes them all for the processes it is about to start. What needs the
-checkpoint a resume picks (``engine.resumable``'s ``resume_point`` and ``check_unchanged``, ``run_inputs``'
+checkpoint a resume picks (``engine.resumable.resume_point``, ``resume_check.check_unchanged``, ``run_inputs``'
 ``inputs_record``) stays with the run, under its lock. Each failure is one :class:`ConfigError` / ``DataError``
 line naming the file or the flag and the key.
 """
@@ -41,7 +41,7 @@ from ictrl.train_cli.run_config import ConfigError, RunConfig
 from ictrl.train_cli.run_guard import NO_OP_FLAG, check_no_previous_run, check_not_an_input
 from ictrl.train_cli.run_inputs import (add_overlong_penalty, blame, build_rewards, check_enough_rows, check_sources,
                                         drop_long_prompts, load_train_dataset, name_the_key,
-                                        named_checkpoint)
+                                        named_checkpoint, trl_dataset)
 
 log = logging.getLogger("ictrl.train")
 
@@ -93,7 +93,7 @@ def preflight(cfg: RunConfig, source: str = "<config>", flags: dict[str, Any] | 
     check_reward_weights(cfg, args, len(checked.reward_funcs), source, flags)
     add_overlong_penalty(cfg, args, checked.reward_funcs, source)
     check_sources(cfg, source, flags)
-    check_trainer_inputs(args, source, flags)
+    check_trainer_inputs(args, source, flags, cfg)
     check_output_dir(cfg.output_dir, blame("output_dir", source, flags))
     check_not_an_input(cfg.output_dir, inputs_read(cfg, checked.reward_funcs, source),
                        blame("output_dir", source, flags))
@@ -147,6 +147,18 @@ def _note_precision(precision: str) -> None:
     log.info("training in %s", precision)
 
 
+@functools.lru_cache(maxsize=None)
+def _note_processes(count: int, simple_launch: bool) -> None:
+    """Log the run's process count once per process; a single process started by ``accelerate launch`` without a
+    config file (its simple launcher, which runs one process whatever ``--num_processes`` says) is named."""
+    if count == 1 and simple_launch:
+        log.info("1 process: accelerate launch without a config file (or --multi_gpu) runs the script once, whatever "
+                 "--num_processes says; ictrl train --num-processes N starts N (gloo on CPU), as does accelerate "
+                 "launch --config_file configs/accelerate/ddp.yaml")
+    else:
+        log.info("%d process%s", count, "" if count == 1 else "es (data parallel)")
+
+
 def build_trainer_args(cfg: RunConfig, source: str = "<config>", cpu: bool | None = None,
                        flags: dict[str, Any] | None = None) -> Any:
     """The trainer's config object from the run config's top-level keys; every field checks its own value. On a
@@ -171,6 +183,13 @@ def build_trainer_args(cfg: RunConfig, source: str = "<config>", cpu: bool | Non
     # the precision the Trainer's Accelerator gets (args.mixed_precision), which accelerate launch can set too
     precision, why = run_precision(args)
     (_note_cpu if cpu else _note_precision)(f"{precision} ({why})")
+    # accelerate's simple launcher sets ACCELERATE_USE_CPU and no WORLD_SIZE; its multi-process launchers set both
+    # (ictrl train --num-processes 1 goes through it too, and marks its processes with REPORTED_FILE_ENV)
+    from ictrl.engine.config import process_count
+    from ictrl.errors import REPORTED_FILE_ENV
+
+    simple = "ACCELERATE_USE_CPU" in os.environ and not {"WORLD_SIZE", REPORTED_FILE_ENV} & set(os.environ)
+    _note_processes(process_count(), simple)
     return args
 
 
@@ -249,7 +268,9 @@ def inputs_read(cfg: RunConfig, reward_funcs: list[Any], source: str = "<config>
         found.append(("model_name_or_path", model))
     if Path(source).is_file():
         found.append(("the config file", Path(source)))
-    if trl_dataset(cfg):
+    if trl_dataset(cfg) and Path(str(cfg.script.dataset_name)).is_file():  # a data file read by datasets' builders
+        found.append(("the data file of dataset_name", Path(str(cfg.script.dataset_name))))
+    elif trl_dataset(cfg):
         files = list(itertools.islice(Path(str(cfg.script.dataset_name)).rglob("*"), 1000))
         found += [(f"a file of dataset_name {cfg.script.dataset_name}", p) for p in files if p.is_file()]
     for spec in [] if trl_dataset(cfg) else cfg.script.sources():
@@ -264,16 +285,41 @@ def inputs_read(cfg: RunConfig, reward_funcs: list[Any], source: str = "<config>
     return found
 
 
-def check_trainer_inputs(args: Any, source: str = "<config>", flags: dict[str, Any] | None = None) -> None:
-    """What the trainer that ``ictrl train`` builds needs beyond its config: eval data for ``eval_strategy`` (the
-    trainer gets none), the hub for ``push_to_hub``."""
+def check_trainer_inputs(args: Any, source: str = "<config>", flags: dict[str, Any] | None = None,
+                         cfg: RunConfig | None = None) -> None:
+    """What the trainer that ``ictrl train`` builds needs beyond its config: benchmarks ``eval_benchmarks`` names
+    (the command builds their evaluation), eval data for ``eval_strategy`` (as ``trl grpo``: the
+    ``dataset_test_split`` of a dataset directory, hub id, data file or ``datasets`` mixture; an ictrl.data source
+    has none), the hub for ``push_to_hub``."""
+    from ictrl import data
     from ictrl import preflight as shared
+    from ictrl.train_cli.run_inputs import trl_dataset
 
+    for i, spec in enumerate(args.eval_benchmarks or []):  # the library keeps the names; the command resolves them
+        try:
+            data.parse_spec(spec)
+        except ValueError as err:
+            raise ConfigError(f"{blame('eval_benchmarks', source, flags)}: eval_benchmarks[{i}]: {err}") from None
     strategy = getattr(args.eval_strategy, "value", args.eval_strategy)
-    if strategy != "no":
-        raise ConfigError(f"{blame('eval_strategy', source, flags)}: eval_strategy: {strategy!r} needs eval data, "
-                          "which ictrl train does not give the trainer; evaluation during training is eval_benchmarks "
-                          "(pass@k every eval_steps)")
+    if strategy != "no" and (cfg is None or not trl_dataset(cfg)):
+        raise ConfigError(f"{blame('eval_strategy', source, flags)}: eval_strategy: {strategy!r} needs eval data: "
+                          "as in trl grpo, the dataset_test_split of a dataset directory, hub id, data file or "
+                          "datasets mixture; an ictrl.data source has none: evaluation during training is "
+                          "eval_benchmarks (pass@k every eval_steps)")
+    if cfg is not None and (cfg.script.dataset_streaming or cfg.script.streaming):
+        from ictrl.train_cli.trl_data import streamed
+
+        key = "dataset_streaming" if cfg.script.dataset_streaming else "streaming"
+        if not trl_dataset(cfg):
+            raise ConfigError(f"{blame(key, source, flags)}: {key}: streams data trl grpo reads (a dataset directory, "
+                              "hub id, data file or datasets mixture); an ictrl.data source is read whole")
+        if not streamed(cfg.script):  # as trl grpo: the mixture reads streaming, dataset_name dataset_streaming
+            right = "streaming" if key == "dataset_streaming" else "dataset_streaming"
+            raise ConfigError(f"{blame(key, source, flags)}: {key}: does not apply to "
+                              f"{'the datasets mixture' if cfg.script.datasets else 'dataset_name'}; use {right}")
+        if args.max_steps <= 0:
+            raise ConfigError(f"{blame('max_steps', source, flags)}: max_steps: a streamed dataset has no length, so "
+                              f"the run's length is max_steps (TRL requires it too): set max_steps with {key}")
     if args.push_to_hub and not shared.hub_reachable():
         raise ConfigError(f"{blame('push_to_hub', source, flags)}: push_to_hub: {shared.why_unreachable()}; "
                           "push the final model later with `hf upload`")
@@ -353,8 +399,31 @@ def train_rows(cfg: RunConfig, dataset: Any, tokenizer: Any, model_config: Any, 
     """The training rows as the trainer gets them, once the tokenizer is loaded: prompts longer than
     ``max_prompt_length`` dropped (without it, one that cannot fit the model's positions beside
     ``max_completion_length`` refused), one generation batch of prompts left at least."""
+    from ictrl.train_cli.trl_data import check_stream, streamed
+
+    positions = getattr(model_config, "max_position_embeddings", None)
+    if trl_dataset(cfg) and streamed(cfg.script):  # each row checked as it streams, once the run reads it
+        name = "datasets" if cfg.script.datasets else f"dataset_name {shorten(str(cfg.script.dataset_name), 200)}"
+        return check_stream(dataset, tokenizer, f"{source}: {name}", cfg.script.max_prompt_length, positions,
+                            args.max_completion_length)
+    check_chat_template(dataset, tokenizer, cfg, source)
     dataset = drop_long_prompts(dataset, tokenizer, cfg.script.max_prompt_length,
-                                getattr(model_config, "max_position_embeddings", None), args.max_completion_length,
+                                positions, args.max_completion_length,
                                 source, str(cfg.script.dataset_name))
     check_enough_rows(dataset, args, source)
     return dataset
+
+
+def check_chat_template(dataset: Any, tokenizer: Any, cfg: RunConfig, source: str = "<config>") -> None:
+    """Chat-message prompts need the tokenizer's chat template: without one (a base model), one line naming the
+    first such row and ``chat_template_path``, before the model loads (TRL fails in its first generation)."""
+    if getattr(tokenizer, "chat_template", None):
+        return
+    row = next((i for i, prompt in enumerate(dataset["prompt"]) if not isinstance(prompt, str)), None)
+    if row is not None:
+        from ictrl.errors import DataError
+
+        raise DataError(f"{source}: dataset_name {shorten(str(cfg.script.dataset_name), 200)}: row {row}: the prompt "
+                        f"is a list of chat messages, and the tokenizer of {cfg.model.model_name_or_path} has no chat "
+                        "template to render it; set chat_template_path (a .jinja file, or a tokenizer folder or hub "
+                        "id whose template to use), or give plain-text prompts")

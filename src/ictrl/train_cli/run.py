@@ -18,17 +18,18 @@ import torch
 
 from ictrl.checkpoints import STAGING_PREFIX, clear_staging, finished_run, rerun_advice, trainer_state
 from ictrl.cliargs import VERBOSE_ENV, env_flag
-from ictrl.engine.resumable import check_unchanged, resume_point, save_final, verified_checkpoints
+from ictrl.engine.resumable import resume_point, save_final, verified_checkpoints
+from ictrl.train_cli.resume_check import INEXACT_FLAG, NEW_SCHEDULE_FLAG, check_exact, check_unchanged
 from ictrl.errors import ConfigError, Terminated, UserError
 from ictrl.files import reported_write
-from ictrl.rewards.policy import RewardAbandoned, RunStop
+from ictrl.engine.reward_policy import RewardAbandoned, RunStop
 from ictrl.train_cli.preflight import (Checked, check_inputs, existing_checkpoints, preflight, train_rows,
                                        trainer_classes)
 from ictrl.train_cli.process_group import answered_once
 from ictrl.train_cli.run_config import RunConfig, config_to_dict, save_config
 from ictrl.train_cli.run_guard import (OVERWRITE_FLAG, RunLock, StopRequest, add_stop_callback, forget_previous_run,
                                        note_short_run, run_failure, stopped)
-from ictrl.train_cli.run_inputs import input_hashes, inputs_record, named_checkpoint, reward_label
+from ictrl.train_cli.run_inputs import eval_rows, input_hashes, inputs_record, named_checkpoint, reward_label
 
 log = logging.getLogger("ictrl.train")
 
@@ -162,6 +163,15 @@ def train(cfg: RunConfig, resume: bool | str = False, source: str = "<config>",
         raise stopped(Path(cfg.output_dir), None, resume_command, Terminated) from None  # nothing new to save
 
 
+def check_resume(cfg: RunConfig, checkpoint: Path, args: Any, source: str = "<config>") -> None:
+    """A resume continues the run exactly: ``checkpoint`` holds the optimizer, scheduler and RNG state, and the
+    config is that of the run it ends (its folder's ``config.yaml``); unless the command accepts the difference by
+    name (``--resume-inexact``, ``--resume-new-schedule``), when one line says what differs."""
+    check_exact(checkpoint, args, INEXACT_FLAG in cfg.modes, source)
+    check_unchanged(checkpoint.parent / "config.yaml", config_to_dict(cfg), args, source,
+                    new_schedule=NEW_SCHEDULE_FLAG in cfg.modes)
+
+
 def _train_locked(cfg: RunConfig, checked: Checked, resume: bool | str, source: str, callbacks: list[Any] | None,
                   resume_command: str | None, stop: Any, command: str | None = None,
                   accept_changed_inputs: bool = False) -> TrainResult:
@@ -176,18 +186,18 @@ def _train_locked(cfg: RunConfig, checked: Checked, resume: bool | str, source: 
                     "nothing to train", resume_from.name, step, args.max_steps, out)
         return TrainResult(out, step, resume_from, out)
     if resume_from is not None:
-        check_unchanged(resume_from.parent / "config.yaml", config_to_dict(cfg), args, source)  # the run it ends
+        check_resume(cfg, resume_from, args, source)
     dataset = check_inputs(cfg, checked.init_kwargs, source)  # every row checked before the model loads
     resumed_at = trainer_state(resume_from)["global_step"] if resume_from is not None else None
     inputs = inputs_record(resume_from.parent if resume_from is not None else out,
                            input_hashes(dataset, reward_funcs), resumed_at, accept_changed_inputs, source)
 
-    from ictrl.models import load_model_and_tokenizer
+    eval_dataset = eval_rows(cfg, args)  # trl grpo's dataset_test_split, under eval_strategy
     from ictrl.train_cli.model_init import tokenizer_and_config
 
-    tokenizer, text_config = tokenizer_and_config(cfg, checked.init_kwargs)
+    tokenizer, text_config = tokenizer_and_config(cfg, checked.init_kwargs, source)
     dataset = train_rows(cfg, dataset, tokenizer, text_config, args, source)  # a row that cannot fit: before weights
-    model, tokenizer = load_model_and_tokenizer(cfg.model.model_name_or_path, **checked.init_kwargs)
+    model, tokenizer = _model_and_tokenizer(cfg, checked.init_kwargs, tokenizer.chat_template)
     with reported_write(out, lambda: rerun_advice(out)):
         out.mkdir(parents=True, exist_ok=True)
         save_config(cfg, out / "config.yaml")
@@ -196,7 +206,7 @@ def _train_locked(cfg: RunConfig, checked: Checked, resume: bool | str, source: 
     _, trainer_cls = trainer_classes()
     trainer = trainer_cls(
         model=model, reward_funcs=reward_funcs, args=args, train_dataset=dataset, processing_class=tokenizer,
-        peft_config=checked.lora,
+        peft_config=checked.lora, eval_dataset=eval_dataset,
     )
     trainer.command = command  # for the model card
     _add_callbacks(trainer, cfg, reward_funcs, tokenizer, out, callbacks)
@@ -218,6 +228,17 @@ def _train_locked(cfg: RunConfig, checked: Checked, resume: bool | str, source: 
     with reported_write(out, lambda: rerun_advice(out)):
         trainer.create_model_card()
     return TrainResult(out, trainer.state.global_step, resume_from, out)
+
+
+def _model_and_tokenizer(cfg: RunConfig, init_kwargs: dict[str, Any], template: str | None) -> tuple[Any, Any]:
+    """The model and its tokenizer as ``trl grpo`` loads them; with ``chat_template_path``, the tokenizer keeps
+    ``template``, the one the rows were checked with (saved with the model)."""
+    from ictrl.models import load_model_and_tokenizer
+
+    model, tokenizer = load_model_and_tokenizer(cfg.model.model_name_or_path, **init_kwargs)
+    if cfg.script.chat_template_path:
+        tokenizer.chat_template = template
+    return model, tokenizer
 
 
 def _train(trainer: Any, args: Any, out: Path, resume_from: Path | None, resume_command: str | None) -> None:
@@ -265,8 +286,9 @@ def _add_callbacks(trainer: Any, cfg: RunConfig, reward_funcs: list[Callable[...
         trainer.remove_callback(cb)
     trainer.add_callback(MetricsJSONL(out / "metrics.jsonl", accuracy_reward=accuracy))
     trainer.add_callback(NoSignalWarning())
-    if not args.disable_tqdm:  # the rich bar stands in for transformers' tqdm bar
-        trainer.add_callback(RichProgress(accuracy_reward=accuracy))
+    # the rich bar stands in for transformers' tqdm bar; under disable_tqdm its step lines stay (TRL's dict printer
+    # would print each step too)
+    trainer.add_callback(RichProgress(accuracy_reward=accuracy, bar=not args.disable_tqdm))
     for cb in callbacks or []:
         trainer.add_callback(cb)
     if args.eval_benchmarks:

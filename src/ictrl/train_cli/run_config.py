@@ -79,6 +79,25 @@ class ScriptArguments(GRPOScriptArguments):
     )
     overlong_penalty_factor: Annotated[float, NON_NEGATIVE] = field(
         default=1.0, metadata={"help": "Weight of the overlong penalty (its entry in reward_weights)."})
+    chat_template_path: str | None = field(
+        default=None,
+        metadata={"help": "The chat template for chat-message prompts when the model's tokenizer has none (a base "
+                          "model), as TRL's SFTConfig key: a Jinja file (.jinja, .j2) or a tokenizer folder or hub id "
+                          "whose template is used; saved with the trained model's tokenizer."},
+    )
+
+    # trl grpo's DatasetMixtureConfig keys, read by trl.get_dataset as trl grpo reads them
+    datasets: list[dict[str, Any]] | None = field(
+        default=None,
+        metadata={"help": "TRL's dataset mixture (trl grpo's `datasets:`): a list of mappings with datasets."
+                          "load_dataset's path, name, data_dir, data_files, split, and columns and fraction, loaded "
+                          "and concatenated by trl.get_dataset; used in place of dataset_name (a local file: path: "
+                          "json, data_files: FILE). A flag takes YAML flow: '[{path: json, data_files: a.jsonl}]'."},
+    )
+    streaming: bool = field(default=False, metadata={"help": "Stream the `datasets:` mixture (TRL's key)."})
+    test_split_size: float | None = field(
+        default=None, metadata={"help": "Split the `datasets:` mixture into train and test (TRL's key: "
+                                        "datasets.train_test_split's test_size)."})
 
     def __post_init__(self) -> None:
         if isinstance(self.dataset_name, str) and self.dataset_name.lstrip()[:1] in ("[", "{"):
@@ -88,6 +107,10 @@ class ScriptArguments(GRPOScriptArguments):
             self.reward_funcs = load_yaml_value(funcs[0], "reward_funcs")  # a flag's '[a, b]', as dataset_name's
             if not isinstance(self.reward_funcs, list) or not all(isinstance(f, str) for f in self.reward_funcs):
                 raise ValueError(f"reward_funcs: expected a list of names, got {quote(funcs[0])}")
+        for key in ("reward_funcs", "eval_datasets"):  # list[str] fields the type checks below skip
+            value = getattr(self, key)
+            if value is not None and (not isinstance(value, list) or not all(isinstance(v, str) for v in value)):
+                raise ValueError(f"{key}: expected a list of names, got {quote(value)}")
         train = self.dataset_name
         if isinstance(train, dict):
             for name, weight in train.items():
@@ -98,12 +121,38 @@ class ScriptArguments(GRPOScriptArguments):
         elif not isinstance(train, (str, list, type(None))) or not all(isinstance(n, str) for n in self.sources()):
             raise ValueError(f"dataset_name: expected a name, a list of names or a mapping name: weight, got "
                              f"{quote(train)}")
-        if self.dataset_streaming:
-            raise ValueError("dataset_streaming: ictrl train reads every training row before the model loads")
+        self._read_mixture()
         check_fields(self, ScriptArguments, types=False)  # dataset_name takes a list or mapping too, read above
         check_finite({"overlong_penalty_factor": self.overlong_penalty_factor})
         if self.reward_funcs is not None and not self.reward_funcs:
             raise ValueError("reward_funcs: empty list; use null for the default ['verifiable']")
+
+    def _read_mixture(self) -> None:
+        """``datasets``: a flag's YAML flow read, each entry a mapping of TRL's ``DatasetConfig`` keys with a
+        ``path``."""
+        from trl.scripts.utils import DatasetConfig
+
+        mixture = self.datasets
+        if isinstance(mixture, list) and len(mixture) == 1 and isinstance(mixture[0], str):
+            mixture = self.datasets = load_yaml_value(mixture[0], "datasets")
+        if mixture is None:
+            return
+        if not isinstance(mixture, list) or not mixture:
+            raise ValueError("datasets: expected a list of mappings (path: ..., data_files: ...), got "
+                             f"{quote(mixture)}")
+        keys = [f.name for f in dataclasses.fields(DatasetConfig)]
+        for i, entry in enumerate(mixture):
+            if not isinstance(entry, dict):
+                raise ValueError(f"datasets[{i}]: expected a mapping with path (and {', '.join(keys[1:])}), got "
+                                 f"{quote(entry)}")
+            unknown = [k for k in entry if k not in keys]
+            if unknown:
+                close = difflib.get_close_matches(str(unknown[0]), keys, n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                raise ValueError(f"datasets[{i}]: unknown key {quote(unknown[0])}; TRL's keys: {', '.join(keys)}{hint}")
+            if not isinstance(entry.get("path"), str) or not entry["path"]:
+                raise ValueError(f"datasets[{i}].path: required: a datasets.load_dataset path (json, parquet, csv with "
+                                 "data_files; a folder; a hub id)")
 
     def sources(self) -> list[str]:
         """The training sources' names (a mixture's keys)."""
@@ -153,8 +202,7 @@ OLD_KEYS = {"model.name_or_path": "model_name_or_path", "model.dtype": "dtype",
 SECTIONS = {"model": "model_name_or_path", "data": "dataset_name", "reward": "reward_funcs",
             "peft": "use_peft: true with lora_r, lora_alpha, lora_dropout, lora_target_modules"}
 # trl grpo's fourth dataclass (DatasetMixtureConfig): hub datasets, which ictrl train does not load.
-POINTERS = {key: "TRL's hub dataset mixture; ictrl's mixture is dataset_name: {NAME: WEIGHT, ...}"
-            for key in ("datasets", "streaming", "test_split_size")}
+POINTERS: dict[str, str] = {}
 # The method of a file that sets no token_selector. Such a file is a `trl grpo` file, and `ictrl train` runs it as
 # TRL's GRPO (every response token, TRL's normaliser for loss_type): a TRL user's config never changes method
 # silently. ICTGRPOConfig itself defaults to ict: the Python class is ICT's trainer by name.
@@ -174,6 +222,8 @@ def parser() -> TrlParser:
     p = TrlParser((ScriptArguments, ICTGRPOConfig, ModelConfig), allow_abbrev=False)  # a typo is not a prefix
     for action in p._actions:
         action.default, action.required = argparse.SUPPRESS, False
+        if action.dest == "datasets":  # a flag's YAML flow text, read by ScriptArguments (argparse's dict() cannot)
+            action.type = str
     p.error = _raise  # type: ignore[method-assign]
     return p
 
@@ -427,7 +477,7 @@ def method_config(name: str, warmup_steps: int | None = None) -> dict[str, Any]:
     from ictrl.core.selection import get_selector
 
     selector = get_selector(name)
-    keys: dict[str, Any] = {"token_selector": name if ":" in name else selector.name, "run_name": selector.label,
+    keys: dict[str, Any] = {"token_selector": name if ":" in name else selector.spec, "run_name": selector.label,
                             "loss_normalization": selector.normalization}
     if warmup_steps is not None and selector.warmup_steps > 0:
         keys["selection_warmup_steps"] = warmup_steps

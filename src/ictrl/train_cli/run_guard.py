@@ -1,9 +1,8 @@
 """One writer per output directory, and no rank outliving its launcher.
 
-:class:`OutputDirLock` is an exclusive ``fcntl.flock`` on ``OUTPUT_DIR/.ictrl.lock``, which names its holder's pid.
-The kernel drops a flock when the process holding it ends, however it ends, so a lock left by a killed run is
-free: the next run takes it and says whose it was. A second writer (a ``--resume`` while the first run still goes,
-two runs given one directory) finds it held and stops with one line naming the holder.
+:class:`RunLock` holds :class:`ictrl.dirlock.OutputLock` on ``output_dir`` for the run: a second writer (a
+``--resume`` while the first run still goes, two runs given one directory) finds it held and stops with one line
+naming the holder's pid; a lock left by a killed run is taken, saying whose it was.
 
 Under several processes only the main process (global rank 0) takes the lock: a flock excludes every other open
 of the file, the ranks of the same run included, and rank 0 is the process whose lifetime is the run's. Its
@@ -23,92 +22,25 @@ run's own end (divergence, a selector's ``sys.exit``) into one line with the las
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import re
-import socket
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 from ictrl.checkpoints import CHECKPOINT_RE, LAST_FILES, MANIFEST, OVERWRITE_FLAG, RUN_FILES, STAGING_PREFIX
+from ictrl.dirlock import LOCK_NAME, OutputLock
 from ictrl.errors import ConfigError, UserError, shorten
-from ictrl.files import is_write_failure, write_error
 
 log = logging.getLogger("ictrl.train")
 
-LOCK_NAME = ".ictrl.lock"
-
-
-class OutputDirLock:
-    """Exclusive lock of an output directory for the life of a run (``with OutputDirLock(out):``)."""
-
-    def __init__(self, out: str | os.PathLike[str]) -> None:
-        self.out = Path(out)
-        self.path = self.out / LOCK_NAME
-        self._fd: int | None = None
-        self._created = False
-
-    def acquire(self) -> None:
-        """Take the lock or raise :class:`ConfigError` naming the holder's pid; creates the directory."""
-        import fcntl
-
-        self._created = not self.out.exists()
-        try:
-            self.out.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        except OSError as exc:
-            if is_write_failure(exc):
-                raise write_error(self.path, exc, "the run did not start") from None
-            raise ConfigError(f"output_dir: cannot create {self.path}: {exc.strerror}") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            holder = _read(fd)
-            os.close(fd)
-            if exc.errno not in (errno.EAGAIN, errno.EACCES):
-                raise ConfigError(f"output_dir: cannot lock {self.path}: {exc.strerror}") from None
-            raise ConfigError(f"output_dir: {self.out} is in use by another run ({holder or 'pid unknown'}, lock "
-                              f"{self.path}); wait for it to end or stop it") from None
-        left = _read(fd)
-        if left:  # a holder that ended without releasing: killed
-            log.warning("output_dir: taking over the lock of %s, which is no longer running", left)
-        try:
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
-        except OSError as exc:
-            os.close(fd)
-            raise write_error(self.path, exc, "the run did not start") from None
-        self._fd = fd
-
-    def release(self) -> None:
-        if self._fd is None:
-            return
-        os.ftruncate(self._fd, 0)  # an empty file: released in order, nothing to report to the next run
-        if self._created and [p.name for p in self.out.iterdir()] == [LOCK_NAME]:
-            self.path.unlink()  # a run that stopped before writing anything leaves no directory behind
-            self.out.rmdir()
-        os.close(self._fd)  # closing the last descriptor drops the flock
-        self._fd = None
-
-    def __enter__(self) -> OutputDirLock:
-        self.acquire()
-        return self
-
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
-        self.release()
-
-
-def _read(fd: int) -> str:
-    return os.pread(fd, 200, 0).decode("utf-8", "replace").strip()
-
-
 class RunLock:
-    """:class:`OutputDirLock` taken by the main process of a (possibly multi-process) run, its outcome shared."""
+    """:class:`ictrl.dirlock.OutputLock` taken by the main process of a (possibly multi-process) run, its outcome
+    shared."""
 
     def __init__(self, out: str | os.PathLike[str], args: Any) -> None:
-        self.lock = OutputDirLock(out)
+        self.lock = OutputLock(out)
         self.args = args
 
     def __enter__(self) -> RunLock:
@@ -168,7 +100,7 @@ class StopRequest:
         self.training = False
         self.before_training = False  # raised Terminated outside the training loop
         self._previous: Any = None
-        self.reward_policy: Any = None  # the trainer's ictrl.rewards.policy.RewardPolicy, set by add_stop_callback
+        self.reward_policy: Any = None  # the trainer's RewardPolicy, set by add_stop_callback
         self._reward_since: float | None = None
 
     def __enter__(self) -> StopRequest:
@@ -214,7 +146,7 @@ class StopRequest:
 
     @staticmethod
     def reward_grace_s() -> float:
-        from ictrl.rewards.policy import SIGTERM_GRACE_S
+        from ictrl.engine.reward_policy import SIGTERM_GRACE_S
 
         return SIGTERM_GRACE_S
 
@@ -377,7 +309,7 @@ def run_failure(exc: BaseException, out: Path, step: int, resume_command: str | 
         return UserError(f"{message}; {stopped(out, step, resume_command, what='stopped')}")
     if isinstance(exc, (ValueError, RuntimeError)) and DIVERGED.search(message):
         kept = stopped(out, step, None, what="stopped")
-        # a resume is exact and keeps learning_rate (engine.resumable.check_unchanged): it would diverge again
+        # a resume is exact and keeps learning_rate (train_cli.resume_check.check_unchanged): it would diverge again
         again = f" (`{resume_command}` would repeat the same steps: a resume keeps learning_rate)" \
             if resume_command and complete_checkpoints(out) else ""
         return UserError(f"training diverged: loss/log-probs not finite at step {step + 1} ({shorten(message, 200)}): "

@@ -57,7 +57,7 @@ def build_rewards(cfg: RunConfig, source: str = "<config>", gold_column: str = "
         elif name in TRL_REWARDS:
             out.append(_trl_reward(name))
         elif ":" in name or "." in name:
-            from ictrl.rewards.policy import import_reward
+            from ictrl.rewards.trl import import_reward
 
             try:
                 out.append(import_reward(name))
@@ -108,7 +108,7 @@ def check_sources(cfg: RunConfig, config: str = "<config>", flags: dict[str, Any
     name the flag that set the key (``flags``), else ``config``."""
     from ictrl import data
 
-    if not cfg.script.sources():
+    if not cfg.script.sources() and not cfg.script.datasets:
         raise ConfigError(f"{blame('dataset_name', config, flags)}: dataset_name: required: an ictrl.data name "
                           "(gsm8k_train, math_train), jsonl:PATH, a list of them or a mapping name: weight")
     script, directory = cfg.script, trl_dataset(cfg)
@@ -126,9 +126,27 @@ def check_sources(cfg: RunConfig, config: str = "<config>", flags: dict[str, Any
             except ValueError as exc:
                 close = difflib.get_close_matches(name.split(":", 1)[0], list(data.BENCHMARKS), n=1)
                 hint = f"; did you mean {close[0]!r}?" if close else ""
-                raise ConfigError(f"{source}: {key}: {quote(name)}: {shorten(str(exc), 300)}{hint}") from None
+                raise ConfigError(f"{source}: {key}: {quote(name)}: {shorten(str(exc), 300)}{hint}"
+                                  f"{_tried(name) if key == 'dataset_name' else ''}") from None
             if path is not None and not Path(path).is_file():
                 raise ConfigError(f"{source}: {key}: {quote(name)}: file not found")
+
+
+def _tried(name: str) -> str:
+    """What a ``dataset_name`` that is none of its forms was tried as, after the ictrl.data names."""
+    import re
+
+    from ictrl.train_cli.trl_data import DATA_FILE_BUILDERS
+
+    local = Path(name).expanduser()
+    try:
+        is_file = local.is_file()
+    except (OSError, ValueError):  # a name longer than a path can be, or with a NUL byte
+        is_file = False
+    where = (f"a {local.suffix} file, which datasets has no builder for (it reads {', '.join(DATA_FILE_BUILDERS)})"
+             if is_file else f"no file or folder at {shorten(str(Path.cwd() / local), 120)}")
+    hub = "not owner/name" if re.fullmatch(HUB_ID, name) is None else "owner/name"
+    return f"; tried as a local path ({where}) and as a hub id ({hub})"
 
 
 # A hub dataset id as the hub spells one: owner/name (letters, digits, '-', '_', '.').
@@ -141,10 +159,15 @@ def trl_dataset(cfg: RunConfig) -> bool:
     (``owner/name``) that is neither an ictrl.data name nor a local path (those come first)."""
     import re
 
+    from ictrl.train_cli.trl_data import file_builder
+
     name = cfg.script.dataset_name
+    if cfg.script.datasets:  # trl grpo's mixture, which it reads in place of dataset_name
+        return True
     if not isinstance(name, str):
         return False
-    return Path(name).is_dir() or (re.fullmatch(HUB_ID, name) is not None and not Path(name).exists())
+    return Path(name).is_dir() or file_builder(name) is not None or (
+        re.fullmatch(HUB_ID, name) is not None and not Path(name).exists())
 
 
 def _offline() -> str | None:
@@ -161,21 +184,58 @@ def _load_trl_dataset(script: Any) -> Any:
 
     from ictrl.errors import DataError
 
-    name, split = script.dataset_name, script.dataset_train_split
+    return _split(*_load_trl_splits(script), "dataset_train_split", script.dataset_train_split)
+
+
+def _load_trl_splits(script: Any) -> tuple[Any, str]:
+    """The ``DatasetDict`` of the data ``trl grpo`` reads (the ``datasets`` mixture, a local data file, a folder
+    or hub id), and its name for error lines."""
+    from ictrl.train_cli.trl_data import file_builder, load_file, load_mixture
+
+    if script.datasets:
+        return load_mixture(script), "the datasets mixture"
+    if file_builder(script.dataset_name) is not None:
+        return load_file(script.dataset_name, script), script.dataset_name
+    return _load_named(script.dataset_name, script), script.dataset_name
+
+
+def _split(loaded: Any, name: str, key: str, split: str) -> Any:
+    from ictrl.errors import DataError
+
+    if split not in loaded:
+        raise DataError(f"{key}: {split!r}: {name} has no such split; its splits: "
+                        f"{', '.join(map(str, loaded)) or 'none'}")
+    return loaded[split]
+
+
+def eval_rows(cfg: RunConfig, args: Any) -> Any:
+    """``trl grpo``'s ``eval_dataset``: the ``dataset_test_split`` of the data it reads when ``eval_strategy`` is
+    not ``no`` (``preflight.check_trainer_inputs`` refuses it for ictrl.data sources), else None."""
+    if getattr(args.eval_strategy, "value", args.eval_strategy) == "no":
+        return None
+    return _split(*_load_trl_splits(cfg.script), "dataset_test_split", cfg.script.dataset_test_split)
+
+
+def _load_named(name: str, script: Any) -> Any:
+    """``load_dataset(dataset_name, name=dataset_config, streaming=dataset_streaming)``, its errors one line naming
+    the key at fault: ``dataset_config`` when the data set's configs are the trouble, else ``dataset_name``."""
+    from datasets import load_dataset
+
+    from ictrl.errors import DataError
+
     try:
-        loaded = load_dataset(name, name=script.dataset_config, streaming=script.dataset_streaming)
+        return load_dataset(name, name=script.dataset_config, streaming=script.dataset_streaming)
     except Exception as exc:  # datasets raises many types (ConnectionError, DatasetNotFoundError, ValueError, ...)
         offline = _offline() if not Path(name).is_dir() else None
         if offline:
             raise DataError(f"dataset_name: {name}: not in the local datasets cache, and {offline} keeps datasets "
                             "off the hub: unset it to download the data set, or name a local directory") from None
         if isinstance(exc, (ValueError, KeyError, FileNotFoundError, ConnectionError, OSError)):
-            raise DataError(f"dataset_name: {name}: {shorten(str(exc), 300)}") from None
+            text = str(exc)
+            if "Config name is missing" in text or "BuilderConfig" in text:  # datasets' words for a config name
+                raise DataError(f"dataset_config: {script.dataset_config!r} for {name}: {shorten(text, 300)}") from None
+            raise DataError(f"dataset_name: {name}: {shorten(text, 300)}") from None
         raise
-    if split not in loaded:
-        raise DataError(f"dataset_train_split: {split!r}: {name} has no such split; its splits: "
-                        f"{', '.join(map(str, loaded)) or 'none'}")
-    return loaded[split]
 
 
 def load_train_dataset(cfg: RunConfig) -> Any:
@@ -187,11 +247,16 @@ def load_train_dataset(cfg: RunConfig) -> Any:
     if trl_dataset(cfg):  # as trl grpo: load_dataset(dataset_name, name=dataset_config)[dataset_train_split]
         from ictrl.errors import DataError
 
+        from ictrl.train_cli.trl_data import first_row, streamed
+
         script = cfg.script
         rows = _load_trl_dataset(script)
-        if "prompt" not in rows.column_names:
-            raise DataError(f"dataset_name: {script.dataset_name}: no 'prompt' column (TRL's GRPOTrainer reads it); "
-                            f"columns: {rows.column_names}")
+        key = "datasets" if script.datasets else f"dataset_name: {script.dataset_name}"
+        columns = rows.column_names if rows.column_names is not None else list(first_row(rows, key))
+        if "prompt" not in columns:
+            raise DataError(f"{key}: no 'prompt' column (TRL's GRPOTrainer reads it); columns: {columns}")
+        if streamed(script):  # rows checked as they stream (trl_data.check_stream)
+            return rows.take(script.dataset_limit) if script.dataset_limit else rows
         return rows.select(range(min(len(rows), script.dataset_limit))) if script.dataset_limit else rows
     train, names, limit = cfg.script.dataset_name, cfg.script.sources(), cfg.script.dataset_limit
     if len(names) == 1:
@@ -250,7 +315,11 @@ def check_enough_rows(dataset: Any, args: Any, source: str = "<config>") -> None
     would 'finish' at step 0."""
     from ictrl.errors import DataError
 
+    from datasets import IterableDataset
+
     prompts = args.generation_batch_size // args.num_generations
+    if isinstance(dataset, IterableDataset):  # a stream's length is max_steps' (preflight.check_trainer_inputs)
+        return
     if len(dataset) == 0:
         raise DataError(f"{source}: dataset_name: no training rows left (check dataset_limit and max_prompt_length)")
     if len(dataset) < prompts:
@@ -320,8 +389,13 @@ def input_hashes(dataset: Any, reward_funcs: list[Any]) -> dict[str, str]:
 
     from ictrl.checkpoints import sha256_file
 
+    from datasets import IterableDataset
+
     digest = hashlib.sha256()
-    columns = dataset.to_dict()  # every value as Python data (datasets' dataset[column] is a lazy Column)
+    if isinstance(dataset, IterableDataset):  # a stream is not read ahead: what it is read from stands for it
+        digest.update(json.dumps([str(dataset.info.builder_name), str(dataset.info.config_name),
+                                  str(dataset.info.splits)], default=str).encode())
+    columns = {} if isinstance(dataset, IterableDataset) else dataset.to_dict()  # every value as Python data
     for column in sorted(columns):
         digest.update(column.encode())
         digest.update(json.dumps(columns[column], sort_keys=True, ensure_ascii=False, default=str).encode())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -43,6 +44,10 @@ def test_small_and_degenerate_samples() -> None:
     same = welch_diff([1.0, 1.0], [0.5, 0.5])
     assert (same.lo, same.hi, same.p) == (0.5, 0.5, 0.0)
     assert welch_diff([1.0, 1.0], [1.0, 1.0]).p == 1.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # one constant side is exact, not a precision warning
+        half = welch_diff([1.0, 1.0], [0.5, 0.3])
+    assert half.df == pytest.approx(1.0) and half.hi == pytest.approx(0.6 + 12.706205 * 0.1, abs=1e-6)
     with pytest.raises(ValueError, match="confidence"):
         welch_diff([1.0, 2.0], [1.0, 2.0], confidence=1.0)
     assert sample_std([2.0]) is None and sample_std([1.0, 3.0]) == pytest.approx(math.sqrt(2.0))

@@ -14,9 +14,6 @@ word), and a reward that hangs has no deadline. :class:`RewardPolicy` wraps each
 - the reward raises (the exception's type and first line; ``sys.exit`` and any ``BaseException`` but Ctrl-C too,
   so no reward ends a run silently), or runs past ``reward_timeout`` seconds.
 
-:func:`import_reward` imports a ``module:function`` reward and names, in one line, a module that fails to import
-(the exception, its file and line) or a name that is not a function.
-
 A reward *model* (an ``nn.Module``) has no per-function hook in TRL: :meth:`RewardPolicy.check_scores` checks the
 gathered scores for ``inf`` after TRL computes them. :meth:`RewardPolicy.observe_advantages` counts optimizer steps
 in a row whose every advantage is 0 (equal rewards in every group, or NaN advantages TRL zeroed) and stops the run
@@ -41,7 +38,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from ictrl.errors import Interrupted, UserError, failure, quote
+from ictrl.errors import Interrupted, UserError, quote
 
 # A reward call's time to finish after SIGTERM: the run then ends within 20 s, under a scheduler's usual 30 s grace.
 SIGTERM_GRACE_S = 5.0
@@ -62,25 +59,6 @@ class NoLearningSignal(RunStop):
 
 class RewardAbandoned(RunStop):
     """A stop request found a reward call running and it did not finish within :data:`SIGTERM_GRACE_S`."""
-
-
-def import_reward(spec: str) -> Callable[..., Any]:
-    """The reward function ``module:function`` (or ``module.function``) names, imported. Raises
-    :class:`UserError` in one line when the module fails to import (whatever it raises, ``SystemExit`` included:
-    the exception, its file and line), lacks the name, or the name is not callable."""
-    import importlib
-
-    module, _, attr = spec.partition(":") if ":" in spec else spec.rpartition(".")
-    try:
-        fn = getattr(importlib.import_module(module), attr)
-    except KeyboardInterrupt:
-        raise
-    except BaseException as exc:  # noqa: BLE001 - a user's module: whatever its import raises, named
-        raise UserError(f"cannot import {spec!r}: {failure(exc)}") from None
-    if not callable(fn):
-        raise UserError(f"{spec!r} is {type(fn).__name__} {quote(fn, 80)}, not a function; a reward is a function "
-                        "(prompts, completions, **columns) -> list of floats")
-    return fn
 
 
 def _label(fn: Any) -> str:

@@ -1,0 +1,167 @@
+"""The statistics paths: where a step's statistics come from and when its selection is made. Each path is one object
+with what it does at generation and what it does in the loss, planned once per mode when the trainer is built
+(docs/architecture.md, "The statistics path"); the trainer calls the mode's path and never asks which it is.
+
+- :class:`Separate`: a no-grad forward of its own at generation, which selects the batch; the loss's forward is
+  TRL's (or the sparse head's) alone. The reference the others are tested against.
+- :class:`SharedOldLogps`: the pass that gives TRL its old log-probs at generation also gives the statistics.
+- :class:`TrainingForward`: the loss's own forward gives the statistics, and the selection is made there.
+- ``ictrl.engine.sampler_topk.SamplerTopK``: the separate pass with the ICT score from the sampler's top-K.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from torch import Tensor
+
+from ictrl.engine.selection_step import ROW, SELECTED, LossInputs, SelectionStep, response_mask
+from ictrl.engine.stats_pass import STATS_PATHS, StepContext, Wants
+
+
+@dataclass(frozen=True)
+class PathFacts:
+    """What decides the statistics path of a run in one mode (docs/architecture.md, "The statistics path")."""
+
+    one_pass: bool                # False forces the separate pass (the reference the others are tested against)
+    sampler_topk: bool            # the ICT score's top-K log-probs come from the sampler
+    dynamic_sampling: bool
+    stat_free: bool               # the selector reads no statistics (all, random)
+    same_temperature: bool        # selection temperature == sampling temperature
+    training: bool
+    trl_computes_old_logps: bool
+    tools: bool
+    on_policy_single_micro_batch: bool  # num_iterations == 1 and steps_per_generation == 1
+
+
+def plan_path(f: PathFacts, separate: Callable[[], Separate]) -> Separate:
+    """The path of one mode; ``separate()`` builds the run's separate pass (the sampler's top-K or not)."""
+    if not f.one_pass or f.sampler_topk or f.dynamic_sampling:
+        return separate()
+    if f.stat_free:
+        return TrainingForward() if f.same_temperature else separate()
+    if not f.training:
+        return separate()
+    if f.trl_computes_old_logps:
+        return SharedOldLogps() if not f.tools and f.same_temperature else separate()
+    return TrainingForward() if f.on_policy_single_micro_batch else separate()
+
+
+class Separate:
+    """The separate statistics pass at generation; in the loss, TRL's forward (its dense one for its entropy bonus,
+    entropy mask or router loss), or the backbone and the sparse head (``sparse_backward``)."""
+
+    code = STATS_PATHS["separate"]  # ictrl/stats_path
+
+    # ------------------------------------------- what TRL's calls inside one generation hand the path
+
+    def generating(self, step: StepContext) -> None:
+        """A generation call of ``step`` begins (TRL's hooks below run inside it)."""
+
+    def rollout_started(self) -> None:
+        """TRL calls its sampler once more (dynamic sampling: once a round)."""
+
+    def rollout_recorded(self, rows: Any) -> None:
+        """The sampler's top-K rows of its last call (``selection_topk_source``)."""
+
+    def old_logps(self, selection: SelectionStep, model: Any, input_ids: Tensor, attention_mask: Tensor, T: int,
+                  rows: int | None) -> Tensor | None:
+        """TRL's no-grad old log-probs, when this path computes them (None: TRL does)."""
+        return None
+
+    # ------------------------------------------------------------------------------------- the step
+
+    def sampler_topk(self, batch: dict[str, Any], step: StepContext) -> tuple[Tensor, Tensor] | None:
+        """The [B, T, K] top-K the sampler recorded for ``batch`` (None: the LM head's)."""
+        return None
+
+    def at_generation(self, selection: SelectionStep, model: Any, batch: dict[str, Any], step: StepContext,
+                      importance_correction: bool) -> float | None:
+        """Select the generation ``batch`` (its ``ictrl_selected``); returns the ``ictrl/stats_path`` it logs, or
+        None when its statistics and selection come with the loss's forward."""
+        topk = self.sampler_topk(batch, step)
+        step.metrics["ictrl/topk_from_sampler"].append(float(topk is not None))
+        selection.at_generation(model, batch, step, sampler_topk=topk)
+        return self.code
+
+    def in_loss(self, selection: SelectionStep, model: Any, batch: dict[str, Any], step: StepContext) -> LossInputs:
+        """What the loss reads of the micro-batch ``batch``, selected at generation."""
+        if step.dense:
+            wants: Wants | None = Wants(sum_sq=False, aux=step.router_loss)
+        else:
+            wants = None if step.sparse else Wants(sum_sq=False)
+        return selection.for_loss(model, batch, step, selection.loss_forward(model, batch, step, wants))
+
+
+class SharedOldLogps(Separate):
+    """TRL computes old log-probs at generation (several optimizer steps per generation batch, or vLLM's
+    importance correction): its first no-grad call is served by the statistics pass, which selects the batch."""
+
+    code = STATS_PATHS["shared_old_logps"]
+
+    def __init__(self) -> None:
+        self.step: StepContext | None = None
+        self.served: tuple[int, Any] | None = None  # rows, and the statistics and JS of the served call
+
+    def generating(self, step: StepContext) -> None:
+        self.step, self.served = step, None
+
+    def old_logps(self, selection: SelectionStep, model: Any, input_ids: Tensor, attention_mask: Tensor, T: int,
+                  rows: int | None) -> Tensor | None:
+        if self.served is not None or self.step is None:
+            return None
+        logps, stats = selection.old_logps(model, input_ids, attention_mask, T, self.step, rows)
+        self.served = (input_ids.size(0), stats)
+        return logps
+
+    def at_generation(self, selection: SelectionStep, model: Any, batch: dict[str, Any], step: StepContext,
+                      importance_correction: bool) -> float | None:
+        """A batch whose mask leaves tool output out (TRL's old log-probs do not), or whose old log-probs were not
+        served here, takes the separate pass."""
+        served, rows = self.served, batch["completion_mask"].size(0)
+        if "tool_mask" in batch or served is None or served[0] != rows:
+            return super().at_generation(selection, model, batch, step, importance_correction)
+        selection.at_generation(model, batch, step, given=served[1])
+        return self.code
+
+
+class TrainingForward(Separate):
+    """On-policy with one micro-batch per generation batch: the loss's forward gives the statistics and the
+    selection is made there, on the generation batch TRL has shuffled; a selector that reads no statistics selects
+    at generation, and the loss's forward gives only its metrics."""
+
+    code = STATS_PATHS["training_forward"]
+
+    def at_generation(self, selection: SelectionStep, model: Any, batch: dict[str, Any], step: StepContext,
+                      importance_correction: bool) -> float | None:
+        """A batch whose sampler log-probs get the importance weight needs π_old at generation: the separate
+        pass."""
+        if importance_correction:
+            return super().at_generation(selection, model, batch, step, importance_correction)
+        selection.keep_row_order(batch)
+        if selection.source.stat_free:  # selected now; the metrics come with the loss's forward
+            selection.at_generation(model, batch, step, given=(None, None))
+        return None
+
+    def in_loss(self, selection: SelectionStep, model: Any, batch: dict[str, Any], step: StepContext) -> LossInputs:
+        if ROW not in batch:  # selected at generation by the separate pass
+            return super().in_loss(selection, model, batch, step)
+        source = selection.source
+        if source.stat_free:  # TRL's fused head; log Σp² for the metrics where they are logged
+            out = selection.loss_forward(model, batch, step, Wants(sum_sq=step.logged), stats=step.logged)
+            if out.stats is not None:
+                assert out.stats[0] is not None
+                selection.log(step, response_mask(batch), out.stats[0], batch[SELECTED])
+        else:
+            if step.sparse:  # the backbone, the statistics swept from its hidden states, then the sparse head
+                wants: Wants | None = None
+            elif source.from_trl_head(step.needs):
+                wants = Wants(sum_sq=step.sum_sq)
+            else:  # TRL's fused head keeping the hidden states the statistics sweep
+                wants = Wants(sum_sq=False, hidden=source.backbone(model))
+            out = selection.loss_forward(model, batch, step, wants, stats=True)
+            selection.select_in_loss(batch, step, out)
+        step.metrics["ictrl/stats_path"].append(self.code)
+        return selection.for_loss(model, batch, step, out)

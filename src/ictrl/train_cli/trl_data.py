@@ -1,0 +1,134 @@
+"""TRL's data forms beyond a dataset directory or hub id, read as ``trl grpo`` reads them: the ``datasets:`` mixture
+(``trl.get_dataset`` over ``DatasetMixtureConfig``) and a local data file as ``dataset_name`` (``datasets``' own
+``parquet``, ``json`` and ``csv`` builders, where ``trl grpo`` fails). ``ictrl.train_cli.run_inputs`` calls them;
+errors are one :class:`ictrl.errors.DataError` line naming the key."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from ictrl.errors import DataError, shorten
+
+log = logging.getLogger("ictrl.train")
+
+# A local data file's suffix -> the datasets builder that reads it (.jsonl and .json are both the json builder).
+DATA_FILE_BUILDERS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".csv": "csv"}
+
+
+def file_builder(name: Any) -> str | None:
+    """The ``datasets`` builder for ``name`` when it is a local data file (:data:`DATA_FILE_BUILDERS`), else None."""
+    if not isinstance(name, str):
+        return None
+    path = Path(name).expanduser()
+    try:
+        return DATA_FILE_BUILDERS.get(path.suffix.lower()) if path.is_file() else None
+    except (OSError, ValueError):  # a name longer than a path can be, or with a NUL byte: not a file
+        return None
+
+
+def load_file(name: str, script: Any) -> Any:
+    """``load_dataset(builder, data_files=name, streaming=dataset_streaming)``: the file as a ``DatasetDict`` whose
+    one split is ``train`` (``datasets``' builders name it so)."""
+    from datasets import load_dataset
+
+    builder = file_builder(name)
+    try:
+        return load_dataset(builder, data_files=str(Path(name).expanduser()), streaming=script.dataset_streaming)
+    except Exception as exc:  # datasets raises many types for a malformed file (ArrowInvalid, DatasetGenerationError)
+        raise DataError(f"dataset_name: {name}: not readable as {builder} ({type(exc).__name__}: "
+                        f"{shorten(str(exc).splitlines()[0] if str(exc) else '', 300)})") from None
+
+
+def load_mixture(script: Any) -> Any:
+    """trl grpo's ``get_dataset(DatasetMixtureConfig(datasets, streaming, test_split_size))``: each entry loaded
+    by ``datasets.load_dataset`` with its path, name, data_dir, data_files and split, its columns selected, the
+    fractions applied, concatenated, split into train and test by ``test_split_size``. With ``dataset_name`` set
+    too, ``datasets`` is used, as in trl grpo, said in one line."""
+    from trl import DatasetMixtureConfig, get_dataset
+    from trl.scripts.utils import DatasetConfig
+
+    if script.dataset_name:
+        log.warning("datasets and dataset_name are both set: the datasets mixture is used and dataset_name %s is "
+                    "ignored, as in trl grpo", shorten(str(script.dataset_name), 200))
+    entries = [DatasetConfig(**entry) for entry in script.datasets]
+    mixture = DatasetMixtureConfig(datasets=entries, streaming=script.streaming,
+                                   test_split_size=script.test_split_size)
+    for i, entry in enumerate(entries):  # a missing local file named by its entry, not by datasets' glob error
+        files = entry.data_files if isinstance(entry.data_files, list) else [entry.data_files]
+        for file in files if not isinstance(entry.data_files, dict) else list(entry.data_files.values()):
+            if isinstance(file, str) and entry.path in DATA_FILE_BUILDERS.values() and not any(
+                    c in file for c in "*?[") and not Path(file).expanduser().exists():
+                raise DataError(f"datasets[{i}].data_files: {file}: file not found")
+    try:
+        return get_dataset(mixture)
+    except Exception as exc:  # datasets raises many types (FileNotFoundError, ValueError, DatasetNotFoundError, ...)
+        if not isinstance(exc, (ValueError, KeyError, FileNotFoundError, ConnectionError, OSError)):
+            raise
+        raise DataError(f"datasets: {shorten(str(exc).splitlines()[0] if str(exc) else type(exc).__name__, 300)}"
+                        ) from None
+
+
+# --- streamed data ------------------------------------------------------------------------------------------------
+
+
+def streamed(script: Any) -> bool:
+    """Whether the training data streams: ``dataset_streaming``, or the ``datasets`` mixture's ``streaming``."""
+    return bool(script.datasets and script.streaming) or (not script.datasets and bool(script.dataset_streaming))
+
+
+def first_row(rows: Any, name: str) -> dict[str, Any]:
+    """A stream's first row (its columns, when ``datasets`` knows no features before reading)."""
+    try:
+        return dict(next(iter(rows)))
+    except StopIteration:
+        raise DataError(f"{name}: the stream has no rows") from None
+
+
+class RowCheck:
+    """ictrl's row checks, applied to each row as it streams (``IterableDataset.filter`` with its position): a
+    prompt that is neither text nor chat messages, or messages without a chat template, stops the run in one line
+    naming the row; a prompt longer than ``limit`` tokens (``max_prompt_length``) is skipped with a line; without a
+    limit, one that cannot fit ``room`` tokens (the model's positions beside ``max_completion_length``) stops it."""
+
+    def __init__(self, tokenizer: Any, name: str, limit: int | None, room: int | None) -> None:
+        self.tokenizer, self.name, self.limit, self.room = tokenizer, name, limit, room
+        self.skipped = 0
+
+    def __call__(self, row: dict[str, Any], position: int) -> bool:
+        prompt = row.get("prompt")
+        where = f"{self.name}: streamed row {position}"
+        if isinstance(prompt, list) and prompt and all(isinstance(m, dict) for m in prompt):
+            if not getattr(self.tokenizer, "chat_template", None):
+                raise DataError(f"{where}: the prompt is a list of chat messages and the tokenizer has no chat "
+                                "template; set chat_template_path (the run stops at a bad streamed row)")
+            text = str(self.tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True))
+        elif isinstance(prompt, str) and prompt:
+            text = prompt
+        else:
+            raise DataError(f"{where}: prompt: expected text or a list of chat messages, got "
+                            f"{shorten(repr(prompt), 80)} (the run stops at a bad streamed row)")
+        tokens = len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        if self.limit is not None and tokens > self.limit:
+            self.skipped += 1
+            log.warning("%s: %d tokens, longer than max_prompt_length=%d: skipped (%d skipped so far)", where,
+                        tokens, self.limit, self.skipped)
+            return False
+        if self.limit is None and self.room is not None and tokens > self.room:
+            raise DataError(f"{where}: {tokens} tokens, longer than the {self.room} the model's positions leave "
+                            "beside max_completion_length; set max_prompt_length to skip such prompts (the run stops "
+                            "at a row that cannot fit)")
+        return True
+
+
+def check_stream(rows: Any, tokenizer: Any, name: str, limit: int | None, max_positions: int | None,
+                 completion_length: int) -> Any:
+    """``rows`` (an ``IterableDataset``) with :class:`RowCheck` applied to each row as it streams, the choice for
+    each kind of bad row said in one line first."""
+    room = max_positions - completion_length if max_positions is not None else None
+    long = (f"longer than max_prompt_length={limit} is skipped with a line" if limit is not None else
+            f"that cannot fit the model's {max_positions} positions beside max_completion_length stops the run")
+    log.info("%s streams: each row is checked as it is read: a prompt that is neither text nor chat messages "
+             "stops the run naming its position; one %s", name, long)
+    return rows.filter(RowCheck(tokenizer, name, limit, room), with_indices=True)
