@@ -198,7 +198,7 @@ def test_resume_mid_run_reproduces_the_metrics(tiny_model_dir: Path, tmp_path: P
 
 
 def test_the_trl_hook_is_the_pinned_one() -> None:
-    """Dynamic sampling reads the gathered rewards TRL's _calculate_rewards returns and uses its _tokenizer."""
+    """Dynamic sampling reads the gathered rewards TRL's _calculate_rewards returns."""
     import inspect
 
     from trl import GRPOTrainer
@@ -208,7 +208,6 @@ def test_the_trl_hook_is_the_pinned_one() -> None:
     assert list(inspect.signature(GRPOTrainer._calculate_rewards).parameters) == [
         "self", "inputs", "prompts", "completions", "completion_ids_list"]
     assert "rewards_per_func = gather(rewards_per_func)" in inspect.getsource(GRPOTrainer._calculate_rewards)
-    assert "self._tokenizer = " in inspect.getsource(GRPOTrainer.__init__)
     assert ICTGRPOTrainer.__mro__ == (ICTGRPOTrainer, *GRPOTrainer.__mro__)  # a part composed in, not a mixin
     source = inspect.getsource(ICTGRPOTrainer._generate_and_score_completions)
     assert "self.batch_filter.generate(super()._generate_and_score_completions, inputs)" in source

@@ -257,3 +257,35 @@ def test_moe_router_aux_loss_equals_trl(tmp_path: Path) -> None:
     trainer.aux_loss_enabled = False  # the router loss moves the step
     _, plain = _step(trainer, inputs, trl=False)
     assert _max_diff(grads, plain) > 1e-6
+
+
+@pytest.mark.parametrize(("loss_type", "norm"), [("grpo", "per_response_selected"), ("bnpo", "token_mean_selected"),
+                                                 ("dapo", "token_mean_all"), ("dr_grpo", "dr_grpo"),
+                                                 ("grpo", "per_response_all")])
+def test_a_selection_is_trls_loss_over_the_selection_as_its_token_mask(tiny_model_dir: Path, tmp_path: Path,
+                                                                       loss_type: str, norm: str) -> None:
+    """Where the normaliser is one TRL computes from its token mask (one micro-batch), the loss over a selection
+    equals TRL's own ``_compute_loss`` with the selection multiplied into that mask (TRL's ``tool_mask``): per
+    response over the selected tokens, the micro-batch's selected tokens, the generation batch's response tokens
+    (dapo's ``num_items_in_batch``), dr_grpo's constant. Not ``per_response_all``: TRL's grpo divides by the
+    masked count, so a denominator over all response tokens does not ride on the mask."""
+    from ictrl.core.selection import register_selector
+
+    @register_selector("test_even_positions")
+    def even_positions(inputs: Any) -> torch.Tensor:
+        return inputs.mask & (torch.arange(inputs.mask.size(1), device=inputs.mask.device) % 2 == 0)
+
+    trainer, inputs = _batch(tiny_model_dir, tmp_path, token_selector="test_even_positions", loss_type=loss_type,
+                             loss_normalization=norm)
+    trainer.current_gradient_accumulation_steps = trainer.args.gradient_accumulation_steps
+    ours, g_ours = _step(trainer, inputs, trl=False)
+    response = inputs["completion_mask"].bool()
+    selected = response & (torch.arange(response.size(1)) % 2 == 0)
+    assert 0 < int(selected.sum()) < int(response.sum())
+    theirs, g_trl = _step(trainer, {**inputs, "tool_mask": selected.to(inputs["completion_mask"].dtype)}, trl=True)
+    if norm == "per_response_all":
+        assert _max_diff(g_ours, g_trl) > 1e-4
+        return
+    assert ours == pytest.approx(theirs, rel=1e-5, abs=1e-7)
+    for name in g_trl:
+        torch.testing.assert_close(g_ours[name], g_trl[name], rtol=1e-4, atol=1e-7, msg=name)

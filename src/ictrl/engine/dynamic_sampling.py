@@ -186,7 +186,9 @@ class DynamicSampling:
                         "groups", kept, quota, extra_rounds)
             uniform = (~first[1]).nonzero().flatten()[:quota - kept]
             parts.append((first[0], _group_rows(uniform, G)))
-        out = take_rows(parts, trainer._tokenizer.pad_token_id)
+        # processing_class is a tokenizer, or a processor that holds one (a vision-language model)
+        tokenizer = getattr(trainer.processing_class, "tokenizer", trainer.processing_class)
+        out = take_rows(parts, tokenizer.pad_token_id)
         loss_mask = out["completion_mask"] * out["tool_mask"] if "tool_mask" in out else out["completion_mask"]
         out["num_items_in_batch"] = acc.reduce(loss_mask.sum().to(acc.device), reduction="sum")  # as TRL counts it
         metrics = trainer._metrics["train"]

@@ -140,14 +140,12 @@ def _make_trainer(args: argparse.Namespace, model: Any, tokenizer: Any, recipe: 
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
     from ictrl.train_cli.callbacks import MetricsJSONL, RichProgress
-    from ictrl.train_cli.run import skip_deepspeed_unless_imported
     from ictrl.engine.trainer import ICTGRPOTrainer
 
     dataset = tinytask.train_dataset(plan["prompts"], plan["steps"], recipe.difficulty, seed=args.seed)
     trainer_args = _trainer_args(args.method, out / "rl", args.seed, plan["steps"], plan["lr"], plan["prompts"],
                                  plan["generations"], max_new_tokens(recipe.difficulty))
     tokenizer.padding_side = "left"
-    skip_deepspeed_unless_imported()
     trainer = ICTGRPOTrainer(model=model, reward_funcs=[tinytask.tinyarith_reward], args=trainer_args,
                              train_dataset=dataset, processing_class=tokenizer)
     for cb in (PrinterCallback, ProgressCallback):
@@ -191,10 +189,13 @@ def _run(args: argparse.Namespace) -> int:
     timings["eval_before"] = time.perf_counter() - t
     print(f"before RL: pass@1 {before['pass@1']:.3f}  pass@4 {before['pass@4']:.3f}")
 
-    trainer = _make_trainer(args, model, tokenizer, recipe, plan, out)
-    t = time.perf_counter()
-    trainer.train()
-    timings["rl"] = time.perf_counter() - t
+    from ictrl.train_cli.run import skip_deepspeed_unless_imported
+
+    with skip_deepspeed_unless_imported():
+        trainer = _make_trainer(args, model, tokenizer, recipe, plan, out)
+        t = time.perf_counter()
+        trainer.train()
+        timings["rl"] = time.perf_counter() - t
 
     t = time.perf_counter()
     after = _evaluate(trainer.model, tokenizer, test, plan["eval_samples"], seed=args.seed)

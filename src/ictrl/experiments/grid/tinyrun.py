@@ -142,12 +142,20 @@ def train_tiny(settings: TinyRL, base: Path, spec: RunSpec, run_dir: Path,
                callbacks: Sequence[Callable[[Path], Any]] = ()) -> dict[str, Any]:
     """Train one run on the embedded task from scratch and evaluate it; returns p<k> per ``settings.eval_ks``,
     final_reward and steps. ``callbacks``: factories ``f(metrics_path) -> TrainerCallback`` added after the
-    metrics log (so they see each step's row once it is written)."""
+    metrics log (so they see each step's row once it is written). Like ``ictrl train``, the run goes without
+    importing DeepSpeed, which it does not use (:func:`ictrl.train_cli.run.skip_deepspeed_unless_imported`)."""
+    from ictrl.train_cli.run import skip_deepspeed_unless_imported
+
+    with skip_deepspeed_unless_imported():
+        return _train_and_evaluate(settings, base, spec, run_dir, callbacks)
+
+
+def _train_and_evaluate(settings: TinyRL, base: Path, spec: RunSpec, run_dir: Path,
+                        callbacks: Sequence[Callable[[Path], Any]]) -> dict[str, Any]:
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
     from ictrl.train_cli.callbacks import MetricsJSONL
     from ictrl.train_cli.preflight import build_trainer_args, trainer_classes
-    from ictrl.train_cli.run import skip_deepspeed_unless_imported
     from ictrl.files import load_metrics
     from ictrl.experiments.tasks.registry import get_task
     from ictrl.experiments.tasks.tinymodel import load_tiny_base
@@ -157,7 +165,6 @@ def train_tiny(settings: TinyRL, base: Path, spec: RunSpec, run_dir: Path,
         shutil.rmtree(stale) if stale.is_dir() else stale.unlink()
     cfg = tiny_run_config(settings, base, spec, run_dir)
     args = build_trainer_args(cfg, cfg.output_dir)
-    skip_deepspeed_unless_imported()
     model, tokenizer = load_tiny_base(base)
     task = get_task(base_task(base))
     dataset = task.train_dataset(settings.prompts_per_step, settings.steps, _base_difficulty(base), spec.seed)

@@ -1,0 +1,107 @@
+"""What ictrl swaps at run time or reads privately in TRL, accelerate and transformers, checked on the installed
+versions without building a trainer: each test fails when the thing a row of docs/architecture.md's TRL-surface
+table relies on is renamed, re-signed, or no longer looked up where the swap can reach it. Run on every TRL minor
+pyproject declares (``.ci/run``: the TRL contract step)."""
+
+from __future__ import annotations
+
+import inspect
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+from packaging.version import Version
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _params(fn: object) -> list[str]:
+    return list(inspect.signature(fn).parameters)  # type: ignore[arg-type]
+
+
+def test_installed_trl_is_in_the_range_pyproject_declares() -> None:
+    import trl
+
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["dependencies"]
+    (spec,) = [Requirement(d).specifier for d in deps if Requirement(d).name == "trl"]
+    assert Version(trl.__version__) in spec, f"trl {trl.__version__} is outside pyproject's trl{spec}"
+
+
+def test_fused_head_is_looked_up_where_the_swap_replaces_it() -> None:
+    """``stats_pass.fused_head_with_sum_sq`` replaces ``grpo_trainer.add_fused_lm_head`` while ``__init__`` runs."""
+    import trl.trainer.grpo_trainer as grpo
+    from trl.trainer.utils import add_fused_lm_head
+
+    assert grpo.add_fused_lm_head is add_fused_lm_head
+    assert _params(add_fused_lm_head) == ["model", "temperature", "cast_lm_head_to_fp32", "outputs"]
+    init = inspect.getsource(grpo.GRPOTrainer.__init__)
+    assert 'outputs=("log_probs", "entropy")' in init  # the policy's head: the one the swap widens
+    assert "log_sum_sq_probs" in inspect.getsource(add_fused_lm_head)
+
+
+def test_checkpoint_path_comes_from_get_output_dir() -> None:
+    """``resumable.Resumable.save_checkpoint`` points ``_get_output_dir`` at the staging directory for one save."""
+    from transformers import Trainer
+
+    assert _params(Trainer._get_output_dir) == ["self", "trial"]
+    assert "run_dir = self._get_output_dir(trial=trial)" in inspect.getsource(Trainer._save_checkpoint)
+
+
+def test_accelerate_asks_its_module_global_deepspeed_check() -> None:
+    """``train_cli.run.skip_deepspeed_unless_imported`` replaces ``accelerate.utils.other.is_deepspeed_available``."""
+    import accelerate.utils.other as other
+
+    assert callable(other.is_deepspeed_available)
+    assert "if is_deepspeed_available():" in inspect.getsource(other.extract_model_from_parallel)
+
+
+def test_fsdp_final_save_reads_the_plugins_state_dict_type() -> None:
+    """``resumable.save_final`` sets the FSDP plugin to a full state dict for the final save, then back."""
+    from accelerate.utils import FullyShardedDataParallelPlugin
+    from transformers import Trainer
+
+    assert _params(FullyShardedDataParallelPlugin.set_state_dict_type) == ["self", "state_dict_type"]
+    assert '"FULL_STATE_DICT" in str(self.accelerator.state.fsdp_plugin.state_dict_type)' in inspect.getsource(
+        Trainer.save_model)
+
+
+def test_vllm_generation_has_what_ictrl_replaces_and_reads() -> None:
+    """``vllm_engine.building_engine`` (``LLM``, ``init_communicator``), ``vllm_engine.engine_built``
+    (``sync_weights``), the trainer's ``_install_vllm_topk`` (``generate``, ``logprobs``) and
+    ``vllm_engine.full_state_dict`` (``_iter_named_params``)."""
+    from trl import GRPOTrainer
+    from trl.generation import vllm_generation
+    from trl.generation.vllm_client import VLLMClient
+
+    gen = vllm_generation.VLLMGeneration
+    assert _params(gen.generate) == ["self", "prompts", "images", "num_generations", "profiler"]
+    assert _params(gen.sync_weights) == ["self"] and _params(gen._iter_named_params) == ["self"]
+    assert "self.logprobs = logprobs" in inspect.getsource(gen.__init__)
+    assert re.search(r"self\.llm = LLM\(", inspect.getsource(gen._init_vllm))  # the module global building_engine swaps
+    assert _params(VLLMClient.init_communicator) == ["self", "device"]
+    turn = inspect.getsource(GRPOTrainer._generate_single_turn)
+    assert "self.vllm_generation.generate(" in turn and "self.vllm_generation.sync_weights()" in turn
+
+
+def test_transformers_rollout_calls_the_models_generate() -> None:
+    """``sampler_topk.recording_generate`` wraps ``model.generate`` for one rollout and adds a logits processor."""
+    from transformers import GenerationMixin
+    from trl import GRPOTrainer
+
+    assert "unwrapped_model.generate(" in inspect.getsource(GRPOTrainer._generate_single_turn)
+    assert "logits_processor" in _params(GenerationMixin.generate)
+
+
+@pytest.mark.parametrize("attribute, method, pattern", [
+    ("_metrics", "__init__", r'self\._metrics = \{"train": defaultdict\(list\), "eval": defaultdict\(list\)\}'),
+    ("_entropy_bonus_enabled", "__init__", r"self\._entropy_bonus_enabled = "),
+    ("_buffered_inputs", "_prepare_inputs", r"inputs = self\._buffered_inputs\[self\._step % "),
+], ids=["_metrics", "_entropy_bonus_enabled", "_buffered_inputs"])
+def test_private_attributes_ictrl_reads_are_set_as_it_reads_them(attribute: str, method: str, pattern: str) -> None:
+    """TRL's per-mode metric lists (the ``ictrl/*`` metrics go in them), its entropy-bonus switch (the loss
+    reproduces the bonus) and its buffer of micro-batches (the normalisers attach when it is refilled)."""
+    from trl import GRPOTrainer
+
+    assert re.search(pattern, inspect.getsource(getattr(GRPOTrainer, method))), attribute
