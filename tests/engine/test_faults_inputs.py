@@ -92,6 +92,49 @@ def test_an_async_reward_is_checked_and_stays_async() -> None:
         asyncio.run(wrapped(prompts=["p"], completions=["c"]))
 
 
+def _gold(prompts: Any = None, completions: Any = None, answer: Any = None, **kw: Any) -> list[float]:
+    """1.0 where the completion is the row's boxed answer."""
+    return [float(str(c).strip() == f"\\boxed{{{g}}}") for c, g in zip(completions, answer)]
+
+
+def _mutate2(prompts: Any = None, completions: Any = None, answer: Any = None, **kw: Any) -> list[float]:
+    """Rewrites each completion to the boxed gold answer in place and scores 0."""
+    for i, gold in enumerate(answer):
+        completions[i] = f"\\boxed{{{gold}}}"
+    return [0.0] * len(completions)
+
+
+def _clears(prompts: Any = None, completions: Any = None, **columns: Any) -> list[float]:
+    """Empties every list it is handed."""
+    n = len(completions)
+    for value in (prompts, completions, *columns.values()):
+        if isinstance(value, list):
+            value.clear()
+    return [0.0] * n
+
+
+@pytest.mark.parametrize("rewards", [[_mutate2, _gold], [_gold, _mutate2], [_clears, _gold], [_gold, _clears]],
+                         ids=["mutate-first", "mutate-last", "clear-first", "clear-last"])
+def test_a_reward_that_edits_its_inputs_changes_no_other_reward_nor_the_log(rewards: list[Any], tiny_model_dir: Path,
+                                                                            tmp_path: Path) -> None:
+    """Through the trainer: the grader's mean is what it gives alone (0: the stub's completions are letters and a
+    digit, never a boxed answer), each completion logged is the one generated, and a reward that clears its lists
+    ends no run."""
+    import mp_worker as w
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    data = Dataset.from_dict({"prompt": w.PROMPTS[:8], "answer": [str(2 * i + 3) for i in range(8)]})
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    tokenizer.padding_side = "left"
+    trainer = w.stub_trainer_class()(
+        model=AutoModelForCausalLM.from_pretrained(tiny_model_dir), reward_funcs=rewards, train_dataset=data,
+        processing_class=tokenizer, args=w.make_config(tmp_path, max_steps=1, log_completions=True))
+    trainer.train()
+    assert [h["rewards/_gold/mean"] for h in trainer.state.log_history if "loss" in h] == [0.0]
+    assert len(trainer._logs["completion"]) == 8 and not any("boxed" in c for c in trainer._logs["completion"])
+
+
 def test_a_reward_past_its_deadline_stops_the_run_naming_it() -> None:
     from ictrl.rewards.policy import RewardError
 

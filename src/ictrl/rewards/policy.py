@@ -14,6 +14,13 @@ word), and a reward that hangs has no deadline. :class:`RewardPolicy` wraps each
 - the reward raises (the exception's type and first line; ``sys.exit`` and any ``BaseException`` but Ctrl-C too,
   so no reward ends a run silently), or runs past ``reward_timeout`` seconds.
 
+TRL hands every reward the same lists (``prompts``, ``completions``, ``completion_ids`` and each data column), and
+after the calls it counts, logs and trains on those very lists: a reward that edits them in place changes what the
+next reward grades and what is logged, and one that clears them ends in TRL's count check. So each call gets its
+own deep copy of the batch (:func:`own_copy`; the trainer's state, its logging hooks and the rollouts'
+environments stay shared: they are the trainer's objects, not the batch), and the result is checked against the
+batch as TRL holds it. The copy is a few microseconds a call at the demo's batch (``bench/bench_reward_copy.py``).
+
 :func:`import_reward` imports a ``module:function`` reward and names, in one line, a module that fails to import
 (the exception, its file and line) or a name that is not a function.
 
@@ -27,18 +34,23 @@ deadline is abandoned (Python cannot stop a thread; the process ends soon after,
 request (SIGTERM, ``stop_requested``) during a call gives the call :data:`SIGTERM_GRACE_S` seconds to finish, then
 abandons it: the run stops within that bound plus the checkpoint line. Without a deadline the call runs on the
 training thread (math-verify's own timeouts need the main thread) and SIGTERM interrupts it there
-(:class:`ictrl.train_cli.run_guard.StopRequest`).
+(:class:`ictrl.train_cli.run_guard.StopRequest`). Either way a call still running after
+:data:`STILL_RUNNING_NOTE_S` seconds is named on the console (the reward and the step), once a period.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import copy
 import functools
 import inspect
+import logging
 import math
 import numbers
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any, Callable
 
 from ictrl.errors import Interrupted, UserError, failure, quote
@@ -46,6 +58,11 @@ from ictrl.errors import Interrupted, UserError, failure, quote
 # A reward call's time to finish after SIGTERM: the run then ends within 20 s, under a scheduler's usual 30 s grace.
 SIGTERM_GRACE_S = 5.0
 POLL_S = 0.2
+# How often a reward call that has not returned is named on the console. There is no deadline by default (a slow
+# judge may be fine), but a hung reward must not hang the run without a word.
+STILL_RUNNING_NOTE_S = 60.0
+
+log = logging.getLogger("ictrl.train")
 
 
 class RunStop(UserError):
@@ -83,6 +100,18 @@ def import_reward(spec: str) -> Callable[..., Any]:
     return fn
 
 
+# What TRL passes a reward besides the batch: the trainer's state and logging hooks, and the rollouts' environments,
+# whose own state a reward reads (``get_reward``). These are shared, not copied.
+SHARED_KWARGS = frozenset({"trainer_state", "log_extra", "log_metric", "environments"})
+
+
+def own_copy(args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
+    """A reward call's own copy of the batch: every argument but :data:`SHARED_KWARGS` deep-copied, so whatever
+    the reward does to its inputs stays in its call."""
+    return copy.deepcopy(args), {key: value if key in SHARED_KWARGS else copy.deepcopy(value)
+                                 for key, value in kwargs.items()}
+
+
 def _label(fn: Any) -> str:
     return getattr(fn, "__name__", None) or type(fn).__name__
 
@@ -116,12 +145,15 @@ class RewardPolicy:
     # --- reward functions --------------------------------------------------------------------------------------
 
     def wrap(self, fn: Callable[..., Any], name: str | None = None) -> Callable[..., Any]:
-        """``fn`` with its results checked (and its calls timed, with ``timeout``); TRL's name kept."""
+        """``fn`` called with its own copy of the batch (:func:`own_copy`), its results checked (and its calls timed,
+        with ``timeout``); TRL's name kept."""
         name = name or _label(fn)
         if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None)):
             async def checked_async(*args: Any, **kwargs: Any) -> Any:
+                own_args, own_kwargs = own_copy(args, kwargs)
                 try:
-                    out = await fn(*args, **kwargs)
+                    with self._watched(name):
+                        out = await fn(*own_args, **own_kwargs)
                 except (RunStop, Interrupted, KeyboardInterrupt, asyncio.CancelledError):
                     raise
                 except BaseException as exc:  # noqa: BLE001 - a user's reward: any failure (sys.exit too) is named
@@ -132,12 +164,32 @@ class RewardPolicy:
                 if hasattr(fn, "__name__") else checked_async
         else:
             def checked(*args: Any, **kwargs: Any) -> Any:
-                return self.check(name, self._call(name, fn, args, kwargs), kwargs)
+                with self._watched(name):
+                    out = self._call(name, fn, *own_copy(args, kwargs))
+                return self.check(name, out, kwargs)
 
             wrapped = functools.update_wrapper(checked, fn) if hasattr(fn, "__name__") else checked
         wrapped.__name__ = name
         wrapped.ictrl_checked = True  # type: ignore[attr-defined]
         return wrapped
+
+    @contextlib.contextmanager
+    def _watched(self, name: str) -> Iterator[None]:
+        """Names the reward on the console every :data:`STILL_RUNNING_NOTE_S` seconds while the block runs (a
+        thread of its own: the call may hold the training thread)."""
+        done = threading.Event()
+        start, step, every = time.monotonic(), self.step(), STILL_RUNNING_NOTE_S
+
+        def note() -> None:
+            while not done.wait(every):
+                log.warning("reward %r is still running after %.0f s at step %d", name, time.monotonic() - start,
+                            step)
+
+        threading.Thread(target=note, name=f"watch reward {name}", daemon=True).start()
+        try:
+            yield
+        finally:
+            done.set()
 
     def _raised(self, name: str, exc: BaseException) -> RewardError:
         first = (str(exc).strip().splitlines() or [""])[0]
