@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from ictrl.errors import ConfigError, UserError
 
@@ -421,3 +422,34 @@ def test_sigterm_during_a_hung_reward_ends_within_the_bound(tmp_path: Path, tiny
     last = err.strip().split("\n")[-1]
     assert proc.returncode == 143 and took < 20, (took, err[-3000:])
     assert "reward 'hang_at_step_2' was still running 5 s after SIGTERM" in last and "checkpoint-2" in last, last
+
+
+MUTATING = '''
+def mutate2(prompts=None, completions=None, answer=None, **kw):
+    for i, gold in enumerate(answer):
+        if isinstance(completions[i], str):
+            completions[i] = "\\\\boxed{%s}" % gold
+        else:
+            completions[i][-1]["content"] = "\\\\boxed{%s}" % gold
+    return [0.0] * len(completions)
+'''
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("order", [["mutating_reward:mutate2", "verifiable"], ["verifiable", "mutating_reward:mutate2"]])
+def test_ictrl_train_grades_what_the_model_wrote_whatever_a_reward_before_does(order: list[str], tmp_path: Path) -> None:
+    """``ictrl train configs/tiny/ict.yaml`` with a user reward that rewrites each completion to the boxed gold
+    answer: the random tiny model's verifiable mean stays 0 on every step, in either order."""
+    from ictrl import cli
+
+    assert cli.main(["tiny-model", str(tmp_path / "runs" / "tiny-model"), "--untrained", "--problems", "16"]) == 0
+    (tmp_path / "mutating_reward.py").write_text(MUTATING)
+    config = yaml.safe_load((Path(__file__).parents[2] / "configs/tiny/ict.yaml").read_text())
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump({**config, "reward_funcs": order}))
+    argv = [sys.executable, "-m", "ictrl.cli", "train", "run.yaml", "--max_steps=2", "--prompts_per_step=2", "--num_generations=4",
+            "--per_device_train_batch_size=8", "--num_iterations=1", "--save_strategy=no", "--no_signal_steps=0"]
+    done = subprocess.run(argv, cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "runs/tiny/ict/metrics.jsonl").read_text().splitlines()]
+    means = [r["rewards/verifiable/mean"] for r in rows if "rewards/verifiable/mean" in r]
+    assert len(means) == 2 and means == [0.0, 0.0], means
