@@ -453,3 +453,48 @@ def test_ictrl_train_grades_what_the_model_wrote_whatever_a_reward_before_does(o
     rows = [json.loads(line) for line in (tmp_path / "runs/tiny/ict/metrics.jsonl").read_text().splitlines()]
     means = [r["rewards/verifiable/mean"] for r in rows if "rewards/verifiable/mean" in r]
     assert len(means) == 2 and means == [0.0, 0.0], means
+
+
+# --- out of memory ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cap_mb", [900, 1500])
+def test_a_memory_cap_hit_while_importing_is_one_line(cap_mb: int, tmp_path: Path, tiny_model_dir: Path) -> None:
+    """Under ``ulimit -v`` too low for torch, the import fails (a MemoryError, or a library whose mapping the cap
+    refuses): one line, exit 2, and no second traceback from the exit handlers."""
+    import resource
+
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump({"model_name_or_path": str(tiny_model_dir), "output_dir": str(tmp_path / "o"),
+                                      "dataset_name": "gsm8k_train", "use_vllm": False}))
+
+    def cap() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (cap_mb << 20, cap_mb << 20))
+
+    done = subprocess.run([sys.executable, "-m", "ictrl", "train", str(config)], capture_output=True, text=True,
+                          preexec_fn=cap, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    lines = [line for line in done.stderr.split("\n") if line.strip() and not line.startswith("INFO ")]
+    assert done.returncode == 2 and len(lines) == 1, done.stderr[-3000:]
+    assert lines[0].startswith("ictrl train: error: out of memory while importing the libraries"), lines[0]
+
+
+@pytest.mark.parametrize("command, lower", [("train", "per_device_train_batch_size"), ("eval", "--batch-size")])
+def test_out_of_memory_in_a_command_is_one_line_naming_what_to_lower(command: str, lower: str,
+                                                                      monkeypatch: pytest.MonkeyPatch,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    import importlib
+
+    import torch
+
+    from ictrl import cli
+
+    def spent(args: Any) -> int:
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(importlib.import_module(cli.COMMANDS[command][0]), "run", spent)
+    monkeypatch.setattr(cli, "MEMORY_SPENT", [])
+    argv = {"train": ["train", "x.yaml"], "eval": ["eval", "--model", "m"]}[command]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip().split("\n")
+    assert len(err) == 1 and err[0].startswith(f"ictrl {command}: error: out of memory on the accelerator"), err
+    assert lower in err[0] and "Tried to allocate 2.00 GiB" in err[0]
