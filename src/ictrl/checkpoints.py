@@ -268,3 +268,78 @@ def weights_digest(directory: str | os.PathLike[str]) -> str | None:
         file_hash = known["sha256"] if isinstance(known, dict) and "sha256" in known else sha256_file(path)
         digest.update(f"{path.name}\0{file_hash}\n".encode())
     return digest.hexdigest()
+
+
+# The tokenizer files transformers reads from a model folder, one set per tokenizer kind. A folder with none
+# complete makes AutoTokenizer fall back to another tokenizer with a note, and generation crash later.
+TOKENIZER_FILES = (("tokenizer.json",), ("vocab.json", "merges.txt"), ("tokenizer.model",), ("spiece.model",),
+                   ("sentencepiece.bpe.model",), ("vocab.txt",))
+EMBEDDING_NAMES = ("embed_tokens.weight", "wte.weight", "word_embeddings.weight", "embed_in.weight")
+
+
+def model_folder_problem(directory: str | os.PathLike[str], trust_remote_code: bool = False) -> str | None:
+    """Why the local model folder cannot load as itself, or None (also for a hub id): its config.json names custom
+    code transformers does not have built in and ``trust_remote_code`` is off; it has no complete set of tokenizer
+    files; its config's ``vocab_size`` disagrees with the embedding rows in its safetensors header. Reads
+    config.json and the headers only."""
+    root = Path(directory)
+    try:
+        config = json.loads((root / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None  # no folder or no config: check_model says so; unreadable JSON: transformers names it
+    if not isinstance(config, dict):
+        return None
+    custom = custom_code(config)
+    if custom and not trust_remote_code:
+        return custom
+    if not any(all((root / name).is_file() for name in kind) for kind in TOKENIZER_FILES):
+        partial = next((kind for kind in TOKENIZER_FILES if any((root / name).is_file() for name in kind)), None)
+        missing = ([n for n in partial if not (root / n).is_file()] if partial else
+                   ["tokenizer.json (or vocab.json and merges.txt, or tokenizer.model)"])
+        return (f"the tokenizer files are missing: {', '.join(missing)} (transformers would fall back to another "
+                "tokenizer); copy the model's tokenizer files into the folder")
+    return vocab_problem(root, config)
+
+
+def custom_code(config: dict[str, Any]) -> str | None:
+    """Why loading the model runs its own code (an ``auto_map`` for a ``model_type`` transformers lacks), or None."""
+    auto_map = config.get("auto_map")
+    if not isinstance(auto_map, dict) or not auto_map:
+        return None
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    if config.get("model_type") in CONFIG_MAPPING_NAMES:
+        return None  # transformers loads its own class and ignores the folder's code
+    code = sorted({str(v if isinstance(v, str) else v[0] if isinstance(v, (list, tuple)) and v else v)
+                   for v in auto_map.values()})
+    return (f"its model_type {config.get('model_type')!r} is custom code in the folder (auto_map: "
+            f"{', '.join(code)[:200]}), which runs only with trust_remote_code")
+
+
+def vocab_problem(root: Path, config: dict[str, Any]) -> str | None:
+    """config.json's ``vocab_size`` against the embedding rows its safetensors header records, or None."""
+    vocab = config.get("vocab_size", (config.get("text_config") or {}).get("vocab_size"))
+    found = embedding_rows(root)
+    if not isinstance(vocab, int) or found is None:
+        return None
+    name, rows = found
+    if rows == vocab:
+        return None
+    return (f"config.json says vocab_size {vocab} but the weights' {name} has {rows} rows; set vocab_size to {rows} "
+            "or use the weights the config was written for")
+
+
+def embedding_rows(root: Path) -> tuple[str, int] | None:
+    """The input embedding's name and row count from the folder's safetensors header(s), or None."""
+    for path in sorted(root.glob("*.safetensors")):
+        try:
+            with open(path, "rb") as fh:
+                length = int.from_bytes(fh.read(8), "little")
+                header = json.loads(fh.read(length)) if 0 < length <= path.stat().st_size else {}
+        except (OSError, ValueError):
+            continue
+        for key, tensor in header.items() if isinstance(header, dict) else ():
+            shape = tensor.get("shape") if isinstance(tensor, dict) else None
+            if key.endswith(EMBEDDING_NAMES) and isinstance(shape, list) and shape and isinstance(shape[0], int):
+                return key, shape[0]
+    return None

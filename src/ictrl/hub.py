@@ -67,15 +67,24 @@ def in_hub_cache(repo_id: str, kind: str = "model") -> bool:
     return (folder / "snapshots").is_dir() and any((folder / "snapshots").iterdir())
 
 
-def check_model(name_or_path: str, option: str = "--model") -> None:
-    """A local checkpoint directory (with config.json), a hub id in the local cache, or a hub id while the hub is
-    reachable. Anything else is a :class:`ModelNotFoundError` naming ``option``."""
+def check_model(name_or_path: str, option: str = "--model", trust_remote_code: bool | None = None) -> None:
+    """A local checkpoint directory (with config.json) that loads as itself (``checkpoints.model_folder_problem``:
+    its tokenizer files, its vocab_size against its weights, custom code only with ``trust_remote_code``; None: the
+    command has no such option), a hub id in the local cache, or a hub id while the hub is reachable. Anything else
+    is a :class:`ModelNotFoundError` naming ``option``."""
+    from ictrl.checkpoints import model_folder_problem
+
     path = Path(name_or_path).expanduser()
     if path.exists():
         if not path.is_dir():
             raise ModelNotFoundError(f"{option}: {name_or_path} is a file, not a model directory")
         if not (path / "config.json").is_file():
             raise ModelNotFoundError(f"{option}: {name_or_path} has no config.json, so it is not a model checkpoint")
+        problem = model_folder_problem(path, bool(trust_remote_code))
+        if problem is not None:
+            way = ("; set trust_remote_code: true to run it" if trust_remote_code is False else
+                   "; this command runs no code from a model folder") if "trust_remote_code" in problem else ""
+            raise ModelNotFoundError(f"{option}: {name_or_path}: {problem}{way}")
         return
     if _looks_like_path(name_or_path) or not _valid_repo_id(name_or_path):
         raise ModelNotFoundError(f"{option}: {name_or_path}: no such directory")
