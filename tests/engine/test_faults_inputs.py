@@ -498,3 +498,62 @@ def test_out_of_memory_in_a_command_is_one_line_naming_what_to_lower(command: st
     err = capsys.readouterr().err.strip().split("\n")
     assert len(err) == 1 and err[0].startswith(f"ictrl {command}: error: out of memory on the accelerator"), err
     assert lower in err[0] and "Tried to allocate 2.00 GiB" in err[0]
+
+
+# --- model and data folders that would load as something else --------------------------------------------------
+
+
+def _pickled_model(tiny_model_dir: Path, root: Path) -> Path:
+    """The tiny model with its weights as a pytorch_model.bin that also holds an object torch's safe loading
+    refuses."""
+    import argparse
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file
+
+    model = root / "pickled"
+    shutil.copytree(tiny_model_dir, model)
+    weights = load_file(model / "model.safetensors")
+    (model / "model.safetensors").unlink()
+    torch.save({**weights, "extra": argparse.Namespace(x=1)}, model / "pytorch_model.bin")
+    return model
+
+
+@pytest.mark.parametrize("command", ["train", "eval"])
+def test_a_pickled_model_the_safe_loading_refuses_is_one_line(command: str, tmp_path: Path, tiny_model_dir: Path,
+                                                              monkeypatch: pytest.MonkeyPatch,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    from ictrl import cli
+
+    model = _pickled_model(tiny_model_dir, tmp_path)
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps({"question": f"{i}+1?", "answer": str(i + 1)}) + "\n"
+                                                  for i in range(8)))
+    monkeypatch.chdir(tmp_path)
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump({"model_name_or_path": str(model), "output_dir": str(tmp_path / "o"),
+                                      "dataset_name": "jsonl:train.jsonl", "use_vllm": False, "report_to": "none",
+                                      "prompts_per_step": 2, "num_generations": 4, "per_device_train_batch_size": 8,
+                                      "max_completion_length": 4, "max_prompt_length": None, "max_steps": 1}))
+    argv = ["train", str(config)] if command == "train" else [
+        "eval", "--model", str(model), "--benchmarks", "jsonl:train.jsonl", "--n", "1", "--k", "1", "--limit", "1"]
+    assert cli.main(argv) == 2
+    errors = [line for line in capsys.readouterr().err.split("\n") if line.startswith(f"ictrl {command}: error:")]
+    assert len(errors) == 1 and f"{model}: its weights (pytorch_model.bin) hold objects torch's safe loading " \
+        "refuses (Unsupported global: GLOBAL argparse.Namespace" in errors[0], errors
+
+
+def test_a_dataset_folder_with_a_loading_script_is_one_line_before_the_model_loads(
+        tmp_path: Path, tiny_model_dir: Path, loader_calls: list[Any], capsys: pytest.CaptureFixture[str]) -> None:
+    from ictrl import cli
+
+    data = tmp_path / "mydata"
+    data.mkdir()
+    (data / "mydata.py").write_text("import datasets\n")
+    (data / "train.jsonl").write_text(json.dumps({"prompt": "q", "answer": "1"}) + "\n")
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump({"model_name_or_path": str(tiny_model_dir), "output_dir": str(tmp_path / "o"),
+                                      "dataset_name": str(data), "use_vllm": False}))
+    assert cli.main(["train", str(config)]) == 2 and not loader_calls
+    errors = [line for line in capsys.readouterr().err.split("\n") if line.startswith("ictrl train: error:")]
+    assert len(errors) == 1 and f"dataset_name: {data} holds a loading script (mydata.py)" in errors[0], errors
