@@ -30,7 +30,7 @@ import warnings
 from collections.abc import Sequence
 from typing import NoReturn
 
-from ictrl.cliargs import DEBUG_ENV, VERBOSE_ENV, env_flag
+from ictrl.cliargs import DEBUG_ENV, PATH_OPTIONS, VERBOSE_ENV, env_flag, expand_path
 from ictrl.errors import Interrupted, Terminated, UserError, interrupts_once, note_reported, one_line
 
 # command -> (module, one-line help)
@@ -166,6 +166,11 @@ def _main(argv: Sequence[str] | None) -> int:
         sub_parser = OneLineParser(prog=f"ictrl {name}", description=COMMANDS[name][1])
         module.add_arguments(sub_parser)
         args = sub_parser.parse_args(argv[1:])
+        for dest in PATH_OPTIONS & vars(args).keys():  # ~ and $VAR in a path option, as in a config's paths
+            value = getattr(args, dest)
+            if isinstance(value, (str, os.PathLike)):
+                expanded = expand_path(os.fspath(value), f"--{dest.replace('_', '-')}")
+                setattr(args, dest, type(value)(expanded) if not isinstance(value, str) else expanded)
         with interrupts_once():  # a second Ctrl-C while the first one's shutdown runs is absorbed
             return int(module.run(args) or 0)
     except UserError as err:

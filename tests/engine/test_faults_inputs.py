@@ -557,3 +557,37 @@ def test_a_dataset_folder_with_a_loading_script_is_one_line_before_the_model_loa
     assert cli.main(["train", str(config)]) == 2 and not loader_calls
     errors = [line for line in capsys.readouterr().err.split("\n") if line.startswith("ictrl train: error:")]
     assert len(errors) == 1 and f"dataset_name: {data} holds a loading script (mydata.py)" in errors[0], errors
+
+
+# --- ~ and $VAR in paths ----------------------------------------------------------------------------------------
+
+
+def test_home_and_variables_in_path_values_are_expanded_or_one_line(tmp_path: Path, tiny_model_dir: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """``~`` and ``$VAR`` in a config's paths and a command's path options mean what a shell makes of them; a
+    variable that is not set is one line naming the key and the variable (never a folder named ``$VAR``)."""
+    from ictrl import cli
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("ICTRL_TEST_MODELS", str(tiny_model_dir.parent))
+    monkeypatch.delenv("ICTRL_TEST_UNSET", raising=False)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.jsonl").write_text(json.dumps({"question": "1+1?", "answer": "2"}) + "\n")
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump({"model_name_or_path": f"${{ICTRL_TEST_MODELS}}/{tiny_model_dir.name}",
+                                      "output_dir": "~/runs/x", "dataset_name": "jsonl:$HOME/../train.jsonl",
+                                      "use_vllm": False}))
+    assert cli.main(["train", str(config), "--print-config"]) == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["model_name_or_path"] == str(tiny_model_dir)
+    assert printed["output_dir"] == str(tmp_path / "home" / "runs" / "x")
+    assert printed["dataset_name"] == f"jsonl:{tmp_path / 'home'}/../train.jsonl"
+    assert cli.main(["train", str(config), "--output_dir=$ICTRL_TEST_UNSET/out", "--print-config"]) == 2
+    err = capsys.readouterr().err.strip().split("\n")[-1]
+    assert err.startswith("ictrl train: error: override --output_dir") and "ICTRL_TEST_UNSET is not set" in err
+    assert cli.main(["eval", "--model", "$ICTRL_TEST_UNSET/m", "--output-dir", "~/e"]) == 2
+    err = capsys.readouterr().err.strip().split("\n")[-1]
+    assert err == "ictrl eval: error: --model: '$ICTRL_TEST_UNSET/m': the environment variable ICTRL_TEST_UNSET " \
+        "is not set"
+    assert not list(tmp_path.rglob("$*")) and not (tmp_path / "~").exists()
