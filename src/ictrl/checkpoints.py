@@ -277,10 +277,9 @@ TOKENIZER_FILES = (("tokenizer.json",), ("vocab.json", "merges.txt"), ("tokenize
 EMBEDDING_NAMES = ("embed_tokens.weight", "wte.weight", "word_embeddings.weight", "embed_in.weight")
 
 
-def model_folder_problem(directory: str | os.PathLike[str], trust_remote_code: bool = False) -> str | None:
-    """Why the local model folder cannot load as itself, or None (also for a hub id): its config.json names custom
-    code transformers does not have built in and ``trust_remote_code`` is off; it has no complete set of tokenizer
-    files; its config's ``vocab_size`` disagrees with the embedding rows in its safetensors header. Reads
+def model_folder_problem(directory: str | os.PathLike[str]) -> str | None:
+    """Why the local model folder cannot load as itself, or None (also for a hub id): it has no complete set of
+    tokenizer files; its config's ``vocab_size`` disagrees with the embedding rows in its safetensors header. Reads
     config.json and the headers only."""
     root = Path(directory)
     try:
@@ -289,9 +288,6 @@ def model_folder_problem(directory: str | os.PathLike[str], trust_remote_code: b
         return None  # no folder or no config: check_model says so; unreadable JSON: transformers names it
     if not isinstance(config, dict):
         return None
-    custom = custom_code(config)
-    if custom and not trust_remote_code:
-        return custom
     if not any(all((root / name).is_file() for name in kind) for kind in TOKENIZER_FILES):
         partial = next((kind for kind in TOKENIZER_FILES if any((root / name).is_file() for name in kind)), None)
         missing = ([n for n in partial if not (root / n).is_file()] if partial else
@@ -299,21 +295,6 @@ def model_folder_problem(directory: str | os.PathLike[str], trust_remote_code: b
         return (f"the tokenizer files are missing: {', '.join(missing)} (transformers would fall back to another "
                 "tokenizer); copy the model's tokenizer files into the folder")
     return vocab_problem(root, config)
-
-
-def custom_code(config: dict[str, Any]) -> str | None:
-    """Why loading the model runs its own code (an ``auto_map`` for a ``model_type`` transformers lacks), or None."""
-    auto_map = config.get("auto_map")
-    if not isinstance(auto_map, dict) or not auto_map:
-        return None
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
-
-    if config.get("model_type") in CONFIG_MAPPING_NAMES:
-        return None  # transformers loads its own class and ignores the folder's code
-    code = sorted({str(v if isinstance(v, str) else v[0] if isinstance(v, (list, tuple)) and v else v)
-                   for v in auto_map.values()})
-    return (f"its model_type {config.get('model_type')!r} is custom code in the folder (auto_map: "
-            f"{', '.join(code)[:200]}), which runs only with trust_remote_code")
 
 
 def vocab_problem(root: Path, config: dict[str, Any]) -> str | None:

@@ -214,7 +214,7 @@ def out_of_memory(err: BaseException) -> bool:
             return False
         if isinstance(seen, MemoryError) or type(seen).__name__ == "OutOfMemoryError" \
                 or str(seen).startswith(("CUDA out of memory", "MPS backend out of memory")) \
-                or isinstance(seen, (OSError, ImportError)) and "failed to map segment" in str(seen):  # a library's mmap, capped
+                or isinstance(seen, (OSError, ImportError)) and "failed to map segment" in str(seen):  # mmap, capped
             return True
         seen = seen.__cause__ or seen.__context__
     return False

@@ -8,6 +8,7 @@ torch or transformers.
 from __future__ import annotations
 
 import functools
+import json
 import os
 import socket
 from pathlib import Path
@@ -80,11 +81,14 @@ def check_model(name_or_path: str, option: str = "--model", trust_remote_code: b
             raise ModelNotFoundError(f"{option}: {name_or_path} is a file, not a model directory")
         if not (path / "config.json").is_file():
             raise ModelNotFoundError(f"{option}: {name_or_path} has no config.json, so it is not a model checkpoint")
-        problem = model_folder_problem(path, bool(trust_remote_code))
+        custom = None if trust_remote_code else custom_code(path)
+        if custom is not None:
+            way = "set trust_remote_code: true to run it" if trust_remote_code is False else \
+                "this command runs no code from a model folder"
+            raise ModelNotFoundError(f"{option}: {name_or_path}: {custom}; {way}")
+        problem = model_folder_problem(path)
         if problem is not None:
-            way = ("; set trust_remote_code: true to run it" if trust_remote_code is False else
-                   "; this command runs no code from a model folder") if "trust_remote_code" in problem else ""
-            raise ModelNotFoundError(f"{option}: {name_or_path}: {problem}{way}")
+            raise ModelNotFoundError(f"{option}: {name_or_path}: {problem}")
         return
     if _looks_like_path(name_or_path) or not _valid_repo_id(name_or_path):
         raise ModelNotFoundError(f"{option}: {name_or_path}: no such directory")
@@ -92,3 +96,23 @@ def check_model(name_or_path: str, option: str = "--model", trust_remote_code: b
         return
     raise ModelNotFoundError(f"{option}: {name_or_path}: no local directory or hub-cache copy, and "
                              f"{why_unreachable()}")
+
+
+def custom_code(folder: Path) -> str | None:
+    """Why loading the model folder runs its own code (its config.json's ``auto_map`` for a ``model_type``
+    transformers lacks), or None. transformers' rule: a type it knows loads its own class, the folder's code unrun."""
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    auto_map = config.get("auto_map") if isinstance(config, dict) else None
+    if not isinstance(auto_map, dict) or not auto_map:
+        return None
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    if config.get("model_type") in CONFIG_MAPPING_NAMES:
+        return None  # transformers loads its own class and ignores the folder's code
+    code = sorted({str(v if isinstance(v, str) else v[0] if isinstance(v, (list, tuple)) and v else v)
+                   for v in auto_map.values()})
+    return (f"its model_type {config.get('model_type')!r} is custom code in the folder (auto_map: "
+            f"{', '.join(code)[:200]}), which runs only with trust_remote_code")
