@@ -288,13 +288,21 @@ def model_folder_problem(directory: str | os.PathLike[str]) -> str | None:
         return None  # no folder or no config: check_model says so; unreadable JSON: transformers names it
     if not isinstance(config, dict):
         return None
-    if not any(all((root / name).is_file() for name in kind) for kind in TOKENIZER_FILES):
+    own = any(root.glob("*.tiktoken")) or "auto_map" in _json_text(root / "tokenizer_config.json")  # its own code
+    if not own and not any(all((root / name).is_file() for name in kind) for kind in TOKENIZER_FILES):
         partial = next((kind for kind in TOKENIZER_FILES if any((root / name).is_file() for name in kind)), None)
         missing = ([n for n in partial if not (root / n).is_file()] if partial else
                    ["tokenizer.json (or vocab.json and merges.txt, or tokenizer.model)"])
         return (f"the tokenizer files are missing: {', '.join(missing)} (transformers would fall back to another "
                 "tokenizer); copy the model's tokenizer files into the folder")
     return vocab_problem(root, config)
+
+
+def _json_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, ValueError):
+        return ""
 
 
 def vocab_problem(root: Path, config: dict[str, Any]) -> str | None:
