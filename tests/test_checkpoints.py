@@ -79,3 +79,43 @@ def test_a_kill_mid_publish_leaves_no_model_that_looks_complete(tmp_path: Path, 
         assert all((out / n).read_bytes() == n.encode() * 10 for n in ("model-1.bin", "model-2.bin"))
     else:
         assert renames_before_the_kill <= 3
+
+
+def _checkpoint(root: Path, step: int, rng: object, manifest: bool = True) -> Path:
+    """A checkpoint's files as the Trainer writes them: trainer state, an optimizer state, the RNG states (numpy's
+    among them), ``rng`` written as rng_state.pth."""
+    import numpy as np
+    import torch
+
+    path = root / f"checkpoint-{step}"
+    path.mkdir(parents=True)
+    (path / "trainer_state.json").write_text(json.dumps({"global_step": step, "max_steps": 8}))
+    torch.save({"state": {0: {"exp_avg": torch.zeros(3)}}, "param_groups": []}, path / "optimizer.pt")
+    torch.save(rng if rng is not None else {"python": (3, tuple(range(5)), None), "numpy": np.random.get_state(),
+                                            "cpu": torch.get_rng_state()}, path / "rng_state.pth")
+    if manifest:
+        write_manifest(path)
+    return path
+
+
+@pytest.mark.parametrize("damage", ["refused-pickle", "refused-with-its-manifest", "garbage"])
+def test_a_checkpoint_whose_pickles_cannot_load_safely_is_passed_over(damage: str, tmp_path: Path,
+                                                                      caplog: pytest.LogCaptureFixture) -> None:
+    """As a truncated checkpoint is: the newest one torch's weights_only loading refuses (or cannot read at all) is
+    skipped with a line naming the file, and the last readable one resumes."""
+    import argparse
+    import logging
+
+    from ictrl.engine.resumable import verified_checkpoints
+
+    good = _checkpoint(tmp_path, 2, None)
+    bad = _checkpoint(tmp_path, 4, argparse.Namespace(seed=1), manifest=damage != "refused-pickle")
+    if damage == "garbage":
+        (bad / "optimizer.pt").write_bytes(b"\x80\x04not a pickle at all")
+        write_manifest(bad)
+    with caplog.at_level(logging.WARNING, logger="ictrl.train"):
+        assert verified_checkpoints([good, bad]) == [good]
+    line = " ".join(r.getMessage() for r in caplog.records)
+    assert "skipping" in line and str(bad) in line
+    assert ("optimizer.pt cannot be read" if damage == "garbage" else
+            "rng_state.pth: torch's safe loading refuses it (Unsupported global: GLOBAL argparse.Namespace") in line

@@ -423,3 +423,101 @@ def test_extreme_learning_rates_pass_or_are_one_line(rate: str, no_op: bool, wor
         assert value > 0 and value != float("inf") or value == 0 and no_op, (rate, no_op)
     if value == 0 and not no_op:
         assert status == 2 and "0 trains nothing" in stderr
+
+
+# --- what a reward does to its inputs, damaged model folders ----------------------------------------------------
+
+MUTATIONS = st.sampled_from(["clear", "append", "replace", "delete", "reverse", "edit-message", "rebind-column"])
+
+
+@given(data=st.data())
+def test_a_reward_that_mutates_its_inputs_changes_nothing_outside_its_call(data: Any) -> None:
+    """Whatever a reward does to its lists (clears, appends, replaces or deletes items, reverses, edits a message
+    dict inside a completion), the batch TRL holds is unchanged after the call, the next reward sees it as it was,
+    and the first reward's result is checked against TRL's count."""
+    from ictrl.engine.reward_policy import RewardPolicy
+
+    CASES["count"] += 1
+    n = data.draw(st.integers(1, 6))
+    conversational = data.draw(st.booleans())
+    batch: dict[str, Any] = {
+        "prompts": [[{"role": "user", "content": f"q{i}"}] if conversational else f"q{i}" for i in range(n)],
+        "completions": [[{"role": "assistant", "content": f"c{i}"}] if conversational else f"c{i}" for i in range(n)],
+        "completion_ids": [[i, i + 1] for i in range(n)], "answer": [str(i) for i in range(n)],
+        "meta": [{"level": i, "tags": ["a"]} for i in range(n)]}
+    before = repr(batch)
+    plan = data.draw(st.lists(st.tuples(st.sampled_from(sorted(batch)), MUTATIONS), min_size=1, max_size=5))
+
+    def vandal(**kw: Any) -> list[float]:
+        for key, how in plan:
+            column = kw[key]
+            if how == "clear":
+                column.clear()
+            elif how == "append":
+                column.append("x")
+            elif how == "replace" and column:
+                column[0] = "\\boxed{0}"
+            elif how == "delete" and column:
+                del column[-1]
+            elif how == "reverse":
+                column.reverse()
+            elif how == "edit-message" and column and isinstance(column[0], (list, dict)):
+                inner = column[0]  # a message dict inside a turn list, a metadata dict, or a list of ids
+                (inner[0] if isinstance(inner, list) and inner and isinstance(inner[0], dict) else inner).clear()
+            elif how == "rebind-column":
+                kw[key] = []
+        return [0.0] * n
+
+    seen: list[str] = []
+    policy = RewardPolicy(timeout=data.draw(st.sampled_from([None, 30.0])), step=lambda: 1)
+    assert policy.wrap(vandal)(**batch) == [0.0] * n
+    policy.wrap(lambda **kw: seen.append(repr(kw)) or [1.0] * n)(**batch)
+    assert repr(batch) == before and seen == [before]
+
+
+DAMAGES = st.sampled_from(["tokenizer.json", "tokenizer.json+tokenizer_config.json", "vocab_size", "auto_map",
+                           "bigger-tokenizer"])
+
+
+@FULL_CHECKS
+@given(damage=DAMAGES, command=st.sampled_from(["train", "eval"]), data=st.data())
+def test_damaged_model_folders_are_one_line_before_the_model_loads(damage: str, command: str, data: Any,
+                                                                    workdir: Path, tiny_model_dir: Path,
+                                                                    no_model_load: None,
+                                                                    tmp_path_factory: pytest.TempPathFactory,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model folder that would load as something else (its tokenizer files gone, a vocab_size its weights do not
+    have, custom code without trust_remote_code, a tokenizer with ids past the model's rows) is one line naming
+    the folder, exit 2, before the weights load, in ``ictrl train`` and ``ictrl eval``."""
+    import shutil
+
+    from ictrl.models import build_byte_tokenizer
+
+    root = tmp_path_factory.mktemp("damaged")
+    model = root / "model"
+    shutil.copytree(tiny_model_dir, model)
+    config = json.loads((model / "config.json").read_text())
+    if damage.startswith("tokenizer"):
+        for name in damage.split("+"):
+            (model / name).unlink()
+    elif damage == "vocab_size":
+        config["vocab_size"] = data.draw(st.integers(1, 100_000).filter(lambda v: v != 259))
+    elif damage == "auto_map":
+        config["model_type"] = "custom_" + data.draw(st.text("abcxyz", min_size=1, max_size=8))
+        config["auto_map"] = {"AutoConfig": "modeling.Cfg", "AutoModelForCausalLM": "modeling.Model"}
+        (model / "modeling.py").write_text("raise SystemExit('the folder's code ran')\n")
+    else:
+        tokenizer = build_byte_tokenizer()
+        tokenizer.add_tokens([f"<extra{i}>" for i in range(data.draw(st.integers(1, 40)))])
+        tokenizer.save_pretrained(model)
+    (model / "config.json").write_text(json.dumps(config))
+    monkeypatch.chdir(workdir)
+    if command == "train":
+        path = root / "run.yaml"
+        path.write_text(yaml.safe_dump(configs_base(model, root / "out")))
+        status, stderr = run_cli(["train", str(path)], allow_load=True)
+    else:
+        status, stderr = run_cli(["eval", "--model", str(model), "--benchmarks", "jsonl:train.jsonl", "--n", "1",
+                                  "--k", "1", "--limit", "1"], allow_load=True)
+    assert_one_line_or_success(status, stderr, command, [str(model)])
+    assert status == 2 or damage == "bigger-tokenizer" and command == "train", (damage, command, stderr[-2000:])

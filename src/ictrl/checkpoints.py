@@ -271,3 +271,67 @@ def weights_digest(directory: str | os.PathLike[str]) -> str | None:
         file_hash = known["sha256"] if isinstance(known, dict) and "sha256" in known else sha256_file(path)
         digest.update(f"{path.name}\0{file_hash}\n".encode())
     return digest.hexdigest()
+
+
+# The tokenizer files transformers reads from a model folder, one set per tokenizer kind. A folder with none
+# complete makes AutoTokenizer fall back to another tokenizer with a note, and generation crash later.
+TOKENIZER_FILES = (("tokenizer.json",), ("vocab.json", "merges.txt"), ("tokenizer.model",), ("spiece.model",),
+                   ("sentencepiece.bpe.model",), ("vocab.txt",))
+EMBEDDING_NAMES = ("embed_tokens.weight", "wte.weight", "word_embeddings.weight", "embed_in.weight")
+
+
+def model_folder_problem(directory: str | os.PathLike[str]) -> str | None:
+    """Why the local model folder cannot load as itself, or None (also for a hub id): it has no complete set of
+    tokenizer files; its config's ``vocab_size`` disagrees with the embedding rows in its safetensors header. Reads
+    config.json and the headers only."""
+    root = Path(directory)
+    try:
+        config = json.loads((root / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None  # no folder or no config: check_model says so; unreadable JSON: transformers names it
+    if not isinstance(config, dict):
+        return None
+    own = any(root.glob("*.tiktoken")) or "auto_map" in _json_text(root / "tokenizer_config.json")  # its own code
+    if not own and not any(all((root / name).is_file() for name in kind) for kind in TOKENIZER_FILES):
+        partial = next((kind for kind in TOKENIZER_FILES if any((root / name).is_file() for name in kind)), None)
+        missing = ([n for n in partial if not (root / n).is_file()] if partial else
+                   ["tokenizer.json (or vocab.json and merges.txt, or tokenizer.model)"])
+        return (f"the tokenizer files are missing: {', '.join(missing)} (transformers would fall back to another "
+                "tokenizer); copy the model's tokenizer files into the folder")
+    return vocab_problem(root, config)
+
+
+def _json_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, ValueError):
+        return ""
+
+
+def vocab_problem(root: Path, config: dict[str, Any]) -> str | None:
+    """config.json's ``vocab_size`` against the embedding rows its safetensors header records, or None."""
+    vocab = config.get("vocab_size", (config.get("text_config") or {}).get("vocab_size"))
+    found = embedding_rows(root)
+    if not isinstance(vocab, int) or found is None:
+        return None
+    name, rows = found
+    if rows == vocab:
+        return None
+    return (f"config.json says vocab_size {vocab} but the weights' {name} has {rows} rows; set vocab_size to {rows} "
+            "or use the weights the config was written for")
+
+
+def embedding_rows(root: Path) -> tuple[str, int] | None:
+    """The input embedding's name and row count from the folder's safetensors header(s), or None."""
+    for path in sorted(root.glob("*.safetensors")):
+        try:
+            with open(path, "rb") as fh:
+                length = int.from_bytes(fh.read(8), "little")
+                header = json.loads(fh.read(length)) if 0 < length <= path.stat().st_size else {}
+        except (OSError, ValueError):
+            continue
+        for key, tensor in header.items() if isinstance(header, dict) else ():
+            shape = tensor.get("shape") if isinstance(tensor, dict) else None
+            if key.endswith(EMBEDDING_NAMES) and isinstance(shape, list) and shape and isinstance(shape[0], int):
+                return key, shape[0]
+    return None

@@ -20,6 +20,7 @@ import argparse
 import atexit
 import contextlib
 import importlib
+import io
 import logging
 import os
 import signal
@@ -29,7 +30,7 @@ import warnings
 from collections.abc import Sequence
 from typing import NoReturn
 
-from ictrl.cliargs import DEBUG_ENV, VERBOSE_ENV, env_flag
+from ictrl.cliargs import DEBUG_ENV, PATH_OPTIONS, VERBOSE_ENV, env_flag, expand_path
 from ictrl.errors import Interrupted, Terminated, UserError, interrupts_once, note_reported, one_line
 
 # command -> (module, one-line help)
@@ -45,6 +46,17 @@ COMMANDS: dict[str, tuple[str, str]] = {
                "(π, H1, overlap with 20-Entropy; HTML + JSON)"),
     "tiny-model": ("ictrl.experiments.tasks.tinymodel", "write the embedded tiny model (or a random Qwen2.5-shaped "
                    "one, --shape) and a tiny-task train.jsonl to a directory"),
+}
+
+# What each command's memory grows with: named when it runs out (a host MemoryError or an accelerator's).
+LOWER: dict[str, str] = {
+    "train": "per_device_train_batch_size (raise gradient_accumulation_steps to keep the batch), "
+             "max_completion_length or num_generations, or use a machine with more memory",
+    "eval": "--batch-size, --chunk-size or --max-new-tokens",
+    "demo": "--threads, or close other programs",
+    "compare": "the methods' batch (per_device_train_batch_size) or max_completion_length",
+    "inspect": "--num-generations or --max-new-tokens",
+    "regime": "--num-generations, --num-prompts or --max-new-tokens",
 }
 
 # Commands that left the package: the project's own studies, run from a clone of the repository.
@@ -154,6 +166,11 @@ def _main(argv: Sequence[str] | None) -> int:
         sub_parser = OneLineParser(prog=f"ictrl {name}", description=COMMANDS[name][1])
         module.add_arguments(sub_parser)
         args = sub_parser.parse_args(argv[1:])
+        for dest in PATH_OPTIONS & vars(args).keys():  # ~ and $VAR in a path option, as in a config's paths
+            value = getattr(args, dest)
+            if isinstance(value, (str, os.PathLike)):
+                expanded = expand_path(os.fspath(value), f"--{dest.replace('_', '-')}")
+                setattr(args, dest, type(value)(expanded) if not isinstance(value, str) else expanded)
         with interrupts_once():  # a second Ctrl-C while the first one's shutdown runs is absorbed
             return int(module.run(args) or 0)
     except UserError as err:
@@ -161,6 +178,14 @@ def _main(argv: Sequence[str] | None) -> int:
             raise
         if rank() == 0:  # every process of a launch hits the same config error: one line, from rank 0
             print(f"ictrl {name}: error: {one_line(err)}", file=sys.stderr)
+            note_reported(2)
+        return 2
+    except (MemoryError, RuntimeError, ImportError, OSError) as err:
+        if debug or not out_of_memory(err):
+            raise
+        MEMORY_SPENT.append(name)
+        if rank() == 0:
+            print(f"ictrl {name}: error: {memory_line(name, err)}", file=sys.stderr)
             note_reported(2)
         return 2
     except (Interrupted, KeyboardInterrupt) as err:
@@ -172,6 +197,44 @@ def _main(argv: Sequence[str] | None) -> int:
             print(f"\nictrl {name}: {what}", file=sys.stderr)
             note_reported(status)
         return status
+
+
+# The commands that ran out of memory in this process: their exit handlers may run out again (torch's import a
+# module at exit), and :func:`entry` keeps that second traceback off the console.
+MEMORY_SPENT: list[str] = []
+
+
+def out_of_memory(err: BaseException) -> bool:
+    """A host ``MemoryError`` or an accelerator's out-of-memory error (``torch.OutOfMemoryError``, a RuntimeError,
+    named by class so this needs no torch import), also as the cause of another error (a lazy import's
+    RuntimeError wraps the MemoryError it met)."""
+    seen: BaseException | None = err
+    for _ in range(8):
+        if seen is None:
+            return False
+        if isinstance(seen, MemoryError) or type(seen).__name__ == "OutOfMemoryError" \
+                or str(seen).startswith(("CUDA out of memory", "MPS backend out of memory")) \
+                or isinstance(seen, (OSError, ImportError)) and "failed to map segment" in str(seen):  # mmap, capped
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def memory_line(name: str, err: BaseException) -> str:
+    """One line for running out of memory: where (the module being imported, when an import ran out), and what
+    the command can lower. A memory cap (``ulimit -v``, a scheduler's limit) hit while importing torch is a cap
+    too low for ictrl at all."""
+    chain, seen = [], err
+    while seen is not None and len(chain) < 8:
+        chain.append(seen)
+        seen = seen.__cause__ or seen.__context__
+    frames = [f for e in chain for f in traceback.extract_tb(e.__traceback__)]
+    if any(f.filename.startswith("<frozen importlib") for f in frames):
+        module = next((f.filename for f in reversed(frames) if not f.filename.startswith("<frozen")), "?")
+        return (f"out of memory while importing the libraries ({module}): the process's memory limit (ulimit -v, "
+                "the job's memory request) is below what torch and transformers need to load; raise it")
+    device = "" if isinstance(err, MemoryError) else " on the accelerator"
+    return f"out of memory{device} ({type(err).__name__}: {one_line(err)[:120]}); lower {LOWER.get(name, 'the batch')}"
 
 
 def launched() -> bool:
@@ -223,6 +286,13 @@ def entry() -> NoReturn:
             raise
         traceback.print_exc()
         code = 130 if isinstance(exc, KeyboardInterrupt) else 1
+    if MEMORY_SPENT and not launched():  # the exit handlers run with what memory is left: their failures unshown
+        with contextlib.redirect_stderr(io.StringIO()):
+            atexit._run_exitfuncs()
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(code if isinstance(code, int) else 1)
     if code in (Interrupted.status, Terminated.status):  # stopping already: a Ctrl-C now would only add a traceback
         signal.signal(signal.SIGINT, signal.SIG_IGN)
     if launched():

@@ -8,6 +8,7 @@ torch or transformers.
 from __future__ import annotations
 
 import functools
+import json
 import os
 import socket
 from pathlib import Path
@@ -67,15 +68,27 @@ def in_hub_cache(repo_id: str, kind: str = "model") -> bool:
     return (folder / "snapshots").is_dir() and any((folder / "snapshots").iterdir())
 
 
-def check_model(name_or_path: str, option: str = "--model") -> None:
-    """A local checkpoint directory (with config.json), a hub id in the local cache, or a hub id while the hub is
-    reachable. Anything else is a :class:`ModelNotFoundError` naming ``option``."""
+def check_model(name_or_path: str, option: str = "--model", trust_remote_code: bool | None = None) -> None:
+    """A local checkpoint directory (with config.json) that loads as itself (``checkpoints.model_folder_problem``:
+    its tokenizer files, its vocab_size against its weights, custom code only with ``trust_remote_code``; None: the
+    command has no such option), a hub id in the local cache, or a hub id while the hub is reachable. Anything else
+    is a :class:`ModelNotFoundError` naming ``option``."""
+    from ictrl.checkpoints import model_folder_problem
+
     path = Path(name_or_path).expanduser()
     if path.exists():
         if not path.is_dir():
             raise ModelNotFoundError(f"{option}: {name_or_path} is a file, not a model directory")
         if not (path / "config.json").is_file():
             raise ModelNotFoundError(f"{option}: {name_or_path} has no config.json, so it is not a model checkpoint")
+        custom = None if trust_remote_code else custom_code(path)
+        if custom is not None:
+            way = "set trust_remote_code: true to run it" if trust_remote_code is False else \
+                "this command runs no code from a model folder"
+            raise ModelNotFoundError(f"{option}: {name_or_path}: {custom}; {way}")
+        problem = model_folder_problem(path)
+        if problem is not None:
+            raise ModelNotFoundError(f"{option}: {name_or_path}: {problem}")
         return
     if _looks_like_path(name_or_path) or not _valid_repo_id(name_or_path):
         raise ModelNotFoundError(f"{option}: {name_or_path}: no such directory")
@@ -83,3 +96,23 @@ def check_model(name_or_path: str, option: str = "--model") -> None:
         return
     raise ModelNotFoundError(f"{option}: {name_or_path}: no local directory or hub-cache copy, and "
                              f"{why_unreachable()}")
+
+
+def custom_code(folder: Path) -> str | None:
+    """Why loading the model folder runs its own code (its config.json's ``auto_map`` for a ``model_type``
+    transformers lacks), or None. transformers' rule: a type it knows loads its own class, the folder's code unrun."""
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    auto_map = config.get("auto_map") if isinstance(config, dict) else None
+    if not isinstance(auto_map, dict) or not auto_map:
+        return None
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    if config.get("model_type") in CONFIG_MAPPING_NAMES:
+        return None  # transformers loads its own class and ignores the folder's code
+    code = sorted({str(v if isinstance(v, str) else v[0] if isinstance(v, (list, tuple)) and v else v)
+                   for v in auto_map.values()})
+    return (f"its model_type {config.get('model_type')!r} is custom code in the folder (auto_map: "
+            f"{', '.join(code)[:200]}), which runs only with trust_remote_code")

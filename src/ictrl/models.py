@@ -9,12 +9,13 @@ demo use because these machines cannot download weights.
 from __future__ import annotations
 
 import os
+import pickle
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from ictrl.errors import UserError
+from ictrl.errors import UserError, one_line
 
 # Qwen2's pre-tokenizer split pattern; reusing it means AutoTokenizer, which
 # rebuilds the pre-tokenizer for qwen2 folders, reloads our tokenizer with
@@ -252,8 +253,23 @@ def load_model_and_tokenizer(
         dtype = getattr(torch, dtype)
     if dtype == "auto" and target.type == "cpu":
         dtype = torch.float32
-    model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype, trust_remote_code=trust_remote_code,
-                                                 **init_kwargs)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype, trust_remote_code=trust_remote_code,
+                                                     **init_kwargs)
+    except pickle.UnpicklingError as err:  # torch's weights_only loading: a pickle holding more than tensors
+        raise UserError(f"{name_or_path}: its weights ({', '.join(p.name for p in local.glob('*.bin')) or 'pickle'}) "
+                        f"hold objects torch's safe loading refuses ({_unpickler_reason(err)}); ictrl runs "
+                        "no pickled code: convert a trusted copy to safetensors") from None
     if init_kwargs.get("device_map") is None and getattr(model, "hf_quantizer", None) is None:
         model.to(target)  # a quantized model is placed at load and refuses .to()
     return model, tokenizer
+
+
+def _unpickler_reason(err: Exception) -> str:
+    """The reason in torch's weights_only refusal (its ``WeightsUnpickler error:`` line: the global it met), without
+    the advice and terminal colours around it."""
+    import re
+
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(err))
+    found = re.search(r"WeightsUnpickler error: ([^\n]*)", text)
+    return (found.group(1) if found else one_line(text)).split(". ")[0][:160]

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from ictrl.errors import ConfigError, UserError
 
@@ -90,6 +91,49 @@ def test_an_async_reward_is_checked_and_stays_async() -> None:
     assert inspect.iscoroutinefunction(wrapped) and wrapped.__name__ == "later"
     with pytest.raises(RewardError, match="'later' returned inf for row 0"):
         asyncio.run(wrapped(prompts=["p"], completions=["c"]))
+
+
+def _gold(prompts: Any = None, completions: Any = None, answer: Any = None, **kw: Any) -> list[float]:
+    """1.0 where the completion is the row's boxed answer."""
+    return [float(str(c).strip() == f"\\boxed{{{g}}}") for c, g in zip(completions, answer)]
+
+
+def _mutate2(prompts: Any = None, completions: Any = None, answer: Any = None, **kw: Any) -> list[float]:
+    """Rewrites each completion to the boxed gold answer in place and scores 0."""
+    for i, gold in enumerate(answer):
+        completions[i] = f"\\boxed{{{gold}}}"
+    return [0.0] * len(completions)
+
+
+def _clears(prompts: Any = None, completions: Any = None, **columns: Any) -> list[float]:
+    """Empties every list it is handed."""
+    n = len(completions)
+    for value in (prompts, completions, *columns.values()):
+        if isinstance(value, list):
+            value.clear()
+    return [0.0] * n
+
+
+@pytest.mark.parametrize("rewards", [[_mutate2, _gold], [_gold, _mutate2], [_clears, _gold], [_gold, _clears]],
+                         ids=["mutate-first", "mutate-last", "clear-first", "clear-last"])
+def test_a_reward_that_edits_its_inputs_changes_no_other_reward_nor_the_log(rewards: list[Any], tiny_model_dir: Path,
+                                                                            tmp_path: Path) -> None:
+    """Through the trainer: the grader's mean is what it gives alone (0: the stub's completions are letters and a
+    digit, never a boxed answer), each completion logged is the one generated, and a reward that clears its lists
+    ends no run."""
+    import mp_worker as w
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    data = Dataset.from_dict({"prompt": w.PROMPTS[:8], "answer": [str(2 * i + 3) for i in range(8)]})
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    tokenizer.padding_side = "left"
+    trainer = w.stub_trainer_class()(
+        model=AutoModelForCausalLM.from_pretrained(tiny_model_dir), reward_funcs=rewards, train_dataset=data,
+        processing_class=tokenizer, args=w.make_config(tmp_path, max_steps=1, log_completions=True))
+    trainer.train()
+    assert [h["rewards/_gold/mean"] for h in trainer.state.log_history if "loss" in h] == [0.0]
+    assert len(trainer._logs["completion"]) == 8 and not any("boxed" in c for c in trainer._logs["completion"])
 
 
 def test_a_reward_past_its_deadline_stops_the_run_naming_it() -> None:
@@ -378,3 +422,172 @@ def test_sigterm_during_a_hung_reward_ends_within_the_bound(tmp_path: Path, tiny
     last = err.strip().split("\n")[-1]
     assert proc.returncode == 143 and took < 20, (took, err[-3000:])
     assert "reward 'hang_at_step_2' was still running 5 s after SIGTERM" in last and "checkpoint-2" in last, last
+
+
+MUTATING = '''
+def mutate2(prompts=None, completions=None, answer=None, **kw):
+    for i, gold in enumerate(answer):
+        if isinstance(completions[i], str):
+            completions[i] = "\\\\boxed{%s}" % gold
+        else:
+            completions[i][-1]["content"] = "\\\\boxed{%s}" % gold
+    return [0.0] * len(completions)
+'''
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("order", [["mutating_reward:mutate2", "verifiable"], ["verifiable", "mutating_reward:mutate2"]])
+def test_ictrl_train_grades_what_the_model_wrote_whatever_a_reward_before_does(order: list[str], tmp_path: Path) -> None:
+    """``ictrl train configs/tiny/ict.yaml`` with a user reward that rewrites each completion to the boxed gold
+    answer: the random tiny model's verifiable mean stays 0 on every step, in either order."""
+    from ictrl import cli
+
+    assert cli.main(["tiny-model", str(tmp_path / "runs" / "tiny-model"), "--untrained", "--problems", "16"]) == 0
+    (tmp_path / "mutating_reward.py").write_text(MUTATING)
+    config = yaml.safe_load((Path(__file__).parents[2] / "configs/tiny/ict.yaml").read_text())
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump({**config, "reward_funcs": order}))
+    argv = [sys.executable, "-m", "ictrl.cli", "train", "run.yaml", "--max_steps=2", "--prompts_per_step=2", "--num_generations=4",
+            "--per_device_train_batch_size=8", "--num_iterations=1", "--save_strategy=no", "--no_signal_steps=0"]
+    done = subprocess.run(argv, cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "runs/tiny/ict/metrics.jsonl").read_text().splitlines()]
+    means = [r["rewards/verifiable/mean"] for r in rows if "rewards/verifiable/mean" in r]
+    assert len(means) == 2 and means == [0.0, 0.0], means
+
+
+# --- out of memory ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cap_mb", [900, 1500])
+def test_a_memory_cap_hit_while_importing_is_one_line(cap_mb: int, tmp_path: Path, tiny_model_dir: Path) -> None:
+    """Under ``ulimit -v`` too low for torch, the import fails (a MemoryError, or a library whose mapping the cap
+    refuses): one line, exit 2, and no second traceback from the exit handlers."""
+    import resource
+
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump({"model_name_or_path": str(tiny_model_dir), "output_dir": str(tmp_path / "o"),
+                                      "dataset_name": "gsm8k_train", "use_vllm": False}))
+
+    def cap() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (cap_mb << 20, cap_mb << 20))
+
+    done = subprocess.run([sys.executable, "-m", "ictrl", "train", str(config)], capture_output=True, text=True,
+                          preexec_fn=cap, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    lines = [line for line in done.stderr.split("\n") if line.strip() and not line.startswith("INFO ")]
+    assert done.returncode == 2 and len(lines) == 1, done.stderr[-3000:]
+    assert lines[0].startswith("ictrl train: error: out of memory while importing the libraries"), lines[0]
+
+
+@pytest.mark.parametrize("command, lower", [("train", "per_device_train_batch_size"), ("eval", "--batch-size")])
+def test_out_of_memory_in_a_command_is_one_line_naming_what_to_lower(command: str, lower: str,
+                                                                      monkeypatch: pytest.MonkeyPatch,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    import importlib
+
+    import torch
+
+    from ictrl import cli
+
+    def spent(args: Any) -> int:
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(importlib.import_module(cli.COMMANDS[command][0]), "run", spent)
+    monkeypatch.setattr(cli, "MEMORY_SPENT", [])
+    argv = {"train": ["train", "x.yaml"], "eval": ["eval", "--model", "m"]}[command]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip().split("\n")
+    assert len(err) == 1 and err[0].startswith(f"ictrl {command}: error: out of memory on the accelerator"), err
+    assert lower in err[0] and "Tried to allocate 2.00 GiB" in err[0]
+
+
+# --- model and data folders that would load as something else --------------------------------------------------
+
+
+def _pickled_model(tiny_model_dir: Path, root: Path) -> Path:
+    """The tiny model with its weights as a pytorch_model.bin that also holds an object torch's safe loading
+    refuses."""
+    import argparse
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file
+
+    model = root / "pickled"
+    shutil.copytree(tiny_model_dir, model)
+    weights = load_file(model / "model.safetensors")
+    (model / "model.safetensors").unlink()
+    torch.save({**weights, "extra": argparse.Namespace(x=1)}, model / "pytorch_model.bin")
+    return model
+
+
+@pytest.mark.parametrize("command", ["train", "eval"])
+def test_a_pickled_model_the_safe_loading_refuses_is_one_line(command: str, tmp_path: Path, tiny_model_dir: Path,
+                                                              monkeypatch: pytest.MonkeyPatch,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    from ictrl import cli
+
+    model = _pickled_model(tiny_model_dir, tmp_path)
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps({"question": f"{i}+1?", "answer": str(i + 1)}) + "\n"
+                                                  for i in range(8)))
+    monkeypatch.chdir(tmp_path)
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump({"model_name_or_path": str(model), "output_dir": str(tmp_path / "o"),
+                                      "dataset_name": "jsonl:train.jsonl", "use_vllm": False, "report_to": "none",
+                                      "prompts_per_step": 2, "num_generations": 4, "per_device_train_batch_size": 8,
+                                      "max_completion_length": 4, "max_prompt_length": None, "max_steps": 1}))
+    argv = ["train", str(config)] if command == "train" else [
+        "eval", "--model", str(model), "--benchmarks", "jsonl:train.jsonl", "--n", "1", "--k", "1", "--limit", "1"]
+    assert cli.main(argv) == 2
+    errors = [line for line in capsys.readouterr().err.split("\n") if line.startswith(f"ictrl {command}: error:")]
+    assert len(errors) == 1 and f"{model}: its weights (pytorch_model.bin) hold objects torch's safe loading " \
+        "refuses (Unsupported global: GLOBAL argparse.Namespace" in errors[0], errors
+
+
+def test_a_dataset_folder_with_a_loading_script_is_one_line_before_the_model_loads(
+        tmp_path: Path, tiny_model_dir: Path, loader_calls: list[Any], capsys: pytest.CaptureFixture[str]) -> None:
+    from ictrl import cli
+
+    data = tmp_path / "mydata"
+    data.mkdir()
+    (data / "mydata.py").write_text("import datasets\n")
+    (data / "train.jsonl").write_text(json.dumps({"prompt": "q", "answer": "1"}) + "\n")
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump({"model_name_or_path": str(tiny_model_dir), "output_dir": str(tmp_path / "o"),
+                                      "dataset_name": str(data), "use_vllm": False}))
+    assert cli.main(["train", str(config)]) == 2 and not loader_calls
+    errors = [line for line in capsys.readouterr().err.split("\n") if line.startswith("ictrl train: error:")]
+    assert len(errors) == 1 and f"dataset_name: {data} holds a loading script (mydata.py)" in errors[0], errors
+
+
+# --- ~ and $VAR in paths ----------------------------------------------------------------------------------------
+
+
+def test_home_and_variables_in_path_values_are_expanded_or_one_line(tmp_path: Path, tiny_model_dir: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """``~`` and ``$VAR`` in a config's paths and a command's path options mean what a shell makes of them; a
+    variable that is not set is one line naming the key and the variable (never a folder named ``$VAR``)."""
+    from ictrl import cli
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("ICTRL_TEST_MODELS", str(tiny_model_dir.parent))
+    monkeypatch.delenv("ICTRL_TEST_UNSET", raising=False)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.jsonl").write_text(json.dumps({"question": "1+1?", "answer": "2"}) + "\n")
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump({"model_name_or_path": f"${{ICTRL_TEST_MODELS}}/{tiny_model_dir.name}",
+                                      "output_dir": "~/runs/x", "dataset_name": "jsonl:$HOME/../train.jsonl",
+                                      "use_vllm": False}))
+    assert cli.main(["train", str(config), "--print-config"]) == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["model_name_or_path"] == str(tiny_model_dir)
+    assert printed["output_dir"] == str(tmp_path / "home" / "runs" / "x")
+    assert printed["dataset_name"] == f"jsonl:{tmp_path / 'home'}/../train.jsonl"
+    assert cli.main(["train", str(config), "--output_dir=$ICTRL_TEST_UNSET/out", "--print-config"]) == 2
+    err = capsys.readouterr().err.strip().split("\n")[-1]
+    assert err.startswith("ictrl train: error: override --output_dir") and "ICTRL_TEST_UNSET is not set" in err
+    assert cli.main(["eval", "--model", "$ICTRL_TEST_UNSET/m", "--output-dir", "~/e"]) == 2
+    err = capsys.readouterr().err.strip().split("\n")[-1]
+    assert err == "ictrl eval: error: --model: '$ICTRL_TEST_UNSET/m': the environment variable ICTRL_TEST_UNSET " \
+        "is not set"
+    assert not list(tmp_path.rglob("$*")) and not (tmp_path / "~").exists()

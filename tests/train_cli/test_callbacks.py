@@ -119,6 +119,30 @@ def test_without_the_bar_each_logged_step_is_still_one_line() -> None:
     assert other.console.file.getvalue() == ""  # another process prints nothing
 
 
+def test_the_running_mean_continues_across_resume() -> None:
+    """A resumed run's first lines average the rewards logged before the checkpoint (its trainer state's log
+    history), not only those since the resume; rows after the checkpoint's step (redone now) are not counted."""
+    import io
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from ictrl.train_cli.callbacks import RichProgress
+
+    out = io.StringIO()
+    bar = RichProgress(console=Console(file=out, width=200, force_terminal=False))
+    history = [{"reward": step / 100, "loss": 0.1, "step": step} for step in range(1, 13)]
+    history.append({"train_runtime": 5.0, "step": 12})
+    state = SimpleNamespace(is_local_process_zero=True, global_step=10, max_steps=30, log_history=history)
+    bar.on_train_begin(None, state, None)
+    state.global_step = 11
+    bar.on_log(None, state, None, logs={"reward": 0.5})
+    bar.on_train_end(None, state, None)
+    line = next(line for line in out.getvalue().splitlines() if line.startswith("step 11/30"))
+    earlier = [step / 100 for step in range(2, 11)] + [0.5]  # steps 2-10 from the checkpoint, then step 11
+    assert f"reward 0.500 (avg10 {sum(earlier) / len(earlier):.3f})" in line, line
+
+
 def test_a_run_inside_the_selection_warmup_says_so(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     import logging
 

@@ -42,12 +42,35 @@ def verified_checkpoints(checkpoints: list[Path]) -> list[Path]:
     that does not (it is skipped, the next older one is used)."""
     good = []
     for checkpoint in reversed(checkpoints):
-        problem = verify_checkpoint(checkpoint)
+        problem = verify_checkpoint(checkpoint) or refused_pickle(checkpoint)
         if problem is None:
             good.append(checkpoint)
         else:
             log.warning("--resume: skipping %s: %s", checkpoint, problem)
     return good
+
+
+def refused_pickle(checkpoint: Path) -> str | None:
+    """The first pickle of ``checkpoint`` (optimizer, scheduler, RNG states) that torch's safe loading refuses, as
+    the Trainer loads it (``weights_only`` with transformers' numpy allowlist), or None. Memory-mapped: the tensors
+    are not read. A file another tool wrote, or one changed with its manifest, is found here, before the resume."""
+    import pickle
+
+    from transformers.trainer_pt_utils import safe_globals
+
+    for path in sorted(checkpoint.iterdir()):
+        if path.suffix not in (".pt", ".pth", ".bin") or not path.is_file():
+            continue
+        try:
+            with safe_globals():
+                torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except pickle.UnpicklingError as exc:
+            reason = next((line for line in str(exc).splitlines() if "WeightsUnpickler error" in line), str(exc))
+            reason = reason.split("WeightsUnpickler error: ")[-1].split(". ")[0][:160].strip()
+            return f"{path.name}: torch's safe loading refuses it ({reason})"
+        except (RuntimeError, OSError, EOFError, ValueError) as exc:
+            return f"{path.name} cannot be read ({type(exc).__name__}: {(str(exc) or '?').splitlines()[0][:160]})"
+    return None
 
 
 def resume_point(verified: list[Path], args: Any, source: str = "<config>") -> Path:

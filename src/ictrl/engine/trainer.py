@@ -54,7 +54,7 @@ class ICTGRPOTrainer(GRPOTrainer):
         if isinstance(model, str):  # offline, an uncached hub id is one error now, not a minute of hub retries
             from ictrl.hub import check_model
 
-            check_model(model, "model")
+            check_model(model, "model", bool((args.model_init_kwargs or {}).get("trust_remote_code")))
         self.base_model = model if isinstance(model, str) else getattr(model.config, "_name_or_path", None) or "?"
         self.batch_filter, self.resumable = DynamicSampling(self), Resumable(self)  # parts, not mixins, as is:
         self.reward_policy = RewardPolicy.from_args(args, step=lambda: self.state.global_step)

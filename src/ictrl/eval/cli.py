@@ -147,13 +147,14 @@ def _checked_tasks(args: argparse.Namespace, config: EvalConfig) -> list[Any]:
 
     from ictrl.errors import UserError
     from ictrl.eval.harness import validate_tasks
-    from ictrl.eval.precheck import check_prompt_lengths, max_positions
+    from ictrl.eval.precheck import check_prompt_lengths, check_tokenizer_fits, max_positions
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(args.model)
         positions = max_positions(args.model)
     except OSError as err:
         raise UserError(f"--model: {args.model}: cannot load its tokenizer: {str(err).splitlines()[0]}") from err
+    check_tokenizer_fits(args.model, tokenizer)
     try:
         tasks = benchmark_tasks(args.benchmarks, tokenizer=tokenizer, limit=args.limit, data_root=args.data_root)
         validate_tasks(tasks)

@@ -59,3 +59,26 @@ def _too_long(option: str, name: str, problem: Any, tokens: str, budget: int, po
     raise DataError(f"{option}: {name}: problem {quote(str(problem.id), 80)}: a prompt of {tokens} tokens leaves no "
                     f"room in the model's {positions} positions (max_new_tokens {budget}); drop the problem or use a "
                     "model with more positions")
+
+
+def check_tokenizer_fits(model: str, tokenizer: Any) -> None:
+    """Every id of ``tokenizer`` must have a row in the model's embedding (from its safetensors header when the
+    folder has one, else its config's ``vocab_size``), before the weights load: a larger tokenizer's ids index past
+    the embedding in generation. Raises :class:`UserError` naming ``--model`` and both sizes."""
+    from pathlib import Path
+
+    from ictrl.checkpoints import embedding_rows
+    from ictrl.core.checks import check_vocab_sizes
+    from ictrl.errors import UserError
+
+    found = embedding_rows(Path(model)) if Path(model).is_dir() else None
+    rows = found[1] if found is not None else None
+    if rows is None:
+        from transformers import AutoConfig
+
+        rows = getattr(AutoConfig.from_pretrained(model).get_text_config(), "vocab_size", None)
+    if isinstance(rows, int):
+        try:
+            check_vocab_sizes(rows, len(tokenizer))
+        except ValueError as err:
+            raise UserError(f"--model: {model}: {err}") from None

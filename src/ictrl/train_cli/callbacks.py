@@ -191,6 +191,11 @@ class RichProgress(TrainerCallback):
         )
         self.task = self.progress.add_task("train", total=state.max_steps, completed=state.global_step, info="")
         self.progress.start()
+        # a resumed run's state holds the log of the steps before it (trainer_state.json): the running mean goes on
+        # from those rewards instead of starting again at the resume step
+        self.rewards = [float(h["reward"]) for h in getattr(state, "log_history", None) or []
+                        if isinstance(h.get("reward"), (int, float)) and not any(k in h for k in SUMMARY_KEYS)
+                        and h.get("step", 0) <= state.global_step][-TREND:]
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.progress is not None:

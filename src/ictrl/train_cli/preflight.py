@@ -385,7 +385,7 @@ def check_inputs(cfg: RunConfig, init_kwargs: dict[str, Any], source: str = "<co
     row: returns the training dataset (``run_inputs.load_train_dataset``)."""
     from ictrl import preflight as shared
 
-    shared.check_model(cfg.model.model_name_or_path, "model_name_or_path")
+    shared.check_model(cfg.model.model_name_or_path, "model_name_or_path", bool(init_kwargs.get("trust_remote_code")))
     damaged = answered_once(lambda: check_weights(cfg.model.model_name_or_path), f"{source}: model_name_or_path",
                             per_node=True)
     if damaged is not None:

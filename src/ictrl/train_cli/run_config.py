@@ -32,7 +32,8 @@ from trl.scripts.grpo import GRPOScriptArguments
 
 from ictrl.engine.config_fields import AT_LEAST_ONE, NON_NEGATIVE, check_fields, check_finite, type_text
 from ictrl.train_cli.config_yaml import MAX_CONFIG_BYTES, load_yaml_text, load_yaml_value
-from ictrl.errors import QUOTE_LIMIT, ConfigError, quote, shorten
+from ictrl.cliargs import PATH_KEYS, expand_paths
+from ictrl.errors import QUOTE_LIMIT, ConfigError, UserError, quote, shorten
 from ictrl.files import atomic_write_text
 
 
@@ -393,6 +394,12 @@ def config_from_dict(data: dict[str, Any], source: str = "<dict>", flags: list[s
 
     def where(key: str) -> str:
         return f"override --{shorten(key, 100)}={shown[key]}" if key in shown else source
+
+    for key in PATH_KEYS & values.keys():  # ~ and $VAR, as a shell expands them, in every path a run is given
+        try:
+            values[key] = expand_paths(values[key], f"{where(key)}: {key}")
+        except UserError as exc:
+            raise ConfigError(str(exc)) from None
 
     parts: dict[type, dict[str, Any]] = {}
     for key, value in values.items():

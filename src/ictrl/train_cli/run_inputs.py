@@ -117,6 +117,13 @@ def check_sources(cfg: RunConfig, config: str = "<config>", flags: dict[str, Any
             raise ConfigError(f"{blame(key, config, flags)}: {key}: applies to a dataset directory or hub id "
                               "(trl grpo's dataset_name); an ictrl.data source takes its options in the name "
                               "(NAME:hub_split=...)")
+    if directory and Path(script.dataset_name).is_dir():
+        folder = Path(script.dataset_name)
+        loader = folder / f"{folder.name}.py"  # the file datasets looks for, and since version 4 refuses
+        if loader.is_file():
+            raise ConfigError(f"{blame('dataset_name', config, flags)}: dataset_name: {folder} holds a loading "
+                              f"script ({loader.name}), which datasets no longer runs; point dataset_name at the "
+                              "data files (jsonl:PATH for a JSON lines file) or convert it to Parquet/JSON")
     train = [] if directory else script.sources()
     for key, names in (("dataset_name", train), ("eval_datasets", script.eval_datasets)):
         source = blame(key, config, flags)
@@ -230,7 +237,8 @@ def _load_named(name: str, script: Any) -> Any:
         if offline:
             raise DataError(f"dataset_name: {name}: not in the local datasets cache, and {offline} keeps datasets "
                             "off the hub: unset it to download the data set, or name a local directory") from None
-        if isinstance(exc, (ValueError, KeyError, FileNotFoundError, ConnectionError, OSError)):
+        if isinstance(exc, (ValueError, KeyError, FileNotFoundError, ConnectionError, OSError)) \
+                or str(exc).startswith("Dataset scripts are no longer supported"):  # a hub repo's loading script
             text = str(exc)
             if "Config name is missing" in text or "BuilderConfig" in text:  # datasets' words for a config name
                 raise DataError(f"dataset_config: {script.dataset_config!r} for {name}: {shorten(text, 300)}") from None

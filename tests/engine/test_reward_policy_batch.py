@@ -1,0 +1,108 @@
+"""Each reward call gets its own copy of the batch (what one reward does to its inputs reaches no other reward and
+not TRL's lists), and a call still running is named on the console each period, on every path a call takes (the
+training thread, a deadline thread, async)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import pytest
+
+from ictrl.engine import reward_policy as policy
+from ictrl.engine.reward_policy import RewardPolicy
+
+
+def _batch() -> dict[str, Any]:
+    return {"prompts": [[{"role": "user", "content": f"q{i}"}] for i in range(4)],
+            "completions": [[{"role": "assistant", "content": f"c{i}"}] for i in range(4)],
+            "completion_ids": [[1, 2, i] for i in range(4)], "answer": ["1", "2", "3", "4"],
+            "trainer_state": object(), "log_metric": print, "environments": [object() for _ in range(4)]}
+
+
+def _vandal(prompts: Any = None, completions: Any = None, completion_ids: Any = None, answer: Any = None,
+            **kw: Any) -> list[float]:
+    """Rewrites every completion to its gold answer in place, then clears every list it was given."""
+    n = len(completions)
+    for completion, gold in zip(completions, answer):
+        completion[-1]["content"] = f"\\boxed{{{gold}}}"
+    completions.append("extra")
+    for column in (prompts, completions, completion_ids, answer):
+        column.clear()
+    return [0.0] * n
+
+
+async def _async_vandal(**kw: Any) -> list[float]:
+    return _vandal(**kw)
+
+
+@pytest.mark.parametrize("timeout", [None, 30.0])
+@pytest.mark.parametrize("fn", [_vandal, _async_vandal])
+def test_a_reward_that_edits_or_clears_its_inputs_changes_nothing_outside_its_call(fn: Any,
+                                                                                  timeout: float | None) -> None:
+    batch = _batch()
+    shared = {k: batch[k] for k in ("trainer_state", "log_metric", "environments")}
+    before = {k: repr(v) for k, v in batch.items()}
+    seen: dict[str, Any] = {}
+
+    def grader(**kw: Any) -> list[float]:
+        seen.update(kw)
+        return [float(c[-1]["content"] == f"\\boxed{{{g}}}") for c, g in zip(kw["completions"], kw["answer"])]
+
+    checked = RewardPolicy(timeout=timeout, step=lambda: 1)
+    out = checked.wrap(fn)(**batch)
+    out = asyncio.run(out) if asyncio.iscoroutine(out) else out
+    assert out == [0.0] * 4  # one value per completion TRL holds, though the reward's own lists are empty now
+    assert {k: repr(v) for k, v in batch.items()} == before
+    assert checked.wrap(grader)(**batch) == [0.0] * 4
+    assert all(seen[k] is v for k, v in shared.items())  # the trainer's objects, not the batch: shared
+
+
+def test_the_copy_is_deep_and_made_per_call() -> None:
+    calls: list[Any] = []
+
+    def keeps(completions: Any = None, **kw: Any) -> list[float]:
+        calls.append(completions)
+        return [0.0] * len(completions)
+
+    batch = {"prompts": ["p"], "completions": [[{"content": "c"}]]}
+    wrapped = RewardPolicy().wrap(keeps)
+    wrapped(**batch)
+    wrapped(**batch)
+    assert calls[0] == calls[1] == batch["completions"]
+    assert calls[0] is not calls[1] and calls[0][0][0] is not batch["completions"][0][0]
+
+
+@pytest.mark.parametrize("timeout", [None, 30.0])
+@pytest.mark.parametrize("is_async", [False, True])
+def test_a_reward_still_running_is_named_each_period_with_its_step(timeout: float | None, is_async: bool,
+                                                                   monkeypatch: pytest.MonkeyPatch,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(policy, "STILL_RUNNING_NOTE_S", 0.1)
+
+    def slow_judge(completions: Any = None, **kw: Any) -> list[float]:
+        time.sleep(0.55)
+        return [1.0] * len(completions)
+
+    async def slow_async_judge(completions: Any = None, **kw: Any) -> list[float]:
+        await asyncio.sleep(0.55)
+        return [1.0] * len(completions)
+
+    wrapped = RewardPolicy(timeout=timeout, step=lambda: 7).wrap(slow_async_judge if is_async else slow_judge)
+    with caplog.at_level(logging.WARNING, logger="ictrl.train"):
+        out = wrapped(prompts=["p"], completions=["c"])
+        assert (asyncio.run(out) if is_async else out) == [1.0]
+        time.sleep(0.3)  # the notes stop with the call
+    notes = [r.getMessage() for r in caplog.records if "still running" in r.getMessage()]
+    name = "slow_async_judge" if is_async else "slow_judge"
+    assert 3 <= len(notes) <= 6, notes
+    assert all(n.startswith(f"reward {name!r} is still running after ") and n.endswith(" at step 7") for n in notes)
+
+
+def test_a_quick_reward_is_not_named_and_the_default_period_is_a_minute(caplog: pytest.LogCaptureFixture) -> None:
+    assert policy.STILL_RUNNING_NOTE_S == 60.0
+    with caplog.at_level(logging.WARNING, logger="ictrl.train"):
+        RewardPolicy().wrap(lambda completions=None, **kw: [0.0])(prompts=["p"], completions=["c"])
+    assert not caplog.records
