@@ -273,11 +273,10 @@ class RewardPolicy:
 
     def observe_batch(self, batch: dict[str, Any], gather: Callable[[Any], Any]) -> None:
         """A training generation batch's advantages, all processes' (``gather``), for ``no_signal_steps``."""
-        import torch
-
         advantages = batch.get("advantages")
-        if advantages is not None:
-            nonzero = gather(torch.tensor([float((advantages != 0).any())], device=advantages.device))
+        if advantages is not None and self.no_signal_steps:
+            # built on the device: the stop decision below is this batch's one host read
+            nonzero = gather((advantages != 0).any().float().reshape(1))
             self.observe_advantages(not bool(nonzero.any()))
 
     def observe_advantages(self, all_zero: bool) -> None:
