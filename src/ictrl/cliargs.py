@@ -66,11 +66,12 @@ def expand_path(text: str, where: str) -> str:
 
 
 def expand_paths(value: Any, where: str) -> Any:
-    """:func:`expand_path` over a string, the items of a list and the keys of a mapping (a data mixture)."""
+    """:func:`expand_path` over a string, the strings of a list and the keys of a mapping (a data mixture). One level
+    only: a list holding lists (a recursive YAML alias among them) is left as it is for its field's check to refuse."""
     if isinstance(value, str):
         return expand_path(value, where)
     if isinstance(value, list):
-        return [expand_paths(item, where) for item in value]
+        return [expand_path(item, where) if isinstance(item, str) else item for item in value]
     if isinstance(value, dict):
         return {expand_paths(key, where) if isinstance(key, str) else key: item for key, item in value.items()}
     return value

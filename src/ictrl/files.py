@@ -244,6 +244,16 @@ def claim_files(out: str | os.PathLike[str], names: Iterable[str]) -> None:
         atomic_write_json(out / OWNED_FILE, {"written_by": "ictrl", "files": sorted(merged)})
 
 
+def holds_record(path: str | os.PathLike[str], keys: Iterable[str]) -> bool:
+    """Whether ``path`` is a JSON object with every one of ``keys``: how an output folder an earlier ictrl wrote,
+    before it listed its files there, is known by the record the command writes (run.json, results.json, ...)."""
+    try:
+        stored = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    return isinstance(stored, dict) and set(keys) <= set(stored)
+
+
 def foreign_files(out: str | os.PathLike[str], names: Iterable[str],
                   legacy: Callable[[Path], bool] | None = None) -> list[str]:
     """Of ``names`` (top-level entries of ``out``), those present that ictrl did not write there: not listed in

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import torch
 
 FILES = ("model.safetensors", "optimizer.pt", "rng_state.pth", "trainer_state.json")
 
@@ -34,6 +35,9 @@ class _FakeTrainer:
             if i == self.fail_at:
                 (out / name).write_bytes(b"half a fi")  # a torn file, as a full disk leaves it
                 raise self.fail  # type: ignore[misc]
+            if name.endswith((".pt", ".pth")):  # a real pickle: the resume loads it as the Trainer would
+                torch.save({"name": name}, out / name)
+                continue
             body = json.dumps({"global_step": self.state.global_step}) if name == "trainer_state.json" else name * 50
             (out / name).write_text(body)
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
@@ -148,7 +149,10 @@ class _FakeTrainer:
         for i, name in enumerate(("model.safetensors", "optimizer.pt", "rng_state.pth", "trainer_state.json")):
             if i == self.fail_after:
                 raise KeyboardInterrupt("killed mid-save")
-            (out / name).write_text(name)
+            if name.endswith((".pt", ".pth")):  # a real pickle: the resume loads it as the Trainer would
+                torch.save({"name": name}, out / name)
+            else:
+                (out / name).write_text(name)
 
 
 def test_checkpoints_appear_whole_or_not_at_all(tmp_path: Path) -> None:

@@ -13,21 +13,9 @@ import pytest
 import yaml
 
 from tests.train_cli.test_trl_cli_parity import trl_file
+from tests.train_cli.test_trl_files import edit, in_tmp  # noqa: F401 - in_tmp is a fixture
 
 
-@pytest.fixture
-def in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.chdir(tmp_path)
-    yield tmp_path
-    sys.modules.pop("parity_rewards", None)
-
-
-def edit(config: Path, **values: Any) -> Path:
-    data = yaml.safe_load(config.read_text())
-    data.update(values)
-    config.write_text(yaml.safe_dump(data))
-    return config
 
 
 @pytest.mark.integration

@@ -59,7 +59,8 @@ def refused_pickle(checkpoint: Path) -> str | None:
     from transformers.trainer_pt_utils import safe_globals
 
     for path in sorted(checkpoint.iterdir()):
-        if path.suffix not in (".pt", ".pth", ".bin") or not path.is_file():
+        # training_args.bin is the Trainer's record of its arguments, never loaded on resume
+        if path.suffix not in (".pt", ".pth", ".bin") or not path.is_file() or path.name == "training_args.bin":
             continue
         try:
             with safe_globals():

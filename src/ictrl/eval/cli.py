@@ -94,13 +94,9 @@ def train_run_labels(model: str) -> tuple[str | None, int | None]:
 
 def earlier_eval(out: Path) -> bool:
     """Whether ``out`` holds the settings.json of an `ictrl eval` written before ictrl listed its files there."""
-    import json
+    from ictrl.files import holds_record
 
-    try:
-        stored = json.loads((out / SETTINGS_FILE).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
-        return False
-    return isinstance(stored, dict) and {"model", "n", "ks", "seeds"} <= set(stored)
+    return holds_record(out / SETTINGS_FILE, ("model", "n", "ks", "seeds"))
 
 
 def _method_label(selector: object) -> str | None:

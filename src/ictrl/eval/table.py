@@ -409,11 +409,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def earlier_table(out: Path) -> bool:
     """Whether ``out`` holds the table.json of an ``ictrl table`` written before ictrl listed its files there."""
-    try:
-        stored = json.loads((out / TABLE_JSON).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
-        return False
-    return isinstance(stored, dict) and {"columns", "benchmarks", "ks", "target"} <= set(stored)
+    from ictrl.files import holds_record
+
+    return holds_record(out / TABLE_JSON, ("columns", "benchmarks", "ks", "target"))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -58,11 +58,9 @@ def output_names(specs: list[grid.RunSpec]) -> list[str]:
 
 def earlier_compare(out: Path) -> bool:
     """Whether ``out`` holds the results.json of an ``ictrl compare`` written before ictrl listed its files."""
-    try:
-        stored = json.loads((out / "results.json").read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
-        return False
-    return isinstance(stored, dict) and {"settings", "methods", "base", "runs"} <= set(stored)
+    from ictrl.files import holds_record
+
+    return holds_record(out / "results.json", ("settings", "methods", "base", "runs"))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -245,13 +245,9 @@ def run_writes(out: Path) -> list[str]:
 
 def earlier_run(out: Path) -> bool:
     """Whether ``out`` holds the ``run.json`` of an ``ictrl train`` run written before ictrl listed its files."""
-    import json
+    from ictrl.files import holds_record
 
-    try:
-        record = json.loads((out / "run.json").read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
-        return False
-    return isinstance(record, dict) and "method_from" in record and "seed" in record
+    return holds_record(out / "run.json", ("method_from", "seed"))
 
 
 def check_own_output(out_dir: str, label: str) -> None:
