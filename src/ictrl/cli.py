@@ -204,6 +204,12 @@ def _main(argv: Sequence[str] | None) -> int:
 MEMORY_SPENT: list[str] = []
 
 
+# CPython's SystemError words when C code fails without setting an exception: under a memory cap (ulimit -v), an
+# allocation inside the import machinery or an extension module failing, which a lazy import then wraps.
+_FAILED_ALLOCATION = "returned NULL without setting an exception"
+_FAILED_ALLOCATION_RETURN = "error return without exception set"
+
+
 def out_of_memory(err: BaseException) -> bool:
     """A host ``MemoryError`` or an accelerator's out-of-memory error (``torch.OutOfMemoryError``, a RuntimeError,
     named by class so this needs no torch import), also as the cause of another error (a lazy import's
@@ -214,7 +220,8 @@ def out_of_memory(err: BaseException) -> bool:
             return False
         if isinstance(seen, MemoryError) or type(seen).__name__ == "OutOfMemoryError" \
                 or str(seen).startswith(("CUDA out of memory", "MPS backend out of memory")) \
-                or isinstance(seen, (OSError, ImportError)) and "failed to map segment" in str(seen):  # mmap, capped
+                or isinstance(seen, (OSError, ImportError)) and "failed to map segment" in str(seen) \
+                or _FAILED_ALLOCATION in str(seen) or _FAILED_ALLOCATION_RETURN in str(seen):
             return True
         seen = seen.__cause__ or seen.__context__
     return False

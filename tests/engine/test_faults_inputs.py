@@ -458,7 +458,7 @@ def test_ictrl_train_grades_what_the_model_wrote_whatever_a_reward_before_does(o
 # --- out of memory ----------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("cap_mb", [900, 1500])
+@pytest.mark.parametrize("cap_mb", [600, 900])
 def test_a_memory_cap_hit_while_importing_is_one_line(cap_mb: int, tmp_path: Path, tiny_model_dir: Path) -> None:
     """Under ``ulimit -v`` too low for torch, the import fails (a MemoryError, or a library whose mapping the cap
     refuses): one line, exit 2, and no second traceback from the exit handlers."""
