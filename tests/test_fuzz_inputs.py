@@ -131,7 +131,8 @@ def known_keys() -> list[str]:
 FIXED = {"model_name_or_path", "output_dir", "dataset_name", "push_to_hub", "hub_model_id", "resume_from_checkpoint",
          "report_to", "use_vllm", "vllm_mode", "reward_model_name_or_path", "deepspeed", "fsdp", "fsdp_config",
          "accelerator_config", "use_liger_kernel", "torch_compile", "eval_benchmarks", "eval_datasets",
-         "reward_funcs", "token_selector", "chat_template_path", "logging_dir"}
+         "reward_funcs", "token_selector", "chat_template_path", "logging_dir",
+         "debug"}  # transformers' field shares its name with ictrl's --debug, which asks for the traceback
 
 
 @st.composite

@@ -23,6 +23,9 @@ def test_a_quiet_run_prints_one_line_per_logged_step(tiny_model_dir: Path, in_tm
                                                      capsys: pytest.CaptureFixture[str]) -> None:
     """``disable_tqdm: true`` (the TRL file sets it): no bar, and each logged step is one line on the console."""
     from ictrl import cli
+    from ictrl.train_cli import preflight
+
+    preflight._note_processes.cache_clear()  # said once per process: an earlier run in this process said it
 
     config = trl_file(in_tmp, tiny_model_dir, max_steps=2)
     assert cli.main(["train", str(config)]) == 0

@@ -117,7 +117,7 @@ def check_sources(cfg: RunConfig, config: str = "<config>", flags: dict[str, Any
             raise ConfigError(f"{blame(key, config, flags)}: {key}: applies to a dataset directory or hub id "
                               "(trl grpo's dataset_name); an ictrl.data source takes its options in the name "
                               "(NAME:hub_split=...)")
-    if directory and Path(script.dataset_name).is_dir():
+    if directory and script.dataset_name and Path(script.dataset_name).is_dir():
         folder = Path(script.dataset_name)
         loader = folder / f"{folder.name}.py"  # the file datasets looks for, and since version 4 refuses
         if loader.is_file():
@@ -462,8 +462,8 @@ def inputs_record(out: Path, hashes: dict[str, str], resume_step: int | None, ac
 def name_the_key(message: str, values: dict[str, Any], config_cls: type | None = None) -> str:
     """``message`` (a trainer config's error) led by the key it is about when it names none: transformers' enum
     errors say only the value and the enum ("False is not a valid IntervalStrategy"). The key is the one set value
-    (of ``values``) that opens the message, among the fields of ``config_cls`` typed with that enum; without
-    exactly one, the message as it is."""
+    (of ``values``) that opens the message, among the fields of ``config_cls`` typed with that enum, else the one
+    text value the message quotes (TRL's own ``int(...)`` of a field); without exactly one, the message as it is."""
     import dataclasses
     import re
 
@@ -474,4 +474,6 @@ def name_the_key(message: str, values: dict[str, Any], config_cls: type | None =
     found = [key for key, value in values.items()
              if (message.startswith(f"{value} ") or message.startswith(f"{value!r} "))
              and (enum is None or enum[1] in types.get(key, enum[1]))]
+    if not found:  # a conversion's own words quote only the text ("invalid literal for int() ...: 'null\n'")
+        found = [key for key, value in values.items() if isinstance(value, str) and repr(value) in message]
     return f"{found[0]}: {message}" if len(found) == 1 else message
