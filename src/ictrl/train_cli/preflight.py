@@ -239,7 +239,7 @@ def check_memory(args: Any, cfg: RunConfig, source: str, processes: int) -> None
             f"{args.generation_batch_size} / {processes} process(es)) x ({prompt_part}max_completion_length "
             f"{args.max_completion_length}) tokens = {tokens} tokens, over the bound of {bound} tokens per process "
             "(ICTRL_MAX_BATCH_TOKENS raises it); lower num_generations, per_device_train_batch_size, "
-            "prompts_per_step or the lengths")
+            "steps_per_generation, prompts_per_step or the lengths")
 
 
 def check_trains(cfg: RunConfig, args: Any, source: str = "<config>", flags: dict[str, Any] | None = None) -> None:
