@@ -17,9 +17,7 @@ from types import TracebackType
 from filelock import FileLock, Timeout
 
 from ictrl.errors import ConfigError
-from ictrl.files import is_write_failure, write_error
-
-LOCK_NAME = ".ictrl.lock"
+from ictrl.files import LOCK_NAME, is_write_failure, write_error
 
 
 class OutputLock:

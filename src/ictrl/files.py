@@ -209,7 +209,7 @@ def _try_create(folder: Path) -> OSError | None:
 # command writes is replaced only when this list (or an earlier run's record, for folders written before the list
 # existed) says ictrl wrote it.
 OWNED_FILE = ".ictrl-files.json"
-_LOCK_NAME = ".ictrl.lock"  # ictrl.dirlock.LOCK_NAME, every command's lock: never a file a command replaces
+LOCK_NAME = ".ictrl.lock"  # every command's lock (ictrl.dirlock): never a file a command replaces
 
 
 def owned_files(out: str | os.PathLike[str]) -> set[str] | None:
@@ -266,7 +266,7 @@ def foreign_files(out: str | os.PathLike[str], names: Iterable[str],
     if owned is None and legacy is not None and legacy(out):
         return []
     return [name for name in dict.fromkeys(names) if name not in (owned or set()) and name not in
-            (OWNED_FILE, _LOCK_NAME) and ((out / name).exists() or (out / name).is_symlink())]
+            (OWNED_FILE, LOCK_NAME) and ((out / name).exists() or (out / name).is_symlink())]
 
 
 def check_own_files(out: str | os.PathLike[str], names: Iterable[str], label: str = "--output-dir",
