@@ -556,7 +556,9 @@ def test_a_dataset_folder_with_a_loading_script_is_one_line_before_the_model_loa
                                       "dataset_name": str(data), "use_vllm": False}))
     assert cli.main(["train", str(config)]) == 2 and not loader_calls
     errors = [line for line in capsys.readouterr().err.split("\n") if line.startswith("ictrl train: error:")]
-    assert len(errors) == 1 and f"dataset_name: {data} holds a loading script (mydata.py)" in errors[0], errors
+    # datasets' own refusal (version 4 runs no loading script), one line naming the key and the script
+    assert len(errors) == 1 and f"dataset_name: {data}: Dataset scripts are no longer supported, but found mydata.py" \
+        in errors[0], errors
 
 
 # --- ~ and $VAR in paths ----------------------------------------------------------------------------------------

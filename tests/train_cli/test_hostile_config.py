@@ -47,7 +47,7 @@ def refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
         (["--max_steps=-1", "--num_train_epochs=nan"], "num_train_epochs: must be finite, got nan"),
         (["--temperature=0"], ": temperature: must be > 0, got 0.0"),
         (["--top_p=1.5"], "top_p: must be > 0 and <= 1, got 1.5"),
-        (["--dataset_name={gsm8k_train: .inf}"], "dataset_name.gsm8k_train: must be finite, got inf"),
+        (["--dataset_name={gsm8k_train: .inf}"], "dataset_name.gsm8k_train: mixture weight must be a finite number > 0, got inf"),
         (["--overlong_penalty_factor=nan"], "overlong_penalty_factor: must be finite, got nan"),
         ([f"--learning_rate={BIG}"], "override --learning_rate: a value of 10000000 characters, more than 65536"),
         ([f"--learning_rate={LONG}"], "learning_rate: invalid float value: 'xxxx"),

@@ -290,5 +290,5 @@ def test_reward_funcs_takes_a_flags_yaml_list(tmp_path: Path) -> None:
     config.write_text("model_name_or_path: m\noutput_dir: o\ndataset_name: gsm8k_train\n")
     assert load_config(config, ["--reward_funcs=[math, format]"]).script.reward_funcs == ["math", "format"]
     assert load_config(config, ["--reward_funcs", "math", "format"]).script.reward_funcs == ["math", "format"]
-    with pytest.raises(ConfigError, match=r"reward_funcs: expected a list of names, got '\[math, \[x\]\]'"):
+    with pytest.raises(ConfigError, match=r"reward_funcs: expected a list of names, got \['math', \['x'\]\]"):
         load_config(config, ["--reward_funcs=[math, [x]]"])

@@ -207,7 +207,7 @@ def test_the_datasets_mixture_reads_as_trls_get_dataset(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("entries", "said"), [
-    ([{"path": "json", "data_files": "missing.jsonl"}], "datasets[0].data_files: missing.jsonl: file not found"),
+    ([{"path": "json", "data_files": "missing.jsonl"}], "datasets: Unable to find '{tmp}/missing.jsonl'"),
     ([{"path": "json", "data_fils": "a.jsonl"}], "datasets[0]: unknown key 'data_fils'"),
     ([{"data_files": "a.jsonl"}], "datasets[0].path: required"),
 ])
@@ -221,7 +221,7 @@ def test_a_bad_mixture_entry_is_one_line_naming_it(tmp_path: Path, monkeypatch: 
     with pytest.raises(UserError) as raised:
         load_train_dataset(config_from_dict({"model_name_or_path": "m", "output_dir": "o", "datasets": entries},
                                             "f.yaml"))
-    assert said in str(raised.value) and "\n" not in str(raised.value)
+    assert said.format(tmp=tmp_path) in str(raised.value) and "\n" not in str(raised.value)
 
 
 @pytest.mark.parametrize("suffix", [".parquet", ".jsonl", ".json", ".csv", "/"])

@@ -344,11 +344,8 @@ def check_output_dir(path: str, source: str = "<config>") -> None:
     is named in one warning line."""
     from ictrl.files import check_output_dir as check_writable
 
+    check_writable(path, f"{source}: output_dir")
     out = Path(path).expanduser()
-    try:
-        check_writable(path, "output_dir")
-    except UserError as exc:
-        raise ConfigError(f"{source}: {exc}") from None
     if ".." in out.parts:
         resolved, cwd = out.resolve(), Path.cwd().resolve()
         if not resolved.is_relative_to(cwd):

@@ -30,7 +30,7 @@ import trl
 from trl import TrlParser
 from trl.scripts.grpo import GRPOScriptArguments
 
-from ictrl.engine.config_fields import AT_LEAST_ONE, NON_NEGATIVE, check_fields, check_finite, type_text
+from ictrl.engine.config_fields import AT_LEAST_ONE, NON_NEGATIVE, check_fields, type_text
 from ictrl.train_cli.config_yaml import MAX_CONFIG_BYTES, load_yaml_text, load_yaml_value
 from ictrl.cliargs import PATH_KEYS, expand_paths
 from ictrl.errors import QUOTE_LIMIT, ConfigError, UserError, quote, shorten
@@ -106,8 +106,6 @@ class ScriptArguments(GRPOScriptArguments):
         funcs = self.reward_funcs
         if isinstance(funcs, list) and len(funcs) == 1 and isinstance(funcs[0], str) and funcs[0].lstrip()[:1] == "[":
             self.reward_funcs = load_yaml_value(funcs[0], "reward_funcs")  # a flag's '[a, b]', as dataset_name's
-            if not isinstance(self.reward_funcs, list) or not all(isinstance(f, str) for f in self.reward_funcs):
-                raise ValueError(f"reward_funcs: expected a list of names, got {quote(funcs[0])}")
         for key in ("reward_funcs", "eval_datasets"):  # list[str] fields the type checks below skip
             value = getattr(self, key)
             if value is not None and (not isinstance(value, list) or not all(isinstance(v, str) for v in value)):
@@ -115,16 +113,14 @@ class ScriptArguments(GRPOScriptArguments):
         train = self.dataset_name
         if isinstance(train, dict):
             for name, weight in train.items():
-                if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight > 0:
-                    raise ValueError(f"dataset_name.{name}: mixture weight must be a number > 0, got {quote(weight)}")
-                if not math.isfinite(weight):
-                    raise ValueError(f"dataset_name.{name}: must be finite, got {quote(weight)}")
+                if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0 < weight < math.inf:
+                    raise ValueError(f"dataset_name.{name}: mixture weight must be a finite number > 0, got "
+                                     f"{quote(weight)}")
         elif not isinstance(train, (str, list, type(None))) or not all(isinstance(n, str) for n in self.sources()):
             raise ValueError(f"dataset_name: expected a name, a list of names or a mapping name: weight, got "
                              f"{quote(train)}")
         self._read_mixture()
         check_fields(self, ScriptArguments, types=False)  # dataset_name takes a list or mapping too, read above
-        check_finite({"overlong_penalty_factor": self.overlong_penalty_factor})
         if self.reward_funcs is not None and not self.reward_funcs:
             raise ValueError("reward_funcs: empty list; use null for the default ['verifiable']")
 
@@ -282,14 +278,11 @@ def _file_values(data: dict[str, Any], source: str) -> dict[str, Any]:
             texts[key] = [_as_text(v) for v in value]
         elif isinstance(value, scalar) and not (isinstance(value, bool) and _name(action.type) != "string_to_bool"):
             texts[key] = [_as_text(value)]
-        elif value is None and not _takes_null(key):  # TRL's __post_init__ would compare None with a number
-            raise ConfigError(f"{source}: {key}: expected {_annotation(key)}, got null")
-        elif isinstance(value, bool) and not any(t in _annotation(key) for t in ("bool", "str", "Any")):
-            raise ConfigError(f"{source}: {key}: expected {_annotation(key)}, got {str(value).lower()}")
-        elif value is None or isinstance(value, bool) or key == "dataset_name" or _annotation(key, type(value)):
-            kept[key] = value
+        elif not _keeps(key, value):
+            shown = "null" if value is None else str(value).lower() if isinstance(value, bool) else quote(value)
+            raise ConfigError(f"{source}: {key}: expected {_annotation(key)}, got {shown}")
         else:
-            raise ConfigError(f"{source}: {key}: expected {_annotation(key)}, got {quote(value)}")
+            kept[key] = value
     converted = {}
     for key, strings in texts.items():
         try:
@@ -297,6 +290,17 @@ def _file_values(data: dict[str, Any], source: str) -> dict[str, Any]:
         except argparse.ArgumentError as exc:
             raise _argument_error(str(exc), lambda _: source) from None
     return {**converted, **kept}
+
+
+def _keeps(key: str, value: Any) -> bool:
+    """Whether ``key``'s field takes ``value`` as it is, as TRL's parser keeps it: null where the field admits None
+    (TRL's ``__post_init__`` would compare None with a number), a bool where its annotation names bool, str or Any
+    (``scale_rewards: false``), a list or mapping where it names one (``dataset_name`` takes both)."""
+    if value is None:
+        return _takes_null(key)
+    if isinstance(value, bool):
+        return any(t in _annotation(key) for t in ("bool", "str", "Any"))
+    return key == "dataset_name" or bool(_annotation(key, type(value)))
 
 
 def _takes_null(key: str) -> bool:
@@ -404,10 +408,9 @@ def config_from_dict(data: dict[str, Any], source: str = "<dict>", flags: list[s
     parts: dict[type, dict[str, Any]] = {}
     for key, value in values.items():
         parts.setdefault(owners()[key], {})[key] = value
-    if not values.get("model_name_or_path"):
-        raise ConfigError(f"{source}: missing required key model_name_or_path")
-    if not values.get("output_dir"):
-        raise ConfigError(f"{source}: missing required key output_dir")
+    missing = next((key for key in ("model_name_or_path", "output_dir") if not values.get(key)), None)
+    if missing:
+        raise ConfigError(f"{source}: missing required key {missing}")
     built = {}
     for cls in (ScriptArguments, ModelConfig):
         try:

@@ -117,13 +117,6 @@ def check_sources(cfg: RunConfig, config: str = "<config>", flags: dict[str, Any
             raise ConfigError(f"{blame(key, config, flags)}: {key}: applies to a dataset directory or hub id "
                               "(trl grpo's dataset_name); an ictrl.data source takes its options in the name "
                               "(NAME:hub_split=...)")
-    if directory and script.dataset_name and Path(script.dataset_name).is_dir():
-        folder = Path(script.dataset_name)
-        loader = folder / f"{folder.name}.py"  # the file datasets looks for, and since version 4 refuses
-        if loader.is_file():
-            raise ConfigError(f"{blame('dataset_name', config, flags)}: dataset_name: {folder} holds a loading "
-                              f"script ({loader.name}), which datasets no longer runs; point dataset_name at the "
-                              "data files (jsonl:PATH for a JSON lines file) or convert it to Parquet/JSON")
     train = [] if directory else script.sources()
     for key, names in (("dataset_name", train), ("eval_datasets", script.eval_datasets)):
         source = blame(key, config, flags)

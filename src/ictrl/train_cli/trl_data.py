@@ -55,12 +55,6 @@ def load_mixture(script: Any) -> Any:
     entries = [DatasetConfig(**entry) for entry in script.datasets]
     mixture = DatasetMixtureConfig(datasets=entries, streaming=script.streaming,
                                    test_split_size=script.test_split_size)
-    for i, entry in enumerate(entries):  # a missing local file named by its entry, not by datasets' glob error
-        files = entry.data_files if isinstance(entry.data_files, list) else [entry.data_files]
-        for file in files if not isinstance(entry.data_files, dict) else list(entry.data_files.values()):
-            if isinstance(file, str) and entry.path in DATA_FILE_BUILDERS.values() and not any(
-                    c in file for c in "*?[") and not Path(file).expanduser().exists():
-                raise DataError(f"datasets[{i}].data_files: {file}: file not found")
     try:
         return get_dataset(mixture)
     except Exception as exc:  # datasets raises many types (FileNotFoundError, ValueError, DatasetNotFoundError, ...)
