@@ -57,8 +57,6 @@ def check_benchmarks(names: Sequence[str], data_root: str | os.PathLike[str] | N
 def check_file(path: str | os.PathLike[str], option: str) -> Path:
     """An existing regular file; a :class:`UserError` naming ``option`` otherwise."""
     p = Path(path).expanduser()
-    if not p.exists():
-        raise UserError(f"{option}: {path}: no such file")
     if not p.is_file():
-        raise UserError(f"{option}: {path}: not a file")
+        raise UserError(f"{option}: {path}: {'not a file' if p.exists() else 'no such file'}")
     return p

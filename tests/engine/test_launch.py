@@ -136,6 +136,18 @@ def test_bad_launch_flag_is_one_line(argv: list[str], message: str, launches: La
     assert launches.calls == []
 
 
+@pytest.mark.parametrize("value", ["two", "0", "null"])
+def test_a_bad_num_processes_in_the_accelerate_config_is_one_line(value: str, launches: Launches, tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "acc.yaml"
+    config.write_text(f"distributed_type: MULTI_GPU\nnum_processes: {value}\n")
+    assert cli.main(["train", TINY, f"--accelerate-config={config}"]) == 2
+    shown = {"two": "'two'", "0": "0", "null": "None"}[value]
+    assert capsys.readouterr().err == (f"ictrl train: error: --accelerate-config {config}: num_processes: expected a "
+                                       f"whole number >= 1, got {shown}; or give --num-processes N\n")
+    assert launches.calls == []
+
+
 def test_refused_inside_a_launched_process(launches: Launches, monkeypatch: pytest.MonkeyPatch,
                                            capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("WORLD_SIZE", "2")

@@ -85,10 +85,10 @@ class Launch:
         try:
             processes = int(value)
         except (TypeError, ValueError):
-            raise LaunchError(f"--accelerate-config {path}: num_processes: expected a whole number, got "
-                              f"{value!r}") from None
+            processes = 0
         if processes < 1:
-            raise LaunchError(f"--accelerate-config {path}: num_processes is {processes}; give --num-processes N")
+            raise LaunchError(f"--accelerate-config {path}: num_processes: expected a whole number >= 1, got "
+                              f"{value!r}; or give --num-processes N")
         return processes
 
 
