@@ -57,9 +57,7 @@ def load_mixture(script: Any) -> Any:
                                    test_split_size=script.test_split_size)
     try:
         return get_dataset(mixture)
-    except Exception as exc:  # datasets raises many types (FileNotFoundError, ValueError, DatasetNotFoundError, ...)
-        if not isinstance(exc, (ValueError, KeyError, FileNotFoundError, ConnectionError, OSError)):
-            raise
+    except (ValueError, KeyError, OSError) as exc:  # datasets' DatasetNotFoundError is a FileNotFoundError
         raise DataError(f"datasets: {shorten(str(exc).splitlines()[0] if str(exc) else type(exc).__name__, 300)}"
                         ) from None
 
