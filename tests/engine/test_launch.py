@@ -265,6 +265,33 @@ def test_failed_process_status_without_launcher_traceback(rank: int, exitcode: i
     assert REPORTED_FILE_ENV not in os.environ and "ICTRL_LAUNCH_ARGV" not in os.environ
 
 
+@pytest.mark.parametrize(("raised", "status", "err"), [
+    (ValueError("num_processes must be even\nmore"), 2, "ictrl train: error: accelerate launch: num_processes must be "
+                                                      "even\n"),
+    (subprocess.CalledProcessError(3, ["python"]), 3, "ictrl train: error: process 0 of 2 exited with status 3; its "
+                                                     "output is above (--debug adds the launcher's traceback)\n"),
+    (KeyboardInterrupt(), 130, "\nictrl train: interrupted\n"),
+])
+def test_the_launchers_other_endings_and_debug(raised: BaseException, status: int, err: str, launches: Launches,
+                                               monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """accelerate's own refusal is one line (exit 2), its single-process launcher's failure is that process's status,
+    Ctrl-C in the parent is 130; under --debug each propagates as it was raised."""
+    from ictrl.train_cli.cli import LAUNCH_ARGV_ENV
+    from ictrl.train_cli.launch import Launch, run_launch
+
+    def fail() -> None:
+        raise raised
+
+    launches.fail = fail
+    assert cli.main(["train", TINY, "--num-processes", "2"]) == status
+    assert capsys.readouterr().err == err
+    monkeypatch.setenv("ICTRL_DEBUG", "1")
+    monkeypatch.setenv(LAUNCH_ARGV_ENV, TINY)  # which ictrl train sets for the processes
+    with pytest.raises(type(raised)):
+        run_launch(Launch(num_processes=2), [TINY])
+
+
 @pytest.mark.integration
 def test_two_process_cpu_launch_through_the_flag(tmp_path: Path) -> None:
     assert cli.main(["tiny-model", str(tmp_path / "runs" / "tiny-model"), "--untrained", "--problems", "16"]) == 0
