@@ -51,8 +51,8 @@ class DuplicateKeyError(Exception):
 
 
 def load_yaml(text: str, where: str) -> Any:
-    """``text`` as YAML (:func:`yaml_loader`); not YAML or a duplicate key is a one-line
-    :class:`ictrl.errors.ConfigError` naming ``where``."""
+    """``text`` as YAML (:func:`yaml_loader`); not YAML, a duplicate key or nesting past Python's recursion limit is
+    a one-line :class:`ictrl.errors.ConfigError` naming ``where``."""
     import yaml
 
     from ictrl.errors import ConfigError
@@ -63,3 +63,5 @@ def load_yaml(text: str, where: str) -> Any:
         raise ConfigError(f"{where}: {exc}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{where}: not valid YAML: {' '.join(str(exc).split())[:300]}") from None
+    except RecursionError:
+        raise ConfigError(f"{where}: YAML nested too deeply") from None

@@ -137,6 +137,16 @@ def test_binary_and_oversized_config_files(loader_calls: list[Any], tmp_path: Pa
     assert "not valid YAML" in refused([str(control)], capsys)
 
 
+def test_yaml_nested_past_the_recursion_limit_is_one_line(loader_calls: list[Any], tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    deep = tmp_path / "deep.yaml"
+    deep.write_text("model_name_or_path: m\noutput_dir: out\nlearning_rate: " + "[" * 5000 + "]" * 5000 + "\n")
+    assert refused([str(deep)], capsys).endswith(f"{deep}: YAML nested too deeply")
+    assert refused([str(TINY), f"--accelerate-config={deep}"], capsys).endswith(
+        f"--accelerate-config {deep}: YAML nested too deeply")
+    assert loader_calls == [] and not (tmp_path / "out").exists()
+
+
 def test_output_dir_leaving_the_working_directory_warns_once(loader_calls: list[Any], tmp_path: Path,
                                                              monkeypatch: pytest.MonkeyPatch,
                                                              capsys: pytest.CaptureFixture[str]) -> None:

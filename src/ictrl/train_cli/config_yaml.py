@@ -1,4 +1,4 @@
-"""YAML for run configs: PyYAML's safe loader (no Python tags) with duplicate keys refused, each failure one line.
+"""YAML for run configs: a flag's value read as YAML (a file's text: ``ictrl.yamlfile.load_yaml``).
 
 A run config is the user's own file: its aliases expand as YAML says, with no bound of ictrl's.
 """
@@ -9,23 +9,10 @@ from typing import Any
 
 import yaml
 
-from ictrl.errors import ConfigError, shorten
+from ictrl.errors import ConfigError
 from ictrl.yamlfile import DuplicateKeyError, yaml_loader
 
 MAX_CONFIG_BYTES = 1 << 20  # a run config is a few kilobytes; anything past this is the wrong file
-
-
-def load_yaml_text(text: str, where: str) -> Any:
-    """A config document; not YAML or nested too deep is a :class:`ConfigError` naming ``where``."""
-    try:
-        data = yaml.load(text, Loader=yaml_loader())  # noqa: S506 - a SafeLoader subclass
-    except DuplicateKeyError as exc:
-        raise ConfigError(f"{where}: {exc}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{where}: not valid YAML: {shorten(str(exc).replace(chr(10), ' '))}") from None
-    except RecursionError:
-        raise ConfigError(f"{where}: YAML nested too deeply") from None
-    return data
 
 
 def load_yaml_value(raw: str, where: str) -> Any:

@@ -31,10 +31,11 @@ from trl import TrlParser
 from trl.scripts.grpo import GRPOScriptArguments
 
 from ictrl.engine.config_fields import AT_LEAST_ONE, NON_NEGATIVE, check_fields, type_text
-from ictrl.train_cli.config_yaml import MAX_CONFIG_BYTES, load_yaml_text, load_yaml_value
+from ictrl.train_cli.config_yaml import MAX_CONFIG_BYTES, load_yaml_value
 from ictrl.cliargs import PATH_KEYS, expand_paths
 from ictrl.errors import QUOTE_LIMIT, ConfigError, UserError, quote, shorten
 from ictrl.files import atomic_write_text
+from ictrl.yamlfile import load_yaml
 
 
 @dataclass
@@ -366,7 +367,7 @@ def read_yaml(path: str | os.PathLike[str], _seen: tuple[Path, ...] = ()) -> dic
         text = path.read_bytes().decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: not a text file (byte {exc.start} is not UTF-8); a run config is YAML") from None
-    data = load_yaml_text(text, str(path)) or {}
+    data = load_yaml(text, str(path)) or {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: top level must be a mapping of keys, got {type(data).__name__}")
     _old_sections(data, str(path))
