@@ -64,16 +64,13 @@ class Launch:
         """``key`` of the accelerate config file (``default`` without one, or when the file lacks it)."""
         if self.accelerate_config is None:
             return default
-        from ictrl.errors import ConfigError
         from ictrl.yamlfile import load_yaml
 
         path = str(self.accelerate_config)
-        try:
+        try:  # not YAML: load_yaml's ConfigError, one line as this LaunchError
             data = load_yaml(Path(path).read_text(), f"--accelerate-config {path}")
         except (OSError, UnicodeDecodeError) as exc:
             raise LaunchError(f"--accelerate-config {path}: cannot read {key}: {str(exc).splitlines()[0]}") from None
-        except ConfigError as exc:
-            raise LaunchError(str(exc)) from None
         return data.get(key, default) if isinstance(data, dict) else default
 
     def total_processes(self) -> int:
