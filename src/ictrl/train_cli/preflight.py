@@ -99,10 +99,9 @@ def preflight(cfg: RunConfig, source: str = "<config>", flags: dict[str, Any] | 
                        blame("output_dir", source, flags))
     check_own_output(cfg.output_dir, blame("output_dir", source, flags))
     if args.use_vllm:  # last: an error in the file itself is named first, on any machine
-        from ictrl.vllm_env import INSTALL_HINT, installed
+        from ictrl.vllm_env import require_installed
 
-        if not installed():
-            raise ConfigError(f"{blame('use_vllm', source, flags)}: use_vllm: vLLM is not installed: {INSTALL_HINT}")
+        require_installed(f"{blame('use_vllm', source, flags)}: use_vllm")  # as the trainer does, after the model loads
     if resume is not None:
         existing_checkpoints(cfg, resume, source)
     if inputs:
