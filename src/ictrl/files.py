@@ -182,11 +182,11 @@ def check_output_dir(path: str | os.PathLike[str], label: str = "--output-dir") 
         parent = parent.parent
     if not parent.is_dir():
         raise UserError(f"{label}: {shown}: {parent} is not a directory")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise UserError(f"{label}: {shown}: cannot create it, {parent} is not writable")
-    failed = _try_create(parent)  # os.access answers yes to root everywhere (sysfs, a read-only mount): try it
+    # os.access answers yes to root everywhere (sysfs, a read-only mount): where it says yes, try it
+    failed = _try_create(parent) if os.access(parent, os.W_OK | os.X_OK) else PermissionError()
     if failed is not None:
-        raise UserError(f"{label}: {shown}: cannot create it: {failed.strerror or failed}")
+        raise UserError(f"{label}: {shown}: cannot create it" +
+                        (f": {failed.strerror}" if failed.strerror else f", {parent} is not writable"))
 
 
 def _try_create(folder: Path) -> OSError | None:

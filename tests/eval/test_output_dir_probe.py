@@ -61,3 +61,17 @@ def test_a_read_only_output_dir_is_one_line_and_the_probe_leaves_nothing(tiny_mo
     assert lines == [f"ictrl eval: error: --output-dir: '{tmp_path / 'existing'}' is not writable: Read-only file "
                      "system"], lines
     assert list((tmp_path / "existing").iterdir()) == []
+
+
+def test_a_parent_os_access_refuses_is_one_line_naming_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where ``os.access`` already says no (a user's read-only folder), the line names the folder, with no probe."""
+    from ictrl.errors import UserError
+    from ictrl.files import check_output_dir
+
+    parent = tmp_path / "ro"
+    parent.mkdir()
+    monkeypatch.setattr(os, "access", lambda path, mode: Path(path) != parent)
+    with pytest.raises(UserError) as raised:
+        check_output_dir(parent / "out")
+    assert str(raised.value) == f"--output-dir: '{parent / 'out'}': cannot create it, {parent} is not writable"
+    assert list(parent.iterdir()) == []
