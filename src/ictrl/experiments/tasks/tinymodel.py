@@ -128,8 +128,6 @@ def sample_correct(
 
     Sampling runs under a forked RNG seeded with ``seed``, so callers' random streams are untouched.
     """
-    if n < 1:
-        raise ValueError(f"n must be at least 1, got {n}")
     was_training = model.training
     model.eval()
     tokenizer.padding_side = "left"
