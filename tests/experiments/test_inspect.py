@@ -194,6 +194,10 @@ def test_rollouts_file_mode_and_errors(tmp_path: Path, capsys: pytest.CaptureFix
     assert "missing.jsonl" in capsys.readouterr().err
     assert main(["inspect", "--model", "somewhere", "--out", str(out)]) == 2
     assert "--prompt is required" in capsys.readouterr().err
+    # a sampling flag out of range: one line naming it, before the (here missing) model is looked at
+    assert main(["inspect", "--model", "somewhere", "--prompt", "1+1=", "--num-generations", "1",
+                 "--out", str(out)]) == 2
+    assert "--num-generations must be at least 2" in capsys.readouterr().err
     # an option the selector does not take: one line naming it, before the (here missing) model is looked at
     assert main(["inspect", "--model", "somewhere", "--prompt", "1+1=", "--selector", "grpo", "--ratio", "0.2",
                  "--out", str(out)]) == 2

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from ictrl.errors import UserError
-from ictrl.experiments.sampling import generate_group
+from ictrl.experiments.sampling import check_sampling_flags, generate_group
 from ictrl.files import atomic_write_text, read_jsonl, write_own
 
 # What the page shows of every token, computed whatever the selector reads.
@@ -450,6 +450,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             if args.prompt is None:
                 raise ValueError("--prompt is required with --model")
+            check_sampling_flags(args)
             options = flag_options(args.selector, args.ratio, args.scope)  # before the model loads
             preflight.check_model(args.model)
             from ictrl.models import check_device, load_model_and_tokenizer
