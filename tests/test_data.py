@@ -21,6 +21,7 @@ from ictrl.data import (
     load_problems,
     parse_spec,
     read_records,
+    row_to_problem,
     to_trl_dataset,
 )
 from ictrl.rewards import choice_reward, math_reward
@@ -47,6 +48,10 @@ def test_registry_entries() -> None:
         assert b.reward("The answer is \\boxed{A}", gold) == (1.0 if b.kind == "choice" else 0.0)
     with pytest.raises(ValueError, match="unknown name"):
         get_benchmark("mmlu_pro")
+    # the GPQA adapter's missing column is reported with the file and line
+    row = {"Question": "q", "Correct Answer": "a", "Incorrect Answer 1": "b", "Incorrect Answer 3": "d"}
+    with pytest.raises(DataError, match="x.jsonl: line 1: field 'Incorrect Answer 2' missing"):
+        row_to_problem(row, gpqa, 0, "x.jsonl: line 1")
 
 
 # ------------------------------------------------------------------------------------ local file layouts

@@ -89,8 +89,7 @@ def test_grid_specs_and_paths() -> None:
     assert grid.RunSpec("ict", 0).relpath == "ict/seed0"
     with pytest.raises(ValueError, match="seeds"):
         grid.grid_specs(["grpo"], 0)
-    with pytest.raises(ValueError, match="learning rates"):
-        grid.grid_specs(["grpo"], 1, [0.0])
+    # the learning rates are checked at the flags: test_cli_errors_name_the_bad_method, studies' test_sweep
 
 
 # ------------------------------------------------------------------------------------------------ resumable grid
@@ -223,6 +222,9 @@ def test_cli_errors_name_the_bad_method(tmp_path: Path, capsys: pytest.CaptureFi
     assert "entropy20" in err and len(err.strip().splitlines()) == 1
     assert main(["compare", "--seeds", "0", "--output-dir", str(tmp_path)]) == 2
     assert "seeds" in capsys.readouterr().err
+    for lr in ("0", "inf", "nan"):  # the flag is the one check of the grid's learning rates
+        assert main(["compare", "--learning-rate", lr, "--output-dir", str(tmp_path)]) == 2
+        assert f"--learning-rate must be finite and > 0, got {float(lr)}" in capsys.readouterr().err
 
 
 def test_a_bug_inside_a_run_keeps_its_traceback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -126,10 +126,6 @@ def test_rollouts_from_tensors_keeps_masked_positions() -> None:
     assert [r.tokens for r in rs] == [["a", "b", "c"], ["d", "e"]]
     assert rs[1].u == pytest.approx([0.4, 0.5]) and rs[0].selected == [False, True, False]
     assert rs[0].reward == 1.0 and rs[1].group == 3
-    with pytest.raises(ValueError, match="outside mask"):
-        rollouts_from_tensors(["p", "p"], toks, mask, u, u, u, torch.ones(2, 4, dtype=torch.bool))
-    with pytest.raises(ValueError, match="entropy has shape"):
-        rollouts_from_tensors(["p", "p"], toks, mask, u, u[:, :3], u, sel)
 
 
 def naive_reference(logits: torch.Tensor, mask: torch.Tensor, response: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -198,6 +194,15 @@ def test_rollouts_file_mode_and_errors(tmp_path: Path, capsys: pytest.CaptureFix
     assert "missing.jsonl" in capsys.readouterr().err
     assert main(["inspect", "--model", "somewhere", "--out", str(out)]) == 2
     assert "--prompt is required" in capsys.readouterr().err
+    # a sampling flag out of range: one line naming it, before the (here missing) model is looked at
+    assert main(["inspect", "--model", "somewhere", "--prompt", "1+1=", "--num-generations", "1",
+                 "--out", str(out)]) == 2
+    assert "--num-generations must be at least 2" in capsys.readouterr().err
+    # an option the selector does not take: one line naming it, before the (here missing) model is looked at
+    assert main(["inspect", "--model", "somewhere", "--prompt", "1+1=", "--selector", "grpo", "--ratio", "0.2",
+                 "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "unknown option(s) ['ratio'] for selector 'all'" in err and len(err.strip().splitlines()) == 1
     with pytest.raises(SystemExit):
         main(["inspect", "--out", str(out)])  # neither --model nor --rollouts
 

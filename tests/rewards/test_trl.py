@@ -20,6 +20,8 @@ def test_trl_reward_strings_and_conversations() -> None:
         f(prompts=["p"], completions=["\\boxed{2}"], solution=["2"])
     with pytest.raises(ValueError, match="1 completions but 2"):
         f(prompts=["p"], completions=["\\boxed{2}"], answer=["2", "3"])
+    with pytest.raises(TypeError, match="'completions'"):  # TRL always passes it; Python names it when missing
+        f(prompts=["p"], answer=["2"])
     fmt = trl_reward(format_reward, gold_column=None, name="boxed_format")
     assert fmt.__name__ == "boxed_format"
     assert fmt(prompts=None, completions=["\\boxed{1}", "none"]) == [1.0, 0.0]

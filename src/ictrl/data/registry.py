@@ -89,12 +89,10 @@ class Benchmark:
 
 def _gpqa_adapter(row: dict[str, Any]) -> dict[str, Any]:
     """GPQA stores the correct answer first; shuffle the four options with a seed derived from the question
-    so the gold letter is uniform and stable across runs and machines."""
-    try:
-        options = [row["Correct Answer"]] + [row[f"Incorrect Answer {i}"] for i in (1, 2, 3)]
-        question = row["Question"]
-    except KeyError as e:
-        raise KeyError(f"{e.args[0]}") from None
+    so the gold letter is uniform and stable across runs and machines. A missing column is a ``KeyError`` naming
+    it, which ``row_to_problem`` reports with the row."""
+    options = [row["Correct Answer"]] + [row[f"Incorrect Answer {i}"] for i in (1, 2, 3)]
+    question = row["Question"]
     order = list(range(4))
     random.Random(int(hashlib.sha256(str(question).encode()).hexdigest()[:16], 16)).shuffle(order)
     return {

@@ -3,7 +3,8 @@
 A backend is anything with ``generate(prompts, n, max_new_tokens, temperature, top_p, seed)
 -> list[list[str]]`` returning, for each prompt, its n completions (text after the prompt,
 cut at EOS, special tokens removed). Prompts arrive fully formatted (chat template applied
-by the caller). ``temperature == 0`` means greedy decoding.
+by the caller). ``temperature == 0`` means greedy decoding. The sampling settings arrive checked: the harness
+calls a backend, with the values its ``EvalConfig`` / ``EvalTask`` checked where they were built.
 
 Sampling is plain temperature + nucleus (top_p): the checkpoint's own generation defaults
 (Qwen2.5 ships top_k=20, repetition_penalty=1.05) are overridden so that the HF and vLLM
@@ -28,19 +29,6 @@ class Backend(Protocol):
     def generate(
         self, prompts: Sequence[str], n: int, max_new_tokens: int, temperature: float, top_p: float, seed: int
     ) -> list[list[str]]: ...
-
-
-def _check_sampling(prompts: Sequence[str], n: int, max_new_tokens: int, temperature: float, top_p: float) -> None:
-    if isinstance(prompts, str):
-        raise ValueError("prompts must be a list of strings, not a single string")
-    if n < 1:
-        raise ValueError(f"n must be at least 1, got {n}")
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature}")
-    if not 0.0 < top_p <= 1.0:
-        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
 
 
 class HFBackend:
@@ -85,7 +73,6 @@ class HFBackend:
     def generate(
         self, prompts: Sequence[str], n: int, max_new_tokens: int, temperature: float, top_p: float, seed: int
     ) -> list[list[str]]:
-        _check_sampling(prompts, n, max_new_tokens, temperature, top_p)
         greedy = temperature == 0
         copies = 1 if greedy else n
         rows = [p for p in prompts for _ in range(copies)]
@@ -152,7 +139,6 @@ class VLLMBackend:
     ) -> list[list[str]]:
         from vllm import SamplingParams
 
-        _check_sampling(prompts, n, max_new_tokens, temperature, top_p)
         greedy = temperature == 0  # vLLM refuses n > 1 with greedy sampling: decode once and copy, as HFBackend
         params = SamplingParams(
             n=1 if greedy else n, temperature=temperature, top_p=1.0 if greedy else top_p,

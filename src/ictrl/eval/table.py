@@ -231,9 +231,8 @@ def _order(methods: list[str], target: str, explicit: Sequence[str] | None) -> l
 def build_table(runs: list[RunScores], target: str = "ict", methods: Sequence[str] | None = None,
                 benchmarks: Sequence[str] | None = None, ks: Sequence[str] | None = None,
                 ci: float = 0.95) -> dict[str, Any]:
-    """The table as a JSON-ready dict (scores as fractions; NaN where a statistic is undefined)."""
-    if not runs:
-        raise TableError("no runs given")
+    """The table as a JSON-ready dict (scores as fractions; NaN where a statistic is undefined). ``runs`` is
+    not empty: each RUN_DIR of ``ictrl table`` (one or more) yields a result file or a :class:`TableError`."""
     if not 0.0 < ci < 1.0:
         raise TableError(f"--ci must be in (0, 1), got {ci}")
     bench_list = list(benchmarks) if benchmarks else list(runs[0].scores)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -68,8 +69,8 @@ def run(args: argparse.Namespace) -> int:
 
     check_output_dir(args.output_dir)  # before any run or model load
     methods = grid.parse_methods(args.methods)
-    if args.lr is not None and not args.lr > 0:
-        raise UserError(f"--learning-rate must be > 0, got {args.lr}")
+    if args.lr is not None and not (math.isfinite(args.lr) and args.lr > 0):
+        raise UserError(f"--learning-rate must be finite and > 0, got {args.lr}")
     specs = grid.grid_specs(methods, args.seeds, None if args.lr is None else [args.lr])
     out: Path = args.output_dir
     check_own_files(out, output_names(specs), legacy=earlier_compare)

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from ictrl.errors import UserError
-from ictrl.experiments.sampling import generate_group
+from ictrl.experiments.sampling import check_sampling_flags, generate_group
 from ictrl.files import atomic_write_text, read_jsonl, write_own
 
 # What the page shows of every token, computed whatever the selector reads.
@@ -60,12 +60,10 @@ def check_selector(name: str) -> Any:
 def flag_options(name: str, ratio: float | None, scope: str | None) -> dict[str, Any]:
     """The selector's options with the ``--ratio`` / ``--scope`` flags applied, for selectors that take them (None:
     the selector's default)."""
-    selector = check_selector(name)
     given = {k: v for k, v in (("ratio", ratio), ("scope", scope)) if v is not None}
-    unused = sorted(set(given) - set(selector.options))
-    if unused:
-        raise ValueError(f"--{unused[0]} is not used by selector {name!r}")
-    return selector.resolve_options(given)
+    return check_selector(name).resolve_options(given)  # an option the selector does not take: ValueError naming it
+
+
 U_RGB = (230, 85, 13)  # orange: ICT score
 H_RGB = (49, 130, 189)  # blue: entropy
 
@@ -169,7 +167,9 @@ def rollouts_from_tensors(
     rewards: Sequence[float] | None = None,
     group_ids: Sequence[int] | None = None,
 ) -> list[Rollout]:
-    """Build Rollouts from batch tensors in the shifted layout, keeping the masked-in positions of each row.
+    """Build Rollouts from batch tensors in the shifted layout, keeping the masked-in positions of each row. The
+    tensors are :func:`score_group`'s own (one step's statistics and selection, which ``select`` keeps inside the
+    mask), so their shapes are taken as built.
 
     prompts: [B] prompt text per response; tokens: [B][T] decoded token strings (``token_strings``); mask, u,
     entropy, prob, selected: [B, T] tensors (or nested lists); rewards, group_ids: [B] or None.
@@ -178,23 +178,9 @@ def rollouts_from_tensors(
 
     as_t = {n: torch.as_tensor(v).detach().cpu() for n, v in
             {"mask": mask, "u": u, "entropy": entropy, "prob": prob, "selected": selected}.items()}
-    b, t = as_t["mask"].shape
-    for name, value in as_t.items():
-        if tuple(value.shape) != (b, t):
-            raise ValueError(f"{name} has shape {tuple(value.shape)}, expected {(b, t)} like mask")
-    if len(prompts) != b or len(tokens) != b:
-        raise ValueError(f"prompts and tokens must have {b} rows (one per response), "
-                         f"got {len(prompts)} and {len(tokens)}")
-    for name, seq in (("rewards", rewards), ("group_ids", group_ids)):
-        if seq is not None and len(seq) != b:
-            raise ValueError(f"{name} must have {b} entries, got {len(seq)}")
     m = as_t["mask"].bool()
-    if bool((as_t["selected"].bool() & ~m).any()):
-        raise ValueError("selected marks a position outside mask")
     out = []
-    for i in range(b):
-        if len(tokens[i]) != t:
-            raise ValueError(f"tokens[{i}] has {len(tokens[i])} strings, expected {t}")
+    for i in range(m.shape[0]):
         keep = m[i].nonzero().flatten().tolist()
         out.append(
             Rollout(
@@ -358,10 +344,6 @@ def render_inspect_html(
 
     meta: settings shown on top; view: the colouring shown first, "u" (ICT score) or "h" (entropy).
     """
-    if not rollouts:
-        raise ValueError("rollouts must not be empty")
-    if view not in ("u", "h"):
-        raise ValueError(f"view must be 'u' or 'h', got {view!r}")
     u_max = max((v for r in rollouts for v in r.u), default=0.0) or 1.0
     h_max = max((v for r in rollouts for v in r.entropy), default=0.0) or 1.0
     n_tok = sum(len(r.tokens) for r in rollouts)
@@ -468,6 +450,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             if args.prompt is None:
                 raise ValueError("--prompt is required with --model")
+            check_sampling_flags(args)
             options = flag_options(args.selector, args.ratio, args.scope)  # before the model loads
             preflight.check_model(args.model)
             from ictrl.models import check_device, load_model_and_tokenizer

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from ictrl.errors import UserError
+from ictrl.experiments.sampling import check_sampling_flags
 from ictrl.experiments.tasks.registry import CHOICES
 
 REFERENCE = "ict"  # the selector under test, by registered name
@@ -349,17 +350,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def check_args(args: argparse.Namespace) -> None:
     """Flag values, before anything loads; one line naming the flag."""
-    if args.num_generations < 2:
-        raise UserError(f"--num-generations must be at least 2 (ICT compares a response with its group), got "
-                        f"{args.num_generations}")
+    check_sampling_flags(args)
     if args.num_prompts < 2:
         raise UserError(f"--num-prompts must be at least 2 (the intervals are over prompts), got {args.num_prompts}")
     if args.seeds < 1:
         raise UserError(f"--seeds must be at least 1, got {args.seeds}")
-    if args.max_new_tokens is not None and args.max_new_tokens < 1:
-        raise UserError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
-    if not args.temperature > 0:
-        raise UserError(f"--temperature must be > 0, got {args.temperature}")
     if args.seed < 0:
         raise UserError(f"--seed must be >= 0, got {args.seed}")
     if args.threads < 1:

@@ -25,6 +25,20 @@ def response_mask(response: Any, eos: Sequence[int]) -> Any:
     return (is_eos.cumsum(1) - is_eos) == 0
 
 
+def check_sampling_flags(args: Any) -> None:
+    """``--num-generations``, ``--max-new-tokens`` (None: the command's default) and ``--temperature`` of the commands
+    that sample a group, before anything loads: :func:`generate_group` takes them as checked."""
+    from ictrl.errors import UserError
+
+    if args.num_generations < 2:
+        raise UserError(f"--num-generations must be at least 2 (ICT compares a response with its group), got "
+                        f"{args.num_generations}")
+    if args.max_new_tokens is not None and args.max_new_tokens < 1:
+        raise UserError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
+    if not args.temperature > 0:
+        raise UserError(f"--temperature must be > 0, got {args.temperature}")
+
+
 def generate_group(
     model: Any,
     tokenizer: Any,
@@ -41,13 +55,6 @@ def generate_group(
     """
     import torch
 
-    if num_generations < 2:
-        raise ValueError(f"num_generations must be >= 2 (ICT compares a response with its group), got "
-                         f"{num_generations}")
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    if not temperature > 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
     device = next(model.parameters()).device
     prompt_ids = tokenizer(prompt, return_tensors="pt", add_special_tokens=False)["input_ids"].to(device)
     if prompt_ids.shape[1] == 0:

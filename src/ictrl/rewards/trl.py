@@ -36,11 +36,7 @@ def trl_reward(
     """
     label = name or getattr(fn, "__name__", "reward")
 
-    def reward(
-        prompts: Sequence[Any] | None = None, completions: Sequence[Any] | None = None, **kwargs: Any
-    ) -> list[float]:
-        if completions is None:
-            raise ValueError(f"{label}: completions is required")
+    def reward(prompts: Sequence[Any] | None, completions: Sequence[Any], **kwargs: Any) -> list[float]:
         texts = [completion_text(c) for c in completions]
         if gold_column is None:
             return [float(fn(t)) for t in texts]
@@ -78,11 +74,7 @@ def trl_kind_reward(
     """A TRL reward for mixed data sets: each row's ``kind_column`` ("math", "gsm8k", "choice") picks the
     reward applied to it (see :func:`ictrl.data.to_trl_dataset`, which writes that column)."""
 
-    def reward(
-        prompts: Sequence[Any] | None = None, completions: Sequence[Any] | None = None, **kwargs: Any
-    ) -> list[float]:
-        if completions is None:
-            raise ValueError(f"{name}: completions is required")
+    def reward(prompts: Sequence[Any] | None, completions: Sequence[Any], **kwargs: Any) -> list[float]:
         for col in (gold_column, kind_column):
             if col not in kwargs or len(kwargs[col]) != len(completions):
                 raise ValueError(f"{name}: column {col!r} missing or not one value per completion")

@@ -129,3 +129,23 @@ def test_cli_rejects_shape_flag_mistakes(tmp_path: Path, argv: list[str], messag
 
     assert main(["tiny-model", str(tmp_path / "m"), *argv]) == 2
     assert message in capsys.readouterr().err and not (tmp_path / "m").exists()
+
+
+def test_recipe_and_rl_settings_hold_each_field_to_its_declared_range() -> None:
+    from ictrl.experiments.grid.tinyrun import TinyRL
+
+    for bad, message in ((dict(hidden_size=0), "hidden_size: must be >= 1, got 0"),
+                         (dict(order_error=1.5), "order_error: must be >= 0 and <= 1"),
+                         (dict(lr=float("nan")), "lr: must be finite"), (dict(threads=0), "threads: must be >= 1"),
+                         (dict(batch_size=True), "batch_size: expected int"),
+                         (dict(hidden_size=66), "hidden_size=66 must divide by num_attention_heads=4")):
+        with pytest.raises(ValueError, match=message):
+            tinymodel.TinyRecipe(**bad)
+    for bad, message in ((dict(num_generations=1), "num_generations: must be >= 2"),
+                         (dict(eval_n=3, eval_ks=(1,)), "eval_n: must be >= 4"),
+                         (dict(eval_split="train"), "eval_split: must be one of 'test', 'dev'"),
+                         (dict(temperature=0.0), "temperature: must be > 0"),
+                         (dict(eval_ks=(1, 2)), "eval_ks must include 1 and 4")):
+        with pytest.raises(ValueError, match=message):
+            TinyRL(**bad)
+    assert TinyRL(eval_ks=[1, 4], eval_split="dev").eval_ks == (1, 4)

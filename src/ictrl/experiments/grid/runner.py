@@ -89,15 +89,13 @@ class RunSpec:
 
 
 def grid_specs(methods: Sequence[str], seeds: int, lrs: Sequence[float] | None = None) -> list[RunSpec]:
-    """Every (lr, method, seed) cell, seeds innermost so that a partial grid covers methods evenly per lr."""
+    """Every (lr, method, seed) cell, seeds innermost so that a partial grid covers methods evenly per lr. ``lrs``
+    come checked (finite and > 0) from the command's flag: ``compare --learning-rate``, ``sweep --lrs``."""
     if seeds < 1:
         raise UserError(f"seeds: need at least 1, got {seeds}")
     methods = parse_methods(methods)
     if lrs is None:
         return [RunSpec(m, s) for s in range(seeds) for m in methods]
-    for lr in lrs:
-        if not (math.isfinite(lr) and lr > 0):
-            raise UserError(f"lrs: learning rates must be finite and > 0, got {lr!r}")
     return [RunSpec(m, s, float(lr)) for lr in lrs for s in range(seeds) for m in methods]
 
 

@@ -14,8 +14,9 @@ import shutil
 from dataclasses import dataclass, field
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
+from ictrl.engine.config_fields import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, Range, check_fields
 from ictrl.experiments.grid.runner import EVAL_DIR, RunSpec, final_reward
 
 
@@ -24,46 +25,40 @@ class TinyRL:
     """RL and evaluation budget on the embedded task (``default_tiny_settings`` fills it from ``ictrl demo``'s
     recipe, so compare runs are demo runs with another method, seed or lr)."""
 
-    steps: int = field(default=60, metadata={"help": "optimizer steps per run"})
-    lr: float = field(default=1e-4, metadata={"help": "Adam learning rate (constant after warm-up)"})
+    steps: Annotated[int, AT_LEAST_ONE] = field(default=60, metadata={"help": "optimizer steps per run"})
+    lr: Annotated[float, POSITIVE] = field(
+        default=1e-4, metadata={"help": "Adam learning rate (constant after warm-up)"})
     lr_warmup_steps: int = field(default=0, metadata={"help": "linear learning-rate warm-up steps"})
-    prompts_per_step: int = field(default=32, metadata={"help": "prompts per generation batch"})
-    num_generations: int = field(default=8, metadata={"help": "G: samples per prompt"})
-    num_iterations: int = field(default=2, metadata={"help": "optimizer steps per generation batch (mu)"})
+    prompts_per_step: Annotated[int, AT_LEAST_ONE] = field(
+        default=32, metadata={"help": "prompts per generation batch"})
+    num_generations: Annotated[int, Range(2)] = field(default=8, metadata={"help": "G: samples per prompt"})
+    num_iterations: Annotated[int, AT_LEAST_ONE] = field(
+        default=2, metadata={"help": "optimizer steps per generation batch (mu)"})
     epsilon: float = field(default=0.2, metadata={"help": "lower clip"})
     epsilon_high: float = field(default=0.28, metadata={"help": "upper clip (DAPO clip-higher)"})
-    temperature: float = field(default=1.0, metadata={"help": "sampling temperature (training and eval)"})
+    temperature: Annotated[float, POSITIVE] = field(
+        default=1.0, metadata={"help": "sampling temperature (training and eval)"})
     selection_warmup: int | None = field(default=None, metadata={"help": "Θ for the methods that warm up (ict, "
                                                                          "random10, frequent90); None: their default"})
-    eval_problems: int = field(default=200, metadata={"help": "held-out problems (test split)"})
-    eval_n: int = field(default=4, metadata={"help": "samples per held-out problem (>= 4 for P@4)"})
+    eval_problems: Annotated[int, AT_LEAST_ONE] = field(
+        default=200, metadata={"help": "held-out problems (test split)"})
+    eval_n: Annotated[int, Range(4)] = field(
+        default=4, metadata={"help": "samples per held-out problem (>= 4 for P@4)"})
     eval_split: str = field(default="test", metadata={"help": "split evaluated after training: test, or dev "
-                                                      "for tuning runs"})
-    eval_every: int = field(default=0, metadata={"help": "optimizer steps between held-out pass@k evaluations "
-                                                 "during training (the eval/* curves); 0: only after training"})
-    curve_problems: int = field(default=64, metadata={"help": "held-out problems (the first of the test split) "
-                                                      "evaluated during training"})
+                                                      "for tuning runs", "choices": ("test", "dev")})
+    eval_every: Annotated[int, NON_NEGATIVE] = field(
+        default=0, metadata={"help": "optimizer steps between held-out pass@k evaluations during training (the eval/* "
+                                     "curves); 0: only after training"})
+    curve_problems: Annotated[int, AT_LEAST_ONE] = field(
+        default=64, metadata={"help": "held-out problems (the first of the test split) evaluated during training"})
     eval_ks: tuple[int, ...] = field(default=(1, 4), metadata={"help": "pass@k reported (each k <= eval_n); "
                                                                "results carry p<k> per k"})
 
     def __post_init__(self) -> None:
-        for name in ("steps", "prompts_per_step", "num_iterations", "eval_problems"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        if self.num_generations < 2:
-            raise ValueError(f"num_generations must be at least 2, got {self.num_generations}")
-        if self.eval_every < 0 or self.curve_problems < 1:
-            raise ValueError(f"eval_every must be >= 0 and curve_problems >= 1, got {self.eval_every}, "
-                             f"{self.curve_problems}")
-        if self.eval_n < 4:
-            raise ValueError(f"eval_n must be at least 4 (P@4 needs n >= 4), got {self.eval_n}")
         object.__setattr__(self, "eval_ks", tuple(self.eval_ks))
+        check_fields(self, TinyRL)  # each field's type, the range in its annotation and its choices
         if not {1, 4} <= set(self.eval_ks) or max(self.eval_ks) > self.eval_n:
             raise ValueError(f"eval_ks must include 1 and 4 and stay <= eval_n={self.eval_n}, got {self.eval_ks}")
-        if self.eval_split not in ("dev", "test"):
-            raise ValueError(f"eval_split must be 'dev' or 'test', got {self.eval_split!r}")
-        if not (self.lr > 0 and self.temperature > 0):
-            raise ValueError(f"lr and temperature must be > 0, got {self.lr}, {self.temperature}")
 
 
 def tiny_run_config(settings: TinyRL, base: Path, spec: RunSpec, run_dir: Path) -> Any:

@@ -36,11 +36,12 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import torch
 
 from ictrl.data import Problem
+from ictrl.engine.config_fields import AT_LEAST_ONE, POSITIVE, UNIT, check_fields
 from ictrl.errors import UserError
 from ictrl.experiments.tasks.registry import CHOICES, get_task, task_recipe
 from ictrl.files import atomic_write_text
@@ -61,43 +62,38 @@ class TinyRecipe:
     task: str = field(default="tinyarith", metadata={"help": "tinyarith or a task module path "
                                                              "(ictrl.experiments.tasks.registry), recorded as given: "
                                                              "it names the task again when the base is reused"})
-    hidden_size: int = field(default=64, metadata={"help": "model width"})
-    num_hidden_layers: int = field(default=2, metadata={"help": "transformer blocks"})
-    num_attention_heads: int = field(default=4, metadata={"help": "attention heads"})
+    hidden_size: Annotated[int, AT_LEAST_ONE] = field(default=64, metadata={"help": "model width"})
+    num_hidden_layers: Annotated[int, AT_LEAST_ONE] = field(default=2, metadata={"help": "transformer blocks"})
+    num_attention_heads: Annotated[int, AT_LEAST_ONE] = field(default=4, metadata={"help": "attention heads"})
     difficulty: tuple[int, ...] = field(default=(2,), metadata={"help": "difficulty levels mixed in the task "
                                                                           "(tinyarith: operators)"})
-    order_error: float = field(default=0.5, metadata={"help": "share of demonstrations with a choice error "
-                                                      "(tinyarith: left to right)"})
-    digit_error: float = field(default=0.5, metadata={"help": "share of demonstrations with one corrupted digit"})
-    train_problems: int = field(default=2000, metadata={"help": "size of the supervised problem pool"})
-    batch_size: int = field(default=32, metadata={"help": "sequences per supervised step"})
-    lr: float = field(default=3e-3, metadata={"help": "AdamW learning rate (constant after warm-up)"})
-    max_steps: int = field(default=2500, metadata={"help": "hard cap on supervised steps"})
-    eval_every: int = field(default=100, metadata={"help": "steps between dev evaluations"})
-    dev_problems: int = field(default=64, metadata={"help": "dev problems per evaluation"})
-    dev_samples: int = field(default=2, metadata={"help": "samples per dev problem"})
-    target_dev: float = field(default=0.25, metadata={"help": "stop once dev sampled pass@1 reaches this"})
-    patience: int = field(default=6, metadata={"help": "stop after this many evaluations without improvement"})
-    threads: int | None = field(default=None, metadata={"help": "torch threads for the build (None: the process's "
-                                                         "own); a fixed count makes the weights independent of the "
-                                                         "machine's core count"})
+    order_error: Annotated[float, UNIT] = field(
+        default=0.5, metadata={"help": "share of demonstrations with a choice error (tinyarith: left to right)"})
+    digit_error: Annotated[float, UNIT] = field(
+        default=0.5, metadata={"help": "share of demonstrations with one corrupted digit"})
+    train_problems: Annotated[int, AT_LEAST_ONE] = field(
+        default=2000, metadata={"help": "size of the supervised problem pool"})
+    batch_size: Annotated[int, AT_LEAST_ONE] = field(default=32, metadata={"help": "sequences per supervised step"})
+    lr: Annotated[float, POSITIVE] = field(
+        default=3e-3, metadata={"help": "AdamW learning rate (constant after warm-up)"})
+    max_steps: Annotated[int, AT_LEAST_ONE] = field(default=2500, metadata={"help": "hard cap on supervised steps"})
+    eval_every: Annotated[int, AT_LEAST_ONE] = field(default=100, metadata={"help": "steps between dev evaluations"})
+    dev_problems: Annotated[int, AT_LEAST_ONE] = field(default=64, metadata={"help": "dev problems per evaluation"})
+    dev_samples: Annotated[int, AT_LEAST_ONE] = field(default=2, metadata={"help": "samples per dev problem"})
+    target_dev: Annotated[float, UNIT] = field(
+        default=0.25, metadata={"help": "stop once dev sampled pass@1 reaches this"})
+    patience: Annotated[int, AT_LEAST_ONE] = field(
+        default=6, metadata={"help": "stop after this many evaluations without improvement"})
+    threads: Annotated[int | None, AT_LEAST_ONE] = field(
+        default=None, metadata={"help": "torch threads for the build (None: the process's own); a fixed count makes "
+                                        "the weights independent of the machine's core count"})
 
     def __post_init__(self) -> None:
-        for name in ("order_error", "digit_error", "target_dev"):
-            if not 0.0 <= getattr(self, name) <= 1.0:
-                raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
-        for name in ("hidden_size", "num_hidden_layers", "num_attention_heads", "train_problems", "batch_size",
-                     "max_steps", "eval_every", "dev_problems", "dev_samples", "patience"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        object.__setattr__(self, "difficulty", tuple(self.difficulty))
+        check_fields(self, TinyRecipe)  # each field's type and the range in its annotation
         if self.hidden_size % self.num_attention_heads:
             raise ValueError(f"hidden_size={self.hidden_size} must divide by "
                              f"num_attention_heads={self.num_attention_heads}")
-        if self.lr <= 0:
-            raise ValueError(f"lr must be positive, got {self.lr}")
-        if self.threads is not None and self.threads < 1:
-            raise ValueError(f"threads must be at least 1 or None, got {self.threads}")
-        object.__setattr__(self, "difficulty", tuple(self.difficulty))
         get_task(self.task)
 
     def key(self) -> str:
@@ -128,8 +124,6 @@ def sample_correct(
 
     Sampling runs under a forked RNG seeded with ``seed``, so callers' random streams are untouched.
     """
-    if n < 1:
-        raise ValueError(f"n must be at least 1, got {n}")
     was_training = model.training
     model.eval()
     tokenizer.padding_side = "left"

@@ -51,9 +51,8 @@ def _apply(a: int, op: str, b: int) -> int:
 
 
 def solve_steps(operands: list[int], ops: list[str], precedence: bool = True) -> tuple[list[str], int]:
-    """Step strings ``"a*b=c"`` and the value, applying ``*`` before ``+`` (or strictly left to right)."""
-    if len(operands) != len(ops) + 1:
-        raise ValueError(f"operands ({len(operands)}) must be one more than ops ({len(ops)})")
+    """Step strings ``"a*b=c"`` and the value, applying ``*`` before ``+`` (or strictly left to right). ``operands``
+    and ``ops`` alternate as :func:`make_problem`'s checked expression has them (one more operand than ops)."""
     vals, ops = list(operands), list(ops)
     steps = []
     while ops:
