@@ -10,6 +10,7 @@ import contextlib
 import os
 from collections.abc import Iterator, Sequence
 from contextvars import ContextVar
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -61,14 +62,31 @@ def as_bool_mask(mask: Tensor, name: str = "mask") -> Tensor:
     return mask != 0
 
 
-def check_group_ids(group_ids: object, B: int) -> Tensor:
-    """``group_ids`` must be a [B] integer tensor (one prompt label per response); returns it."""
-    if not isinstance(group_ids, Tensor) or tuple(group_ids.shape) != (B,):
-        got = tuple(group_ids.shape) if isinstance(group_ids, Tensor) else type(group_ids).__name__
-        raise ValueError(f"group_ids must be a [B] = ({B},) tensor, got {got}")
-    if group_ids.dtype == torch.bool or group_ids.is_floating_point() or group_ids.is_complex():
-        raise ValueError(f"group_ids must be an integer tensor, got dtype {group_ids.dtype}")
-    return group_ids
+FLOAT, INT, MASK = "floating point", "an integer tensor", "bool or 0/1"  # the kinds check_tensor holds a tensor to
+
+
+def check_tensor(name: str, value: Any, shape: Sequence[int | str], kind: str | None = None, of: str = "") -> Tensor:
+    """The one check of a public core function's tensor argument ``name``: a ``torch.Tensor`` of ``shape`` (a size,
+    or a letter for a free one: ``("B", "T", "V")``) holding ``kind`` (FLOAT, INT, or MASK, returned as bool);
+    returns it. ``of`` says whose shape it must share ("logprobs' "). Raises ValueError naming the argument. Inside
+    :func:`trusted_inputs` nothing is checked: a mask is only converted."""
+    if not checking():
+        return value != 0 if kind == MASK and value.dtype != torch.bool else value
+    if not isinstance(value, Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    if value.dim() != len(shape):
+        raise ValueError(f"{name} must be a {len(shape)}-D tensor [{', '.join(map(str, shape))}], got shape "
+                         f"{tuple(value.shape)}")
+    if any(isinstance(want, int) and want != got for want, got in zip(shape, value.shape)):
+        raise ValueError(f"{name} must have {of}shape {tuple(shape)}, got {tuple(value.shape)}")
+    if kind == MASK:
+        return as_bool_mask(value, name)
+    dtype = value.dtype
+    ok = dtype.is_floating_point if kind == FLOAT else not (dtype == torch.bool or dtype.is_floating_point or
+                                                            dtype.is_complex)
+    if kind is not None and not ok:
+        raise ValueError(f"{name} must be {kind}, got dtype {value.dtype}")
+    return value
 
 
 def require_finite(name: str, x: Tensor, where: Tensor | None = None) -> None:

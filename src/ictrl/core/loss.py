@@ -10,7 +10,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from ictrl.core.checks import OptionError, as_bool_mask, checking, require_finite
+from ictrl.core.checks import OptionError, as_bool_mask, check_tensor, checking, require_finite
 
 NORM_MODES = ("per_response_selected", "token_mean_selected", "token_mean_all", "per_response_all", "dr_grpo",
               "sequence_sum")
@@ -404,29 +404,19 @@ def _metrics(x: Tokens, active: Tensor, spec: LossSpec, parts: dict[str, Tensor 
 
 def _check_batch(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, selected: Tensor | None,
                  extras: LossExtras) -> None:
-    if not isinstance(logprobs, Tensor) or logprobs.dim() != 2:
-        raise ValueError(f"logprobs must be a [B, T] tensor, got {getattr(logprobs, 'shape', type(logprobs))}")
-    shape = logprobs.shape
+    B, T = check_tensor("logprobs", logprobs, ("B", "T")).shape
     named = dict(old_logprobs=old_logprobs, mask=mask, selected=selected, ref_logprobs=extras.ref_logprobs,
                  entropy=extras.entropy, sampler_logprobs=extras.sampler_logprobs,
                  behaviour_logprobs=extras.behaviour_logprobs)
     for name, value in named.items():
-        if value is None:
-            continue
-        if not isinstance(value, Tensor):
-            raise ValueError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
-        if value.shape != shape:
-            raise ValueError(f"{name} must have logprobs' shape {tuple(shape)}, got {tuple(value.shape)}")
-    if not isinstance(advantages, Tensor) or advantages.shape not in (torch.Size([shape[0]]), shape):
-        raise ValueError(f"advantages must be [B] = ({shape[0]},) or [B, T] = {tuple(shape)}, "
-                         f"got {tuple(getattr(advantages, 'shape', ()))}")
+        if value is not None:
+            check_tensor(name, value, (B, T), of="logprobs' ")
+    check_tensor("advantages", advantages, (B,) if isinstance(advantages, Tensor) and advantages.dim() == 1 else (B, T))
     for name in ("num_responses", "num_tokens", "num_mask_tokens"):
         value = getattr(extras, name)
-        if isinstance(value, Tensor) and value.numel() != 1:
-            raise ValueError(f"{name} must be a scalar, got shape {tuple(value.shape)}")
-        if value is not None and not isinstance(value, Tensor) and (
-                isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0):
-            raise ValueError(f"{name} must be a number >= 0, got {value!r}")
+        if (value.numel() != 1 if isinstance(value, Tensor) else value is not None and (
+                isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0)):
+            raise ValueError(f"{name} must be a number >= 0 or a 1-element tensor, got {value!r}")
 
 
 def _check_inputs_finite(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, cover: _Cover, spec: LossSpec,

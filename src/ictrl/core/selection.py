@@ -14,7 +14,7 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
-from ictrl.core.checks import OptionError, as_bool_mask, check_group_ids, require_on_device
+from ictrl.core.checks import INT, MASK, OptionError, check_tensor, require_on_device
 from ictrl.core.describe import failure
 from ictrl.core.loss import NORM_MODES
 from ictrl.core.reference import ceil_count
@@ -59,23 +59,19 @@ class SelectionInputs:
         return cls(mask=mask, step=step, advantages=advantages, group_ids=group_ids, **values)
 
     def __post_init__(self) -> None:
-        self.mask = as_bool_mask(self.mask, "mask")
-        if self.mask.dim() != 2:
-            raise ValueError(f"mask must be [B, T], got shape {tuple(self.mask.shape)}")
+        self.mask = check_tensor("mask", self.mask, ("B", "T"), MASK)  # only converted in the trainer's step
         if isinstance(self.step, bool) or not isinstance(self.step, int) or self.step < 0:
             raise ValueError(f"step must be an int >= 0, got {self.step!r}")
         B = self.mask.shape[0]
         for name in STAT_FIELDS:
             value = getattr(self, name)
-            if value is not None and tuple(value.shape) != tuple(self.mask.shape):
-                raise ValueError(f"{name} must have the mask's shape {tuple(self.mask.shape)}, "
-                                 f"got {tuple(value.shape)}")
-            if value is not None:  # checked on the device: no host read in the training step
+            if value is not None:  # NaN checked on the device, in the step too: no host read
+                check_tensor(name, value, self.mask.shape, of="the mask's ")
                 require_on_device(~(torch.isnan(value) & self.mask).any(), f"{name} holds NaN at active positions")
-        if self.advantages is not None and tuple(self.advantages.shape) != (B,):
-            raise ValueError(f"advantages must be [B] = ({B},), got shape {tuple(self.advantages.shape)}")
+        if self.advantages is not None:
+            check_tensor("advantages", self.advantages, (B,))
         if self.group_ids is not None:
-            check_group_ids(self.group_ids, B)
+            check_tensor("group_ids", self.group_ids, (B,), INT)
 
 
 @dataclass(frozen=True)
