@@ -7,6 +7,7 @@ so a bad tensor is found where it enters rather than as a NaN three functions la
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 from collections.abc import Iterator, Sequence
 from contextvars import ContextVar
@@ -38,14 +39,32 @@ def checking() -> bool:
 
 
 class OptionError(ValueError):
-    """A bad option value, raised where the option is defined: ``field`` names it there and ``reason`` says what it
-    must be (``str`` is ``f"{field} {reason}"``). A caller that reads the option under another name (``ICTGRPOConfig``'s
-    ``epsilon_high`` for ``LossSpec.eps_high``) says ``f"{its name} {reason}"`` instead, without checking it again."""
+    """A bad option (or number argument) value, raised where the option is defined: ``field`` names it there and
+    ``reason`` says what it must be (``str`` is ``f"{field} {reason}"``). A caller that reads the option under
+    another name (``ICTGRPOConfig``'s ``epsilon_high`` for ``LossSpec.eps_high``) says ``f"{its name} {reason}"``
+    instead, without checking it again."""
 
     def __init__(self, field: str, reason: str) -> None:
         super().__init__(f"{field} {reason}")
         self.field = field
         self.reason = reason
+
+
+def check_number(name: str, value: Any, low: float = 0, high: float | None = None, *, above: bool = False,
+                 integer: bool = False, optional: bool = False) -> Any:
+    """The one check of a number option or argument ``name``: an int below 2**63 (``integer``) or a finite number,
+    never a bool, >= ``low`` (> with ``above``) and <= ``high``, or None where ``optional``; returns it (a float
+    unless ``integer``). Raises :class:`OptionError` naming ``name``."""
+    if optional and value is None:
+        return None
+    if (isinstance(value, bool) or not isinstance(value, int if integer else (int, float))
+            or isinstance(value, float) and not math.isfinite(value) or isinstance(value, int) and value >= 1 << 63
+            or not (value > low if above else value >= low) or high is not None and value > high):
+        what = ("None or " if optional else "") + ("an int" if integer else "a finite number" if high is None
+                                                   else "a number")
+        bound = f"in {'(' if above else '['}{low}, {high}]" if high is not None else f"{'>' if above else '>='} {low}"
+        raise OptionError(name, f"must be {what} {bound}{' and < 2**63' if integer else ''}, got {value!r}")
+    return value if integer else float(value)
 
 
 def as_bool_mask(mask: Tensor, name: str = "mask") -> Tensor:

@@ -12,7 +12,7 @@ import math
 import torch
 from torch import Tensor
 
-from ictrl.core.checks import FLOAT, INT, MASK, check_tensor, checking, require_finite, require_on_device
+from ictrl.core.checks import FLOAT, INT, MASK, check_number, check_tensor, checking, require_finite, require_on_device
 
 
 def validate(
@@ -56,12 +56,8 @@ def validate(
 
 
 def check_temperature_chunk(temperature: float, chunk_size: int | None) -> None:
-    """``temperature`` a finite number > 0, ``chunk_size`` None or an int >= 1."""
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not math.isfinite(temperature) \
-            or temperature <= 0:
-        raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
-    if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0):
-        raise ValueError(f"chunk_size must be a positive int or None, got {chunk_size!r}")
+    check_number("temperature", temperature, above=True)
+    check_number("chunk_size", chunk_size, 1, integer=True, optional=True)
 
 
 def require_finite_rows(flat: Tensor, mask: Tensor, purity: Tensor, temperature: float) -> None:
