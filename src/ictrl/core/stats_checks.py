@@ -37,9 +37,9 @@ def validate(
         check_temperature_chunk(temperature, chunk_size)
         if V < 1:
             raise ValueError("logits must have a non-empty vocabulary dimension")
-        if group_size is not None and (group_ids is None or isinstance(group_size, bool) or
-                                       not isinstance(group_size, int) or group_size < 1 or B % group_size):
-            raise ValueError(f"group_size must be an int >= 1 dividing B = {B}, with group_ids; got {group_size!r}")
+        if group_size is not None and (B % check_number("group_size", group_size, 1, integer=True) or
+                                       group_ids is None):
+            raise ValueError(f"group_size={group_size} must divide B = {B} and comes with group_ids")
     if tokens is None:
         return mask, None, group_ids
     tokens = check_tensor("tokens", tokens, (B, T), INT).to(device)
