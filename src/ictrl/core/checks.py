@@ -68,14 +68,10 @@ def check_number(name: str, value: Any, low: float = 0, high: float | None = Non
 
 
 def as_bool_mask(mask: Tensor, name: str = "mask") -> Tensor:
-    """Return ``mask`` as a bool tensor; it must be bool or hold only 0 and 1 (read on the host, unless
-    :func:`trusted_inputs`)."""
-    if not checking():
+    """Return the tensor ``mask`` as a bool tensor; it must be bool or hold only 0 and 1 (read on the host, unless
+    :func:`trusted_inputs`). Its callers have checked that it is a tensor (:func:`check_tensor`)."""
+    if mask.dtype == torch.bool or not checking():
         return mask if mask.dtype == torch.bool else mask != 0
-    if not isinstance(mask, Tensor):
-        raise ValueError(f"{name} must be a torch.Tensor, got {type(mask).__name__}")
-    if mask.dtype == torch.bool:
-        return mask
     if mask.is_complex() or not bool(((mask == 0) | (mask == 1)).all()):
         raise ValueError(f"{name} must be bool or hold only 0/1 values")
     return mask != 0
