@@ -387,7 +387,7 @@ class ICTGRPOConfig(GRPOConfig):
     def _check_eval_during_training(self) -> None:
         if self.eval_benchmarks is None:
             return
-        if isinstance(self.eval_benchmarks, str) or not self.eval_benchmarks:
+        if not self.eval_benchmarks:  # a list (check_fields holds its type)
             raise ValueError("eval_benchmarks must be a non-empty list of benchmark specs, got "
                              f"{self.eval_benchmarks!r}")
         steps = self.eval_steps
