@@ -44,15 +44,17 @@ def validate(
         return mask, None, group_ids
     tokens = check_tensor("tokens", tokens, (B, T), INT).to(device)
     # Masked positions may hold padding (e.g. -100); only active ones must index the vocabulary.
-    in_range = (tokens >= 0) & (tokens < V)
     says = f"tokens at masked-in positions must lie in [0, {V})"
-    if checking() and group_size is not None:
+    if group_size is None:
+        if checking() and not bool(((tokens >= 0) & (tokens < V) | ~mask).all()):
+            active = tokens[mask]
+            raise ValueError(f"{says}, got range [{int(active.min())}, {int(active.max())}]")
+        return mask, tokens, group_ids
+    in_range = (tokens >= 0) & (tokens < V)
+    if checking():
         require_on_device((in_range | ~mask).all(), says)
-    elif checking() and not bool((in_range | ~mask).all()):
-        active = tokens[mask]
-        raise ValueError(f"{says}, got range [{int(active.min())}, {int(active.max())}]")
     # On a GPU the device check is deferred: an id out of range must not reach a gather (a device-side assert).
-    return mask, torch.where(in_range, tokens, 0) if group_size is not None else tokens, group_ids
+    return mask, torch.where(in_range, tokens, 0), group_ids
 
 
 def check_temperature_chunk(temperature: float, chunk_size: int | None) -> None:
