@@ -3,13 +3,54 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ictrl.core.checks import as_bool_mask, require_finite
+from ictrl.core.checks import (FLOAT, INT, MASK, OptionError, as_bool_mask, check_number, check_tensor,
+                               require_finite, trusted_inputs)
 
 
 def test_as_bool_mask_accepts_01_and_rejects_other_values() -> None:
     assert as_bool_mask(torch.tensor([[0, 1]])).dtype == torch.bool
     with pytest.raises(ValueError, match="sel must be bool"):
         as_bool_mask(torch.tensor([0, 2]), "sel")
+
+
+@pytest.mark.parametrize(("value", "shape", "kind", "says"), [
+    ([[1.0]], ("B", "T"), None, r"^x must be a torch.Tensor, got list$"),
+    (torch.zeros(2), ("B", "T"), None, r"^x must be a 2-D tensor \[B, T\], got shape \(2,\)$"),
+    (torch.zeros(2, 4), (2, 3), None, r"^x must have logprobs' shape \(2, 3\), got \(2, 4\)$"),
+    (torch.zeros(2, 3, dtype=torch.long), ("B", "T"), FLOAT, r"^x must be floating point, got dtype torch.int64$"),
+    (torch.zeros(2, 3, dtype=torch.bool), ("B", "T"), INT, r"^x must be an integer tensor, got dtype torch.bool$"),
+    (torch.full((2, 3), 2), ("B", 3), MASK, r"^x must be bool or hold only 0/1 values$"),
+])
+def test_check_tensor_names_the_argument(value: object, shape: tuple, kind: str | None, says: str) -> None:
+    with pytest.raises(ValueError, match=says):
+        check_tensor("x", value, shape, kind, of="logprobs' ")
+
+
+def test_check_tensor_returns_a_bool_mask_and_only_converts_when_trusted() -> None:
+    assert check_tensor("m", torch.tensor([[0, 1]]), ("B", 2), MASK).tolist() == [[False, True]]
+    ids = torch.zeros(2, dtype=torch.long)
+    assert check_tensor("ids", ids, (2,), INT) is ids
+    with trusted_inputs():
+        assert check_tensor("m", torch.tensor([[0, 2]]), (5,), MASK).tolist() == [[False, True]]  # taken as built
+
+
+@pytest.mark.parametrize(("value", "rule", "reason"), [
+    (0.0, {"low": 0, "high": 1, "above": True}, "must be a number in (0, 1], got 0.0"),
+    (float("nan"), {}, "must be a finite number >= 0, got nan"),
+    (True, {"above": True}, "must be a finite number > 0, got True"),
+    (-1, {"integer": True}, "must be an int >= 0 and < 2**63, got -1"),
+    (1 << 63, {"integer": True}, "must be an int >= 0 and < 2**63, got 9223372036854775808"),
+    (1.0, {"integer": True, "optional": True}, "must be None or an int >= 0 and < 2**63, got 1.0"),
+])
+def test_check_number_names_the_rule(value: object, rule: dict, reason: str) -> None:
+    with pytest.raises(OptionError) as err:
+        check_number("x", value, **rule)
+    assert err.value.field == "x" and err.value.reason == reason and str(err.value) == f"x {reason}"
+
+
+def test_check_number_returns_the_value() -> None:
+    assert check_number("x", 1, 0, 1, above=True) == 1.0 and isinstance(check_number("x", 1), float)
+    assert check_number("x", 3, integer=True) == 3 and check_number("x", None, optional=True) is None
 
 
 def test_require_finite_names_first_active_offender_and_ignores_masked() -> None:

@@ -27,7 +27,8 @@ def test_the_step_skips_argument_checks_unless_debugging(debug: bool, tiny_model
         return call
 
     monkeypatch.setattr(loss, "_check_batch", recording("loss", loss._check_batch))
-    monkeypatch.setattr(stats_checks, "check_mask", recording("stats", stats_checks.check_mask))
+    real_check = stats_checks.check_temperature_chunk
+    monkeypatch.setattr(stats_checks, "check_temperature_chunk", recording("stats", real_check))
     if debug:
         monkeypatch.setenv(DEBUG_ENV, "1")
     else:

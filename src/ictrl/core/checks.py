@@ -7,9 +7,11 @@ so a bad tensor is found where it enters rather than as a NaN three functions la
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 from collections.abc import Iterator, Sequence
 from contextvars import ContextVar
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -37,9 +39,10 @@ def checking() -> bool:
 
 
 class OptionError(ValueError):
-    """A bad option value, raised where the option is defined: ``field`` names it there and ``reason`` says what it
-    must be (``str`` is ``f"{field} {reason}"``). A caller that reads the option under another name (``ICTGRPOConfig``'s
-    ``epsilon_high`` for ``LossSpec.eps_high``) says ``f"{its name} {reason}"`` instead, without checking it again."""
+    """A bad option (or number argument) value, raised where the option is defined: ``field`` names it there and
+    ``reason`` says what it must be (``str`` is ``f"{field} {reason}"``). A caller that reads the option under
+    another name (``ICTGRPOConfig``'s ``epsilon_high`` for ``LossSpec.eps_high``) says ``f"{its name} {reason}"``
+    instead, without checking it again."""
 
     def __init__(self, field: str, reason: str) -> None:
         super().__init__(f"{field} {reason}")
@@ -47,28 +50,58 @@ class OptionError(ValueError):
         self.reason = reason
 
 
+def check_number(name: str, value: Any, low: float = 0, high: float | None = None, *, above: bool = False,
+                 integer: bool = False, optional: bool = False) -> Any:
+    """The one check of a number option or argument ``name``: an int below 2**63 (``integer``) or a finite number,
+    never a bool, >= ``low`` (> with ``above``) and <= ``high``, or None where ``optional``; returns it (a float
+    unless ``integer``). Raises :class:`OptionError` naming ``name``."""
+    if optional and value is None:
+        return None
+    if (isinstance(value, bool) or not isinstance(value, int if integer else (int, float))
+            or isinstance(value, float) and not math.isfinite(value) or isinstance(value, int) and value >= 1 << 63
+            or not (value > low if above else value >= low) or high is not None and value > high):
+        what = ("None or " if optional else "") + ("an int" if integer else "a finite number" if high is None
+                                                   else "a number")
+        bound = f"in {'(' if above else '['}{low}, {high}]" if high is not None else f"{'>' if above else '>='} {low}"
+        raise OptionError(name, f"must be {what} {bound}{' and < 2**63' if integer else ''}, got {value!r}")
+    return value if integer else float(value)
+
+
 def as_bool_mask(mask: Tensor, name: str = "mask") -> Tensor:
-    """Return ``mask`` as a bool tensor; it must be bool or hold only 0 and 1 (read on the host, unless
-    :func:`trusted_inputs`)."""
-    if not checking():
+    """Return the tensor ``mask`` as a bool tensor; it must be bool or hold only 0 and 1 (read on the host, unless
+    :func:`trusted_inputs`). Its callers have checked that it is a tensor (:func:`check_tensor`)."""
+    if mask.dtype == torch.bool or not checking():
         return mask if mask.dtype == torch.bool else mask != 0
-    if not isinstance(mask, Tensor):
-        raise ValueError(f"{name} must be a torch.Tensor, got {type(mask).__name__}")
-    if mask.dtype == torch.bool:
-        return mask
     if mask.is_complex() or not bool(((mask == 0) | (mask == 1)).all()):
         raise ValueError(f"{name} must be bool or hold only 0/1 values")
     return mask != 0
 
 
-def check_group_ids(group_ids: object, B: int) -> Tensor:
-    """``group_ids`` must be a [B] integer tensor (one prompt label per response); returns it."""
-    if not isinstance(group_ids, Tensor) or tuple(group_ids.shape) != (B,):
-        got = tuple(group_ids.shape) if isinstance(group_ids, Tensor) else type(group_ids).__name__
-        raise ValueError(f"group_ids must be a [B] = ({B},) tensor, got {got}")
-    if group_ids.dtype == torch.bool or group_ids.is_floating_point() or group_ids.is_complex():
-        raise ValueError(f"group_ids must be an integer tensor, got dtype {group_ids.dtype}")
-    return group_ids
+FLOAT, INT, MASK = "floating point", "an integer tensor", "bool or 0/1"  # the kinds check_tensor holds a tensor to
+
+
+def check_tensor(name: str, value: Any, shape: Sequence[int | str], kind: str | None = None, of: str = "") -> Tensor:
+    """The one check of a public core function's tensor argument ``name``: a ``torch.Tensor`` of ``shape`` (a size,
+    or a letter for a free one: ``("B", "T", "V")``) holding ``kind`` (FLOAT, INT, or MASK, returned as bool);
+    returns it. ``of`` says whose shape it must share ("logprobs' "). Raises ValueError naming the argument. Inside
+    :func:`trusted_inputs` nothing is checked: a mask is only converted."""
+    if not checking():
+        return value != 0 if kind == MASK and value.dtype != torch.bool else value
+    if not isinstance(value, Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    if value.dim() != len(shape):
+        raise ValueError(f"{name} must be a {len(shape)}-D tensor [{', '.join(map(str, shape))}], got shape "
+                         f"{tuple(value.shape)}")
+    if any(isinstance(want, int) and want != got for want, got in zip(shape, value.shape)):
+        raise ValueError(f"{name} must have {of}shape {tuple(shape)}, got {tuple(value.shape)}")
+    if kind == MASK:
+        return as_bool_mask(value, name)
+    dtype = value.dtype
+    ok = dtype.is_floating_point if kind == FLOAT else not (dtype == torch.bool or dtype.is_floating_point or
+                                                            dtype.is_complex)
+    if kind is not None and not ok:
+        raise ValueError(f"{name} must be {kind}, got dtype {value.dtype}")
+    return value
 
 
 def require_finite(name: str, x: Tensor, where: Tensor | None = None) -> None:

@@ -33,8 +33,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from ictrl.core.checks import as_bool_mask, checking, require_on_device
-from ictrl.core.stats_checks import check_int, check_temperature_chunk
+from ictrl.core.checks import FLOAT, INT, MASK, check_tensor, checking, require_on_device
+from ictrl.core.stats_checks import check_temperature_chunk
 
 __all__ = ["selected_token_logprobs"]
 
@@ -63,37 +63,29 @@ def _validate(
 ) -> tuple[Tensor, Tensor, int | None]:
     """Check arguments; return (selected bool, mask bool, V or None). Inside
     :func:`ictrl.core.checks.trusted_inputs` (the trainer's step) only the conversions."""
-    if not checking():
-        sel = as_bool_mask(selected).to(hidden.device)
-        full = as_bool_mask(mask).to(hidden.device) if mask is not None else torch.ones_like(sel)
-        return sel, full, _vocab_size(lm_head)
-    if not isinstance(hidden, Tensor) or hidden.dim() != 3 or not hidden.dtype.is_floating_point:
-        got = (tuple(hidden.shape), hidden.dtype) if isinstance(hidden, Tensor) else type(hidden).__name__
-        raise ValueError(f"hidden must be a floating 3-D tensor [B, T, H], got {got}")
+    check_tensor("hidden", hidden, ("B", "T", "H"), FLOAT)
     B, T, H = hidden.shape
-    if isinstance(lm_head, Tensor):
-        if lm_head.dim() != 2 or lm_head.shape[1] != H or not lm_head.dtype.is_floating_point:
-            raise ValueError(f"lm_head as a tensor must be a floating weight [V, H={H}], got "
-                             f"{tuple(lm_head.shape)} {lm_head.dtype}")
-    elif not isinstance(lm_head, nn.Module):
+    sel = check_tensor("selected", selected, (B, T), MASK).to(hidden.device)
+    full = torch.ones_like(sel) if mask is None else check_tensor("mask", mask, (B, T), MASK).to(hidden.device)
+    V = _vocab_size(lm_head)
+    if not checking():
+        return sel, full, V
+    if isinstance(lm_head, Tensor) and (lm_head.dim() != 2 or lm_head.shape[1] != H or
+                                        not lm_head.dtype.is_floating_point):
+        raise ValueError(f"lm_head as a tensor must be a floating weight [V, H={H}], got {tuple(lm_head.shape)} "
+                         f"{lm_head.dtype}")
+    if not isinstance(lm_head, (Tensor, nn.Module)):
         raise ValueError(f"lm_head must be an nn.Module or a weight tensor [V, H], got {type(lm_head).__name__}")
-    for name, value in (("tokens", tokens), ("selected", selected), ("mask", mask)):
-        if value is not None and (not isinstance(value, Tensor) or tuple(value.shape) != (B, T)):
-            got = tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__
-            raise ValueError(f"{name} must have shape {(B, T)} (hidden[:2]), got {got}")
-    check_int("tokens", tokens)
-    sel = as_bool_mask(selected, "selected").to(hidden.device)
-    full = as_bool_mask(mask, "mask").to(hidden.device) if mask is not None else None
-    if full is not None:  # checked on the device: no host read in the training step
+    tok = check_tensor("tokens", tokens, (B, T), INT).to(hidden.device)
+    check_temperature_chunk(temperature, chunk_size)
+    if mask is not None:  # checked on the device: no host read in the training step
         require_on_device(~(sel & ~full).any(), "selected must be a subset of mask (a selected position lies "
                           "outside the mask)")
-    check_temperature_chunk(temperature, chunk_size)
-    V = _vocab_size(lm_head)
-    if V is not None:
-        tok = tokens.to(hidden.device)
-        require_on_device(((tok >= 0) & (tok < V) | ~(sel if full is None else full)).all(),
-                          f"tokens at the positions scored must lie in [0, {V})")
-    return sel, (full if full is not None else torch.ones_like(sel)), V
+    if V is not None:  # without a mask only the selected positions are scored
+        scored = sel if mask is None else full
+        require_on_device(((tok >= 0) & (tok < V) | ~scored).all(), f"tokens at the positions scored must lie in "
+                          f"[0, {V})")
+    return sel, full, V
 
 
 def _rows(chunk_size: int | None, V: int, device: torch.device) -> int:

@@ -10,7 +10,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from ictrl.core.checks import OptionError, as_bool_mask, checking, require_finite
+from ictrl.core.checks import OptionError, as_bool_mask, check_number, check_tensor, checking, require_finite
 
 NORM_MODES = ("per_response_selected", "token_mean_selected", "token_mean_all", "per_response_all", "dr_grpo",
               "sequence_sum")
@@ -18,9 +18,12 @@ IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask"
 LEVELS = ("token", "sequence")
 KL_SCOPES = ("selected", "all_tokens")
 _VESPO_LOG_MIN = math.log(1e-8)
-# the numbers LossSpec holds to a range (its __post_init__): their one check
-RANGED = ("eps_low", "eps_high", "kl_coef", "delta", "sapo_temperature_pos", "sapo_temperature_neg",
-          "off_policy_threshold", "is_clip_min", "is_clip_max")
+# the numbers LossSpec holds to a range, each with its rule (check_number's keywords): their one check
+RANGED: dict[str, dict[str, bool]] = {
+    "eps_low": {}, "eps_high": {}, "kl_coef": {}, "delta": {"above": True, "optional": True},
+    "sapo_temperature_pos": {"above": True}, "sapo_temperature_neg": {"above": True},
+    "off_policy_threshold": {"optional": True}, "is_clip_min": {"optional": True},
+    "is_clip_max": {"above": True, "optional": True}}
 
 
 # ------------------------------------------------------------------------------------------ the run's options
@@ -63,32 +66,13 @@ class LossSpec:
                               ("kl_scope", KL_SCOPES), ("is_mode", IS_MODES)):
             if getattr(self, name) not in choices:
                 raise OptionError(name, f"must be one of {list(choices)}, got {getattr(self, name)!r}")
-        for name in ("eps_low", "eps_high", "kl_coef"):
-            _check_number(name, getattr(self, name))
-        _check_number("delta", self.delta, optional=True, positive=True)
-        for name in ("sapo_temperature_pos", "sapo_temperature_neg"):
-            _check_number(name, getattr(self, name), positive=True)
-        _check_number("off_policy_threshold", self.off_policy_threshold, optional=True)
-        _check_number("is_clip_min", self.is_clip_min, optional=True)
-        _check_number("is_clip_max", self.is_clip_max, optional=True, positive=True)
+        for name, rule in RANGED.items():
+            check_number(name, getattr(self, name), **rule)
         lo, hi = self.is_clip_min, self.is_clip_max
         if lo is not None and hi is not None and not lo < hi:
             raise OptionError("is_clip_min", f"must be < the upper bound is_clip_max ({hi}), got {lo}")
-        length = self.max_completion_length
-        if self.norm == "dr_grpo" and (isinstance(length, bool) or not isinstance(length, int) or length < 1):
-            raise OptionError("max_completion_length", "must be an int >= 1 with norm='dr_grpo' (the constant "
-                              f"denominator), got {length!r}")
-
-
-def _check_number(name: str, value: object, optional: bool = False, positive: bool = False) -> None:
-    if optional and value is None:
-        return
-    ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value) and (
-        value > 0 if positive else value >= 0)
-    if not ok:
-        raise OptionError(name, f"must be {'None or ' if optional else ''}a finite number "
-                          f"{'>' if positive else '>='} 0, "
-                          f"got {value!r}")
+        if self.norm == "dr_grpo":  # the constant denominator
+            check_number("max_completion_length", self.max_completion_length, 1, integer=True)
 
 
 @dataclass(frozen=True)
@@ -404,29 +388,19 @@ def _metrics(x: Tokens, active: Tensor, spec: LossSpec, parts: dict[str, Tensor 
 
 def _check_batch(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, selected: Tensor | None,
                  extras: LossExtras) -> None:
-    if not isinstance(logprobs, Tensor) or logprobs.dim() != 2:
-        raise ValueError(f"logprobs must be a [B, T] tensor, got {getattr(logprobs, 'shape', type(logprobs))}")
-    shape = logprobs.shape
+    B, T = check_tensor("logprobs", logprobs, ("B", "T")).shape
     named = dict(old_logprobs=old_logprobs, mask=mask, selected=selected, ref_logprobs=extras.ref_logprobs,
                  entropy=extras.entropy, sampler_logprobs=extras.sampler_logprobs,
                  behaviour_logprobs=extras.behaviour_logprobs)
     for name, value in named.items():
-        if value is None:
-            continue
-        if not isinstance(value, Tensor):
-            raise ValueError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
-        if value.shape != shape:
-            raise ValueError(f"{name} must have logprobs' shape {tuple(shape)}, got {tuple(value.shape)}")
-    if not isinstance(advantages, Tensor) or advantages.shape not in (torch.Size([shape[0]]), shape):
-        raise ValueError(f"advantages must be [B] = ({shape[0]},) or [B, T] = {tuple(shape)}, "
-                         f"got {tuple(getattr(advantages, 'shape', ()))}")
+        if value is not None:
+            check_tensor(name, value, (B, T), of="logprobs' ")
+    check_tensor("advantages", advantages, (B,) if isinstance(advantages, Tensor) and advantages.dim() == 1 else (B, T))
     for name in ("num_responses", "num_tokens", "num_mask_tokens"):
         value = getattr(extras, name)
-        if isinstance(value, Tensor) and value.numel() != 1:
-            raise ValueError(f"{name} must be a scalar, got shape {tuple(value.shape)}")
-        if value is not None and not isinstance(value, Tensor) and (
-                isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0):
-            raise ValueError(f"{name} must be a number >= 0, got {value!r}")
+        if (value.numel() != 1 if isinstance(value, Tensor) else value is not None and (
+                isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0)):
+            raise ValueError(f"{name} must be a number >= 0 or a 1-element tensor, got {value!r}")
 
 
 def _check_inputs_finite(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, cover: _Cover, spec: LossSpec,

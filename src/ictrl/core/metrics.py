@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from ictrl.core.checks import as_bool_mask
+from ictrl.core.checks import MASK, check_tensor
 
 if TYPE_CHECKING:
     from ictrl.core.loss import LossSpec
@@ -34,17 +34,11 @@ def step_metrics(stats: TokenStats, mask: Tensor, selected: Tensor) -> dict[str,
 
 def step_metric_values(stats: TokenStats, mask: Tensor, selected: Tensor) -> list[Metric]:
     """:func:`step_metrics` as device values, each with the size of its set, for :func:`read_metrics`."""
-    mask = as_bool_mask(mask, "mask")
-    selected = as_bool_mask(selected, "selected")
-    if mask.dim() != 2 or selected.shape != mask.shape:
-        raise ValueError(f"mask and selected must both be [B, T]; got {tuple(mask.shape)} and {tuple(selected.shape)}")
-    fields: dict[str, Tensor] = {}
-    for key, attr in _FIELDS.items():
-        value = getattr(stats, attr, None)
-        if not isinstance(value, Tensor) or value.shape != mask.shape:
-            raise ValueError(f"stats.{attr} must be a [B, T] tensor of shape {tuple(mask.shape)}, "
-                             f"got {getattr(value, 'shape', type(value).__name__)}")
-        fields[key] = value.detach().double()
+    mask = check_tensor("mask", mask, ("B", "T"), MASK)
+    selected = check_tensor("selected", selected, mask.shape, MASK, of="mask's ")
+    fields = {key: check_tensor(f"stats.{attr}", getattr(stats, attr, None), mask.shape, of="mask's ")
+              for key, attr in _FIELDS.items()}
+    fields = {key: value.detach().double() for key, value in fields.items()}
     chosen = selected & mask
     n_all, n_sel = mask.sum().double(), chosen.sum().double()
     one = n_all.new_ones(())

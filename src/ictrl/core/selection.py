@@ -14,7 +14,7 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
-from ictrl.core.checks import OptionError, as_bool_mask, check_group_ids, require_on_device
+from ictrl.core.checks import INT, MASK, OptionError, check_number, check_tensor, require_on_device
 from ictrl.core.describe import failure
 from ictrl.core.loss import NORM_MODES
 from ictrl.core.reference import ceil_count
@@ -59,23 +59,18 @@ class SelectionInputs:
         return cls(mask=mask, step=step, advantages=advantages, group_ids=group_ids, **values)
 
     def __post_init__(self) -> None:
-        self.mask = as_bool_mask(self.mask, "mask")
-        if self.mask.dim() != 2:
-            raise ValueError(f"mask must be [B, T], got shape {tuple(self.mask.shape)}")
-        if isinstance(self.step, bool) or not isinstance(self.step, int) or self.step < 0:
-            raise ValueError(f"step must be an int >= 0, got {self.step!r}")
+        self.mask = check_tensor("mask", self.mask, ("B", "T"), MASK)  # only converted in the trainer's step
+        check_number("step", self.step, integer=True)
         B = self.mask.shape[0]
         for name in STAT_FIELDS:
             value = getattr(self, name)
-            if value is not None and tuple(value.shape) != tuple(self.mask.shape):
-                raise ValueError(f"{name} must have the mask's shape {tuple(self.mask.shape)}, "
-                                 f"got {tuple(value.shape)}")
-            if value is not None:  # checked on the device: no host read in the training step
+            if value is not None:  # NaN checked on the device, in the step too: no host read
+                check_tensor(name, value, self.mask.shape, of="the mask's ")
                 require_on_device(~(torch.isnan(value) & self.mask).any(), f"{name} holds NaN at active positions")
-        if self.advantages is not None and tuple(self.advantages.shape) != (B,):
-            raise ValueError(f"advantages must be [B] = ({B},), got shape {tuple(self.advantages.shape)}")
+        if self.advantages is not None:
+            check_tensor("advantages", self.advantages, (B,))
         if self.group_ids is not None:
-            check_group_ids(self.group_ids, B)
+            check_tensor("group_ids", self.group_ids, (B,), INT)
 
 
 @dataclass(frozen=True)
@@ -130,15 +125,16 @@ class Selector:
                              f"{sorted(self.options)}")
         options = {**self.options, **given}
         for key, value in options.items():
-            if key == "scope":
-                options[key] = _check_scope(value, self.scopes)
-            elif key in _OPTION_CHECKS:
-                options[key] = _OPTION_CHECKS[key](value, key)
+            choices = self.scopes if key == "scope" else _OPTION_CHOICES.get(key)
+            if choices is not None and value not in choices:
+                raise OptionError(key, f"must be one of {list(choices)}, got {value!r}")
+            if key in _OPTION_NUMBERS:
+                options[key] = check_number(key, value, **_OPTION_NUMBERS[key])
         return options
 
     def resolve_warmup(self, given: int | None = None) -> int:
         """Θ: ``given``, or the method's registered default when None, checked (an int >= 0)."""
-        return _check_nonneg_int(self.warmup_steps if given is None else given, "warmup_steps")
+        return check_number("warmup_steps", self.warmup_steps if given is None else given, integer=True)
 
     def __call__(self, inputs: SelectionInputs, *, warmup_steps: int = 0, **options: Any) -> Tensor:
         """Apply the rule; while ``in_warmup(inputs.step, warmup_steps)`` return the whole mask instead."""
@@ -277,35 +273,12 @@ def select(name: str, inputs: SelectionInputs, *, warmup_steps: int = 0, **optio
 # ---------------------------------------------------------------------------------------------- helpers
 
 
-def _check_fraction(value: Any, name: str = "ratio") -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < float(value) <= 1.0:  # NaN too
-        raise OptionError(name, f"must be a number in (0, 1], got {value!r}")
-    return float(value)
-
-
-def _check_scope(scope: Any, allowed: tuple[str, ...]) -> str:
-    if scope not in allowed:
-        raise OptionError("scope", f"must be one of {list(allowed)}, got {scope!r}")
-    return scope
-
-
-def _check_nonneg_int(value: Any, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 1 << 63:
-        raise OptionError(name, f"must be an int >= 0 and < 2**63, got {value!r}")
-    return value
-
-
-def _check_ties(value: Any, name: str) -> str:
-    if value not in ("position", "include"):
-        raise OptionError(name, f"must be 'position' or 'include', got {value!r}")
-    return value
-
-
-# Option name -> its check, shared by every selector that takes the option (a custom option is passed as given).
-_OPTION_CHECKS: dict[str, Callable[[Any, str], Any]] = {
-    "ratio": _check_fraction, "q": _check_fraction, "tau_p": _check_fraction, "seed": _check_nonneg_int,
-    "ties": _check_ties,
-}
+# Option name -> its rule, shared by every selector that takes the option (a custom option is passed as given): the
+# values it may take, or check_number's keywords. ``scope``'s values are each selector's ``scopes``.
+_OPTION_CHOICES: dict[str, tuple[str, ...]] = {"ties": ("position", "include")}
+_FRACTION = {"low": 0, "high": 1, "above": True}
+_OPTION_NUMBERS: dict[str, dict[str, Any]] = {"ratio": _FRACTION, "q": _FRACTION, "tau_p": _FRACTION,
+                                              "seed": {"integer": True}}
 
 
 def _units(inputs: SelectionInputs, scope: str) -> Tensor:

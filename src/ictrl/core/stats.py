@@ -24,9 +24,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ictrl.core.checks import check_group_ids, require_on_device
+from ictrl.core.checks import FLOAT, INT, MASK, check_tensor, require_on_device
 from ictrl.core.kernels import group_js as _fused
-from ictrl.core.stats_checks import check_int, check_mask, require_finite_rows, validate
+from ictrl.core.stats_checks import require_finite_rows, validate
 
 __all__ = [
     "TokenStats",
@@ -394,18 +394,11 @@ def group_js_divergence_topk(
     as the same bucket, so the score ignores how each tail is spread over the vocabulary. With K = V it equals
     :func:`group_js_divergence`. Computed in float64 over [G, t_block, G*K + 1] blocks.
     """
-    if not isinstance(topk_logprobs, Tensor) or topk_logprobs.dim() != 3:
-        raise ValueError("topk_logprobs must be a 3-D tensor [B, T, K]")
-    if not topk_logprobs.dtype.is_floating_point:
-        raise ValueError(f"topk_logprobs must be floating point, got dtype {topk_logprobs.dtype}")
-    B, T, K = topk_logprobs.shape
-    if not isinstance(topk_ids, Tensor) or topk_ids.shape != topk_logprobs.shape:
-        got = tuple(topk_ids.shape) if isinstance(topk_ids, Tensor) else type(topk_ids).__name__
-        raise ValueError(f"topk_ids must have the shape of topk_logprobs {(B, T, K)}, got {got}")
-    check_int("topk_ids", topk_ids)
-    device = topk_logprobs.device
-    mask = check_mask(mask, (B, T), device)
-    group_ids = check_group_ids(group_ids, B).to(device)
+    check_tensor("topk_logprobs", topk_logprobs, ("B", "T", "K"), FLOAT)
+    (B, T, K), device = topk_logprobs.shape, topk_logprobs.device
+    check_tensor("topk_ids", topk_ids, (B, T, K), INT, of="topk_logprobs' ")
+    mask = check_tensor("mask", mask, (B, T), MASK).to(device)
+    group_ids = check_tensor("group_ids", group_ids, (B,), INT).to(device)
     u = torch.zeros(B, T, dtype=torch.float32, device=device)
     _, inverse = torch.unique(group_ids, return_inverse=True)
     t_block = max(1, 2**16 // max(1, K))  # bounds [G, t_block, G*K] to a few MB per group of 8

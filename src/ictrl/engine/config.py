@@ -80,12 +80,9 @@ def step_shape(prompts_per_step: int, num_generations: int, processes: int, max_
     completions per optimizer step over ``processes`` processes, whole prompt groups on each process.
 
     The micro-batch is ``min(max_micro_batch, completions per process)`` and must divide the completions per
-    process; raises ``ValueError`` naming the numbers otherwise.
+    process; raises ``ValueError`` naming the numbers otherwise. Each number is an int >= 1 (the config's field
+    checks hold them so).
     """
-    for name, value in (("prompts_per_step", prompts_per_step), ("num_generations", num_generations),
-                        ("processes", processes), ("per_device_train_batch_size", max_micro_batch)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be an int >= 1, got {value!r}")
     if prompts_per_step % processes:
         raise ValueError(f"prompts_per_step={prompts_per_step} must be a multiple of the number of processes "
                          f"({processes}): each prompt's num_generations={num_generations} completions stay on one "
@@ -390,7 +387,7 @@ class ICTGRPOConfig(GRPOConfig):
     def _check_eval_during_training(self) -> None:
         if self.eval_benchmarks is None:
             return
-        if isinstance(self.eval_benchmarks, str) or not self.eval_benchmarks:
+        if not self.eval_benchmarks:  # a list (check_fields holds its type)
             raise ValueError("eval_benchmarks must be a non-empty list of benchmark specs, got "
                              f"{self.eval_benchmarks!r}")
         steps = self.eval_steps

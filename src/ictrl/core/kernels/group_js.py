@@ -236,15 +236,13 @@ def fused_group_sweep(backend: str, flat: Tensor, mask: Tensor, group_ids: Tenso
             raise ValueError(f"the compiled group-JS path runs on CPU tensors, got {flat.device}")
         _, inverse = torch.unique(group_ids, return_inverse=True)
         return compiled_group_sweep(flat, mask, inverse, temperature, rows)
-    if backend == "triton":
-        from ictrl.core.kernels.group_js_triton import members_table, triton_group_sweep
+    from ictrl.core.kernels.group_js_triton import members_table, triton_group_sweep  # the other fused backend
 
-        # With group_size, sorting the raw ids is enough to make each group contiguous (no unique: a host read).
-        inverse = group_ids if group_size is not None else torch.unique(group_ids, return_inverse=True)[1]
-        if inverse.numel() == 0:
-            return _new_result(flat.shape[0], flat.device)
-        return triton_group_sweep(flat, mask, members_table(inverse, group_size), temperature)
-    raise ValueError(f"not a fused backend: {backend!r}")
+    # With group_size, sorting the raw ids is enough to make each group contiguous (no unique: a host read).
+    inverse = group_ids if group_size is not None else torch.unique(group_ids, return_inverse=True)[1]
+    if inverse.numel() == 0:
+        return _new_result(flat.shape[0], flat.device)
+    return triton_group_sweep(flat, mask, members_table(inverse, group_size), temperature)
 
 
 def fill_token_stats(res: dict[str, Tensor], flat: Tensor, tok_flat: Tensor | None, temperature: float,
