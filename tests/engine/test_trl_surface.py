@@ -49,14 +49,6 @@ def test_checkpoint_path_comes_from_get_output_dir() -> None:
     assert "run_dir = self._get_output_dir(trial=trial)" in inspect.getsource(Trainer._save_checkpoint)
 
 
-def test_accelerate_asks_its_module_global_deepspeed_check() -> None:
-    """``train_cli.run.skip_deepspeed_unless_imported`` replaces ``accelerate.utils.other.is_deepspeed_available``."""
-    import accelerate.utils.other as other
-
-    assert callable(other.is_deepspeed_available)
-    assert "if is_deepspeed_available():" in inspect.getsource(other.extract_model_from_parallel)
-
-
 def test_vllm_generation_has_what_ictrl_replaces_and_reads() -> None:
     """``vllm_engine.building_engine`` (``LLM``, ``init_communicator``), ``vllm_engine.engine_built``
     (``sync_weights``), the trainer's ``_install_vllm_topk`` (``generate``, ``logprobs``) and
