@@ -383,14 +383,16 @@ def test_the_final_save_under_fsdp_writes_the_gathered_weights_whatever_the_plug
     gathered = {k: v + 1.0 for k, v in model.state_dict().items()}  # stands for the weights gathered from shards
     gathers: list[int] = []
 
-    def trainer(rank: int) -> SimpleNamespace:
+    def trainer(rank: int, model: Any = model, gathered: dict = gathered) -> SimpleNamespace:
         accelerator = SimpleNamespace(wait_for_everyone=lambda: None, unwrap_model=lambda m: m,
-                                      get_state_dict=lambda m: gathers.append(rank) or gathered)
+                                      get_state_dict=lambda m: gathers.append(rank) or gathered, state=None)
         return SimpleNamespace(is_fsdp_enabled=True, model=model, accelerator=accelerator, state=TrainerState(),
                                args=SimpleNamespace(should_save=rank == 0, device=None),
                                processing_class=AutoTokenizer.from_pretrained(tiny_model_dir),
                                save_model=lambda _: pytest.fail("save_model writes no weights when sharded"))
 
+    _lora_adapter_is_saved_from_the_gathered_weights(trainer, tmp_path, tiny_model_dir)
+    gathers.clear()
     out = tmp_path / "out"
     save_final(trainer(1), tmp_path / ".staging-final", out)
     assert gathers == [1] and not out.exists()  # the other process gathered and wrote nothing
@@ -402,3 +404,25 @@ def test_the_final_save_under_fsdp_writes_the_gathered_weights_whatever_the_plug
     saved = AutoModelForCausalLM.from_pretrained(out).state_dict()
     assert saved.keys() == gathered.keys()
     assert all(torch.equal(saved[k], gathered[k]) for k in gathered)
+
+
+def _lora_adapter_is_saved_from_the_gathered_weights(trainer: Any, tmp_path: Path, tiny_model_dir: Path) -> None:
+    """A LoRA run under FSDP: the adapter (only) is written from the gathered state dict."""
+    from peft import LoraConfig, get_peft_model
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from ictrl.engine.resumable import save_final
+
+    peft = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model_dir),
+                          LoraConfig(task_type="CAUSAL_LM", r=4, target_modules=["q_proj"]))
+    gathered = {k: v + 1.0 for k, v in peft.state_dict().items()}
+    out = tmp_path / "lora"
+    save_final(trainer(0, peft, gathered), tmp_path / ".staging-lora", out)
+    saved = load_file(out / "adapter" / "adapter_model.safetensors")
+    lora = {k for k in gathered if "lora_" in k}
+    assert saved and len(saved) == len(lora)
+    for name, tensor in saved.items():  # peft's names drop the adapter's name from the key
+        (full,) = [k for k in lora if k.replace(".default", "") == name]
+        assert torch.equal(tensor, gathered[full])
+    assert not (out / "model.safetensors").exists()  # the weights are shards: no merged model
