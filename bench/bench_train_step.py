@@ -82,9 +82,10 @@ def with_fixed_generation(cls: type, a: argparse.Namespace) -> type:
 def build_trainer(variant: str, a: argparse.Namespace, out_dir: str, num_iterations: int = 1) -> Any:
     """A trainer for one variant on a fresh tiny model (same seed for all variants).
 
-    Variant names: ``SELECTOR[+sparse][@separate][:quiet]`` (ICTGRPOTrainer; ``@separate`` forces the separate
-    statistics pass, ``one_pass = False``; ``:quiet``: ``logging_steps`` 10), ``trl_qQ`` (TRL's stock GRPOTrainer
-    with top_entropy_quantile Q).
+    Variant names: ``SELECTOR[+sparse][+topkK=SOURCE][@separate][:quiet]`` (ICTGRPOTrainer; ``+topkK=SOURCE``:
+    ``selection_topk`` K from ``selection_topk_source`` SOURCE; ``@separate`` forces the separate statistics pass,
+    ``one_pass = False``; ``:quiet``: ``logging_steps`` 10), ``trl_qQ`` (TRL's stock GRPOTrainer with
+    top_entropy_quantile Q).
     """
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
@@ -113,8 +114,16 @@ def build_trainer(variant: str, a: argparse.Namespace, out_dir: str, num_iterati
     if name.startswith("trl_q"):
         cls, args = GRPOTrainer, GRPOConfig(**common, top_entropy_quantile=float(name[5:]))
     else:
-        selector, _, sparse = name.partition("+")
-        extra = {"sparse_backward": True} if sparse else {}
+        selector, *flags = name.split("+")
+        extra: dict[str, Any] = {}
+        for flag in flags:
+            if flag == "sparse":
+                extra["sparse_backward"] = True
+            elif flag.startswith("topk"):  # topkK=SOURCE: selection_topk K, its log-probs from SOURCE
+                k, _, source = flag[len("topk"):].partition("=")
+                extra.update(selection_topk=int(k), selection_topk_source=source or "auto")
+            else:
+                raise ValueError(f"variant {variant!r}: unknown flag {flag!r}")
         cls, args = ICTGRPOTrainer, ICTGRPOConfig(**common, token_selector=selector, selection_warmup_steps=0,
                                                   **extra)
     if a.generation == "fixed":

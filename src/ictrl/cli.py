@@ -109,8 +109,8 @@ def _not_accumulation_note(record: logging.LogRecord) -> bool:
 def quiet() -> None:
     """The libraries' noise off (``--verbose`` keeps it): the weight loading / shard writing bars of transformers
     and huggingface_hub (read from the environment when they are first imported), and DeepSpeed's "Setting
-    accelerator to CPU" warning, which it logs whenever it is imported on a machine without a GPU (a ZeRO run
-    imports it; other runs do not, :func:`ictrl.train_cli.run.skip_deepspeed_unless_imported`), accelerate's note on
+    accelerator to CPU" warning, which it logs whenever it is imported on a machine without a GPU (accelerate
+    imports it, when installed, on a run's first save: ``extract_model_from_parallel``), accelerate's note on
     the gradient accumulation count under DeepSpeed, the deprecation warnings of ZeRO's collectives, and vLLM's
     info and warning lines (its logger is configured when TRL imports it)."""
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")

@@ -366,3 +366,63 @@ def test_a_longer_run_on_a_decaying_schedule_resumes_when_asked_by_name(tmp_path
     with pytest.raises(ConfigError, match=r"learning_rate: 0.0002 -> 0.001") as other:  # the flag frees the length only
         check_unchanged(saved, {**before, "max_steps": 6, "learning_rate": 1e-3}, args, new_schedule=True)
     assert NEW_SCHEDULE_FLAG not in str(other.value)
+
+
+def test_the_final_save_under_fsdp_writes_the_gathered_weights_whatever_the_plugins_type(
+        tmp_path: Path, tiny_model_dir: Path) -> None:
+    """``save_final`` under FSDP: every process gathers (accelerate's ``get_state_dict``, a collective, full
+    whatever the plugin's state dict type; Trainer.save_model writes nothing under SHARDED_STATE_DICT) and only
+    the main process writes: the gathered weights, the tokenizer and the training arguments, as save_model does."""
+    from types import SimpleNamespace
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerState
+
+    from ictrl.engine.resumable import save_final
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    gathered = {k: v + 1.0 for k, v in model.state_dict().items()}  # stands for the weights gathered from shards
+    gathers: list[int] = []
+
+    def trainer(rank: int, model: Any = model, gathered: dict = gathered) -> SimpleNamespace:
+        accelerator = SimpleNamespace(wait_for_everyone=lambda: None, unwrap_model=lambda m: m,
+                                      get_state_dict=lambda m: gathers.append(rank) or gathered, state=None)
+        return SimpleNamespace(is_fsdp_enabled=True, model=model, accelerator=accelerator, state=TrainerState(),
+                               args=SimpleNamespace(should_save=rank == 0, device=None),
+                               processing_class=AutoTokenizer.from_pretrained(tiny_model_dir),
+                               save_model=lambda _: pytest.fail("save_model writes no weights when sharded"))
+
+    _lora_adapter_is_saved_from_the_gathered_weights(trainer, tmp_path, tiny_model_dir)
+    gathers.clear()
+    out = tmp_path / "out"
+    save_final(trainer(1), tmp_path / ".staging-final", out)
+    assert gathers == [1] and not out.exists()  # the other process gathered and wrote nothing
+    save_final(trainer(0), tmp_path / ".staging-final", out)
+    assert gathers == [1, 0]
+    names = {p.name for p in out.iterdir()}
+    assert {"model.safetensors", "config.json", "tokenizer_config.json", "training_args.bin",
+            "trainer_state.json", "manifest.json"} <= names, names
+    saved = AutoModelForCausalLM.from_pretrained(out).state_dict()
+    assert saved.keys() == gathered.keys()
+    assert all(torch.equal(saved[k], gathered[k]) for k in gathered)
+
+
+def _lora_adapter_is_saved_from_the_gathered_weights(trainer: Any, tmp_path: Path, tiny_model_dir: Path) -> None:
+    """A LoRA run under FSDP: the adapter (only) is written from the gathered state dict."""
+    from peft import LoraConfig, get_peft_model
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from ictrl.engine.resumable import save_final
+
+    peft = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model_dir),
+                          LoraConfig(task_type="CAUSAL_LM", r=4, target_modules=["q_proj"]))
+    gathered = {k: v + 1.0 for k, v in peft.state_dict().items()}
+    out = tmp_path / "lora"
+    save_final(trainer(0, peft, gathered), tmp_path / ".staging-lora", out)
+    saved = load_file(out / "adapter" / "adapter_model.safetensors")
+    lora = {k for k in gathered if "lora_" in k}
+    assert saved and len(saved) == len(lora)
+    for name, tensor in saved.items():  # peft's names drop the adapter's name from the key
+        (full,) = [k for k in lora if k.replace(".default", "") == name]
+        assert torch.equal(tensor, gathered[full])
+    assert not (out / "model.safetensors").exists()  # the weights are shards: no merged model

@@ -49,24 +49,6 @@ def test_checkpoint_path_comes_from_get_output_dir() -> None:
     assert "run_dir = self._get_output_dir(trial=trial)" in inspect.getsource(Trainer._save_checkpoint)
 
 
-def test_accelerate_asks_its_module_global_deepspeed_check() -> None:
-    """``train_cli.run.skip_deepspeed_unless_imported`` replaces ``accelerate.utils.other.is_deepspeed_available``."""
-    import accelerate.utils.other as other
-
-    assert callable(other.is_deepspeed_available)
-    assert "if is_deepspeed_available():" in inspect.getsource(other.extract_model_from_parallel)
-
-
-def test_fsdp_final_save_reads_the_plugins_state_dict_type() -> None:
-    """``resumable.save_final`` sets the FSDP plugin to a full state dict for the final save, then back."""
-    from accelerate.utils import FullyShardedDataParallelPlugin
-    from transformers import Trainer
-
-    assert _params(FullyShardedDataParallelPlugin.set_state_dict_type) == ["self", "state_dict_type"]
-    assert '"FULL_STATE_DICT" in str(self.accelerator.state.fsdp_plugin.state_dict_type)' in inspect.getsource(
-        Trainer.save_model)
-
-
 def test_vllm_generation_has_what_ictrl_replaces_and_reads() -> None:
     """``vllm_engine.building_engine`` (``LLM``, ``init_communicator``), ``vllm_engine.engine_built``
     (``sync_weights``), the trainer's ``_install_vllm_topk`` (``generate``, ``logprobs``) and

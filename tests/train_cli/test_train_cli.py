@@ -184,27 +184,6 @@ def _cpu_only() -> bool:
     return not torch.cuda.is_available()
 
 
-def test_deepspeed_is_not_imported_before_a_deepspeed_run_imports_it() -> None:
-    import subprocess
-    import sys
-
-    # a fresh interpreter: this one may have imported DeepSpeed in another test
-    probe = ("import sys, torch; from ictrl.train_cli.run import skip_deepspeed_unless_imported; "
-             "from accelerate.utils import extract_model_from_parallel; import accelerate.utils.other as o; "
-             "own = o.is_deepspeed_available; scope = skip_deepspeed_unless_imported(); scope.__enter__(); "
-             "model = torch.nn.Linear(2, 2); "
-             "assert extract_model_from_parallel(model) is model; "
-             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'deepspeed')); "
-             "import deepspeed; print(o.is_deepspeed_available()); "
-             "scope.__exit__(None, None, None); print(o.is_deepspeed_available is own)")
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    lines = done.stdout.splitlines()  # DeepSpeed's import logs to stdout too
-    assert lines[0] == "[]"
-    assert lines[-2] == "True"  # once a ZeRO run has imported it, the answer is accelerate's
-    assert lines[-1] == "True"  # the run over, accelerate's own check is back
-
-
 def test_use_vllm_without_vllm_is_one_line_before_the_model_loads(tiny_model_dir: Path, tmp_path: Path,
                                                                     loader_calls: list[Any],
                                                                     monkeypatch: pytest.MonkeyPatch,

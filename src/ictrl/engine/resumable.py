@@ -237,27 +237,18 @@ def _save_failed(path: Path, exc: BaseException) -> Exception:
 
 def save_final(trainer: Any, staging: Path, final: Path) -> None:
     """The HF-format model in ``final`` (the output directory), written to ``staging`` then renamed in
-    (``checkpoints.publish_model``). ``save_model`` runs on every process: under ZeRO-3 and FSDP it gathers the
-    full weights (a collective; on the main process alone it would hang), and only the main process writes. FSDP
-    checkpoints may be sharded (SHARDED_STATE_DICT), for which
-    ``save_model`` writes no weights: the final save switches the plugin to a full state dict for its duration.
-    A LoRA run writes the merged model there and its adapter in ``adapter/`` (:func:`_save_lora`)."""
+    (``checkpoints.publish_model``). The save runs on every process: under ZeRO-3 and FSDP it gathers the full
+    weights (a collective; on the main process alone it would hang), and only the main process writes
+    (:func:`_save_model`). A LoRA run writes the merged model there and its adapter in ``adapter/``
+    (:func:`_save_lora`)."""
     barrier = trainer.accelerator.wait_for_everyone
     if trainer.args.should_save:
         shutil.rmtree(staging, ignore_errors=True)
     barrier()
-    plugin = getattr(trainer.accelerator.state, "fsdp_plugin", None) if trainer.is_fsdp_enabled else None
-    previous = plugin.state_dict_type if plugin is not None else None
-    if plugin is not None and "FULL_STATE_DICT" not in str(previous):
-        plugin.set_state_dict_type("FULL_STATE_DICT")
-    try:
-        if _is_peft(trainer.model):
-            failure = _attempt(lambda: _save_lora(trainer, staging))
-        else:
-            failure = _attempt(lambda: trainer.save_model(str(staging)))
-    finally:
-        if plugin is not None:
-            plugin.state_dict_type = previous
+    if _is_peft(trainer.model):
+        failure = _attempt(lambda: _save_lora(trainer, staging))
+    else:
+        failure = _attempt(lambda: _save_model(trainer, staging))
     failure = _agree(failure, barrier, getattr(trainer.args, "device", None))
     if failure is None and trainer.args.should_save:
         def publish() -> None:
@@ -270,6 +261,28 @@ def save_final(trainer: Any, staging: Path, final: Path) -> None:
         shutil.rmtree(staging, ignore_errors=True)
         raise _save_failed(final, failure)
     barrier()
+
+
+def _save_model(trainer: Any, directory: Path) -> None:
+    """What ``trainer.save_model(directory)`` writes, the weights whole under FSDP too. Under FSDP ``save_model``
+    writes weights only when the plugin's state dict type is FULL_STATE_DICT, and checkpoints may be sharded
+    (SHARDED_STATE_DICT); ``accelerator.get_state_dict`` gathers the full state dict whatever that type (FSDP1: a
+    full-state-dict context on the model for that call; FSDP2: ``get_model_state_dict(full_state_dict=True)``), on
+    every process (a collective), and the main process writes it as ``save_model`` does."""
+    if not trainer.is_fsdp_enabled:
+        trainer.save_model(str(directory))
+        return
+    from transformers.trainer import TRAINING_ARGS_NAME
+
+    state_dict = trainer.accelerator.get_state_dict(trainer.model)
+    if not trainer.args.should_save:
+        return
+    directory.mkdir(parents=True, exist_ok=True)
+    # A PeftModel's save_pretrained keeps the adapter's entries of the full state dict.
+    trainer.accelerator.unwrap_model(trainer.model).save_pretrained(str(directory), state_dict=state_dict)
+    if trainer.processing_class is not None:
+        trainer.processing_class.save_pretrained(str(directory))
+    torch.save(trainer.args, directory / TRAINING_ARGS_NAME)
 
 
 def _is_peft(model: Any) -> bool:
@@ -285,7 +298,7 @@ def _save_lora(trainer: Any, staging: Path) -> None:
     adapter is written, with a warning."""
     import logging
 
-    trainer.save_model(str(staging / "adapter"))  # a collective under the sharded engines
+    _save_model(trainer, staging / "adapter")  # a collective under the sharded engines
     deepspeed = getattr(trainer.accelerator.state, "deepspeed_plugin", None)
     if trainer.is_fsdp_enabled or (deepspeed is not None and deepspeed.zero_stage == 3):
         logging.getLogger("ictrl.train").warning(

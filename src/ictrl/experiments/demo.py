@@ -189,13 +189,10 @@ def _run(args: argparse.Namespace) -> int:
     timings["eval_before"] = time.perf_counter() - t
     print(f"before RL: pass@1 {before['pass@1']:.3f}  pass@4 {before['pass@4']:.3f}")
 
-    from ictrl.train_cli.run import skip_deepspeed_unless_imported
-
-    with skip_deepspeed_unless_imported():
-        trainer = _make_trainer(args, model, tokenizer, recipe, plan, out)
-        t = time.perf_counter()
-        trainer.train()
-        timings["rl"] = time.perf_counter() - t
+    trainer = _make_trainer(args, model, tokenizer, recipe, plan, out)
+    t = time.perf_counter()
+    trainer.train()
+    timings["rl"] = time.perf_counter() - t
 
     t = time.perf_counter()
     after = _evaluate(trainer.model, tokenizer, test, plan["eval_samples"], seed=args.seed)

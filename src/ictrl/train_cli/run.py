@@ -107,25 +107,6 @@ def cpu_threads(args: Any) -> Iterator[None]:
         torch.set_num_threads(threads)
 
 
-@contextlib.contextmanager
-def skip_deepspeed_unless_imported() -> Iterator[None]:
-    """accelerate asks "is this model a DeepSpeedEngine?" (``extract_model_from_parallel``, which TRL calls at
-    start and on every save) by importing DeepSpeed whenever it is installed: ~0.3 s, and "Setting accelerator to
-    CPU" on a machine without a GPU, in runs that use no DeepSpeed config. A DeepSpeedEngine can exist only once
-    DeepSpeed is imported (a ZeRO run imports it to build the engine), so for the length of a run the question is
-    answered "no" without the import until then, and as before after it; accelerate's own check is back on exit."""
-    import sys
-
-    import accelerate.utils.other
-
-    original = accelerate.utils.other.is_deepspeed_available
-    accelerate.utils.other.is_deepspeed_available = lambda: "deepspeed" in sys.modules
-    try:
-        yield
-    finally:
-        accelerate.utils.other.is_deepspeed_available = original
-
-
 def _not_tied_head_note(record: logging.LogRecord) -> bool:
     return "missing keys in the checkpoint model loaded: ['lm_head.weight']" not in record.getMessage()
 
@@ -154,7 +135,7 @@ def train(cfg: RunConfig, resume: bool | str = False, source: str = "<config>",
     checked = preflight(cfg, source, flags)
     stop = StopRequest()
     try:
-        with stop, RunLock(cfg.output_dir, checked.args), cpu_threads(checked.args), skip_deepspeed_unless_imported():
+        with stop, RunLock(cfg.output_dir, checked.args), cpu_threads(checked.args):
             return _train_locked(cfg, checked, resume, source, callbacks, resume_command, stop, command,
                                  accept_changed_inputs)
     except Terminated:

@@ -137,16 +137,7 @@ def train_tiny(settings: TinyRL, base: Path, spec: RunSpec, run_dir: Path,
                callbacks: Sequence[Callable[[Path], Any]] = ()) -> dict[str, Any]:
     """Train one run on the embedded task from scratch and evaluate it; returns p<k> per ``settings.eval_ks``,
     final_reward and steps. ``callbacks``: factories ``f(metrics_path) -> TrainerCallback`` added after the
-    metrics log (so they see each step's row once it is written). Like ``ictrl train``, the run goes without
-    importing DeepSpeed, which it does not use (:func:`ictrl.train_cli.run.skip_deepspeed_unless_imported`)."""
-    from ictrl.train_cli.run import skip_deepspeed_unless_imported
-
-    with skip_deepspeed_unless_imported():
-        return _train_and_evaluate(settings, base, spec, run_dir, callbacks)
-
-
-def _train_and_evaluate(settings: TinyRL, base: Path, spec: RunSpec, run_dir: Path,
-                        callbacks: Sequence[Callable[[Path], Any]]) -> dict[str, Any]:
+    metrics log (so they see each step's row once it is written)."""
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
     from ictrl.train_cli.callbacks import MetricsJSONL
