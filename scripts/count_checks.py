@@ -1,7 +1,8 @@
 """Code lines that check values: every ``raise`` and ``assert`` statement, the condition of an ``if`` whose body
-(or ``else``) raises, the ``except`` line of a handler that raises, and the whole of a check function (a function named ``check*``, ``_check*``, ``validate*``, ``_validate*``,
-or ``__post_init__``). Lines are ``scripts/count_src_lines.py``'s code lines (no comments, docstrings or blanks),
-each counted once.
+(or ``else``) raises, the ``except`` line of a handler that raises, and the whole of a check function (named
+``check``/``check_*`` or ``validate``/``validate_*``, either with a leading underscore, or ``__post_init__``; not
+``checkpoint_*``, ``checked_*`` or ``checking``). Lines are ``scripts/count_src_lines.py``'s code lines (no comments,
+docstrings or blanks), each counted once.
 
     python scripts/count_checks.py [SRC_DIR]     # default: src/ictrl; prints a total per folder and the share
 """
@@ -19,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from count_src_lines import SKIP, docstring_lines  # noqa: E402
 
-CHECK_FUNCTION = re.compile(r"^(_?check|_?validate|__post_init__$)")
+CHECK_FUNCTION = re.compile(r"^_?(check|validate)(_|$)|^__post_init__$")
 
 
 def _code(text: str) -> set[int]:
