@@ -136,8 +136,11 @@ def test_overridden_trl_methods_match_pinned_version() -> None:
     assert params("get_high_entropy_mask") == ["self", "entropies", "mask", "threshold"]
     assert {"compute_entropy", "compute_aux_loss"} <= set(params("_get_per_token_logps_and_entropies"))
     init = inspect.getsource(GRPOTrainer.__init__)
-    for attr in ("_entropy_bonus_enabled", "aux_loss_enabled", "router_aux_loss_coef", "top_entropy_quantile"):
+    for attr in ("aux_loss_enabled", "router_aux_loss_coef", "top_entropy_quantile", "entropy_coef",
+                 "use_adaptive_entropy"):
         assert f"self.{attr} = " in init
+    # ICTGRPOTrainer.entropy_bonus is TRL's switch for its entropy bonus, derived as TRL derives it
+    assert "= self.entropy_coef != 0.0 or self.use_adaptive_entropy\n" in init
     for name in ("_generate_and_score_completions", "_prepare_inputs", "_compute_loss"):
         assert getattr(ICTGRPOTrainer, name) is not getattr(GRPOTrainer, name)
     # How TRL carries our tensors through the buffer: [B, ...] rows shuffled/split together, 0-d kept whole.

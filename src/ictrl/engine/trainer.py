@@ -63,6 +63,9 @@ class ICTGRPOTrainer(GRPOTrainer):
             super().__init__(model, reward_funcs, args, *pos, **kwargs)
         if args.use_vllm:
             vllm_engine.engine_built(self)
+        # TRL's switch for its entropy bonus, from the public attributes TRL's __init__ derives it from (an adaptive
+        # coefficient that starts at 0 still turns it on); it does not change during a run
+        self.entropy_bonus = bool(self.entropy_coef != 0.0 or self.use_adaptive_entropy)
         needs = needed_stats(args.selector)  # selector, options, loss spec: resolved by the config
         self._vllm_server_settings = vllm_engine.server_settings(self)  # None unless vllm_mode='server'
         self._loss_spec = args.loss_spec
@@ -244,7 +247,7 @@ class ICTGRPOTrainer(GRPOTrainer):
         loss, m = policy_loss(chosen.logps, old, inputs["advantages"], chosen.mask, chosen.selected, self._loss_spec,
                               extras)
         policy = loss.detach()
-        if self._entropy_bonus_enabled and chosen.entropy is not None:
+        if self.entropy_bonus and chosen.entropy is not None:
             # TRL's bonus: the micro-batch's mean entropy over the tokens that carry the loss
             where = (chosen.selected & chosen.mask).to(chosen.entropy.dtype)
             loss = loss - self.entropy_coef * (chosen.entropy * where).sum() / where.sum().clamp(min=1.0) \
@@ -259,7 +262,7 @@ class ICTGRPOTrainer(GRPOTrainer):
         return loss
 
     def _dense_trl_forward(self) -> bool:
-        return bool(self._entropy_bonus_enabled or self.aux_loss_enabled or self.top_entropy_quantile < 1.0)
+        return bool(self.entropy_bonus or self.aux_loss_enabled or self.top_entropy_quantile < 1.0)
 
     def _log_loss_metrics(self, step: StepContext, chosen: LossInputs, m: dict[str, Tensor],
                           trl: tuple[dict[str, tuple[Tensor, Tensor]], dict[str, Tensor]], policy: Tensor) -> None:
@@ -276,7 +279,7 @@ class ICTGRPOTrainer(GRPOTrainer):
         names = [f"ictrl/{k}" for k in keys] + list(means) + list(extremes)
         values = [(total[:-1] / total[-1].clamp(min=1.0)).double(), trl_total[:, 0] / trl_total[:, 1].clamp(min=1.0)]
         values += [nan_extreme(acc.gather(x), key.endswith("_min")).double().reshape(1) for key, x in extremes.items()]
-        if self._entropy_bonus_enabled:  # TRL's policy term before its accumulation scaling
+        if self.entropy_bonus:  # TRL's policy term before its accumulation scaling
             scale = 1 if LOSS_TYPES[self._loss_spec.loss_type].buffer_mean else step.accumulation
             names.append("policy_loss")
             values.append(acc.gather((policy * scale).reshape(1)).nanmean().double().reshape(1))
@@ -285,7 +288,7 @@ class ICTGRPOTrainer(GRPOTrainer):
             values.append(acc.gather_for_metrics(chosen.aux.detach()).mean().double().reshape(1))
         for name, value in zip(names, torch.cat(values).tolist()):
             metrics[name].append(value)
-        if self._entropy_bonus_enabled and step.mode == "train" and acc.sync_gradients:
+        if self.entropy_bonus and step.mode == "train" and acc.sync_gradients:
             metrics["entropy_coef"].append(self.entropy_coef)
 
     # ------------------------------------------------------------------ sampler top-K and importance weights
