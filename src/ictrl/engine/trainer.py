@@ -27,7 +27,7 @@ from ictrl.engine.model_card import write_model_card
 from ictrl.engine.resumable import Resumable
 from ictrl.engine.rollout_ids import checked_rollout
 from ictrl.engine.sampler_topk import SamplerTopK, TopKRecorder, recording_generate, split_vllm_logprobs
-from ictrl.engine.selection_step import LossInputs, SelectionStep, metrics_logged, model_inputs
+from ictrl.engine.selection_step import NORMALISERS, LossInputs, SelectionStep, metrics_logged, model_inputs
 from ictrl.engine.stats_pass import StatsSource, StepContext, fused_head_stats, fused_head_with_sum_sq
 from ictrl.engine.stats_paths import PathFacts, Separate, plan_path
 from ictrl.errors import UserError
@@ -222,18 +222,30 @@ class ICTGRPOTrainer(GRPOTrainer):
 
     # --------------------------------------------------------------------------------- global normalisers
 
-    def _prepare_inputs(self, generation_batch: Any) -> dict[str, Any]:
-        previous = self._buffered_inputs
-        inputs = super()._prepare_inputs(generation_batch)
+    def _attach_normalisers(self, inputs: dict[str, Any]) -> None:
+        """The global normalisers of the micro-batch the loss is handed, attached the first time the loss sees a
+        micro-batch of a generation batch TRL has buffered: totals over each optimizer step's micro-batches and
+        processes, for the whole buffer at once. Every process reaches that micro-batch at the same step, so the
+        collective runs at the same point on each. In evaluation each batch is its own (one micro-batch)."""
+        if NORMALISERS[0] in inputs:
+            return
         if not self.model.training:
             self.selection_step.attach_normalisers([inputs], accumulation=1)
-        elif self._buffered_inputs is not previous:  # TRL has just buffered a new generation batch
-            self.selection_step.attach_normalisers(self._buffered_inputs, self.args.gradient_accumulation_steps)
-        return inputs
+            return
+        # TRL's buffered micro-batch, or a shallow copy of it (the same tensors)
+        buffered = self._buffered_inputs or []
+        ids = inputs.get("completion_ids")
+        match = next((b for b in buffered if b is inputs or b.get("completion_ids") is ids), None)
+        if match is None:
+            return
+        if NORMALISERS[0] not in match:
+            self.selection_step.attach_normalisers(buffered, self.args.gradient_accumulation_steps)
+        inputs.update({key: match[key] for key in NORMALISERS if key in match})
 
     # -------------------------------------------------------------------------------------------- loss
 
     def _compute_loss(self, model: Any, inputs: dict[str, Any]) -> Tensor:
+        self._attach_normalisers(inputs)
         step = self._step_context()
         correct = self._importance_correction(inputs)
         # log-probs, mask, selection, normalisers, by the mode's statistics path
