@@ -25,7 +25,7 @@ from ictrl.engine.dynamic_sampling import DynamicSampling
 from ictrl.engine.heads import backbone, output_head
 from ictrl.engine.model_card import write_model_card
 from ictrl.engine.resumable import Resumable
-from ictrl.engine.rollout_ids import checked_rollout
+from ictrl.engine.rollout_ids import check_vocab, checked_rollout_func, raise_deferred_checks
 from ictrl.engine.sampler_topk import SamplerTopK, TopKRecorder, recording_generate, split_vllm_logprobs
 from ictrl.engine.selection_step import NORMALISERS, LossInputs, SelectionStep, metrics_logged, model_inputs
 from ictrl.engine.stats_pass import StatsSource, StepContext, fused_head_stats, fused_head_with_sum_sq
@@ -66,6 +66,11 @@ class ICTGRPOTrainer(GRPOTrainer):
         # TRL's switch for its entropy bonus, from the public attributes TRL's __init__ derives it from (an adaptive
         # coefficient that starts at 0 still turns it on); it does not change during a run
         self.entropy_bonus = bool(self.entropy_coef != 0.0 or self.use_adaptive_entropy)
+        # ids checked on the host at their boundary, not a device-side assert (ictrl.engine.rollout_ids): the
+        # tokenizer's against the model's rows now; a user's rollout_func's each time it returns
+        sizes = check_vocab(self.accelerator.unwrap_model(self.model), self.processing_class)
+        if self.rollout_func is not None:
+            self.rollout_func = checked_rollout_func(self.rollout_func, sizes)
         needs = needed_stats(args.selector)  # selector, options, loss spec: resolved by the config
         self._vllm_server_settings = vllm_engine.server_settings(self)  # None unless vllm_mode='server'
         self._loss_spec = args.loss_spec
@@ -161,10 +166,11 @@ class ICTGRPOTrainer(GRPOTrainer):
     # ------------------------------------------------------------------------------------- generation
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+        raise_deferred_checks()  # a failed device-side check of an earlier step: one line, before generating
         step = self._step_context()
         path = self.stats_source.paths[step.mode]
         with self._generating(path, step):  # in rounds under dynamic sampling
-            batch = self.batch_filter.generate(super()._generate_and_score_completions, inputs)
+            batch = self.batch_filter.generate(partial(self._generate_round, path), inputs)
         if step.mode == "train":
             self.reward_policy.observe_batch(batch, self.accelerator.gather)
         if "pixel_values" in batch:
@@ -176,6 +182,20 @@ class ICTGRPOTrainer(GRPOTrainer):
         self._ensure_old_logps(batch)
         step.metrics["ictrl/stats_path"].append(code)
         step.metrics["ictrl/stats_time"].append(time.perf_counter() - start)
+        return batch
+
+    def _generate_round(self, path: Separate, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+        """One call of TRL's generation and scoring (one sampler call); with ``selection_topk_source`` and
+        transformers' ``generate``, the sampler's top-K log-probs of each step recorded for the path (vLLM records
+        through ``_vllm_generate_recording_topk``)."""
+        path.rollout_started()
+        K = self._sampler_topk
+        if K is None or self.use_vllm:
+            return super()._generate_and_score_completions(inputs)
+        recorder = TopKRecorder(K, self.args.selection_temperature)
+        with recording_generate(self.accelerator.unwrap_model(self.model_wrapped), recorder):
+            batch = super()._generate_and_score_completions(inputs)
+        path.rollout_recorded(recorder.rows())
         return batch
 
     @contextlib.contextmanager
@@ -336,24 +356,6 @@ class ICTGRPOTrainer(GRPOTrainer):
         if self._vllm_server_settings is not None:
             return vllm_engine.topk_obstacle(self._vllm_server_settings, args.selection_topk)
         return None
-
-    @checked_rollout  # ids checked on the host: an out-of-range id is one line, not a device-side assert
-    def _generate_single_turn(self, prompt_ids: Any, images: Any, multimodal_fields: Any, num_generations: int,
-                              has_tool_images: bool = False) -> Any:
-        path = self._generation_path  # None outside generation: nothing to hand back
-        if path is not None:
-            path.rollout_started()
-        K = self._sampler_topk
-        if K is None or self.use_vllm:  # vLLM records through _vllm_generate_recording_topk
-            return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations,
-                                                 has_tool_images)
-        recorder = TopKRecorder(K, self.args.selection_temperature)
-        with recording_generate(self.accelerator.unwrap_model(self.model_wrapped), recorder):
-            out = super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations,
-                                                has_tool_images)
-        if path is not None:
-            path.rollout_recorded(recorder.rows())
-        return out
 
     def _install_vllm_topk(self) -> None:
         """Ask vLLM for K log-probs per position and route its answers through _vllm_generate_recording_topk."""
