@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 from torch import Tensor
+from transformers import TrainerCallback
 from trl import GRPOTrainer
 
 from ictrl.core.checks import trusted_inputs
@@ -63,6 +64,7 @@ class ICTGRPOTrainer(GRPOTrainer):
             super().__init__(model, reward_funcs, args, *pos, **kwargs)
         if args.use_vllm:
             vllm_engine.engine_built(self)
+        self.add_callback(_ResumableEvents(self.resumable))
         # TRL's switch for its entropy bonus, from the public attributes TRL's __init__ derives it from (an adaptive
         # coefficient that starts at 0 still turns it on); it does not change during a run
         self.entropy_bonus = bool(self.entropy_coef != 0.0 or self.use_adaptive_entropy)
@@ -234,9 +236,6 @@ class ICTGRPOTrainer(GRPOTrainer):
     def _get_train_sampler(self, dataset: Any = None) -> Any:
         return self.resumable.train_sampler(super()._get_train_sampler(dataset))
 
-    def _run_epoch(self, *args: Any, **kwargs: Any) -> None:
-        self.resumable.run_epoch(super()._run_epoch, *args, **kwargs)
-
     def _save_checkpoint(self, model: Any, trial: Any) -> None:
         self.resumable.save_checkpoint(super()._save_checkpoint, model, trial)
 
@@ -386,3 +385,17 @@ class ICTGRPOTrainer(GRPOTrainer):
         batch["old_per_token_logps"], _, _ = self._get_per_token_logps_and_entropies(
             self.model, input_ids, attention_mask, batch["completion_ids"].size(1),
             batch_size=self.stats_source.rows[self._mode()])
+
+
+class _ResumableEvents(TrainerCallback):
+    """The Trainer's events the trainer's ``resumable`` part acts on: the sampler's epoch as each epoch begins, and
+    no step for a run resumed at max_steps."""
+
+    def __init__(self, resumable: Resumable) -> None:
+        self.resumable = resumable
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.resumable.train_begins(state, control)
+
+    def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.resumable.epoch_begins(state)
