@@ -104,3 +104,16 @@ def test_private_attributes_ictrl_reads_are_set_as_it_reads_them(attribute: str,
     from trl import GRPOTrainer
 
     assert re.search(pattern, inspect.getsource(getattr(GRPOTrainer, method))), attribute
+
+
+def test_the_private_methods_ictrl_overrides_are_the_documented_six() -> None:
+    """docs/architecture.md, "What ictrl overrides in TRL": a new override of a private TRL or transformers method
+    goes in its table and count first."""
+    from trl import GRPOTrainer
+
+    from ictrl.engine.trainer import ICTGRPOTrainer
+
+    overridden = {name for name in vars(ICTGRPOTrainer)
+                  if name.startswith("_") and not name.startswith("__") and hasattr(GRPOTrainer, name)}
+    assert overridden == {"_generate_and_score_completions", "_get_per_token_logps_and_entropies", "_compute_loss",
+                          "_calculate_rewards", "_get_train_sampler", "_save_checkpoint"}
