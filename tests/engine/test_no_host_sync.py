@@ -19,8 +19,9 @@ What stays, per phase of the step (the allow-list the assertions below encode):
   ``group_size``, or on the plain and compiled backends (CPU, or a GPU without triton), the sweep reads the mask on
   the host to plan its blocks, and the top-K variant (``selection_topk``) reads each group's layout on the host.
 - selection (dense path): nothing.
-- normalisers (responses and tokens of an optimizer step): counted once per generation batch in the trainer's
-  ``_prepare_inputs``, where TRL already syncs; not part of the per-micro-batch path recorded here.
+- normalisers (responses and tokens of an optimizer step): counted on the device, once per generation batch, when
+  the loss first sees one of its micro-batches (the trainer's ``_attach_normalisers``); not part of the
+  per-micro-batch path recorded here.
 - sparse head: one ``nonzero`` of the selected positions (it gathers exactly the selected rows, whose number only
   the data knows).
 - backward: nothing.

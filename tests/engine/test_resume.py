@@ -183,10 +183,11 @@ def test_checkpoints_appear_whole_or_not_at_all(tmp_path: Path) -> None:
 
 
 def test_the_trainer_hooks_are_the_pinned_ones() -> None:
-    """ICTGRPOTrainer hands these Trainer/TRL methods to its Resumable part; run_epoch reads the epoch as the
-    second positional argument."""
+    """ICTGRPOTrainer hands these Trainer/TRL methods to its Resumable part, and the Trainer's on_train_begin and
+    on_epoch_begin events: each epoch's sampler is set before the Trainer's _run_epoch iterates the dataloader."""
     import inspect
 
+    from transformers import Trainer
     from trl import GRPOTrainer
 
     from ictrl.engine.trainer import ICTGRPOTrainer
@@ -194,12 +195,16 @@ def test_the_trainer_hooks_are_the_pinned_ones() -> None:
     def params(name: str) -> list[str]:
         return list(inspect.signature(getattr(GRPOTrainer, name)).parameters)
 
-    assert params("_run_epoch")[:3] == ["self", "model", "epoch"]
     assert params("_save_checkpoint") == ["self", "model", "trial"]
     assert params("_get_train_sampler") == ["self", "dataset"]
     assert params("_get_output_dir") == ["self", "trial"]
-    for name in ("_run_epoch", "_save_checkpoint", "_get_train_sampler"):
+    for name in ("_save_checkpoint", "_get_train_sampler"):
         assert getattr(ICTGRPOTrainer, name) is not getattr(GRPOTrainer, name)
+    loop = inspect.getsource(Trainer._inner_training_loop)
+    assert loop.index(".on_train_begin(") < loop.index(".on_epoch_begin(") < loop.index("self._run_epoch(")
+    epoch = inspect.getsource(Trainer._run_epoch)
+    assert "epoch_iterator = iter(train_dataloader)" in epoch
+    assert epoch.index("epoch_iterator = iter(train_dataloader)") < epoch.index("self.training_step(")
 
 
 def test_epoch_sampler_matches_trl_order_per_epoch() -> None:
@@ -219,6 +224,26 @@ def test_epoch_sampler_matches_trl_order_per_epoch() -> None:
         assert list(fresh) == uninterrupted[epoch]
         assert list(fresh) == uninterrupted[epoch]  # re-iterating an epoch repeats it
     assert len(EpochRepeatSampler(sampler())) == len(sampler())
+
+
+def test_each_epoch_begins_with_its_sampler_epoch_and_a_run_with_no_step_left_has_no_prompt() -> None:
+    from types import SimpleNamespace
+
+    from trl.trainer.utils import RepeatSampler
+
+    from ictrl.engine.resumable import Resumable
+
+    part = Resumable(trainer=None)
+    sampler = part.train_sampler(RepeatSampler(list(range(6)), mini_repeat_count=2, batch_size=2, seed=5))
+    control = SimpleNamespace(should_training_stop=False)
+    part.train_begins(SimpleNamespace(max_steps=4, global_step=2), control)
+    for done, epoch in ((0.0, 0), (1.5, 1), (2.0, 2)):  # a fresh run, resumed inside epoch 1, epoch 2 beginning
+        part.epoch_begins(SimpleNamespace(epoch=done))
+        assert sampler.epoch == epoch and len(list(sampler)) == 12
+    assert not control.should_training_stop
+    part.train_begins(SimpleNamespace(max_steps=4, global_step=4), control)  # resumed at max_steps
+    part.epoch_begins(SimpleNamespace(epoch=1.5))
+    assert control.should_training_stop and list(sampler) == []
 
 
 # --- resuming a run that already reached max_steps ------------------------------------------------------------

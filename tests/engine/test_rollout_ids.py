@@ -14,15 +14,17 @@ from ictrl.engine.trainer import ICTGRPOTrainer
 from ictrl.errors import UserError
 
 
-def _trainer(model_dir: Path, tmp_path: Path, cls: type = ICTGRPOTrainer) -> Any:
+def _trainer(model_dir: Path, tmp_path: Path, rollout_func: Any = None, resize: int = 0) -> Any:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     tokenizer.padding_side = "left"
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    if resize:
+        model.resize_token_embeddings(resize)
     args = w.make_config(tmp_path, token_selector="ict", max_steps=1)
-    return cls(model=model, reward_funcs=w.digit_reward, args=args, train_dataset=w.make_dataset(),
-               processing_class=tokenizer)
+    return ICTGRPOTrainer(model=model, reward_funcs=w.digit_reward, args=args, train_dataset=w.make_dataset(),
+                          processing_class=tokenizer, rollout_func=rollout_func)
 
 
 def test_sizes_are_read_from_module_attributes(tiny_model_dir: Path) -> None:
@@ -36,49 +38,45 @@ def test_sizes_are_read_from_module_attributes(tiny_model_dir: Path) -> None:
     assert model_rows(model) == len(tokenizer) - 3
 
 
+@pytest.mark.parametrize("what", ["prompt", "completion"])
 @pytest.mark.parametrize("bad", [10**6, -1])
-def test_a_completion_id_outside_the_model_is_one_line_before_any_forward(tiny_model_dir: Path, tmp_path: Path,
-                                                                          bad: int) -> None:
-    trainer = _trainer(tiny_model_dir, tmp_path)
+def test_an_id_from_a_rollout_func_outside_the_model_is_one_line_before_any_forward(
+        tiny_model_dir: Path, tmp_path: Path, bad: int, what: str) -> None:
+    def rollout(prompts: list[Any], trainer: Any) -> dict[str, Any]:  # one bad id at (row 1, column 2)
+        ids = {"prompt": [[5, 6, 7, 8] for _ in prompts], "completion": [[5, 6, 7, 8] for _ in prompts]}
+        ids[what][1][2] = bad
+        return {"prompt_ids": ids["prompt"], "completion_ids": ids["completion"],
+                "logprobs": [[-1.0] * 4 for _ in prompts]}
+
+    trainer = _trainer(tiny_model_dir, tmp_path, rollout_func=rollout)
     rows, size = model_rows(trainer.model), len(trainer.processing_class)
     calls = []
     trainer.model.register_forward_pre_hook(lambda *a: calls.append(1))
-
-    class Bad(type(trainer)):  # the rollout returns one bad id at (row 1, column 2)
-        pass
-
-    def generate(self: Any, prompt_ids: list[list[int]], *args: Any, **kwargs: Any) -> Any:
-        out = [[5, 6, 7, 8] for _ in prompt_ids]
-        out[1][2] = bad
-        return out, None
-
-    from ictrl.engine.rollout_ids import checked_rollout
-
-    Bad._generate_single_turn = checked_rollout(generate)
-    trainer.__class__ = Bad
     with pytest.raises(UserError) as err:
         trainer.train()
     message = str(err.value)
     assert "\n" not in message
-    assert message == (f"completion token id {bad} at (row 1, column 2) is outside the model's vocabulary: "
+    assert message == (f"{what} token id {bad} at (row 1, column 2) is outside the model's vocabulary: "
                        f"model embedding rows {rows}, tokenizer vocabulary {size}")
     assert calls == []  # no forward ran: the check comes before the model sees the id
 
 
 def test_a_tokenizer_larger_than_the_model_is_one_line_naming_the_first_id(tiny_model_dir: Path,
                                                                             tmp_path: Path) -> None:
-    trainer = _trainer(tiny_model_dir, tmp_path)
-    size = len(trainer.processing_class)
-    trainer.model.resize_token_embeddings(size - 2)
+    from transformers import AutoTokenizer
+
+    size = len(AutoTokenizer.from_pretrained(tiny_model_dir))
     with pytest.raises(UserError, match=rf"^token id {size - 2} \(and up to {size - 1}\) of the tokenizer has no row "
                                         rf"in the model: tokenizer vocabulary {size}, model embedding rows {size - 2}"):
-        trainer._generate_single_turn([[5, 6]], None, {}, 1)
+        _trainer(tiny_model_dir, tmp_path, resize=size - 2)
 
 
-def test_the_wrapped_rollout_keeps_trl_s_signature() -> None:
-    import inspect
+def test_a_failed_device_check_of_an_earlier_step_is_one_line_at_the_next_generation(
+        tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ictrl.core import checks
 
-    from trl import GRPOTrainer
-
-    ours = inspect.signature(ICTGRPOTrainer._generate_single_turn)
-    assert list(ours.parameters)[:5] == list(inspect.signature(GRPOTrainer._generate_single_turn).parameters)[:5]
+    trainer = _trainer(tiny_model_dir, tmp_path)
+    monkeypatch.setitem(checks._DEFERRED, "a deferred check", torch.tensor(False))
+    with pytest.raises(UserError, match=r"^a deferred check \(a device-side check of an earlier training step\)$"):
+        trainer.train()
+    assert not checks._DEFERRED

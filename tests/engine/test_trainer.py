@@ -136,9 +136,12 @@ def test_overridden_trl_methods_match_pinned_version() -> None:
     assert params("get_high_entropy_mask") == ["self", "entropies", "mask", "threshold"]
     assert {"compute_entropy", "compute_aux_loss"} <= set(params("_get_per_token_logps_and_entropies"))
     init = inspect.getsource(GRPOTrainer.__init__)
-    for attr in ("_entropy_bonus_enabled", "aux_loss_enabled", "router_aux_loss_coef", "top_entropy_quantile"):
+    for attr in ("aux_loss_enabled", "router_aux_loss_coef", "top_entropy_quantile", "entropy_coef",
+                 "use_adaptive_entropy"):
         assert f"self.{attr} = " in init
-    for name in ("_generate_and_score_completions", "_prepare_inputs", "_compute_loss"):
+    # ICTGRPOTrainer.entropy_bonus is TRL's switch for its entropy bonus, derived as TRL derives it
+    assert "= self.entropy_coef != 0.0 or self.use_adaptive_entropy\n" in init
+    for name in ("_generate_and_score_completions", "_compute_loss"):
         assert getattr(ICTGRPOTrainer, name) is not getattr(GRPOTrainer, name)
     # How TRL carries our tensors through the buffer: [B, ...] rows shuffled/split together, 0-d kept whole.
     batch = {"x": torch.arange(8), "sel": torch.arange(8)[:, None].expand(8, 3) % 2 == 0, "n": torch.tensor(5.0)}
@@ -266,9 +269,6 @@ def test_trainer_loss_equals_policy_loss(tiny_model_dir: Path, tmp_path: Path, n
     inputs = trainer._prepare_inputs(_generation_inputs(trainer))
     mask = _response_mask(inputs)
     selected = inputs["ictrl_selected"]
-    assert float(inputs["ictrl_num_responses"]) == mask.size(0)
-    expected_tokens = selected.sum() if norm == "token_mean_selected" else mask.sum()
-    assert float(inputs["ictrl_num_tokens"]) == float(expected_tokens)
 
     ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
     attention = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
@@ -281,6 +281,10 @@ def test_trainer_loss_equals_policy_loss(tiny_model_dir: Path, tmp_path: Path, n
     old = (logp + 0.4 * torch.randn(logp.shape, generator=g, dtype=torch.float64)).float()
     inputs["old_per_token_logps"] = old
     got = trainer._compute_loss(trainer.model, inputs)
+    # the loss attached the normalisers to the micro-batch it was handed
+    assert float(inputs["ictrl_num_responses"]) == mask.size(0)
+    expected_tokens = selected.sum() if norm == "token_mean_selected" else mask.sum()
+    assert float(inputs["ictrl_num_tokens"]) == float(expected_tokens)
 
     ref, _ = policy_loss(logp.float(), old, inputs["advantages"], mask, selected,
                          LossSpec(norm=norm, eps_low=0.2, eps_high=0.28),

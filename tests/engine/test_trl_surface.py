@@ -78,12 +78,24 @@ def test_transformers_rollout_calls_the_models_generate() -> None:
 
 @pytest.mark.parametrize("attribute, method, pattern", [
     ("_metrics", "__init__", r'self\._metrics = \{"train": defaultdict\(list\), "eval": defaultdict\(list\)\}'),
-    ("_entropy_bonus_enabled", "__init__", r"self\._entropy_bonus_enabled = "),
     ("_buffered_inputs", "_prepare_inputs", r"inputs = self\._buffered_inputs\[self\._step % "),
-], ids=["_metrics", "_entropy_bonus_enabled", "_buffered_inputs"])
+], ids=["_metrics", "_buffered_inputs"])
 def test_private_attributes_ictrl_reads_are_set_as_it_reads_them(attribute: str, method: str, pattern: str) -> None:
-    """TRL's per-mode metric lists (the ``ictrl/*`` metrics go in them), its entropy-bonus switch (the loss
-    reproduces the bonus) and its buffer of micro-batches (the normalisers attach when it is refilled)."""
+    """TRL's per-mode metric lists (the ``ictrl/*`` metrics go in them) and its buffer of micro-batches (the
+    normalisers attach when it is refilled)."""
     from trl import GRPOTrainer
 
     assert re.search(pattern, inspect.getsource(getattr(GRPOTrainer, method))), attribute
+
+
+def test_the_private_methods_ictrl_overrides_are_the_documented_six() -> None:
+    """docs/architecture.md, "What ictrl overrides in TRL": a new override of a private TRL or transformers method
+    goes in its table and count first."""
+    from trl import GRPOTrainer
+
+    from ictrl.engine.trainer import ICTGRPOTrainer
+
+    overridden = {name for name in vars(ICTGRPOTrainer)
+                  if name.startswith("_") and not name.startswith("__") and hasattr(GRPOTrainer, name)}
+    assert overridden == {"_generate_and_score_completions", "_get_per_token_logps_and_entropies", "_compute_loss",
+                          "_calculate_rewards", "_get_train_sampler", "_save_checkpoint"}

@@ -4,6 +4,7 @@ exactly (docs/architecture.md, "Module notes")."""
 from __future__ import annotations
 
 import logging
+import math
 import re
 import shutil
 from pathlib import Path
@@ -98,11 +99,13 @@ def resume_point(verified: list[Path], args: Any, source: str = "<config>") -> P
 
 
 class EpochRepeatSampler:
-    """Wraps TRL's ``RepeatSampler`` so epoch e's prompt order depends only on (seed, e)."""
+    """Wraps TRL's ``RepeatSampler`` so epoch e's prompt order depends only on (seed, e); ``exhausted``: no prompt
+    (a resumed run with no step left)."""
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
         self.epoch = 0
+        self.exhausted = False
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -111,6 +114,8 @@ class EpochRepeatSampler:
         return len(self.inner)
 
     def __iter__(self) -> Any:
+        if self.exhausted:
+            return iter(())
         if self.inner.shuffle:
             generator = torch.Generator()
             generator.manual_seed(self.inner.seed)
@@ -132,12 +137,13 @@ torch.serialization.register_package(11, lambda obj: None, _restore_cpu_index)
 
 class Resumable:
     """Atomic checkpoint directories and epoch-exact prompt order, one per trainer (``ICTGRPOTrainer.resumable``):
-    the trainer's ``_get_train_sampler``, ``_run_epoch`` and ``_save_checkpoint`` hand Trainer's own result or
-    method to the one here."""
+    the trainer's ``_get_train_sampler`` and ``_save_checkpoint`` hand Trainer's own result or method to the one here,
+    and a callback of the trainer's hands it the Trainer's ``on_train_begin`` and ``on_epoch_begin`` events."""
 
     def __init__(self, trainer: Any) -> None:
         self.trainer = trainer  # the Trainer this is part of
         self.epoch_sampler: EpochRepeatSampler | None = None
+        self.no_step_left = False
 
     def train_sampler(self, sampler: Any) -> Any:
         """TRL's ``RepeatSampler`` wrapped so epoch e's prompt order depends only on (seed, e)."""
@@ -146,20 +152,24 @@ class Resumable:
         self.epoch_sampler = EpochRepeatSampler(sampler)
         return self.epoch_sampler
 
-    def run_epoch(self, run_epoch: Callable[..., None], *args: Any, **kwargs: Any) -> None:
-        """Trainer's ``_run_epoch(*args, **kwargs)`` with the sampler set to its epoch, or nothing when a resumed run
-        has no step left."""
-        state = self.trainer.state
-        if 0 < state.max_steps <= state.global_step:  # resumed at max_steps: the epoch would still run a step
-            self.trainer.control.should_training_stop = True
-            return
+    def train_begins(self, state: Any, control: Any) -> None:
+        """A run resumed at max_steps inside an epoch trains no step (the Trainer re-enters that epoch and would
+        still run one): training stops, and the epoch's sampler gives no prompt (:meth:`epoch_begins`)."""
+        self.no_step_left = 0 < state.max_steps <= state.global_step
+        if self.no_step_left:
+            control.should_training_stop = True
+
+    def epoch_begins(self, state: Any) -> None:
+        """The sampler set to the epoch beginning, before the Trainer iterates its dataloader."""
         sampler = self.epoch_sampler
-        if sampler is not None:
-            # Trainer's set_epoch reaches the sampler through accelerate's wrappers, except in a resumed epoch on
-            # several processes: SkipBatchSampler(BatchSamplerShard(BatchSampler(sampler))) is one level deeper
-            # than it looks, so that epoch replayed epoch 0's prompt order.
-            sampler.set_epoch(int(kwargs["epoch"] if "epoch" in kwargs else args[1]))
-        run_epoch(*args, **kwargs)
+        if sampler is None:
+            return
+        # Trainer's set_epoch reaches the sampler through accelerate's wrappers, except in a resumed epoch on several
+        # processes: SkipBatchSampler(BatchSamplerShard(BatchSampler(sampler))) is one level deeper than it looks,
+        # so that epoch replayed epoch 0's prompt order. state.epoch counts the epochs done (a fraction inside one,
+        # as a resumed run's checkpoint recorded it): its floor is the epoch beginning.
+        sampler.set_epoch(math.floor(state.epoch or 0))
+        sampler.exhausted = self.no_step_left
 
     def save_checkpoint(self, save: Callable[[Any, Any], None], model: Any, trial: Any) -> None:
         """Trainer's ``_save_checkpoint`` (``save``) into a staging directory, then a manifest and a rename: every

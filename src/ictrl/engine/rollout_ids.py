@@ -2,24 +2,28 @@
 assert (on a GPU an out-of-range id in an embedding or a gather stops the process with ``CUDA error: device-side
 assert triggered`` and leaves the CUDA context unusable, so not even a checkpoint can be written).
 
-:func:`checked_rollout` wraps the trainer's ``_generate_single_turn`` (TRL's rollout, whose ids are host lists):
-before generating it compares the tokenizer's vocabulary with the model's embedding and LM-head rows, checks the
-prompt ids, and raises any device-side check of the previous step that failed (``ictrl.core.checks.
-raise_failed_device_checks``: the rollout is where the host waits for the device anyway); after, it checks the
-completion ids. Each failure is a :class:`ictrl.errors.UserError`: one line, naming the id, its (row, column)
-and both vocabulary sizes.
+Where each id comes from decides where it is checked, once at a boundary:
+
+- the tokenizer's: :func:`check_vocab` when the trainer is built compares the tokenizer's vocabulary with the model's
+  embedding and LM-head rows, so no prompt id the tokenizer produces (nor a tool's output it tokenizes) is out of
+  range;
+- the sampler's: transformers' ``generate`` and vLLM sample from logits over the model's rows;
+- a user's ``rollout_func``: :func:`checked_rollout_func` wraps it before it is handed to TRL, and checks the prompt and
+  completion ids it returns.
+
+:func:`raise_deferred_checks` raises any device-side check of an earlier step that failed (``ictrl.core.checks.
+raise_failed_device_checks``), once per generation batch, where the host waits for the device anyway. Each failure
+is a :class:`ictrl.errors.UserError`: one line, naming the id, its (row, column) and both vocabulary sizes.
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 from ictrl.core.checks import check_token_ids, check_vocab_sizes, raise_failed_device_checks
 from ictrl.errors import UserError
-
-F = TypeVar("F", bound=Callable[..., Any])
 
 
 def model_rows(model: Any) -> int:
@@ -40,35 +44,46 @@ def tokenizer_size(processing_class: Any) -> int:
     return len(getattr(processing_class, "tokenizer", processing_class))
 
 
-def vocab_sizes(trainer: Any) -> tuple[int, int]:
-    """(model rows, tokenizer size) of a trainer, read once and kept on it (neither changes during a run)."""
-    sizes = trainer.__dict__.get("_ictrl_vocab_sizes")
-    if sizes is None:
-        sizes = (model_rows(trainer.accelerator.unwrap_model(trainer.model)), tokenizer_size(trainer.processing_class))
-        trainer._ictrl_vocab_sizes = sizes
+def check_vocab(model: Any, processing_class: Any) -> tuple[int, int]:
+    """(model rows, tokenizer size); :class:`UserError` unless every id of the tokenizer has a row in the model."""
+    sizes = model_rows(model), tokenizer_size(processing_class)
+    try:
+        check_vocab_sizes(*sizes)
+    except ValueError as err:
+        raise UserError(str(err)) from None
     return sizes
 
 
-def check_rollout(trainer: Any, rows: Any, what: str) -> None:
-    """Raise :class:`UserError` unless ``rows`` (host lists of ids) index the trainer's model, and (first) unless the
-    tokenizer's vocabulary fits the model's and no deferred device-side check failed."""
-    rows_model, size = vocab_sizes(trainer)
+def check_ids(rows: Any, what: str, sizes: tuple[int, int]) -> None:
+    """:class:`UserError` unless ``rows`` (host lists of ids; ``what``: "prompt", "completion") index the model's
+    ``sizes[0]`` rows."""
     try:
-        check_vocab_sizes(rows_model, size)
-        check_token_ids(rows, what, rows_model, size)
+        check_token_ids(rows, what, *sizes)
+    except ValueError as err:
+        raise UserError(str(err)) from None
+
+
+def raise_deferred_checks() -> None:
+    """:class:`UserError` for the first device-side check of an earlier step that failed (none pending: no read)."""
+    try:
         raise_failed_device_checks()
     except ValueError as err:
         raise UserError(str(err)) from None
 
 
-def checked_rollout(method: F) -> F:
-    """``_generate_single_turn`` with its prompt ids checked before it runs and its completion ids after."""
+def checked_rollout_func(rollout_func: Callable[..., Any],
+                         sizes: Callable[[], tuple[int, int]]) -> Callable[..., Any]:
+    """A user's ``rollout_func(prompts, trainer)`` whose returned ``prompt_ids`` and ``completion_ids`` are checked
+    before the trainer's model sees them (a missing key is left to TRL, which names it). ``sizes`` gives the trainer's
+    (model rows, tokenizer size) when the function runs: it is wrapped before the trainer, which builds the model,
+    exists."""
 
-    @functools.wraps(method)
-    def wrapper(self: Any, prompt_ids: Any, *args: Any, **kwargs: Any) -> Any:
-        check_rollout(self, prompt_ids, "prompt")
-        out = method(self, prompt_ids, *args, **kwargs)
-        check_rollout(self, out[0], "completion")
-        return out
+    @functools.wraps(rollout_func)
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        output = rollout_func(*args, **kwargs)
+        for what in ("prompt", "completion"):
+            if isinstance(output, dict) and output.get(f"{what}_ids") is not None:
+                check_ids(output[f"{what}_ids"], what, sizes())
+        return output
 
-    return wrapper  # type: ignore[return-value]
+    return checked

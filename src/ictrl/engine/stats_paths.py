@@ -61,7 +61,7 @@ class Separate:
         """A generation call of ``step`` begins (TRL's hooks below run inside it)."""
 
     def rollout_started(self) -> None:
-        """TRL calls its sampler once more (dynamic sampling: once a round)."""
+        """TRL's generation and scoring runs once more (dynamic sampling: once a round), one sampler call."""
 
     def rollout_recorded(self, rows: Any) -> None:
         """The sampler's top-K rows of its last call (``selection_topk_source``)."""

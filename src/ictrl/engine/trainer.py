@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 from torch import Tensor
+from transformers import TrainerCallback
 from trl import GRPOTrainer
 
 from ictrl.core.checks import trusted_inputs
@@ -25,9 +26,9 @@ from ictrl.engine.dynamic_sampling import DynamicSampling
 from ictrl.engine.heads import backbone, output_head
 from ictrl.engine.model_card import write_model_card
 from ictrl.engine.resumable import Resumable
-from ictrl.engine.rollout_ids import checked_rollout
+from ictrl.engine.rollout_ids import check_vocab, checked_rollout_func, raise_deferred_checks
 from ictrl.engine.sampler_topk import SamplerTopK, TopKRecorder, recording_generate, split_vllm_logprobs
-from ictrl.engine.selection_step import LossInputs, SelectionStep, metrics_logged, model_inputs
+from ictrl.engine.selection_step import NORMALISERS, LossInputs, SelectionStep, metrics_logged, model_inputs
 from ictrl.engine.stats_pass import StatsSource, StepContext, fused_head_stats, fused_head_with_sum_sq
 from ictrl.engine.stats_paths import PathFacts, Separate, plan_path
 from ictrl.errors import UserError
@@ -59,10 +60,19 @@ class ICTGRPOTrainer(GRPOTrainer):
         self.batch_filter, self.resumable = DynamicSampling(self), Resumable(self)  # parts, not mixins, as is:
         self.reward_policy = RewardPolicy.from_args(args, step=lambda: self.state.global_step)
         engine = vllm_engine.building_engine(model, args) if args.use_vllm else contextlib.nullcontext()
+        if kwargs.get("rollout_func") is not None:  # its ids checked on the host, not a device-side assert
+            kwargs["rollout_func"] = checked_rollout_func(kwargs["rollout_func"], lambda: self.vocab_sizes)
         with fused_head_with_sum_sq(), engine:
             super().__init__(model, reward_funcs, args, *pos, **kwargs)
         if args.use_vllm:
             vllm_engine.engine_built(self)
+        self.add_callback(_ResumableEvents(self.resumable))
+        # TRL's switch for its entropy bonus, from the public attributes TRL's __init__ derives it from (an adaptive
+        # coefficient that starts at 0 still turns it on); it does not change during a run
+        self.entropy_bonus = bool(self.entropy_coef != 0.0 or self.use_adaptive_entropy)
+        # ids checked on the host at their boundary, not a device-side assert (ictrl.engine.rollout_ids): the
+        # tokenizer's against the model's rows now; a user's rollout_func's each time it returns
+        self.vocab_sizes = check_vocab(self.accelerator.unwrap_model(self.model), self.processing_class)
         needs = needed_stats(args.selector)  # selector, options, loss spec: resolved by the config
         self._vllm_server_settings = vllm_engine.server_settings(self)  # None unless vllm_mode='server'
         self._loss_spec = args.loss_spec
@@ -158,10 +168,11 @@ class ICTGRPOTrainer(GRPOTrainer):
     # ------------------------------------------------------------------------------------- generation
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+        raise_deferred_checks()  # a failed device-side check of an earlier step: one line, before generating
         step = self._step_context()
         path = self.stats_source.paths[step.mode]
         with self._generating(path, step):  # in rounds under dynamic sampling
-            batch = self.batch_filter.generate(super()._generate_and_score_completions, inputs)
+            batch = self.batch_filter.generate(partial(self._generate_round, path), inputs)
         if step.mode == "train":
             self.reward_policy.observe_batch(batch, self.accelerator.gather)
         if "pixel_values" in batch:
@@ -173,6 +184,20 @@ class ICTGRPOTrainer(GRPOTrainer):
         self._ensure_old_logps(batch)
         step.metrics["ictrl/stats_path"].append(code)
         step.metrics["ictrl/stats_time"].append(time.perf_counter() - start)
+        return batch
+
+    def _generate_round(self, path: Separate, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+        """One call of TRL's generation and scoring (one sampler call); with ``selection_topk_source`` and
+        transformers' ``generate``, the sampler's top-K log-probs of each step recorded for the path (vLLM records
+        through ``_vllm_generate_recording_topk``)."""
+        path.rollout_started()
+        K = self._sampler_topk
+        if K is None or self.use_vllm:
+            return super()._generate_and_score_completions(inputs)
+        recorder = TopKRecorder(K, self.args.selection_temperature)
+        with recording_generate(self.accelerator.unwrap_model(self.model_wrapped), recorder):
+            batch = super()._generate_and_score_completions(inputs)
+        path.rollout_recorded(recorder.rows())
         return batch
 
     @contextlib.contextmanager
@@ -211,26 +236,35 @@ class ICTGRPOTrainer(GRPOTrainer):
     def _get_train_sampler(self, dataset: Any = None) -> Any:
         return self.resumable.train_sampler(super()._get_train_sampler(dataset))
 
-    def _run_epoch(self, *args: Any, **kwargs: Any) -> None:
-        self.resumable.run_epoch(super()._run_epoch, *args, **kwargs)
-
     def _save_checkpoint(self, model: Any, trial: Any) -> None:
         self.resumable.save_checkpoint(super()._save_checkpoint, model, trial)
 
     # --------------------------------------------------------------------------------- global normalisers
 
-    def _prepare_inputs(self, generation_batch: Any) -> dict[str, Any]:
-        previous = self._buffered_inputs
-        inputs = super()._prepare_inputs(generation_batch)
+    def _attach_normalisers(self, inputs: dict[str, Any]) -> None:
+        """The global normalisers of the micro-batch the loss is handed, attached the first time the loss sees a
+        micro-batch of a generation batch TRL has buffered: totals over each optimizer step's micro-batches and
+        processes, for the whole buffer at once. Every process reaches that micro-batch at the same step, so the
+        collective runs at the same point on each. In evaluation each batch is its own (one micro-batch)."""
+        if NORMALISERS[0] in inputs:
+            return
         if not self.model.training:
             self.selection_step.attach_normalisers([inputs], accumulation=1)
-        elif self._buffered_inputs is not previous:  # TRL has just buffered a new generation batch
-            self.selection_step.attach_normalisers(self._buffered_inputs, self.args.gradient_accumulation_steps)
-        return inputs
+            return
+        # TRL's buffered micro-batch, or a shallow copy of it (the same tensors)
+        buffered = self._buffered_inputs or []
+        ids = inputs.get("completion_ids")
+        match = next((b for b in buffered if b is inputs or b.get("completion_ids") is ids), None)
+        if match is None:
+            return
+        if NORMALISERS[0] not in match:
+            self.selection_step.attach_normalisers(buffered, self.args.gradient_accumulation_steps)
+        inputs.update({key: match[key] for key in NORMALISERS if key in match})
 
     # -------------------------------------------------------------------------------------------- loss
 
     def _compute_loss(self, model: Any, inputs: dict[str, Any]) -> Tensor:
+        self._attach_normalisers(inputs)
         step = self._step_context()
         correct = self._importance_correction(inputs)
         # log-probs, mask, selection, normalisers, by the mode's statistics path
@@ -244,7 +278,7 @@ class ICTGRPOTrainer(GRPOTrainer):
         loss, m = policy_loss(chosen.logps, old, inputs["advantages"], chosen.mask, chosen.selected, self._loss_spec,
                               extras)
         policy = loss.detach()
-        if self._entropy_bonus_enabled and chosen.entropy is not None:
+        if self.entropy_bonus and chosen.entropy is not None:
             # TRL's bonus: the micro-batch's mean entropy over the tokens that carry the loss
             where = (chosen.selected & chosen.mask).to(chosen.entropy.dtype)
             loss = loss - self.entropy_coef * (chosen.entropy * where).sum() / where.sum().clamp(min=1.0) \
@@ -259,7 +293,7 @@ class ICTGRPOTrainer(GRPOTrainer):
         return loss
 
     def _dense_trl_forward(self) -> bool:
-        return bool(self._entropy_bonus_enabled or self.aux_loss_enabled or self.top_entropy_quantile < 1.0)
+        return bool(self.entropy_bonus or self.aux_loss_enabled or self.top_entropy_quantile < 1.0)
 
     def _log_loss_metrics(self, step: StepContext, chosen: LossInputs, m: dict[str, Tensor],
                           trl: tuple[dict[str, tuple[Tensor, Tensor]], dict[str, Tensor]], policy: Tensor) -> None:
@@ -276,7 +310,7 @@ class ICTGRPOTrainer(GRPOTrainer):
         names = [f"ictrl/{k}" for k in keys] + list(means) + list(extremes)
         values = [(total[:-1] / total[-1].clamp(min=1.0)).double(), trl_total[:, 0] / trl_total[:, 1].clamp(min=1.0)]
         values += [nan_extreme(acc.gather(x), key.endswith("_min")).double().reshape(1) for key, x in extremes.items()]
-        if self._entropy_bonus_enabled:  # TRL's policy term before its accumulation scaling
+        if self.entropy_bonus:  # TRL's policy term before its accumulation scaling
             scale = 1 if LOSS_TYPES[self._loss_spec.loss_type].buffer_mean else step.accumulation
             names.append("policy_loss")
             values.append(acc.gather((policy * scale).reshape(1)).nanmean().double().reshape(1))
@@ -285,7 +319,7 @@ class ICTGRPOTrainer(GRPOTrainer):
             values.append(acc.gather_for_metrics(chosen.aux.detach()).mean().double().reshape(1))
         for name, value in zip(names, torch.cat(values).tolist()):
             metrics[name].append(value)
-        if self._entropy_bonus_enabled and step.mode == "train" and acc.sync_gradients:
+        if self.entropy_bonus and step.mode == "train" and acc.sync_gradients:
             metrics["entropy_coef"].append(self.entropy_coef)
 
     # ------------------------------------------------------------------ sampler top-K and importance weights
@@ -322,24 +356,6 @@ class ICTGRPOTrainer(GRPOTrainer):
             return vllm_engine.topk_obstacle(self._vllm_server_settings, args.selection_topk)
         return None
 
-    @checked_rollout  # ids checked on the host: an out-of-range id is one line, not a device-side assert
-    def _generate_single_turn(self, prompt_ids: Any, images: Any, multimodal_fields: Any, num_generations: int,
-                              has_tool_images: bool = False) -> Any:
-        path = self._generation_path  # None outside generation: nothing to hand back
-        if path is not None:
-            path.rollout_started()
-        K = self._sampler_topk
-        if K is None or self.use_vllm:  # vLLM records through _vllm_generate_recording_topk
-            return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations,
-                                                 has_tool_images)
-        recorder = TopKRecorder(K, self.args.selection_temperature)
-        with recording_generate(self.accelerator.unwrap_model(self.model_wrapped), recorder):
-            out = super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations,
-                                                has_tool_images)
-        if path is not None:
-            path.rollout_recorded(recorder.rows())
-        return out
-
     def _install_vllm_topk(self) -> None:
         """Ask vLLM for K log-probs per position and route its answers through _vllm_generate_recording_topk."""
         self.vllm_generation.logprobs = self._sampler_topk
@@ -369,3 +385,17 @@ class ICTGRPOTrainer(GRPOTrainer):
         batch["old_per_token_logps"], _, _ = self._get_per_token_logps_and_entropies(
             self.model, input_ids, attention_mask, batch["completion_ids"].size(1),
             batch_size=self.stats_source.rows[self._mode()])
+
+
+class _ResumableEvents(TrainerCallback):
+    """The Trainer's events the trainer's ``resumable`` part acts on: the sampler's epoch as each epoch begins, and
+    no step for a run resumed at max_steps."""
+
+    def __init__(self, resumable: Resumable) -> None:
+        self.resumable = resumable
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.resumable.train_begins(state, control)
+
+    def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.resumable.epoch_begins(state)
