@@ -223,3 +223,21 @@ def test_ictrl_train_takes_topk_from_generation(tiny_model_dir: Path, shared_dat
     assert all(r["ictrl/topk_from_sampler"] == 1.0 and r["ictrl/ict_score/all"] > 0 for r in rows)
     assert no_head_topk == []
     assert json.loads((out / "metrics.jsonl").read_text().splitlines()[0])["ictrl/selected_frac"] < 1
+
+
+def test_recording_generate_puts_back_a_generate_the_caller_had_set_on_the_model() -> None:
+    from ictrl.engine.sampler_topk import TopKRecorder, recording_generate
+
+    class Model:
+        def generate(self, **kwargs: object) -> str:
+            return "class"
+
+    plain, wrapped = Model(), Model()
+    wrapped.generate = lambda **kwargs: ("instance", kwargs)  # type: ignore[method-assign]
+    own = wrapped.generate
+    for model in (plain, wrapped):
+        with recording_generate(model, TopKRecorder(2, 1.0)):
+            out = model.generate()
+        assert (out == "class") if model is plain else (out[0] == "instance" and "logits_processor" in out[1])
+    assert "generate" not in vars(plain) and plain.generate() == "class"
+    assert wrapped.generate is own

@@ -44,6 +44,7 @@ class TopKRecorder(LogitsProcessor):
 def recording_generate(model: Any, recorder: TopKRecorder) -> Iterator[None]:
     """Within the block, ``model.generate`` also runs ``recorder`` (after any logits processors passed to it)."""
     original = model.generate
+    shadowed = "generate" in vars(model)  # an instance attribute set before the block: put it back after
 
     def generate(*args: Any, **kwargs: Any) -> Any:
         processors = LogitsProcessorList(kwargs.pop("logits_processor", None) or [])
@@ -54,7 +55,10 @@ def recording_generate(model: Any, recorder: TopKRecorder) -> Iterator[None]:
     try:
         yield
     finally:
-        del model.generate
+        if shadowed:
+            model.generate = original
+        else:
+            del model.generate
 
 
 def split_vllm_logprobs(logprobs: list[list[list[float | None]]], token_ids: list[list[list[int]]],
