@@ -289,3 +289,18 @@ def test_a_selection_is_trls_loss_over_the_selection_as_its_token_mask(tiny_mode
     assert ours == pytest.approx(theirs, rel=1e-5, abs=1e-7)
     for name in g_trl:
         torch.testing.assert_close(g_ours[name], g_trl[name], rtol=1e-4, atol=1e-7, msg=name)
+
+
+def test_a_batch_trl_did_not_buffer_is_normalised_as_its_own_window(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """On the separate statistics path, a micro-batch the loss is handed directly (not one of TRL's buffered ones) gets
+    its own normalisers; with one micro-batch per optimizer step they equal those of the buffered batch it copies."""
+    trainer, inputs = _batch(tiny_model_dir, tmp_path, w.stub_trainer_class(one_pass=False), token_selector="ict",
+                             gradient_accumulation_steps=1, steps_per_generation=1)
+    trainer.current_gradient_accumulation_steps = 1
+    copy = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()
+            if not k.startswith("ictrl_num")}
+    assert copy["completion_ids"] is not inputs["completion_ids"]
+    buffered, g_buffered = _step(trainer, inputs, trl=False)
+    alone, g_alone = _step(trainer, copy, trl=False)
+    assert alone == pytest.approx(buffered, rel=1e-6, abs=1e-9) and abs(buffered) > 0
+    assert _max_diff(g_alone, g_buffered) < 1e-6

@@ -245,17 +245,16 @@ class ICTGRPOTrainer(GRPOTrainer):
         """The global normalisers of the micro-batch the loss is handed, attached the first time the loss sees a
         micro-batch of a generation batch TRL has buffered: totals over each optimizer step's micro-batches and
         processes, for the whole buffer at once. Every process reaches that micro-batch at the same step, so the
-        collective runs at the same point on each. In evaluation each batch is its own (one micro-batch)."""
+        collective runs at the same point on each. In evaluation, or for a batch TRL did not buffer, each batch is its
+        own window (one micro-batch)."""
         if NORMALISERS[0] in inputs:
             return
-        if not self.model.training:
-            self.selection_step.attach_normalisers([inputs], accumulation=1)
-            return
         # TRL's buffered micro-batch, or a shallow copy of it (the same tensors)
-        buffered = self._buffered_inputs or []
+        buffered = (self._buffered_inputs or []) if self.model.training else []
         ids = inputs.get("completion_ids")
         match = next((b for b in buffered if b is inputs or b.get("completion_ids") is ids), None)
-        if match is None:
+        if match is None:  # evaluation, or a batch TRL did not buffer (a direct call): its own window
+            self.selection_step.attach_normalisers([inputs], accumulation=1)
             return
         if NORMALISERS[0] not in match:
             self.selection_step.attach_normalisers(buffered, self.args.gradient_accumulation_steps)
