@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -16,6 +17,7 @@ import pytest
 
 from ictrl.cli import main
 from ictrl.eval.harness import RESULTS_JSON, SAMPLES_FILE
+from ictrl.files import LOCK_NAME
 
 OUTPUT_FILES = ("settings.json", "samples.jsonl", "results.json", "results.md")  # what eval writes at the top
 OWNED_FILE = ".ictrl-files.json"  # ictrl's list of the files it wrote there
@@ -121,20 +123,27 @@ def test_a_resumed_eval_leaves_each_problem_once(tiny_model_dir: Path, rows: Pat
 @pytest.mark.integration
 def test_two_evals_at_once_into_one_folder(tiny_model_dir: Path, rows: Path, tmp_path: Path,
                                            capsys: pytest.CaptureFixture[str]) -> None:
-    """The same command twice at once: one evaluates, the other stops in one line naming its pid; a rerun then
-    adds nothing."""
+    """The same command twice at once: while one holds the folder, the other stops in one line naming its pid; a
+    rerun then adds nothing. The first is paused once it holds its lock, so the second always meets it held."""
     out = tmp_path / "eval"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     argv = [sys.executable, "-m", "ictrl", *eval_args(tiny_model_dir, rows, out, "--max-new-tokens", "16")]
-    runs = [subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            for _ in range(2)]
-    started = time.monotonic()
-    done = [run.communicate(timeout=600) for run in runs]
-    codes = sorted(run.returncode for run in runs)
-    assert codes == [0, 2], (codes, [err[-2000:] for _, err in done], time.monotonic() - started)
-    winner, loser = (0, 1) if runs[0].returncode == 0 else (1, 0)
-    lines = errors(done[loser][1])
-    assert len(lines) == 1 and f"is in use by another run (pid {runs[winner].pid} on " in lines[0], lines
+    first = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lock, holder, deadline = out / LOCK_NAME, f"pid {first.pid} on ", time.monotonic() + 300
+    while holder not in (lock.read_text() if lock.exists() else ""):
+        assert first.poll() is None and time.monotonic() < deadline, ("the first eval ended or stalled before it "
+                                                                     "was seen holding its lock", first.returncode)
+        time.sleep(0.002)
+    first.send_signal(signal.SIGSTOP)
+    try:
+        assert first.poll() is None, "the first eval had ended when it was paused"
+        second = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
+    finally:
+        first.send_signal(signal.SIGCONT)
+    _, first_err = first.communicate(timeout=600)
+    assert (first.returncode, second.returncode) == (0, 2), (first_err[-2000:], second.stderr[-2000:])
+    lines = errors(second.stderr)
+    assert len(lines) == 1 and f"is in use by another run ({holder}" in lines[0], lines
     assert sorted(keys(out)) == sorted(set(keys(out))) and len(keys(out)) == PROBLEMS
     samples = (out / SAMPLES_FILE).read_text()
     assert main(eval_args(tiny_model_dir, rows, out, "--max-new-tokens", "16")) == 0
