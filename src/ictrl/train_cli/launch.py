@@ -188,17 +188,23 @@ def _launch_and_wait(launch_command: Any, args: Any, debug: bool) -> tuple[int, 
 
     try:
         launch_command(args)
-    except (ValueError, ChildFailedError, subprocess.CalledProcessError, SignalException, KeyboardInterrupt) as exc:
+    except ValueError as exc:  # accelerate's checks of its config and flags, before it starts anything
         if debug:
             raise
-        if isinstance(exc, ChildFailedError):
-            rank, failure = exc.get_first_failure()
-            return rank, failure.exitcode
-        if isinstance(exc, subprocess.CalledProcessError):  # accelerate's launcher of a single process
-            return 0, exc.returncode
-        if isinstance(exc, ValueError):  # accelerate's checks of its config and flags, before it starts anything
-            raise LaunchError(f"accelerate launch: {str(exc).strip().splitlines()[0]}") from None
-        return -1, 130  # Ctrl-C (SignalException, KeyboardInterrupt): the processes say where they stopped
+        raise LaunchError(f"accelerate launch: {str(exc).strip().splitlines()[0]}") from None
+    except ChildFailedError as err:
+        if debug:
+            raise
+        rank, failure = err.get_first_failure()
+        return rank, failure.exitcode
+    except subprocess.CalledProcessError as err:  # accelerate's launcher of a single process
+        if debug:
+            raise
+        return 0, err.returncode
+    except (SignalException, KeyboardInterrupt):  # Ctrl-C: the processes say where they stopped
+        if debug:
+            raise
+        return -1, 130
     return None
 
 
