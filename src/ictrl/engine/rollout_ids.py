@@ -18,8 +18,9 @@ is a :class:`ictrl.errors.UserError`: one line, naming the id, its (row, column)
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ictrl.core.checks import check_token_ids, check_vocab_sizes, raise_failed_device_checks
@@ -44,31 +45,34 @@ def tokenizer_size(processing_class: Any) -> int:
     return len(getattr(processing_class, "tokenizer", processing_class))
 
 
+@contextlib.contextmanager
+def _user_error() -> Iterator[None]:
+    """The core's ``ValueError`` as a :class:`UserError`: one line, its message, no traceback."""
+    try:
+        yield
+    except ValueError as err:
+        raise UserError(str(err)) from None
+
+
 def check_vocab(model: Any, processing_class: Any) -> tuple[int, int]:
     """(model rows, tokenizer size); :class:`UserError` unless every id of the tokenizer has a row in the model."""
     sizes = model_rows(model), tokenizer_size(processing_class)
-    try:
+    with _user_error():
         check_vocab_sizes(*sizes)
-    except ValueError as err:
-        raise UserError(str(err)) from None
     return sizes
 
 
 def check_ids(rows: Any, what: str, sizes: tuple[int, int]) -> None:
     """:class:`UserError` unless ``rows`` (host lists of ids; ``what``: "prompt", "completion") index the model's
     ``sizes[0]`` rows."""
-    try:
+    with _user_error():
         check_token_ids(rows, what, *sizes)
-    except ValueError as err:
-        raise UserError(str(err)) from None
 
 
 def raise_deferred_checks() -> None:
     """:class:`UserError` for the first device-side check of an earlier step that failed (none pending: no read)."""
-    try:
+    with _user_error():
         raise_failed_device_checks()
-    except ValueError as err:
-        raise UserError(str(err)) from None
 
 
 def checked_rollout_func(rollout_func: Callable[..., Any],
