@@ -22,6 +22,7 @@ import contextlib
 import importlib
 import io
 import logging
+import mmap
 import os
 import signal
 import sys
@@ -184,8 +185,13 @@ def _main(argv: Sequence[str] | None) -> int:
         if debug or not out_of_memory(err):
             raise
         MEMORY_SPENT.append(name)
+        release_reserve()
         if rank() == 0:
-            print(f"ictrl {name}: error: {memory_line(name, err)}", file=sys.stderr)
+            try:
+                line = memory_line(name, err)
+            except (MemoryError, SystemError):  # the cap still bites: the line without the module's name
+                line = f"out of memory ({type(err).__name__}); lower {LOWER.get(name, 'the batch')}"
+            print(f"ictrl {name}: error: {line}", file=sys.stderr)
             note_reported(2)
         return 2
     except (Interrupted, KeyboardInterrupt) as err:
@@ -202,6 +208,24 @@ def _main(argv: Sequence[str] | None) -> int:
 # The commands that ran out of memory in this process: their exit handlers may run out again (torch's import a
 # module at exit), and :func:`entry` keeps that second traceback off the console.
 MEMORY_SPENT: list[str] = []
+
+# Address space the process entry maps (never touched, so no resident memory) and unmaps when a command runs out of
+# memory: under a cap (ulimit -v) the import that failed left nothing free, and the one line saying so (tracebacks
+# walked, a string formatted) and the exit handlers after it must still allocate.
+RESERVE_BYTES = 16 << 20
+_RESERVE: list[mmap.mmap] = []
+
+
+def hold_reserve() -> None:
+    """Map :data:`RESERVE_BYTES` for :func:`release_reserve` to hand back; a cap too low for even that is left
+    to the command, which then fails where it would have."""
+    with contextlib.suppress(OSError, MemoryError, ValueError):
+        _RESERVE.append(mmap.mmap(-1, RESERVE_BYTES))
+
+
+def release_reserve() -> None:
+    while _RESERVE:
+        _RESERVE.pop().close()
 
 
 # CPython's SystemError words when C code fails without setting an exception: under a memory cap (ulimit -v), an
@@ -284,6 +308,7 @@ def entry() -> NoReturn:
     first and exits 1 (130 for Ctrl-C), as the interpreter would. Library and in-process callers use :func:`main`,
     which returns."""
     code: object
+    hold_reserve()
     try:
         code = main()
     except SystemExit as exc:

@@ -500,6 +500,34 @@ def test_out_of_memory_in_a_command_is_one_line_naming_what_to_lower(command: st
     assert lower in err[0] and "Tried to allocate 2.00 GiB" in err[0]
 
 
+def test_out_of_memory_hands_back_the_reserve_and_is_one_line_when_the_line_itself_cannot_be_built(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Under a memory cap the detailed line (tracebacks walked for the module) can fail to allocate too: the entry's
+    reserve is unmapped first, and a line that still cannot be built falls back to one without the module."""
+    import importlib
+
+    from ictrl import cli
+
+    def spent(args: Any) -> int:
+        raise MemoryError
+
+    def no_room(name: str, err: BaseException) -> str:
+        assert not cli._RESERVE, "the reserve is handed back before the line is built"
+        raise SystemError("error return without exception set")
+
+    monkeypatch.setattr(importlib.import_module(cli.COMMANDS["train"][0]), "run", spent)
+    monkeypatch.setattr(cli, "MEMORY_SPENT", [])
+    monkeypatch.setattr(cli, "_RESERVE", [])
+    monkeypatch.setattr(cli, "memory_line", no_room)
+    cli.hold_reserve()
+    assert len(cli._RESERVE) == 1 and len(cli._RESERVE[0]) == cli.RESERVE_BYTES
+    assert cli.main(["train", "x.yaml"]) == 2
+    err = capsys.readouterr().err.strip().split("\n")
+    assert err == ["ictrl train: error: out of memory (MemoryError); lower per_device_train_batch_size (raise "
+                   "gradient_accumulation_steps to keep the batch), max_completion_length or num_generations, or use "
+                   "a machine with more memory"], err
+    assert not cli._RESERVE and cli.MEMORY_SPENT == ["train"]
+
 # --- model and data folders that would load as something else --------------------------------------------------
 
 
