@@ -53,7 +53,7 @@ def test_tiny_model_command_writes_a_trainable_checkpoint(tmp_path: Path) -> Non
 # the ICT score's top-K taken from generation (selection_topk)
 LAUNCH = ["-m", "ictrl", "train", str(TINY), "--max_steps=2", "--save_steps=1", "--prompts_per_step=4",
           "--num_generations=4", "--per_device_train_batch_size=8", "--max_completion_length=32", "--num_iterations=1",
-          "--selection_topk=8"]
+          "--selection_topk=8", "--selection_topk_source=sampler"]
 
 
 @pytest.fixture(scope="module")

@@ -117,8 +117,9 @@ def test_generation_topk_at_k_equals_v_is_the_exact_ict_score(tiny_model_dir: Pa
 
 def test_small_k_from_generation_matches_head_topk(tiny_model_dir: Path, tmp_path: Path) -> None:
     """At K < V the sampler's top-K and the head's top-K of the same batch give the same ICT score."""
-    trainer = _trainer(tiny_model_dir, tmp_path, token_selector="ict", selection_topk=8, temperature=0.8)
-    assert trainer._sampler_topk == 8  # 'auto' takes the sampler with transformers generate
+    trainer = _trainer(tiny_model_dir, tmp_path, token_selector="ict", selection_topk=8, temperature=0.8,
+                       selection_topk_source="sampler")
+    assert trainer._sampler_topk == 8
     calls = _capture_stats(trainer)
     trainer.model.train()
     trainer._generate_and_score_completions(_inputs(trainer))
@@ -128,9 +129,33 @@ def test_small_k_from_generation_matches_head_topk(tiny_model_dir: Path, tmp_pat
     torch.testing.assert_close(call["js"], head_js, atol=2e-5, rtol=1e-4)
 
 
+# steps_per_generation 2 whose buffer TRL consumes whole (no old log-probs to share), each micro-batch a half: the
+# statistics need a forward of their own
+SEPARATE_ANYWAY = {"steps_per_generation": 2, "gradient_accumulation_steps": 2}
+
+
+@pytest.mark.parametrize(("overrides", "path", "K"), [
+    ({}, "training_forward", None),  # the statistics ride the loss's forward: the head's top-K is free there
+    ({"num_iterations": 2}, "shared_old_logps", None),  # ... or TRL's old-log-prob forward
+    (SEPARATE_ANYWAY, "separate", 8),
+    ({"entropy_coef": 0.01}, "separate", 8),  # TRL's dense forward for its entropy bonus: no one-pass path
+])
+def test_auto_takes_the_sampler_only_where_the_statistics_pass_is_a_forward_of_its_own(
+        tiny_model_dir: Path, tmp_path: Path, overrides: dict[str, Any], path: str, K: int | None) -> None:
+    from ictrl.engine.stats_pass import STATS_PATHS
+
+    trainer = _trainer(tiny_model_dir, tmp_path, token_selector="ict", selection_topk=8, **overrides)
+    assert trainer._sampler_topk == K
+    assert trainer.stats_source.paths["train"].code == STATS_PATHS[path]
+    forced = _trainer(tiny_model_dir, tmp_path, token_selector="ict", selection_topk=8, selection_topk_source="sampler",
+                      **overrides)
+    assert forced._sampler_topk == 8 and forced.stats_source.paths["train"].code == STATS_PATHS["separate"]
+
+
 def test_auto_falls_back_to_the_head_and_sampler_refuses(tiny_model_dir: Path, tmp_path: Path,
                                                          no_head_topk: list[int]) -> None:
-    trainer = _trainer(tiny_model_dir, tmp_path, token_selector="ict", selection_topk=8, repetition_penalty=1.2)
+    trainer = _trainer(tiny_model_dir, tmp_path, token_selector="ict", selection_topk=8, repetition_penalty=1.2,
+                       **SEPARATE_ANYWAY)
     assert trainer._sampler_topk is None  # a repetition penalty changes the sampler's logits
     w.separate_pass(trainer)  # the statistics pass runs at generation (else in the loss, ictrl.engine.stats_pass)
     trainer.model.train()
@@ -172,7 +197,7 @@ def _vllm_trainer(monkeypatch: pytest.MonkeyPatch, model_dir: Path, tmp_path: Pa
 def test_vllm_path_feeds_topk_and_the_sampled_logprob(tiny_model_dir: Path, tmp_path: Path,
                                                       no_head_topk: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
     trainer = _vllm_trainer(monkeypatch, tiny_model_dir, tmp_path, token_selector="ict", selection_topk=4,
-                            temperature=0.9)
+                            temperature=0.9, selection_topk_source="sampler")
     assert trainer.vllm_generation.logprobs == 4
     llm = trainer.vllm_generation.llm
     assert llm.kwargs["logprobs_mode"] == "processed_logprobs"  # what TRL asks the colocated engine for
@@ -196,8 +221,11 @@ def test_vllm_path_feeds_topk_and_the_sampled_logprob(tiny_model_dir: Path, tmp_
 
 
 def test_vllm_sampler_conditions(tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    ok = _vllm_trainer(monkeypatch, tiny_model_dir, tmp_path, token_selector="ict", selection_topk=4)
-    assert ok._sampler_topk == 4
+    ok = _vllm_trainer(monkeypatch, tiny_model_dir, tmp_path, token_selector="ict", selection_topk=4,
+                       vllm_importance_sampling_correction=False, **SEPARATE_ANYWAY)
+    assert ok._sampler_topk == 4  # 'auto' takes vLLM's top-K where the statistics need their own pass
+    shared = _vllm_trainer(monkeypatch, tiny_model_dir, tmp_path, token_selector="ict", selection_topk=4)
+    assert shared._sampler_topk is None  # they ride TRL's old-log-prob forward for the importance weight
     for overrides, reason in [({"top_p": 0.9}, "top_p"), ({"selection_temperature": 0.5}, "selection_temperature")]:
         with pytest.raises(ValueError, match=reason):
             _vllm_trainer(monkeypatch, tiny_model_dir, tmp_path, token_selector="ict", selection_topk_source="sampler",
@@ -217,7 +245,8 @@ def test_ictrl_train_takes_topk_from_generation(tiny_model_dir: Path, shared_dat
     from train_cli.test_train_cli import CELL, read_metrics, tiny_overrides
 
     out = tmp_path / "out"
-    assert cli.main(["train", str(CELL), *tiny_overrides(tiny_model_dir, out), "--selection_topk=16"]) == 0
+    assert cli.main(["train", str(CELL), *tiny_overrides(tiny_model_dir, out), "--selection_topk=16",
+                     "--selection_topk_source=sampler"]) == 0
     rows = read_metrics(out)
     assert [r["step"] for r in rows] == [1, 2]
     assert all(r["ictrl/topk_from_sampler"] == 1.0 and r["ictrl/ict_score/all"] > 0 for r in rows)

@@ -84,7 +84,8 @@ def test_importance_weighted_loss_with_every_selector(tiny_model_dir: Path, tmp_
 
 def test_trains_two_steps_with_vllm_tis(tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     trainer = _vllm_trainer(monkeypatch, tiny_model_dir, tmp_path, shift=0.4, token_selector="ict", selection_topk=4,
-                            vllm_importance_sampling_mode="token_truncate", vllm_importance_sampling_clip_max=2.0)
+                            selection_topk_source="sampler", vllm_importance_sampling_mode="token_truncate",
+                            vllm_importance_sampling_clip_max=2.0)
     trainer.train()
     steps = [h for h in trainer.state.log_history if "loss" in h]
     assert len(steps) == 2

@@ -79,7 +79,7 @@ class ICTGRPOTrainer(GRPOTrainer):
         if args.sparse_backward and self.aux_loss_enabled:
             raise ValueError("router_aux_loss_coef: the MoE router loss comes with TRL's dense forward, which "
                              "sparse_backward replaces; set router_aux_loss_coef=0 or turn sparse_backward off")
-        self._sampler_topk = self._resolve_topk_source("ict_score" in needs)
+        self._sampler_topk = self._resolve_topk_source(needs)
         self.selection_step = SelectionStep(
             self.accelerator, args.selector, args.selector_options, args.selection_warmup_steps,
             count_selected=args.loss_normalization == "token_mean_selected",
@@ -106,32 +106,32 @@ class ICTGRPOTrainer(GRPOTrainer):
         and no token selection)."""
         write_model_card(self, self.base_model, self.command)
 
+    def _path_facts(self, needs: frozenset[str], training: bool, sampler_topk: bool) -> PathFacts:
+        """What decides the statistics path of one mode (``ictrl.engine.stats_paths.plan_path``)."""
+        args = self.args
+        generate_every = args.steps_per_generation * self.num_iterations
+        return PathFacts(
+            one_pass=self.one_pass and not self._dense_trl_forward(), sampler_topk=sampler_topk,
+            dynamic_sampling=bool(getattr(args, "dynamic_sampling", False)), stat_free=not needs,
+            same_temperature=args.selection_temperature == self.temperature, training=training,
+            trl_computes_old_logps=args.gradient_accumulation_steps % generate_every != 0 or bool(
+                self.use_vllm and args.vllm_importance_sampling_correction),
+            tools=bool(self.tools),
+            on_policy_single_micro_batch=self.num_iterations == 1 and args.steps_per_generation == 1)
+
     def _plan_stats(self, needs: frozenset[str]) -> StatsSource:
         """The run's statistics source for a selector that reads the statistics ``needs``, with the path of each
         mode decided here, once."""
         args = self.args
-        stat_free = not needs
-        same_temperature = args.selection_temperature == self.temperature
-        generate_every = args.steps_per_generation * self.num_iterations
-        trl_computes_old_logps = args.gradient_accumulation_steps % generate_every != 0 or bool(
-            self.use_vllm and args.vllm_importance_sampling_correction)
-
-        def facts(training: bool) -> PathFacts:
-            return PathFacts(
-                one_pass=self.one_pass and not self._dense_trl_forward(), sampler_topk=self._sampler_topk is not None,
-                dynamic_sampling=bool(getattr(args, "dynamic_sampling", False)), stat_free=stat_free,
-                same_temperature=same_temperature, training=training, trl_computes_old_logps=trl_computes_old_logps,
-                tools=bool(self.tools),
-                on_policy_single_micro_batch=self.num_iterations == 1 and args.steps_per_generation == 1)
-
         K, topk_source = self._sampler_topk, args.selection_topk_source
 
         def separate() -> Separate:
             return Separate() if K is None else SamplerTopK(K, topk_source)
 
         return StatsSource(
-            paths={"train": plan_path(facts(True), separate), "eval": plan_path(facts(False), separate)},
-            needs=needs, fused_stats=fused_head_stats(), same_temperature=same_temperature,
+            paths={mode: plan_path(self._path_facts(needs, mode == "train", K is not None), separate)
+                   for mode in ("train", "eval")},
+            needs=needs, fused_stats=fused_head_stats(), same_temperature=args.selection_temperature == self.temperature,
             temperature=args.selection_temperature, topk=args.selection_topk, chunk_size=args.stats_chunk_size,
             vocab=int(self.model.config.get_text_config().vocab_size),
             rows={"train": args.per_device_train_batch_size, "eval": args.per_device_eval_batch_size},
@@ -323,12 +323,20 @@ class ICTGRPOTrainer(GRPOTrainer):
 
     # ------------------------------------------------------------------ sampler top-K and importance weights
 
-    def _resolve_topk_source(self, need_js: bool) -> int | None:
-        """K when the ICT score's top-K log-probs are recorded by the sampler, else None (the head's logits)."""
+    def _resolve_topk_source(self, needs: frozenset[str]) -> int | None:
+        """K when the ICT score's top-K log-probs are recorded by the sampler, else None (the head's logits).
+
+        ``auto`` takes the sampler only where the training statistics need a forward of their own anyway: where
+        they ride a forward the step makes regardless (TRL's old log-probs, the loss's), the sampler's top-K would
+        force the separate pass and so a second backbone forward, to save a top-K sweep over logits already there
+        (bench/bench_topk_step.py)."""
         args = self.args
-        if args.selection_topk is None or not need_js or args.selection_topk_source == "head":
+        if args.selection_topk is None or "ict_score" not in needs or args.selection_topk_source == "head":
             return None
         why = self._sampler_topk_obstacle()
+        if why is None and args.selection_topk_source == "auto" \
+                and type(plan_path(self._path_facts(needs, True, False), Separate)) is not Separate:
+            return None
         if why is None:
             return args.selection_topk
         if args.selection_topk_source == "sampler":
