@@ -146,7 +146,7 @@ def test_a_reward_past_its_deadline_stops_the_run_naming_it() -> None:
     start = time.monotonic()
     with pytest.raises(RewardError, match=r"reward 'hangs' ran past reward_timeout=0.3 s at step 3"):
         _call(hangs, timeout=0.3)
-    assert time.monotonic() - start < 5
+    assert time.monotonic() - start < 15  # the hung call sleeps 30 s: it was abandoned, not waited for
     assert _call(lambda prompts=None, completions=None, **kw: [0.5] * 4, timeout=5.0) == [0.5] * 4
 
 
@@ -161,7 +161,7 @@ def test_a_stop_request_abandons_a_reward_call_after_the_grace(monkeypatch: pyte
     start = time.monotonic()
     with pytest.raises(RewardAbandoned, match="after the stop request"):
         wrapped(prompts=["p"], completions=["c"])
-    assert time.monotonic() - start < 5
+    assert time.monotonic() - start < 15  # the hung call sleeps 30 s: it was abandoned, not waited for
 
 
 def test_a_reward_model_score_that_is_not_finite_is_named() -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -48,9 +47,7 @@ def test_build_writes_a_reloadable_checkpoint_and_nothing_else(built: Path) -> N
 def test_second_call_hits_the_cache(built: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     before = _weights(built)
     monkeypatch.setattr(tinymodel, "warm_start", lambda *a, **k: pytest.fail("cache miss: rebuilt the model"))
-    start = time.perf_counter()
     again = tinymodel.build_tiny_base(tinymodel.TinyRecipe(**TINY), cache_dir=built.parent)
-    assert time.perf_counter() - start < 1.0
     assert again == built
     after = _weights(again)
     assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
