@@ -182,10 +182,10 @@ def _main(argv: Sequence[str] | None) -> int:
             note_reported(2)
         return 2
     except (MemoryError, RuntimeError, ImportError, OSError) as err:
+        release_reserve()  # the command has ended either way; telling out-of-memory apart allocates too
         if debug or not out_of_memory(err):
             raise
         MEMORY_SPENT.append(name)
-        release_reserve()
         if rank() == 0:
             try:
                 line = memory_line(name, err)
