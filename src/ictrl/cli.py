@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import contextlib
+import errno
 import importlib
 import io
 import logging
@@ -185,15 +186,7 @@ def _main(argv: Sequence[str] | None) -> int:
         release_reserve()  # the command has ended either way; telling out-of-memory apart allocates too
         if debug or not out_of_memory(err):
             raise
-        MEMORY_SPENT.append(name)
-        if rank() == 0:
-            try:
-                line = memory_line(name, err)
-            except (MemoryError, SystemError):  # the cap still bites: the line without the module's name
-                line = f"out of memory ({type(err).__name__}); lower {LOWER.get(name, 'the batch')}"
-            print(f"ictrl {name}: error: {line}", file=sys.stderr)
-            note_reported(2)
-        return 2
+        return report_out_of_memory(name, err)
     except (Interrupted, KeyboardInterrupt) as err:
         if debug:
             raise
@@ -216,11 +209,20 @@ RESERVE_BYTES = 16 << 20
 _RESERVE: list[mmap.mmap] = []
 
 
-def hold_reserve() -> None:
+def prepare_out_of_memory() -> None:
     """Map :data:`RESERVE_BYTES` for :func:`release_reserve` to hand back; a cap too low for even that is left
-    to the command, which then fails where it would have."""
+    to the command, which then fails where it would have. Also keeps the MemoryErrors Python cannot raise (a
+    generator or finaliser running out while the failed import unwinds) off the console: the command's own line
+    says it ran out."""
     with contextlib.suppress(OSError, MemoryError, ValueError):
         _RESERVE.append(mmap.mmap(-1, RESERVE_BYTES))
+    shown = sys.unraisablehook
+
+    def unraisable(info: sys.UnraisableHookArgs) -> None:
+        if not isinstance(info.exc_value, MemoryError):
+            shown(info)
+
+    sys.unraisablehook = unraisable
 
 
 def release_reserve() -> None:
@@ -245,6 +247,7 @@ def out_of_memory(err: BaseException) -> bool:
         if isinstance(seen, MemoryError) or type(seen).__name__ == "OutOfMemoryError" \
                 or str(seen).startswith(("CUDA out of memory", "MPS backend out of memory")) \
                 or isinstance(seen, (OSError, ImportError)) and "failed to map segment" in str(seen) \
+                or isinstance(seen, OSError) and seen.errno == errno.ENOMEM \
                 or _FAILED_ALLOCATION in str(seen) or _FAILED_ALLOCATION_RETURN in str(seen):
             return True
         seen = seen.__cause__ or seen.__context__
@@ -264,8 +267,21 @@ def memory_line(name: str, err: BaseException) -> str:
         module = next((f.filename for f in reversed(frames) if not f.filename.startswith("<frozen")), "?")
         return (f"out of memory while importing the libraries ({module}): the process's memory limit (ulimit -v, "
                 "the job's memory request) is below what torch and transformers need to load; raise it")
-    device = "" if isinstance(err, MemoryError) else " on the accelerator"
+    device = "" if isinstance(err, (MemoryError, OSError)) else " on the accelerator"  # OSError: a host ENOMEM
     return f"out of memory{device} ({type(err).__name__}: {one_line(err)[:120]}); lower {LOWER.get(name, 'the batch')}"
+
+
+def report_out_of_memory(name: str, err: BaseException) -> int:
+    """Print the command's one out-of-memory line (rank 0) and return its exit status."""
+    MEMORY_SPENT.append(name)
+    if rank() == 0:
+        try:
+            line = memory_line(name, err)
+        except (MemoryError, SystemError):  # the cap still bites: the line without the module's name
+            line = f"out of memory ({type(err).__name__}); lower {LOWER.get(name, 'the batch')}"
+        print(f"ictrl {name}: error: {line}", file=sys.stderr)
+        note_reported(2)
+    return 2
 
 
 def launched() -> bool:
@@ -308,7 +324,7 @@ def entry() -> NoReturn:
     first and exits 1 (130 for Ctrl-C), as the interpreter would. Library and in-process callers use :func:`main`,
     which returns."""
     code: object
-    hold_reserve()
+    prepare_out_of_memory()
     try:
         code = main()
     except SystemExit as exc:

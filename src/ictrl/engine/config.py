@@ -200,10 +200,10 @@ class ICTGRPOConfig(GRPOConfig):
                           "repetition/constraint processors and before temperature/top-k/top-p warping), so the "
                           "statistics pass skips its top-K sweep over the LM head; an error at init if the sampler's "
                           "distribution is not the one the statistics pass scores (docs/vllm.md). 'head': from the "
-                          "statistics pass's LM-head logits. 'auto': the sampler when it qualifies and the statistics pass is a "
-                          "forward of its own anyway, else the head (where the statistics ride TRL's old-log-prob or "
-                          "the loss's forward, the sampler's top-K would add a second backbone forward to save a "
-                          "top-K sweep over logits already there; bench/bench_topk_step.py).",
+                          "statistics pass's LM-head logits. 'auto': the sampler when it qualifies and the statistics "
+                          "pass is a forward of its own anyway, else the head (where the statistics ride TRL's "
+                          "old-log-prob or the loss's forward, the sampler's top-K would add a second backbone "
+                          "forward to save a top-K sweep over logits already there; bench/bench_topk_step.py).",
                   "choices": ("auto", "sampler", "head")},
     )
     sparse_backward: bool = field(

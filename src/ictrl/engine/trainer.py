@@ -131,7 +131,8 @@ class ICTGRPOTrainer(GRPOTrainer):
         return StatsSource(
             paths={mode: plan_path(self._path_facts(needs, mode == "train", K is not None), separate)
                    for mode in ("train", "eval")},
-            needs=needs, fused_stats=fused_head_stats(), same_temperature=args.selection_temperature == self.temperature,
+            needs=needs, fused_stats=fused_head_stats(),
+            same_temperature=args.selection_temperature == self.temperature,
             temperature=args.selection_temperature, topk=args.selection_topk, chunk_size=args.stats_chunk_size,
             vocab=int(self.model.config.get_text_config().vocab_size),
             rows={"train": args.per_device_train_batch_size, "eval": args.per_device_eval_batch_size},
