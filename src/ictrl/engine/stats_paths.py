@@ -12,7 +12,7 @@ with what it does at generation and what it does in the loss, planned once per m
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from torch import Tensor
@@ -47,6 +47,12 @@ def plan_path(f: PathFacts, separate: Callable[[], Separate]) -> Separate:
     if f.trl_computes_old_logps:
         return SharedOldLogps() if not f.tools and f.same_temperature else separate()
     return TrainingForward() if f.on_policy_single_micro_batch else separate()
+
+
+def rides_another_forward(f: PathFacts) -> bool:
+    """Whether the path ``plan_path`` picks for ``f`` without the sampler's top-K takes its statistics from a forward
+    the step makes anyway (TRL's old log-probs, the loss's), not from a pass of its own."""
+    return isinstance(plan_path(replace(f, sampler_topk=False), Separate), (SharedOldLogps, TrainingForward))
 
 
 class Separate:

@@ -30,7 +30,7 @@ from ictrl.engine.rollout_ids import check_vocab, checked_rollout_func, raise_de
 from ictrl.engine.sampler_topk import SamplerTopK, TopKRecorder, recording_generate, split_vllm_logprobs
 from ictrl.engine.selection_step import NORMALISERS, LossInputs, SelectionStep, metrics_logged, model_inputs
 from ictrl.engine.stats_pass import StatsSource, StepContext, fused_head_stats, fused_head_with_sum_sq
-from ictrl.engine.stats_paths import PathFacts, Separate, plan_path
+from ictrl.engine.stats_paths import PathFacts, Separate, plan_path, rides_another_forward
 from ictrl.errors import UserError
 from ictrl.engine.reward_policy import RewardPolicy
 
@@ -336,7 +336,7 @@ class ICTGRPOTrainer(GRPOTrainer):
             return None
         why = self._sampler_topk_obstacle()
         if why is None and args.selection_topk_source == "auto" \
-                and type(plan_path(self._path_facts(needs, True, False), Separate)) is not Separate:
+                and rides_another_forward(self._path_facts(needs, True, False)):
             return None
         if why is None:
             return args.selection_topk
