@@ -173,7 +173,7 @@ def check_output_dir(path: str | os.PathLike[str], label: str = "--output-dir") 
         if not out.is_dir():
             kind = "a file" if out.is_file() else "not a directory"
             raise UserError(f"{label}: {shown} is {kind}; give a directory")
-        failed = _try_create(out) if os.access(out, os.W_OK | os.X_OK) else PermissionError()
+        failed = _write_error(out)
         if failed is not None:
             raise UserError(f"{label}: {shown} is not writable" + (f": {failed.strerror}" if failed.strerror else ""))
         return
@@ -182,19 +182,21 @@ def check_output_dir(path: str | os.PathLike[str], label: str = "--output-dir") 
         parent = parent.parent
     if not parent.is_dir():
         raise UserError(f"{label}: {shown}: {parent} is not a directory")
-    # os.access answers yes to root everywhere (sysfs, a read-only mount): where it says yes, try it
-    failed = _try_create(parent) if os.access(parent, os.W_OK | os.X_OK) else PermissionError()
+    failed = _write_error(parent)
     if failed is not None:
         raise UserError(f"{label}: {shown}: cannot create it" +
                         (f": {failed.strerror}" if failed.strerror else f", {parent} is not writable"))
 
 
-def _try_create(folder: Path) -> OSError | None:
-    """Create and remove a uniquely named file in the existing directory ``folder``: the error that stopped it, or
-    None. Nothing else is made, so processes probing at once (the ranks of a launch) never remove each other's
-    folders."""
+def _write_error(folder: Path) -> OSError | None:
+    """Why nothing can be written in the existing directory ``folder``, or None: a bare ``PermissionError`` where
+    ``os.access`` says no, else the error that stopped creating and removing a uniquely named file there (``os.access``
+    answers yes to root everywhere, sysfs and read-only mounts too). Nothing else is made, so processes probing at
+    once (the ranks of a launch) never remove each other's folders."""
     import tempfile
 
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return PermissionError()
     try:
         with tempfile.NamedTemporaryFile(dir=folder, prefix=".ictrl-probe-"):
             pass

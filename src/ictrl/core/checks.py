@@ -86,7 +86,7 @@ def check_tensor(name: str, value: Any, shape: Sequence[int | str], kind: str | 
     returns it. ``of`` says whose shape it must share ("logprobs' "). Raises ValueError naming the argument. Inside
     :func:`trusted_inputs` nothing is checked: a mask is only converted."""
     if not checking():
-        return value != 0 if kind == MASK and value.dtype != torch.bool else value
+        return as_bool_mask(value, name) if kind == MASK else value
     if not isinstance(value, Tensor):
         raise ValueError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
     if value.dim() != len(shape):

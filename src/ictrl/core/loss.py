@@ -398,8 +398,12 @@ def _check_batch(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mas
     check_tensor("advantages", advantages, (B,) if isinstance(advantages, Tensor) and advantages.dim() == 1 else (B, T))
     for name in ("num_responses", "num_tokens", "num_mask_tokens"):
         value = getattr(extras, name)
-        if (value.numel() != 1 if isinstance(value, Tensor) else value is not None and (
-                isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0)):
+        if isinstance(value, Tensor):
+            bad = value.numel() != 1
+        else:
+            bad = value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                         or not value >= 0)
+        if bad:
             raise ValueError(f"{name} must be a number >= 0 or a 1-element tensor, got {value!r}")
 
 

@@ -36,9 +36,8 @@ def step_metric_values(stats: TokenStats, mask: Tensor, selected: Tensor) -> lis
     """:func:`step_metrics` as device values, each with the size of its set, for :func:`read_metrics`."""
     mask = check_tensor("mask", mask, ("B", "T"), MASK)
     selected = check_tensor("selected", selected, mask.shape, MASK, of="mask's ")
-    fields = {key: check_tensor(f"stats.{attr}", getattr(stats, attr, None), mask.shape, of="mask's ")
+    fields = {key: check_tensor(f"stats.{attr}", getattr(stats, attr, None), mask.shape, of="mask's ").detach().double()
               for key, attr in _FIELDS.items()}
-    fields = {key: value.detach().double() for key, value in fields.items()}
     chosen = selected & mask
     n_all, n_sel = mask.sum().double(), chosen.sum().double()
     one = n_all.new_ones(())
