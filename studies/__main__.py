@@ -14,7 +14,8 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from ictrl.cli import OneLineParser, quiet
+from ictrl.cli import OneLineParser
+from ictrl.library_noise import quiet
 from ictrl.errors import UserError, one_line
 
 COMMANDS = {"compare": ("studies.compare", "ictrl compare plus the tuned (--tune) and long-horizon (--horizon) "

@@ -13,10 +13,11 @@ STUDIES = ROOT / "studies"
 LAYERS: dict[str, int] = {
     "files": 0, "checkpoints": 0, "errors": 0, "core": 0, "cliargs": 1, "dirlock": 1,
     "rewards": 1, "data": 1, "hub": 1, "yamlfile": 1, "models": 1, "eval": 1, "preflight": 1, "vllm_env": 1,
+    "library_noise": 1,  # the libraries' log and warning filters a command installs (cli.quiet)
     "engine": 2,  # the library: ICTGRPOConfig, ICTGRPOTrainer and the parts composed into it
     "train_cli": 3,  # the `ictrl train` command: it imports the library, the library nothing from it
     "experiments": 4,
-    "cli": 5, "__main__": 5,
+    "cli": 5, "__main__": 5, "process_exit": 5,  # the entry's exit: it leaves train_cli's process group
 }
 CORE_THIRD_PARTY = {"torch", "math", "dataclasses", "typing", "collections", "__future__", "hashlib", "inspect",
                     "difflib", "importlib", "fractions",

@@ -10,30 +10,24 @@ command becomes one line ``ictrl COMMAND: error: MESSAGE`` on stderr and exit st
 the command line (or ``ICTRL_DEBUG=1``) shows the traceback instead. Ctrl-C is one line too (what was kept and how
 to go on, for ``ictrl train``), exit status 130; SIGTERM likewise (``ictrl train`` first finishes the generation
 batch and saves a checkpoint), exit status 143; an argparse error is one line with a pointer to ``--help``. Under
-``accelerate launch`` only rank 0 prints these lines, and every rank ends without interpreter finalisation once it has
-left its process group (``exit_launched``). ``--verbose`` keeps the libraries' bars and notes (``quiet``).
+``accelerate launch`` only rank 0 prints these lines. Running out of memory is one line naming what to lower, and how
+the process ends (a launched rank without interpreter finalisation) is :mod:`ictrl.process_exit`'s. ``--verbose``
+keeps the libraries' bars and notes (otherwise :func:`ictrl.library_noise.quiet`).
 """
 
 from __future__ import annotations
 
 import argparse
-import atexit
-import contextlib
-import errno
 import importlib
-import io
-import logging
-import mmap
 import os
-import signal
 import sys
-import traceback
-import warnings
 from collections.abc import Sequence
 from typing import NoReturn
 
 from ictrl.cliargs import DEBUG_ENV, PATH_OPTIONS, VERBOSE_ENV, env_flag, expand_path
-from ictrl.errors import Interrupted, Terminated, UserError, interrupts_once, note_reported, one_line
+from ictrl.errors import Interrupted, UserError, interrupts_once, note_reported, one_line
+from ictrl.library_noise import quiet
+from ictrl.process_exit import out_of_memory, rank, release_reserve, report_out_of_memory, run_then_exit
 
 # command -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -48,17 +42,6 @@ COMMANDS: dict[str, tuple[str, str]] = {
                "(π, H1, overlap with 20-Entropy; HTML + JSON)"),
     "tiny-model": ("ictrl.experiments.tasks.tinymodel", "write the embedded tiny model (or a random Qwen2.5-shaped "
                    "one, --shape) and a tiny-task train.jsonl to a directory"),
-}
-
-# What each command's memory grows with: named when it runs out (a host MemoryError or an accelerator's).
-LOWER: dict[str, str] = {
-    "train": "per_device_train_batch_size (raise gradient_accumulation_steps to keep the batch), "
-             "max_completion_length or num_generations, or use a machine with more memory",
-    "eval": "--batch-size, --chunk-size or --max-new-tokens",
-    "demo": "--threads, or close other programs",
-    "compare": "the methods' batch (per_device_train_batch_size) or max_completion_length",
-    "inspect": "--num-generations or --max-new-tokens",
-    "regime": "--num-generations, --num-prompts or --max-new-tokens",
 }
 
 # Commands that left the package: the project's own studies, run from a clone of the repository.
@@ -87,42 +70,6 @@ def build_parser() -> argparse.ArgumentParser:
     for name, (_, help_text) in COMMANDS.items():
         sub.add_parser(name, help=help_text, add_help=False)
     return parser
-
-
-def rank() -> int:
-    """This process's rank under ``accelerate launch`` / ``torchrun`` (0 outside one)."""
-    try:
-        return int(os.environ.get("RANK", "0"))
-    except ValueError:
-        return 0
-
-
-def _not_cpu_accelerator_note(record: logging.LogRecord) -> bool:
-    return "Setting accelerator to CPU" not in record.getMessage()
-
-
-def _not_accumulation_note(record: logging.LogRecord) -> bool:
-    # Under DeepSpeed the Trainer accumulates through DeepSpeed's engine, whose count it fills from the trainer's
-    # gradient_accumulation_steps; accelerate's own plugin keeps 1 and calls the difference a mismatch. The ZeRO
-    # launch test matches a DDP run's metrics and weights, so the note warns of nothing.
-    return "Gradient accumulation steps mismatch" not in record.getMessage()
-
-
-def quiet() -> None:
-    """The libraries' noise off (``--verbose`` keeps it): the weight loading / shard writing bars of transformers
-    and huggingface_hub (read from the environment when they are first imported), and DeepSpeed's "Setting
-    accelerator to CPU" warning, which it logs whenever it is imported on a machine without a GPU (accelerate
-    imports it, when installed, on a run's first save: ``extract_model_from_parallel``), accelerate's note on
-    the gradient accumulation count under DeepSpeed, the deprecation warnings of ZeRO's collectives, and vLLM's
-    info and warning lines (its logger is configured when TRL imports it)."""
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-    logging.getLogger("vllm").setLevel(logging.ERROR)
-    logging.getLogger("DeepSpeed").addFilter(_not_cpu_accelerator_note)
-    logging.getLogger("accelerate.accelerator").addFilter(_not_accumulation_note)
-    # DeepSpeed's ZeRO calls torch collectives that torch has deprecated (all_gather_into_tensor,
-    # reduce_scatter_tensor): a warning per process and per call site, nothing for the user to change
-    warnings.filterwarnings("ignore", message=r"`torch\.distributed\.\w+` is deprecated", category=FutureWarning)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -198,154 +145,10 @@ def _main(argv: Sequence[str] | None) -> int:
         return status
 
 
-# The commands that ran out of memory in this process: their exit handlers may run out again (torch's import a
-# module at exit), and :func:`entry` keeps that second traceback off the console.
-MEMORY_SPENT: list[str] = []
-
-# Address space the process entry maps (never touched, so no resident memory) and unmaps when a command runs out of
-# memory: under a cap (ulimit -v) the import that failed left nothing free, and the one line saying so (tracebacks
-# walked, a string formatted) and the exit handlers after it must still allocate.
-RESERVE_BYTES = 16 << 20
-_RESERVE: list[mmap.mmap] = []
-
-
-def prepare_out_of_memory() -> None:
-    """Map :data:`RESERVE_BYTES` for :func:`release_reserve` to hand back; a cap too low for even that is left
-    to the command, which then fails where it would have. Also keeps the MemoryErrors Python cannot raise (a
-    generator or finaliser running out while the failed import unwinds) off the console: the command's own line
-    says it ran out."""
-    with contextlib.suppress(OSError, MemoryError, ValueError):
-        _RESERVE.append(mmap.mmap(-1, RESERVE_BYTES))
-    shown = sys.unraisablehook
-
-    def unraisable(info: sys.UnraisableHookArgs) -> None:
-        if not isinstance(info.exc_value, MemoryError):
-            shown(info)
-
-    sys.unraisablehook = unraisable
-
-
-def release_reserve() -> None:
-    while _RESERVE:
-        _RESERVE.pop().close()
-
-
-# CPython's SystemError words when C code fails without setting an exception: under a memory cap (ulimit -v), an
-# allocation inside the import machinery or an extension module failing, which a lazy import then wraps.
-_FAILED_ALLOCATION = "returned NULL without setting an exception"
-_FAILED_ALLOCATION_RETURN = "error return without exception set"
-
-
-def out_of_memory(err: BaseException) -> bool:
-    """A host ``MemoryError`` or an accelerator's out-of-memory error (``torch.OutOfMemoryError``, a RuntimeError,
-    named by class so this needs no torch import), also as the cause of another error (a lazy import's
-    RuntimeError wraps the MemoryError it met)."""
-    seen: BaseException | None = err
-    for _ in range(8):
-        if seen is None:
-            return False
-        if isinstance(seen, MemoryError) or type(seen).__name__ == "OutOfMemoryError" \
-                or str(seen).startswith(("CUDA out of memory", "MPS backend out of memory")) \
-                or isinstance(seen, (OSError, ImportError)) and "failed to map segment" in str(seen) \
-                or isinstance(seen, OSError) and seen.errno == errno.ENOMEM \
-                or _FAILED_ALLOCATION in str(seen) or _FAILED_ALLOCATION_RETURN in str(seen):
-            return True
-        seen = seen.__cause__ or seen.__context__
-    return False
-
-
-def memory_line(name: str, err: BaseException) -> str:
-    """One line for running out of memory: where (the module being imported, when an import ran out), and what
-    the command can lower. A memory cap (``ulimit -v``, a scheduler's limit) hit while importing torch is a cap
-    too low for ictrl at all."""
-    chain, seen = [], err
-    while seen is not None and len(chain) < 8:
-        chain.append(seen)
-        seen = seen.__cause__ or seen.__context__
-    frames = [f for e in chain for f in traceback.extract_tb(e.__traceback__)]
-    if any(f.filename.startswith("<frozen importlib") for f in frames):
-        module = next((f.filename for f in reversed(frames) if not f.filename.startswith("<frozen")), "?")
-        return (f"out of memory while importing the libraries ({module}): the process's memory limit (ulimit -v, "
-                "the job's memory request) is below what torch and transformers need to load; raise it")
-    device = "" if isinstance(err, (MemoryError, OSError)) else " on the accelerator"  # OSError: a host ENOMEM
-    return f"out of memory{device} ({type(err).__name__}: {one_line(err)[:120]}); lower {LOWER.get(name, 'the batch')}"
-
-
-def report_out_of_memory(name: str, err: BaseException) -> int:
-    """Print the command's one out-of-memory line (rank 0) and return its exit status."""
-    MEMORY_SPENT.append(name)
-    if rank() == 0:
-        try:
-            line = memory_line(name, err)
-        except (MemoryError, SystemError):  # the cap still bites: the line without the module's name
-            line = f"out of memory ({type(err).__name__}); lower {LOWER.get(name, 'the batch')}"
-        print(f"ictrl {name}: error: {line}", file=sys.stderr)
-        note_reported(2)
-    return 2
-
-
-def launched() -> bool:
-    """Whether this process is a rank of a multi-process launch (``WORLD_SIZE`` > 1, as ``accelerate launch`` and
-    ``torchrun`` set it) or holds an initialised torch.distributed process group."""
-    with contextlib.suppress(ValueError):
-        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-            return True
-    dist = sys.modules.get("torch.distributed")
-    return dist is not None and dist.is_available() and dist.is_initialized()
-
-
-def exit_launched(code: object) -> NoReturn:
-    """End a launched rank without interpreter finalisation, after it has left its process group.
-
-    A rank that finalises normally can still abort after its work is saved ("terminate called without an active
-    exception"): FSDP2, DeepSpeed and gloo keep native threads that may need the GIL while the interpreter tears
-    down, and a thread stopped there ends in ``std::terminate``. The atexit handlers still run, first, while the
-    interpreter is whole: they flush and close the logging handlers, finish trackers (wandb finishes its run from
-    atexit) and stop the grader workers. ``code`` as ``SystemExit``'s (None is 0, anything but an int is printed and
-    is 1).
-    """
-    if "torch.distributed" in sys.modules:
-        from ictrl.train_cli.process_group import leave_process_group
-
-        leave_process_group(wait=False)  # a no-op after `ictrl train`, which leaves the group on every path
-    if code is not None and not isinstance(code, int):
-        print(code, file=sys.stderr)
-        code = 1
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    os._exit(0 if code is None else code)
-
-
 def entry() -> NoReturn:
     """The process entry (``ictrl``, ``python -m ictrl``, ``python -m ictrl.cli``): :func:`main`, then exit with its
-    status. A launched rank exits through :func:`exit_launched`; an unexpected error there prints its traceback
-    first and exits 1 (130 for Ctrl-C), as the interpreter would. Library and in-process callers use :func:`main`,
-    which returns."""
-    code: object
-    prepare_out_of_memory()
-    try:
-        code = main()
-    except SystemExit as exc:
-        code = exc.code
-    except BaseException as exc:
-        if not launched():
-            raise
-        traceback.print_exc()
-        code = 130 if isinstance(exc, KeyboardInterrupt) else 1
-    if MEMORY_SPENT and not launched():  # the exit handlers run with what memory is left: their failures unshown
-        with contextlib.redirect_stderr(io.StringIO()):
-            atexit._run_exitfuncs()
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):
-                stream.flush()
-        os._exit(code if isinstance(code, int) else 1)
-    if code in (Interrupted.status, Terminated.status):  # stopping already: a Ctrl-C now would only add a traceback
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if launched():
-        exit_launched(code)
-    raise SystemExit(code)
+    status (``ictrl.process_exit.run_then_exit``). Library and in-process callers use :func:`main`, which returns."""
+    run_then_exit(main)
 
 
 if __name__ == "__main__":

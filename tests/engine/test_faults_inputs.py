@@ -497,13 +497,13 @@ def test_out_of_memory_in_a_command_is_one_line_naming_what_to_lower(command: st
 
     import torch
 
-    from ictrl import cli
+    from ictrl import cli, process_exit
 
     def spent(args: Any) -> int:
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
     monkeypatch.setattr(importlib.import_module(cli.COMMANDS[command][0]), "run", spent)
-    monkeypatch.setattr(cli, "MEMORY_SPENT", [])
+    monkeypatch.setattr(process_exit, "MEMORY_SPENT", [])
     argv = {"train": ["train", "x.yaml"], "eval": ["eval", "--model", "m"]}[command]
     assert cli.main(argv) == 2
     err = capsys.readouterr().err.strip().split("\n")
@@ -517,29 +517,29 @@ def test_out_of_memory_hands_back_the_reserve_and_is_one_line_when_the_line_itse
     reserve is unmapped first, and a line that still cannot be built falls back to one without the module."""
     import importlib
 
-    from ictrl import cli
+    from ictrl import cli, process_exit
 
     def spent(args: Any) -> int:
         raise MemoryError
 
     def no_room(name: str, err: BaseException) -> str:
-        assert not cli._RESERVE, "the reserve is handed back before the line is built"
+        assert not process_exit._RESERVE, "the reserve is handed back before the line is built"
         raise SystemError("error return without exception set")
 
     monkeypatch.setattr(importlib.import_module(cli.COMMANDS["train"][0]), "run", spent)
-    monkeypatch.setattr(cli, "MEMORY_SPENT", [])
-    monkeypatch.setattr(cli, "_RESERVE", [])
-    monkeypatch.setattr(cli, "memory_line", no_room)
+    monkeypatch.setattr(process_exit, "MEMORY_SPENT", [])
+    monkeypatch.setattr(process_exit, "_RESERVE", [])
+    monkeypatch.setattr(process_exit, "memory_line", no_room)
     seen: list[type[BaseException]] = []
     monkeypatch.setattr(sys, "unraisablehook", lambda info: seen.append(type(info.exc_value)))
-    cli.prepare_out_of_memory()
-    assert len(cli._RESERVE) == 1 and len(cli._RESERVE[0]) == cli.RESERVE_BYTES
+    process_exit.prepare_out_of_memory()
+    assert len(process_exit._RESERVE) == 1 and len(process_exit._RESERVE[0]) == process_exit.RESERVE_BYTES
     assert cli.main(["train", "x.yaml"]) == 2
     err = capsys.readouterr().err.strip().split("\n")
     assert err == ["ictrl train: error: out of memory (MemoryError); lower per_device_train_batch_size (raise "
                    "gradient_accumulation_steps to keep the batch), max_completion_length or num_generations, or use "
                    "a machine with more memory"], err
-    assert not cli._RESERVE and cli.MEMORY_SPENT == ["train"]
+    assert not process_exit._RESERVE and process_exit.MEMORY_SPENT == ["train"]
 
     class Finaliser:
         def __init__(self, error: type[BaseException]) -> None:
@@ -561,12 +561,12 @@ def test_out_of_memory_hands_back_the_reserve_and_is_one_line_when_the_line_itse
     (RuntimeError("expected scalar type Float"), False),
 ])
 def test_what_counts_as_out_of_memory(err: BaseException, spent: bool) -> None:
-    from ictrl import cli
+    from ictrl import process_exit
 
-    assert cli.out_of_memory(err) is spent
+    assert process_exit.out_of_memory(err) is spent
     wrapped = RuntimeError("Failed to import trl.trainer.grpo_config")
     wrapped.__cause__ = err
-    assert cli.out_of_memory(wrapped) is spent  # a lazy import's RuntimeError around it
+    assert process_exit.out_of_memory(wrapped) is spent  # a lazy import's RuntimeError around it
 
 
 # --- model and data folders that would load as something else --------------------------------------------------
