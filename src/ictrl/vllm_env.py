@@ -6,6 +6,7 @@ would otherwise discover one failure at a time (:func:`cpu_environment`). ``ictr
 from __future__ import annotations
 
 import atexit
+import functools
 import importlib.util
 import os
 import weakref
@@ -76,8 +77,15 @@ def shutdown_before_exit(llm: Any) -> None:
     would tear its process groups down after that (ictrl train destroys the default group on its way out,
     ``ictrl.train_cli.process_group``) and end a clean run with a traceback ("Invalid process group specified").
     :func:`shutdown_engines` runs at exit before vLLM's finalizer (registered after it) and from
-    ``leave_process_group``."""
+    ``leave_process_group``. The exit handler is registered with the first engine, after vLLM built its finalizer,
+    and atexit runs the handlers registered last first: nothing is registered by importing this module."""
+    _register_at_exit()
     _ENGINES.append(weakref.ref(llm))
+
+
+@functools.cache
+def _register_at_exit() -> None:
+    atexit.register(shutdown_engines)  # once per process; a no-op at exit unless an engine is still alive
 
 
 def shutdown_engines() -> None:
@@ -88,5 +96,3 @@ def shutdown_engines() -> None:
         if engine is not None:
             engine.llm_engine.engine_core.shutdown()
 
-
-atexit.register(shutdown_engines)  # a no-op unless an engine is still alive at exit
