@@ -1,14 +1,17 @@
 """The ictrl modules ``from ictrl import ICTGRPOConfig, ICTGRPOTrainer`` can reach: a static walk of every import
 statement, those inside functions included (a lazy import runs when its function does), from ``ictrl``,
 ``ictrl.engine.config`` and ``ictrl.engine.trainer``. Prints the files reached, their code lines
-(``scripts/count_src_lines.py``'s count) and the top-level modules among them.
+(``scripts/count_src_lines.py``'s count) and the top-level modules among them. ``--update-doc`` writes the two
+figures into docs/architecture.md, whose test (tests/test_architecture_doc.py) recomputes them.
 
     python scripts/import_closure.py [SRC]     # default: src (the folder holding ictrl/)
+    python scripts/import_closure.py --update-doc
 """
 
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from pathlib import Path
 
@@ -16,6 +19,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from count_src_lines import code_lines  # noqa: E402
 
 ROOTS = ("ictrl", "ictrl.engine.config", "ictrl.engine.trainer")
+DOC = Path(__file__).resolve().parents[1] / "docs" / "architecture.md"
+# How docs/architecture.md states the figures: "is 35 files, 4,815 code lines".
+DOC_FIGURES = re.compile(r"is (\d+) files, ([\d,]+) code lines")
 
 
 def modules(src: Path) -> dict[str, Path]:
@@ -62,7 +68,35 @@ def closure(src: Path) -> list[str]:
     return sorted(seen)
 
 
+def figures(src: Path) -> tuple[int, int]:
+    """(files, code lines) of the closure."""
+    known = modules(src)
+    reached = closure(src)
+    return len(reached), sum(code_lines(known[n]) for n in reached)
+
+
+def doc_figures(text: str) -> tuple[int, int]:
+    """(files, code lines) as docs/architecture.md states them."""
+    found = DOC_FIGURES.findall(text)
+    if len(found) != 1:
+        raise ValueError(f"{DOC}: expected one 'is N files, M code lines', found {len(found)}")
+    return int(found[0][0]), int(found[0][1].replace(",", ""))
+
+
+def update_doc(doc: Path, src: Path) -> tuple[int, int]:
+    """Write the closure's figures into ``doc``; returns them."""
+    doc_figures(doc.read_text(encoding="utf-8"))  # exactly one place to write
+    files, lines = figures(src)
+    doc.write_text(DOC_FIGURES.sub(f"is {files} files, {lines:,} code lines", doc.read_text(encoding="utf-8")),
+                   encoding="utf-8")
+    return files, lines
+
+
 def main(argv: list[str]) -> int:
+    if argv == ["--update-doc"]:
+        files, lines = update_doc(DOC, DOC.parents[1] / "src")
+        print(f"{DOC}: {files} files, {lines:,} code lines")
+        return 0
     src = Path(argv[0]) if argv else Path("src")
     known = modules(src)
     reached = closure(src)
