@@ -6,11 +6,12 @@ the few keys ictrl adds), ``ICTGRPOConfig`` (TRL's ``GRPOConfig`` plus token sel
 (``model_name_or_path``, ``dtype``, ``use_peft``, ``lora_r``, ``load_in_4bit``, ...). ``base:`` (a path or a list,
 relative to the file) names files merged first, key by key; ``env:`` sets environment variables, as in TRL.
 
-A file's values and the command line's flags (``--learning_rate=2e-6``, ``--learning-rate 2e-6``,
-``--scale_rewards=false``) both go through TRL's argument parser's actions: its types, choices and booleans
-(``true``, ``no``, ``1``, ...) are the checks, a file's value converted by its key's action, the flags parsed once.
-A value TRL's parser takes as it is (``null``, a mapping, a list of mappings) keeps its YAML form, as ``TrlParser``
-does. Errors are :class:`ConfigError` lines naming the file or the flag and the key.
+The command line's flags (``--learning_rate=2e-6``, ``--learning-rate 2e-6``, ``--scale_rewards=false``) are text,
+parsed once by TRL's argument parser: its types, choices and booleans (``true``, ``no``, ``1``, ...) are their
+checks. A file's values are typed already: each is checked against its field's type as that parser reads it
+(``config_yaml.file_value``), so it means what the same text means as a flag; a value TRL's parser takes as it is
+(``null``, a mapping, a list of mappings) keeps its YAML form, as ``TrlParser`` does. Errors are
+:class:`ConfigError` lines naming the file or the flag and the key.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from trl import TrlParser
 from trl.scripts.grpo import GRPOScriptArguments
 
 from ictrl.engine.config_fields import AT_LEAST_ONE, NON_NEGATIVE, check_fields, type_text
-from ictrl.train_cli.config_yaml import MAX_CONFIG_BYTES, load_yaml_value
+from ictrl.train_cli.config_yaml import MAX_CONFIG_BYTES, file_value, load_yaml_value
 from ictrl.cliargs import PATH_KEYS, expand_paths
 from ictrl.errors import QUOTE_LIMIT, ConfigError, UserError, quote, shorten
 from ictrl.files import atomic_write_text
@@ -232,10 +233,6 @@ def owners() -> dict[str, type]:
     return {f.name: cls for cls in parser().dataclass_types for f in dataclasses.fields(cls) if f.init}
 
 
-def _actions() -> dict[str, argparse.Action]:
-    return {a.dest: a for a in parser()._actions if f"--{a.dest}" in a.option_strings and a.dest in owners()}
-
-
 def _suggest(key: str) -> str:
     """The pointer for ``key``: its new name, TRL's key it stands for, or a near spelling (close enough not to be
     another field: ``use_peft`` is not ``use_cpu``)."""
@@ -264,58 +261,39 @@ def _as_text(value: Any) -> str:
     return ("true" if value else "false") if isinstance(value, bool) else str(value)
 
 
+# Keys whose dataclass reads more than their annotation says (the parser's type is its flag's): the type a file's
+# value is checked against here.
+FILE_TYPES: dict[str, Any] = {
+    "dataset_name": str | list[Any] | dict[Any, Any] | None,  # a name, a list of names or a mixture
+    "datasets": list[Any] | dict[Any, Any] | None,  # TRL's mixture: ScriptArguments names what an entry lacks
+}
+
+
 def _file_values(data: dict[str, Any], source: str) -> dict[str, Any]:
-    """``data``'s values, each checked once by its field's declared type: a scalar or a list of scalars through
-    the key's argparse action (the type, choices and nargs TRL's parser gives the field), as the same value
-    written as a flag; a value TRL's parser takes as it is (null, a mapping, a list of mappings, a bool for a
-    string field such as ``scale_rewards: false``) kept when the field's annotation admits it."""
-    actions, texts, kept = _actions(), {}, {}
+    """``data``'s values, each checked once against its field's declared type (``config_yaml.file_value``: the
+    type as TRL's parser reads it, its choices, null where the field takes it) and returned as the field takes
+    it."""
+    values = {}
     for key, value in data.items():
-        if key not in actions:
+        if key not in owners():
             raise ConfigError(f"{source}: unknown key {quote(key)}{_suggest(str(key))}")
-        action = actions[key]
-        scalar = (bool, int, float, str)
-        if isinstance(value, list) and value and all(isinstance(v, scalar) for v in value) and action.nargs == "+":
-            texts[key] = [_as_text(v) for v in value]
-        elif isinstance(value, scalar) and not (isinstance(value, bool) and _name(action.type) != "string_to_bool"):
-            texts[key] = [_as_text(value)]
-        elif not _keeps(key, value):
-            shown = "null" if value is None else str(value).lower() if isinstance(value, bool) else quote(value)
-            raise ConfigError(f"{source}: {key}: expected {_annotation(key)}, got {shown}")
-        else:
-            kept[key] = value
-    converted = {}
-    for key, strings in texts.items():
+        choices = _field(key).metadata.get("choices")
         try:
-            converted[key] = parser()._get_values(actions[key], list(strings))  # argparse's own conversion
-        except argparse.ArgumentError as exc:
-            raise _argument_error(str(exc), lambda _: source) from None
-    return {**converted, **kept}
+            values[key] = file_value(key, value, FILE_TYPES.get(key, _type_hints(owners()[key])[key]),
+                                     tuple(choices) if choices is not None else None, _takes_null(key))
+        except ValueError as exc:
+            raise ConfigError(f"{source}: {shorten(str(exc), 300)}") from None
+    return values
 
 
-def _keeps(key: str, value: Any) -> bool:
-    """Whether ``key``'s field takes ``value`` as it is, as TRL's parser keeps it: null where the field admits None
-    (TRL's ``__post_init__`` would compare None with a number), a bool where its annotation names bool, str or Any
-    (``scale_rewards: false``), a list or mapping where it names one (``dataset_name`` takes both)."""
-    if value is None:
-        return _takes_null(key)
-    if isinstance(value, bool):
-        return any(t in _annotation(key) for t in ("bool", "str", "Any"))
-    return key == "dataset_name" or bool(_annotation(key, type(value)))
+def _field(key: str) -> dataclasses.Field[Any]:
+    return next(f for f in dataclasses.fields(owners()[key]) if f.name == key)
 
 
 def _takes_null(key: str) -> bool:
     """Whether ``key``'s field admits None: its annotation says so, or None is its default."""
-    import dataclasses
-
-    field = next((f for f in dataclasses.fields(owners()[key]) if f.name == key), None)
-    return field is None or field.default is None or "None" in _annotation(key) or "Optional" in _annotation(key)
-
-
-def _annotation(key: str, kind: type = object) -> str:
-    """The type of ``key``'s field as text (``int | None``) when it names ``kind`` (list, dict), else ''."""
-    text = type_text(_type_hints(owners()[key])[key])
-    return text if kind is object or kind.__name__ in text else ""
+    annotation = type_text(_type_hints(owners()[key])[key])
+    return _field(key).default is None or "None" in annotation or "Optional" in annotation
 
 
 @functools.lru_cache(maxsize=None)
@@ -324,10 +302,6 @@ def _type_hints(cls: type) -> dict[str, Any]:
     import typing
 
     return typing.get_type_hints(cls)
-
-
-def _name(function: Any) -> str:
-    return getattr(function, "__name__", "")
 
 
 def _argument_error(message: str, where: Any) -> ConfigError:
