@@ -248,3 +248,23 @@ def test_every_name_imported_from_ictrl_or_studies_exists() -> None:
                         except ImportError:
                             missing.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.module}.{alias.name}")
     assert missing == []
+
+
+# A command module's entry points (ictrl.cli imports each command's module by name): the same names by design.
+COMMAND_PROTOCOL = {"add_arguments", "run"}
+# Public names defined in two modules today; keep it shrinking: a name here is not two things to a reader only by
+# the import it came through.
+SHARED_NAMES_ALLOWED = {"check_output_dir", "check_resumable", "format_markdown", "load_mixture", "max_new_tokens",
+                        "response_mask", "stopped", "summarize", "write"}
+
+
+def test_a_public_name_is_defined_in_one_module() -> None:
+    """A public function or class name means one thing: defined at the top level of one module of the package."""
+    where: dict[str, list[str]] = {}
+    for name, path in _modules():
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name[0] != "_":
+                where.setdefault(node.name, []).append(name)
+    shared = {n: m for n, m in where.items() if len(m) > 1 and n not in COMMAND_PROTOCOL | SHARED_NAMES_ALLOWED}
+    assert shared == {}
+    assert len(where["run"]) > 1  # the walk walks

@@ -44,7 +44,7 @@ def head_dim(config: Any) -> int:
     return int(getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads)
 
 
-def check_model(config: Any, where: str) -> None:
+def check_cpu_head_dim(config: Any, where: str) -> None:
     """vLLM's CPU attention refuses head sizes outside :data:`CPU_HEAD_DIMS` with a traceback deep in the engine's
     start; say it in one line first."""
     size = head_dim(config)

@@ -33,7 +33,7 @@ def building_engine(model: Any, args: Any) -> Iterator[None]:
         chosen = vllm_env.cpu_environment(args.cpu_threads)
         log.info("vLLM on CPU in %s%s", engine_dtype(args), "".join(f", {k}={v}" for k, v in chosen.items()))
         if not isinstance(model, str):
-            vllm_env.check_model(model.config, "use_vllm")
+            vllm_env.check_cpu_head_dim(model.config, "use_vllm")
     from trl.generation import vllm_generation
     from trl.generation.vllm_client import VLLMClient
 

@@ -126,7 +126,7 @@ class VLLMBackend:
         config = AutoConfig.from_pretrained(model)
         if vllm_env.on_cpu():
             vllm_env.cpu_environment()
-            vllm_env.check_model(config, "--backend vllm")
+            vllm_env.check_cpu_head_dim(config, "--backend vllm")
         if dtype == "auto":  # the checkpoint's own dtype, as transformers reads "auto" (vLLM's halves fp32)
             saved = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
             dtype = str(saved).removeprefix("torch.") if saved is not None else "auto"
