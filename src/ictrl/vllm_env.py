@@ -60,7 +60,7 @@ def cpu_environment(cpu_threads: int | None = None) -> dict[str, str]:
     size (vLLM otherwise reserves most of the machine's memory), an in-process engine (no ``__main__`` guard needed),
     and no thread binding when ``cpu_threads`` sets the run's threads (vLLM's binding replaces
     ``torch.set_num_threads`` with a no-op for the rest of the process). vLLM's log lines are the CLI's to quiet
-    (``ictrl.cli.quiet``)."""
+    (``ictrl.library_noise.quiet``)."""
     wanted = {"VLLM_CPU_KVCACHE_SPACE": str(CPU_KVCACHE_GIB), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     if cpu_threads is not None:
         wanted["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
