@@ -22,6 +22,7 @@ from ictrl.core.loss import LOSS_TYPES, RANGED, LossSpec
 from ictrl.core.selection import SELECTORS, Selector, get_selector
 from ictrl.engine import config_fields
 from ictrl.engine.config_fields import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, SEED, Range, refused_field_errors
+from ictrl.engine.reward_policy import NO_SIGNAL_NOTE_STEPS
 
 # Selector options that have their own config field (the rest go through ``selection_options``).
 SCALE_REWARDS = ("group", "batch", "none")  # TRL's advantage scalings
@@ -272,11 +273,13 @@ class ICTGRPOConfig(GRPOConfig):
         metadata={"help": "Seconds one call of a reward function may take; past it the run stops at that step with one "
                           "line naming the reward. None: no deadline (the built-in graders keep their own timeout)."},
     )
-    no_signal_steps: Annotated[int, NON_NEGATIVE] = field(
-        default=20,
+    no_signal_steps: Annotated[int | None, NON_NEGATIVE] = field(
+        default=None,
         metadata={"help": "Stop the run (exit status 2, with the checkpoint and resume line) after this many optimizer "
                           "steps in a row in which every advantage was 0 (equal rewards in every group, or rewards TRL "
-                          "could not use), whatever the cause. 0: train on."},
+                          "could not use), whatever the cause. 0: train on. None: 20 for a token selector of ictrl's "
+                          "(ict, entropy, ...: a run that cannot learn stops), 0 for token_selector 'all' (TRL's GRPO, "
+                          "which trains on). A run that trains on says so in one line per such stretch of 20 steps."},
     )
 
     def __post_init__(self) -> None:
@@ -289,12 +292,13 @@ class ICTGRPOConfig(GRPOConfig):
         # several trackers as TRL users write them (a list, or "tensorboard,wandb"); a missing package is one
         # line naming what to install, here rather than when the trainer builds its callbacks after the model loads
         self.report_to = config_fields.check_trackers(self.report_to, "report_to") or "none"
-        config_fields.check_liger(self.use_liger_kernel)
         self._read_scale_rewards()
         if self.prompts_per_step is not None:
             self._derive_step_shape()
         super().__post_init__()
         self._resolve_selector()
+        if self.no_signal_steps is None:  # TRL's GRPO has no such stop; ictrl's methods stop a run that cannot learn
+            self.no_signal_steps = 0 if self.selector.trl_loss else NO_SIGNAL_NOTE_STEPS
         if self.selection_temperature is None:
             self.selection_temperature = self.temperature
         self._check_eval_during_training()

@@ -2,22 +2,70 @@
 
 The statistics pass and ``sparse_backward`` apply the head themselves, outside the model's forward, to a few
 positions or blocks of positions. Under a sharded engine the head's weight is a shard, so they go through
-:func:`call_head`, which gathers it the way that engine gathers it for its own forward.
+:func:`call_head`, which gathers it the way that engine gathers it for its own forward, and applies the model's own
+final-logit transform (:func:`logit_transform`) after it, as the model's forward does before the sampler sees them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any, TypeVar
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 _R = TypeVar("_R")
 
 
-def call_head(head: nn.Module, fn: Callable[..., _R], *inputs: Tensor) -> _R:
-    """``fn(lm, *inputs)`` with ``lm`` the LM head's whole weight, gathered by the engine that shards it.
+LogitTransform = Callable[[Tensor], Tensor]
+
+
+def logit_transform(config: Any) -> LogitTransform | None:
+    """What the model's forward does to its LM head's output before returning the logits the sampler draws from
+    (None: nothing): a scale (Cohere's ``logit_scale``, ``output_multiplier``, Falcon-H1's ``lm_head_multiplier``,
+    Granite's 1 / ``logits_scaling``, HyperCLOVA X's ``logits_scaling``), then Gemma's soft cap
+    ``c · tanh(z / c)`` (``final_logit_softcapping``), read from the config in the order TRL's fused LM head reads
+    them, so the statistics are of the distribution TRL's log-probs and the sampler use."""
+    text = config.get_text_config()
+    cap = getattr(text, "final_logit_softcapping", None)
+    scale = getattr(text, "logit_scale", None)
+    for name in ("output_multiplier", "lm_head_multiplier"):
+        scale = getattr(text, name, None) if scale is None else scale
+    scaling = getattr(text, "logits_scaling", None)
+    if scale is None and scaling is not None:  # Granite, MiniCPM3 divide by it; HyperCLOVA X multiplies
+        scale = scaling if getattr(text, "model_type", None) == "hyperclovax" else 1 / scaling
+    scale = 1.0 if scale is None else float(scale)
+    if scale == 1.0 and cap is None:
+        return None
+    return partial(_transformed, scale, None if cap is None else float(cap))
+
+
+def _transformed(scale: float, cap: float | None, z: Tensor) -> Tensor:
+    if scale != 1.0:
+        z = z * scale
+    return z if cap is None else torch.tanh(z / cap) * cap
+
+
+class TransformedHead(nn.Module):
+    """The head operand ``lm`` (a weight [V, H], or a module) followed by the model's final-logit transform: a
+    module, so ``selected_token_logprobs`` and the statistics sweep call it as the model's head."""
+
+    def __init__(self, lm: nn.Module | Tensor, transform: LogitTransform) -> None:
+        super().__init__()
+        object.__setattr__(self, "lm", lm)  # not a submodule: the engine's parameters stay registered once
+        self.transform = transform
+        self.out_features = int(lm.shape[0]) if isinstance(lm, Tensor) else getattr(lm, "out_features", None)
+
+    def forward(self, x: Tensor) -> Tensor:
+        lm = self.lm
+        return self.transform(lm(x) if isinstance(lm, nn.Module) else F.linear(x.to(lm.dtype), lm))
+
+
+def call_head(head: nn.Module, fn: Callable[..., _R], *inputs: Tensor, transform: LogitTransform | None = None) -> _R:
+    """``fn(lm, *inputs)`` with ``lm`` the LM head's whole weight, gathered by the engine that shards it, followed
+    by ``transform`` (the model's final-logit transform, :func:`logit_transform`) when one is given.
 
     ``lm`` is what ``selected_token_logprobs`` takes: the weight [V, H] of a bias-free linear head, an
     ``nn.Linear`` shell around the weight and bias, or (any other head, e.g. a PEFT-wrapped one) the head's own
@@ -35,10 +83,14 @@ def call_head(head: nn.Module, fn: Callable[..., _R], *inputs: Tensor) -> _R:
     Called once per process per pass, so every rank makes the same collectives whatever its number of rows or
     selected positions.
     """
+    def operand() -> nn.Module | Tensor:
+        lm = _head_operand(head)
+        return lm if transform is None else TransformedHead(lm, transform)
+
     if not hasattr(getattr(head, "weight", None), "ds_id"):
-        return fn(_head_operand(head), *inputs)
+        return fn(operand(), *inputs)
     own = head.__dict__.get("forward")
-    head.forward = lambda *args: fn(_head_operand(head), *args)
+    head.forward = lambda *args: fn(operand(), *args)
     try:
         return head(*inputs)
     finally:

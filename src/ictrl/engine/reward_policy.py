@@ -24,7 +24,8 @@ batch as TRL holds it. The copy is a few microseconds a call at the demo's batch
 A reward *model* (an ``nn.Module``) has no per-function hook in TRL: :meth:`RewardPolicy.check_scores` checks the
 gathered scores for ``inf`` after TRL computes them. :meth:`RewardPolicy.observe_advantages` counts optimizer steps
 in a row whose every advantage is 0 (equal rewards in every group, or NaN advantages TRL zeroed) and stops the run
-with :class:`NoLearningSignal` after ``no_signal_steps`` of them (0: never).
+with :class:`NoLearningSignal` after ``no_signal_steps`` of them (0: never); a stretch of :data:`NO_SIGNAL_NOTE_STEPS`
+such steps that does not stop the run is said in one line, once per stretch (TRL's GRPO trains on without a word).
 
 With ``reward_timeout`` set, each call runs in a daemon thread the training thread waits on; a call past the
 deadline is abandoned (Python cannot stop a thread; the process ends soon after, with the one line). A stop
@@ -58,6 +59,10 @@ POLL_S = 0.2
 # How often a reward call that has not returned is named on the console. There is no deadline by default (a slow
 # judge may be fine), but a hung reward must not hang the run without a word.
 STILL_RUNNING_NOTE_S = 60.0
+# Optimizer steps in a row without learning signal after which a run that trains on says so, once per stretch: the
+# number ictrl's methods stop at by default (ICTGRPOConfig.no_signal_steps), so a run TRL's GRPO trains through gets
+# the line where ICT would have stopped.
+NO_SIGNAL_NOTE_STEPS = 20
 
 log = logging.getLogger("ictrl.train")
 
@@ -124,6 +129,7 @@ class RewardPolicy:
         self.step = step or (lambda: 0)
         self.stop_requested: Callable[[], bool] = lambda: False
         self.zero_steps = 0
+        self.note_after = NO_SIGNAL_NOTE_STEPS
         self.calling: str | None = None  # the reward running on the training thread (no deadline), for SIGTERM
         self.watch = StillRunning()
 
@@ -272,23 +278,30 @@ class RewardPolicy:
     # --- advantages --------------------------------------------------------------------------------------------
 
     def observe_batch(self, batch: dict[str, Any], gather: Callable[[Any], Any]) -> None:
-        """A training generation batch's advantages, all processes' (``gather``), for ``no_signal_steps``."""
+        """A training generation batch's advantages, all processes' (``gather``), for ``no_signal_steps`` and the
+        no-signal line."""
         advantages = batch.get("advantages")
-        if advantages is not None and self.no_signal_steps:
-            # built on the device: the stop decision below is this batch's one host read
+        if advantages is not None:
+            # built on the device: the decision below is this batch's one host read
             nonzero = gather((advantages != 0).any().float().reshape(1))
             self.observe_advantages(not bool(nonzero.any()))
 
     def observe_advantages(self, all_zero: bool) -> None:
         """One generation batch's advantages: all zero or not. Stops the run after ``no_signal_steps`` optimizer
-        steps in a row of all-zero advantages."""
+        steps in a row of all-zero advantages; a run that trains on is told once per such stretch, when it reaches
+        ``note_after`` steps."""
+        before = self.zero_steps
         self.zero_steps = self.zero_steps + self.steps_per_batch if all_zero else 0
+        why = ("each group's rewards were equal or not finite, so the loss and the gradient were 0; check the "
+               "rewards, the prompt format and max_completion_length")
         if self.no_signal_steps and self.zero_steps >= self.no_signal_steps:
             raise NoLearningSignal(
-                f"no learning signal: every advantage was 0 for {self.zero_steps} optimizer steps in a row: "
-                "each group's rewards were equal or not finite, so "
-                "the loss and the gradient were 0; check the rewards, the prompt format and max_completion_length, "
+                f"no learning signal: every advantage was 0 for {self.zero_steps} optimizer steps in a row: {why}, "
                 "or set no_signal_steps: 0 to train on")
+        if before < self.note_after <= self.zero_steps:
+            log.warning("no learning signal: every advantage was 0 for %d optimizer steps in a row (step %d): %s; "
+                        "training on (no_signal_steps=%d; set it to N > 0 to stop after N such steps)",
+                        self.zero_steps, self.step(), why, self.no_signal_steps)
 
 
 class StillRunning:

@@ -306,7 +306,7 @@ class SelectionStep:
             return selected_token_logprobs(h, lm, completion_ids, selected, temperature=self.temperature)
 
         with self.source.autocast():
-            return call_head(self.source.head(model), sparse_head, hidden)
+            return call_head(self.source.head(model), sparse_head, hidden, transform=self.source.transform)
 
     def log(self, step: StepContext, mask: Tensor, stats: TokenStats, selected: Tensor) -> None:
         """The metrics of a selection made without statistics (``all``, ``random``), from the statistics of the

@@ -17,7 +17,7 @@ from torch import Tensor, nn
 
 from ictrl.core import selection
 from ictrl.core.stats import TokenStats, group_js_divergence_topk, sweep_rows, token_stats, topk_log_softmax
-from ictrl.engine.heads import call_head
+from ictrl.engine.heads import LogitTransform, call_head
 
 STATS_PATHS = {"separate": 0.0, "shared_old_logps": 1.0, "training_forward": 2.0}
 # The statistics one sweep of each position's distribution gives (the group JS score comes apart: it needs groups)
@@ -74,6 +74,7 @@ class Sweep:
     autocast: Autocast
     vocab: int
     rows: int | None = None
+    transform: LogitTransform | None = None  # the model's final-logit transform (ictrl.engine.heads)
 
 
 class Request(NamedTuple):
@@ -134,7 +135,7 @@ def hidden_stats(head: nn.Module, hidden: Tensor, req: Request, sweep: Sweep) ->
         return parts, topk_parts
 
     with sweep.autocast():
-        parts, topk_parts = call_head(head, run, hidden)
+        parts, topk_parts = call_head(head, run, hidden, transform=sweep.transform)
     stats = TokenStats(**{f: torch.cat([getattr(p, f) for p in parts], dim=1) for f in STAT_FIELDS})
     if group_ids is None:
         return stats, None
@@ -309,6 +310,7 @@ class StatsSource:
     autocast: Autocast
     head: Callable[[Any], nn.Module]      # model -> its LM head as the engine exposes it
     backbone: Callable[[Any], nn.Module]  # model -> the module whose output is the final-norm hidden states
+    transform: LogitTransform | None = None  # the model's final-logit transform, after the head (heads.py)
 
     @property
     def stat_free(self) -> bool:
@@ -322,7 +324,8 @@ class StatsSource:
 
     def sweep(self, model: Any) -> Sweep:
         mode = "train" if model.training else "eval"
-        return Sweep(self.temperature, self.topk, self.chunk_size, self.autocast, self.vocab, self.rows[mode])
+        return Sweep(self.temperature, self.topk, self.chunk_size, self.autocast, self.vocab, self.rows[mode],
+                     self.transform)
 
     def request(self, model: Any, mask: Tensor, tokens: Tensor, group_ids: Tensor | None,
                 sampler_topk: tuple[Tensor, Tensor] | None = None) -> Request:

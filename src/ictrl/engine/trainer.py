@@ -22,8 +22,9 @@ from ictrl.core.metrics import nan_extreme, trl_loss_metrics
 from ictrl.core.selection import needed_stats
 from ictrl.engine import vllm_engine
 from ictrl.engine.config import ICTGRPOConfig
+from ictrl.engine.config_fields import check_liger
 from ictrl.engine.dynamic_sampling import DynamicSampling
-from ictrl.engine.heads import backbone, output_head
+from ictrl.engine.heads import backbone, logit_transform, output_head
 from ictrl.engine.model_card import write_model_card
 from ictrl.engine.resumable import Resumable
 from ictrl.engine.rollout_ids import check_vocab, checked_rollout_func, raise_deferred_checks
@@ -36,7 +37,7 @@ from ictrl.engine.reward_policy import RewardPolicy
 
 
 class ICTGRPOTrainer(GRPOTrainer):
-    """``GRPOTrainer(model, reward_funcs, args, train_dataset, eval_dataset, processing_class, ...)`` with
+    """``GRPOTrainer(model, reward_funcs=None, args=None, train_dataset, eval_dataset, processing_class, ...)`` with
     ``args`` an :class:`ICTGRPOConfig`. Logs ``ictrl/*`` metrics next to TRL's."""
 
     #: False: always the separate statistics pass (the reference the one-pass paths are tested against); read when
@@ -45,7 +46,7 @@ class ICTGRPOTrainer(GRPOTrainer):
     #: the command line that trained the model, for its card (``ictrl train`` sets it; None from Python)
     command: str | None = None
 
-    def __init__(self, model: Any, reward_funcs: Any, args: ICTGRPOConfig | None = None, *pos: Any,
+    def __init__(self, model: Any, reward_funcs: Any = None, args: ICTGRPOConfig | None = None, *pos: Any,
                  **kwargs: Any) -> None:
         from ictrl.engine.trl_args import as_ict_config, default_config  # a plain trl.GRPOConfig runs TRL's GRPO
 
@@ -89,11 +90,7 @@ class ICTGRPOTrainer(GRPOTrainer):
         if self._sampler_topk is not None and self.use_vllm:
             self._install_vllm_topk()
         vllm_engine.check_logprobs_mode(self._vllm_server_settings, args, self._sampler_topk)
-        text_config = self.model.config.get_text_config()
-        for attr in ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier"):
-            if getattr(text_config, attr, None) not in (None, 1, 1.0):
-                raise ValueError(f"model config sets {attr}; the statistics pass reads raw LM-head logits and "
-                                 "does not apply it")
+        check_liger(args.use_liger_kernel)  # after TRL's own checks, whose errors a TRL user catches
 
     def training_step(self, *args: Any, **kwargs: Any) -> Tensor:
         """TRL's step (generation, statistics, selection, loss) on tensors it builds itself: the core takes them as
@@ -138,7 +135,7 @@ class ICTGRPOTrainer(GRPOTrainer):
             rows={"train": args.per_device_train_batch_size, "eval": args.per_device_eval_batch_size},
             group_size={"train": self.num_generations, "eval": self.num_generations_eval},
             autocast=self.accelerator.autocast, head=partial(output_head, self.accelerator),
-            backbone=partial(backbone, self.accelerator))
+            backbone=partial(backbone, self.accelerator), transform=logit_transform(self.model.config))
 
     @property
     def stats_source(self) -> StatsSource:

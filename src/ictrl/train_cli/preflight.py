@@ -180,6 +180,10 @@ def build_trainer_args(cfg: RunConfig, source: str = "<config>", cpu: bool | Non
     except (ValueError, TypeError) as exc:  # ICTGRPOConfig / TRL messages name the field, which is the key
         message = name_the_key(str(exc), kwargs, config_cls)
         raise ConfigError(f"{blame(message, source, flags)}: {shorten(message)}") from None
+    # the trainer checks this after TRL's own checks (whose errors a TRL user catches); here, before the model loads
+    from ictrl.engine.config_fields import check_liger
+
+    check_liger(args.use_liger_kernel)
     # the precision the Trainer's Accelerator gets (args.mixed_precision), which accelerate launch can set too
     precision, why = run_precision(args)
     (_note_cpu if cpu else _note_precision)(f"{precision} ({why})")
