@@ -90,3 +90,102 @@ def test_no_args_is_trls_quick_start(tiny_model_dir: Path, tmp_path: Path, monke
     assert differ <= {"generation_batch_size"} and theirs.generation_batch_size == ours.generation_batch_size
     assert ours.token_selector == "all"
     assert any("no args: TRL's GRPOConfig(" in r.getMessage() for r in caplog.records)
+
+
+def test_no_learning_signal_stops_ictrls_methods_only_unless_set(tmp_path: Path) -> None:
+    """TRL's GRPO has no stop for a run without learning signal: a converted TRL config and token_selector 'all'
+    train on (no_signal_steps 0); ictrl's methods stop after 20 such steps; a value the user sets is kept."""
+    from ictrl.engine.config import ICTGRPOConfig
+    from ictrl.engine.trl_args import as_ict_config
+
+    assert as_ict_config(GRPOConfig(output_dir=str(tmp_path), **COMMON)).no_signal_steps == 0
+    assert ICTGRPOConfig(output_dir=str(tmp_path), token_selector="all", **COMMON).no_signal_steps == 0
+    assert ICTGRPOConfig(output_dir=str(tmp_path), token_selector="ict", **COMMON).no_signal_steps == 20
+    assert ICTGRPOConfig(output_dir=str(tmp_path), token_selector="entropy", **COMMON).no_signal_steps == 20
+    assert ICTGRPOConfig(output_dir=str(tmp_path), token_selector="all", no_signal_steps=5,
+                         **COMMON).no_signal_steps == 5
+    assert ICTGRPOConfig(output_dir=str(tmp_path), token_selector="ict", no_signal_steps=0,
+                         **COMMON).no_signal_steps == 0
+
+
+def test_a_stretch_without_signal_is_one_line_and_the_run_goes_on(caplog: pytest.LogCaptureFixture) -> None:
+    from ictrl.engine.reward_policy import NO_SIGNAL_NOTE_STEPS, RewardPolicy
+
+    policy = RewardPolicy(no_signal_steps=0, steps_per_batch=2, step=lambda: 7)
+    with caplog.at_level(logging.WARNING, logger="ictrl"):
+        for zero in [True] * 30 + [False] + [True] * 9 + [False] + [True] * 3:
+            policy.observe_advantages(zero)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("no learning signal")]
+    # 30 batches of 2 steps: one line at 20 steps; after a batch with signal, 9 batches reach 18 < 20: no line
+    assert len(lines) == 1 and f"for {NO_SIGNAL_NOTE_STEPS} optimizer steps in a row" in lines[0], lines
+    assert "training on" in lines[0] and "no_signal_steps" in lines[0]
+    with caplog.at_level(logging.WARNING, logger="ictrl"):
+        for _ in range(10):  # a second stretch: its own line
+            policy.observe_advantages(True)
+    assert len([r for r in caplog.records if r.getMessage().startswith("no learning signal")]) == 2
+
+
+def test_a_trl_run_without_learning_signal_trains_on_as_in_trl(tiny_model_dir: Path, tmp_path: Path,
+                                                              caplog: pytest.LogCaptureFixture) -> None:
+    """A constant reward (every advantage 0) for 25 steps, then one step with signal, then 21 more: TRL trains all
+    47 steps; so does ICTGRPOTrainer given TRL's config, saying so once per stretch of 20."""
+    calls = []
+
+    def flat_then_one_varied(completions: list[str], **kwargs: Any) -> list[float]:
+        calls.append(1)
+        varied = len(calls) == 26
+        return [float(i % 2) if varied else 1.0 for i in range(len(completions))]
+
+    args = GRPOConfig(output_dir=str(tmp_path), **{**COMMON, "gradient_accumulation_steps": 1, "max_steps": 47})
+    model, tokenizer = _load(tiny_model_dir)
+    trainer = w.stub_trainer_class(one_pass=True)(model=model, reward_funcs=flat_then_one_varied, args=args,
+                                                  train_dataset=w.make_dataset(), processing_class=tokenizer)
+    with caplog.at_level(logging.WARNING, logger="ictrl"):
+        trainer.train()
+    assert trainer.state.global_step == 47 and len(calls) == 47
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("no learning signal")]
+    assert len(lines) == 2 and all("for 20 optimizer steps in a row" in line for line in lines), lines
+
+
+@pytest.mark.parametrize("cls_name", ["GRPOTrainer", "ICTGRPOTrainer"])
+def test_no_reward_source_is_trls_error(tiny_model_dir: Path, tmp_path: Path, cls_name: str) -> None:
+    """TRL 1.16's signature: reward_funcs may be left out (an environment can own the reward); with no reward
+    source at all, TRL's own ValueError."""
+    import inspect
+
+    from ictrl.engine.trainer import ICTGRPOTrainer
+
+    cls = {"GRPOTrainer": GRPOTrainer, "ICTGRPOTrainer": ICTGRPOTrainer}[cls_name]
+    ours, theirs = (inspect.signature(c.__init__).parameters for c in (ICTGRPOTrainer, GRPOTrainer))
+    assert [ours[n].default for n in ("reward_funcs", "args")] == [theirs[n].default for n in ("reward_funcs", "args")]
+    model, tokenizer = _load(tiny_model_dir)
+    with pytest.raises(ValueError, match=r"^No reward source provided\. Pass `reward_funcs`"):
+        cls(model, args=GRPOConfig(output_dir=str(tmp_path), **COMMON), train_dataset=w.make_dataset(),
+            processing_class=tokenizer)
+
+
+def test_trls_own_checks_come_before_ictrls_missing_package_check(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """With liger-kernel absent, a LoRA adapter on ``lm_head`` is TRL's ValueError, as with stock GRPOTrainer; with
+    nothing TRL refuses, ictrl's one line naming the missing package, still before training starts."""
+    import importlib.util
+
+    from peft import LoraConfig
+
+    from ictrl.engine.trainer import ICTGRPOTrainer
+    from ictrl.errors import MissingExtraError
+
+    if importlib.util.find_spec("liger_kernel") is not None:
+        pytest.skip("liger-kernel is installed here")
+    args = GRPOConfig(output_dir=str(tmp_path), **{**COMMON, "use_liger_kernel": True})
+    lora = LoraConfig(r=4, target_modules=["q_proj", "lm_head"])
+    messages = []
+    for cls in (GRPOTrainer, ICTGRPOTrainer):
+        model, tokenizer = _load(tiny_model_dir)
+        with pytest.raises(ValueError) as caught:
+            cls(model, w.digit_reward, args=args, train_dataset=w.make_dataset(), processing_class=tokenizer,
+                peft_config=lora)
+        messages.append((type(caught.value), str(caught.value)))
+    assert messages[0] == messages[1] and "Applying a PEFT adapter to `lm_head`" in messages[0][1]
+    model, tokenizer = _load(tiny_model_dir)
+    with pytest.raises(MissingExtraError, match="use_liger_kernel: needs the liger-kernel package"):
+        ICTGRPOTrainer(model, w.digit_reward, args=args, train_dataset=w.make_dataset(), processing_class=tokenizer)
