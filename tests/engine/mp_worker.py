@@ -283,11 +283,11 @@ def recorded_heads() -> Iterator[list[dict[str, Any]]]:
     calls: list[dict[str, Any]] = []
     original = selection_step_module.call_head
 
-    def recording(head: torch.nn.Module, fn: Any, *inputs: torch.Tensor) -> Any:
+    def recording(head: torch.nn.Module, fn: Any, *inputs: torch.Tensor, **kwargs: Any) -> Any:
         weight = head.weight
         calls.append({"ds": hasattr(weight, "ds_id"), "numel": weight.numel(),
                       "full": int(getattr(weight, "ds_numel", weight.numel()))})
-        return original(head, fn, *inputs)
+        return original(head, fn, *inputs, **kwargs)
 
     for module in modules:
         module.call_head = recording

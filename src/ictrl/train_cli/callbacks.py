@@ -249,8 +249,8 @@ class NoSignalWarning(TrainerCallback):
             self.log(f"no learning signal: for {self.run} steps every group's completions got the same reward "
                      f"(reward {_fmt(logs, 'reward')}), so every advantage, the loss and the gradient are 0; the "
                      "model needs some right and some wrong answers per prompt: check the prompt format it was "
-                     "trained on, the reward and max_completion_length (the run stops after no_signal_steps such "
-                     "steps in a row: ictrl.engine.reward_policy)")
+                     "trained on, the reward and max_completion_length (with no_signal_steps > 0, the default "
+                     "of ictrl's token selectors, the run stops after that many such steps in a row)")
 
 
 class StopNow(Exception):
