@@ -202,7 +202,7 @@ def test_tools_and_environments_train_as_trl(tool_model_dir: Path, tmp_path: Pat
     assert ours.state.log_history[0]["tools/failure_frequency"] > 0  # the malformed calls reached TRL's count
 
 
-@pytest.mark.parametrize("case", ["tools", "environments"])
+@pytest.mark.parametrize("case", ["tools", "environments", "environment_data"])
 def test_ict_selects_no_tool_or_environment_token(tool_model_dir: Path, tmp_path: Path, case: str,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     from ictrl.engine.trainer import ICTGRPOTrainer
