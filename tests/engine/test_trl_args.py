@@ -109,7 +109,7 @@ def test_no_learning_signal_stops_ictrls_methods_only_unless_set(tmp_path: Path)
 
 
 def test_a_stretch_without_signal_is_one_line_and_the_run_goes_on(caplog: pytest.LogCaptureFixture) -> None:
-    from ictrl.engine.reward_policy import NO_SIGNAL_NOTE_STEPS, RewardPolicy
+    from ictrl.engine.reward_policy import NO_SIGNAL_STEPS, RewardPolicy
 
     policy = RewardPolicy(no_signal_steps=0, steps_per_batch=2, step=lambda: 7)
     with caplog.at_level(logging.WARNING, logger="ictrl"):
@@ -117,7 +117,7 @@ def test_a_stretch_without_signal_is_one_line_and_the_run_goes_on(caplog: pytest
             policy.observe_advantages(zero)
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("no learning signal")]
     # 30 batches of 2 steps: one line at 20 steps; after a batch with signal, 9 batches reach 18 < 20: no line
-    assert len(lines) == 1 and f"for {NO_SIGNAL_NOTE_STEPS} optimizer steps in a row" in lines[0], lines
+    assert len(lines) == 1 and f"for {NO_SIGNAL_STEPS} optimizer steps in a row" in lines[0], lines
     assert "training on" in lines[0] and "no_signal_steps" in lines[0]
     with caplog.at_level(logging.WARNING, logger="ictrl"):
         for _ in range(10):  # a second stretch: its own line
@@ -189,3 +189,26 @@ def test_trls_own_checks_come_before_ictrls_missing_package_check(tiny_model_dir
     model, tokenizer = _load(tiny_model_dir)
     with pytest.raises(MissingExtraError, match="use_liger_kernel: needs the liger-kernel package"):
         ICTGRPOTrainer(model, w.digit_reward, args=args, train_dataset=w.make_dataset(), processing_class=tokenizer)
+
+
+def test_a_converted_config_leaves_the_tracker_check_to_trl(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """A tracker whose package is missing: stock GRPOTrainer and ICTGRPOTrainer given TRL's config raise the same
+    exception (transformers', when the Trainer builds its callbacks); ictrl's own config still says it first."""
+    import importlib.util
+
+    from ictrl.engine.config import ICTGRPOConfig
+    from ictrl.engine.trainer import ICTGRPOTrainer
+    from ictrl.errors import MissingExtraError
+
+    if importlib.util.find_spec("wandb") is not None:
+        pytest.skip("wandb is installed here")
+    args = GRPOConfig(output_dir=str(tmp_path), **{**COMMON, "report_to": ["wandb"]})
+    raised = []
+    for cls in (GRPOTrainer, ICTGRPOTrainer):
+        model, tokenizer = _load(tiny_model_dir)
+        with pytest.raises(Exception) as caught:
+            cls(model, w.digit_reward, args=args, train_dataset=w.make_dataset(), processing_class=tokenizer)
+        raised.append((type(caught.value), str(caught.value)))
+    assert raised[0] == raised[1] and raised[0][0] is RuntimeError, raised
+    with pytest.raises(MissingExtraError, match="report_to: wandb needs the 'wandb' package"):
+        ICTGRPOConfig(output_dir=str(tmp_path), token_selector="ict", **{**COMMON, "report_to": "wandb"})

@@ -22,7 +22,7 @@ from ictrl.core.loss import LOSS_TYPES, RANGED, LossSpec
 from ictrl.core.selection import SELECTORS, Selector, get_selector
 from ictrl.engine import config_fields
 from ictrl.engine.config_fields import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, SEED, Range, refused_field_errors
-from ictrl.engine.reward_policy import NO_SIGNAL_NOTE_STEPS
+from ictrl.engine.reward_policy import NO_SIGNAL_STEPS
 
 # Selector options that have their own config field (the rest go through ``selection_options``).
 SCALE_REWARDS = ("group", "batch", "none")  # TRL's advantage scalings
@@ -298,7 +298,7 @@ class ICTGRPOConfig(GRPOConfig):
         super().__post_init__()
         self._resolve_selector()
         if self.no_signal_steps is None:  # TRL's GRPO has no such stop; ictrl's methods stop a run that cannot learn
-            self.no_signal_steps = 0 if self.selector.trl_loss else NO_SIGNAL_NOTE_STEPS
+            self.no_signal_steps = 0 if self.selector.trl_loss else NO_SIGNAL_STEPS
         if self.selection_temperature is None:
             self.selection_temperature = self.temperature
         self._check_eval_during_training()

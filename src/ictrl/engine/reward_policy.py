@@ -24,7 +24,7 @@ batch as TRL holds it. The copy is a few microseconds a call at the demo's batch
 A reward *model* (an ``nn.Module``) has no per-function hook in TRL: :meth:`RewardPolicy.check_scores` checks the
 gathered scores for ``inf`` after TRL computes them. :meth:`RewardPolicy.observe_advantages` counts optimizer steps
 in a row whose every advantage is 0 (equal rewards in every group, or NaN advantages TRL zeroed) and stops the run
-with :class:`NoLearningSignal` after ``no_signal_steps`` of them (0: never); a stretch of :data:`NO_SIGNAL_NOTE_STEPS`
+with :class:`NoLearningSignal` after ``no_signal_steps`` of them (0: never); a stretch of :data:`NO_SIGNAL_STEPS`
 such steps that does not stop the run is said in one line, once per stretch (TRL's GRPO trains on without a word).
 
 With ``reward_timeout`` set, each call runs in a daemon thread the training thread waits on; a call past the
@@ -59,10 +59,10 @@ POLL_S = 0.2
 # How often a reward call that has not returned is named on the console. There is no deadline by default (a slow
 # judge may be fine), but a hung reward must not hang the run without a word.
 STILL_RUNNING_NOTE_S = 60.0
-# Optimizer steps in a row without learning signal after which a run that trains on says so, once per stretch: the
-# number ictrl's methods stop at by default (ICTGRPOConfig.no_signal_steps), so a run TRL's GRPO trains through gets
-# the line where ICT would have stopped.
-NO_SIGNAL_NOTE_STEPS = 20
+# Optimizer steps in a row without learning signal at which ictrl's methods stop by default
+# (ICTGRPOConfig.no_signal_steps) and at which a run that trains on says so, once per stretch: a run TRL's GRPO
+# trains through gets the line where ICT would have stopped.
+NO_SIGNAL_STEPS = 20
 
 log = logging.getLogger("ictrl.train")
 
@@ -129,7 +129,7 @@ class RewardPolicy:
         self.step = step or (lambda: 0)
         self.stop_requested: Callable[[], bool] = lambda: False
         self.zero_steps = 0
-        self.note_after = NO_SIGNAL_NOTE_STEPS
+        self.note_after = NO_SIGNAL_STEPS
         self.calling: str | None = None  # the reward running on the training thread (no deadline), for SIGTERM
         self.watch = StillRunning()
 

@@ -21,7 +21,11 @@ def from_grpo_config(args: Any, given: str = "args is a trl.GRPOConfig") -> Any:
     # TRL's __post_init__ derives generation_batch_size from steps_per_generation (or the reverse) and refuses both
     # set; steps_per_generation alone gives back the same generation batch.
     values["generation_batch_size"] = None
+    # TRL's Trainer checks the trackers itself (a missing package is transformers' RuntimeError, after TRL's own
+    # checks): ictrl's earlier check would change the exception a TRL user catches
+    report_to, values["report_to"] = values["report_to"], "none"
     converted = ICTGRPOConfig(**values, token_selector="all")
+    converted.report_to = report_to
     logger.warning("ICTGRPOTrainer: %s; converted to ICTGRPOConfig running TRL's GRPO (method %s, token_selector "
                    "'all': every response token, TRL's normaliser %r for loss_type %r); for ICT pass "
                    "ictrl.ICTGRPOConfig(..., token_selector='ict')", given, converted.selector.label,
