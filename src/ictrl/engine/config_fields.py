@@ -343,7 +343,8 @@ GRPO_FIELDS: dict[str, tuple[str, str]] = {
     "entropy_coef_max": (REFUSED, _ADAPTIVE),
     "entropy_coef_delta": (REFUSED, _ADAPTIVE),
     "entropy_target": (REFUSED, _ADAPTIVE),
-    "max_tool_calling_iterations": (HONOURED, "TRL's tool loop; tool outputs leave the mask as in TRL"),
+    "max_tool_calling_iterations": (HONOURED, "TRL's tool loop; tool outputs leave the mask as in TRL, and every "
+                                              "token selection"),
     "vllm_importance_sampling_correction": (SELECTION, "TRL's weight on the policy term (not the KL term), at the "
                                             "selected tokens; also for a rollout_func that reports log-probs"),
     "vllm_importance_sampling_mode": (SELECTION, "as TRL; a sequence weight spans every response token"),
