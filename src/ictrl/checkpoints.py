@@ -17,9 +17,9 @@ import os
 import re
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-from ictrl.files import claim_files
+from ictrl.files import claim_files, owned_files
 
 CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 STAGING_PREFIX = ".staging-"
@@ -70,11 +70,61 @@ def fsync_tree(root: Path) -> None:
 
 
 def publish_dir(staging: Path, final: Path) -> None:
-    """Make the fully written ``staging`` directory appear as ``final`` in one rename."""
+    """Make the fully written ``staging`` directory appear as ``final`` in one rename, listed first in its folder's
+    ``.ictrl-files.json`` as ictrl's (:func:`rotate_checkpoints` deletes only checkpoints listed there)."""
     fsync_tree(staging)
+    claim_files(final.parent, [final.name])
     if final.exists():
         shutil.rmtree(final)
     os.replace(staging, final)
+
+
+def own_checkpoints(output_dir: str | os.PathLike[str], legacy: Callable[[Path], bool] | None = None) -> list[Path]:
+    """The ``checkpoint-N`` folders in ``output_dir`` that ictrl wrote, oldest first: those its ``.ictrl-files.json``
+    lists. Where the list names no checkpoint at all (written before ictrl listed them), a checkpoint holding
+    ictrl's ``manifest.json`` counts as its own; where there is no list, every checkpoint does when ``legacy(root)``
+    says the folder is an earlier run's (its record, from before the list existed)."""
+    root = Path(output_dir)
+    if not root.is_dir():
+        return []
+    found = sorted((int(m.group(1)), p) for p in root.iterdir() if (m := CHECKPOINT_RE.match(p.name)) and p.is_dir())
+    owned = owned_files(root)
+    if owned is None:
+        return [p for _, p in found] if legacy is not None and legacy(root) else []
+    unlisted = not any(CHECKPOINT_RE.match(name) for name in owned)
+    return [p for _, p in found if p.name in owned or unlisted and (p / MANIFEST).is_file()]
+
+
+def foreign_checkpoints(output_dir: str | os.PathLike[str], legacy: Callable[[Path], bool] | None = None) -> list[Path]:
+    """The ``checkpoint-N`` entries of ``output_dir`` ictrl did not write (:func:`own_checkpoints`), oldest first:
+    a run would resume from the newest or delete them in rotation."""
+    root = Path(output_dir)
+    if not root.is_dir():
+        return []
+    own = set(own_checkpoints(root, legacy))
+    found = sorted((int(m.group(1)), p) for p in root.iterdir() if (m := CHECKPOINT_RE.match(p.name)))
+    return [p for _, p in found if p not in own]
+
+
+def rotate_checkpoints(output_dir: str | os.PathLike[str], save_total_limit: int | None,
+                       best: str | None = None) -> list[Path]:
+    """``save_total_limit`` as transformers' ``rotate_checkpoints`` keeps it (the newest and the best checkpoint
+    always stay), counted and deleted among :func:`own_checkpoints` only: a folder ictrl did not write, even one
+    named ``checkpoint-N``, is never deleted, nor taken for the newest. Returns the deleted folders."""
+    if save_total_limit is None or save_total_limit <= 0:
+        return []
+    own = own_checkpoints(output_dir)
+    if len(own) <= save_total_limit:
+        return []
+    protected = {own[-1].resolve()} | ({Path(best).resolve()} if best else set())
+    keep, deleted = max(save_total_limit, len(protected)), []
+    for checkpoint in own:
+        if len(own) - len(deleted) <= keep:
+            break
+        if checkpoint.resolve() not in protected:
+            shutil.rmtree(checkpoint, ignore_errors=True)
+            deleted.append(checkpoint)
+    return deleted
 
 
 # Renamed last, in this order, by publish_model: config.json is what a loader reads first (without it a directory
@@ -270,6 +320,65 @@ def weights_digest(directory: str | os.PathLike[str]) -> str | None:
         known = recorded.get(path.name)
         file_hash = known["sha256"] if isinstance(known, dict) and "sha256" in known else sha256_file(path)
         digest.update(f"{path.name}\0{file_hash}\n".encode())
+    return digest.hexdigest()
+
+
+# model_digest: files up to this size are hashed whole (config, tokenizer, a tiny model's weights); a larger one by
+# its size, its safetensors header and SAMPLE_BLOCKS blocks of SAMPLE_BYTES spread over it.
+WHOLE_FILE_BYTES = 16 << 20
+SAMPLE_BLOCKS, SAMPLE_BYTES = 64, 64 << 10
+
+
+def model_digest(directory: str | os.PathLike[str]) -> str | None:
+    """A sha256 that changes when the model folder's files do, without reading big weights whole: each file
+    ``from_pretrained`` reads at the folder's top (weights, configs, tokenizer, custom code) by name and size; a
+    small file's whole content; a large one's safetensors header (names, dtypes, shapes, offsets) and
+    :data:`SAMPLE_BLOCKS` blocks spread over its bytes (new weights of the same shapes change every block). A file
+    ictrl's ``manifest.json`` records is known by its recorded sha256 (``check_weights`` verified them before).
+    None for a hub id."""
+    root = Path(directory)
+    if not root.is_dir():
+        return None
+    recorded: dict[str, Any] = {}
+    if (root / MANIFEST).is_file():
+        try:
+            recorded = json.loads((root / MANIFEST).read_text())["files"]
+        except (OSError, ValueError, KeyError, TypeError):
+            recorded = {}
+    digest = hashlib.sha256()
+    for path in sorted(p for p in root.iterdir() if p.is_file() and _model_file(p.name)):
+        name, size = path.name, path.stat().st_size
+        known = recorded.get(name) if isinstance(recorded, dict) else None
+        if isinstance(known, dict) and known.get("size") == size and "sha256" in known:
+            content = str(known["sha256"])
+        else:
+            content = sha256_file(path) if size <= WHOLE_FILE_BYTES else _sampled_sha256(path, size)
+        digest.update(f"{name}\0{size}\0{content}\n".encode())
+    return digest.hexdigest()
+
+
+# What from_pretrained reads of a model folder (weights, configs, tokenizer files, custom code); a run's own record
+# beside a model it wrote (run.json, its trainer state, its arguments) is not the model.
+_MODEL_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".json", ".model", ".txt", ".tiktoken", ".jinja", ".py")
+_NOT_MODEL = frozenset({"run.json", "trainer_state.json", MANIFEST, "training_args.bin"})
+
+
+def _model_file(name: str) -> bool:
+    return not name.startswith(".") and name.endswith(_MODEL_SUFFIXES) and name not in _NOT_MODEL
+
+
+def _sampled_sha256(path: Path, size: int) -> str:
+    """sha256 of a large file's safetensors header (when it has one) and of blocks spread evenly over it."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        if path.suffix == ".safetensors":
+            length = int.from_bytes(fh.read(8), "little")
+            if 0 < length <= min(size - 8, 100 << 20):
+                digest.update(fh.read(length))
+        span = max(size - SAMPLE_BYTES, 0)
+        for i in range(SAMPLE_BLOCKS):
+            fh.seek(span * i // (SAMPLE_BLOCKS - 1))
+            digest.update(fh.read(SAMPLE_BYTES))
     return digest.hexdigest()
 
 

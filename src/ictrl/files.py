@@ -11,6 +11,7 @@ import contextlib
 import errno
 import json
 import os
+import re
 import shutil
 import uuid
 from collections.abc import Callable, Iterable, Iterator
@@ -305,3 +306,26 @@ def write_own(path: Path, write: Callable[[], Path]) -> Path:
     with reported_write(path, "nothing else was written"):
         claim_files(path.parent, [path.name])
         return write()
+
+
+# --- what is never written -------------------------------------------------------------------------------------
+
+# A key that holds a secret: transformers' TrainingArguments redacts every field ending in `_token` (hub_token) in its
+# to_dict and repr; `token` is from_pretrained's (model_init_kwargs); the rest are environment credentials' names.
+SECRET_KEY = re.compile(r"(?:^|_)(?:token|secret|password|passwd|api_?key|access_key)$", re.IGNORECASE)
+REDACTED = "<redacted>"
+
+
+def is_secret_key(name: object) -> bool:
+    """Whether a config key or flag (``hub_token``, ``--hub-token``, ``model_init_kwargs.token``) holds a secret."""
+    return isinstance(name, str) and SECRET_KEY.search(name.lstrip("-").replace("-", "_").split(".")[-1]) is not None
+
+
+def without_secrets(data: Any) -> Any:
+    """``data`` (a config mapping, nested) less every key :func:`is_secret_key` names: what a file may record."""
+    if isinstance(data, dict):
+        return {key: without_secrets(value) for key, value in data.items() if not is_secret_key(key)}
+    if isinstance(data, list):
+        return [without_secrets(item) for item in data]
+    return data
+

@@ -5,10 +5,13 @@ a local directory ("fine-tuned version of [None]") and no token selection, so ic
 from __future__ import annotations
 
 import os
+import shlex
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from ictrl.files import REDACTED, is_secret_key
 
 
 def resolved_method(args: Any) -> dict[str, Any]:
@@ -37,7 +40,8 @@ def model_card(base_model: str, output_dir: Path, args: Any, command: str | None
                         if key not in ("method", "token_selector") and value is not None)
     how = ("trained by `ictrl train` (ICTGRPOTrainer, a subclass of TRL's `GRPOTrainer`)" if command else
            f"trained from Python with `ictrl.ICTGRPOTrainer` (a subclass of TRL's `GRPOTrainer`, method {label})")
-    made = (["Trained with:", "", "```bash", command, "```", ""] if command else
+    # the line as run, less its secrets (--hub_token=<redacted>): the card is the file push_to_hub publishes
+    made = (["Trained with:", "", "```bash", redact_command(command), "```", ""] if command else
             ["Trained from Python with `ICTGRPOTrainer(...)`, not a command: the settings above are its resolved "
              "arguments (`trainer.args`); no config file was written.", ""])
     # only the files that are really there: a Python run writes neither unless its caller did
@@ -65,3 +69,25 @@ def write_model_card(trainer: Any, base_model: str, command: str | None) -> None
         return
     out = Path(trainer.args.output_dir)
     atomic_write_text(out / "README.md", model_card(base_model, out, trainer.args, command, trainer.state.global_step))
+
+
+def redact_command(command: str) -> str:
+    """The shell command line ``command`` with the value of every secret flag replaced by :data:`REDACTED`
+    (``--hub_token=<redacted>``; ``--hub_token VALUE`` too): the line a model card records."""
+    try:
+        words = shlex.split(command)
+    except ValueError:  # not a line shlex.join wrote: nothing safe to keep of it
+        return REDACTED
+    out: list[str] = []
+    hide_next = False
+    for word in words:
+        if hide_next:
+            out.append(REDACTED)
+            hide_next = False
+        elif word.startswith("-") and "=" in word and is_secret_key(word.split("=", 1)[0]):
+            out.append(f"{word.split('=', 1)[0]}={REDACTED}")
+        else:
+            out.append(word)
+            hide_next = word.startswith("--") and is_secret_key(word)
+    return " ".join(word if word == REDACTED or word.endswith(f"={REDACTED}") else shlex.quote(word)
+                    for word in out)

@@ -12,8 +12,8 @@ from typing import Any, Callable
 
 import torch
 
-from ictrl.checkpoints import (STAGING_PREFIX, checkpoint_world_size, publish_dir, publish_model, trainer_state,
-                               verify_checkpoint, write_manifest)
+from ictrl.checkpoints import (STAGING_PREFIX, checkpoint_world_size, publish_dir, publish_model, rotate_checkpoints,
+                               trainer_state, verify_checkpoint, write_manifest)
 from ictrl.errors import ConfigError
 from ictrl.files import is_write_failure, write_error
 
@@ -174,8 +174,6 @@ class Resumable:
     def save_checkpoint(self, save: Callable[[Any, Any], None], model: Any, trial: Any) -> None:
         """Trainer's ``_save_checkpoint`` (``save``) into a staging directory, then a manifest and a rename: every
         ``checkpoint-N`` is complete."""
-        from transformers.trainer_utils import rotate_checkpoints
-
         trainer = self.trainer
         run_dir = Path(trainer._get_output_dir(trial=trial))
         name = f"checkpoint-{trainer.state.global_step}"
@@ -196,7 +194,8 @@ class Resumable:
             # every process has written its files (per-process RNG states) before the manifest and the rename
             failure = _agree(failure, barrier, getattr(trainer.args, "device", None))
         if failure is None and trainer.args.should_save:
-            failure = _attempt(lambda: (write_manifest(staging / name), publish_dir(staging / name, run_dir / name)))
+            failure = _attempt(lambda: (args_without_secrets(trainer.args, staging / name),
+                                        write_manifest(staging / name), publish_dir(staging / name, run_dir / name)))
         if failure is not None:
             shutil.rmtree(staging, ignore_errors=True)  # nothing half-written stays; earlier checkpoints untouched
             raise _save_failed(run_dir / name, failure)
@@ -205,9 +204,37 @@ class Resumable:
             best = trainer.state.best_model_checkpoint
             if best and str(staging) in best:
                 trainer.state.best_model_checkpoint = best.replace(str(staging / name), str(run_dir / name))
-            rotate_checkpoints(output_dir=str(run_dir), save_total_limit=trainer.args.save_total_limit,
-                               best_model_checkpoint=trainer.state.best_model_checkpoint, use_mtime=False)
+            # among the checkpoints ictrl wrote only: a user's own checkpoint-N folder is neither deleted nor newest
+            rotate_checkpoints(run_dir, trainer.args.save_total_limit, trainer.state.best_model_checkpoint)
         barrier()
+
+
+def args_without_secrets(args: Any, directory: Path) -> None:
+    """``directory/training_args.bin``, the Trainer's pickle of its arguments, written again without their secrets
+    (each field ``files.is_secret_key`` names: ``hub_token``, which transformers' own records redact): the token
+    stays in memory for ``push_to_hub``, never on disk."""
+    import copy
+    import dataclasses
+
+    from transformers.trainer import TRAINING_ARGS_NAME
+
+    from ictrl.files import is_secret_key, without_secrets
+
+    path = directory / TRAINING_ARGS_NAME
+    # a secret field (hub_token) emptied; a mapping (model_init_kwargs) less its secret keys (from_pretrained's token)
+    changed: dict[str, Any] = {}
+    for field in dataclasses.fields(args):
+        value = getattr(args, field.name, None)
+        if is_secret_key(field.name) and value:
+            changed[field.name] = None
+        elif isinstance(value, dict) and without_secrets(value) != value:
+            changed[field.name] = without_secrets(value)
+    if not changed or not path.is_file():
+        return
+    clean = copy.copy(args)  # a shallow copy: the trainer keeps its own arguments, token included
+    for name, value in changed.items():
+        setattr(clean, name, value)
+    torch.save(clean, path)
 
 
 def _attempt(write: Any) -> BaseException | None:
@@ -263,6 +290,8 @@ def save_final(trainer: Any, staging: Path, final: Path) -> None:
     if failure is None and trainer.args.should_save:
         def publish() -> None:
             trainer.state.save_to_json(str(staging / "trainer_state.json"))  # its step: finished_run reads it
+            for folder in (staging, staging / "adapter"):
+                args_without_secrets(trainer.args, folder)
             write_manifest(staging)
             publish_model(staging, final)
 

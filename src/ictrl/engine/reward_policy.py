@@ -20,6 +20,8 @@ next reward grades and what is logged, and one that clears them ends in TRL's co
 own deep copy of the batch (:func:`own_copy`; the trainer's state, its logging hooks and the rollouts'
 environments stay shared: they are the trainer's objects, not the batch), and the result is checked against the
 batch as TRL holds it. The copy is a few microseconds a call at the demo's batch (``bench/bench_reward_copy.py``).
+A reward that changes the working directory (a code sandbox's ``os.chdir``) is named once and the directory
+restored after each of its calls.
 
 A reward *model* (an ``nn.Module``) has no per-function hook in TRL: :meth:`RewardPolicy.check_scores` checks the
 gathered scores for ``inf`` after TRL computes them. :meth:`RewardPolicy.observe_advantages` counts optimizer steps
@@ -46,6 +48,7 @@ import inspect
 import logging
 import math
 import numbers
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -113,6 +116,13 @@ def _fresh(value: Any) -> Any:
     return copy.deepcopy(value)
 
 
+def _cwd() -> str | None:
+    try:
+        return os.getcwd()
+    except OSError:  # the working directory was removed
+        return None
+
+
 def _label(fn: Any) -> str:
     return getattr(fn, "__name__", None) or type(fn).__name__
 
@@ -131,6 +141,7 @@ class RewardPolicy:
         self.zero_steps = 0
         self.note_after = NO_SIGNAL_STEPS
         self.calling: str | None = None  # the reward running on the training thread (no deadline), for SIGTERM
+        self.moved_cwd: set[str] = set()  # the rewards named for changing the working directory
         self.watch = StillRunning()
 
     @classmethod
@@ -178,12 +189,33 @@ class RewardPolicy:
 
     @contextlib.contextmanager
     def _watched(self, name: str) -> Iterator[None]:
-        """The block's call, listed for the watch (:class:`StillRunning`) while it runs."""
+        """The block's call, listed for the watch (:class:`StillRunning`) while it runs; the working directory it
+        found, given back after it (:meth:`_keep_cwd`)."""
         token = self.watch.begin(name, self.step())
+        cwd = _cwd()
         try:
             yield
         finally:
             self.watch.end(token)
+            self._keep_cwd(name, cwd)
+
+    def _keep_cwd(self, name: str, cwd: str | None) -> None:
+        """The run's working directory ``cwd`` restored after a reward call that changed it (a code sandbox's
+        ``os.chdir``, into a folder it may have removed since): the run's relative paths, and the next call, find
+        the directory the run started in. The reward is named once."""
+        now = _cwd()
+        if cwd is None or now == cwd:
+            return
+        try:
+            os.chdir(cwd)
+        except OSError as exc:
+            log.warning("reward %r changed the working directory at step %d and %s cannot be restored: %s", name,
+                        self.step(), cwd, exc.strerror or exc)
+            return
+        if name not in self.moved_cwd:
+            self.moved_cwd.add(name)
+            log.warning("reward %r changed the working directory (to %s) at step %d; the run restores %s after each "
+                        "of its calls", name, now or "a folder since removed", self.step(), cwd)
 
     def _raised(self, name: str, exc: BaseException) -> RewardError:
         first = (str(exc).strip().splitlines() or [""])[0]

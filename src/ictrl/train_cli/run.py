@@ -11,25 +11,28 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import os
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import torch
 
-from ictrl.checkpoints import RUN_FILES, STAGING_PREFIX, clear_staging, finished_run, rerun_advice, trainer_state
+from ictrl.checkpoints import (RUN_FILES, STAGING_PREFIX, clear_staging, finished_run, own_checkpoints, rerun_advice,
+                               trainer_state)
 from ictrl.cliargs import VERBOSE_ENV, env_flag
 from ictrl.engine.resumable import resume_point, save_final, verified_checkpoints
 from ictrl.train_cli.resume_check import INEXACT_FLAG, NEW_SCHEDULE_FLAG, check_exact, check_unchanged
 from ictrl.errors import ConfigError, Terminated, UserError
-from ictrl.files import claim_files, reported_write
+from ictrl.files import claim_files, reported_write, without_secrets
 from ictrl.engine.reward_policy import RewardAbandoned, RunStop
 from ictrl.train_cli.preflight import (Checked, check_inputs, existing_checkpoints, preflight, train_rows,
                                        trainer_classes)
 from ictrl.train_cli.process_group import answered_once
 from ictrl.train_cli.run_config import RunConfig, config_to_dict, save_config
-from ictrl.train_cli.run_guard import (OVERWRITE_FLAG, RunLock, StopRequest, add_stop_callback, forget_previous_run,
-                                       note_short_run, run_failure, stopped)
-from ictrl.train_cli.run_inputs import eval_rows, input_hashes, inputs_record, named_checkpoint, reward_label
+from ictrl.train_cli.run_guard import (OVERWRITE_FLAG, RunLock, StopRequest, add_stop_callback, earlier_run,
+                                       forget_previous_run, note_short_run, run_failure, stopped)
+from ictrl.train_cli.run_inputs import (ACCEPT_CHANGED_FLAG, eval_rows, input_hashes, inputs_record, named_checkpoint,
+                                       reward_label)
 
 log = logging.getLogger("ictrl.train")
 
@@ -50,7 +53,7 @@ def prepare_output_dir(cfg: RunConfig, resume: bool | str, source: str = "<confi
     (the final model of its step is in ``output_dir``), else the newest that resumes exactly
     (``resumable.resume_point``; without ``args``, the newest verified). Refuses to start over existing
     checkpoints."""
-    out = Path(cfg.output_dir)
+    out = Path(args.output_dir if args is not None else cfg.output_dir)
     resume, named = named_checkpoint(cfg, resume, source)  # TRL's resume_from_checkpoint
     checkpoints = existing_checkpoints(cfg, resume, source)
     clear_staging(out)
@@ -133,15 +136,34 @@ def train(cfg: RunConfig, resume: bool | str = False, source: str = "<config>",
 
     log.info(method_line(cfg, source))
     checked = preflight(cfg, source, flags)
+    out = locked_output_dir(cfg, checked.args)
     stop = StopRequest()
     try:
-        with stop, RunLock(cfg.output_dir, checked.args), cpu_threads(checked.args):
+        with stop, RunLock(out, checked.args), cpu_threads(checked.args):
             return _train_locked(cfg, checked, resume, source, callbacks, resume_command, stop, command,
-                                 accept_changed_inputs)
+                                 accepting_flag(cfg, accept_changed_inputs))
     except Terminated:
         if not stop.before_training:
             raise
-        raise stopped(Path(cfg.output_dir), None, resume_command, Terminated) from None  # nothing new to save
+        raise stopped(out, None, resume_command, Terminated) from None  # nothing new to save
+
+
+def accepting_flag(cfg: RunConfig, accept_changed_inputs: bool) -> str | None:
+    """The flag under which ``--resume`` goes on over changed inputs (naming them), or None (it refuses):
+    ``--accept-changed-inputs``, or ``--resume-inexact``, which accepts a resume that is not the same run."""
+    if accept_changed_inputs:
+        return ACCEPT_CHANGED_FLAG
+    return INEXACT_FLAG if INEXACT_FLAG in cfg.modes else None
+
+
+def locked_output_dir(cfg: RunConfig, args: Any) -> Path:
+    """``output_dir`` as one absolute path, resolved once, before the lock is taken: the lock, the record, the
+    checkpoints, the model and its card all go there, and ``args.output_dir`` (which TRL and the Trainer build
+    every path from) is set to it before the trainer sees it. A reward, a callback or TRL that changes the working
+    directory (a code sandbox's ``os.chdir``) moves nothing out of the locked folder."""
+    out = Path(os.path.abspath(Path(cfg.output_dir).expanduser()))
+    args.output_dir = str(out)
+    return out
 
 
 def check_resume(cfg: RunConfig, checkpoint: Path, args: Any, source: str = "<config>") -> None:
@@ -149,17 +171,18 @@ def check_resume(cfg: RunConfig, checkpoint: Path, args: Any, source: str = "<co
     config is that of the run it ends (its folder's ``config.yaml``); unless the command accepts the difference by
     name (``--resume-inexact``, ``--resume-new-schedule``), when one line says what differs."""
     check_exact(checkpoint, args, INEXACT_FLAG in cfg.modes, source)
-    check_unchanged(checkpoint.parent / "config.yaml", config_to_dict(cfg), args, source,
+    check_unchanged(checkpoint.parent / "config.yaml", without_secrets(config_to_dict(cfg)), args, source,
                     new_schedule=NEW_SCHEDULE_FLAG in cfg.modes)
 
 
 def _train_locked(cfg: RunConfig, checked: Checked, resume: bool | str, source: str, callbacks: list[Any] | None,
                   resume_command: str | None, stop: Any, command: str | None = None,
-                  accept_changed_inputs: bool = False) -> TrainResult:
+                  accept: str | None = None) -> TrainResult:
     args, reward_funcs = checked.args, checked.reward_funcs
+    # The final model goes where Trainer.save_model(output_dir) and `trl grpo` put it: output_dir itself, the
+    # absolute path the lock was taken on (locked_output_dir).
+    out = Path(args.output_dir)
     resume_from = prepare_output_dir(cfg, resume, source, args)
-    # The final model goes where Trainer.save_model(output_dir) and `trl grpo` put it: output_dir itself.
-    out = Path(cfg.output_dir)
     if resume_from is not None and resume_from.parent.resolve() == out.resolve() and \
             finished_run(resume_from, args.max_steps):
         step = trainer_state(resume_from)["global_step"]
@@ -171,7 +194,8 @@ def _train_locked(cfg: RunConfig, checked: Checked, resume: bool | str, source: 
     dataset = check_inputs(cfg, checked.init_kwargs, source)  # every row checked before the model loads
     resumed_at = trainer_state(resume_from)["global_step"] if resume_from is not None else None
     inputs = inputs_record(resume_from.parent if resume_from is not None else out,
-                           input_hashes(dataset, reward_funcs), resumed_at, accept_changed_inputs, source)
+                           input_hashes(dataset, reward_funcs, cfg.model.model_name_or_path), resumed_at,
+                           accept is not None, source, flag=accept or ACCEPT_CHANGED_FLAG)
 
     eval_dataset = eval_rows(cfg, args)  # trl grpo's dataset_test_split, under eval_strategy
     from ictrl.train_cli.model_init import tokenizer_and_config
@@ -181,7 +205,8 @@ def _train_locked(cfg: RunConfig, checked: Checked, resume: bool | str, source: 
     model, tokenizer = _model_and_tokenizer(cfg, checked.init_kwargs, tokenizer.chat_template)
     with reported_write(out, lambda: rerun_advice(out)):
         out.mkdir(parents=True, exist_ok=True)
-        claim_files(out, RUN_FILES)  # checked in preflight: none of them is there unless ictrl wrote it
+        # checked in preflight: ictrl's own (an older ictrl's checkpoints, unlisted until now, listed here too)
+        claim_files(out, [*RUN_FILES, *(p.name for p in own_checkpoints(out, earlier_run))])
         save_config(cfg, out / "config.yaml")
         write_run_labels(out, args, cfg.method_from, inputs)
 

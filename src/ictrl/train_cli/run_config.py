@@ -35,7 +35,7 @@ from ictrl.engine.config_fields import AT_LEAST_ONE, NON_NEGATIVE, check_fields,
 from ictrl.train_cli.config_yaml import MAX_CONFIG_BYTES, file_value, load_yaml_value
 from ictrl.cliargs import PATH_KEYS, expand_paths
 from ictrl.errors import QUOTE_LIMIT, ConfigError, UserError, quote, shorten
-from ictrl.files import atomic_write_text
+from ictrl.files import atomic_write_text, without_secrets
 from ictrl.yamlfile import load_yaml
 
 
@@ -443,8 +443,13 @@ def config_to_dict(cfg: RunConfig) -> dict[str, Any]:
 
 
 def save_config(cfg: RunConfig, path: str | os.PathLike[str]) -> None:
-    """Write the resolved config as YAML, atomically."""
-    atomic_write_text(path, yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+    """Write the resolved config as YAML, atomically, less its secrets (``files.without_secrets``: ``hub_token``),
+    which a comment names: a resume is given them again."""
+    values = config_to_dict(cfg)
+    kept = without_secrets(values)
+    dropped = sorted(key for key in values if key not in kept)
+    note = f"# not written here (secrets; give them again to resume): {', '.join(dropped)}\n" if dropped else ""
+    atomic_write_text(path, note + yaml.safe_dump(kept, sort_keys=False))
 
 
 # -------------------------------------------------------------------------------------- a method's keys

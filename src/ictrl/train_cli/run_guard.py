@@ -29,10 +29,11 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from ictrl.checkpoints import CHECKPOINT_RE, LAST_FILES, MANIFEST, OVERWRITE_FLAG, RUN_FILES, STAGING_PREFIX
+from ictrl.checkpoints import (CHECKPOINT_RE, LAST_FILES, MANIFEST, OVERWRITE_FLAG, RUN_FILES, STAGING_PREFIX,
+                               foreign_checkpoints)
 from ictrl.dirlock import LOCK_NAME, OutputLock
 from ictrl.errors import ConfigError, UserError, shorten
-from ictrl.files import check_own_files
+from ictrl.files import OWNED_FILE, check_own_files
 
 log = logging.getLogger("ictrl.train")
 
@@ -252,11 +253,18 @@ def earlier_run(out: Path) -> bool:
 
 def check_own_output(out_dir: str, label: str) -> None:
     """Refuse an ``output_dir`` holding a file the run would write over that ictrl did not write there
-    (``files.check_own_files``): a project's README.md or config.yaml under ``--output-dir .``. ``--overwrite``
-    replaces only ictrl's own files, so it does not lift this."""
+    (``files.check_own_files``): a project's README.md or config.yaml under ``--output-dir .``, or a
+    ``checkpoint-N`` folder (``checkpoints.foreign_checkpoints``), which a resume would start from and rotation
+    delete. ``--overwrite`` replaces only ictrl's own files, so it does not lift this."""
     out = Path(out_dir).expanduser()
     check_own_files(out, run_writes(out), f"{label}: output_dir", earlier_run,
                     f" ({OVERWRITE_FLAG} replaces only files ictrl wrote)")
+    foreign = foreign_checkpoints(out, earlier_run)
+    if foreign:
+        more = f" (and {len(foreign) - 1} more)" if len(foreign) > 1 else ""
+        raise ConfigError(f"{label}: output_dir: {foreign[-1]}{more} was not written by ictrl (not in its "
+                          f"{OWNED_FILE}): a run would resume from it or delete it in rotation (save_total_limit); "
+                          "move it away or choose another output directory")
 
 
 def check_not_an_input(out_dir: str, inputs: list[tuple[str, Path]], source: str) -> None:

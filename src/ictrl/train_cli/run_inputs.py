@@ -379,16 +379,19 @@ def named_checkpoint(cfg: RunConfig, resume: bool | str, source: str = "<config>
 ACCEPT_CHANGED_FLAG = "--accept-changed-inputs"
 
 
-def input_hashes(dataset: Any, reward_funcs: list[Any]) -> dict[str, str]:
-    """sha256 of the training rows as the trainer gets them (every column, after the prompt template), and of the
-    source file of each reward function defined outside ictrl and installed packages (a local module): what
-    ``--resume`` compares, since a name (``jsonl:train.jsonl``, ``my_reward:score``) says nothing of the content."""
+def input_hashes(dataset: Any, reward_funcs: list[Any], model: str | None = None) -> dict[str, str]:
+    """What ``--resume`` compares, since a name (``jsonl:train.jsonl``, ``my_reward:score``, a model folder) says
+    nothing of the content: the sha256 of the training rows as the trainer gets them (every column, after the prompt
+    template); of the source file of each reward function defined outside ictrl and installed packages (a local
+    module) and of each local module it imports (``reward_sources.local_sources``); and
+    ``checkpoints.model_digest`` of the ``model`` folder (the base model, which is also the reference model) and of
+    a reward model's folder."""
     import hashlib
     import inspect
     import json
-    import sysconfig
 
-    from ictrl.checkpoints import sha256_file
+    from ictrl.checkpoints import model_digest, sha256_file
+    from ictrl.train_cli.reward_sources import is_local, local_sources
 
     from datasets import IterableDataset
 
@@ -401,40 +404,55 @@ def input_hashes(dataset: Any, reward_funcs: list[Any]) -> dict[str, str]:
         digest.update(column.encode())
         digest.update(json.dumps(columns[column], sort_keys=True, ensure_ascii=False, default=str).encode())
     out = {"data": digest.hexdigest()}
-    installed = [Path(p).resolve() for p in {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}]
-    package = Path(__file__).resolve().parents[1]
+    if model is not None and (weights := model_digest(model)) is not None:
+        out["model"] = weights
     for fn in reward_funcs:
+        if isinstance(fn, str):  # a reward model, by its path or hub id
+            if (weights := model_digest(fn)) is not None:
+                out[f"reward model {reward_label(fn)}"] = weights
+            continue
         module = inspect.getmodule(fn if inspect.isroutine(fn) else type(fn))
         source = getattr(module, "__file__", None)
-        if not source or not Path(source).is_file():
+        if module is None or not source or not Path(source).is_file() or not is_local(Path(source)):
             continue
-        path = Path(source).resolve()
-        if path.is_relative_to(package) or any(path.is_relative_to(p) for p in installed):
-            continue
-        out[f"reward {reward_label(fn)}"] = sha256_file(path)
+        out[f"reward {reward_label(fn)}"] = sha256_file(Path(source))
+        for name, path in sorted(local_sources(module).items()):
+            if name != module.__name__:
+                out[f"reward {reward_label(fn)} imports {name}"] = sha256_file(path)
     return out
 
 
+def _changed_text(key: str) -> str:
+    if key == "data":
+        return "the training data (the rows as read, after the prompt template)"
+    if key == "model":
+        return "the model of model_name_or_path (its files: the base and reference model)"
+    if key.startswith("reward model "):
+        return f"the files of {key}"
+    reward, _, imported = key.partition(" imports ")
+    return f"the source of module {imported} (imported by {reward})" if imported else f"the source of {key}"
+
+
 def check_same_inputs(saved: dict[str, Any], now: dict[str, str], accept: bool, source: str = "<config>") -> list[str]:
-    """The inputs whose content differs from the run's ``run.json`` record (``saved["inputs"]``; a run recorded
-    before hashes were kept is not compared). A difference refuses the resume in one line, unless ``accept``
-    (``--accept-changed-inputs``), when it is returned for ``run.json`` to record."""
+    """The inputs whose content differs from the run's ``run.json`` record (``saved["inputs"]``; an input recorded
+    before its hash was kept is not compared). A difference refuses the resume in one line, unless ``accept``
+    (``--accept-changed-inputs`` or ``--resume-inexact``), when it is returned for ``run.json`` to record."""
     before = saved.get("inputs") or {}
     changed = sorted(k for k in before.keys() | now.keys() if before.get(k) != now.get(k) and k in before)
     if changed and not accept:
-        what = ", ".join("the training data (the rows as read, after the prompt template)" if k == "data" else
-                         f"the source of {k}" for k in changed)
+        what = ", ".join(_changed_text(k) for k in changed)
         raise ConfigError(f"{source}: --resume: {what} changed since the run started; a resumed run would not "
                           f"continue the same run: restore it, start a fresh run in another output_dir, or pass "
-                          f"{ACCEPT_CHANGED_FLAG} to continue on the new content (run.json records it)")
+                          f"{ACCEPT_CHANGED_FLAG} (or --resume-inexact) to continue on the new content (run.json "
+                          "records it)")
     return changed
 
 
 def inputs_record(out: Path, hashes: dict[str, str], resume_step: int | None, accept: bool,
-                  source: str = "<config>") -> dict[str, Any]:
+                  source: str = "<config>", flag: str = ACCEPT_CHANGED_FLAG) -> dict[str, Any]:
     """The ``run.json`` keys of a run's inputs: ``inputs`` (:func:`input_hashes`), and ``changed_inputs``, each
-    resume that went on under ``--accept-changed-inputs`` (the step and what changed). A resume
-    (``resume_step`` not None) is checked against the record first (:func:`check_same_inputs`)."""
+    resume that went on under ``flag`` (``--accept-changed-inputs`` or ``--resume-inexact``: the step and what
+    changed). A resume (``resume_step`` not None) is checked against the record first (:func:`check_same_inputs`)."""
     import json
 
     try:
@@ -446,9 +464,9 @@ def inputs_record(out: Path, hashes: dict[str, str], resume_step: int | None, ac
     if resume_step is not None:
         changed = check_same_inputs(saved, hashes, accept, source)
         if changed:
-            log.warning("--resume: continuing on changed inputs (%s) under %s", ", ".join(changed),
-                        ACCEPT_CHANGED_FLAG)
-            history.append({"step": resume_step, "changed": changed, "flag": ACCEPT_CHANGED_FLAG})
+            log.warning("--resume: continuing on changed inputs (%s) under %s: the result will differ from an "
+                        "uninterrupted run", "; ".join(_changed_text(k) for k in changed), flag)
+            history.append({"step": resume_step, "changed": changed, "flag": flag})
     return {"inputs": hashes, **({"changed_inputs": history} if history else {})}
 
 
