@@ -192,7 +192,8 @@ def test_a_full_disk_during_a_save_is_one_line_and_leaves_nothing(tmp_path: Path
     assert message.startswith(f"cannot write {tmp_path / 'checkpoint-4'}: ")
     assert " free); checkpoint-2 is intact; free space and resume with --resume" in message
     assert "\n" not in message
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-2"]  # no staging, no torn checkpoint-4
+    # no staging, no torn checkpoint-4
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".ictrl-files.json", "checkpoint-2"]
     assert {p.name: p.read_bytes() for p in (tmp_path / "checkpoint-2").iterdir()} == before
 
 

@@ -169,7 +169,7 @@ def test_checkpoints_appear_whole_or_not_at_all(tmp_path: Path) -> None:
         save(tmp_path, step)
     # save_total_limit=2 keeps the two newest; each is complete
     assert [p.name for p in complete_checkpoints(tmp_path)] == ["checkpoint-2", "checkpoint-3"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-2", "checkpoint-3"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".ictrl-files.json", "checkpoint-2", "checkpoint-3"]
     assert sorted(p.name for p in (tmp_path / "checkpoint-3").iterdir()) == [
         "manifest.json", "model.safetensors", "optimizer.pt", "rng_state.pth", "trainer_state.json"]
 

@@ -18,6 +18,7 @@ from fixtures.procs import pid_alive
 from ictrl import cli
 from ictrl.dirlock import LOCK_NAME, OutputLock
 from ictrl.errors import ConfigError
+from ictrl.files import claim_files
 
 TINY = Path(__file__).resolve().parents[2] / "configs" / "tiny" / "ict.yaml"
 
@@ -42,6 +43,7 @@ def test_resume_while_the_run_goes_is_one_line(monkeypatch: pytest.MonkeyPatch, 
     monkeypatch.setattr(ictrl.models, "load_model_and_tokenizer", lambda *a, **k: pytest.fail("model loaded"))
     out = tmp_path / "run"
     (out / "checkpoint-1").mkdir(parents=True)
+    claim_files(out, ["checkpoint-1"])  # the running run's, as ictrl lists its checkpoints
     staged = out / ".staging-checkpoint-2"
     staged.mkdir()
     with OutputLock(out):

@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from ictrl import cli
+from ictrl.files import claim_files
 from ictrl.train_cli.run_config import load_config, read_yaml
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
@@ -58,6 +59,7 @@ def test_refuses_to_overwrite_checkpoints_without_resume(loader_calls: list[Any]
     out = tmp_path / "out"
     (out / "checkpoint-4").mkdir(parents=True)
     (out / "checkpoint-4" / "trainer_state.json").write_text("{}")
+    claim_files(out, ["checkpoint-4"])  # an earlier run's, as ictrl lists its checkpoints
     code = cli.main(["train", str(CELL), f"--output_dir={out}", "--use_vllm=false"])  # runs without vLLM too
     assert code == 2 and "already holds checkpoint-4; pass --resume" in capsys.readouterr().err
     assert loader_calls == []

@@ -126,7 +126,10 @@ def test_resume_from_checkpoint_in_another_folder_continues_that_run_exactly(tin
 
 
 def fake_checkpoint(path: Path, step: int = 2) -> Path:
+    from ictrl.files import claim_files
+
     path.mkdir(parents=True)
+    claim_files(path.parent, [path.name])  # as ictrl lists the checkpoints it writes
     (path / "trainer_state.json").write_text(json.dumps({"global_step": step}))
     return path
 

@@ -223,7 +223,7 @@ def args_without_secrets(args: Any, directory: Path) -> None:
     path = directory / TRAINING_ARGS_NAME
     # a secret field (hub_token) emptied; a mapping (model_init_kwargs) less its secret keys (from_pretrained's token)
     changed: dict[str, Any] = {}
-    for field in dataclasses.fields(args):
+    for field in dataclasses.fields(args) if dataclasses.is_dataclass(args) else ():
         value = getattr(args, field.name, None)
         if is_secret_key(field.name) and value:
             changed[field.name] = None

@@ -53,7 +53,7 @@ def prepare_output_dir(cfg: RunConfig, resume: bool | str, source: str = "<confi
     (the final model of its step is in ``output_dir``), else the newest that resumes exactly
     (``resumable.resume_point``; without ``args``, the newest verified). Refuses to start over existing
     checkpoints."""
-    out = Path(args.output_dir if args is not None else cfg.output_dir)
+    out = Path(getattr(args, "output_dir", None) or cfg.output_dir)
     resume, named = named_checkpoint(cfg, resume, source)  # TRL's resume_from_checkpoint
     checkpoints = existing_checkpoints(cfg, resume, source)
     clear_staging(out)
