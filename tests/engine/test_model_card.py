@@ -26,3 +26,13 @@ def test_card_of_ictrl_train_points_to_the_files_beside_it(tmp_path: Path) -> No
     card = model_card("Qwen/Qwen2.5-0.5B", out, args, "ictrl train grpo.yaml")
     assert "trained by `ictrl train`" in card and "ictrl train grpo.yaml" in card
     assert "`config.yaml` and `run.json` beside this file" in card and "from Python" not in card
+
+
+def test_the_command_line_on_the_card_redacts_secrets(tmp_path: Path) -> None:
+    """The card is the file ``push_to_hub`` publishes: a token given on the command line is not on it."""
+    args = w.make_config(tmp_path / "out", token_selector="ict")
+    line = "ictrl train grpo.yaml --hub_token=hf_abc123 --hub-token hf_def456 --learning_rate=1e-6 --run_name 'a b'"
+    card = model_card("Qwen/Qwen2.5-0.5B", tmp_path / "out", args, line)
+    assert "hf_abc123" not in card and "hf_def456" not in card
+    assert "ictrl train grpo.yaml --hub_token=<redacted> --hub-token <redacted> --learning_rate=1e-6 --run_name " \
+           "'a b'" in card

@@ -451,3 +451,37 @@ def _lora_adapter_is_saved_from_the_gathered_weights(trainer: Any, tmp_path: Pat
         (full,) = [k for k in lora if k.replace(".default", "") == name]
         assert torch.equal(tensor, gathered[full])
     assert not (out / "model.safetensors").exists()  # the weights are shards: no merged model
+
+
+def test_rotation_deletes_only_checkpoints_ictrl_wrote(tmp_path: Path) -> None:
+    """``save_total_limit`` counts and deletes the checkpoints ictrl listed in ``.ictrl-files.json``: a user's own
+    ``checkpoint-N`` folders (one numbered past the run's) are neither deleted nor taken for the newest."""
+    from ictrl.engine.resumable import Resumable
+
+    for name in ("checkpoint-0", "checkpoint-100"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "notes.txt").write_text("a user's")
+    for step in (1, 2, 3):
+        trainer = _FakeTrainer(tmp_path, step)
+        trainer.args.save_total_limit = 1
+        Resumable(trainer).save_checkpoint(trainer._save_checkpoint, None, None)
+    assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == ["checkpoint-0", "checkpoint-100", "checkpoint-3"]
+    assert (tmp_path / "checkpoint-100" / "notes.txt").read_text() == "a user's"
+
+
+def test_no_checkpoint_keeps_a_token_in_its_training_args(tmp_path: Path) -> None:
+    """The Trainer pickles its arguments into every checkpoint and the final model (``training_args.bin``): saved
+    again without ``hub_token`` (or a ``token`` in ``model_init_kwargs``), which the trainer keeps in memory."""
+    import mp_worker as w
+
+    from ictrl.engine.resumable import args_without_secrets
+
+    args = w.make_config(tmp_path / "out", token_selector="ict")
+    args.hub_token, args.model_init_kwargs = "hf_secret_1", {"token": "hf_secret_2", "dtype": "float32"}
+    torch.save(args, tmp_path / "training_args.bin")
+    args_without_secrets(args, tmp_path)
+    data = (tmp_path / "training_args.bin").read_bytes()
+    assert b"hf_secret" not in data and b"float32" in data
+    assert args.hub_token == "hf_secret_1" and args.model_init_kwargs["token"] == "hf_secret_2"
+    saved = torch.load(tmp_path / "training_args.bin", weights_only=False)
+    assert saved.hub_token is None and saved.model_init_kwargs == {"dtype": "float32"}

@@ -106,3 +106,34 @@ def test_a_quick_reward_is_not_named_and_the_default_period_is_a_minute(caplog: 
     with caplog.at_level(logging.WARNING, logger="ictrl.train"):
         RewardPolicy().wrap(lambda completions=None, **kw: [0.0])(prompts=["p"], completions=["c"])
     assert not caplog.records
+
+
+@pytest.mark.parametrize("timeout", [None, 30.0])
+@pytest.mark.parametrize("removed", [False, True])
+def test_a_reward_that_changes_the_working_directory_is_named_once_and_undone(
+        timeout: float | None, removed: bool, tmp_path: Any, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A code sandbox's ``os.chdir`` (into a folder it may remove after) is undone after each call, so the run's
+    relative paths and the next call find the run's directory; one warning names the reward."""
+    import os
+    import shutil
+
+    monkeypatch.chdir(tmp_path)
+    run_dir = os.getcwd()
+
+    def sandboxed(prompts: Any = None, completions: Any = None, **kw: Any) -> list[float]:
+        box = tmp_path / f"box-{len(os.listdir(tmp_path))}"
+        box.mkdir()
+        os.chdir(box)
+        if removed:
+            shutil.rmtree(box)
+        return [1.0] * len(completions)
+
+    wrapped = RewardPolicy(timeout=timeout, step=lambda: 2).wrap(sandboxed)
+    with caplog.at_level(logging.WARNING, logger="ictrl.train"):
+        for _ in range(3):
+            assert wrapped(**_batch()) == [1.0] * 4
+            assert os.getcwd() == run_dir
+    named = [r.getMessage() for r in caplog.records if "working directory" in r.getMessage()]
+    assert len(named) == 1 and named[0].startswith("reward 'sandboxed' changed the working directory") and \
+        f"the run restores {run_dir} after each of its calls" in named[0], named

@@ -383,3 +383,16 @@ def test_print_config_shows_the_resolved_method(tmp_path: Path, capsys: pytest.C
     assert "#   loss_normalization: token_mean_all" in out and "#   selection_warmup_steps: 0" in out
     printed = yaml.safe_load(out)
     assert printed["token_selector"] == "all" and printed["learning_rate"] == 1e-5
+
+
+def test_the_saved_config_holds_no_secret(tmp_path: Path) -> None:
+    """``hub_token`` and a ``token`` in ``model_init_kwargs`` (from_pretrained's) are left out of config.yaml, and a
+    comment names them: a resume is given them again."""
+    cfg = config_from_dict({**MINIMAL, "hub_token": "hf_secret_1",
+                            "model_init_kwargs": {"token": "hf_secret_2", "revision": "main"}}, "plain.yaml")
+    save_config(cfg, tmp_path / "config.yaml")
+    text = (tmp_path / "config.yaml").read_text()
+    assert "hf_secret" not in text and text.startswith("# not written here (secrets; give them again to resume): "
+                                                       "hub_token\n")
+    saved = read_yaml(tmp_path / "config.yaml")
+    assert "hub_token" not in saved and saved["model_init_kwargs"] == {"revision": "main"}
