@@ -18,6 +18,7 @@ import pytest
 
 import mp_worker as w
 from ictrl import cli
+from ictrl.files import claim_files
 
 TINY = str(w.REPO_ROOT / "configs" / "tiny" / "ict.yaml")
 # the tiny config cut to one small step (as tests/engine/test_accelerate_launch.py)
@@ -92,6 +93,7 @@ def test_existing_checkpoints_refused_in_the_parent(tiny_dir: Path, launches: La
     out = tiny_dir / "runs" / "done"
     (out / "checkpoint-3").mkdir(parents=True)
     (out / "checkpoint-3" / "trainer_state.json").write_text("{}")
+    claim_files(out, ["checkpoint-3"])  # an earlier run's, as ictrl lists its checkpoints
     assert cli.main(["train", TINY, f"--output-dir={out}", "--num_processes=2"]) == 2
     assert "already holds checkpoint-3; pass --resume" in capsys.readouterr().err and launches.calls == []
 
