@@ -470,18 +470,17 @@ def test_rotation_deletes_only_checkpoints_ictrl_wrote(tmp_path: Path) -> None:
 
 
 def test_no_checkpoint_keeps_a_token_in_its_training_args(tmp_path: Path) -> None:
-    """The Trainer pickles its arguments into every checkpoint and the final model (``training_args.bin``): saved
-    again without ``hub_token`` (or a ``token`` in ``model_init_kwargs``), which the trainer keeps in memory."""
+    """The Trainer pickles its arguments into every checkpoint, the final model and a hub push
+    (``training_args.bin``): the pickle holds no ``hub_token`` (nor a ``token`` in ``model_init_kwargs``), which
+    the trainer keeps in memory."""
     import mp_worker as w
-
-    from ictrl.engine.resumable import args_without_secrets
 
     args = w.make_config(tmp_path / "out", token_selector="ict")
     args.hub_token, args.model_init_kwargs = "hf_secret_1", {"token": "hf_secret_2", "dtype": "float32"}
     torch.save(args, tmp_path / "training_args.bin")
-    args_without_secrets(args, tmp_path)
     data = (tmp_path / "training_args.bin").read_bytes()
     assert b"hf_secret" not in data and b"float32" in data
     assert args.hub_token == "hf_secret_1" and args.model_init_kwargs["token"] == "hf_secret_2"
     saved = torch.load(tmp_path / "training_args.bin", weights_only=False)
     assert saved.hub_token is None and saved.model_init_kwargs == {"dtype": "float32"}
+    assert saved.selector.name == args.selector.name  # the rest as pickled before

@@ -429,7 +429,12 @@ class ICTGRPOConfig(GRPOConfig):
         self.selector_options: dict[str, Any] = self._resolve_method(self.selector)
 
     def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
+        """The pickled config (the Trainer's ``training_args.bin`` in the model, every checkpoint and a hub push):
+        without its secrets (``hub_token``; a ``token`` in ``model_init_kwargs``), which stay in memory only."""
+        from ictrl.files import is_secret_key, without_secrets
+
+        state = {key: None if is_secret_key(key) else without_secrets(value) if isinstance(value, dict) else value
+                 for key, value in self.__dict__.items()}
         state.pop("selector", None)
         state.pop("selector_options", None)
         return state

@@ -194,8 +194,7 @@ class Resumable:
             # every process has written its files (per-process RNG states) before the manifest and the rename
             failure = _agree(failure, barrier, getattr(trainer.args, "device", None))
         if failure is None and trainer.args.should_save:
-            failure = _attempt(lambda: (args_without_secrets(trainer.args, staging / name),
-                                        write_manifest(staging / name), publish_dir(staging / name, run_dir / name)))
+            failure = _attempt(lambda: (write_manifest(staging / name), publish_dir(staging / name, run_dir / name)))
         if failure is not None:
             shutil.rmtree(staging, ignore_errors=True)  # nothing half-written stays; earlier checkpoints untouched
             raise _save_failed(run_dir / name, failure)
@@ -207,34 +206,6 @@ class Resumable:
             # among the checkpoints ictrl wrote only: a user's own checkpoint-N folder is neither deleted nor newest
             rotate_checkpoints(run_dir, trainer.args.save_total_limit, trainer.state.best_model_checkpoint)
         barrier()
-
-
-def args_without_secrets(args: Any, directory: Path) -> None:
-    """``directory/training_args.bin``, the Trainer's pickle of its arguments, written again without their secrets
-    (each field ``files.is_secret_key`` names: ``hub_token``, which transformers' own records redact): the token
-    stays in memory for ``push_to_hub``, never on disk."""
-    import copy
-    import dataclasses
-
-    from transformers.trainer import TRAINING_ARGS_NAME
-
-    from ictrl.files import is_secret_key, without_secrets
-
-    path = directory / TRAINING_ARGS_NAME
-    # a secret field (hub_token) emptied; a mapping (model_init_kwargs) less its secret keys (from_pretrained's token)
-    changed: dict[str, Any] = {}
-    for field in dataclasses.fields(args) if dataclasses.is_dataclass(args) else ():
-        value = getattr(args, field.name, None)
-        if is_secret_key(field.name) and value:
-            changed[field.name] = None
-        elif isinstance(value, dict) and without_secrets(value) != value:
-            changed[field.name] = without_secrets(value)
-    if not changed or not path.is_file():
-        return
-    clean = copy.copy(args)  # a shallow copy: the trainer keeps its own arguments, token included
-    for name, value in changed.items():
-        setattr(clean, name, value)
-    torch.save(clean, path)
 
 
 def _attempt(write: Any) -> BaseException | None:
@@ -290,8 +261,6 @@ def save_final(trainer: Any, staging: Path, final: Path) -> None:
     if failure is None and trainer.args.should_save:
         def publish() -> None:
             trainer.state.save_to_json(str(staging / "trainer_state.json"))  # its step: finished_run reads it
-            for folder in (staging, staging / "adapter"):
-                args_without_secrets(trainer.args, folder)
             write_manifest(staging)
             publish_model(staging, final)
 
