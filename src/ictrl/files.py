@@ -329,3 +329,9 @@ def without_secrets(data: Any) -> Any:
         return [without_secrets(item) for item in data]
     return data
 
+
+def without_field_secrets(fields: dict[str, Any]) -> dict[str, Any]:
+    """A config's fields (an ``ICTGRPOConfig``'s) with each secret field (``hub_token``) set to None and each
+    mapping field (``model_init_kwargs``) less its secret keys."""
+    return {key: None if is_secret_key(key) else without_secrets(value) if isinstance(value, dict) else value
+            for key, value in fields.items()}

@@ -484,3 +484,4 @@ def test_no_checkpoint_keeps_a_token_in_its_training_args(tmp_path: Path) -> Non
     saved = torch.load(tmp_path / "training_args.bin", weights_only=False)
     assert saved.hub_token is None and saved.model_init_kwargs == {"dtype": "float32"}
     assert saved.selector.name == args.selector.name  # the rest as pickled before
+    assert "hf_secret" not in args.to_json_string()  # what trackers record (tensorboard, wandb)

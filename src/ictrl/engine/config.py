@@ -23,6 +23,7 @@ from ictrl.core.selection import SELECTORS, Selector, get_selector
 from ictrl.engine import config_fields
 from ictrl.engine.config_fields import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, SEED, Range, refused_field_errors
 from ictrl.engine.reward_policy import NO_SIGNAL_STEPS
+from ictrl.files import without_field_secrets
 
 # Selector options that have their own config field (the rest go through ``selection_options``).
 SCALE_REWARDS = ("group", "batch", "none")  # TRL's advantage scalings
@@ -429,15 +430,15 @@ class ICTGRPOConfig(GRPOConfig):
         self.selector_options: dict[str, Any] = self._resolve_method(self.selector)
 
     def __getstate__(self) -> dict[str, Any]:
-        """The pickled config (the Trainer's ``training_args.bin`` in the model, every checkpoint and a hub push):
-        without its secrets (``hub_token``; a ``token`` in ``model_init_kwargs``), which stay in memory only."""
-        from ictrl.files import is_secret_key, without_secrets
-
-        state = {key: None if is_secret_key(key) else without_secrets(value) if isinstance(value, dict) else value
-                 for key, value in self.__dict__.items()}
+        """The pickled config (``training_args.bin``: the model, each checkpoint, a hub push) holds no secret."""
+        state = without_field_secrets(self.__dict__)
         state.pop("selector", None)
         state.pop("selector_options", None)
         return state
+
+    def to_dict(self) -> dict[str, Any]:
+        """transformers' record for trackers (tensorboard, wandb), without a secret inside a mapping either."""
+        return without_field_secrets(super().to_dict())
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
