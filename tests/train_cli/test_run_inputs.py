@@ -4,6 +4,7 @@ reward's code, its own module and the local modules it imports (``reward_sources
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from pathlib import Path
 from typing import Any, Iterator
@@ -45,7 +46,8 @@ def test_the_local_modules_a_reward_imports_are_found(user_code: Path) -> None:
 
 
 def test_resume_refuses_a_changed_imported_module_or_model_and_names_it(user_code: Path, tmp_path: Path,
-                                                                       tiny_model_dir: Path) -> None:
+                                                                       tiny_model_dir: Path,
+                                                                       caplog: pytest.LogCaptureFixture) -> None:
     import shutil
 
     from datasets import Dataset
@@ -78,5 +80,8 @@ def test_resume_refuses_a_changed_imported_module_or_model_and_names_it(user_cod
     with pytest.raises(ConfigError, match=r"the model of model_name_or_path \(its files: the base and reference "
                                           r"model\) changed"):
         resume(accept=False)
-    record = resume(accept=True, flag="--resume-inexact")
+    with caplog.at_level(logging.WARNING, logger="ictrl.train"):
+        record = resume(accept=True, flag="--resume-inexact")
     assert record["changed_inputs"] == [{"step": 3, "changed": ["model"], "flag": "--resume-inexact"}]
+    assert "--resume: continuing on changed inputs (the model of model_name_or_path (its files: the base and " \
+           "reference model)) under --resume-inexact: the result will differ from an uninterrupted run" in caplog.text
