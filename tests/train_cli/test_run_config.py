@@ -396,3 +396,6 @@ def test_the_saved_config_holds_no_secret(tmp_path: Path) -> None:
                                                        "hub_token\n")
     saved = read_yaml(tmp_path / "config.yaml")
     assert "hub_token" not in saved and saved["model_init_kwargs"] == {"revision": "main"}
+    (tmp_path / "run.yaml").write_text("model_name_or_path: m\noutput_dir: o\nenv:\n  HF_TOKEN: hf_secret_3\n")
+    save_config(load_config(tmp_path / "run.yaml"), tmp_path / "config.yaml")  # env: sets variables, never written
+    assert "hf_secret" not in (tmp_path / "config.yaml").read_text()
