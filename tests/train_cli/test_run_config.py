@@ -385,7 +385,7 @@ def test_print_config_shows_the_resolved_method(tmp_path: Path, capsys: pytest.C
     assert printed["token_selector"] == "all" and printed["learning_rate"] == 1e-5
 
 
-def test_the_saved_config_holds_no_secret(tmp_path: Path) -> None:
+def test_the_saved_config_holds_no_secret(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``hub_token`` and a ``token`` in ``model_init_kwargs`` (from_pretrained's) are left out of config.yaml, and a
     comment names them: a resume is given them again."""
     cfg = config_from_dict({**MINIMAL, "hub_token": "hf_secret_1",
@@ -396,6 +396,7 @@ def test_the_saved_config_holds_no_secret(tmp_path: Path) -> None:
                                                        "hub_token\n")
     saved = read_yaml(tmp_path / "config.yaml")
     assert "hub_token" not in saved and saved["model_init_kwargs"] == {"revision": "main"}
+    monkeypatch.setenv("HF_TOKEN", "")  # restored after the test: the file's env: sets it
     (tmp_path / "run.yaml").write_text("model_name_or_path: m\noutput_dir: o\nenv:\n  HF_TOKEN: hf_secret_3\n")
     save_config(load_config(tmp_path / "run.yaml"), tmp_path / "config.yaml")  # env: sets variables, never written
     assert "hf_secret" not in (tmp_path / "config.yaml").read_text()
