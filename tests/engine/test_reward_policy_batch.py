@@ -137,3 +137,32 @@ def test_a_reward_that_changes_the_working_directory_is_named_once_and_undone(
     named = [r.getMessage() for r in caplog.records if "working directory" in r.getMessage()]
     assert len(named) == 1 and named[0].startswith("reward 'sandboxed' changed the working directory") and \
         f"the run restores {run_dir} after each of its calls" in named[0], named
+
+
+def test_a_reward_that_replaces_the_runs_signal_handler_is_named_once_and_undone(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A library's own SIGTERM handler installed in a reward call would lose the run's stop with a checkpoint: the
+    run's handlers are put back after each call, and the reward named once."""
+    import signal
+
+    def mine(signum: int, frame: Any) -> None:
+        pass
+
+    def installs(prompts: Any = None, completions: Any = None, **kw: Any) -> list[float]:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        return [0.0] * len(completions)
+
+    previous = signal.signal(signal.SIGTERM, mine)
+    try:
+        wrapped = RewardPolicy(step=lambda: 5).wrap(installs)
+        with caplog.at_level(logging.WARNING, logger="ictrl.train"):
+            for _ in range(2):
+                wrapped(**_batch())
+                assert signal.getsignal(signal.SIGTERM) is mine
+                assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    named = [r.getMessage() for r in caplog.records if "handler" in r.getMessage()]
+    assert named == ["reward 'installs' replaced the run's SIGTERM / SIGINT handler at step 5; the run restores its "
+                     "own after each of its calls"]

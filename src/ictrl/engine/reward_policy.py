@@ -20,8 +20,8 @@ next reward grades and what is logged, and one that clears them ends in TRL's co
 own deep copy of the batch (:func:`own_copy`; the trainer's state, its logging hooks and the rollouts'
 environments stay shared: they are the trainer's objects, not the batch), and the result is checked against the
 batch as TRL holds it. The copy is a few microseconds a call at the demo's batch (``bench/bench_reward_copy.py``).
-A reward that changes the working directory (a code sandbox's ``os.chdir``) is named once and the directory
-restored after each of its calls.
+A reward that changes the working directory (a code sandbox's ``os.chdir``) or the run's SIGTERM / SIGINT handler
+is named once and the run's restored after each of its calls.
 
 A reward *model* (an ``nn.Module``) has no per-function hook in TRL: :meth:`RewardPolicy.check_scores` checks the
 gathered scores for ``inf`` after TRL computes them. :meth:`RewardPolicy.observe_advantages` counts optimizer steps
@@ -49,6 +49,7 @@ import logging
 import math
 import numbers
 import os
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -116,11 +117,18 @@ def _fresh(value: Any) -> Any:
     return copy.deepcopy(value)
 
 
-def _cwd() -> str | None:
+# The signals whose handlers the run installs (ictrl.train_cli.run_guard.StopRequest, Ctrl-C): a reward's own
+# handler would lose the stop with a checkpoint.
+RUN_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def _run_state() -> tuple[str | None, tuple[Any, ...]]:
+    """The working directory (None: it was removed) and the handlers of :data:`RUN_SIGNALS`."""
     try:
-        return os.getcwd()
-    except OSError:  # the working directory was removed
-        return None
+        cwd: str | None = os.getcwd()
+    except OSError:
+        cwd = None
+    return cwd, tuple(signal.getsignal(sig) for sig in RUN_SIGNALS)
 
 
 def _label(fn: Any) -> str:
@@ -141,7 +149,7 @@ class RewardPolicy:
         self.zero_steps = 0
         self.note_after = NO_SIGNAL_STEPS
         self.calling: str | None = None  # the reward running on the training thread (no deadline), for SIGTERM
-        self.moved_cwd: set[str] = set()  # the rewards named for changing the working directory
+        self.named: set[tuple[str, str]] = set()  # (reward, what it changed) named already: _keep_state
         self.watch = StillRunning()
 
     @classmethod
@@ -189,33 +197,43 @@ class RewardPolicy:
 
     @contextlib.contextmanager
     def _watched(self, name: str) -> Iterator[None]:
-        """The block's call, listed for the watch (:class:`StillRunning`) while it runs; the working directory it
-        found, given back after it (:meth:`_keep_cwd`)."""
+        """The block's call, listed for the watch (:class:`StillRunning`) while it runs; the process state the run
+        depends on that it found, given back after it (:meth:`_keep_state`)."""
         token = self.watch.begin(name, self.step())
-        cwd = _cwd()
+        before = _run_state()
         try:
             yield
         finally:
             self.watch.end(token)
-            self._keep_cwd(name, cwd)
+            self._keep_state(name, before)
 
-    def _keep_cwd(self, name: str, cwd: str | None) -> None:
-        """The run's working directory ``cwd`` restored after a reward call that changed it (a code sandbox's
-        ``os.chdir``, into a folder it may have removed since): the run's relative paths, and the next call, find
-        the directory the run started in. The reward is named once."""
-        now = _cwd()
-        if cwd is None or now == cwd:
-            return
-        try:
-            os.chdir(cwd)
-        except OSError as exc:
-            log.warning("reward %r changed the working directory at step %d and %s cannot be restored: %s", name,
-                        self.step(), cwd, exc.strerror or exc)
-            return
-        if name not in self.moved_cwd:
-            self.moved_cwd.add(name)
-            log.warning("reward %r changed the working directory (to %s) at step %d; the run restores %s after each "
-                        "of its calls", name, now or "a folder since removed", self.step(), cwd)
+    def _keep_state(self, name: str, before: tuple[str | None, tuple[Any, ...]]) -> None:
+        """The run's working directory and its SIGTERM / SIGINT handlers (the stop with a checkpoint, Ctrl-C's
+        line) restored after a reward call that changed them: a code sandbox's ``os.chdir`` (into a folder it may
+        have removed since), a library's own signal handler. The run's relative paths, its stop and the next call
+        find what the run set. Each reward is named once for each."""
+        cwd, handlers = before
+        now, now_handlers = _run_state()
+        if cwd is not None and now != cwd:
+            try:
+                os.chdir(cwd)
+            except OSError as exc:
+                log.warning("reward %r changed the working directory at step %d and %s cannot be restored: %s",
+                            name, self.step(), cwd, exc.strerror or exc)
+            else:
+                self._name_once(name, "cwd", f"reward {name!r} changed the working directory (to "
+                                f"{now or 'a folder since removed'}) at step {self.step()}; the run restores {cwd} "
+                                "after each of its calls")
+        if now_handlers != handlers and threading.current_thread() is threading.main_thread():
+            for sig, handler in zip(RUN_SIGNALS, handlers):
+                signal.signal(sig, handler)
+            self._name_once(name, "signals", f"reward {name!r} replaced the run's SIGTERM / SIGINT handler at step "
+                            f"{self.step()}; the run restores its own after each of its calls")
+
+    def _name_once(self, name: str, what: str, message: str) -> None:
+        if (name, what) not in self.named:
+            self.named.add((name, what))
+            log.warning(message)
 
     def _raised(self, name: str, exc: BaseException) -> RewardError:
         first = (str(exc).strip().splitlines() or [""])[0]
