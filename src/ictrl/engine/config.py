@@ -432,9 +432,7 @@ class ICTGRPOConfig(GRPOConfig):
     def __getstate__(self) -> dict[str, Any]:
         """The pickled config (``training_args.bin``: the model, each checkpoint, a hub push) holds no secret."""
         state = without_field_secrets(self.__dict__)
-        state.pop("selector", None)
-        state.pop("selector_options", None)
-        return state
+        return {key: value for key, value in state.items() if key not in ("selector", "selector_options")}
 
     def to_dict(self) -> dict[str, Any]:
         """transformers' record for trackers (tensorboard, wandb), without a secret inside a mapping either."""
