@@ -9,6 +9,7 @@ import importlib
 import inspect
 from collections.abc import Iterable
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -241,6 +242,34 @@ def get_selector(name: str) -> Selector:
     hint = f"did you mean {close[0]!r}? " if close else ""
     raise ValueError(f"unknown selector {name!r}; {hint}choose from {', '.join(method_names())} or give "
                      "module:function (a function registered with ictrl.core.selection.register_selector)")
+
+
+def selector_identity(selector: Selector, options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What names a rule in a run's record (run.json, ``--print-config``, compare's results, the inspect page):
+    ``name``; ``spec``, the name another process finds it by (:attr:`Selector.spec`); ``file``, its source file
+    (None for ictrl's own rules); ``sha256``, that file's hash, so an edited rule is a different rule (None for
+    ictrl's own rules, which the ictrl version names, and for a rule with no source file); ``options``, the
+    resolved options (:meth:`Selector.resolve_options` of ``options``)."""
+    path = rule_source_file(selector.fn)
+    return {"name": selector.name, "spec": selector.spec, "file": None if path is None else str(path),
+            "sha256": None if path is None else _sha256(path), "options": selector.resolve_options(options)}
+
+
+def rule_source_file(fn: Callable[..., Any]) -> Path | None:
+    """The resolved source file of a user's rule ``fn``; None for one of ictrl's (a file of this package) or one
+    defined where no file holds it (an interpreter session)."""
+    try:
+        source = inspect.getsourcefile(fn if inspect.isroutine(fn) else type(fn))
+    except TypeError:  # a builtin, or defined in no file
+        source = None
+    if not source or not Path(source).is_file():
+        return None
+    path = Path(source).resolve()
+    return None if path.is_relative_to(Path(__file__).resolve().parents[1]) else path
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 class SelectorExit(RuntimeError):
