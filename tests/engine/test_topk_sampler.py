@@ -165,8 +165,9 @@ def test_auto_falls_back_to_the_head_and_sampler_refuses(tiny_model_dir: Path, t
         _trainer(tiny_model_dir, tmp_path, token_selector="ict", selection_topk=8, repetition_penalty=1.2,
                  selection_topk_source="sampler")
     head = _trainer(tiny_model_dir, tmp_path, token_selector="ict", selection_topk=8, selection_topk_source="head")
-    entropy = _trainer(tiny_model_dir, tmp_path, token_selector="entropy", selection_topk=8)
-    assert head._sampler_topk is None and entropy._sampler_topk is None  # entropy needs no ICT score
+    assert head._sampler_topk is None
+    with pytest.raises(ValueError, match="selection_topk is not used by token_selector='entropy'"):
+        _trainer(tiny_model_dir, tmp_path, token_selector="entropy", selection_topk=8)  # entropy needs no ICT score
 
 
 def test_split_vllm_logprobs_picks_the_sampled_token() -> None:

@@ -15,7 +15,7 @@ import torch
 
 import mp_worker as w
 from ictrl.core.reference import softmax64
-from ictrl.core.selection import get_selector, needed_stats, register_selector, top_fraction
+from ictrl.core.selection import SelectorError, get_selector, needed_stats, register_selector, top_fraction
 from ictrl.engine import stats_pass
 from ictrl.engine.stats_pass import STATS_PATHS
 
@@ -86,7 +86,10 @@ def test_a_users_h2_rule_gets_the_reference_h2_and_nothing_else(tiny_model_dir: 
     assert bool(sweeps) == swept and all(kwargs["group_ids"] is None for kwargs in sweeps)
     assert len(user.SEEN) == 1
     seen, batch = user.SEEN[0], trainer.recorded[0]
-    assert seen.ict_score is None and seen.entropy is None and seen.prob is None and seen.renyi2 is not None
+    # what it did not declare was never computed, and reading it is an error naming the needs entry, not None
+    assert all(seen.__dict__[f] is None for f in ("ict_score", "entropy", "prob")) and seen.renyi2 is not None
+    with pytest.raises(SelectorError, match=r"h2rule.py:top_h2 reads inputs.entropy .* needs=\(\.\.\., 'entropy'\)"):
+        seen.entropy
     mask = batch["completion_mask"].bool()
     assert torch.equal(seen.mask, mask)
     torch.testing.assert_close(seen.renyi2.double(), _reference_h2(tiny_model_dir, batch, 0.8), rtol=1e-5,
@@ -113,6 +116,6 @@ def test_a_rule_on_prob_alone_never_computes_the_ict_score(tiny_model_dir: Path,
         trainer, sweeps = _train(tiny_model_dir, tmp_path / str(one_pass), "test_low_prob", one_pass, NO_SUM_SQ,
                                  monkeypatch)
         assert len(seen) == 1 and seen[0].prob is not None
-        assert all(getattr(seen[0], f) is None for f in ("ict_score", "entropy", "renyi2", "purity", "logprob"))
+        assert all(seen[0].__dict__[f] is None for f in ("ict_score", "entropy", "renyi2", "purity", "logprob"))
         assert all(kwargs["group_ids"] is None for kwargs in sweeps)
         assert not any("ictrl/ict_score/all" in h for h in trainer.state.log_history)

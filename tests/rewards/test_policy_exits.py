@@ -54,7 +54,8 @@ def test_a_selector_that_exits_is_named() -> None:
         sys.exit(0)
 
     inputs = SelectionInputs(mask=torch.ones(2, 3, dtype=torch.bool), step=4)
-    with pytest.raises(SelectorExit, match=r"^selector 'test_exits' raised SystemExit\(0\) at step 4$"):
+    with pytest.raises(SelectorExit, match=r"^selector \S*test_policy_exits.py:test_exits raised SystemExit: 0 "
+                                          r"\(\S*test_policy_exits.py, line \d+\) at step 4$"):
         select("test_exits", inputs)
 
 

@@ -4,74 +4,28 @@ on (docs/architecture.md, "Module notes")."""
 from __future__ import annotations
 
 import difflib
-import hashlib
 import importlib
 import inspect
-from collections.abc import Iterable
-from dataclasses import dataclass, fields
-from pathlib import Path
+import sys
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 from torch import Tensor
 
-from ictrl.core.checks import INT, MASK, OptionError, check_number, check_tensor, require_on_device
+from ictrl.core.checks import OptionError, check_number, require_on_device
 from ictrl.core.describe import failure
 from ictrl.core.loss import NORM_MODES
 from ictrl.core.reference import ceil_count
-from ictrl.core.stats import TokenStats
+from ictrl.core.rule_checks import (
+    FILE_MODULES, check_option_type, check_result, describe_value, is_file_spec, load_rule_file, raised, rule_label,
+    rule_options, rule_source_file, sha256_of,
+)
+from ictrl.core.selection_inputs import (  # noqa: F401 - re-exported: a rule imports them from here
+    NEEDS_FIELDS, STAT_FIELDS, SelectionInputs, SelectorError, SelectorExit, step_seed,
+)
 
-# What a selector's ``needs`` may name: every per-token statistic (the fields of TokenStats, each under its own name
-# on SelectionInputs), then the per-response values.
-STAT_FIELDS = tuple(f.name for f in fields(TokenStats))
-_FIELDS = (*STAT_FIELDS, "advantages", "group_ids")
 SCOPES = ("response", "group", "batch")
-
-
-@dataclass
-class SelectionInputs:
-    """Everything a selector may read. ``mask`` is required; the rest are optional per selector.
-
-    mask [B, T] bool (0/1 accepted, converted); entropy, renyi2, purity, logprob, prob, ict_score [B, T]: the
-    fields of :class:`~ictrl.core.stats.TokenStats` under their own names; advantages [B]; group_ids [B] integer
-    prompt labels; step: the optimizer step (warm-up and the random draw). :meth:`from_stats` builds it from a
-    ``TokenStats``, as the trainer, ``ictrl inspect`` and ``ictrl regime`` do.
-    """
-
-    mask: Tensor
-    step: int = 0
-    entropy: Tensor | None = None
-    renyi2: Tensor | None = None
-    purity: Tensor | None = None
-    logprob: Tensor | None = None
-    prob: Tensor | None = None
-    ict_score: Tensor | None = None
-    advantages: Tensor | None = None
-    group_ids: Tensor | None = None
-
-    @classmethod
-    def from_stats(cls, mask: Tensor, stats: TokenStats | None, fields: Iterable[str] = STAT_FIELDS, *,
-                   step: int = 0, advantages: Tensor | None = None,
-                   group_ids: Tensor | None = None) -> SelectionInputs:
-        """The inputs with the statistics ``fields`` of ``stats`` (None: none) under their own names; the other
-        statistics stay None (a step computes what its selector reads: :func:`needed_stats`)."""
-        wanted = set(fields)
-        values = {f: getattr(stats, f) for f in STAT_FIELDS if f in wanted} if stats is not None else {}
-        return cls(mask=mask, step=step, advantages=advantages, group_ids=group_ids, **values)
-
-    def __post_init__(self) -> None:
-        self.mask = check_tensor("mask", self.mask, ("B", "T"), MASK)  # only converted in the trainer's step
-        check_number("step", self.step, integer=True)
-        B = self.mask.shape[0]
-        for name in STAT_FIELDS:
-            value = getattr(self, name)
-            if value is not None:  # NaN checked on the device, in the step too: no host read
-                check_tensor(name, value, self.mask.shape, of="the mask's ")
-                require_on_device(~(torch.isnan(value) & self.mask).any(), f"{name} holds NaN at active positions")
-        if self.advantages is not None:
-            check_tensor("advantages", self.advantages, (B,))
-        if self.group_ids is not None:
-            check_tensor("group_ids", self.group_ids, (B,), INT)
 
 
 @dataclass(frozen=True)
@@ -109,16 +63,25 @@ class Selector:
     @property
     def spec(self) -> str:
         """The name another process finds this selector by: ``module:function`` for one a user's module registered
-        with the decorator (a fresh process imports the module), else the registered name."""
+        with the decorator (a fresh process imports the module), ``/abs/path/file.py:function`` for one loaded from
+        its file, else the registered name."""
         module = getattr(self.fn, "__module__", None) or "__main__"
         qualname = getattr(self.fn, "__qualname__", "")
+        if module in FILE_MODULES and getattr(sys.modules.get(module), qualname, None) is self.fn:
+            return f"{FILE_MODULES[module]}:{qualname}"
         ours = module == "__main__" or module.partition(".")[0] == "ictrl"  # a script's is not importable
         importable = getattr(inspect.getmodule(self.fn), qualname, None) is self.fn  # a module-level function
         return self.name if ":" in self.name or ours or not importable else f"{module}:{qualname}"
 
+    @property
+    def rule(self) -> str:
+        """The rule as messages name it: ``file:function`` for a user's, the quoted name for ictrl's own."""
+        return rule_label(self.name, self.fn)
+
     def resolve_options(self, given: dict[str, Any] | None = None) -> dict[str, Any]:
         """The selector's defaults updated with ``given``, each value checked once (an option's bad value is an
-        :class:`OptionError` naming the option; an unknown option a ``ValueError``)."""
+        :class:`OptionError` naming the option; an unknown option a ``ValueError``). A rule's own option is held to
+        its default's type (``ictrl.core.rule_checks.check_option_type``)."""
         given = dict(given or {})
         unknown = sorted(set(given) - set(self.options))
         if unknown:
@@ -131,6 +94,8 @@ class Selector:
                 raise OptionError(key, f"must be one of {list(choices)}, got {value!r}")
             if key in _OPTION_NUMBERS:
                 options[key] = check_number(key, value, **_OPTION_NUMBERS[key])
+            elif choices is None:
+                options[key] = check_option_type(key, value, self.options[key])
         return options
 
     def resolve_warmup(self, given: int | None = None) -> int:
@@ -144,19 +109,27 @@ class Selector:
     def apply(self, inputs: SelectionInputs, warmup_steps: int, options: dict[str, Any]) -> Tensor:
         """:meth:`__call__` with Θ and ``options`` already resolved by :meth:`resolve_warmup` and
         :meth:`resolve_options` (the trainer resolves them once per run, not once per batch)."""
+        return self.choose(inputs, warmup_steps, options) & inputs.mask
+
+    def choose(self, inputs: SelectionInputs, warmup_steps: int, options: dict[str, Any]) -> Tensor:
+        """The rule's checked [B, T] bool result, before :meth:`apply` drops the positions outside the mask (the
+        trainer names padding a rule selects). The one boundary a rule's output enters by: the rule sees the inputs
+        its ``needs`` declares (:meth:`SelectionInputs.declared`); a result that is not a bool tensor of the mask's
+        shape on its device, or a rule that raises, is a :class:`SelectorError` naming the rule, the step and what
+        it returned or raised."""
         if in_warmup(inputs.step, warmup_steps):
             return inputs.mask.clone()
+        rule = self.rule
         for field in sorted(self.needs):
             if getattr(inputs, field) is None:
-                raise ValueError(f"selector {self.name!r} needs SelectionInputs.{field}, which is None")
+                raise SelectorError(f"selector {rule} needs SelectionInputs.{field}, which is None")
         try:
-            chosen = self.fn(inputs, **options)
-        except (Exception, KeyboardInterrupt):
+            chosen = self.fn(inputs.declared(self.needs, rule), **options)
+        except (SelectorError, KeyboardInterrupt):
             raise
-        except BaseException as exc:  # sys.exit() in a rule: a named error, never a silent end of the run
-            raise SelectorExit(f"selector {self.name!r} raised {type(exc).__name__}({exc}) at step "
-                               f"{inputs.step}") from exc
-        return chosen & inputs.mask
+        except BaseException as exc:  # noqa: BLE001 - sys.exit() in a rule too: named, never a silent end
+            raise raised(exc, rule, self.fn, inputs.step) from exc
+        return check_result(chosen, inputs.mask, rule, inputs.step)
 
 
 SELECTORS: dict[str, Selector] = {}
@@ -194,16 +167,15 @@ def register_selector(
     with the method defaults described on :class:`Selector`, each checked here. ``scopes`` defaults to every scope
     when ``fn`` has a ``scope`` option; ``help`` defaults to the first line of ``fn``'s docstring."""
     needs = (needs,) if isinstance(needs, str) else tuple(needs)
-    bad = sorted(set(needs) - set(_FIELDS))
+    bad = sorted(set(needs) - set(NEEDS_FIELDS))
     if bad:
-        raise ValueError(f"needs holds unknown field(s) {bad}; valid: {list(_FIELDS)}")
+        raise ValueError(f"needs holds unknown field(s) {bad}; valid: {list(NEEDS_FIELDS)}")
     if normalization not in NORM_MODES:
         raise ValueError(f"normalization must be one of {list(NORM_MODES)}, got {normalization!r}")
 
     def decorator(fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
         key = name or fn.__name__
-        params = inspect.signature(fn).parameters.values()
-        options = {p.name: p.default for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY}
+        options = rule_options(fn, key)
         if "warmup_steps" in options:
             raise ValueError(f"selector {key!r}: warmup_steps is applied by select(), not an option of the rule")
         names = [key, *(a for a in (label, *aliases) if a and a != key)]
@@ -241,7 +213,7 @@ def get_selector(name: str) -> Selector:
     close = difflib.get_close_matches(name, method_names(), n=1)
     hint = f"did you mean {close[0]!r}? " if close else ""
     raise ValueError(f"unknown selector {name!r}; {hint}choose from {', '.join(method_names())} or give "
-                     "module:function (a function registered with ictrl.core.selection.register_selector)")
+                     "module:function or path/to/file.py:function (a rule of your own: `ictrl selectors`)")
 
 
 def selector_identity(selector: Selector, options: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -252,38 +224,23 @@ def selector_identity(selector: Selector, options: dict[str, Any] | None = None)
     resolved options (:meth:`Selector.resolve_options` of ``options``)."""
     path = rule_source_file(selector.fn)
     return {"name": selector.name, "spec": selector.spec, "file": None if path is None else str(path),
-            "sha256": None if path is None else _sha256(path), "options": selector.resolve_options(options)}
-
-
-def rule_source_file(fn: Callable[..., Any]) -> Path | None:
-    """The resolved source file of a user's rule ``fn``; None for one of ictrl's (a file of this package) or one
-    defined where no file holds it (an interpreter session)."""
-    try:
-        source = inspect.getsourcefile(fn if inspect.isroutine(fn) else type(fn))
-    except TypeError:  # a builtin, or defined in no file
-        source = None
-    if not source or not Path(source).is_file():
-        return None
-    path = Path(source).resolve()
-    return None if path.is_relative_to(Path(__file__).resolve().parents[1]) else path
-
-
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-class SelectorExit(RuntimeError):
-    """A selector's function raised ``SystemExit`` (or another ``BaseException`` but Ctrl-C): the message names it."""
+            "sha256": None if path is None else sha256_of(path), "options": selector.resolve_options(options)}
 
 
 def _import_selector(spec: str) -> Selector:
-    module, _, attr = spec.partition(":")
-    try:
-        fn = getattr(importlib.import_module(module), attr)
-    except KeyboardInterrupt:
-        raise
-    except BaseException as exc:  # noqa: BLE001 - a user's module: whatever its import raises, named in one line
-        raise ValueError(f"selector {spec!r}: cannot import it: {failure(exc)}") from None
+    if is_file_spec(spec):
+        module_obj, attr = load_rule_file(spec)
+        fn = getattr(module_obj, attr, None)
+        if fn is None:
+            raise ValueError(f"selector {spec!r}: {spec.rpartition(':')[0]} defines no {attr!r}")
+    else:
+        module, _, attr = spec.partition(":")
+        try:
+            fn = getattr(importlib.import_module(module), attr)
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - a user's module: whatever its import raises, in one line
+            raise ValueError(f"selector {spec!r}: cannot import it: {failure(exc)}") from None
     for selector in SELECTORS.values():
         if selector.fn is fn:
             return selector
@@ -336,16 +293,28 @@ def top_fraction(score: Tensor, inputs: SelectionInputs, ratio: float, scope: st
     """[B, T] bool: in each unit of ``scope`` (a response, a group of ``inputs.group_ids``, or the batch), the
     ceil(ratio · n) positions of ``inputs.mask`` with the highest ``score`` [B, T] (n: the unit's active positions;
     ties go to the earlier position). ICT's rule is ``top_fraction(inputs.ict_score, inputs, ratio)``; a rule of
-    your own on another statistic is the same line on that field."""
-    return _top_k_per_unit(score, inputs.mask, _units(inputs, scope), ratio)
+    your own on another statistic is the same line on that field. A score that is NaN or infinite at an active
+    position is an error naming it (on a GPU at the next rollout: ``ictrl.core.checks.require_on_device``)."""
+    mask = inputs.mask
+    if not isinstance(score, Tensor) or score.shape != mask.shape:
+        raise ValueError(f"top_fraction: score must be a tensor of the mask's shape [{', '.join(map(str, mask.shape))}]"
+                         f", got {describe_value(score)}")
+    named = next((f"inputs.{f}" for f in STAT_FIELDS if inputs.__dict__.get(f) is score), None)
+    what = f"top_fraction's score ({named or 'computed by the rule, not one of the inputs as given'})"
+    return _top_k_per_unit(score, mask, _units(inputs, scope), ratio, what)
 
 
-def _top_k_per_unit(score: Tensor, mask: Tensor, units: Tensor, ratio: float) -> Tensor:
-    """[B, T] bool: in each unit, the ceil(ratio * n_active) active positions with the highest score.
+def _top_k_per_unit(score: Tensor, mask: Tensor, units: Tensor, ratio: float, what: str) -> Tensor:
+    """[B, T] bool: in each unit, the ceil(ratio * n_active) active positions with the highest score; a score
+    that is not finite at an active position is an error naming it (``what``): NaN would sort first and pick
+    arbitrary tokens.
 
     Ties go to the lower flat index. On an accelerator (or with ``DENSE_ON_CPU``) :func:`_top_k_dense`, which reads
     nothing on the host; on CPU :func:`_top_k_active`, the same selection from a sort of the active positions only.
     """
+    require_on_device(~(mask & ~torch.isfinite(score)).any(),
+                      f"{what} is NaN or infinite at an active position: a ranking of it means nothing; check the "
+                      "statistic, or how the rule computes its score")
     if mask.device.type == "cpu" and not DENSE_ON_CPU:
         return _top_k_active(score, mask, units, ratio)
     return _top_k_dense(score, mask, units, ratio)
@@ -412,12 +381,6 @@ def _with_ties(chosen: Tensor, score: Tensor, mask: Tensor, units: Tensor) -> Te
     return mask & (score >= lowest[units])
 
 
-def _step_seed(seed: int, step: int) -> int:
-    """A 63-bit seed derived from (seed, step) with a fixed hash: no collisions like seed*N + step."""
-    digest = hashlib.blake2b(f"{seed}:{step}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") & ((1 << 63) - 1)
-
-
 # --------------------------------------------------------------------------------------------- selectors
 # Defaults (docs/method.md §3-5): random and frequent are ICT ablations, so they share ICT's ratio, scope, warm-up and
 # Sparse-GRPO normaliser; 20-Entropy and STAPO follow their own papers (token mean over the kept tokens, no
@@ -440,7 +403,7 @@ def _select_entropy(inputs: SelectionInputs, *, ratio: float = 0.2, scope: str =
     ``top_entropy_quantile`` (entropy >= its (1 − ratio) quantile) does."""
     assert inputs.entropy is not None
     units = _units(inputs, scope)
-    chosen = _top_k_per_unit(inputs.entropy, inputs.mask, units, ratio)
+    chosen = _top_k_per_unit(inputs.entropy, inputs.mask, units, ratio, "20-Entropy's score (inputs.entropy)")
     return chosen if ties == "position" else _with_ties(chosen, inputs.entropy, inputs.mask, units)
 
 
@@ -452,7 +415,8 @@ def _select_stapo(inputs: SelectionInputs, *, tau_p: float = 0.002, q: float = 0
     positive = (inputs.advantages > 0).to(inputs.mask.device)[:, None]
     candidates = inputs.mask & positive & (inputs.prob < tau_p)
     # Bottom q by entropy = top q by negated entropy; one unit for the whole batch.
-    silenced = _top_k_per_unit(-inputs.entropy, candidates, torch.zeros_like(inputs.mask, dtype=torch.long), q)
+    silenced = _top_k_per_unit(-inputs.entropy, candidates, torch.zeros_like(inputs.mask, dtype=torch.long), q,
+                               "STAPO's score (inputs.entropy)")
     return inputs.mask & ~silenced
 
 
@@ -466,9 +430,9 @@ def _select_ict(inputs: SelectionInputs, *, ratio: float = 0.1, scope: str = "re
 @register_selector("random", warmup_steps=10, label="random10", in_default_grid=True,
                    help="ablation: as many tokens as ICT picks, uniformly at random")
 def _select_random(inputs: SelectionInputs, *, ratio: float = 0.1, scope: str = "response", seed: int = 0) -> Tensor:
-    generator = torch.Generator(device="cpu").manual_seed(_step_seed(seed, inputs.step))
+    generator = torch.Generator(device="cpu").manual_seed(step_seed(seed, inputs.step))
     score = torch.rand(inputs.mask.shape, generator=generator, dtype=torch.float64).to(inputs.mask.device)
-    return _top_k_per_unit(score, inputs.mask, _units(inputs, scope), ratio)
+    return _top_k_per_unit(score, inputs.mask, _units(inputs, scope), ratio, "random's draw")
 
 
 @register_selector("frequent", needs=("ict_score",), warmup_steps=10, label="frequent90",

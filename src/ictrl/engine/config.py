@@ -450,6 +450,9 @@ class ICTGRPOConfig(GRPOConfig):
         for option, name in OPTION_FIELDS.items():
             if getattr(self, name) is not None and option not in selector.options and option != "seed":
                 raise ValueError(f"{name} is not used by token_selector={self.token_selector!r}; leave it None")
+        if self.selection_topk is not None and "ict_score" not in selector.needs:  # it approximates only that score
+            raise ValueError(f"selection_topk is not used by token_selector={self.token_selector!r}, which does not "
+                             "read the ICT score (ict_score); leave it None")
         if isinstance(self.selection_options, str):  # a flag's JSON, as TrainingArguments reads its dict fields
             try:
                 self.selection_options = json.loads(self.selection_options)

@@ -4,8 +4,10 @@ and the policy's log-probs), once at generation and once per loss micro-batch.""
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, NamedTuple
 
 import torch
@@ -13,10 +15,11 @@ from torch import Tensor
 
 from ictrl.core.checks import require_on_device
 from ictrl.core.logprobs import selected_token_logprobs
-from ictrl.core.metrics import read_metrics, step_metric_values
-from ictrl.core.selection import SelectionInputs, Selector, in_warmup
+from ictrl.core.metrics import Metric, read_metrics, step_metric_values
+from ictrl.core.selection import SelectionInputs, Selector, SelectorError, in_warmup, rule_source_file
 from ictrl.core.stats import TokenStats
 from ictrl.engine.heads import call_head
+from ictrl.engine.reward_policy import RunStop
 from ictrl.engine.stats_pass import STAT_FIELDS, LossForward, Stats, StatsSource, StepContext, Wants, stats_from_fused
 
 # TRL shuffles and splits a generation batch over steps_per_generation carrying its [B, ...] tensors, so the
@@ -25,6 +28,7 @@ from ictrl.engine.stats_pass import STAT_FIELDS, LossForward, Stats, StatsSource
 # ride there too because TRL buffers the micro-batches. Only this module writes or reads them.
 SELECTED, ROW, NORMALISERS = "ictrl_selected", "ictrl_row", ("ictrl_num_responses", "ictrl_num_tokens",
                                                              "ictrl_num_mask_tokens")
+log = logging.getLogger(__name__)
 
 
 class LossInputs(NamedTuple):
@@ -89,19 +93,71 @@ def gather_stats(accelerator: Any, stats: TokenStats) -> TokenStats:
 
 
 def log_selection(metrics: dict[str, list[float]], g_mask: Tensor, g_stats: TokenStats | None,
-                  g_js: Tensor | None, g_selected: Tensor, warming_up: bool) -> None:
+                  g_js: Tensor | None, g_selected: Tensor, warming_up: bool, extra: list[Metric] | None = None
+                  ) -> dict[str, float]:
     """Append the ``ictrl/*`` selection metrics of one generation batch (all processes) to TRL's metric lists,
-    read from the device in one transfer (none without statistics)."""
-    if g_stats is None:
-        return
-    values = step_metric_values(g_stats, g_mask, g_selected)
+    read from the device in one transfer with ``extra`` (none without statistics or ``extra``); returns what was
+    read."""
+    values = list(extra or [])
+    if g_stats is not None:
+        values += step_metric_values(g_stats, g_mask, g_selected)
     if g_js is not None:
         for name, where in (("all", g_mask), ("selected", g_selected & g_mask)):
             values.append((f"ict_score/{name}", g_js[where].double().mean(), where.sum()))
-    for key, value in read_metrics(values).items():
+    if not values:
+        return {}
+    read = read_metrics(values)
+    for key, value in read.items():
         if value == value:  # a NaN field (no log Σp² from the fused head) drops out
             metrics[f"ictrl/{key}"].append(value)
-    metrics["ictrl/warmup"].append(float(warming_up))
+    if g_stats is not None:
+        metrics["ictrl/warmup"].append(float(warming_up))
+    return read
+
+
+class EmptySelection(RunStop):
+    """A rule selected no token for ``no_signal_steps`` optimizer steps in a row: the policy loss was 0."""
+
+
+@dataclass
+class SelectionWatch:
+    """What a user's rule did that cannot be what was meant, named as it happens: a selection with no token (each
+    time; after ``limit`` optimizer steps in a row, the ``no_signal_steps`` of the run, :class:`EmptySelection`
+    stops the run as ictrl stops other runs that train nothing), padding selected (once: it is dropped)."""
+
+    limit: int = 0
+    steps_per_batch: int = 1
+    empty_steps: int = 0
+    said_padding: bool = False
+
+    def observe(self, read: dict[str, float], rule: str, step: int) -> None:
+        if read.get("selection/padding", 0) > 0 and not self.said_padding:
+            self.said_padding = True
+            log.warning("selector %s selected %d padding position(s) outside the response mask at step %d: they carry "
+                        "no loss and are dropped (said once); a rule's mask is a subset of inputs.mask", rule,
+                        int(read["selection/padding"]), step)
+        if read.get("selection/empty") != 1.0:
+            self.empty_steps = 0
+            return
+        self.empty_steps += max(1, self.steps_per_batch)
+        log.warning("selector %s selected no token of the batch's response tokens at step %d: its policy loss and "
+                    "gradient are 0 (ictrl/selection/empty)", rule, step)
+        if self.limit and self.empty_steps >= self.limit:
+            raise EmptySelection(f"selector {rule} selected no token for {self.empty_steps} optimizer steps in a row, "
+                                 "so the policy loss and its gradient were 0: the run trains nothing; check the rule "
+                                 "(its ratio or threshold), or set no_signal_steps: 0 to train on")
+
+
+def _rule_metric(metrics: dict[str, list[float]], name: str, value: float) -> None:
+    metrics[f"ictrl/rule/{name}"].append(value)
+
+
+def mask_digest(selected: Tensor) -> Tensor:
+    """A 0-d int64 fingerprint of a [B, T] bool mask (its positions weighted by a fixed hash), on its device: the
+    processes compare theirs without reading the mask."""
+    index = torch.arange(selected.numel(), device=selected.device)
+    weights = (index * 2654435761) % 2147483647 + 1  # below 2**31: the sum of a batch's stays inside int64
+    return (selected.reshape(-1).long() * weights).sum()
 
 
 def high_entropy_mask(accelerator: Any, entropy: Tensor, mask: Tensor, quantile: float) -> Tensor:
@@ -126,7 +182,8 @@ class SelectionStep:
     returned them. ``count_selected``: the token normaliser counts the selected tokens (``token_mean_selected``),
     else every response token. ``buffer_mean``: TRL's own token-mean loss types (dapo, cispo and vespo under
     ``all``) take the generation buffer's average, as TRL does. ``local_tokens``: TRL's bnpo, whose token mean is
-    the micro-batch's own count.
+    the micro-batch's own count. ``seed``: the run's ``selection_seed``, which seeds a rule's
+    ``inputs.generator`` with the step. ``watch``: what a user's rule did that it cannot have meant, named.
     """
 
     accelerator: Any
@@ -138,6 +195,8 @@ class SelectionStep:
     source: StatsSource
     temperature: float
     local_tokens: bool = False
+    seed: int = 0
+    watch: SelectionWatch = field(default_factory=SelectionWatch)
 
     def in_warmup(self, step: int) -> bool:
         """The first Θ optimizer steps select every response token (and need no group JS)."""
@@ -198,13 +257,41 @@ class SelectionStep:
         g_js = None if js is None else gather_rows(acc, js)
         inputs = SelectionInputs.from_stats(
             g_mask, None if g_stats is None else dataclasses.replace(g_stats, ict_score=g_js), step.needs,
-            step=step.step,
+            step=step.step, seed=self.seed, metric_sink=partial(_rule_metric, step.metrics),
             advantages=acc.gather(advantages.float()),
             group_ids=torch.arange(g_mask.size(0), device=g_mask.device) // step.G)
-        g_selected = self.selector.apply(inputs, self.warmup_steps, self.options)
-        log_selection(step.metrics, g_mask, g_stats, g_js, g_selected, self.in_warmup(step.step))
+        chosen = self.selector.choose(inputs, self.warmup_steps, self.options)
+        g_selected = chosen & g_mask
+        warming_up = self.in_warmup(step.step)
+        if rule_source_file(self.selector.fn) is None:  # ictrl's own rules: a subset of the mask, never empty
+            log_selection(step.metrics, g_mask, g_stats, g_js, g_selected, warming_up)
+        else:
+            self._check_users_rule(step, g_mask, g_stats, g_js, chosen, g_selected, warming_up)
         rank = acc.process_index
         return g_selected[rank * B:(rank + 1) * B, :T].contiguous()
+
+    def _check_users_rule(self, step: StepContext, g_mask: Tensor, g_stats: TokenStats | None, g_js: Tensor | None,
+                          chosen: Tensor, g_selected: Tensor, warming_up: bool) -> None:
+        """A user's rule's selection, its metrics and what it cannot have meant: the same mask on every process
+        (compared on the device), padding selected and an empty selection, read with the selection's metrics (the
+        one host read of a rule that reads no statistics)."""
+        acc, rule = self.accelerator, self.selector.rule
+        if acc.num_processes > 1:
+            digests = acc.gather(mask_digest(g_selected).reshape(1))
+            message = (f"selector {rule} gave the processes different masks at step {step.step}: a rule must be a "
+                       "function of its inputs; draw random numbers from inputs.generator (seeded from "
+                       "selection_seed and the step, the same on every process), not torch's global generator")
+            try:
+                require_on_device((digests == digests[0]).all(), message)
+            except ValueError:
+                raise SelectorError(message) from None
+        n_all, n_sel = g_mask.sum().double(), g_selected.sum().double()
+        one = n_all.new_ones(())
+        extra = [("selection/empty", ((n_sel == 0) & (n_all > 0)).double(), one),
+                 ("selection/padding", (chosen & ~g_mask).sum().double(), one)]
+        read = log_selection(step.metrics, g_mask, g_stats, g_js, g_selected, warming_up, extra)
+        if step.mode == "train":
+            self.watch.observe(read, rule, step.step)
 
     def attach_normalisers(self, batches: list[dict[str, Any]], accumulation: int) -> None:
         """Attach each micro-batch's normalisers (0-d): totals over its optimizer step's micro-batches on all

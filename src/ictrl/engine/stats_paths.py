@@ -55,6 +55,36 @@ def rides_another_forward(f: PathFacts) -> bool:
     return isinstance(plan_path(replace(f, sampler_topk=False), Separate), (SharedOldLogps, TrainingForward))
 
 
+# How a run's first lines name a statistic and a path, in words (``describe_statistics``).
+STAT_WORDS = {"entropy": "entropy H1", "renyi2": "Renyi-2 entropy H2", "purity": "purity (sum of p squared)",
+              "logprob": "log pi of the sampled token", "prob": "pi of the sampled token",
+              "ict_score": "ICT score u (the group JS sweep)"}
+PATH_WORDS = {
+    "Separate": "a no-grad forward of their own at generation",
+    "SamplerTopK": "a no-grad forward of their own at generation, the ICT score from the sampler's top-K log-probs",
+    "SharedOldLogps": "the no-grad forward that gives TRL its old log-probs at generation",
+    "TrainingForward": "the loss's own forward, where the selection is made",
+}
+
+
+def describe_statistics(rule: str, needs: frozenset[str], paths: dict[str, Separate], warmup_steps: int) -> str:
+    """The line a run starts with about its statistics: which ``rule`` reads (``needs``, in words) and where the
+    training and evaluation steps take them from (``paths``), with the code ``ictrl/stats_path`` logs."""
+    if not needs:
+        return f"statistics: {rule} reads none, so no statistics pass runs (the metrics come from the loss's forward)"
+    read = ", ".join(f"{name} ({STAT_WORDS.get(name, name)})" for name in sorted(needs))
+    where = {mode: f"{PATH_WORDS.get(type(path).__name__, type(path).__name__)} (ictrl/stats_path {path.code:g})"
+             for mode, path in paths.items()}
+    line = f"statistics: {rule} reads {read}; training computes them from {where['train']}"
+    if "ict_score" not in needs:
+        line += "; no group JS sweep"
+    if where.get("eval", where["train"]) != where["train"]:
+        line += f"; evaluation from {where['eval']}"
+    if warmup_steps:
+        line += f"; none during the {warmup_steps} warm-up steps"
+    return line
+
+
 class Separate:
     """The separate statistics pass at generation; in the loss, TRL's forward (its dense one for its entropy bonus,
     entropy mask or router loss), or the backbone and the sparse head (``sparse_backward``)."""

@@ -29,9 +29,11 @@ from ictrl.engine.model_card import write_model_card
 from ictrl.engine.resumable import Resumable
 from ictrl.engine.rollout_ids import check_vocab, checked_rollout_func, raise_deferred_checks
 from ictrl.engine.sampler_topk import SamplerTopK, TopKRecorder, recording_generate, split_vllm_logprobs
-from ictrl.engine.selection_step import NORMALISERS, LossInputs, SelectionStep, metrics_logged, model_inputs
+from ictrl.engine.selection_step import (
+    NORMALISERS, LossInputs, SelectionStep, SelectionWatch, metrics_logged, model_inputs,
+)
 from ictrl.engine.stats_pass import StatsSource, StepContext, fused_head_stats, fused_head_with_sum_sq
-from ictrl.engine.stats_paths import PathFacts, Separate, plan_path, rides_another_forward
+from ictrl.engine.stats_paths import PathFacts, Separate, describe_statistics, plan_path, rides_another_forward
 from ictrl.errors import UserError
 from ictrl.engine.reward_policy import RewardPolicy
 
@@ -85,7 +87,11 @@ class ICTGRPOTrainer(GRPOTrainer):
             self.accelerator, args.selector, args.selector_options, args.selection_warmup_steps,
             count_selected=args.loss_normalization == "token_mean_selected",
             buffer_mean=args.selector.trl_loss and LOSS_TYPES[args.loss_type].buffer_mean,
-            source=self._plan_stats(needs), temperature=self.temperature, local_tokens=args.loss_type == "bnpo")
+            source=self._plan_stats(needs), temperature=self.temperature, local_tokens=args.loss_type == "bnpo",
+            seed=args.selection_seed,
+            watch=SelectionWatch(args.no_signal_steps or 0, self.reward_policy.steps_per_batch))
+        logging.getLogger(__name__).info(describe_statistics(
+            args.selector.rule, needs, self.stats_source.paths, args.selection_warmup_steps))
         self._generation_path: Separate | None = None  # the mode's path, only inside _generate_and_score_completions
         if self._sampler_topk is not None and self.use_vllm:
             self._install_vllm_topk()

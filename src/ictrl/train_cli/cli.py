@@ -286,12 +286,17 @@ def run(args: argparse.Namespace) -> int:
 def _method_comment(cfg: Any, trainer_args: Any) -> str:
     """The resolved method as YAML comments after ``--print-config``'s keys: shown, and the printed file still
     loads as the same config."""
+    import json
+
+    from ictrl.core.selection import selector_identity
     from ictrl.engine.model_card import resolved_method
 
     method = resolved_method(trainer_args)
+    identity = selector_identity(trainer_args.selector, trainer_args.selector_options)  # file, hash, options
     where = {"file": "the file", "flag": "a flag", "default": "the default, as the file sets none: TRL's GRPO"}
     lines = [f"# resolved method (token_selector from {where[cfg.method_from]}):",
-             *(f"#   {key}: {'null' if value is None else value}" for key, value in method.items())]
+             *(f"#   {key}: {'null' if value is None else value}" for key, value in method.items()),
+             f"# selector (as run.json records it): {json.dumps(identity, default=str)}"]
     return "\n".join(lines) + "\n"
 
 

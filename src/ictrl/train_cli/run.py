@@ -85,15 +85,19 @@ BINARY_REWARDS = ("verifiable", "math", "gsm8k", "choice", "accuracy_reward", "r
 def write_run_labels(out: Path, args: Any, method_from: str = "file", inputs: dict[str, Any] | None = None) -> None:
     """``run.json``: the method (label, selector, ratio, scope, warm-up, normaliser; where ``token_selector`` came
     from), the training seed of the run, resolved (``ictrl eval`` records the label and seed for ``ictrl table``;
-    config.yaml holds the keys as written, where an unset seed or ratio is a default), and the hashes of what the
-    run reads (``inputs``: the resume check compares them)."""
+    config.yaml holds the keys as written, where an unset seed or ratio is a default), the rule itself under
+    ``selector`` (``core.selection.selector_identity``: its file, that file's sha256 and the resolved options), and
+    the hashes of what the run reads (``inputs``: the resume check compares them)."""
     import json
 
     from ictrl.files import atomic_write_text
 
     from ictrl.engine.model_card import resolved_method
 
-    labels = {**resolved_method(args), "method_from": method_from, "seed": int(args.seed), **(inputs or {})}
+    from ictrl.core.selection import selector_identity
+
+    labels = {**resolved_method(args), "method_from": method_from, "seed": int(args.seed),
+              "selector": selector_identity(args.selector, args.selector_options), **(inputs or {})}
     atomic_write_text(out / RUN_LABELS, json.dumps(labels, indent=1) + "\n")
 
 

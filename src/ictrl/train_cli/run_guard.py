@@ -335,13 +335,14 @@ DIVERGED = re.compile(r"^(?:(?:old_|ref_|sampler_|behaviour_)?logprobs|logits\b.
 def run_failure(exc: BaseException, out: Path, step: int, resume_command: str | None, learning_rate: float) -> \
         UserError | None:
     """The one line for ``exc``, which ended the training loop after ``step`` optimizer steps, when it is the run's
-    own end rather than a bug: training diverged (:data:`DIVERGED`), or a selector's function ended the process
-    (``core.selection.SelectorExit``). None for anything else, which keeps its traceback."""
+    own end rather than a bug: training diverged (:data:`DIVERGED`), or a selection rule failed (it raised, ended
+    the process or returned no mask: ``core.selection.SelectorError``). None for anything else, which keeps its
+    traceback."""
     from ictrl.checkpoints import complete_checkpoints
-    from ictrl.core.selection import SelectorExit
+    from ictrl.core.selection import SelectorError
 
     message = str(exc).strip().split("\n")[0]
-    if isinstance(exc, SelectorExit):
+    if isinstance(exc, SelectorError):
         return UserError(f"{message}; {stopped(out, step, resume_command, what='stopped')}")
     if isinstance(exc, (ValueError, RuntimeError)) and DIVERGED.search(message):
         kept = stopped(out, step, None, what="stopped")
