@@ -67,7 +67,8 @@ def rule_options(fn: Callable[..., Any], key: str) -> dict[str, Any]:
     except (TypeError, ValueError):  # no signature to read (a builtin): called with the inputs alone
         return {}
     positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    how = f"write it as def {getattr(fn, '__name__', key)}(inputs, *, option=default, ...)"
+    shown = getattr(fn, "__name__", key)
+    how = f"write it as def {key if shown == '<lambda>' else shown}(inputs, *, option=default, ...)"
     if not positional and not any(p.kind is p.VAR_POSITIONAL for p in params):
         raise ValueError(f"selector {key!r} takes no positional parameter for its inputs; {how}")
     for p in positional[1:]:
