@@ -40,6 +40,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "inspect": ("ictrl.experiments.inspect", "HTML heatmap of ICT scores and entropy over response tokens"),
     "regime": ("ictrl.experiments.regime", "whether ICT's tokens differ from random ones on a model and prompt set "
                "(π, H1, overlap with 20-Entropy; HTML + JSON)"),
+    "selectors": ("ictrl.experiments.selectors", "list the selection rules and the statistics a rule can read"),
     "tiny-model": ("ictrl.experiments.tasks.tinymodel", "write the embedded tiny model (or a random Qwen2.5-shaped "
                    "one, --shape) and a tiny-task train.jsonl to a directory"),
 }

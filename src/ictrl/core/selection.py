@@ -22,7 +22,7 @@ from ictrl.core.rule_checks import (
     rule_options, rule_source_file, sha256_of,
 )
 from ictrl.core.selection_inputs import (  # noqa: F401 - re-exported: a rule imports them from here
-    NEEDS_FIELDS, STAT_FIELDS, SelectionInputs, SelectorError, SelectorExit, step_seed,
+    FIELD_WORDS, NEEDS_FIELDS, STAT_FIELDS, SelectionInputs, SelectorError, SelectorExit, step_seed,
 )
 
 SCOPES = ("response", "group", "batch")

@@ -19,6 +19,11 @@ from ictrl.core.stats import TokenStats
 # on SelectionInputs), then the per-response values.
 STAT_FIELDS = tuple(f.name for f in fields(TokenStats))
 NEEDS_FIELDS = (*STAT_FIELDS, "advantages", "group_ids")
+# What each field a rule may declare holds, in words (``ictrl selectors``, a run's first lines).
+FIELD_WORDS = {"entropy": "entropy H1", "renyi2": "Renyi-2 entropy H2", "purity": "purity (sum of p squared)",
+               "logprob": "log pi of the sampled token", "prob": "pi of the sampled token",
+               "ict_score": "ICT score u (the group JS sweep)", "advantages": "[B] each response's advantage",
+               "group_ids": "[B] each response's prompt (0..B/G-1)"}
 
 
 class SelectorError(ValueError):

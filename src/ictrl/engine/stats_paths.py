@@ -17,6 +17,7 @@ from typing import Any
 
 from torch import Tensor
 
+from ictrl.core.selection import FIELD_WORDS
 from ictrl.engine.selection_step import ROW, SELECTED, LossInputs, SelectionStep, response_mask
 from ictrl.engine.stats_pass import STATS_PATHS, StepContext, Wants
 
@@ -55,10 +56,7 @@ def rides_another_forward(f: PathFacts) -> bool:
     return isinstance(plan_path(replace(f, sampler_topk=False), Separate), (SharedOldLogps, TrainingForward))
 
 
-# How a run's first lines name a statistic and a path, in words (``describe_statistics``).
-STAT_WORDS = {"entropy": "entropy H1", "renyi2": "Renyi-2 entropy H2", "purity": "purity (sum of p squared)",
-              "logprob": "log pi of the sampled token", "prob": "pi of the sampled token",
-              "ict_score": "ICT score u (the group JS sweep)"}
+# How a run's first lines name a path, in words (``describe_statistics``).
 PATH_WORDS = {
     "Separate": "a no-grad forward of their own at generation",
     "SamplerTopK": "a no-grad forward of their own at generation, the ICT score from the sampler's top-K log-probs",
@@ -72,7 +70,7 @@ def describe_statistics(rule: str, needs: frozenset[str], paths: dict[str, Separ
     training and evaluation steps take them from (``paths``), with the code ``ictrl/stats_path`` logs."""
     if not needs:
         return f"statistics: {rule} reads none, so no statistics pass runs (the metrics come from the loss's forward)"
-    read = ", ".join(f"{name} ({STAT_WORDS.get(name, name)})" for name in sorted(needs))
+    read = ", ".join(f"{name} ({FIELD_WORDS.get(name, name)})" for name in sorted(needs))
     where = {mode: f"{PATH_WORDS.get(type(path).__name__, type(path).__name__)} (ictrl/stats_path {path.code:g})"
              for mode, path in paths.items()}
     line = f"statistics: {rule} reads {read}; training computes them from {where['train']}"
