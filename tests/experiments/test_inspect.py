@@ -239,7 +239,7 @@ def test_inspect_runs_a_rule_from_the_users_own_module(tiny_model_dir: Path, h2r
             "--save-rollouts", str(saved)]
     assert main(argv) == 0
     (seen,) = importlib.import_module("h2rule").SEEN
-    assert seen.renyi2 is not None and seen.ict_score is None and seen.entropy is None
+    assert seen.renyi2 is not None and seen.__dict__["ict_score"] is None and seen.__dict__["entropy"] is None
     rollouts = load_rollouts(saved)
     active = seen.mask.sum(1).tolist()
     assert [len(r.tokens) for r in rollouts] == active

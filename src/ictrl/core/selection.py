@@ -213,7 +213,8 @@ def get_selector(name: str) -> Selector:
     close = difflib.get_close_matches(name, method_names(), n=1)
     hint = f"did you mean {close[0]!r}? " if close else ""
     raise ValueError(f"unknown selector {name!r}; {hint}choose from {', '.join(method_names())} or give "
-                     "module:function or path/to/file.py:function (a rule of your own: `ictrl selectors`)")
+                     "module:function or path/to/file.py:function (a function registered with "
+                     "ictrl.core.selection.register_selector; `ictrl selectors` lists them)")
 
 
 def selector_identity(selector: Selector, options: dict[str, Any] | None = None) -> dict[str, Any]:
