@@ -234,3 +234,22 @@ def test_identity_of_a_users_rule_is_its_file_hash_and_options(h2rule: Path) -> 
     with pytest.raises(OptionError, match="ratio must be"):
         selector_identity(selector, {"ratio": 2.0})
     assert np.isclose(selector_identity(selector, {"ratio": 0.3})["options"]["ratio"], 0.3)
+
+
+def test_a_rule_file_edited_and_loaded_again_replaces_its_rule(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                                               ) -> None:
+    rules = tmp_path / "my_rules.py"
+    rules.write_text(RULE_FILE)
+    monkeypatch.chdir(tmp_path)
+    try:
+        before = get_selector("my_rules.py:top_h2")
+        old_hash = selector_identity(before, {})["sha256"]
+        rules.write_text(RULE_FILE.replace("ratio=0.25", "ratio=0.5"))
+        for name in [m for m in sys.modules if m.startswith("ictrl_rules_")]:
+            sys.modules.pop(name)
+        after = get_selector("my_rules.py:top_h2")  # the same file, loaded again in the same process
+        assert after is not before and after.options == {"ratio": 0.5} and get_selector("file_h2") is after
+        assert selector_identity(after, {})["sha256"] != old_hash
+    finally:
+        for name in [m for m in sys.modules if m.startswith("ictrl_rules_")]:
+            sys.modules.pop(name)

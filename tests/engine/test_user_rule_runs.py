@@ -226,9 +226,16 @@ def test_ictrl_train_stops_a_failing_rule_in_one_line_with_the_resume_command(tm
     config = _run_config(tmp_path, tiny_model_dir)
     try:
         code, err, errors = _train([str(config), "--token_selector=rules.py:late_fail"], capsys)
+        # the rule edited to train on: a resume would continue the run under another rule, so it is refused
+        (tmp_path / "rules.py").write_text(RULES.replace("fail_at: int = 1", "fail_at: int = 99"))
+        for name in [m for m in sys.modules if m.startswith("ictrl_rules_")]:
+            sys.modules.pop(name)
+        resumed, _, refused = _train([str(config), "--token_selector=rules.py:late_fail", "--resume"], capsys)
     finally:
         for name in [m for m in sys.modules if m.startswith("ictrl_rules_")]:
             sys.modules.pop(name)
+    assert resumed == 2 and len(refused) == 1 and "--resume: the source of selector late_fail changed since the " \
+        "run started" in refused[0], refused
     out = tmp_path / "out"
     assert code == 2 and len(errors) == 1, err[-3000:]
     assert errors[0].startswith("ictrl train: error: selector rules.py:late_fail raised ZeroDivisionError: boom "

@@ -179,7 +179,7 @@ def register_selector(
         if "warmup_steps" in options:
             raise ValueError(f"selector {key!r}: warmup_steps is applied by select(), not an option of the rule")
         names = [key, *(a for a in (label, *aliases) if a and a != key)]
-        taken = [n for n in names if n in SELECTORS or n in _ALIASES]
+        taken = [n for n in names if (n in SELECTORS or n in _ALIASES) and not _reloaded(n, fn)]
         if taken:
             raise ValueError(f"selector {taken[0]!r} is already registered")
         allowed = tuple(scopes) if scopes is not None else (SCOPES if "scope" in options else ())
@@ -194,6 +194,14 @@ def register_selector(
         return fn
 
     return decorator
+
+
+def _reloaded(name: str, fn: Callable[..., Tensor]) -> bool:
+    """Whether ``name`` is registered to an earlier load of the same function (its module imported again after an
+    edit, in a notebook or a second run in one process): the new definition replaces it."""
+    held = SELECTORS.get(_ALIASES.get(name, name))
+    return held is not None and (held.fn.__module__, held.fn.__qualname__) == (fn.__module__, fn.__qualname__) \
+        and held.fn is not fn
 
 
 def method_names() -> list[str]:

@@ -20,6 +20,7 @@ import torch
 from ictrl.checkpoints import (RUN_FILES, STAGING_PREFIX, clear_staging, finished_run, own_checkpoints, rerun_advice,
                                trainer_state)
 from ictrl.cliargs import VERBOSE_ENV, env_flag
+from ictrl.core.selection import selector_identity
 from ictrl.engine.resumable import resume_point, save_final, verified_checkpoints
 from ictrl.train_cli.resume_check import INEXACT_FLAG, NEW_SCHEDULE_FLAG, check_exact, check_unchanged
 from ictrl.errors import ConfigError, Terminated, UserError
@@ -94,11 +95,16 @@ def write_run_labels(out: Path, args: Any, method_from: str = "file", inputs: di
 
     from ictrl.engine.model_card import resolved_method
 
-    from ictrl.core.selection import selector_identity
-
     labels = {**resolved_method(args), "method_from": method_from, "seed": int(args.seed),
               "selector": selector_identity(args.selector, args.selector_options), **(inputs or {})}
     atomic_write_text(out / RUN_LABELS, json.dumps(labels, indent=1) + "\n")
+
+
+def rule_hash(args: Any) -> dict[str, str]:
+    """The sha256 of a user's selection rule's file under ``selector NAME``, beside the reward's in ``inputs``: an
+    edited rule is another rule, so ``--resume`` refuses it as it refuses changed data (ictrl's own rules: none)."""
+    rule = selector_identity(args.selector, args.selector_options)
+    return {} if rule["sha256"] is None else {f"selector {rule['name']}": rule["sha256"]}
 
 
 @contextlib.contextmanager
@@ -198,8 +204,8 @@ def _train_locked(cfg: RunConfig, checked: Checked, resume: bool | str, source: 
     dataset = check_inputs(cfg, checked.init_kwargs, source)  # every row checked before the model loads
     resumed_at = trainer_state(resume_from)["global_step"] if resume_from is not None else None
     inputs = inputs_record(resume_from.parent if resume_from is not None else out,
-                           input_hashes(dataset, reward_funcs, cfg.model.model_name_or_path), resumed_at,
-                           accept is not None, source, flag=accept or ACCEPT_CHANGED_FLAG)
+                           {**input_hashes(dataset, reward_funcs, cfg.model.model_name_or_path), **rule_hash(args)},
+                           resumed_at, accept is not None, source, flag=accept or ACCEPT_CHANGED_FLAG)
 
     eval_dataset = eval_rows(cfg, args)  # trl grpo's dataset_test_split, under eval_strategy
     from ictrl.train_cli.model_init import tokenizer_and_config
