@@ -249,3 +249,29 @@ def test_ictrl_train_stops_a_failing_rule_in_one_line_with_the_resume_command(tm
                       "sha256": hashlib.sha256(RULES.encode()).hexdigest(), "options": {"ratio": 0.25, "fail_at": 1}}
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1] and rows[0]["ictrl/rule/calls"] == 1.0
+
+
+@pytest.mark.integration
+def test_two_processes_that_draw_different_masks_stop_in_one_line(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """``ictrl train --num-processes 2`` with a rule that draws from torch's global generator: each process would
+    train on another mask; the run names the rule and the remedy (inputs.generator) before any optimizer step."""
+    import subprocess
+
+    (tmp_path / "rules.py").write_text(RULES + '''
+
+@register_selector("global_rng")
+def global_rng(inputs, *, ratio=0.5):
+    import torch
+    return top_fraction(torch.rand(inputs.mask.shape), inputs, ratio)
+''')
+    config = _run_config(tmp_path, tiny_model_dir, max_steps=1)
+    script = Path(sys.executable).with_name("ictrl")
+    command = [str(script)] if script.is_file() else [sys.executable, "-m", "ictrl"]
+    done = subprocess.run([*command, "train", str(config), "--token_selector=rules.py:global_rng",
+                           "--num-processes", "2"], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    errors = [line for line in done.stderr.splitlines() if line.startswith("ictrl train: error:")]
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert errors == ["ictrl train: error: selector rules.py:global_rng gave the processes different masks at step 0: "
+                      "a rule must be a function of its inputs; draw random numbers from inputs.generator (seeded "
+                      "from selection_seed and the step, the same on every process), not torch's global generator; "
+                      "stopped at step 0; no checkpoint yet (save_steps)"]
