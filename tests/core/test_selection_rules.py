@@ -185,6 +185,8 @@ def test_the_generator_is_seeded_by_seed_and_step_and_metrics_reach_the_sink() -
     assert any(not torch.equal(first, run(s, 5)) for s in range(1, 7))
     assert logged[:2] == [("drawn", 2.0), ("ratio", 0.5)]
     SelectionInputs(mask=MASK).log_metric("dropped", 1.0)  # no sink: nothing to receive it, no error
+    with pytest.raises(TypeError, match=r"log_metric\('x'\) takes a number, got str"):
+        SelectionInputs(mask=MASK).log_metric("x", "1.0")
 
 
 RULE_FILE = '''

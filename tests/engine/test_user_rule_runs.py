@@ -96,7 +96,7 @@ def test_the_run_says_which_statistics_it_computes_and_where(tiny_model_dir: Pat
     assert lines == [
         "statistics: h2rule.py:top_h2 reads renyi2 (Renyi-2 entropy H2); training computes them from a no-grad "
         "forward of their own at generation (ictrl/stats_path 0); no group JS sweep",
-        "statistics: 'ict' reads ict_score (ICT score u (the group JS sweep)); training computes them from a no-grad "
+        "statistics: 'ict' reads ict_score (ICT score u, from the group JS sweep); training computes them from a no-grad "
         "forward of their own at generation (ictrl/stats_path 0); none during the 2 warm-up steps",
         "statistics: 'all' reads none, so no statistics pass runs (the metrics come from the loss's forward)"]
 

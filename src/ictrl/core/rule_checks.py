@@ -18,7 +18,7 @@ from torch import Tensor
 
 from ictrl.core.checks import OptionError
 from ictrl.core.describe import failure, shorten
-from ictrl.core.selection_inputs import SelectorError
+from ictrl.core.selection_inputs import SelectorError, SelectorExit
 
 _PACKAGE = Path(__file__).resolve().parents[1]
 # module name -> the file it was loaded from, for rules given as path/to/file.py:NAME
@@ -145,7 +145,7 @@ def check_result(result: Any, mask: Tensor, rule: str, step: int) -> Tensor:
     elif isinstance(result, Tensor) and result.dim() == mask.dim() and result.shape != mask.shape:
         hint = "; one value per token is needed: a per-response [B, 1] value is not broadcast to whole responses"
     elif isinstance(result, Tensor) and result.device != mask.device:
-        hint = f"; create it on inputs.mask.device"
+        hint = "; create it on inputs.mask.device"
     elif not isinstance(result, Tensor) and hasattr(result, "shape"):
         hint = "; torch.as_tensor(x, device=inputs.mask.device) != 0 makes an array one"
     raise SelectorError(f"selector {rule} returned {describe_value(result)} at step {step}: a rule returns {want}"
@@ -155,8 +155,6 @@ def check_result(result: Any, mask: Tensor, rule: str, step: int) -> Tensor:
 def raised(exc: BaseException, rule: str, fn: Callable[..., Any], step: int) -> SelectorError:
     """The one-line error of a rule that raised ``exc`` at ``step``, naming the line of the rule's own file it was
     raised from (the last frame in that file) where there is one."""
-    from ictrl.core.selection_inputs import SelectorExit
-
     if isinstance(exc, SelectorError):
         return exc
     path = rule_source_file(fn)

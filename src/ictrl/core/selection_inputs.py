@@ -22,7 +22,7 @@ NEEDS_FIELDS = (*STAT_FIELDS, "advantages", "group_ids")
 # What each field a rule may declare holds, in words (``ictrl selectors``, a run's first lines).
 FIELD_WORDS = {"entropy": "entropy H1", "renyi2": "Renyi-2 entropy H2", "purity": "purity (sum of p squared)",
                "logprob": "log pi of the sampled token", "prob": "pi of the sampled token",
-               "ict_score": "ICT score u (the group JS sweep)", "advantages": "[B] each response's advantage",
+               "ict_score": "ICT score u, from the group JS sweep", "advantages": "[B] each response's advantage",
                "group_ids": "[B] each response's prompt (0..B/G-1)"}
 
 
@@ -110,7 +110,8 @@ class SelectionInputs:
         over the logging window as ``ictrl/rule/<name>`` in the run's metrics (metrics.jsonl). A tensor is read to
         the host here: pass a Python number where the rule has one."""
         value = float(value.detach().double()) if isinstance(value, Tensor) else value
-        check_number(f"log_metric({name!r})", value, low=float("-inf"))
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError(f"log_metric({name!r}) takes a number, got {type(value).__name__}")
         if self.metric_sink is not None:
             self.metric_sink(str(name), float(value))
 
