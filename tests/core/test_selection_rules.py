@@ -255,3 +255,14 @@ def test_a_rule_file_edited_and_loaded_again_replaces_its_rule(tmp_path: Path, m
     finally:
         for name in [m for m in sys.modules if m.startswith("ictrl_rules_")]:
             sys.modules.pop(name)
+
+
+def test_a_mistake_at_registration_names_the_users_line_not_ictrls(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "clash.py").write_text("from ictrl.core.selection import register_selector\n\n\n"
+                                       "@register_selector('ict')\ndef mine(inputs):\n    return inputs.mask\n")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError) as err:
+        get_selector("clash.py:mine")
+    assert str(err.value) == (f"selector 'clash.py:mine': cannot import it: ValueError: selector 'ict' is already "
+                              f"registered ({(tmp_path / 'clash.py').resolve()}, line 4)")

@@ -173,6 +173,25 @@ def raised(exc: BaseException, rule: str, fn: Callable[..., Any], step: int) -> 
     return kind(f"selector {rule} raised {text} at step {step}")
 
 
+def import_failure(exc: BaseException) -> str:
+    """``exc``, raised while a user's rule module was imported, in a phrase naming the last line of the user's own
+    code it passed through (not ictrl's decorator or a library's internals), else :func:`failure`'s."""
+    text, line = failure(exc), None
+    tb = exc.__traceback__
+    while tb is not None:
+        name = tb.tb_frame.f_code.co_filename
+        path = None if name.startswith("<") else Path(name).resolve()
+        if path is not None and not path.is_relative_to(_PACKAGE) \
+                and not any(part.endswith("-packages") for part in path.parts):
+            line = (path, tb.tb_lineno)
+        tb = tb.tb_next
+    if line is None or isinstance(exc, SyntaxError):
+        return text
+    first = next((p.strip() for p in str(exc).splitlines() if p.strip()), "")
+    return f"{type(exc).__name__}: {shorten(first, 300)} ({line[0]}, line {line[1]})" if first else \
+        f"{type(exc).__name__} ({line[0]}, line {line[1]})"
+
+
 # --- a rule given by its file ----------------------------------------------------------------------------------
 
 
@@ -206,6 +225,6 @@ def load_rule_file(spec: str) -> tuple[Any, str]:
         raise
     except BaseException as exc:  # noqa: BLE001 - a user's file: whatever its import raises, named in one line
         sys.modules.pop(name, None)
-        raise ValueError(f"selector {spec!r}: cannot import it: {failure(exc)}") from None
+        raise ValueError(f"selector {spec!r}: cannot import it: {import_failure(exc)}") from None
     FILE_MODULES[name] = path
     return module, attr

@@ -14,12 +14,11 @@ import torch
 from torch import Tensor
 
 from ictrl.core.checks import OptionError, check_number, require_on_device
-from ictrl.core.describe import failure
 from ictrl.core.loss import NORM_MODES
 from ictrl.core.reference import ceil_count
 from ictrl.core.rule_checks import (
-    FILE_MODULES, check_option_type, check_result, describe_value, is_file_spec, load_rule_file, raised, rule_label,
-    rule_options, rule_source_file, sha256_of,
+    FILE_MODULES, check_option_type, check_result, describe_value, import_failure, is_file_spec, load_rule_file, raised,
+    rule_label, rule_options, rule_source_file, sha256_of,
 )
 from ictrl.core.selection_inputs import (  # noqa: F401 - re-exported: a rule imports them from here
     FIELD_WORDS, NEEDS_FIELDS, STAT_FIELDS, SelectionInputs, SelectorError, SelectorExit, step_seed,
@@ -249,7 +248,7 @@ def _import_selector(spec: str) -> Selector:
         except KeyboardInterrupt:
             raise
         except BaseException as exc:  # noqa: BLE001 - a user's module: whatever its import raises, in one line
-            raise ValueError(f"selector {spec!r}: cannot import it: {failure(exc)}") from None
+            raise ValueError(f"selector {spec!r}: cannot import it: {import_failure(exc)}") from None
     for selector in SELECTORS.values():
         if selector.fn is fn:
             return selector
