@@ -266,3 +266,19 @@ def test_a_mistake_at_registration_names_the_users_line_not_ictrls(tmp_path: Pat
         get_selector("clash.py:mine")
     assert str(err.value) == (f"selector 'clash.py:mine': cannot import it: ValueError: selector 'ict' is already "
                               f"registered ({(tmp_path / 'clash.py').resolve()}, line 4)")
+
+
+def test_a_rule_file_imports_the_modules_beside_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = tmp_path / "elsewhere"
+    folder.mkdir()
+    (folder / "rule_helpers_beside.py").write_text("RATIO = 0.5\n")
+    (folder / "uses_helper.py").write_text("from rule_helpers_beside import RATIO\n\n"
+                                           "def half(inputs, *, ratio=RATIO):\n    return inputs.mask\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the folder appended for this test only
+    try:
+        assert get_selector("elsewhere/uses_helper.py:half").options == {"ratio": 0.5}
+        assert sys.path[-1] == str(folder.resolve())
+    finally:
+        for name in [m for m in sys.modules if m.startswith("ictrl_rules_") or m == "rule_helpers_beside"]:
+            sys.modules.pop(name)
