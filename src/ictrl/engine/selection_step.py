@@ -272,24 +272,22 @@ class SelectionStep:
 
     def _check_users_rule(self, step: StepContext, g_mask: Tensor, g_stats: TokenStats | None, g_js: Tensor | None,
                           chosen: Tensor, g_selected: Tensor, warming_up: bool) -> None:
-        """A user's rule's selection, its metrics and what it cannot have meant: the same mask on every process
-        (compared on the device), padding selected and an empty selection, read with the selection's metrics (the
-        one host read of a rule that reads no statistics)."""
+        """A user's rule's selection, its metrics and what it cannot have meant: another mask on another process
+        (their fingerprints gathered), padding selected and an empty selection, read with the selection's metrics in
+        one transfer (the one host read of a rule that reads no statistics), so each is named before the loss."""
         acc, rule = self.accelerator, self.selector.rule
-        if acc.num_processes > 1:
-            digests = acc.gather(mask_digest(g_selected).reshape(1))
-            message = (f"selector {rule} gave the processes different masks at step {step.step}: a rule must be a "
-                       "function of its inputs; draw random numbers from inputs.generator (seeded from "
-                       "selection_seed and the step, the same on every process), not torch's global generator")
-            try:
-                require_on_device((digests == digests[0]).all(), message)
-            except ValueError:
-                raise SelectorError(message) from None
         n_all, n_sel = g_mask.sum().double(), g_selected.sum().double()
         one = n_all.new_ones(())
         extra = [("selection/empty", ((n_sel == 0) & (n_all > 0)).double(), one),
                  ("selection/padding", (chosen & ~g_mask).sum().double(), one)]
+        if acc.num_processes > 1:  # every process's fingerprint of its mask, compared in the same read
+            digests = acc.gather(mask_digest(g_selected).reshape(1))
+            extra.append(("selection/processes_differ", (digests != digests[0]).any().double(), one))
         read = log_selection(step.metrics, g_mask, g_stats, g_js, g_selected, warming_up, extra)
+        if read.get("selection/processes_differ"):
+            raise SelectorError(f"selector {rule} gave the processes different masks at step {step.step}: a rule must "
+                                "be a function of its inputs; draw random numbers from inputs.generator (seeded from "
+                                "selection_seed and the step, the same on every process), not torch's global generator")
         if step.mode == "train":
             self.watch.observe(read, rule, step.step)
 
