@@ -71,9 +71,9 @@ def rule_options(fn: Callable[..., Any], key: str) -> dict[str, Any]:
     how = f"write it as def {key if shown == '<lambda>' else shown}(inputs, *, option=default, ...)"
     if not positional and not any(p.kind is p.VAR_POSITIONAL for p in params):
         raise ValueError(f"selector {key!r} takes no positional parameter for its inputs; {how}")
-    for p in positional[1:]:
-        raise ValueError(f"selector {key!r}: option {p.name!r} must be keyword-only (after a *), so a config can "
-                         f"set it by name; {how}")
+    if len(positional) > 1:
+        raise ValueError(f"selector {key!r}: option {positional[1].name!r} must be keyword-only (after a *), so a "
+                         f"config can set it by name; {how}")
     for p in params:
         if p.kind is p.VAR_KEYWORD:
             raise ValueError(f"selector {key!r} takes **{p.name}: name each option keyword-only with its default, "
