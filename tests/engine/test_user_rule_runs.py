@@ -67,6 +67,19 @@ def test_an_empty_selection_is_named_each_step_then_stops_the_run(tiny_model_dir
         [1.0, 1.0]  # steps 1 and 2 were logged; the third stopped the run
 
 
+def test_the_empty_stretch_counts_optimizer_steps_and_a_selection_resets_it() -> None:
+    from ictrl.engine.selection_step import SelectionWatch
+
+    watch = SelectionWatch(limit=4, steps_per_batch=2)  # two optimizer steps per generation batch
+    watch.observe({"selection/empty": 1.0}, "r.py:f", 0)
+    watch.observe({"selection/empty": 0.0}, "r.py:f", 2)  # a batch that selects: the stretch starts again
+    watch.observe({"selection/empty": 1.0}, "r.py:f", 4)
+    assert watch.empty_steps == 2
+    with pytest.raises(EmptySelection, match="r.py:f selected no token for 4 optimizer steps in a row"):
+        watch.observe({"selection/empty": 1.0}, "r.py:f", 6)
+    SelectionWatch(limit=0).observe({"selection/empty": 1.0}, "r.py:f", 0)  # no_signal_steps 0: trains on
+
+
 def test_padding_selected_is_named_once_and_a_rules_metric_reaches_the_log(tiny_model_dir: Path, tmp_path: Path,
                                                                            caplog: pytest.LogCaptureFixture) -> None:
     @register_selector("test_selects_padding", needs=("entropy",))
