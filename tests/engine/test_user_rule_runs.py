@@ -288,3 +288,14 @@ def global_rng(inputs, *, ratio=0.5):
                       "a rule must be a function of its inputs; draw random numbers from inputs.generator (seeded "
                       "from selection_seed and the step, the same on every process), not torch's global generator; "
                       "stopped at step 0; no checkpoint yet (save_steps)"]
+
+
+def test_the_statistics_line_names_the_evaluations_path_where_it_differs() -> None:
+    from ictrl.engine.stats_paths import Separate, TrainingForward, describe_statistics
+
+    paths = {"train": TrainingForward(), "eval": Separate()}
+    line = describe_statistics("rules.py:f", frozenset({"prob"}), paths, 0, evaluating=True)
+    assert line == ("statistics: rules.py:f reads prob (pi of the sampled token); training computes them from the "
+                    "loss's own forward, where the selection is made (ictrl/stats_path 2); no group JS sweep; "
+                    "evaluation from a no-grad forward of their own at generation (ictrl/stats_path 0)")
+    assert describe_statistics("rules.py:f", frozenset({"prob"}), paths, 0).endswith("no group JS sweep")

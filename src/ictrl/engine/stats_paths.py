@@ -65,9 +65,11 @@ PATH_WORDS = {
 }
 
 
-def describe_statistics(rule: str, needs: frozenset[str], paths: dict[str, Separate], warmup_steps: int) -> str:
+def describe_statistics(rule: str, needs: frozenset[str], paths: dict[str, Separate], warmup_steps: int,
+                        evaluating: bool = False) -> str:
     """The line a run starts with about its statistics: which ``rule`` reads (``needs``, in words) and where the
-    training and evaluation steps take them from (``paths``), with the code ``ictrl/stats_path`` logs."""
+    training steps take them from (``paths``; the evaluation's too when ``evaluating`` and it differs), with the code
+    ``ictrl/stats_path`` logs."""
     if not needs:
         return f"statistics: {rule} reads none, so no statistics pass runs (the metrics come from the loss's forward)"
     read = ", ".join(f"{name} ({FIELD_WORDS.get(name, name)})" for name in sorted(needs))
@@ -76,7 +78,7 @@ def describe_statistics(rule: str, needs: frozenset[str], paths: dict[str, Separ
     line = f"statistics: {rule} reads {read}; training computes them from {where['train']}"
     if "ict_score" not in needs:
         line += "; no group JS sweep"
-    if where.get("eval", where["train"]) != where["train"]:
+    if evaluating and where.get("eval", where["train"]) != where["train"]:
         line += f"; evaluation from {where['eval']}"
     if warmup_steps:
         line += f"; none during the {warmup_steps} warm-up steps"

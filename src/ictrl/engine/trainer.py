@@ -90,8 +90,8 @@ class ICTGRPOTrainer(GRPOTrainer):
             source=self._plan_stats(needs), temperature=self.temperature, local_tokens=args.loss_type == "bnpo",
             seed=args.selection_seed,
             watch=SelectionWatch(args.no_signal_steps or 0, self.reward_policy.steps_per_batch))
-        logging.getLogger(__name__).info(describe_statistics(
-            args.selector.rule, needs, self.stats_source.paths, args.selection_warmup_steps))
+        logging.getLogger(__name__).info(describe_statistics(args.selector.rule, needs, self.stats_source.paths,
+                                                             args.selection_warmup_steps, args.eval_strategy != "no"))
         self._generation_path: Separate | None = None  # the mode's path, only inside _generate_and_score_completions
         if self._sampler_topk is not None and self.use_vllm:
             self._install_vllm_topk()
