@@ -228,7 +228,7 @@ def selector_identity(selector: Selector, options: dict[str, Any] | None = None)
     """What names a rule in a run's record (run.json, ``--print-config``, compare's results, the inspect page):
     ``name``; ``spec``, the name another process finds it by (:attr:`Selector.spec`); ``file``, its source file
     (None for ictrl's own rules); ``sha256``, that file's hash, so an edited rule is a different rule (None for
-    ictrl's own rules, which the ictrl version names, and for a rule with no source file); ``options``, the
+    ictrl's own rules, named by their registered name alone, and for a rule with no source file); ``options``, the
     resolved options (:meth:`Selector.resolve_options` of ``options``)."""
     path = rule_source_file(selector.fn)
     return {"name": selector.name, "spec": selector.spec, "file": None if path is None else str(path),
