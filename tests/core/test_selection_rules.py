@@ -282,3 +282,14 @@ def test_a_rule_file_imports_the_modules_beside_it(tmp_path: Path, monkeypatch: 
     finally:
         for name in [m for m in sys.modules if m.startswith("ictrl_rules_") or m == "rule_helpers_beside"]:
             sys.modules.pop(name)
+
+
+def test_method_md_states_a_custom_rules_true_defaults() -> None:
+    """docs/method.md's "Write your own rule" says what a rule registered without method defaults gets: no warm-up
+    (ICT's Θ is its own registration's) and ICT's normaliser."""
+    text = " ".join((Path(__file__).resolve().parents[2] / "docs" / "method.md").read_text().split())
+    register_selector("test_plain_defaults")(lambda inputs: inputs.mask)
+    plain, ict = get_selector("test_plain_defaults"), get_selector("ict")
+    assert plain.warmup_steps == 0 and ict.warmup_steps == 10 and plain.normalization == ict.normalization
+    assert (f"Its defaults are no warm-up (ICT's Θ is {ict.warmup_steps}) and ICT's `{ict.normalization}` "
+            "normaliser of §5") in text
