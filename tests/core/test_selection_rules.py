@@ -206,6 +206,7 @@ def test_a_rule_from_its_file_by_path_and_name(tmp_path: Path, monkeypatch: pyte
     rules.parent.mkdir()
     rules.write_text(RULE_FILE)
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))  # a rule file's folder: this test's only
     try:
         selector = get_selector("sub/my_rules.py:top_h2")
         assert selector.name == "file_h2" and selector.spec == f"{rules.resolve()}:top_h2"
@@ -243,6 +244,7 @@ def test_a_rule_file_edited_and_loaded_again_replaces_its_rule(tmp_path: Path, m
     rules = tmp_path / "my_rules.py"
     rules.write_text(RULE_FILE)
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))  # a rule file's folder: this test's only
     try:
         before = get_selector("my_rules.py:top_h2")
         old_hash = selector_identity(before, {})["sha256"]
@@ -262,6 +264,7 @@ def test_a_mistake_at_registration_names_the_users_line_not_ictrls(tmp_path: Pat
     (tmp_path / "clash.py").write_text("from ictrl.core.selection import register_selector\n\n\n"
                                        "@register_selector('ict')\ndef mine(inputs):\n    return inputs.mask\n")
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))  # a rule file's folder: this test's only
     with pytest.raises(ValueError) as err:
         get_selector("clash.py:mine")
     assert str(err.value) == (f"selector 'clash.py:mine': cannot import it: ValueError: selector 'ict' is already "

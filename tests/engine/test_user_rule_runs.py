@@ -208,6 +208,7 @@ def test_print_config_checks_a_rules_options_and_shows_the_rule(tmp_path: Path, 
                                                                 capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "rules.py").write_text(RULES)
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))  # a rule file's folder: this test's only
     config = _run_config(tmp_path, tiny_model_dir, token_selector="rules.py:late_fail")
     try:
         code, _, errors = _train([str(config), '--selection_options={"fail_at": "abc"}', "--print-config"], capsys)
@@ -236,6 +237,7 @@ def test_ictrl_train_stops_a_failing_rule_in_one_line_with_the_resume_command(tm
 
     (tmp_path / "rules.py").write_text(RULES)
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))  # a rule file's folder: this test's only
     config = _run_config(tmp_path, tiny_model_dir)
     try:
         code, err, errors = _train([str(config), "--token_selector=rules.py:late_fail"], capsys)

@@ -28,6 +28,7 @@ def test_selectors_lists_every_rule_and_what_a_rule_can_read(tmp_path: Path, mon
                                                              capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "rules.py").write_text(RULE)
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))  # a rule file's folder: this test's only
     try:
         assert cli.main(["selectors", "rules.py:listed_h2"]) == 0
         text = capsys.readouterr().out
@@ -51,6 +52,7 @@ def test_selectors_lists_every_rule_and_what_a_rule_can_read(tmp_path: Path, mon
 def test_a_rule_that_cannot_load_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                              capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))  # a rule file's folder: this test's only
     assert cli.main(["selectors", "missing.py:rule"]) == 2
     err = capsys.readouterr().err
     assert err.strip() == f"ictrl selectors: error: selector 'missing.py:rule': no file missing.py (from {tmp_path})"
