@@ -278,9 +278,8 @@ class ICTGRPOConfig(GRPOConfig):
         default=None,
         metadata={"help": "Stop the run (exit status 2, with the checkpoint and resume line) after this many optimizer "
                           "steps in a row in which every advantage was 0 (equal rewards in every group, or rewards TRL "
-                          "could not use), whatever the cause. 0: train on. None: 20 for a token selector of ictrl's "
-                          "(ict, entropy, ...: a run that cannot learn stops), 0 for token_selector 'all' (TRL's GRPO, "
-                          "which trains on). A run that trains on says so in one line per such stretch of 20 steps."},
+                          "could not use), whatever the cause. 0: train on. None: 20 for ictrl's selectors, 0 for "
+                          "'all' (TRL's GRPO trains on, saying so once per stretch of 20 such steps)."},
     )
 
     def __post_init__(self) -> None:
@@ -451,8 +450,7 @@ class ICTGRPOConfig(GRPOConfig):
             if getattr(self, name) is not None and option not in selector.options and option != "seed":
                 raise ValueError(f"{name} is not used by token_selector={self.token_selector!r}; leave it None")
         if self.selection_topk is not None and "ict_score" not in selector.needs:  # it approximates only that score
-            raise ValueError(f"selection_topk is not used by token_selector={self.token_selector!r}, which does not "
-                             "read the ICT score (ict_score); leave it None")
+            raise ValueError(f"selection_topk is not used by token_selector={self.token_selector!r}; leave it None")
         if isinstance(self.selection_options, str):  # a flag's JSON, as TrainingArguments reads its dict fields
             try:
                 self.selection_options = json.loads(self.selection_options)
