@@ -176,7 +176,7 @@ def _offline() -> str | None:
                  if os.environ.get(key, "").strip().upper() in ("1", "TRUE", "YES", "ON")), None)
 
 
-def _load_trl_dataset(script: Any) -> Any:
+def _load_trl_dataset(script: Any, seed: int) -> Any:
     """``trl grpo``'s call: ``load_dataset(dataset_name, name=dataset_config, streaming=dataset_streaming)``, then
     its ``dataset_train_split``; errors are one :class:`ictrl.errors.DataError` line naming the id (offline: the
     setting that kept it off the hub; a missing split: the splits there are)."""
@@ -184,16 +184,16 @@ def _load_trl_dataset(script: Any) -> Any:
 
     from ictrl.errors import DataError
 
-    return _split(*_load_trl_splits(script), "dataset_train_split", script.dataset_train_split)
+    return _split(*_load_trl_splits(script, seed), "dataset_train_split", script.dataset_train_split)
 
 
-def _load_trl_splits(script: Any) -> tuple[Any, str]:
-    """The ``DatasetDict`` of the data ``trl grpo`` reads (the ``datasets`` mixture, a local data file, a folder
-    or hub id), and its name for error lines."""
+def _load_trl_splits(script: Any, seed: int) -> tuple[Any, str]:
+    """The ``DatasetDict`` of the data ``trl grpo`` reads (the ``datasets`` mixture, its test split drawn from
+    ``seed``; a local data file, a folder or hub id), and its name for error lines."""
     from ictrl.train_cli.trl_data import file_builder, load_file, load_mixture
 
     if script.datasets:
-        return load_mixture(script), "the datasets mixture"
+        return load_mixture(script, seed), "the datasets mixture"
     if file_builder(script.dataset_name) is not None:
         return load_file(script.dataset_name, script), script.dataset_name
     return _load_named(script.dataset_name, script), script.dataset_name
@@ -213,7 +213,7 @@ def eval_rows(cfg: RunConfig, args: Any) -> Any:
     not ``no`` (``preflight.check_trainer_inputs`` refuses it for ictrl.data sources), else None."""
     if getattr(args.eval_strategy, "value", args.eval_strategy) == "no":
         return None
-    return _split(*_load_trl_splits(cfg.script), "dataset_test_split", cfg.script.dataset_test_split)
+    return _split(*_load_trl_splits(cfg.script, cfg.seed), "dataset_test_split", cfg.script.dataset_test_split)
 
 
 def _load_named(name: str, script: Any) -> Any:
@@ -251,7 +251,7 @@ def load_train_dataset(cfg: RunConfig) -> Any:
         from ictrl.train_cli.trl_data import first_row, streamed
 
         script = cfg.script
-        rows = _load_trl_dataset(script)
+        rows = _load_trl_dataset(script, cfg.seed)
         key = "datasets" if script.datasets else f"dataset_name: {script.dataset_name}"
         columns = rows.column_names if rows.column_names is not None else list(first_row(rows, key))
         if "prompt" not in columns:

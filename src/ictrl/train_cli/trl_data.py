@@ -41,11 +41,15 @@ def load_file(name: str, script: Any) -> Any:
                         f"{shorten(str(exc).splitlines()[0] if str(exc) else '', 300)})") from None
 
 
-def load_mixture(script: Any) -> Any:
+def load_mixture(script: Any, seed: int) -> Any:
     """trl grpo's ``get_dataset(DatasetMixtureConfig(datasets, streaming, test_split_size))``: each entry loaded
     by ``datasets.load_dataset`` with its path, name, data_dir, data_files and split, its columns selected, the
-    fractions applied, concatenated, split into train and test by ``test_split_size``. With ``dataset_name`` set
-    too, ``datasets`` is used, as in trl grpo, said in one line."""
+    fractions applied, concatenated, split into train and test by ``test_split_size`` with the ``train_test_split``
+    TRL calls. TRL's split draws its seed from numpy's global state, so each call (and each run) splits anew; here
+    it draws from ``seed``: the train and test splits of one run are one split, its eval rows never training rows,
+    and a resumed run reads the same rows. With ``dataset_name`` set too, ``datasets`` is used, as in trl grpo,
+    said in one line."""
+    from datasets import DatasetDict
     from trl import DatasetMixtureConfig, get_dataset
     from trl.scripts.utils import DatasetConfig
 
@@ -53,13 +57,20 @@ def load_mixture(script: Any) -> Any:
         log.warning("datasets and dataset_name are both set: the datasets mixture is used and dataset_name %s is "
                     "ignored, as in trl grpo", shorten(str(script.dataset_name), 200))
     entries = [DatasetConfig(**entry) for entry in script.datasets]
+    split = script.test_split_size is not None and not script.streaming  # a stream: TRL's own call and error
     mixture = DatasetMixtureConfig(datasets=entries, streaming=script.streaming,
-                                   test_split_size=script.test_split_size)
+                                   test_split_size=None if split else script.test_split_size)
     try:
-        return get_dataset(mixture)
+        loaded = get_dataset(mixture)
+        if split:
+            loaded = DatasetDict(loaded["train"].train_test_split(test_size=script.test_split_size, seed=seed))
+            log.info("datasets: test_split_size=%s: one split of the mixture, drawn from seed %d (trl grpo draws "
+                     "it from numpy's global state): %d training rows, %d test rows", script.test_split_size, seed,
+                     len(loaded["train"]), len(loaded["test"]))
     except (ValueError, KeyError, OSError) as exc:  # datasets' DatasetNotFoundError is a FileNotFoundError
         raise DataError(f"datasets: {shorten(str(exc).splitlines()[0] if str(exc) else type(exc).__name__, 300)}"
                         ) from None
+    return loaded
 
 
 # --- streamed data ------------------------------------------------------------------------------------------------

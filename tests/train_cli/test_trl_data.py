@@ -1,0 +1,65 @@
+"""TRL's ``datasets:`` mixture with ``test_split_size`` under ``ictrl train``: one split of the mixture, made by
+the ``train_test_split`` TRL calls, its eval rows never training rows, the same split on a resume. Tiny models,
+local files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from tests.train_cli.test_trl_files import edit, in_tmp  # noqa: F401 - in_tmp is a fixture
+from tests.train_cli.test_trl_habits import mixture_file, same_weights, state_dict
+
+
+def rows_file(path: Path, count: int) -> Path:
+    path.write_text("".join(json.dumps({"prompt": f"{i}+1=", "solution": str(i + 1)}) + "\n" for i in range(count)))
+    return path
+
+
+def test_a_mixtures_test_split_is_one_split_drawn_from_the_seed(tmp_path: Path) -> None:
+    """The training rows and the eval rows of one run are the two parts of one ``train_test_split`` (TRL's call,
+    its seed the run's ``seed``): no eval row is a training row, together they are the mixture, and reading the
+    data again (a resume) gives the same rows and the same input hash."""
+    from trl import DatasetMixtureConfig, get_dataset
+    from trl.scripts.utils import DatasetConfig
+
+    from ictrl.train_cli.run_config import config_from_dict
+    from ictrl.train_cli.run_inputs import eval_rows, input_hashes, load_train_dataset
+
+    entries = [{"path": "json", "data_files": str(rows_file(tmp_path / "rows.jsonl", 64))}]
+    values = {"model_name_or_path": "m", "output_dir": "o", "datasets": entries, "test_split_size": 0.5, "seed": 3}
+    cfg = config_from_dict(values)
+    train = load_train_dataset(cfg)
+    test = eval_rows(cfg, SimpleNamespace(eval_strategy="steps"))
+    assert len(train) == len(test) == 32
+    assert not set(train["prompt"]) & set(test["prompt"])
+    assert sorted([*train["prompt"], *test["prompt"]]) == sorted(f"{i}+1=" for i in range(64))
+    mixture = get_dataset(DatasetMixtureConfig(datasets=[DatasetConfig(**e) for e in entries]))["train"]
+    theirs = mixture.train_test_split(test_size=0.5, seed=3)
+    assert train[:] == theirs["train"][:] and test[:] == theirs["test"][:]
+    assert input_hashes(load_train_dataset(cfg), []) == input_hashes(train, [])
+    other = load_train_dataset(config_from_dict({**values, "seed": 4}))
+    assert set(other["prompt"]) != set(train["prompt"])
+
+
+@pytest.mark.integration
+def test_a_run_on_a_split_mixture_with_eval_resumes_exactly(tiny_model_dir: Path, in_tmp: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """``datasets:`` with ``test_split_size`` and ``eval_strategy: steps``: resuming its step-1 checkpoint in
+    another folder is accepted (the training data is the same) and ends with the straight run's weights."""
+    from ictrl import cli
+
+    config = edit(mixture_file(in_tmp, tiny_model_dir, max_steps=2), test_split_size=0.25, eval_strategy="steps",
+                  eval_steps=1, per_device_eval_batch_size=4, output_dir=str(in_tmp / "a"), save_strategy="steps",
+                  save_steps=1, lr_scheduler_type="constant")
+    assert cli.main(["train", str(config)]) == 0, capsys.readouterr().err[-2000:]
+    capsys.readouterr()
+    assert cli.main(["train", str(config), f"--output_dir={in_tmp / 'b'}",
+                     f"--resume_from_checkpoint={in_tmp / 'a' / 'checkpoint-1'}"]) == 0, capsys.readouterr().err[-3000:]
+    rows: list[dict[str, Any]] = [json.loads(line) for line in (in_tmp / "b" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "loss" in r] == [2] and any("eval_reward" in r for r in rows)
+    assert same_weights(state_dict(in_tmp / "a"), state_dict(in_tmp / "b"))
