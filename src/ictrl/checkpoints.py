@@ -219,17 +219,23 @@ def write_manifest(directory: Path) -> None:
     atomic_write_json(directory / MANIFEST, {"files": files}, indent=1)
 
 
-def verify_checkpoint(directory: Path) -> str | None:
+# The files of a checkpoint Trainer resumes without (a fresh optimizer and schedule, unseeded sampling): lost, the
+# resume is inexact, not impossible.
+TRAINING_STATE_PREFIXES = ("optimizer", "scheduler", "rng_state")
+
+
+def verify_checkpoint(directory: Path, lost_state_ok: bool = False) -> str | None:
     """None when ``directory`` holds every file its manifest lists, each of the recorded size and sha256; else why
     not, in a phrase. A checkpoint written before manifests existed passes when its trainer state reads and its
-    RNG state is there (without it a resumed run samples differently)."""
+    RNG state is there (without it a resumed run samples differently). ``lost_state_ok``: a missing optimizer,
+    scheduler or RNG state file passes (an inexact resume, accepted by name); one that is there is still checked."""
     manifest = directory / MANIFEST
     if not manifest.is_file():
         try:
             trainer_state(directory)
         except ValueError as exc:
             return str(exc).removeprefix(f"{directory}/")
-        if not any(RNG_STATE_RE.match(p.name) for p in directory.iterdir()):
+        if not lost_state_ok and not any(RNG_STATE_RE.match(p.name) for p in directory.iterdir()):
             return "no rng_state.pth (a resumed run would sample differently)"
         return None
     try:
@@ -239,6 +245,8 @@ def verify_checkpoint(directory: Path) -> str | None:
         return f"{MANIFEST} cannot be read ({type(exc).__name__}: {exc})"
     for name, size, digest in entries:
         path = directory / name
+        if not path.is_file() and lost_state_ok and "/" not in name and name.startswith(TRAINING_STATE_PREFIXES):
+            continue
         if not path.is_file():
             return f"{name} is missing"
         if path.stat().st_size != size:

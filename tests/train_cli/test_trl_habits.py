@@ -383,3 +383,67 @@ def test_streaming_an_ictrl_source_or_with_the_wrong_key_is_one_line(tmp_path: P
         with pytest.raises(ConfigError, match=said):
             check_trainer_inputs(type("Args", (), {"eval_strategy": "no", "max_steps": 2, "push_to_hub": False, "eval_benchmarks": None})(),
                                  "f.yaml", None, cfg)
+
+
+def linear_run(tmp_path: Path, model_dir: Path) -> Path:
+    """Three steps on a linear schedule from 1e-3 (1e-3, 6.7e-4, 3.3e-4), a checkpoint at each, in ``a``."""
+    from ictrl import cli
+    from tests.train_cli.test_trl_files import resumable_file
+
+    config = edit(resumable_file(tmp_path, model_dir, "a", max_steps=3), lr_scheduler_type="linear",
+                  learning_rate=1e-3)
+    assert cli.main(["train", str(config)]) == 0
+    return config
+
+
+def logged_rates(out: Path) -> dict[int, float]:
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["learning_rate"] for r in rows if "learning_rate" in r}
+
+
+@pytest.mark.integration
+def test_a_checkpoint_that_lost_its_optimizer_resumes_inexactly_as_trl_grpo(tiny_model_dir: Path, in_tmp: Path,
+                                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """``optimizer.pt`` deleted from a checkpoint (its manifest still lists it): refused in one line naming it and
+    ``--resume-inexact``; with the flag it resumes, the line says the optimizer and the schedule both start again
+    (Trainer restores them together) and the rates the steps get, which are the rates logged, and the weights are
+    those of ``trl grpo`` resuming the same checkpoint."""
+    from ictrl import cli
+
+    config = linear_run(in_tmp, tiny_model_dir)
+    checkpoint = in_tmp / "a" / "checkpoint-2"
+    (checkpoint / "optimizer.pt").unlink()
+    capsys.readouterr()
+    resume = [f"--output_dir={in_tmp / 'b'}", f"--resume_from_checkpoint={checkpoint}"]
+    assert cli.main(["train", str(config), *resume]) == 2
+    err = capsys.readouterr().err
+    assert f"{checkpoint} has no optimizer state (optimizer.pt), so a resumed run" in err and "--resume-inexact" in err
+    assert cli.main(["train", str(config), *resume, "--resume-inexact"]) == 0, capsys.readouterr().err[-2000:]
+    said = next(line for line in capsys.readouterr().err.splitlines() if "--resume-inexact: resuming from" in line)
+    assert "the optimizer starts fresh" in said and "linear learning-rate schedule starts again from its first " \
+                                                   "step" in said and ": step 3 at 0.001" in said, said
+    assert logged_rates(in_tmp / "b") == {3: pytest.approx(1e-3)}
+    run_trl_grpo(config, "--output_dir", str(in_tmp / "trl"), f"--resume_from_checkpoint={checkpoint}")
+    assert same_weights(state_dict(in_tmp / "trl"), state_dict(in_tmp / "b"))
+
+
+@pytest.mark.integration
+def test_the_new_schedule_line_says_the_rates_the_resumed_steps_get(tiny_model_dir: Path, in_tmp: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """``--resume-new-schedule`` from step 2 of 3 to max_steps 6: step 3 keeps the old schedule's rate (the
+    optimizer's, restored), steps 4-6 follow the schedule over 6 steps; the line says so with the rates, and they
+    are the rates logged."""
+    import re
+
+    from ictrl import cli
+
+    config = linear_run(in_tmp, tiny_model_dir)
+    capsys.readouterr()
+    assert cli.main(["train", str(config), "--max_steps=6", f"--output_dir={in_tmp / 'b'}", "--resume-new-schedule",
+                     f"--resume_from_checkpoint={in_tmp / 'a' / 'checkpoint-2'}"]) == 0
+    said = next(line for line in capsys.readouterr().err.splitlines() if "--resume-new-schedule:" in line)
+    assert "the first resumed step keeps the rate the old schedule set for it" in said, said
+    stated = {int(step): float(rate) for step, rate in re.findall(r"step (\d+) at ([\d.e-]+)", said)}
+    logged = logged_rates(in_tmp / "b")
+    assert stated == pytest.approx(logged, rel=1e-2) and sorted(logged) == [3, 4, 5, 6]
+    assert logged == pytest.approx({3: 1e-3 / 3, 4: 1e-3 / 2, 5: 1e-3 / 3, 6: 1e-3 / 6})

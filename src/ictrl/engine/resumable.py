@@ -38,12 +38,13 @@ def at_buffer_boundary(step: int, args: Any) -> bool:
     return step * args.gradient_accumulation_steps % (args.steps_per_generation * args.num_iterations) == 0
 
 
-def verified_checkpoints(checkpoints: list[Path]) -> list[Path]:
+def verified_checkpoints(checkpoints: list[Path], lost_state_ok: bool = False) -> list[Path]:
     """``checkpoints`` (oldest first) whose files match their manifest, newest first; one warning line for each
-    that does not (it is skipped, the next older one is used)."""
+    that does not (it is skipped, the next older one is used). ``lost_state_ok``: a lost optimizer, scheduler or
+    RNG state file does not skip a checkpoint (``--resume-inexact``)."""
     good = []
     for checkpoint in reversed(checkpoints):
-        problem = verify_checkpoint(checkpoint) or refused_pickle(checkpoint)
+        problem = verify_checkpoint(checkpoint, lost_state_ok) or refused_pickle(checkpoint)
         if problem is None:
             good.append(checkpoint)
         else:

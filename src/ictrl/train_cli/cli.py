@@ -107,9 +107,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                   "  or a local reward module (or one it imports) changed since the run started (refused otherwise;\n"
                   "  run.json records it).\n"
                   "--resume-inexact: resume from a checkpoint without its optimizer, scheduler or RNG state\n"
-                  "  (save_only_model), or over changed inputs as above (refused otherwise), saying what will differ.\n"
+                  "  (save_only_model, or lost files), or over changed inputs as above (refused otherwise), saying
+"
+                  "  what will differ.
+"
                   "--resume-new-schedule: resume with max_steps / num_train_epochs changed under a decaying\n"
-                  "  learning-rate schedule (refused otherwise): the schedule is recomputed over the new length.\n"
+                  "  learning-rate schedule (refused otherwise): after the first resumed step, which keeps the old\n"
+                  "  schedule's rate, the steps follow the schedule over the new length; the rates are said.\n"
                   "--print-config: print the resolved config and exit. More on keys: configs/README.md.\n"
                   f"{OVERWRITE_FLAG}: start a fresh run in an output_dir that holds an earlier run's model or record\n"
                   "  (refused otherwise; its checkpoints are still refused: --resume continues them).\n"

@@ -52,8 +52,9 @@ def check_exact(checkpoint: Path, args: Any, accept: bool, source: str = "<confi
     differ = []
     if any("optimizer" in m for m in missing):
         differ.append("the optimizer starts fresh (no moment estimates)")
-    if any("scheduler" in m for m in missing):
-        differ.append(f"the {args.lr_scheduler_type} learning-rate schedule starts again from its first step")
+    if any("optimizer" in m or "scheduler" in m for m in missing):  # Trainer restores the two together or neither
+        differ.append(f"the {_name(args)} learning-rate schedule starts again from its first step (Trainer restores "
+                      f"the optimizer and the scheduler together or neither){resumed_rates(checkpoint, args)}")
     if any("RNG" in m for m in missing):
         differ.append("sampling draws from the seed's start, not where the run left off")
     log.warning("%s: resuming from %s, which has no %s%s: %s; the result will differ from an uninterrupted run",
@@ -71,7 +72,7 @@ LENGTH_KEYS = ("max_steps", "num_train_epochs")  # the schedule's length, unless
 
 
 def check_unchanged(saved: Path, now: dict[str, Any], args: Any, source: str = "<config>",
-                    new_schedule: bool = False) -> None:
+                    new_schedule: bool = False, checkpoint: Path | None = None) -> None:
     """Refuse a resume whose config (``now``, the run config as a dict) differs from ``saved`` (the config.yaml of
     the run) in a key that changes the steps: the resumed run would not equal an uninterrupted one. The run's
     length under a decaying schedule may change with ``new_schedule`` (:data:`NEW_SCHEDULE_FLAG`), said in one
@@ -101,10 +102,55 @@ def check_unchanged(saved: Path, now: dict[str, Any], args: Any, source: str = "
                           "output_dir")
     lengths = [k for k in changed if k in LENGTH_KEYS]
     if lengths and new_schedule and not constant:
-        log.warning("%s: %s changed (%s): the %s learning-rate schedule is recomputed over the new length from the "
-                    "resumed step on, so the steps taken before followed another schedule", NEW_SCHEDULE_FLAG,
-                    ", ".join(lengths), "; ".join(f"{before.get(k)!r} -> {after.get(k)!r}" for k in lengths),
-                    args.lr_scheduler_type)
+        rates = resumed_rates(checkpoint, args) if checkpoint is not None else ""
+        log.warning("%s: %s changed (%s): the steps taken followed the %s learning-rate schedule over the old length; "
+                    "the first resumed step keeps the rate the old schedule set for it, the steps after it follow the "
+                    "schedule over the new length%s", NEW_SCHEDULE_FLAG, ", ".join(lengths),
+                    "; ".join(f"{before.get(k)!r} -> {after.get(k)!r}" for k in lengths), _name(args), rates)
+
+
+def _name(args: Any) -> str:
+    return str(getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type))
+
+
+def resumed_rates(checkpoint: Path, args: Any) -> str:
+    """What the resumed steps' learning rates will be, as Trainer sets them (``: step 3 at 3.3e-04, step 4 at
+    5e-04, ..., step 6 at 1.7e-04``; '' when ``max_steps`` is not set). With the optimizer's and scheduler's state
+    restored, the first resumed step keeps the rate the old schedule left in the optimizer (the scheduler's last,
+    in ``scheduler.pt``), and each step after it the schedule over the new ``max_steps`` at its step; without them
+    (either file missing: Trainer loads both or neither), the schedule starts again at its step 0."""
+    import torch
+    from transformers import get_scheduler
+
+    from ictrl.checkpoints import trainer_state
+
+    total = int(getattr(args, "max_steps", -1) or -1)
+    if total <= 0:  # the length comes from num_train_epochs: Trainer knows it only once the data loader is built
+        return ""
+    step = int(trainer_state(checkpoint)["global_step"])
+    if total <= step:
+        return ""
+    names = {p.name for p in checkpoint.iterdir()}
+    restored = "scheduler.pt" in names and any(n.startswith("optimizer") for n in names)
+    optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=float(args.learning_rate))
+    schedule = get_scheduler(args.lr_scheduler_type, optimizer, num_warmup_steps=args.get_warmup_steps(total),
+                             num_training_steps=total, scheduler_specific_kwargs=args.lr_scheduler_kwargs or {})
+    rates: list[float] = []
+    if restored:
+        try:
+            saved = torch.load(checkpoint / "scheduler.pt", map_location="cpu", weights_only=True)
+            rates.append(float(saved["_last_lr"][0]))
+        except (OSError, RuntimeError, KeyError, IndexError, TypeError, ValueError):  # not a schedule torch wrote
+            return ""
+        for _ in range(step + 1):  # the restored scheduler's next step is step + 1 of the new schedule
+            optimizer.step()
+            schedule.step()
+    while len(rates) < total - step:
+        rates.append(schedule.get_last_lr()[0])
+        optimizer.step()
+        schedule.step()
+    shown = [f"step {step + 1 + i} at {rate:.3g}" for i, rate in enumerate(rates)]
+    return ": " + ", ".join(shown if len(shown) <= 4 else [*shown[:3], "...", shown[-1]])
 
 
 def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -58,8 +58,8 @@ def prepare_output_dir(cfg: RunConfig, resume: bool | str, source: str = "<confi
     resume, named = named_checkpoint(cfg, resume, source)  # TRL's resume_from_checkpoint
     checkpoints = existing_checkpoints(cfg, resume, source)
     clear_staging(out)
-    if named is not None:  # that checkpoint, checked as --resume checks its own
-        verified = verified_checkpoints([named])
+    if named is not None:  # that checkpoint, checked as --resume checks its own; a lost optimizer, scheduler or RNG
+        verified = verified_checkpoints([named], lost_state_ok=True)  # state is check_exact's line, after this
         if not verified:
             raise ConfigError(f"{source}: resume_from_checkpoint: {named} is not a complete checkpoint (named "
                               "above); name another")
@@ -69,7 +69,8 @@ def prepare_output_dir(cfg: RunConfig, resume: bool | str, source: str = "<confi
     if not resume or not checkpoints:
         return None
     # every file of every checkpoint is read to verify it: once per copy of output_dir, not once per process
-    verified = answered_once(lambda: verified_checkpoints(checkpoints), f"{source}: output_dir",
+    inexact = INEXACT_FLAG in cfg.modes  # else a checkpoint with lost state is skipped for an older exact one
+    verified = answered_once(lambda: verified_checkpoints(checkpoints, inexact), f"{source}: output_dir",
                              per_node=bool(getattr(args, "save_on_each_node", False)))
     if args is None:
         return verified[0] if verified else None
@@ -182,7 +183,7 @@ def check_resume(cfg: RunConfig, checkpoint: Path, args: Any, source: str = "<co
     name (``--resume-inexact``, ``--resume-new-schedule``), when one line says what differs."""
     check_exact(checkpoint, args, INEXACT_FLAG in cfg.modes, source)
     check_unchanged(checkpoint.parent / "config.yaml", without_secrets(config_to_dict(cfg)), args, source,
-                    new_schedule=NEW_SCHEDULE_FLAG in cfg.modes)
+                    new_schedule=NEW_SCHEDULE_FLAG in cfg.modes, checkpoint=checkpoint)
 
 
 def _train_locked(cfg: RunConfig, checked: Checked, resume: bool | str, source: str, callbacks: list[Any] | None,
