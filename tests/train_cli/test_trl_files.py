@@ -295,3 +295,25 @@ def test_reward_funcs_takes_a_flags_yaml_list(tmp_path: Path) -> None:
     assert load_config(config, ["--reward_funcs", "math", "format"]).script.reward_funcs == ["math", "format"]
     with pytest.raises(ConfigError, match=r"reward_funcs: expected a list of names, got \['math', \['x'\]\]"):
         load_config(config, ["--reward_funcs=[math, [x]]"])
+
+
+@pytest.mark.integration
+def test_a_file_without_output_dir_writes_trainer_output_as_trl_grpo(tiny_model_dir: Path, in_tmp: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """No ``output_dir``: TRL's GRPOConfig makes it ``trainer_output`` (TrainingArguments' default), and
+    ``ictrl train`` writes there too, the model ``trl grpo`` writes there from the same file."""
+    import trl
+
+    from ictrl import cli
+    from tests.train_cli.test_trl_habits import run_trl_grpo, same_weights, state_dict
+
+    config = trl_file(in_tmp, tiny_model_dir, max_steps=1)
+    data = yaml.safe_load(config.read_text())
+    del data["output_dir"]
+    config.write_text(yaml.safe_dump(data))
+    assert trl.GRPOConfig(use_cpu=True).output_dir == "trainer_output"
+    assert cli.main(["train", str(config)]) == 0
+    (in_tmp / "trl").mkdir()
+    monkeypatch.chdir(in_tmp / "trl")
+    run_trl_grpo(config)
+    assert same_weights(state_dict(in_tmp / "trl" / "trainer_output"), state_dict(in_tmp / "trainer_output"))

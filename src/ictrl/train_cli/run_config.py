@@ -20,6 +20,7 @@ import argparse
 import dataclasses
 import difflib
 import functools
+import logging
 import math
 import os
 from dataclasses import dataclass, field
@@ -206,6 +207,7 @@ POINTERS: dict[str, str] = {}
 # TRL's GRPO (every response token, TRL's normaliser for loss_type): a TRL user's config never changes method
 # silently. ICTGRPOConfig itself defaults to ict: the Python class is ICT's trainer by name.
 DEFAULT_SELECTOR = "all"  # a value typed on a command line; argparse and the checks walk it
+TRL_OUTPUT_DIR = "trainer_output"  # transformers' TrainingArguments sets it when output_dir is None
 
 
 def _raise(message: str) -> None:
@@ -380,6 +382,10 @@ def config_from_dict(data: dict[str, Any], source: str = "<dict>", flags: list[s
         except UserError as exc:
             raise ConfigError(str(exc)) from None
 
+    if values.get("output_dir", None) is None:  # TrainingArguments' default, which trl grpo writes to
+        values["output_dir"] = TRL_OUTPUT_DIR
+        logging.getLogger("ictrl.train").info("output_dir: not set: %s, as trl grpo (TrainingArguments' default)",
+                                              TRL_OUTPUT_DIR)
     parts: dict[type, dict[str, Any]] = {}
     for key, value in values.items():
         parts.setdefault(owners()[key], {})[key] = value
