@@ -207,7 +207,6 @@ POINTERS: dict[str, str] = {}
 # TRL's GRPO (every response token, TRL's normaliser for loss_type): a TRL user's config never changes method
 # silently. ICTGRPOConfig itself defaults to ict: the Python class is ICT's trainer by name.
 DEFAULT_SELECTOR = "all"  # a value typed on a command line; argparse and the checks walk it
-TRL_OUTPUT_DIR = "trainer_output"  # transformers' TrainingArguments sets it when output_dir is None
 
 
 def _raise(message: str) -> None:
@@ -382,10 +381,9 @@ def config_from_dict(data: dict[str, Any], source: str = "<dict>", flags: list[s
         except UserError as exc:
             raise ConfigError(str(exc)) from None
 
-    if values.get("output_dir", None) is None:  # TrainingArguments' default, which trl grpo writes to
-        values["output_dir"] = TRL_OUTPUT_DIR
-        logging.getLogger("ictrl.train").info("output_dir: not set: %s, as trl grpo (TrainingArguments' default)",
-                                              TRL_OUTPUT_DIR)
+    if values.get("output_dir") is None:  # TrainingArguments' default, which trl grpo writes to
+        values["output_dir"] = "trainer_output"
+        logging.getLogger("ictrl.train").info("output_dir: not set: trainer_output, as trl grpo (TRL's default)")
     parts: dict[type, dict[str, Any]] = {}
     for key, value in values.items():
         parts.setdefault(owners()[key], {})[key] = value
