@@ -167,3 +167,27 @@ def test_a_run_inside_the_selection_warmup_says_so(tmp_path: Path, caplog: pytes
     assert warmup_line(ict, 10, 40) is None  # resumed after it
     assert warmup_line(cpu_args(tmp_path / "b", token_selector="all"), 0, 2) is None
     assert warmup_line(cpu_args(tmp_path / "c", token_selector="ict"), 0, 2) is None  # Θ=0
+
+
+def test_an_evaluation_row_prints_its_metrics_not_a_blank_step_line() -> None:
+    """An ``eval_strategy`` row (TRL's ``eval_*`` keys) is an eval line with its reward, accuracy, length, loss and
+    time; a training row with the pass@k evaluation's ``eval/`` numbers prints them under its step line."""
+    import io
+
+    from rich.console import Console
+
+    from ictrl.train_cli.callbacks import RichProgress
+
+    out = io.StringIO()
+    progress = RichProgress(accuracy_reward="acc", console=Console(file=out, width=300), bar=False)
+    state = SimpleNamespace(global_step=1, max_steps=2, is_local_process_zero=True, log_history=[])
+    progress.on_train_begin(None, state, None)
+    progress.on_log(None, state, None, logs={"eval_loss": 0.0125, "eval_reward": 0.25, "eval_reward_std": 0.5,
+                                             "eval_rewards/acc/mean": 0.5, "eval_completions/mean_length": 7.5,
+                                             "eval_runtime": 1.234, "epoch": 0.5})
+    progress.on_log(None, state, None, logs={"reward": 0.75, "loss": 0.5, "eval/gsm8k/pass@1": 0.125,
+                                             "eval/time": 3.0})
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "eval at step 1/2  reward 0.250  acc 0.500  reward_std 0.500  length 7.5  loss 0.0125  1.23s"
+    assert lines[1].startswith("step 1/2  reward 0.750") and lines[2] == "  eval gsm8k/pass@1 0.125"
+    assert len(lines) == 3

@@ -297,6 +297,10 @@ def test_eval_strategy_with_dataset_test_split_evaluates_as_trl_grpo(tiny_model_
     printed = [ast.literal_eval(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{'eval_")]
     assert cli.main(["train", str(config)]) == 0, capsys.readouterr().err[-2000:]
     rows = [json.loads(line) for line in (in_tmp / "out" / "metrics.jsonl").read_text().splitlines()]
+    said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("eval at step")]
+    assert [line.split("  reward ")[0] for line in said] == ["eval at step 1/2", "eval at step 2/2"], said
+    assert [f"reward {r['eval_reward']:.3f}" in line for r, line in zip([r for r in rows if "eval_reward" in r], said)
+            ] == [True, True]
     ours = [{k: v for k, v in r.items() if k.startswith("eval_") and not k.startswith("eval_ictrl/")}
             for r in rows if "eval_reward" in r]  # ictrl's own statistics beside TRL's
     theirs = [{k: v for k, v in r.items() if k.startswith("eval_")} for r in printed]

@@ -161,6 +161,35 @@ def step_line(step: int, max_steps: int, logs: dict[str, Any], accuracy_key: str
     return "  ".join(parts)
 
 
+EVAL_PREFIX = "eval_"  # Trainer.evaluate's keys: TRL's eval_reward, eval_loss, eval_runtime, ...
+PASS_AT_K_PREFIX = "eval/"  # the pass@k evaluation's keys (eval_callback.PREFIX), in a training step's row
+
+
+def eval_line(step: int, max_steps: int, logs: dict[str, Any], accuracy_key: str | None) -> str:
+    """The line of an evaluation row (``eval_strategy``'s ``eval_dataset``): TRL's reward on the eval prompts, the
+    accuracy reward's mean as on a step line, the completion length, the loss and the time the evaluation took."""
+    def key(name: str) -> str:
+        return f"{EVAL_PREFIX}{name}"
+
+    parts = [
+        f"eval at step {step}/{max_steps}",
+        f"reward {_fmt(logs, key('reward'))}",
+        *([f"acc {_fmt(logs, key(accuracy_key))}"] if accuracy_key else []),
+        f"reward_std {_fmt(logs, key('reward_std'))}",
+        f"length {_fmt(logs, key('completions/mean_length'), '.1f')}",
+        f"loss {_fmt(logs, key('loss'), '.4g')}",
+        f"{_fmt(logs, key('runtime'), '.2f')}s",
+    ]
+    return "  ".join(parts)
+
+
+def pass_at_k_line(logs: dict[str, Any]) -> str | None:
+    """The pass@k evaluation's numbers logged with a training step (``eval_benchmarks``), or None."""
+    shown = [f"{k.removeprefix(PASS_AT_K_PREFIX)} {_fmt(logs, k)}" for k in sorted(logs)
+             if k.startswith(PASS_AT_K_PREFIX) and k != f"{PASS_AT_K_PREFIX}time"]
+    return "  eval " + "  ".join(shown) if shown else None
+
+
 class RichProgress(TrainerCallback):
     """A rich bar (step, reward, selected fraction) plus one printed line per logged step; with ``bar=False``
     (``disable_tqdm: true``) the lines alone, so a quiet run's console or log file still shows each step.
@@ -211,6 +240,9 @@ class RichProgress(TrainerCallback):
                 console.print(f"done: {state.global_step} steps in {_fmt(logs, 'train_runtime', '.1f')}s",
                               highlight=False)
             return
+        if any(k.startswith(EVAL_PREFIX) for k in logs):  # an evaluation's row: no training step of its own
+            console.print(eval_line(state.global_step, state.max_steps, logs, self.accuracy_key), highlight=False)
+            return
         if isinstance(logs.get("reward"), (int, float)):
             self.rewards = [*self.rewards, float(logs["reward"])][-TREND:]
         if self.progress is not None:
@@ -218,6 +250,8 @@ class RichProgress(TrainerCallback):
             self.progress.update(self.task, completed=state.global_step, info=info)
         console.print(step_line(state.global_step, state.max_steps, logs, self.accuracy_key, self.rewards),
                       highlight=False)
+        if (evaluated := pass_at_k_line(logs)) is not None:
+            console.print(evaluated, highlight=False)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.printing = False
