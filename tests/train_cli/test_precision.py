@@ -38,8 +38,21 @@ def _build(tmp_path: Path, *overrides: str) -> object:
     return build_trainer_args(cfg, "test", cpu=True)
 
 
+@pytest.fixture(autouse=True)
+def no_accelerate_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No default accelerate config file (``accelerate config``), whatever this machine has; not launched."""
+    from accelerate.commands import config
+
+    monkeypatch.setattr(config, "default_config_file", str(tmp_path / "no-accelerate-config.yaml"))
+    for key in ("ACCELERATE_DYNAMO_BACKEND", "LOCAL_RANK"):
+        monkeypatch.delenv(key, raising=False)
+
+
 @pytest.mark.parametrize(("env", "overrides", "said"), [
-    ("bf16", [], "training on CPU in bf16 (accelerate's mixed_precision"),  # accelerate launch of a bf16 file
+    # a shell's variable, not a launcher's: trl grpo's accelerate launch replaces it with its config's (none: no)
+    ("bf16", [], "training on CPU in fp32 (accelerate's mixed_precision as trl grpo's accelerate launch sets it: no "
+                 "default accelerate config file, so accelerate launch's default no; ACCELERATE_MIXED_PRECISION=bf16 "
+                 "in the environment is replaced"),
     (None, [], "training on CPU in fp32 (the run config's bf16 and fp16 are false and accelerate's mixed_precision "
                "is no)"),
     (None, ["--bf16=false"], "training on CPU in fp32 (the run config's bf16 and fp16 are false and"),
@@ -62,6 +75,44 @@ def test_cpu_precision_line_from_accelerate_state(tmp_path: Path, monkeypatch: p
 def test_shipped_ddp_file_leaves_the_precision_to_the_run_config() -> None:
     data = yaml.safe_load((REPO / "configs" / "accelerate" / "ddp.yaml").read_text())
     assert data["mixed_precision"] == "no"
+
+
+def test_under_a_launcher_or_with_an_accelerate_config_its_mixed_precision_is_used(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """ACCELERATE_MIXED_PRECISION set by accelerate launch (its ACCELERATE_DYNAMO_BACKEND beside it) stands; unlaunched,
+    the default accelerate config's mixed_precision is what trl grpo's accelerate launch would set."""
+    from accelerate.commands import config
+
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")
+    monkeypatch.setenv("ACCELERATE_DYNAMO_BACKEND", "NO")
+    with caplog.at_level(logging.WARNING, logger="ictrl"):
+        assert _build(tmp_path).mixed_precision == "bf16"
+    assert "training on CPU in bf16 (accelerate's mixed_precision (ACCELERATE_MIXED_PRECISION" in caplog.text
+    monkeypatch.delenv("ACCELERATE_DYNAMO_BACKEND")
+    monkeypatch.delenv("ACCELERATE_MIXED_PRECISION")
+    Path(config.default_config_file).write_text("mixed_precision: bf16\nnum_processes: 1\n")
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="ictrl"):
+        assert _build(tmp_path).mixed_precision == "bf16"
+    assert f"training on CPU in bf16 (accelerate's mixed_precision as trl grpo's accelerate launch sets it: the " \
+           f"default accelerate config {config.default_config_file})" in caplog.text, caplog.text
+
+
+@pytest.mark.parametrize(("overrides", "said"), [
+    (['--model_init_kwargs={"dtype": "bfloat16"}'], "in bf16 (the model's weights load in bfloat16 "
+                                                    "(model_init_kwargs.dtype); the run config's bf16 and fp16"),
+    (["--dtype=float16"], "in fp16 (the model's weights load in float16 (dtype); the run config's"),
+    (["--dtype=auto"], "in fp32 (the run config's bf16 and fp16 are false"),
+])
+def test_the_precision_line_names_the_weights_dtype(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                   caplog: pytest.LogCaptureFixture, overrides: list[str],
+                                                   said: str) -> None:
+    """Without mixed precision the weights' own dtype is the precision: a model loaded in bf16 through
+    model_init_kwargs trains in bf16 and is said to."""
+    monkeypatch.delenv("ACCELERATE_MIXED_PRECISION", raising=False)
+    with caplog.at_level(logging.WARNING, logger="ictrl"):
+        _build(tmp_path, "--bf16=false", *overrides)
+    assert f"training on CPU {said}" in caplog.text, caplog.text
 
 
 @pytest.mark.integration
@@ -116,3 +167,27 @@ def test_the_first_lines_say_how_many_processes_run(tmp_path: Path, monkeypatch:
     with caplog.at_level(logging.INFO, logger="ictrl"):
         _note_processes(2, False)
     assert caplog.records[-1].getMessage() == "2 processes (data parallel)"
+
+
+@pytest.mark.integration
+def test_a_shells_mixed_precision_trains_as_the_trl_grpo_command(tiny_model_dir: Path, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """ACCELERATE_MIXED_PRECISION=bf16 in the shell, no accelerate config: the ``trl grpo`` command (which starts its
+    script through accelerate launch, which sets the variable to no) and ``ictrl train`` end with the same weights."""
+    import os
+
+    from ictrl import cli
+    from tests.train_cli.test_trl_cli_parity import trl_file
+    from tests.train_cli.test_trl_habits import same_weights, state_dict
+
+    config = trl_file(tmp_path, tiny_model_dir, max_steps=2)
+    env = {**os.environ, "ACCELERATE_MIXED_PRECISION": "bf16", "HF_HOME": str(tmp_path / "hf")}
+    proc = subprocess.run([str(Path(sys.executable).parent / "trl"), "grpo", "--config", str(config), "--output_dir",
+                           str(tmp_path / "trl")], capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert cli.main(["train", str(config)]) == 0
+    sys.modules.pop("parity_rewards", None)
+    assert same_weights(state_dict(tmp_path / "trl"), state_dict(tmp_path / "out"))

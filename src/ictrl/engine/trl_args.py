@@ -71,3 +71,41 @@ def run_precision(args: Any, environ: dict[str, str] | None = None) -> tuple[str
                        "--mixed_precision; the run config's bf16 and fp16 are false)")
     # "false", not "not set": the values are the arguments', whether the file wrote false or left TRL's default off
     return "fp32", "the run config's bf16 and fp16 are false and accelerate's mixed_precision is no"
+
+
+# Set in every process an accelerate launcher starts (simple, multi-GPU, DeepSpeed) and by torchrun: the process's
+# ACCELERATE_MIXED_PRECISION and OMP_NUM_THREADS are then that launcher's.
+LAUNCHED_ENV = ("ACCELERATE_DYNAMO_BACKEND", "LOCAL_RANK")
+
+
+def launched(environ: dict[str, str] | None = None) -> bool:
+    """Whether a launcher (``accelerate launch``, torchrun) started this process."""
+    env = os.environ if environ is None else environ
+    return any(key in env for key in LAUNCHED_ENV)
+
+
+def launch_precision(environ: dict[str, str] | None = None) -> tuple[str, str] | None:
+    """(mixed_precision, why) that ``trl grpo`` runs with when nothing launched this process: ``trl grpo`` starts
+    its script through ``accelerate launch``, which sets ``ACCELERATE_MIXED_PRECISION`` for it from the default
+    accelerate config file (``accelerate config``), else to ``no``, replacing the shell's value (``why`` is '' when
+    no config file and no shell value had a say). None under a launcher: the value it set stands."""
+    env = os.environ if environ is None else environ
+    if launched(env):
+        return None
+    from accelerate.commands import config as accelerate_config
+
+    path = accelerate_config.default_config_file
+    mixed, where = "no", "no default accelerate config file, so accelerate launch's default no"
+    if os.path.isfile(path):  # accelerate launch reads it with yaml.safe_load (its config loader) too
+        import yaml
+
+        with open(path, encoding="utf-8") as fh:
+            data = yaml.safe_load(fh)
+        mixed = str(data.get("mixed_precision", "no")) if isinstance(data, dict) else "no"
+        where = f"the default accelerate config {path}"
+    shell = env.get("ACCELERATE_MIXED_PRECISION")
+    replaced = f"; ACCELERATE_MIXED_PRECISION={shell} in the environment is replaced, as accelerate launch " \
+               "replaces it" if shell is not None and shell != mixed else ""
+    if not replaced and not os.path.isfile(path):  # nothing set it: run_precision's own words say it
+        return mixed, ""
+    return mixed, f"accelerate's mixed_precision as trl grpo's accelerate launch sets it: {where}{replaced}"

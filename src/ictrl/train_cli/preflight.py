@@ -33,7 +33,7 @@ import torch
 
 from ictrl.checkpoints import check_weights, complete_checkpoints
 from ictrl.engine.resumable import check_resumable
-from ictrl.engine.trl_args import run_precision
+from ictrl.engine.trl_args import launch_precision, run_precision
 from ictrl.errors import UserError, quote, shorten
 from ictrl.train_cli import model_init
 from ictrl.train_cli.process_group import answered_once
@@ -141,6 +141,9 @@ def _note_cpu(precision: str) -> None:
     log.warning("no CUDA device: training on CPU in %s", precision)
 
 
+SHORT_DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+
+
 @functools.lru_cache(maxsize=None)
 def _note_precision(precision: str) -> None:
     """Log a GPU run's precision once per process."""
@@ -184,8 +187,15 @@ def build_trainer_args(cfg: RunConfig, source: str = "<config>", cpu: bool | Non
     from ictrl.engine.config_fields import check_liger
 
     check_liger(args.use_liger_kernel)
-    # the precision the Trainer's Accelerator gets (args.mixed_precision), which accelerate launch can set too
+    # the precision the Trainer's Accelerator gets (args.mixed_precision): the config's bf16/fp16, else what a
+    # launcher set; unlaunched, what trl grpo's own accelerate launch would set, not the shell's variable
     precision, why = run_precision(args)
+    if (by_launch := launch_precision()) is not None and not (args.bf16 or args.fp16):
+        args.mixed_precision = by_launch[0]
+        precision, why = run_precision(args)[0], by_launch[1] or run_precision(args)[1]
+    weights = model_init.weights_dtype(cfg, cpu)
+    if weights is not None and weights[0] != "float32" and precision == "fp32":  # no autocast: the weights' dtype
+        precision, why = SHORT_DTYPES[weights[0]], f"the model's weights load in {weights[0]} ({weights[1]}); {why}"
     (_note_cpu if cpu else _note_precision)(f"{precision} ({why})")
     # accelerate's simple launcher sets ACCELERATE_USE_CPU and no WORLD_SIZE; its multi-process launchers set both
     # (ictrl train --num-processes 1 goes through it too, and marks its processes with REPORTED_FILE_ENV)

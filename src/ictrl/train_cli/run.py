@@ -254,6 +254,10 @@ def _model_and_tokenizer(cfg: RunConfig, init_kwargs: dict[str, Any], template: 
     from ictrl.models import load_model_and_tokenizer
 
     model, tokenizer = load_model_and_tokenizer(cfg.model.model_name_or_path, **init_kwargs)
+    # the weights' real dtype: the precision line before the load could only read it from the keys (auto on a GPU
+    # is the checkpoint's)
+    dtypes = sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters() if p.is_floating_point()})
+    log.info("%s loaded: its weights in %s", cfg.model.model_name_or_path, ", ".join(dtypes) or "integers")
     if cfg.script.chat_template_path:
         tokenizer.chat_template = template
     return model, tokenizer
