@@ -173,15 +173,23 @@ def test_the_first_lines_say_how_many_processes_run(tmp_path: Path, monkeypatch:
 def test_a_shells_mixed_precision_trains_as_the_trl_grpo_command(tiny_model_dir: Path, tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """ACCELERATE_MIXED_PRECISION=bf16 in the shell, no accelerate config: the ``trl grpo`` command (which starts its
-    script through accelerate launch, which sets the variable to no) and ``ictrl train`` end with the same weights."""
+    script through accelerate launch, which sets the variable to no) and ``ictrl train`` end with the same weights;
+    both run torch on one thread (accelerate launch's OMP_NUM_THREADS, ictrl's default), as the reward sees."""
     import os
 
     from ictrl import cli
-    from tests.train_cli.test_trl_cli_parity import trl_file
+    from tests.train_cli.test_trl_cli_parity import REWARD, trl_file
     from tests.train_cli.test_trl_habits import same_weights, state_dict
 
     config = trl_file(tmp_path, tiny_model_dir, max_steps=2)
-    env = {**os.environ, "ACCELERATE_MIXED_PRECISION": "bf16", "HF_HOME": str(tmp_path / "hf")}
+    seen = tmp_path / "threads.txt"
+    (tmp_path / "parity_rewards.py").write_text(  # the same reward, noting torch's threads at each call
+        f"import torch\n{REWARD}_plain = length_reward\n\ndef length_reward(completions, **kwargs):\n"
+        f"    with open({str(seen)!r}, 'a') as fh:\n        fh.write(f'{{torch.get_num_threads()}}\\n')\n"
+        "    return _plain(completions, **kwargs)\n")
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    env.update({"ACCELERATE_MIXED_PRECISION": "bf16", "HF_HOME": str(tmp_path / "hf")})
     proc = subprocess.run([str(Path(sys.executable).parent / "trl"), "grpo", "--config", str(config), "--output_dir",
                            str(tmp_path / "trl")], capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -191,3 +199,28 @@ def test_a_shells_mixed_precision_trains_as_the_trl_grpo_command(tiny_model_dir:
     assert cli.main(["train", str(config)]) == 0
     sys.modules.pop("parity_rewards", None)
     assert same_weights(state_dict(tmp_path / "trl"), state_dict(tmp_path / "out"))
+    assert seen.read_text().split() == ["1"] * 4  # two steps of each tool
+
+
+def test_a_cpu_run_uses_one_thread_unless_told_and_says_so(monkeypatch: pytest.MonkeyPatch,
+                                                          caplog: pytest.LogCaptureFixture) -> None:
+    """``cpu_threads``, else OMP_NUM_THREADS, else 1 (trl grpo's accelerate launch default), in one line; the
+    caller's own count comes back after the run."""
+    import torch
+
+    from ictrl.train_cli.run import cpu_threads
+
+    before = torch.get_num_threads()
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    for cpu, omp, expected, said in ((None, None, 1, "CPU threads: 1 (as trl grpo, whose accelerate launch sets "
+                                                     "OMP_NUM_THREADS=1; cpu_threads or OMP_NUM_THREADS sets more"),
+                                     (2, "3", 2, "CPU threads: 2 (cpu_threads;"),
+                                     (None, "3", 3, "CPU threads: 3 (OMP_NUM_THREADS;")):
+        if omp is not None:
+            monkeypatch.setenv("OMP_NUM_THREADS", omp)
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="ictrl.train"), \
+                cpu_threads(SimpleNamespace(cpu_threads=cpu, use_cpu=True)):
+            assert torch.get_num_threads() == expected
+        assert said in caplog.text, caplog.text
+        assert torch.get_num_threads() == before

@@ -174,10 +174,10 @@ class ICTGRPOConfig(GRPOConfig):
     )
     cpu_threads: Annotated[int | None, Range(1, 4096)] = field(
         default=None,
-        metadata={"help": "torch's intra-op threads in each process when training on CPU (torch.set_num_threads; "
-                          "ignored on GPU). None keeps torch's default (OMP_NUM_THREADS, else one per core). Small "
-                          "models run faster on one thread: the tiny config's step costs 3.5x less CPU time than with "
-                          "two."},
+        metadata={"help": "torch's intra-op threads in each process when `ictrl train` trains on CPU "
+                          "(torch.set_num_threads; ignored on GPU). None: OMP_NUM_THREADS, else 1, as trl grpo's "
+                          "accelerate launch sets it (one thread measured faster at the tiny and the 0.5B width on a "
+                          "loaded 2-core machine: bench/README.md)."},
     )
     selection_topk: Annotated[int | None, AT_LEAST_ONE] = field(
         default=None,

@@ -108,13 +108,27 @@ def rule_hash(args: Any) -> dict[str, str]:
     return {} if rule["sha256"] is None else {f"selector {rule['name']}": rule["sha256"]}
 
 
+def cpu_thread_count(args: Any) -> tuple[int, str]:
+    """(torch threads, why) of a CPU run: ``cpu_threads``, else ``OMP_NUM_THREADS``, else 1, as ``trl grpo``'s
+    accelerate launch sets it (its ``--num_cpu_threads_per_process`` default). One thread measured faster at the
+    tiny config and at Qwen2.5-0.5B's width on a loaded 2-core machine (bench/README.md, CPU threads)."""
+    if args.cpu_threads is not None:
+        return int(args.cpu_threads), "cpu_threads"
+    omp = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if omp.isdigit() and int(omp) > 0:
+        return int(omp), "OMP_NUM_THREADS"
+    return 1, "as trl grpo, whose accelerate launch sets OMP_NUM_THREADS=1; cpu_threads or OMP_NUM_THREADS sets more"
+
+
 @contextlib.contextmanager
 def cpu_threads(args: Any) -> Iterator[None]:
-    """torch's intra-op threads at ``args.cpu_threads`` for a CPU run (``use_cpu``), restored on exit: an
-    in-process caller keeps its own count."""
+    """torch's intra-op threads for a CPU run (``use_cpu``) at :func:`cpu_thread_count`, said in one line, restored
+    on exit: an in-process caller keeps its own count."""
     threads = torch.get_num_threads()
-    if args.cpu_threads is not None and args.use_cpu:
-        torch.set_num_threads(args.cpu_threads)
+    if args.use_cpu:
+        count, why = cpu_thread_count(args)
+        log.info("CPU threads: %d (%s; %d cores)", count, why, os.cpu_count() or 1)
+        torch.set_num_threads(count)
     try:
         yield
     finally:
