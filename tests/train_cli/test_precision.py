@@ -224,3 +224,29 @@ def test_a_cpu_run_uses_one_thread_unless_told_and_says_so(monkeypatch: pytest.M
             assert torch.get_num_threads() == expected
         assert said in caplog.text, caplog.text
         assert torch.get_num_threads() == before
+
+
+def test_trl_115_on_cpu_without_its_kernel_is_one_line_before_the_model_loads(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """TRL 1.15 runs its fused LM head as a Triton kernel on every device: on CPU without triton (the CPU torch
+    wheel's install) stock TRL fails mid-step ('NoneType' object has no attribute 'apply'), and without
+    TRITON_INTERPRET=1 Triton finds no driver; each is one line saying how to run it. TRL 1.16 needs neither."""
+    import trl
+
+    from ictrl.train_cli.run_config import ConfigError
+
+    monkeypatch.setattr(trl, "__version__", "1.15.0")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setitem(sys.modules, "triton", None)  # `import triton` raises ImportError, as when not installed
+    with pytest.raises(ConfigError, match=r"^test: trl 1.15.0 computes log-probs with a Triton kernel on every "
+                                          r"device, and triton is not installed .*pip install -c constraints.txt "
+                                          r"triton and set TRITON_INTERPRET=1 .*or use trl 1.16"):
+        _build(tmp_path)
+    monkeypatch.delitem(sys.modules, "triton")
+    with pytest.raises(ConfigError, match=r"without CUDA runs only under Triton's interpreter: set TRITON_INTERPRET=1"):
+        _build(tmp_path)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    _build(tmp_path)
+    monkeypatch.setattr(trl, "__version__", "1.16.0")
+    monkeypatch.delenv("TRITON_INTERPRET")
+    _build(tmp_path)

@@ -109,3 +109,27 @@ def launch_precision(environ: dict[str, str] | None = None) -> tuple[str, str] |
     if not replaced and not os.path.isfile(path):  # nothing set it: run_precision's own words say it
         return mixed, ""
     return mixed, f"accelerate's mixed_precision as trl grpo's accelerate launch sets it: {where}{replaced}"
+
+
+def cpu_kernel_problem(environ: dict[str, str] | None = None) -> str | None:
+    """Why TRL's log-probs cannot run on this machine's CPU, or None. TRL 1.15's fused LM head
+    (``trl/kernels/chunked_logprob.py``) launches a Triton kernel on every device (1.16 runs the same tiles in torch
+    off CUDA/XPU): without CUDA it needs triton (the CPU torch wheel does not bring it; stock TRL then fails with
+    ``'NoneType' object has no attribute 'apply'``) and ``TRITON_INTERPRET=1`` (else "0 active drivers")."""
+    import trl
+    from packaging.version import Version
+
+    if Version(trl.__version__) >= Version("1.16"):
+        return None
+    env = os.environ if environ is None else environ
+    how = "or use trl 1.16 (constraints.txt's), which runs it in torch off CUDA"
+    try:
+        import triton  # noqa: F401 - TRL 1.15 imports it the same way, and without it has no kernel at all
+    except ImportError:
+        return (f"trl {trl.__version__} computes log-probs with a Triton kernel on every device, and triton is not "
+                "installed (the CPU torch wheel does not bring it): pip install -c constraints.txt triton and set "
+                f"TRITON_INTERPRET=1 (Triton's interpreter runs it on the CPU, slowly), {how}")
+    if env.get("TRITON_INTERPRET", "").strip() not in ("1", "true", "True"):
+        return (f"trl {trl.__version__} computes log-probs with a Triton kernel on every device, which without CUDA "
+                f"runs only under Triton's interpreter: set TRITON_INTERPRET=1 (slow), {how}")
+    return None

@@ -33,7 +33,7 @@ import torch
 
 from ictrl.checkpoints import check_weights, complete_checkpoints
 from ictrl.engine.resumable import check_resumable
-from ictrl.engine.trl_args import launch_precision, run_precision
+from ictrl.engine.trl_args import cpu_kernel_problem, launch_precision, run_precision
 from ictrl.errors import UserError, quote, shorten
 from ictrl.train_cli import model_init
 from ictrl.train_cli.process_group import answered_once
@@ -173,6 +173,8 @@ def build_trainer_args(cfg: RunConfig, source: str = "<config>", cpu: bool | Non
     # that they are ignored for a model passed in loaded.
     kwargs.pop("model_init_kwargs", None)
     cpu = not torch.cuda.is_available() if cpu is None else cpu
+    if cpu and (kernel := cpu_kernel_problem()) is not None:  # TRL 1.15 on CPU: one line, not its traceback
+        raise ConfigError(f"{source}: {kernel}")
     if cpu:  # bf16 as written runs (AMX/AVX-512 CPUs compute it natively); unset, it is TRL's GPU default: fp32
         if kwargs.get("fp16"):
             raise ConfigError(f"{blame('fp16', source, flags)}: fp16: accelerate's fp16 mixed precision needs a GPU; "
