@@ -78,7 +78,7 @@ def run_precision(args: Any, environ: dict[str, str] | None = None) -> tuple[str
 LAUNCHED_ENV = ("ACCELERATE_DYNAMO_BACKEND", "LOCAL_RANK")
 
 
-def launched(environ: dict[str, str] | None = None) -> bool:
+def started_by_launcher(environ: dict[str, str] | None = None) -> bool:
     """Whether a launcher (``accelerate launch``, torchrun) started this process."""
     env = os.environ if environ is None else environ
     return any(key in env for key in LAUNCHED_ENV)
@@ -90,7 +90,7 @@ def launch_precision(environ: dict[str, str] | None = None) -> tuple[str, str] |
     accelerate config file (``accelerate config``), else to ``no``, replacing the shell's value (``why`` is '' when
     no config file and no shell value had a say). None under a launcher: the value it set stands."""
     env = os.environ if environ is None else environ
-    if launched(env):
+    if started_by_launcher(env):
         return None
     from accelerate.commands import config as accelerate_config
 
