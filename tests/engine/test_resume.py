@@ -487,3 +487,33 @@ def test_no_checkpoint_keeps_a_token_in_its_training_args(tmp_path: Path) -> Non
     assert saved.hub_token is None and saved.model_init_kwargs == {"dtype": "float32"}
     assert saved.selector.name == args.selector.name  # the rest as pickled before
     assert "hf_secret" not in args.to_json_string()  # what trackers record (tensorboard, wandb)
+
+
+def test_the_resumed_steps_rates_are_the_schedules(tmp_path: Path) -> None:
+    """``resumed_rates`` against the linear schedule written out: restored, step k+1 keeps the saved last rate and
+    step s > k+1 takes lr (T - (s - 1)) / T over the new length T; without the optimizer (nothing restored) step s
+    takes lr (T - (s - k - 1)) / T; past four steps, the first three and the last."""
+    import json
+    from types import SimpleNamespace
+
+    import torch
+
+    from ictrl.train_cli.resume_check import resumed_rates
+
+    checkpoint = tmp_path / "checkpoint-2"
+    checkpoint.mkdir()
+    (checkpoint / "trainer_state.json").write_text(json.dumps({"global_step": 2, "log_history": []}))
+    torch.save({"_last_lr": [0.000123]}, checkpoint / "scheduler.pt")
+    (checkpoint / "optimizer.pt").write_text("x")
+    args = SimpleNamespace(max_steps=10, learning_rate=1e-3, lr_scheduler_type="linear", lr_scheduler_kwargs=None,
+                           get_warmup_steps=lambda steps: 0)
+
+    def linear(n: int) -> str:
+        return f"{1e-3 * (10 - n) / 10:.3g}"
+
+    assert resumed_rates(checkpoint, args) == (f": step 3 at 0.000123, step 4 at {linear(3)}, step 5 at {linear(4)}, "
+                                               f"..., step 10 at {linear(9)}")
+    (checkpoint / "optimizer.pt").unlink()
+    assert resumed_rates(checkpoint, args) == (f": step 3 at {linear(0)}, step 4 at {linear(1)}, step 5 at "
+                                               f"{linear(2)}, ..., step 10 at {linear(7)}")
+    assert resumed_rates(checkpoint, SimpleNamespace(**{**vars(args), "max_steps": -1})) == ""

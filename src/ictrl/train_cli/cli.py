@@ -107,10 +107,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                   "  or a local reward module (or one it imports) changed since the run started (refused otherwise;\n"
                   "  run.json records it).\n"
                   "--resume-inexact: resume from a checkpoint without its optimizer, scheduler or RNG state\n"
-                  "  (save_only_model, or lost files), or over changed inputs as above (refused otherwise), saying
-"
-                  "  what will differ.
-"
+                  "  (save_only_model, or lost files), or over changed inputs as above (refused otherwise), saying\n"
+                  "  what will differ.\n"
                   "--resume-new-schedule: resume with max_steps / num_train_epochs changed under a decaying\n"
                   "  learning-rate schedule (refused otherwise): after the first resumed step, which keeps the old\n"
                   "  schedule's rate, the steps follow the schedule over the new length; the rates are said.\n"

@@ -114,8 +114,9 @@ def _name(args: Any) -> str:
 
 
 def resumed_rates(checkpoint: Path, args: Any) -> str:
-    """What the resumed steps' learning rates will be, as Trainer sets them (``: step 3 at 3.3e-04, step 4 at
-    5e-04, ..., step 6 at 1.7e-04``; '' when ``max_steps`` is not set). With the optimizer's and scheduler's state
+    """What the resumed steps' learning rates will be, as Trainer sets them (``: step 3 at 0.000333, step 4 at
+    0.0005, step 5 at 0.000333, step 6 at 0.000167``; past four steps the first three, then the last; '' when
+    ``max_steps`` is not set or the schedule follows the metrics). With the optimizer's and scheduler's state
     restored, the first resumed step keeps the rate the old schedule left in the optimizer (the scheduler's last,
     in ``scheduler.pt``), and each step after it the schedule over the new ``max_steps`` at its step; without them
     (either file missing: Trainer loads both or neither), the schedule starts again at its step 0."""
@@ -135,22 +136,23 @@ def resumed_rates(checkpoint: Path, args: Any) -> str:
     optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=float(args.learning_rate))
     schedule = get_scheduler(args.lr_scheduler_type, optimizer, num_warmup_steps=args.get_warmup_steps(total),
                              num_training_steps=total, scheduler_specific_kwargs=args.lr_scheduler_kwargs or {})
-    rates: list[float] = []
+    first: list[float] = []
     if restored:
         try:
             saved = torch.load(checkpoint / "scheduler.pt", map_location="cpu", weights_only=True)
-            rates.append(float(saved["_last_lr"][0]))
+            first = [float(saved["_last_lr"][0])]
         except (OSError, RuntimeError, KeyError, IndexError, TypeError, ValueError):  # not a schedule torch wrote
             return ""
-        for _ in range(step + 1):  # the restored scheduler's next step is step + 1 of the new schedule
-            optimizer.step()
-            schedule.step()
-    while len(rates) < total - step:
-        rates.append(schedule.get_last_lr()[0])
-        optimizer.step()
-        schedule.step()
-    shown = [f"step {step + 1 + i} at {rate:.3g}" for i, rate in enumerate(rates)]
-    return ": " + ", ".join(shown if len(shown) <= 4 else [*shown[:3], "...", shown[-1]])
+    # resumed step s takes the schedule's rate after index(s) steps: the restored scheduler's next step is step + 1
+    steps = list(range(step + 1, total + 1))
+    shown = steps if len(steps) <= 4 else [*steps[:3], steps[-1]]
+    index = {s: s - 1 if restored else s - step - 1 for s in shown if not (restored and s == step + 1)}
+    if not isinstance(schedule, torch.optim.lr_scheduler.LambdaLR):  # reduce_lr_on_plateau: set by the metrics
+        return ""
+    rates = dict(zip([step + 1], first))  # transformers' other schedules are LambdaLRs: a rate is one call
+    rates.update({s: float(args.learning_rate) * schedule.lr_lambdas[0](n) for s, n in index.items()})
+    said = [f"step {s} at {rates[s]:.3g}" for s in shown]
+    return ": " + ", ".join(said if len(steps) <= 4 else [*said[:3], "...", said[-1]])
 
 
 def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
