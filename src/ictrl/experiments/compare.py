@@ -35,7 +35,7 @@ from ictrl.experiments.grid import cli as gridcli
 from ictrl.experiments.reports import report
 from ictrl.experiments.reports import figures
 from ictrl.experiments.tasks.registry import CHOICES
-from ictrl.files import atomic_write_text
+from ictrl.files import atomic_write_text, reported_write
 
 CURVE_KEYS = figures.DEFAULT_CURVE_KEYS  # reward, H1 (all, selected), H2, purity, selected fraction
 
@@ -65,6 +65,7 @@ def earlier_compare(out: Path) -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ictrl.dirlock import OutputLock
     from ictrl.files import check_output_dir, check_own_files, claim_files
 
     check_output_dir(args.output_dir)  # before any run or model load
@@ -75,12 +76,18 @@ def run(args: argparse.Namespace) -> int:
     out: Path = args.output_dir
     check_own_files(out, output_names(specs), legacy=earlier_compare)
     start = time.perf_counter()
-    experiment = gridcli.make_experiment(args)
-    claim_files(out, output_names(specs))
-    results = grid.run_grid(specs, out, experiment.runner, jobs=args.jobs)
-    base = grid.cached_result(out / "base" / "result.json", lambda: experiment.eval_base(out / "base"))
-    paths = write_report(out, methods, specs, results, base, experiment.settings, time.perf_counter() - start,
-                         note=args.note)
+    # one writer at a time: two grids in one folder would train every run twice and append to the same logs
+    with OutputLock(out, label="--output-dir", user="another command", stopped="the comparison did not start",
+                    logger="ictrl.compare"):
+        check_own_files(out, output_names(specs), legacy=earlier_compare)  # as it is now the lock is held
+        experiment = gridcli.make_experiment(args)
+        claim_files(out, output_names(specs))
+        results = grid.run_grid(specs, out, experiment.runner, jobs=args.jobs)
+        base = grid.cached_result(out / "base" / "result.json", lambda: experiment.eval_base(out / "base"))
+        with reported_write(out, "the finished runs are kept; free space and rerun the same command to write the "
+                                 "report"):
+            paths = write_report(out, methods, specs, results, base, experiment.settings,
+                                 time.perf_counter() - start, note=args.note)
     if experiment.settings.get("quick"):
         print(gridcli.PIPELINE_CHECK)
     print(paths["table"].read_text())
@@ -93,14 +100,16 @@ def write_report(out: Path, methods: list[str], specs: list[grid.RunSpec], resul
     """Table, curves and report.html from finished runs; returns the written paths by role."""
     per_seed: dict[str, list[dict[str, float]]] = {"base": [{"p1": base["p1"], "p4": base["p4"]}]}
     for m in methods:
-        per_seed[m] = [{"p1": results[s]["p1"], "p4": results[s]["p4"]} for s in specs if s.method == m]
+        per_seed[m] = [{"p1": results[s]["p1"], "p4": results[s]["p4"]} for s in specs if s.label == m]
     diff = ("ict", "random10") if {"ict", "random10"} <= set(methods) else None
     table = report.results_table(per_seed, diff=diff)
     metrics = grid.load_grid_metrics(out, specs)
-    runs = {m: [metrics[s] for s in specs if s.method == m] for m in methods}
+    runs = {m: [metrics[s] for s in specs if s.label == m] for m in methods}
     images = figures.plot_curves(runs, CURVE_KEYS, out_dir=out)
     table_path = atomic_write_text(out / "results.md", table.to_markdown() + "\n")
-    summary = {"settings": settings, "methods": methods, "note": note, "base": base,
+    # each method's rule as its runs ran it (the source's hash, the resolved options): the rows never mix versions
+    selectors = {m: next((results[s].get("selector") for s in specs if s.label == m), None) for m in methods}
+    summary = {"settings": settings, "methods": methods, "selectors": selectors, "note": note, "base": base,
                "wall_seconds_this_invocation": seconds,
                "runs": [results[s] for s in specs]}
     atomic_write_text(out / "results.json", json.dumps(summary, indent=1) + "\n")

@@ -28,7 +28,8 @@ def add_common_arguments(parser: Any, default_output: str) -> None:
     """The grid options of ``ictrl compare``, which the studies' grids share."""
     parser.add_argument("--methods", default=",".join(DEFAULT_METHODS),
                         help=f"comma-separated methods from: {', '.join(METHODS)}, their selector names, or "
-                             "module:function (default: %(default)s)")
+                             "module:function, each with options of its own as NAME(key=value, ...), e.g. "
+                             "'ict,h2rule:top_h2(ratio=0.2),h2rule:top_h2(ratio=0.3)' (default: %(default)s)")
     parser.add_argument("--seeds", type=int, default=3, help="seeds per method (0..N-1; default: %(default)s)")
     parser.add_argument("--steps", type=int, default=None,
                         help="optimizer steps per run (default: the embedded recipe's, or the config's max_steps)")
@@ -106,7 +107,10 @@ def make_experiment(args: Any, log: Callable[[str], None] = print) -> Experiment
             raise UserError(f"--selection-warmup must be >= 0, got {args.selection_warmup}")
         rl_kw["selection_warmup"] = args.selection_warmup
     recipe = TinyRecipe(**recipe_kw)
-    settings = tinyrun.TinyRL(**rl_kw)
+    try:  # the flags' values, before the base model is built
+        settings = tinyrun.TinyRL(**rl_kw)
+    except ValueError as exc:
+        raise UserError(_flag_error(str(exc))) from None
     base = build_tiny_base(recipe, log=log)
     return Experiment(
         runner=functools.partial(tinyrun.train_tiny, settings, base),
@@ -115,6 +119,14 @@ def make_experiment(args: Any, log: Callable[[str], None] = print) -> Experiment
                   "quick": bool(args.quick)},
         default_lr=settings.lr,
     )
+
+
+def _flag_error(message: str) -> str:
+    """A TinyRL field's error worded with the flag that set it (``prompts_per_step`` -> ``--prompts-per-step``)."""
+    for flag in ("steps", "prompts_per_step", "eval_problems", "eval_every", "selection_warmup"):
+        if message.startswith(flag):
+            return "--" + flag.replace("_", "-") + message[len(flag):]
+    return message
 
 
 def default_tiny_settings(quick: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:

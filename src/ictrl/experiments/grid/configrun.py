@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ictrl.errors import UserError
+from ictrl.experiments.grid.methods import config_keys
 from ictrl.experiments.grid.runner import EVAL_DIR, RunSpec, final_reward
 from ictrl.experiments.grid.tinyrun import evaluate_model
 
@@ -48,7 +49,8 @@ def load_run_config(config_path: Path, spec: RunSpec, run_dir: Path, steps: int 
     for key in METHOD_FIELDS:
         data.pop(key, None)  # the grid's method replaces the config's, defaults included
     # logging_steps=1: the grid's curves and final reward read every step's row of metrics.jsonl
-    data.update(method_config(spec.method), output_dir=str(run_dir), seed=spec.seed, disable_tqdm=True, logging_steps=1)
+    data.update(method_config(spec.method), **config_keys(spec.options), output_dir=str(run_dir), seed=spec.seed,
+                disable_tqdm=True, logging_steps=1)
     if spec.lr is not None:
         data["learning_rate"] = spec.lr
     if steps is not None:

@@ -16,14 +16,17 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ictrl.errors import UserError
-from ictrl.files import atomic_write_text, read_json
+from ictrl.errors import Interrupted, Terminated, UserError, sigterm_raises
+from ictrl.experiments.grid.methods import (Options, changed, entry_label, folder_name, parse_entry, run_identity,
+                                            split_entries)
+from ictrl.files import atomic_write_text, read_json, reported_write
 
 DONE_FILE = "done.json"
 EVAL_DIR = "eval"
@@ -43,20 +46,12 @@ DEFAULT_METHODS = tuple(label for label, selector in METHODS.items() if selector
 
 def parse_methods(names: str | Sequence[str]) -> list[str]:
     """``"grpo,ict"`` or ``["grpo", "ict"]`` -> de-duplicated method labels, order kept. Any name the
-    selector registry accepts is allowed (``all`` = ``grpo``, ``module:function``); the label names the runs."""
-    from ictrl.core.selection import get_selector
-
-    items = [n.strip() for n in (names.split(",") if isinstance(names, str) else names)]
-    items = [n for n in items if n]
+    selector registry accepts is allowed (``all`` = ``grpo``, ``module:function``), with options of its own as
+    ``NAME(key=value, ...)`` (``ictrl.experiments.grid.methods``); the label (``top_h2(ratio=0.2)``) names the runs."""
+    items = split_entries(names) if isinstance(names, str) else [n.strip() for n in names if n.strip()]
     if not items:
         raise UserError("methods: need at least one method")
-    labels = []
-    for name in items:
-        try:
-            labels.append(get_selector(name).label)
-        except ValueError as exc:
-            raise UserError(f"methods: {str(exc).replace('unknown selector', 'unknown method')}") from None
-    return list(dict.fromkeys(labels))
+    return list(dict.fromkeys(entry_label(*parse_entry(name)) for name in items))
 
 
 def theta(rl: dict[str, Any]) -> int:
@@ -67,25 +62,44 @@ def theta(rl: dict[str, Any]) -> int:
 
 @dataclass(frozen=True)
 class RunSpec:
-    """One cell of the grid; ``lr`` None means the recipe's learning rate. ``ratio`` / ``norm`` override the
-    method's selected fraction / loss normaliser (a tuning grid's variants); None keeps its default."""
+    """One cell of the grid; ``lr`` None means the recipe's learning rate. ``options`` are the method's own
+    (``top_h2(ratio=0.2)``: ``(("ratio", 0.2),)``). ``ratio`` / ``norm`` override the method's selected fraction /
+    loss normaliser (a tuning grid's variants); None keeps its default."""
 
     method: str
     seed: int
     lr: float | None = None
     ratio: float | None = None
     norm: str | None = None
+    options: Options = ()
+
+    @property
+    def label(self) -> str:
+        """The method with its options, the name of its row: ``ict``, ``top_h2(ratio=0.2)``."""
+        return entry_label(self.method, self.options)
 
     @property
     def variant(self) -> str:
-        """The method with its overrides, e.g. ``ict``, ``ict-r0.2``, ``random10-per_response_all``."""
-        return (self.method + (f"-r{self.ratio:g}" if self.ratio is not None else "")
+        """The method with its options and overrides, e.g. ``ict``, ``ict-r0.2``, ``random10-per_response_all``,
+        ``top_h2-ratio=0.2``."""
+        return (self.method + "".join(f"-{k}={v}" for k, v in self.options)
+                + (f"-r{self.ratio:g}" if self.ratio is not None else "")
                 + (f"-{self.norm}" if self.norm is not None else ""))
 
     @property
     def relpath(self) -> str:
+        """The run's folder under the grid's root; a label's ``/``, ``..`` and the like never leave it."""
         head = f"lr{self.lr:g}/" if self.lr is not None else ""
-        return f"{head}{self.variant}/seed{self.seed}"
+        return f"{head}{folder_name(self.variant)}/seed{self.seed}"
+
+    def selector_options(self) -> dict[str, Any]:
+        """The options the run passes its selector: its own, and the ``ratio`` override where the rule has one."""
+        from ictrl.core.selection import get_selector
+
+        given = dict(self.options)
+        if self.ratio is not None and "ratio" in get_selector(self.method).options:
+            given["ratio"] = self.ratio
+        return given
 
 
 def grid_specs(methods: Sequence[str], seeds: int, lrs: Sequence[float] | None = None) -> list[RunSpec]:
@@ -93,10 +107,16 @@ def grid_specs(methods: Sequence[str], seeds: int, lrs: Sequence[float] | None =
     come checked (finite and > 0) from the command's flag: ``compare --learning-rate``, ``sweep --lrs``."""
     if seeds < 1:
         raise UserError(f"seeds: need at least 1, got {seeds}")
-    methods = parse_methods(methods)
-    if lrs is None:
-        return [RunSpec(m, s) for s in range(seeds) for m in methods]
-    return [RunSpec(m, s, float(lr)) for lr in lrs for s in range(seeds) for m in methods]
+    entries = [parse_entry(m) for m in parse_methods(methods)]
+    cells = [(m, o, s, lr) for lr in (lrs if lrs is not None else [None]) for s in range(seeds) for m, o in entries]
+    specs = [RunSpec(m, s, None if lr is None else float(lr), options=o) for m, o, s, lr in cells]
+    folders: dict[str, str] = {}
+    for spec in specs:
+        other = folders.setdefault(spec.relpath, spec.label)
+        if other != spec.label:
+            raise UserError(f"methods: {other} and {spec.label} would share the run folder {spec.relpath}; "
+                            "rename one's label")
+    return specs
 
 
 def run_grid(
@@ -121,7 +141,8 @@ def run_grid(
     if jobs < 1:
         raise UserError(f"jobs must be at least 1, got {jobs}")
     root = Path(root)
-    results, todo = _done_and_todo(specs, root)
+    identities = {spec: rule_identity(spec) for spec in specs}
+    results, todo = _done_and_todo(specs, root, identities, log)
     log(f"grid: {len(specs)} runs, {len(results)} already done, {len(todo)} to run"
         + (f" in {jobs} processes" if jobs > 1 and todo else ""))
 
@@ -131,9 +152,12 @@ def run_grid(
         for key in ("p1", "p4"):
             if key not in result:
                 raise ValueError(f"{spec.relpath}: the runner's result has no {key!r}")
-        result = {"spec": asdict(spec), "seconds": seconds, **result}
-        atomic_write_text(root / spec.relpath / DONE_FILE, json.dumps(result, indent=1) + "\n")
-        results[spec] = result
+        result = {"spec": asdict(spec), "seconds": seconds, **result, "selector": identities[spec]}
+        done = root / spec.relpath / DONE_FILE
+        text = json.dumps(result, indent=1) + "\n"
+        with reported_write(done, "the runs finished before it are kept; free space and rerun to go on"):
+            atomic_write_text(done, text)
+        results[spec] = result = json.loads(text)  # as a rerun reads it back (the options' tuples are lists)
         ran.append(seconds)
         log(f"{progress_bar(len(results), len(specs))} {spec.relpath}: P@1 {result['p1']:.3f} P@4 {result['p4']:.3f} "
             f"final reward {result.get('final_reward', math.nan):.3f} ({seconds:.0f}s)"
@@ -144,18 +168,33 @@ def run_grid(
         if run_dir.exists():
             log(f"{spec.relpath}: unfinished earlier attempt found (no {DONE_FILE})")
         run_dir.mkdir(parents=True, exist_ok=True)
-    if jobs == 1 or len(todo) <= 1:
-        for spec in todo:
-            start = time.perf_counter()
-            result = run_one(spec, root / spec.relpath)
-            finish(spec, result, time.perf_counter() - start)
-    else:
-        _run_in_processes(todo, root, run_one, jobs, threads, finish)
+    try:
+        with sigterm_raises():
+            if jobs == 1 or len(todo) <= 1:
+                for spec in todo:
+                    start = time.perf_counter()
+                    result = run_one(spec, root / spec.relpath)
+                    finish(spec, result, time.perf_counter() - start)
+            else:
+                _run_in_processes(todo, root, run_one, jobs, threads, finish)
+    except (KeyboardInterrupt, Terminated) as stop:
+        how = "terminated (SIGTERM)" if isinstance(stop, Terminated) else "interrupted"
+        kind = Terminated if isinstance(stop, Terminated) else Interrupted
+        raise kind(f"{how}: {len(results)} of {len(specs)} runs are done and kept in {root}; rerun the same "
+                   "command to run the others") from None
     return {spec: results[spec] for spec in specs}
 
 
-def _done_and_todo(specs: Sequence[RunSpec], root: Path) -> tuple[dict[RunSpec, dict[str, Any]], list[RunSpec]]:
-    """(spec -> its ``done.json`` for the specs with a done marker, the specs without one in order)."""
+def rule_identity(spec: RunSpec) -> dict[str, Any]:
+    """What the run's ``done.json`` records of its rule (``methods.run_identity``)."""
+    return run_identity(spec.method, spec.selector_options())
+
+
+def _done_and_todo(specs: Sequence[RunSpec], root: Path, identities: dict[RunSpec, dict[str, Any]],
+                   log: Callable[[str], None]) -> tuple[dict[RunSpec, dict[str, Any]], list[RunSpec]]:
+    """(spec -> its ``done.json`` for the specs with a done marker of the same rule, the other specs in order). A
+    run whose rule changed since it ran (its source, options or spec: ``methods.changed``) is cleared and run again,
+    so a report never mixes versions of a rule."""
     results: dict[RunSpec, dict[str, Any]] = {}
     todo = []
     for spec in specs:
@@ -165,9 +204,13 @@ def _done_and_todo(specs: Sequence[RunSpec], root: Path) -> tuple[dict[RunSpec, 
             if not isinstance(result, dict) or not all(isinstance(result.get(k), (int, float)) for k in ("p1", "p4")):
                 raise UserError(f"{done}: not the result of a finished run (no numbers p1 and p4); remove it to run "
                                 f"{spec.relpath} again")
-            results[spec] = result
-        else:
-            todo.append(spec)
+            why = changed(result.get("selector"), identities[spec])
+            if not why:
+                results[spec] = result
+                continue
+            log(f"{spec.relpath}: {why}; running it again")
+            shutil.rmtree(root / spec.relpath)
+        todo.append(spec)
     return results, todo
 
 
@@ -180,7 +223,8 @@ def _run_in_processes(todo: Sequence[RunSpec], root: Path, run_one: Callable[[Ru
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
     ctx = multiprocessing.get_context("spawn")  # fork after torch/OpenMP initialisation can deadlock
-    with ProcessPoolExecutor(jobs, mp_context=ctx, initializer=_init_worker, initargs=(threads or 1,)) as pool:
+    pool = ProcessPoolExecutor(jobs, mp_context=ctx, initializer=_init_worker, initargs=(threads or 1,))
+    try:
         pending = {pool.submit(_timed, run_one, spec, root / spec.relpath): spec for spec in todo}
         while pending:
             finished, _ = wait(pending, return_when=FIRST_COMPLETED)
@@ -188,6 +232,22 @@ def _run_in_processes(todo: Sequence[RunSpec], root: Path, run_one: Callable[[Ru
                 spec = pending.pop(future)
                 result, seconds = future.result()
                 finish(spec, result, seconds)
+    except BaseException:
+        # Ctrl-C, SIGTERM or a failed run: the pool's own exit would wait for every queued run to finish, with its
+        # workers still writing into run folders a rerun starts again; they end now, with nothing recorded.
+        _end_workers(pool)
+        raise
+    pool.shutdown()
+
+
+def _end_workers(pool: Any) -> None:
+    """Kill ``pool``'s worker processes and drop its queued runs, without waiting for them."""
+    workers = list((getattr(pool, "_processes", None) or {}).values())  # no public handle before Python 3.14
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in workers:
+        process.kill()
+    for process in workers:
+        process.join(timeout=10)
 
 
 def progress_bar(done: int, total: int, width: int = 20) -> str:

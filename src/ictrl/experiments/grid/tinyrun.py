@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 from ictrl.engine.config_fields import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, Range, check_fields
+from ictrl.experiments.grid.methods import config_keys
 from ictrl.experiments.grid.runner import EVAL_DIR, RunSpec, final_reward
 
 
@@ -68,7 +69,7 @@ def tiny_run_config(settings: TinyRL, base: Path, spec: RunSpec, run_dir: Path) 
 
     difficulty = _base_difficulty(base)
     batch = settings.prompts_per_step * settings.num_generations
-    method = method_config(spec.method, settings.selection_warmup)
+    method = {**method_config(spec.method, settings.selection_warmup), **config_keys(spec.options)}
     if spec.ratio is not None:
         method["selection_ratio"] = spec.ratio
     if spec.norm is not None:
