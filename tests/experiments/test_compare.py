@@ -20,7 +20,8 @@ from ictrl.experiments.reports.report import PNG_MAGIC
 
 def fake_result(spec: grid.RunSpec) -> dict:
     """Deterministic but spec-dependent scores, so that table numbers can be recomputed by hand."""
-    p1 = 0.1 + 0.05 * list(grid.METHODS).index(spec.method) + 0.01 * spec.seed
+    order = list(grid.METHODS).index(spec.method) if spec.method in grid.METHODS else len(grid.METHODS)
+    p1 = 0.1 + 0.05 * order + 0.01 * spec.seed
     return {"p1": p1, "p4": min(1.0, 2 * p1), "final_reward": p1}
 
 
@@ -436,3 +437,200 @@ def test_an_earlier_compare_folder_without_the_list_resumes(tmp_path: Path, monk
     (out / ".ictrl-files.json").unlink()  # a folder written before ictrl listed its files: its results.json says
     assert compare_cli(out, capsys) == (0, [])
     assert len(runner.calls) == 4 and (out / ".ictrl-files.json").is_file()
+
+
+# ------------------------------------------------------------------------------------------------ a rule's identity
+
+
+def compare_main(out: Path, methods: str, capsys: pytest.CaptureFixture[str], *extra: str) -> tuple[int, list[str]]:
+    """``ictrl compare --methods METHODS --seeds 1`` into ``out``: its status and error lines (no traceback)."""
+    from ictrl.cli import main
+
+    code = main(["compare", "--methods", methods, "--seeds", "1", "--output-dir", str(out), *extra])
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err
+    return code, [line for line in err.splitlines() if line.startswith("ictrl compare: error:")]
+
+
+def test_a_ratio_sweep_of_a_users_rule_is_one_command(h2rule: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    runner = CountingRunner()
+    fake_experiment(monkeypatch, runner)
+    out = h2rule / "cmp"
+    methods = "ict,h2rule:top_h2(ratio=0.2),h2rule:top_h2(ratio=0.3)"
+    assert compare_main(out, methods, capsys) == (0, [])
+    assert [(s.method, s.options, s.relpath) for s in runner.calls] == [
+        ("ict", (), "ict/seed0"), ("top_h2", (("ratio", 0.2),), "top_h2-ratio=0.2/seed0"),
+        ("top_h2", (("ratio", 0.3),), "top_h2-ratio=0.3/seed0")]
+    table = (out / "results.md").read_text()
+    assert "| top_h2(ratio=0.2) (n=1) |" in table and "| top_h2(ratio=0.3) (n=1) |" in table
+    saved = json.loads((out / "results.json").read_text())
+    assert saved["methods"] == ["ict", "top_h2(ratio=0.2)", "top_h2(ratio=0.3)"]
+    assert [saved["selectors"][m]["options"] for m in saved["methods"]] == [
+        {"ratio": 0.1, "scope": "response"}, {"ratio": 0.2}, {"ratio": 0.3}]
+    # each run trains with its own options: the trainer's config gets them
+    from ictrl.train_cli.preflight import build_trainer_args
+
+    base = h2rule / "base"
+    base.mkdir()
+    (base / "warm_start.json").write_text(json.dumps({"recipe": {"difficulty": [2], "seed": 0}}))
+    spec = runner.calls[2]
+    config = tinyrun.tiny_run_config(tinyrun.TinyRL(steps=1, prompts_per_step=2, num_generations=2), base, spec,
+                                     h2rule / "run")
+    args = build_trainer_args(config, spec.label, cpu=True)
+    assert args.token_selector == "h2rule:top_h2" and args.selection_ratio == 0.3
+
+
+@pytest.mark.parametrize("methods, says", [
+    ("h2rule:top_h2(ratio=2)", "methods: h2rule:top_h2(ratio=2): ratio"),
+    ("h2rule:top_h2(bogus=1)", "methods: h2rule:top_h2(bogus=1): unknown option(s) ['bogus']"),
+    ("h2rule:top_h2(0.2)", "methods: h2rule:top_h2(0.2): options are key=value pairs"),
+    ("ict(ratio=0.2, ratio=0.3)", "option 'ratio' given twice"),
+    ("ict(scope=f(1))", "option 'scope' is not a literal value"),
+])
+def test_a_bad_method_option_is_one_line(methods: str, says: str, h2rule: Path, monkeypatch: pytest.MonkeyPatch,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    runner = CountingRunner()
+    fake_experiment(monkeypatch, runner)
+    code, lines = compare_main(h2rule / "cmp", methods, capsys)
+    assert code == 2 and len(lines) == 1 and says in lines[0], lines
+    assert runner.calls == []
+
+
+def test_method_options_map_onto_the_config() -> None:
+    from ictrl.experiments.grid.methods import config_keys, parse_entry, split_entries
+
+    assert split_entries("ict, random(ratio=0.2, seed=3),entropy(scope='response')") == [
+        "ict", "random(ratio=0.2, seed=3)", "entropy(scope='response')"]
+    assert parse_entry("entropy(scope=response, ties='include')") == (
+        "entropy20", (("scope", "response"), ("ties", "include")))
+    assert config_keys((("ratio", 0.2), ("seed", 3), ("ties", "include"), ("count", (1, 2)))) == {
+        "selection_ratio": 0.2, "selection_seed": 3, "selection_options": {"ties": "include", "count": [1, 2]}}
+    assert grid.parse_methods("random10(ratio=0.2),random(ratio=0.2)") == ["random10(ratio=0.2)"]
+
+
+def test_an_edited_rule_runs_again_and_its_source_is_recorded(h2rule: Path, monkeypatch: pytest.MonkeyPatch,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    import hashlib
+
+    runner = CountingRunner()
+    fake_experiment(monkeypatch, runner)
+    out = h2rule / "cmp"
+    assert compare_main(out, "h2rule:top_h2,ict", capsys) == (0, [])
+    assert compare_main(out, "h2rule:top_h2,ict", capsys) == (0, [])
+    assert len(runner.calls) == 2  # nothing changed: both done
+    rule = h2rule / "h2rule.py"
+    rule.write_text(rule.read_text().replace("inputs.renyi2, inputs, ratio", "-inputs.renyi2, inputs, ratio"))
+    assert compare_main(out, "h2rule:top_h2,ict", capsys) == (0, [])
+    assert [s.relpath for s in runner.calls[2:]] == ["top_h2/seed0"]  # the edited rule only, never "already done"
+    sha = hashlib.sha256(rule.read_bytes()).hexdigest()
+    done = json.loads((out / "top_h2/seed0" / grid.DONE_FILE).read_text())
+    assert done["selector"]["sha256"] == sha and done["selector"]["spec"] == "h2rule:top_h2"
+    assert json.loads((out / "results.json").read_text())["selectors"]["top_h2"]["sha256"] == sha
+    # a run recorded before runs named their rule: ictrl's own rule is kept, a user's is run again
+    for relpath in ("top_h2/seed0", "ict/seed0"):
+        path = out / relpath / grid.DONE_FILE
+        path.write_text(json.dumps({k: v for k, v in json.loads(path.read_text()).items() if k != "selector"}))
+    assert compare_main(out, "h2rule:top_h2,ict", capsys) == (0, [])
+    assert [s.relpath for s in runner.calls[3:]] == ["top_h2/seed0"]
+
+
+# ------------------------------------------------------------------------------------------------ one compare per folder
+
+
+def test_a_second_compare_in_the_folder_stops_naming_the_holder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    import os
+
+    from ictrl.dirlock import OutputLock
+
+    runner = CountingRunner()
+    fake_experiment(monkeypatch, runner)
+    out = tmp_path / "cmp"
+    with OutputLock(out):  # the first compare (or a train or eval) holds the folder
+        code, lines = compare_main(out, "ict", capsys)
+    assert code == 2 and len(lines) == 1, lines
+    assert f"--output-dir: {out} is in use by another command (pid {os.getpid()} on" in lines[0]
+    assert runner.calls == [] and not (out / "ict").exists()
+    assert compare_main(out, "ict", capsys) == (0, [])  # free again: it runs
+    assert len(runner.calls) == 1
+
+
+LEAVING = '''
+from ictrl.core.selection import register_selector
+
+
+@register_selector("up", label="../escape")
+def up(inputs):
+    return inputs.mask
+
+
+@register_selector("slash", label="a/b")
+def slash(inputs):
+    return inputs.mask
+'''
+
+
+def test_a_label_with_a_path_keeps_its_run_inside_the_output_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    import sys
+
+    (tmp_path / "leaving.py").write_text(LEAVING)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    runner = CountingRunner()
+    fake_experiment(monkeypatch, runner)
+    out = tmp_path / "cmp"
+    try:
+        assert compare_main(out, "leaving:up,leaving:slash", capsys) == (0, [])
+    finally:
+        sys.modules.pop("leaving", None)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cmp", "leaving.py"]  # nothing beside the output dir
+    assert (out / "_.._escape/seed0" / grid.DONE_FILE).is_file() and (out / "a_b/seed0" / grid.DONE_FILE).is_file()
+    assert "| ../escape (n=1) |" in (out / "results.md").read_text()
+
+
+# ------------------------------------------------------------------------------------------------ one line, exit 2
+
+
+@pytest.mark.parametrize("flag, value, says", [
+    ("--prompts-per-step", "0", "--prompts-per-step: must be >= 1, got 0"),
+    ("--eval-every", "-1", "--eval-every: must be >= 0, got -1"),
+])
+def test_a_bad_budget_flag_is_one_line_before_the_base_model_builds(flag: str, value: str, says: str, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    from ictrl.experiments.tasks import tinymodel
+
+    def no_build(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the base model was built")
+
+    monkeypatch.setattr(tinymodel, "build_tiny_base", no_build)
+    code, lines = compare_main(tmp_path / "cmp", "ict", capsys, "--quick", flag, value)
+    assert code == 2 and lines == [f"ictrl compare: error: {says}"], lines
+    assert not (tmp_path / "cmp").exists()
+
+
+def test_a_full_disk_while_the_report_is_written_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    import errno
+
+    runner = CountingRunner()
+    fake_experiment(monkeypatch, runner)
+    real = compare.atomic_write_text
+
+    def full(path: Path, text: str) -> Path:
+        if Path(path).name == "results.md":
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        return real(path, text)
+
+    monkeypatch.setattr(compare, "atomic_write_text", full)
+    out = tmp_path / "cmp"
+    code, lines = compare_main(out, "ict,random10", capsys)
+    assert code == 2 and len(lines) == 1, lines
+    assert lines[0].startswith(f"ictrl compare: error: cannot write {out / 'results.md'}: No space left on device (")
+    assert "the finished runs are kept; free space and rerun the same command to write the report" in lines[0]
+    assert (out / "ict/seed0" / grid.DONE_FILE).is_file() and (out / "random10/seed0" / grid.DONE_FILE).is_file()
+    monkeypatch.setattr(compare, "atomic_write_text", real)
+    assert compare_main(out, "ict,random10", capsys) == (0, [])  # the rerun writes the report, training nothing
+    assert len(runner.calls) == 2 and (out / "results.md").is_file()
