@@ -79,20 +79,26 @@ def _options(entry: str, args: str) -> Options:
         raise UserError(f"methods: {entry}: {exc}") from None
 
 
+def parse_call(entry: str) -> tuple[str, Options]:
+    """``"h2rule:top_h2(ratio=0.2)"`` -> ``("h2rule:top_h2", (("ratio", 0.2),))``: the name as given and the
+    options as written (not yet checked by the selector); a malformed entry is one :class:`UserError` line."""
+    match = _ENTRY.match(entry)
+    if match is None:
+        raise UserError(f"methods: {entry!r}: not a method name, nor NAME(key=value, ...)")
+    return match["name"], _options(entry, match["args"]) if match["args"] is not None else ()
+
+
 def parse_entry(entry: str) -> tuple[str, Options]:
     """``"h2rule:top_h2(ratio=0.2)"`` -> ``("top_h2", (("ratio", 0.2),))``: the selector's label and the options
     given, each checked by the selector (:meth:`~ictrl.core.selection.Selector.resolve_options`); a mistake is one
     :class:`UserError` line naming the entry."""
     from ictrl.core.selection import get_selector
 
-    match = _ENTRY.match(entry)
-    if match is None:
-        raise UserError(f"methods: {entry!r}: not a method name, nor NAME(key=value, ...)")
+    name, given = parse_call(entry)
     try:
-        selector = get_selector(match["name"])
+        selector = get_selector(name)
     except ValueError as exc:
         raise UserError(f"methods: {str(exc).replace('unknown selector', 'unknown method')}") from None
-    given = _options(entry, match["args"]) if match["args"] is not None else ()
     try:
         resolved = selector.resolve_options(dict(given))
     except ValueError as exc:
