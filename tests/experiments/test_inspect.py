@@ -272,3 +272,125 @@ def test_a_page_ictrl_did_not_write_is_never_replaced(tmp_path: Path, capsys: py
     assert main(["inspect", "--rollouts", str(rollouts), "--output-dir", str(own)]) == 0  # listed: its own
     (own / ".ictrl-files.json").unlink()  # a page an earlier ictrl wrote, before the list: known by its head
     assert main(["inspect", "--rollouts", str(rollouts), "--output-dir", str(own)]) == 0
+
+
+# ------------------------------------------------------------------------------------------------ the rule applied
+
+
+def page_of(argv: list[str], out: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, list[dict], str]:
+    """``ictrl inspect ARGV --out OUT``: status, token spans and page text (the error line on failure)."""
+    from ictrl.cli import main
+
+    code = main(["inspect", *argv, "--out", str(out)])
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err
+    return code, (parse(out) if code == 0 else []), (out.read_text() if code == 0 else err.strip())
+
+
+def test_a_selector_on_a_rollouts_file_selects_again(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rollouts = make_rollouts()  # the file's own selection: tokens 0, 3 and 6 of the first response
+    path = save_rollouts(tmp_path / "r.jsonl", rollouts)
+    for argv in (["--selector", "ict", "--ratio", "0.5"], ["--selector", "ict(ratio=0.5)"]):
+        code, spans, text = page_of(["--rollouts", str(path), *argv], tmp_path / "page.html", capsys)
+        assert code == 0, text
+        expected = []
+        for r in rollouts:  # naive: the ceil(n/2) highest u of each response, the earlier position on a tie
+            order = sorted(range(len(r.u)), key=lambda t: (-r.u[t], t))[: -(-len(r.u) // 2)]
+            expected += [t in order for t in range(len(r.u))]
+        assert ["sel" in s["cls"] for s in spans] == expected
+        assert "selector: ict(ratio=0.5, scope=response)" in text and "rule source: ictrl&#x27;s own" in text
+    code, spans, text = page_of(["--rollouts", str(path)], tmp_path / "page.html", capsys)
+    assert ["sel" in s["cls"] for s in spans] == [s for r in rollouts for s in r.selected]  # no --selector: the file's
+
+
+def test_a_selector_reading_what_the_file_lacks_is_one_line(tmp_path: Path, h2rule: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    path = save_rollouts(tmp_path / "r.jsonl", make_rollouts())  # u, H1 and π only: no H2
+    code, _, err = page_of(["--rollouts", str(path), "--selector", "h2rule:top_h2"], tmp_path / "page.html", capsys)
+    assert code == 2 and len(err.splitlines()) == 1
+    assert err == (f"ictrl inspect: error: --selector top_h2: it reads renyi2 ('renyi2'), which {path} does not hold; "
+                   "score the prompt again with --model ... --save-rollouts")
+    code, _, err = page_of(["--rollouts", str(path), "--selector", "stapo"], tmp_path / "page.html", capsys)
+    assert code == 2 and "needs advantages (from rewards): give --answer" in err
+    assert not (tmp_path / "page.html").exists()
+
+
+STEPRULE = '''
+from ictrl.core.selection import register_selector
+
+
+@register_selector("at_step")
+def at_step(inputs, *, offset=0):
+    """The token at position step + offset of each response."""
+    chosen = inputs.mask.clone() & False
+    chosen[:, inputs.step + offset] = True
+    return chosen
+'''
+
+
+def test_the_rule_sees_the_step_and_its_options(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    import sys
+
+    (tmp_path / "steprule.py").write_text(STEPRULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    rollouts = [r for r in make_rollouts() if len(r.tokens) > 3]
+    path = save_rollouts(tmp_path / "r.jsonl", rollouts)
+    try:
+        code, spans, text = page_of(["--rollouts", str(path), "--selector", "steprule:at_step(offset=1)", "--step",
+                                     "2"], tmp_path / "page.html", capsys)
+    finally:
+        sys.modules.pop("steprule", None)
+    assert code == 0, text
+    assert [i for i, s in enumerate(spans) if "sel" in s["cls"]] == [3]
+    assert "selector: steprule:at_step(offset=1)" in text and "step: 2" in text and "steprule.py, sha256 " in text
+
+
+def test_the_page_colours_by_the_rules_statistic_and_shows_advantages(tiny_model_dir: Path, h2rule: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """--model with --answer and a user's rule on H2: the saved file keeps every statistic and the rewards the page
+    shows; the page opens on H2, names the rule's file and hash, and shows each response's advantage; the rule
+    applied again to the saved file gives the same selection."""
+    import hashlib
+
+    saved = h2rule / "rollouts.jsonl"
+    argv = ["--model", str(tiny_model_dir), "--prompt", "Q: 2+3=", "--num-generations", "4", "--max-new-tokens", "12",
+            "--selector", "h2rule:top_h2(ratio=0.2)", "--answer", "5", "--save-rollouts", str(saved)]
+    code, spans, text = page_of(argv, h2rule / "inspect.html", capsys)
+    assert code == 0, text
+    rollouts = load_rollouts(saved)
+    assert all(r.reward == 0.0 for r in rollouts)  # the tiny model does not box 5: graded, not null
+    assert all(r.renyi2 is not None and r.purity is not None and r.logprob is not None for r in rollouts)
+    assert '<input type="radio" class="vr" name="view" id="view-h2" checked>' in text
+    assert all("--h2:#" in s["style"] and "--beta:#" in s["style"] and "--lp:#" in s["style"] for s in spans)
+    sha = hashlib.sha256((h2rule / "h2rule.py").read_bytes()).hexdigest()
+    assert f"h2rule.py, sha256 {sha[:16]}" in text and "selector: h2rule:top_h2(ratio=0.2)" in text
+    assert text.count("advantage +0") == 4  # one group, every reward 0: advantage 0 each
+    again = h2rule / "again.html"
+    code, spans_again, _ = page_of(["--rollouts", str(saved), "--selector", "h2rule:top_h2(ratio=0.2)"], again,
+                                   capsys)
+    assert code == 0 and [s["cls"] for s in spans_again] == [s["cls"] for s in spans]
+    assert [sum(r.selected) for r in rollouts] == [-(-len(r.tokens) // 5) for r in rollouts]
+
+
+def test_advantages_are_the_groups_normalised_rewards(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--answer on a rollouts file: each response's advantage (r − mean) / (std + 1e-4) within its group, against a
+    float64 reference; stapo, which reads them, runs."""
+    import statistics
+
+    texts = [["\\boxed{7}"], ["\\boxed{8}"], ["\\boxed{7}"], ["no"], ["\\boxed{7}"]]
+    groups = [0, 0, 0, 0, 1]
+    rollouts = [Rollout("p", t, [0.1], [0.5], [0.001], [False], group=g) for t, g in zip(texts, groups)]
+    path = save_rollouts(tmp_path / "r.jsonl", rollouts)
+    code, spans, text = page_of(["--rollouts", str(path), "--answer", "7", "--selector", "stapo"],
+                                tmp_path / "page.html", capsys)
+    assert code == 0, text
+    rewards = [1.0, 0.0, 1.0, 0.0]
+    mean, std = statistics.fmean(rewards), statistics.stdev(rewards)
+    for r in rewards:
+        assert f"advantage {(r - mean) / (std + 1e-4):+.3g}" in text
+    assert "advantage +0 " in text or "advantage +0<" in text  # a group of one: no spread, advantage 0
+    # stapo silences the positive-advantage, low-probability (π 0.001 < τ_p), lowest-entropy tokens: the correct ones
+    # of group 0 (the lone response of group 1 has advantage 0)
+    assert ["sel" in s["cls"] for s in spans] == [False, True, False, True, True]
