@@ -10,7 +10,10 @@ Writes into ``--output-dir``:
 - ``report.html``: all of it, self-contained.
 
 A rerun skips finished runs (see ``ictrl.experiments.grid.runner``), so an interrupted compare continues where it
-stopped and a finished one only rebuilds the report.
+stopped and a finished one only rebuilds the report; a run whose rule changed since (its source file's sha256, its
+options: ``done.json``'s ``selector``) runs again. ``--methods`` takes options per method, ``NAME(key=value, ...)``
+(``ictrl.experiments.grid.methods``), each option set its own row. One compare writes a folder at a time (its
+``.ictrl.lock``, as ``ictrl train`` and ``ictrl eval``).
 
 ``--task`` runs on another task module (``ictrl.experiments.tasks.registry``: ``module`` or ``module:attribute``,
 importable from the working directory): from a clone's root, the studies' ``--task studies.tasks.countdown`` and

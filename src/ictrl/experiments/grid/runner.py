@@ -13,12 +13,13 @@ options into either.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -168,21 +169,29 @@ def run_grid(
         if run_dir.exists():
             log(f"{spec.relpath}: unfinished earlier attempt found (no {DONE_FILE})")
         run_dir.mkdir(parents=True, exist_ok=True)
+    with _stopped_resumable(root, lambda: len(results), len(specs)):
+        if jobs == 1 or len(todo) <= 1:
+            for spec in todo:
+                start = time.perf_counter()
+                result = run_one(spec, root / spec.relpath)
+                finish(spec, result, time.perf_counter() - start)
+        else:
+            _run_in_processes(todo, root, run_one, jobs, threads, finish)
+    return {spec: results[spec] for spec in specs}
+
+
+@contextlib.contextmanager
+def _stopped_resumable(root: Path, done: Callable[[], int], total: int) -> Iterator[None]:
+    """Ctrl-C or SIGTERM inside the block (SIGTERM raises, as Ctrl-C does) ends it with one line: how many runs are
+    done and kept under ``root`` and that the same command goes on (``ictrl.cli`` prints it, exit 130 / 143)."""
     try:
         with sigterm_raises():
-            if jobs == 1 or len(todo) <= 1:
-                for spec in todo:
-                    start = time.perf_counter()
-                    result = run_one(spec, root / spec.relpath)
-                    finish(spec, result, time.perf_counter() - start)
-            else:
-                _run_in_processes(todo, root, run_one, jobs, threads, finish)
+            yield
     except (KeyboardInterrupt, Terminated) as stop:
         how = "terminated (SIGTERM)" if isinstance(stop, Terminated) else "interrupted"
         kind = Terminated if isinstance(stop, Terminated) else Interrupted
-        raise kind(f"{how}: {len(results)} of {len(specs)} runs are done and kept in {root}; rerun the same "
-                   "command to run the others") from None
-    return {spec: results[spec] for spec in specs}
+        raise kind(f"{how}: {done()} of {total} runs are done and kept in {root}; rerun the same command to run the "
+                   "others") from None
 
 
 def rule_identity(spec: RunSpec) -> dict[str, Any]:
