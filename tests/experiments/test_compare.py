@@ -634,3 +634,34 @@ def test_a_full_disk_while_the_report_is_written_is_one_line(tmp_path: Path, mon
     monkeypatch.setattr(compare, "atomic_write_text", real)
     assert compare_main(out, "ict,random10", capsys) == (0, [])  # the rerun writes the report, training nothing
     assert len(runner.calls) == 2 and (out / "results.md").is_file()
+
+
+def test_an_unfinished_run_of_an_edited_rule_starts_over(h2rule: Path, monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """A run stopped before its done.json (``--config`` runs resume from their checkpoints) whose rule changed since:
+    the rerun clears its folder rather than going on from the old rule's checkpoints; an unchanged one is left to
+    resume."""
+    seen: list[list[str]] = []
+
+    class Resuming(CountingRunner):
+        def __call__(self, spec: grid.RunSpec, run_dir: Path) -> dict:
+            seen.append(sorted(p.name for p in run_dir.iterdir()))
+            (run_dir / "checkpoint-1").mkdir(exist_ok=True)
+            return super().__call__(spec, run_dir)
+
+    runner = Resuming(crash_on=grid.RunSpec("top_h2", 0))
+    fake_experiment(monkeypatch, runner)
+    out = h2rule / "cmp"
+    from ictrl.cli import main
+
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        main(["compare", "--methods", "h2rule:top_h2", "--seeds", "1", "--output-dir", str(out)])
+    assert seen == [[grid.RULE_FILE]]  # the rule is recorded before the run trains
+    runner.crash_on = None
+    assert compare_main(out, "h2rule:top_h2", capsys) == (0, [])  # unchanged: resumes where it stopped
+    assert seen[1] == sorted([grid.RULE_FILE, "checkpoint-1", "metrics.jsonl"])
+    (out / "top_h2/seed0" / grid.DONE_FILE).unlink()
+    rule = h2rule / "h2rule.py"
+    rule.write_text(rule.read_text() + "\n# edited\n")
+    assert compare_main(out, "h2rule:top_h2", capsys) == (0, [])
+    assert seen[2] == [grid.RULE_FILE]  # another rule: started over, no checkpoint of the old one left

@@ -2,9 +2,11 @@
 
 One *run* = RL training with one method and seed (and learning rate), then a held-out pass@k evaluation. Each
 run owns a directory ``<root>/[lr<lr>/]<method>/seed<seed>/`` holding ``metrics.jsonl`` (the trainer's per-step
-log), ``eval/`` (the harness's samples and results) and, written atomically and last, ``done.json`` (the run's
-result). A rerun skips runs whose ``done.json`` exists and restarts the others from scratch; in ``--config``
-mode (the engine saves checkpoints) an unfinished run resumes from its last complete checkpoint instead.
+log), ``eval/`` (the harness's samples and results), ``rule.json`` (the rule it started with, first) and, written
+atomically and last, ``done.json`` (the run's result and its rule). A rerun skips runs whose ``done.json`` exists and
+restarts the others from scratch; in ``--config`` mode (the engine saves checkpoints) an unfinished run resumes from
+its last complete checkpoint instead. A run whose rule changed since (its source file's sha256, its options) is
+never "done" nor resumed: it starts over, so a report never mixes versions of a rule.
 
 This module is the scheduler and the method names; the runs come from ``tinyrun`` (the embedded tasks, the
 default) or ``configrun`` (``--config``: ``ictrl train``'s own run), and ``gridcli`` turns the shared command-line
@@ -30,6 +32,7 @@ from ictrl.experiments.grid.methods import (Options, changed, entry_label, folde
 from ictrl.files import atomic_write_text, read_json, reported_write
 
 DONE_FILE = "done.json"
+RULE_FILE = "rule.json"  # the rule a run was started with (``methods.run_identity``), written before it trains
 EVAL_DIR = "eval"
 
 
@@ -165,10 +168,7 @@ def run_grid(
             + eta(ran, len(specs) - len(results), min(jobs, len(todo))))
 
     for spec in todo:
-        run_dir = root / spec.relpath
-        if run_dir.exists():
-            log(f"{spec.relpath}: unfinished earlier attempt found (no {DONE_FILE})")
-        run_dir.mkdir(parents=True, exist_ok=True)
+        _prepare_run_dir(root / spec.relpath, spec.relpath, identities[spec], log)
     with _stopped_resumable(root, lambda: len(results), len(specs)):
         if jobs == 1 or len(todo) <= 1:
             for spec in todo:
@@ -192,6 +192,27 @@ def _stopped_resumable(root: Path, done: Callable[[], int], total: int) -> Itera
         kind = Terminated if isinstance(stop, Terminated) else Interrupted
         raise kind(f"{how}: {done()} of {total} runs are done and kept in {root}; rerun the same command to run the "
                    "others") from None
+
+
+def _prepare_run_dir(run_dir: Path, relpath: str, identity: dict[str, Any], log: Callable[[str], None]) -> None:
+    """Make ``run_dir`` ready for a run of the rule ``identity``, recorded in its :data:`RULE_FILE` first. An
+    unfinished attempt of another rule (its source or options changed since) is cleared: resuming it would go on
+    from the old rule's checkpoints."""
+    if run_dir.exists():
+        try:
+            stored = json.loads((run_dir / RULE_FILE).read_text(encoding="utf-8"))
+        except FileNotFoundError:  # an attempt from before runs recorded their rule: kept, as before
+            stored = identity
+        except (OSError, ValueError):
+            stored = "unreadable"
+        why = changed(stored, identity)
+        log(f"{relpath}: unfinished earlier attempt found (no {DONE_FILE})"
+            + (f", of another rule ({why}): starting it over" if why else ""))
+        if why:
+            shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with reported_write(run_dir / RULE_FILE, "nothing of this run was written yet; free space and rerun"):
+        atomic_write_text(run_dir / RULE_FILE, json.dumps(identity, indent=1) + "\n")
 
 
 def rule_identity(spec: RunSpec) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from typing import Annotated, Any
 
 from ictrl.engine.config_fields import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, Range, check_fields
 from ictrl.experiments.grid.methods import config_keys
-from ictrl.experiments.grid.runner import EVAL_DIR, RunSpec, final_reward
+from ictrl.experiments.grid.runner import EVAL_DIR, RULE_FILE, RunSpec, final_reward
 
 
 @dataclass(frozen=True)
@@ -148,8 +148,9 @@ def train_tiny(settings: TinyRL, base: Path, spec: RunSpec, run_dir: Path,
     from ictrl.experiments.tasks.tinymodel import load_tiny_base
     from ictrl.experiments.reports.update_norm import UpdateNorm
 
-    for stale in list(run_dir.iterdir()):  # an unfinished attempt: start over
-        shutil.rmtree(stale) if stale.is_dir() else stale.unlink()
+    for stale in list(run_dir.iterdir()):  # an unfinished attempt: start over (the grid's record of the rule stays)
+        if stale.name != RULE_FILE:
+            shutil.rmtree(stale) if stale.is_dir() else stale.unlink()
     cfg = tiny_run_config(settings, base, spec, run_dir)
     args = build_trainer_args(cfg, cfg.output_dir)
     model, tokenizer = load_tiny_base(base)
