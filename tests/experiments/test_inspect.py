@@ -394,3 +394,16 @@ def test_advantages_are_the_groups_normalised_rewards(tmp_path: Path, capsys: py
     # stapo silences the positive-advantage, low-probability (π 0.001 < τ_p), lowest-entropy tokens: the correct ones
     # of group 0 (the lone response of group 1 has advantage 0)
     assert ["sel" in s["cls"] for s in spans] == [False, True, False, True, True]
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--ratio", "0.5"], "--ratio and --scope select again: give --selector with them"),
+    (["--selector", "ict", "--step", "-1"], "--step must be >= 0, got -1"),
+    (["--selector", "ict(ratio=2)"], "ratio"),
+    (["--selector", "ict(0.2)"], "options are key=value pairs"),
+])
+def test_a_bad_rule_flag_is_one_line(argv: list[str], says: str, tmp_path: Path,
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    path = save_rollouts(tmp_path / "r.jsonl", make_rollouts())
+    code, _, err = page_of(["--rollouts", str(path), *argv], tmp_path / "page.html", capsys)
+    assert code == 2 and len(err.splitlines()) == 1 and err.startswith("ictrl inspect: error:") and says in err, err

@@ -106,7 +106,8 @@ def test_stopping_compare_ends_its_workers_and_leaves_the_grid_resumable(signum:
         _, err = parent.communicate(timeout=60)  # the runs sleep 600 s: waiting for them would time out
         assert parent.returncode == status, err
         lines = [line for line in err.splitlines() if line.strip()]
-        assert lines[-1].startswith("ictrl compare: ") and "0 of 4 runs are done" in lines[-1], err
+        how = "terminated (SIGTERM)" if signum == signal.SIGTERM else "interrupted"
+        assert lines[-1].startswith(f"ictrl compare: {how}; 0 of 4 runs are done"), err
         assert "rerun the same command to run the others" in lines[-1] and "Traceback" not in err, err
         deadline = time.monotonic() + 20
         while any(pid_alive(w) for w in workers) and time.monotonic() < deadline:

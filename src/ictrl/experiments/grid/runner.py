@@ -20,13 +20,14 @@ import json
 import math
 import os
 import shutil
+import signal
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ictrl.errors import Interrupted, Terminated, UserError, sigterm_raises
+from ictrl.errors import Interrupted, Terminated, UserError, one_line, sigterm_raises
 from ictrl.experiments.grid.methods import (Options, changed, entry_label, folder_name, parse_entry, run_identity,
                                             split_entries)
 from ictrl.files import atomic_write_text, read_json, reported_write
@@ -187,10 +188,10 @@ def _stopped_resumable(root: Path, done: Callable[[], int], total: int) -> Itera
     try:
         with sigterm_raises():
             yield
-    except (KeyboardInterrupt, Terminated) as stop:
-        how = "terminated (SIGTERM)" if isinstance(stop, Terminated) else "interrupted"
+    except (KeyboardInterrupt, Interrupted) as stop:  # Interrupted: a run's own line (ictrl train's), kept first
+        how = one_line(stop) if isinstance(stop, Interrupted) else "interrupted"
         kind = Terminated if isinstance(stop, Terminated) else Interrupted
-        raise kind(f"{how}: {done()} of {total} runs are done and kept in {root}; rerun the same command to run the "
+        raise kind(f"{how}; {done()} of {total} runs are done and kept in {root}; rerun the same command to run the "
                    "others") from None
 
 
@@ -304,6 +305,9 @@ def _init_worker(threads: int) -> None:
     # A killed `ictrl compare` must not leave its workers training on: they would compete with a resumed run for
     # the same run directories (seen: SIGTERM to the parent left both spawned workers at full CPU).
     die_with_parent(os.getppid())
+    # Ctrl-C reaches the whole foreground process group: the command ends its workers itself, with one line, so a
+    # worker does not print its own KeyboardInterrupt traceback first.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(threads)
 
 
