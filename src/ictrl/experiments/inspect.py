@@ -49,7 +49,7 @@ def check_selector(name: str, graded: bool = False) -> Any:
     from ictrl.core.selection import STAT_FIELDS, get_selector
     from ictrl.experiments.grid.methods import parse_call
 
-    selector = get_selector(parse_call(name)[0])
+    selector = get_selector(parse_call(name, "--selector")[0])
     missing = sorted(selector.needs - {*STAT_FIELDS, "group_ids", *(("advantages",) if graded else ())})
     if missing:
         raise ValueError(f"selector {name!r} needs {', '.join(missing)} (from rewards): give --answer to grade the "
@@ -62,7 +62,8 @@ def flag_options(name: str, ratio: float | None, scope: str | None, graded: bool
     selectors that take them (None: the selector's default)."""
     from ictrl.experiments.grid.methods import parse_call
 
-    given = {**dict(parse_call(name)[1]), **{k: v for k, v in (("ratio", ratio), ("scope", scope)) if v is not None}}
+    flags = {k: v for k, v in (("ratio", ratio), ("scope", scope)) if v is not None}
+    given = {**dict(parse_call(name, "--selector")[1]), **flags}
     # an option the selector does not take, or a bad value: ValueError naming it
     return check_selector(name, graded).resolve_options(given)
 
@@ -119,7 +120,7 @@ def select_again(rollouts: list[Rollout], selector: str, ratio: float | None = N
 
     graded = all(r.advantage is not None for r in rollouts)
     options = flag_options(selector, ratio, scope, graded)
-    rule = check_selector(parse_call(selector)[0], graded)
+    rule = check_selector(parse_call(selector, "--selector")[0], graded)
     return reselect(rollouts, rule, options, step, source)
 
 

@@ -42,50 +42,52 @@ def split_entries(text: str) -> list[str]:
     return [item.strip() for item in items if item.strip()]
 
 
-def _value(entry: str, key: str, node: ast.expr) -> Any:
+def _value(where: str, entry: str, key: str, node: ast.expr) -> Any:
     """A literal option value; a bare word (``scope=group``) is that string."""
     if isinstance(node, ast.Name):
         return node.id
     try:
-        value = ast.literal_eval(node)
-    except ValueError:
-        raise UserError(f"methods: {entry}: option {key!r} is not a literal value (a number, a quoted string, "
-                        "True/False/None, a list)") from None
-    return _hashable(value)
+        return _hashable(ast.literal_eval(node))
+    except (ValueError, RecursionError) as exc:
+        why = str(exc) if isinstance(exc, _Unhashable) else ("not a literal value (a number, a quoted string, "
+                                                              "True/False/None, a list)")
+        raise UserError(f"{where}: {entry}: option {key!r} is {why}") from None
+
+
+class _Unhashable(ValueError):
+    """An option value a hashable RunSpec cannot carry."""
 
 
 def _hashable(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return tuple(_hashable(v) for v in value)
     if isinstance(value, (dict, set)):
-        raise ValueError("a mapping or set is not an option value a method entry can carry")
+        raise _Unhashable("a mapping or set, which a method entry cannot carry")
     return value
 
 
-def _options(entry: str, args: str) -> Options:
+def _options(where: str, entry: str, args: str) -> Options:
     try:
         call = ast.parse(f"_({args})", mode="eval").body
-    except SyntaxError:
+    except (SyntaxError, RecursionError, MemoryError):  # a value nested too deep for the parser: not an option
         call = None
     if not isinstance(call, ast.Call) or call.args or any(k.arg is None for k in call.keywords):
-        raise UserError(f"methods: {entry}: options are key=value pairs, e.g. top_h2(ratio=0.2)")
+        raise UserError(f"{where}: {entry}: options are key=value pairs, e.g. top_h2(ratio=0.2)")
     keys = [k.arg for k in call.keywords]
     twice = sorted({k for k in keys if keys.count(k) > 1})
     if twice:
-        raise UserError(f"methods: {entry}: option {twice[0]!r} given twice")
-    try:
-        return tuple((k.arg, _value(entry, k.arg, k.value)) for k in call.keywords if k.arg is not None)
-    except ValueError as exc:
-        raise UserError(f"methods: {entry}: {exc}") from None
+        raise UserError(f"{where}: {entry}: option {twice[0]!r} given twice")
+    return tuple((k.arg, _value(where, entry, k.arg, k.value)) for k in call.keywords if k.arg is not None)
 
 
-def parse_call(entry: str) -> tuple[str, Options]:
+def parse_call(entry: str, where: str = "methods") -> tuple[str, Options]:
     """``"h2rule:top_h2(ratio=0.2)"`` -> ``("h2rule:top_h2", (("ratio", 0.2),))``: the name as given and the
-    options as written (not yet checked by the selector); a malformed entry is one :class:`UserError` line."""
+    options as written (not yet checked by the selector); a malformed entry is one :class:`UserError` line that
+    starts with ``where`` (the option that gave it)."""
     match = _ENTRY.match(entry)
     if match is None:
-        raise UserError(f"methods: {entry!r}: not a method name, nor NAME(key=value, ...)")
-    return match["name"], _options(entry, match["args"]) if match["args"] is not None else ()
+        raise UserError(f"{where}: {entry!r}: not a method name, nor NAME(key=value, ...)")
+    return match["name"], _options(where, entry, match["args"]) if match["args"] is not None else ()
 
 
 def parse_entry(entry: str) -> tuple[str, Options]:
