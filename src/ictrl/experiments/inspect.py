@@ -366,12 +366,12 @@ def check_outputs(args: argparse.Namespace) -> list[Path]:
     return outputs
 
 
-def rule_meta(name: str, options: dict[str, Any], step: int) -> dict[str, Any]:
+def rule_meta(rule: Any, options: dict[str, Any], step: int) -> dict[str, Any]:
     """The page header's account of the rule: its spec with its resolved options, its source (a user's file and
     that file's sha256, as ``selector_identity`` records it) and the step it saw."""
     from ictrl.core.selection import selector_identity
 
-    identity = selector_identity(check_selector(name, graded=True), options)
+    identity = selector_identity(rule, options)
     shown = ", ".join(f"{k}={v}" for k, v in identity["options"].items())
     source = ("ictrl's own" if identity["sha256"] is None
               else f"{Path(identity['file']).name}, sha256 {identity['sha256'][:16]}")
@@ -402,7 +402,9 @@ def _run(args: argparse.Namespace) -> int:
         raise ValueError("--ratio and --scope select again: give --selector with them")
     if args.step < 0:
         raise ValueError(f"--step must be >= 0, got {args.step}")
-    options = None if name is None else flag_options(name, args.ratio, args.scope, args.answer is not None)
+    graded = args.answer is not None
+    rule = None if name is None else check_selector(name, graded)
+    options = None if name is None else flag_options(name, args.ratio, args.scope, graded)
     if args.rollouts is not None:
         preflight.check_file(args.rollouts, "--rollouts")
         rollouts = load_rollouts(args.rollouts)
@@ -419,18 +421,17 @@ def _run(args: argparse.Namespace) -> int:
         rollouts = sample_and_score(model, tokenizer, args.prompt, args.num_generations, args.max_new_tokens,
                                     args.temperature, args.seed, selector=None)
         meta = {"model": args.model, "temperature": args.temperature, "seed": args.seed}
-    if args.answer is not None:  # graded first: a rule may read the advantages, and the saved file keeps the rewards
+    if graded:  # first: a rule may read the advantages, and the saved file keeps the rewards
         rollouts = with_advantages(score_rollouts(rollouts, args.answer))
         meta["answer"] = args.answer
-    if name is None:
+    if rule is None or options is None:
         meta["selection"] = "as saved in the file"
     else:
-        assert options is not None
-        rollouts = select_again(rollouts, name, args.ratio, args.scope, args.step, args.rollouts or "the responses")
-        meta.update(rule_meta(name, options, args.step))
+        rollouts = reselect(rollouts, rule, options, args.step, args.rollouts or "the responses")
+        meta.update(rule_meta(rule, options, args.step))
     if args.save_rollouts and args.rollouts is None:
         write_own(outputs[1], lambda: save_rollouts(outputs[1], rollouts))
-    view = "u" if name is None else first_view(check_selector(name, graded=True))
+    view = "u" if rule is None else first_view(rule)
     path = write_own(outputs[0], lambda: render_inspect_html(rollouts, outputs[0], meta=meta, view=view))
     print(f"wrote {path} ({len(rollouts)} responses, {sum(len(r.tokens) for r in rollouts)} tokens)")
     return 0
