@@ -527,6 +527,8 @@ def test_an_edited_rule_runs_again_and_its_source_is_recorded(h2rule: Path, monk
     done = json.loads((out / "top_h2/seed0" / grid.DONE_FILE).read_text())
     assert done["selector"]["sha256"] == sha and done["selector"]["spec"] == "h2rule:top_h2"
     assert json.loads((out / "results.json").read_text())["selectors"]["top_h2"]["sha256"] == sha
+    page = (out / "report.html").read_text()
+    assert f"top_h2 = h2rule:top_h2 (h2rule.py, sha256 {sha[:16]})" in page and str(h2rule) not in page
     # a run recorded before runs named their rule: ictrl's own rule is kept, a user's is run again
     for relpath in ("top_h2/seed0", "ict/seed0"):
         path = out / relpath / grid.DONE_FILE

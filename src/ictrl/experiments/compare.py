@@ -116,7 +116,7 @@ def write_report(out: Path, methods: list[str], specs: list[grid.RunSpec], resul
                "wall_seconds_this_invocation": seconds,
                "runs": [results[s] for s in specs]}
     atomic_write_text(out / "results.json", json.dumps(summary, indent=1) + "\n")
-    notes = _notes(settings, specs, results, diff)
+    notes = _notes(settings, specs, results, diff) + _rule_sources(selectors)
     answer, caveats = _answer(table, methods, settings, specs)
     page = report.render_report("ictrl compare: held-out pass@k per method", [table.to_html()], images, notes,
                                 out / "report.html", note=note, answer=answer, caveats=caveats)
@@ -160,6 +160,15 @@ def _answer(table: report.ResultsTable, methods: list[str], settings: dict[str, 
                        "the paper's setting")
     caveats.append("the base row is a single evaluation of the starting model")
     return " ".join(lines), caveats
+
+
+def _rule_sources(selectors: dict[str, Any]) -> str:
+    """A note naming each rule of the user's own by its file and the sha256 its runs recorded (empty when every
+    method is ictrl's): which version of a rule the rows are."""
+    own = [f"{label} = {ident['spec']} ({Path(ident['file']).name}, sha256 {ident['sha256'][:16]})"
+           for label, ident in selectors.items()
+           if isinstance(ident, dict) and ident.get("sha256") and ident.get("file")]
+    return "\n\nRules of your own, as their runs ran them: " + "; ".join(own) + "." if own else ""
 
 
 def _public(name: str) -> str:
