@@ -8,7 +8,8 @@ Files in ``output_dir`` (all optional; ``output_dir=None`` keeps everything in m
 - ``settings.json``  the run's settings and each benchmark's generation settings; a rerun must match its
   sampling fields (new benchmarks are added to it).
 - ``samples.jsonl``  one line per finished (seed, benchmark, problem), appended and fsynced after every
-  backend call, so a crash loses at most the call in flight; a rerun skips what is there.
+  backend call, so a crash loses at most the call in flight; a rerun skips what is there, and regrades from
+  their saved completions the rows whose gold answer the data has since corrected (``ictrl.eval.samples``).
 - ``results.json``   settings + summary + every sample, rewritten atomically at the end.
 - ``results.md``     the table in the paper's layout; ``<model>/results_*.json``, ``samples_*``: lm-eval's (``lmeval``).
 """
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -29,21 +29,19 @@ import numpy as np
 
 from ictrl import __version__
 from ictrl.eval import lmeval
-from ictrl.files import append_whole, atomic_write_text, read_json, reported_write
+from ictrl.files import atomic_write_text, read_json
 from ictrl.eval.markdown import GENERATION_FIELDS, format_markdown
 from ictrl.eval.passk import bootstrap_ci, mean_std, pass_at_k
+from ictrl.eval.samples import (SAMPLES_FILE, ResumeMismatchError, append_records, check_finished, grade,
+                                load_finished, regrade_changed_golds)
+from ictrl.eval.samples import json_safe as _json_safe
 
 SETTINGS_FILE = "settings.json"
-SAMPLES_FILE = "samples.jsonl"
 RESULTS_JSON = "results.json"
 RESULTS_MD = "results.md"
 
 if TYPE_CHECKING:  # generate imports torch; the harness itself does not need it
     from ictrl.eval.generate import Backend
-
-
-class ResumeMismatchError(ValueError):
-    """An output directory holds samples drawn with different settings."""
 
 
 @dataclass
@@ -150,17 +148,6 @@ class EvalResult:
     harness_file: Path | None = None  # the lm-evaluation-harness results file, when written to an output_dir
 
 
-def _json_safe(obj: Any) -> Any:
-    """NaN (std of one seed) is not JSON; write it as null."""
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, dict):
-        return {k: _json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_json_safe(v) for v in obj]
-    return obj
-
-
 def benchmark_tasks(
     specs: Sequence[str], tokenizer: Any = None, limit: int | None = None,
     data_root: str | os.PathLike[str] | None = None,
@@ -233,49 +220,6 @@ def _check_settings(output_dir: Path, config: EvalConfig, tasks: Sequence[EvalTa
         )
 
 
-def _load_finished(path: Path) -> dict[tuple[int, str, str], dict[str, Any]]:
-    """Read samples.jsonl; a torn last line (crash mid-write) is dropped and the file repaired, and so is a row
-    already there (two unlocked runs of an older ictrl each appended every row), which readers would count twice."""
-    if not path.exists():
-        return {}
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        raise ValueError(f"{path}: cannot read it ({err}); choose another output directory") from None
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    finished: dict[tuple[int, str, str], dict[str, Any]] = {}
-    kept: list[str] = []
-    for lineno, line in enumerate(lines, start=1):
-        try:
-            rec = json.loads(line)
-            key = (int(rec["seed"]), str(rec["benchmark"]), str(rec["problem_id"]))
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
-            if lineno == len(lines):
-                break
-            raise ValueError(f"{path}:{lineno}: unreadable record ({err})") from err
-        if key in finished:
-            continue
-        finished[key] = rec
-        kept.append(line)
-    if len(kept) != len(lines) or (text and not text.endswith("\n")):
-        # drop the torn record and end with a newline, so the next append starts a fresh line
-        atomic_write_text(path, "".join(k + "\n" for k in kept))
-    return finished
-
-
-def _grade(task: EvalTask, problem: Any, completions: list[str]) -> list[dict[str, Any]]:
-    samples = []
-    for text in completions:
-        reward = float(task.reward_fn(text, problem.gold))
-        if not math.isfinite(reward):
-            raise ValueError(f"{task.name}: reward for problem {problem.id} is {reward}, not a finite number")
-        extracted = task.extract_fn(text) if task.extract_fn is not None else None
-        samples.append({"completion": text, "extracted": extracted, "reward": reward, "correct": reward >= 1.0})
-    return samples
-
-
 def _sample_block(
     task: EvalTask, idx: list[int], prompts: list[str], backend: Backend, config: EvalConfig, seed: int, block: int
 ) -> list[dict[str, Any]]:
@@ -293,21 +237,12 @@ def _sample_block(
     records = []
     for i, texts in zip(idx, completions):
         problem = task.problems[i]
-        samples = _grade(task, problem, list(texts))
+        samples = grade(task, problem, list(texts))
         records.append({
             "seed": seed, "benchmark": task.name, "problem_id": str(problem.id), "prompt": prompts[i],
             "gold": problem.gold, "samples": samples, "num_correct": sum(s["correct"] for s in samples),
         })
     return records
-
-
-def _append_records(sink: int | None, path: Path, records: list[dict[str, Any]]) -> None:
-    """The records as lines of ``path`` (open at ``sink``), all or none, and fsynced; None: kept in memory."""
-    if sink is None:
-        return
-    with reported_write(path, "the rows before are kept; free space and run the same command again"):
-        append_whole(sink, "".join(json.dumps(_json_safe(r), ensure_ascii=False) + "\n" for r in records).encode())
-        os.fsync(sink)
 
 
 def validate_tasks(tasks: Sequence[EvalTask]) -> None:
@@ -323,22 +258,6 @@ def validate_tasks(tasks: Sequence[EvalTask]) -> None:
         if len(set(ids)) != len(ids):
             dup = next(i for i in ids if ids.count(i) > 1)
             raise ValueError(f"task {task.name!r}: problem id {dup!r} appears more than once (resume keys on ids)")
-
-
-def _check_finished(finished: dict[tuple[int, str, str], dict[str, Any]], tasks: Sequence[EvalTask],
-                    prompts: dict[str, list[str]], config: EvalConfig) -> None:
-    """Stored samples of this evaluation's problems have the prompts built now and ``config.n`` samples each, else
-    :class:`ResumeMismatchError`."""
-    prompt_of = {(t.name, str(p.id)): q for t in tasks for p, q in zip(t.problems, prompts[t.name])}
-    for (_, name, pid), rec in finished.items():
-        if (name, pid) in prompt_of and rec.get("prompt") != prompt_of[(name, pid)]:
-            raise ResumeMismatchError(
-                f"{name} problem {pid}: the prompt differs from the one stored in {SAMPLES_FILE} "
-                "(prompt template or tokenizer changed); use another output directory"
-            )
-        if (name, pid) in prompt_of and len(rec.get("samples") or []) != config.n:
-            raise ResumeMismatchError(f"{SAMPLES_FILE}: {name} problem {pid} holds {len(rec.get('samples') or [])} "
-                                      f"samples, not n={config.n}; use another output directory")
 
 
 def _progress_bar(progress: bool) -> Any:
@@ -361,7 +280,7 @@ def check_resumable(output_dir: str | os.PathLike[str], config: EvalConfig, task
     out = Path(output_dir)
     if (out / SETTINGS_FILE).exists():
         _check_settings(out, config, tasks)
-    _load_finished(out / SAMPLES_FILE)
+    load_finished(out / SAMPLES_FILE)
 
 
 def evaluate(tasks: Sequence[EvalTask], backend: Backend, config: EvalConfig,
@@ -380,10 +299,11 @@ def evaluate(tasks: Sequence[EvalTask], backend: Backend, config: EvalConfig,
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         _check_settings(out, config, tasks)
-        finished = _load_finished(out / SAMPLES_FILE)
+        finished = load_finished(out / SAMPLES_FILE)
 
     prompts = {t.name: [t.prompt_fn(p) for p in t.problems] for t in tasks}
-    _check_finished(finished, tasks, prompts, config)
+    check_finished(finished, tasks, prompts, config)
+    regrade_changed_golds(finished, tasks, out / SAMPLES_FILE if out is not None else None)
     bar = _progress_bar(progress)
     samples = out / SAMPLES_FILE if out is not None else Path(SAMPLES_FILE)
     sink = os.open(samples, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644) if out is not None else None
@@ -405,7 +325,7 @@ def evaluate(tasks: Sequence[EvalTask], backend: Backend, config: EvalConfig,
                                                              block) if rec["problem_id"] in missing]
                         for rec in recs:
                             finished[(seed, task.name, rec["problem_id"])] = rec
-                        _append_records(sink, samples, recs)
+                        append_records(sink, samples, recs)
                         bar.advance(bar_id, len(idx))
     finally:
         if sink is not None:
