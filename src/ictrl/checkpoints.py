@@ -395,17 +395,24 @@ def _sampled_sha256(path: Path, size: int) -> str:
 TOKENIZER_FILES = (("tokenizer.json",), ("vocab.json", "merges.txt"), ("tokenizer.model",), ("spiece.model",),
                    ("sentencepiece.bpe.model",), ("vocab.txt",))
 EMBEDDING_NAMES = ("embed_tokens.weight", "wte.weight", "word_embeddings.weight", "embed_in.weight")
+# The JSON files transformers reads from a model folder (the weights' index too): each must be one JSON object
+MODEL_JSON_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+                    "special_tokens_map.json", "added_tokens.json", "vocab.json", "preprocessor_config.json",
+                    "chat_template.json", "model.safetensors.index.json", "pytorch_model.bin.index.json")
 
 
 def model_folder_problem(directory: str | os.PathLike[str]) -> str | None:
-    """Why the local model folder cannot load as itself, or None (also for a hub id): it has no complete set of
-    tokenizer files; its config's ``vocab_size`` disagrees with the embedding rows in its safetensors header. Reads
-    config.json and the headers only."""
+    """Why the local model folder cannot load as itself, or None (also for a hub id): a JSON file transformers
+    reads is torn or not JSON; it has no complete set of tokenizer files; its config's ``vocab_size`` disagrees
+    with the embedding rows in its safetensors header. Reads the JSON files and the headers only."""
     root = Path(directory)
+    problem = json_files_problem(root)
+    if problem is not None:
+        return problem
     try:
         config = json.loads((root / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return None  # no folder or no config: check_model says so; unreadable JSON: transformers names it
+        return None  # no folder or no config: check_model says so
     if not isinstance(config, dict):
         return None
     own = any(root.glob("*.tiktoken")) or "auto_map" in _json_text(root / "tokenizer_config.json")  # its own code
@@ -416,6 +423,26 @@ def model_folder_problem(directory: str | os.PathLike[str]) -> str | None:
         return (f"the tokenizer files are missing: {', '.join(missing)} (transformers would fall back to another "
                 "tokenizer); copy the model's tokenizer files into the folder")
     return vocab_problem(root, config)
+
+
+def json_files_problem(root: Path) -> str | None:
+    """The first of the folder's :data:`MODEL_JSON_FILES` that is not one JSON object (torn by a copy cut short, or
+    a link to another file), named with why, or None. transformers would stop on it with a traceback."""
+    for name in MODEL_JSON_FILES:
+        path = root / name
+        if not path.is_file():
+            continue
+        link = f" (a link to {os.readlink(path)})" if path.is_symlink() else ""
+        try:
+            value = json.loads(path.read_bytes())
+        except OSError as exc:
+            return f"{name}{link} cannot be read ({exc.strerror or exc})"
+        except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+            why = f"{exc.msg} at line {exc.lineno}" if isinstance(exc, json.JSONDecodeError) else type(exc).__name__
+            return f"{name}{link} is not valid JSON ({why}): torn or not the model's; copy it again from the model"
+        if not isinstance(value, dict):
+            return f"{name}{link} holds a JSON {type(value).__name__}, not the object transformers reads"
+    return None
 
 
 def _json_text(path: Path) -> str:

@@ -136,6 +136,8 @@ def read_jsonl(path: str | os.PathLike[str]) -> Iterator[tuple[str, dict[str, An
             obj = json.loads(line)
         except json.JSONDecodeError as e:
             raise ValueError(f"{where}, column {e.colno}: not valid JSON ({e.msg})") from None
+        except RecursionError:  # Python's parser recurses once per level of nesting
+            raise ValueError(f"{where}: nested too deeply to read") from None
         if not isinstance(obj, dict):
             raise ValueError(f"{where}: expected a JSON object, got {type(obj).__name__}")
         yield where, obj
@@ -148,7 +150,7 @@ def read_json(path: str | os.PathLike[str], advice: str = "") -> Any:
 
     try:
         return json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc).splitlines()[0][:200]
         raise UserError(f"{path}: cannot read it ({'not valid JSON: ' if isinstance(exc, ValueError) else ''}"
                         f"{reason}){'; ' + advice if advice else ''}") from None
@@ -225,7 +227,7 @@ def owned_files(out: str | os.PathLike[str]) -> set[str] | None:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         return None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) else str(exc).splitlines()[0][:200]
         raise UserError(f"{path}: cannot read ictrl's list of the files it wrote in {out} ({reason}); restore it "
                         "or choose another output directory") from None

@@ -250,7 +250,7 @@ def load_model_and_tokenizer(
     target = (torch.device(device) if device is not None
               else torch.device("cuda" if torch.cuda.is_available() else "cpu"))
     if isinstance(dtype, str) and dtype != "auto":
-        dtype = getattr(torch, dtype)
+        dtype = _compute_dtype(dtype)
     if dtype == "auto" and target.type == "cpu":
         dtype = torch.float32
     try:
@@ -263,6 +263,16 @@ def load_model_and_tokenizer(
     if init_kwargs.get("device_map") is None and getattr(model, "hf_quantizer", None) is None:
         model.to(target)  # a quantized model is placed at load and refuses .to()
     return model, tokenizer
+
+
+def _compute_dtype(name: str) -> torch.dtype:
+    """The torch floating dtype named ``name`` (``bfloat16``, ``torch.float16``) a model can compute in; else a
+    ValueError naming it (float8 types store weights but have no arithmetic for a forward pass)."""
+    dtype = getattr(torch, name.removeprefix("torch."), None)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point or dtype.itemsize < 2:
+        raise ValueError(f"dtype: {name!r} is not a dtype a model computes in; use auto, float32, bfloat16 or "
+                         "float16")
+    return dtype
 
 
 def _unpickler_reason(err: Exception) -> str:

@@ -39,6 +39,8 @@ def _call(fn: Any, n: int = 4, **policy: Any) -> Any:
     ([1.0, math.inf, 0.0, 0.0], ["'score'", "row 1", "id 'row-1'", "inf", "step 3", "not finite"]),
     ([1.0, 0.0, -math.inf, 0.0], ["row 2", "-inf"]),
     ([math.nan, 0.0, 0.0, 0.0], ["row 0", "nan", "return None"]),
+    ([1.0, 10**400, 0.0, 0.0], ["row 1", "1000000", "beyond the range of a float"]),
+    ([0.0, 0.0, 0.0, -(10**5000)], ["row 3", "too large to show", "beyond the range of a float"]),
     ([1.0, "x", 0.0, 0.0], ["row 1", "'x'", "not a number (str)"]),
     ([1.0, [1.0], 0.0, 0.0], ["row 1", "not a number (list)"]),
     ([1.0, 0.0], ["2 values for 4 completions"]),

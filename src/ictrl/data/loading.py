@@ -8,6 +8,7 @@ import math
 import os
 import random
 import re
+import unicodedata
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from ictrl.data.prompts import LETTERS, user_message
 from ictrl.data.registry import Benchmark, Problem, apply_options, build_prompt, parse_spec
 from ictrl.errors import DataError, quote
 from ictrl.rewards import gsm8k_gold, last_boxed
+from ictrl.rewards.normalize import first_format_char
 
 logger = logging.getLogger(__name__)
 BOM = b"\xef\xbb\xbf"
@@ -71,6 +73,8 @@ def read_records(path: Path) -> list[tuple[int, Any]]:
                 obj, i = decoder.raw_decode(text, i)
             except json.JSONDecodeError as e:
                 raise DataError(f"{path}: line {e.lineno}, column {e.colno}: invalid JSON ({e.msg})") from None
+            except RecursionError:
+                raise DataError(f"{path}: line {line + text.count(chr(10), last, i)}: {_TOO_DEEP}") from None
             records.append((line, obj))
     for lineno, raw in enumerate(text.split("\n"), 1):
         raw = raw.removesuffix("\r")
@@ -80,7 +84,13 @@ def read_records(path: Path) -> list[tuple[int, Any]]:
             records.append((lineno, json.loads(raw)))
         except json.JSONDecodeError as e:
             raise DataError(f"{path}: line {lineno}, column {e.colno}: invalid JSON ({e.msg})") from None
+        except RecursionError:
+            raise DataError(f"{path}: line {lineno}: {_TOO_DEEP}") from None
     return records
+
+
+# Python's json parser recurses once per level of nesting; no problem row nests more than a few levels
+_TOO_DEEP = "the row nests lists or objects deeper than Python's JSON parser can read; no problem row nests so deep"
 
 
 def _lookup(row: dict[str, Any], candidates: Sequence[str]) -> tuple[str | None, Any]:
@@ -284,13 +294,31 @@ def _problems_from_file(file: Path, bench: Benchmark, limit: int | None) -> list
     if not records:
         raise DataError(f"{file}: no rows (the file is empty)")
     problems: list[Problem] = []
+    lines: list[int] = []
     for index, (lineno, row) in enumerate(records):
         p = row_to_problem(row, bench, index, f"{file}: line {lineno}")
         if p is not None:
             problems.append(p)
+            lines.append(lineno)
             if limit is not None and len(problems) >= limit:
                 break
+    _note_format_chars(file, problems, lines)
     return problems
+
+
+def _note_format_chars(file: Path, problems: list[Problem], lines: list[int]) -> None:
+    """One line naming the rows whose question or gold holds an invisible format character (U+200B, U+FEFF, a
+    soft hyphen...): a gold pasted with one looks right and is not; the grader ignores them (as it ignores NBSP),
+    and the prompt goes to the model as written."""
+    found = [(line, field, char) for p, line in zip(problems, lines)
+             for field, text in (("question", p.question), ("gold", p.gold))
+             if (char := first_format_char(text)) is not None]
+    if found:
+        line, field, char = found[0]
+        rows = len({f[0] for f in found})
+        logger.warning("%s: %d row(s) hold invisible format characters (first: line %d, the %s, U+%04X %s); the "
+                       "grader ignores them in answers, prompts are sent as written", file, rows, line, field,
+                       ord(char), unicodedata.name(char, "unnamed"))
 
 
 def _problems_from_hub(bench: Benchmark, limit: int | None,

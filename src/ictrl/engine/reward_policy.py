@@ -400,7 +400,10 @@ def _problem(value: Any) -> str | None:
         if callable(numel) and numel() == 1:
             return _problem(value.item())
         return f"not a number ({type(value).__name__}); a reward is a float, or None for a completion it does not score"
-    number = float(value)
+    try:
+        number = float(value)
+    except OverflowError:  # an int or Fraction past float's range (10**400): TRL's float tensor cannot hold it
+        return "beyond the range of a float (about 1.8e308)"
     if math.isnan(number):
         return "NaN; return None for a completion the reward does not score"
     if math.isinf(number):

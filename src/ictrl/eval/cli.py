@@ -23,6 +23,9 @@ from ictrl.eval.harness import (RESULTS_JSON, RESULTS_MD, SAMPLES_FILE, SETTINGS
 # what `ictrl eval` writes at the top of --output-dir (besides lm-evaluation-harness's dated files in a folder named
 # after the model, which replace nothing)
 OUTPUT_FILES = (SETTINGS_FILE, SAMPLES_FILE, RESULTS_JSON, RESULTS_MD)
+# the dtypes a model is evaluated in (ictrl.models.load_model_and_tokenizer); float8 and the integer types hold
+# weights, not the activations generation computes in
+DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -60,7 +63,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "a rerun resumes. Omit to only print")
     parser.add_argument("--data-root", type=Path, default=None,
                         help="benchmark files root (default $ICTRL_DATA_ROOT or ../shared/data)")
-    parser.add_argument("--dtype", default="auto", help="model dtype: auto, float32, bfloat16, float16")
+    parser.add_argument("--dtype", default="auto", choices=DTYPES, help="model dtype: " + ", ".join(DTYPES))
     parser.add_argument("--n-bootstrap", type=int, default=1000, help="bootstrap replicates for the CI")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 

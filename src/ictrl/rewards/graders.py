@@ -12,21 +12,22 @@ from ictrl.rewards.extraction import (
     extract_choice,
     last_boxed,
 )
-from ictrl.rewards.normalize import parse_number
+from ictrl.rewards.normalize import parse_number, strip_format_chars
 from ictrl.rewards.verify import _STATS, _explosive, verify_answer
 
 
 
 def _check_text(name: str, value: object) -> str:
+    """``value``, a str, without invisible format characters (:func:`strip_format_chars`)."""
     if not isinstance(value, str):
         raise ValueError(f"{name}: expected str, got {type(value).__name__}")
-    return value
+    return strip_format_chars(value)
 
 
 def _gold_text(gold: object) -> str:
     if isinstance(gold, bool) or not isinstance(gold, (str, int, float)):
         raise ValueError(f"gold: expected str or number, got {type(gold).__name__}")
-    gold = str(gold).strip()
+    gold = strip_format_chars(str(gold)).strip()
     if not gold:
         raise ValueError("gold: empty")
     return gold

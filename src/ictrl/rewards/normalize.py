@@ -5,12 +5,15 @@ long) in every written form a benchmark uses: thousands separators (``870,000,00
 e-notation (``8.7e8``), ``8.7 \\times 10^{8}`` / ``8.7 \\cdot 10^{8}`` / ``10^{8}``, a currency sign, and a trailing
 unit in ``\\text{}``/``\\mathrm{}``/``\\mbox{}`` or degrees (MATH and Minerva strip units before comparing).
 math-verify reads ``8.7e8`` as ``8.7 * e * 8`` (Euler's number), so e-notation is rewritten before it sees an answer.
-Bold (``\\mathbf``, ``\\textbf``, ``\\boldsymbol``, ``\\bm``) is typography and is dropped.
+Bold (``\\mathbf``, ``\\textbf``, ``\\boldsymbol``, ``\\bm``) is typography and is dropped, and so are invisible
+format characters (:func:`strip_format_chars`), as the whitespace NBSP is.
 """
 
 from __future__ import annotations
 
+import functools
 import re
+import unicodedata
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -37,6 +40,33 @@ _NUMBER = re.compile(
 _E_NOTATION = re.compile(r"(?<![\w\\.])(\d+(?:\.\d+)?|\.\d+)[eE]([-+]?\d+)(?![\w.])")
 _MAX_EXPONENT = 400  # 10^400 is a 401-digit integer: exact and cheap to write out; longer ones stay a power
 _BOLD = re.compile(r"\\(?:mathbf|textbf|boldsymbol|bm)\s*(?=\{)")
+
+
+def strip_format_chars(s: str) -> str:
+    """``s`` without Unicode format characters (category Cf: U+200B zero width space, U+FEFF, U+200E, the soft
+    hyphen U+00AD, U+200C, U+2060 ...): invisible, so a gold pasted with one looks like its clean answer, and no
+    model's answer could ever equal it. NBSP and the other spaces are whitespace, which normalisation drops too."""
+    return s if s.isascii() else _format_chars().sub("", s)
+
+
+def first_format_char(s: str) -> str | None:
+    """The first format character in ``s`` (see :func:`strip_format_chars`), or None."""
+    found = None if s.isascii() else _format_chars().search(s)
+    return found.group(0) if found else None
+
+
+@functools.cache
+def _format_chars() -> re.Pattern[str]:
+    """A character class of every Cf code point this Python's Unicode tables know (all lie in planes 0, 1 and 14:
+    scanning those takes milliseconds, the whole range a third of a second)."""
+    ranges: list[list[int]] = []
+    for code in (c for plane in (range(0x20000), range(0xE0000, 0xE1000)) for c in plane):
+        if unicodedata.category(chr(code)) == "Cf":
+            if ranges and ranges[-1][1] == code - 1:
+                ranges[-1][1] = code
+            else:
+                ranges.append([code, code])
+    return re.compile("[" + "".join(f"{re.escape(chr(a))}-{re.escape(chr(b))}" for a, b in ranges) + "]")
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from ictrl.rewards.normalize import _fast_compare, strip_bold, verify_form
+from ictrl.rewards.normalize import _fast_compare, strip_bold, strip_format_chars, verify_form
 
 logger = logging.getLogger(__name__)
 
@@ -365,7 +365,7 @@ atexit.register(shutdown_workers)
 
 def verify_answer(answer: str, gold: str) -> bool:
     """Whether an already extracted ``answer`` equals ``gold`` (fast path, caches, then guarded math-verify)."""
-    answer, gold = strip_bold(answer), strip_bold(gold)
+    answer, gold = strip_bold(strip_format_chars(answer)), strip_bold(strip_format_chars(gold))
     decided = _fast_compare(answer, gold)
     if decided is not None:
         _STATS.add(fast_path=1)
