@@ -116,10 +116,10 @@ def _main(argv: Sequence[str] | None) -> int:
         sub_parser = OneLineParser(prog=f"ictrl {name}", description=COMMANDS[name][1])
         module.add_arguments(sub_parser)
         args = sub_parser.parse_args(argv[1:])
-        for dest in PATH_OPTIONS & vars(args).keys():  # ~ and $VAR in a path option, as in a config's paths
+        for dest in PATH_OPTIONS & vars(args).keys():  # the ~ of --output-dir=~/x; the shell had the $VARs
             value = getattr(args, dest)
             if isinstance(value, (str, os.PathLike)):
-                expanded = expand_path(os.fspath(value), f"--{dest.replace('_', '-')}")
+                expanded = expand_path(os.fspath(value), f"--{dest.replace('_', '-')}", variables=False)
                 setattr(args, dest, type(value)(expanded) if not isinstance(value, str) else expanded)
         with interrupts_once():  # a second Ctrl-C while the first one's shutdown runs is absorbed
             return int(module.run(args) or 0)

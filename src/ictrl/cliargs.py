@@ -46,32 +46,52 @@ class CommaList(argparse.Action):
 # them are expanded as a shell would, so a config shared between machines can say $SCRATCH/runs/x.
 PATH_KEYS = frozenset({"output_dir", "logging_dir", "model_name_or_path", "dataset_name", "eval_datasets",
                        "resume_from_checkpoint", "chat_template_path", "deepspeed", "reward_model_name_or_path"})
-# The path options of the commands (argparse dests), expanded alike.
+# The path options of the commands (argparse dests): a leading `~` the shell left (`--output-dir=~/x`) is expanded.
 PATH_OPTIONS = frozenset({"output_dir", "model", "data_root", "out", "save_rollouts", "rollouts", "prompts",
                           "accelerate_config", "results"})
+_VARIABLE = re.compile(r"\$(\{[A-Za-z_]\w*\}|[A-Za-z_]\w*)")
 
 
-def expand_path(text: str, where: str) -> str:
-    """``text`` with ``$VAR``/``${VAR}`` and a leading ``~`` expanded (after a ``jsonl:`` prefix, for a data spec).
-    A variable that is not set is a :class:`UserError` naming ``where`` and the variable, not a folder named
-    ``$VAR``."""
+def expand_path(text: str, where: str, variables: bool = True) -> str:
+    """``text`` with a leading ``~`` and, with ``variables`` (a value from a file, which no shell read),
+    ``$VAR``/``${VAR}`` expanded. In a ``jsonl:`` data spec only its path is (``jsonl:$DATA/t.jsonl`` or the
+    ``path=`` option); its other options are text (``prompt_template=Let $n$ be {question}``). A variable that is
+    not set is a :class:`UserError` naming ``where`` and the variable, not a folder named ``$VAR``.
+
+    A value from the command line keeps its ``$``: the shell expanded every variable it was not told to keep
+    (``'$HOME/x'`` in single quotes means the text), but leaves the ``~`` of ``--output-dir=~/x``."""
     if "$" not in text and "~" not in text:
         return text
-    prefix = "jsonl:" if text.startswith("jsonl:") else ""
-    expanded = os.path.expanduser(os.path.expandvars(text[len(prefix):]))
-    unset = re.search(r"\$(\{[A-Za-z_]\w*\}|[A-Za-z_]\w*)", expanded)
+    if not text.startswith("jsonl:"):
+        return _expand(text, text, where, variables)
+    parts = text.split(":")  # as ictrl.data.parse_spec splits a spec: options hold "=", the path's parts do not
+    first = next((i for i, part in enumerate(parts[1:], 1) if "=" not in part), None)
+    for i, part in enumerate(parts[1:], 1):
+        if i == first:
+            parts[i] = _expand(part, text, where, variables)
+        elif part.startswith("path="):
+            parts[i] = "path=" + _expand(part[len("path="):], text, where, variables)
+        elif "=" not in part:
+            parts[i] = _expand(part, text, where, variables, home=False)  # a later piece of a path with ":" in it
+    return ":".join(parts)
+
+
+def _expand(path: str, text: str, where: str, variables: bool, home: bool = True) -> str:
+    expanded = os.path.expandvars(path) if variables else path
+    unset = _VARIABLE.search(expanded) if variables else None
     if unset:
         raise UserError(f"{where}: {text!r}: the environment variable {unset.group(1).strip('{}')} is not set")
-    return prefix + expanded
+    return os.path.expanduser(expanded) if home else expanded
 
 
-def expand_paths(value: Any, where: str) -> Any:
+def expand_paths(value: Any, where: str, variables: bool = True) -> Any:
     """:func:`expand_path` over a string, the strings of a list and the keys of a mapping (a data mixture). One level
     only: a list holding lists (a recursive YAML alias among them) is left as it is for its field's check to refuse."""
     if isinstance(value, str):
-        return expand_path(value, where)
+        return expand_path(value, where, variables)
     if isinstance(value, list):
-        return [expand_path(item, where) if isinstance(item, str) else item for item in value]
+        return [expand_path(item, where, variables) if isinstance(item, str) else item for item in value]
     if isinstance(value, dict):
-        return {expand_paths(key, where) if isinstance(key, str) else key: item for key, item in value.items()}
+        return {expand_paths(key, where, variables) if isinstance(key, str) else key: item
+                for key, item in value.items()}
     return value

@@ -638,8 +638,9 @@ def test_a_dataset_folder_with_a_loading_script_is_one_line_before_the_model_loa
 def test_home_and_variables_in_path_values_are_expanded_or_one_line(tmp_path: Path, tiny_model_dir: Path,
                                                                     monkeypatch: pytest.MonkeyPatch,
                                                                     capsys: pytest.CaptureFixture[str]) -> None:
-    """``~`` and ``$VAR`` in a config's paths and a command's path options mean what a shell makes of them; a
-    variable that is not set is one line naming the key and the variable (never a folder named ``$VAR``)."""
+    """``~`` and ``$VAR`` in a config's paths, and the ``~`` a shell leaves in ``--model=~/m``, mean what a shell
+    makes of them; a variable that is not set is one line naming the key and the variable (never a folder named
+    ``$VAR``)."""
     from ictrl import cli
 
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
@@ -656,12 +657,12 @@ def test_home_and_variables_in_path_values_are_expanded_or_one_line(tmp_path: Pa
     assert printed["model_name_or_path"] == str(tiny_model_dir)
     assert printed["output_dir"] == str(tmp_path / "home" / "runs" / "x")
     assert printed["dataset_name"] == f"jsonl:{tmp_path / 'home'}/../train.jsonl"
-    assert cli.main(["train", str(config), "--output_dir=$ICTRL_TEST_UNSET/out", "--print-config"]) == 2
+    config.write_text(config.read_text().replace("~/runs/x", "$ICTRL_TEST_UNSET/out"))
+    assert cli.main(["train", str(config), "--print-config"]) == 2
     err = capsys.readouterr().err.strip().split("\n")[-1]
-    assert err.startswith("ictrl train: error: override --output_dir") and "ICTRL_TEST_UNSET is not set" in err
-    assert cli.main(["eval", "--model", "$ICTRL_TEST_UNSET/m", "--output-dir", "~/e"]) == 2
+    assert err.startswith(f"ictrl train: error: {config}: output_dir") and "ICTRL_TEST_UNSET is not set" in err
+    assert cli.main(["eval", "--model=~/m", "--benchmarks", "jsonl:train.jsonl", "--output-dir", "~/e"]) == 2
     err = capsys.readouterr().err.strip().split("\n")[-1]
-    assert err == "ictrl eval: error: --model: '$ICTRL_TEST_UNSET/m': the environment variable ICTRL_TEST_UNSET " \
-        "is not set"
+    assert err == f"ictrl eval: error: --model: {tmp_path / 'home' / 'm'}: no such directory"
     assert not list(tmp_path.rglob("$*")) and not (tmp_path / "~").exists()
 

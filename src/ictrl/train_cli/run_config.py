@@ -375,9 +375,9 @@ def config_from_dict(data: dict[str, Any], source: str = "<dict>", flags: list[s
     def where(key: str) -> str:
         return f"override --{shorten(key, 100)}={shown[key]}" if key in shown else source
 
-    for key in PATH_KEYS & values.keys():  # ~ and $VAR, as a shell expands them, in every path a run is given
+    for key in PATH_KEYS & values.keys():  # ~ and $VAR as a shell expands them; a flag's $VARs the shell had
         try:
-            values[key] = expand_paths(values[key], f"{where(key)}: {key}")
+            values[key] = expand_paths(values[key], f"{where(key)}: {key}", variables=key not in set_by_flag)
         except UserError as exc:
             raise ConfigError(str(exc)) from None
 

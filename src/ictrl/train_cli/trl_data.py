@@ -57,6 +57,7 @@ def load_mixture(script: Any, seed: int) -> Any:
         log.warning("datasets and dataset_name are both set: the datasets mixture is used and dataset_name %s is "
                     "ignored, as in trl grpo", shorten(str(script.dataset_name), 200))
     entries = [DatasetConfig(**entry) for entry in script.datasets]
+    check_data_files(entries)
     split = script.test_split_size is not None and not script.streaming  # a stream: TRL's own call and error
     mixture = DatasetMixtureConfig(datasets=entries, streaming=script.streaming,
                                    test_split_size=None if split else script.test_split_size)
@@ -70,7 +71,35 @@ def load_mixture(script: Any, seed: int) -> Any:
     except (ValueError, KeyError, OSError) as exc:  # datasets' DatasetNotFoundError is a FileNotFoundError
         raise DataError(f"datasets: {shorten(str(exc).splitlines()[0] if str(exc) else type(exc).__name__, 300)}"
                         ) from None
+    except StopIteration:  # datasets' builders take the first of the files a pattern matched, when none did
+        raise DataError("datasets: an entry's data_files matched no file") from None
     return loaded
+
+
+def check_data_files(entries: list[Any]) -> None:
+    """Every local ``data_files`` pattern of the ``datasets:`` entries matches a file, resolved as ``datasets``
+    resolves it (against ``data_dir``, or the working directory, for a builder such as ``json``; inside the folder
+    for a local dataset folder); else one line naming the entry and the pattern. A glob that matches nothing would
+    reach the builder as an empty list, where ``datasets`` stops with a bare StopIteration."""
+    from datasets.data_files import resolve_pattern, sanitize_patterns
+    from datasets.packaged_modules import _PACKAGED_DATASETS_MODULES
+
+    for index, entry in enumerate(entries):
+        if not entry.data_files:
+            continue
+        if entry.path in _PACKAGED_DATASETS_MODULES:
+            base = Path(entry.data_dir or "").expanduser().resolve()
+        elif Path(entry.path).expanduser().is_dir():
+            base = Path(entry.path, entry.data_dir or "").expanduser()
+        else:
+            continue  # a hub data set: its files are the hub's to resolve
+        for split, patterns in sanitize_patterns(entry.data_files).items():
+            for pattern in (str(p) for p in patterns if "://" not in str(p)):
+                try:
+                    resolve_pattern(pattern, base_path=base.as_posix())
+                except FileNotFoundError:
+                    raise DataError(f"datasets[{index}] ({entry.path}): data_files {shorten(repr(pattern), 200)} "
+                                    f"({split}) matches no file under {base}") from None
 
 
 # --- streamed data ------------------------------------------------------------------------------------------------
