@@ -440,3 +440,47 @@ def test_mixture_sources_with_one_file_name_keep_their_own_options(tmp_path: Pat
                               f"jsonl:{tmp_path}/b/train.jsonl:kind=gsm8k:prompt_template=B {{question}}"])
     rows = sorted((r["prompt"][0]["content"], r["kind"], r["answer"]) for r in dataset)
     assert rows == [("A one", "math", "1"), ("B two", "gsm8k", "2")]
+
+
+@pytest.mark.parametrize("form", ["jsonl", "json list"])
+def test_a_row_nested_past_the_parsers_recursion_is_one_line_naming_it(tmp_path: Path, form: str,
+                                                                       tiny_model_dir: Path, loader_calls: list,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """200,000 nested lists in a row: Python's json parser recurses once a level; the row is named in one line,
+    through ``ictrl eval`` (the rows are read before the model loads)."""
+    from ictrl.cli import main
+
+    deep = "[" * 200_000 + "]" * 200_000
+    good = '{"question": "q", "answer": "1"}'
+    rows = [good, f'{{"question": "q", "answer": "1", "extra": {deep}}}']
+    path = tmp_path / ("rows.jsonl" if form == "jsonl" else "rows.json")
+    path.write_text("\n".join(rows) + "\n" if form == "jsonl" else "[" + ",\n".join(rows) + "]\n")
+    with pytest.raises(DataError, match=rf"{path.name}: line 2: the row nests lists or objects deeper"):
+        load_problems(f"jsonl:{path}")
+    assert main(["eval", "--model", str(tiny_model_dir), "--benchmarks", f"jsonl:{path}", "--n", "1", "--k", "1",
+                 "--method", "base"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.strip().split("\n")[-1].startswith(f"ictrl eval: error: {path}: line 2:")
+    assert not loader_calls
+
+
+def test_invisible_format_characters_are_named_when_the_rows_load(tmp_path: Path,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
+    """A gold (or question) holding U+200B, a soft hyphen or another format character loads as written, with one
+    line naming the first row and the character; the grader ignores them (tests/rewards/test_graders.py)."""
+    path = tmp_path / "rows.jsonl"
+    rows = [{"question": "What is 2+3?", "answer": "5"}, {"question": "What is 1+1?", "answer": "2\u200b"},
+            {"question": "What\u00ad is 3+3?", "answer": "6\ufeff"}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with caplog.at_level("WARNING"):
+        problems = load_problems(f"jsonl:{path}")
+    assert [p.gold for p in problems] == ["5", "2\u200b", "6\ufeff"]
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{path}: 2 row(s) hold invisible format characters (first: line 2, the gold, U+200B ZERO WIDTH SPACE); the "
+        "grader ignores them in answers, prompts are sent as written"]
+    assert math_reward("\\boxed{2}", problems[1].gold) == 1.0
+    caplog.clear()
+    path.write_text(json.dumps({"question": "Q\u00a0with NBSP", "answer": "5"}) + "\n")
+    with caplog.at_level("WARNING"):
+        load_problems(f"jsonl:{path}")
+    assert not caplog.records

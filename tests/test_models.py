@@ -115,3 +115,79 @@ def test_saved_tokenizer_keeps_trl_sides(tiny_model_dir: Path, tmp_path: Path) -
     tokenizer.save_pretrained(tmp_path)
     saved = json.loads((tmp_path / "tokenizer_config.json").read_text())
     assert (saved["padding_side"], saved["truncation_side"]) == ("left", "left")
+
+
+TORN = {
+    "tokenizer.json torn": ("tokenizer.json", "torn", "tokenizer.json is not valid JSON"),
+    "config.json torn": ("config.json", "torn", "config.json is not valid JSON"),
+    "tokenizer.json a link to rows": ("tokenizer.json", "link", "tokenizer.json (a link to"),
+    "tokenizer.json a link to one row": ("tokenizer.json", "one-row", "is not a tokenizer.json (no 'model'"),
+    "generation_config.json a list": ("generation_config.json", "list", "holds a JSON list"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(TORN))
+@pytest.mark.parametrize("command", ["eval", "train"])
+def test_a_torn_or_foreign_json_file_in_the_model_folder_is_one_line(case: str, command: str, tiny_model_dir: Path,
+                                                                      tmp_path: Path, loader_calls: list,
+                                                                      monkeypatch: pytest.MonkeyPatch,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """A copy cut short, or a link to another file, where transformers reads JSON: one line naming the folder and
+    the file, exit 2, before the model loads, in ``ictrl eval`` and ``ictrl train``."""
+    import json
+    import shutil
+
+    import yaml
+
+    from ictrl.cli import main
+
+    name, how, says = TORN[case]
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(json.dumps({"question": "1+1?", "answer": "2"}) + "\n")
+    target = model / name
+    if how == "torn":
+        target.write_bytes(target.read_bytes()[: len(target.read_bytes()) // 2])
+    elif how in ("link", "one-row"):
+        target.unlink()
+        target.symlink_to(rows)
+        if how == "link":
+            rows.write_text(rows.read_text() * 2)
+    else:
+        target.write_text("[1, 2]")
+    monkeypatch.chdir(tmp_path)
+    if command == "eval":
+        argv = ["eval", "--model", str(model), "--benchmarks", f"jsonl:{rows}", "--n", "1", "--k", "1"]
+    else:
+        (tmp_path / "run.yaml").write_text(yaml.safe_dump({"model_name_or_path": str(model), "output_dir": "out",
+                                                           "dataset_name": f"jsonl:{rows}", "use_vllm": False}))
+        argv = ["train", "run.yaml"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    last = err.strip().split("\n")[-1]
+    assert "Traceback" not in err and last.startswith(f"ictrl {command}: error:") and str(model) in last, err[-2000:]
+    assert says in last, last
+    assert not loader_calls and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("dtype", ["float8", "bogus", "int8", "float8_e4m3fn"])
+def test_a_dtype_no_model_computes_in_is_one_line(dtype: str, tiny_model_dir: Path, loader_calls: list,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    from ictrl.cli import main
+
+    with pytest.raises(SystemExit) as exited:  # argparse's one line, as for every option's value
+        main(["eval", "--model", str(tiny_model_dir), "--benchmarks", "gsm8k", "--dtype", dtype])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.strip().split("\n")[-1].startswith("ictrl eval: error: argument --dtype")
+    assert not loader_calls
+
+
+def test_the_loader_refuses_a_dtype_by_name() -> None:
+    from ictrl.models import _compute_dtype
+
+    assert _compute_dtype("bfloat16") is torch.bfloat16 and _compute_dtype("torch.float32") is torch.float32
+    for bad in ("float8_e4m3fn", "int8", "bool", "bogus", "__class__"):
+        with pytest.raises(ValueError, match=f"dtype: '{bad}' is not a dtype a model computes in"):
+            _compute_dtype(bad)

@@ -442,7 +442,14 @@ def json_files_problem(root: Path) -> str | None:
             return f"{name}{link} is not valid JSON ({why}): torn or not the model's; copy it again from the model"
         if not isinstance(value, dict):
             return f"{name}{link} holds a JSON {type(value).__name__}, not the object transformers reads"
+        missing = [key for key in _REQUIRED_KEYS.get(name, ()) if key not in value]
+        if missing:
+            return f"{name}{link} is not a {name} (no {', '.join(map(repr, missing))}); copy it again from the model"
     return None
+
+
+# what transformers reads of a file without checking it is there (a KeyError otherwise)
+_REQUIRED_KEYS = {"tokenizer.json": ("model", "added_tokens")}
 
 
 def _json_text(path: Path) -> str:

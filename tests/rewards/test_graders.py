@@ -313,3 +313,33 @@ def test_bold_is_dropped() -> None:
     assert strip_bold("\\mathbf{a}+\\mathbf{b}") == "{a}+{b}"  # two groups, not one
     assert strip_bold("\\mathrm{x}") == "\\mathrm{x}"
     assert math_reward("\\boxed{2\\mathbf{x}+1}", "2x+1") == 1.0
+
+
+# Invisible format characters (Unicode category Cf) a gold pasted from a web page or a PDF carries: each reads as
+# nothing, as NBSP reads as a space.
+INVISIBLE = ["\u200b", "\ufeff", "\u200e", "\u00ad", "\u200c", "\u2060", "\u2061", "\u202e", "\U000e0041"]
+
+
+@pytest.mark.parametrize("char", INVISIBLE + ["\u00a0"])
+def test_a_gold_with_an_invisible_character_matches_its_clean_answer(char: str) -> None:
+    assert math_reward("so \\boxed{12}", f"1{char}2") == 1.0
+    assert math_reward("so \\boxed{12}", f"{char}12{char}") == 1.0
+    assert math_reward("\\boxed{\\frac{1}{2}}", f"\\frac{{1}}{{{char}2}}") == 1.0
+    assert math_reward("\\boxed{x+1}", f"x+{char}1") == 1.0
+    assert gsm8k_reward("The answer is 1080", f"#### 1{char}080") == 1.0
+    assert choice_reward("(B)", f"{char}B") == 1.0
+    assert math_reward(f"so \\boxed{{1{char}2}}", "12") == 1.0  # a model's answer is read alike
+    assert rewards.verify_answer(f"1{char}2", "12")
+    assert math_reward("so \\boxed{13}", f"1{char}2") == 0.0  # still the answer it was
+
+
+def test_every_format_character_is_dropped_and_nothing_else() -> None:
+    import sys
+    import unicodedata
+
+    from ictrl.rewards.normalize import first_format_char, strip_format_chars
+
+    cf = "".join(chr(c) for c in range(sys.maxunicode + 1) if unicodedata.category(chr(c)) == "Cf")
+    assert strip_format_chars(f"a{cf}b") == "ab" and first_format_char(f"x{cf[-1]}") == cf[-1]
+    kept = "é\u00a0ß\u0301漢🙂\u2028x"  # letters, NBSP, a combining accent, an emoji, a line separator
+    assert strip_format_chars(kept) == kept and first_format_char(kept) is None

@@ -1,6 +1,7 @@
 """TRL's ``datasets:`` mixture with ``test_split_size`` under ``ictrl train``: one split of the mixture, made by
 the ``train_test_split`` TRL calls, its eval rows never training rows, the same split on a resume. Tiny models,
-local files."""
+local files. Its checks before the data loads: a ``data_files`` pattern that matches no
+file, fractions that sum to 0, a row nested past the JSON parser, a null prompt, each one line naming it."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import yaml
 
+from ictrl.cli import main
 from tests.train_cli.test_trl_files import edit, in_tmp  # noqa: F401 - in_tmp is a fixture
 from tests.train_cli.test_trl_habits import mixture_file, same_weights, state_dict
 
@@ -63,3 +66,46 @@ def test_a_run_on_a_split_mixture_with_eval_resumes_exactly(tiny_model_dir: Path
     rows: list[dict[str, Any]] = [json.loads(line) for line in (in_tmp / "b" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "loss" in r] == [2] and any("eval_reward" in r for r in rows)
     assert same_weights(state_dict(in_tmp / "a"), state_dict(in_tmp / "b"))
+
+
+@pytest.fixture
+def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "train.jsonl").write_text("".join(json.dumps({"prompt": f"{i}+1=", "solution": str(i + 1)})
+                                                           + "\n" for i in range(4)))
+    return tmp_path
+
+
+@pytest.mark.parametrize(("entries", "says"), [
+    ([{"path": "json", "data_files": "nomatch/*.jsonl"}], "datasets[0] (json): data_files 'nomatch/*.jsonl' (train) "
+                                                          "matches no file under {root}"),
+    ([{"path": "json", "data_files": "data/*.jsonl"}, {"path": "json", "data_files": {"train": ["data/*.csv"]}}],
+     "datasets[1] (json): data_files 'data/*.csv' (train) matches no file"),
+    ([{"path": "json", "data_dir": "data", "data_files": "*.parquet"}], "data_files '*.parquet' (train) matches no "
+                                                                        "file under {root}/data"),
+    ([{"path": "data", "data_files": "sub/**/*.jsonl"}], "datasets[0] (data): data_files 'sub/**/*.jsonl'"),
+])
+def test_a_datasets_glob_that_matches_nothing_is_one_line(entries: list[dict[str, Any]], says: str, project: Path,
+                                                          tiny_model_dir: Path, loader_calls: list,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    (project / "run.yaml").write_text(yaml.safe_dump({"model_name_or_path": str(tiny_model_dir), "output_dir": "out",
+                                                      "use_vllm": False, "report_to": "none",
+                                                      "datasets": entries}))
+    assert main(["train", "run.yaml"]) == 2
+    err = capsys.readouterr().err
+    last = err.strip().split("\n")[-1]
+    assert "Traceback" not in err and last.startswith("ictrl train: error: datasets[") and \
+        says.format(root=project) in last, err[-2000:]
+    assert not loader_calls
+
+
+def test_a_glob_that_matches_is_read(project: Path) -> None:
+    from trl.scripts.utils import DatasetConfig
+
+    from ictrl.train_cli.trl_data import check_data_files
+
+    check_data_files([DatasetConfig(path="json", data_files="data/*.jsonl"),
+                      DatasetConfig(path="data", data_files={"train": "*.jsonl"}),
+                      DatasetConfig(path="trl-lib/a-hub-id", data_files="anything/*.jsonl"),
+                      DatasetConfig(path="json", data_files="hf://datasets/x/y/*.jsonl")])
