@@ -109,3 +109,24 @@ def test_a_glob_that_matches_is_read(project: Path) -> None:
                       DatasetConfig(path="data", data_files={"train": "*.jsonl"}),
                       DatasetConfig(path="trl-lib/a-hub-id", data_files="anything/*.jsonl"),
                       DatasetConfig(path="json", data_files="hf://datasets/x/y/*.jsonl")])
+
+
+@pytest.mark.parametrize("how", ["dataset_name", "datasets"])
+def test_a_row_nested_past_the_parsers_recursion_is_one_line_before_datasets_reads_it(
+        how: str, project: Path, tiny_model_dir: Path, loader_calls: list, capsys: pytest.CaptureFixture[str]) -> None:
+    """200,000 nested lists in a row of a local .jsonl file: datasets' json builder crashes the process on it (a
+    segmentation fault); ictrl names the file and the line first."""
+    deep = "[" * 200_000 + "]" * 200_000
+    path = project / "data" / "deep.jsonl"
+    path.write_text(json.dumps({"prompt": "1=", "solution": "1"}) + "\n"
+                    + f'{{"prompt": "2=", "solution": "2", "extra": {deep}}}\n')
+    source = {"dataset_name": "data/deep.jsonl"} if how == "dataset_name" else \
+        {"datasets": [{"path": "json", "data_files": "data/deep*.jsonl"}]}
+    (project / "run.yaml").write_text(yaml.safe_dump({"model_name_or_path": str(tiny_model_dir), "output_dir": "out",
+                                                      "use_vllm": False, "report_to": "none", **source}))
+    assert main(["train", "run.yaml"]) == 2
+    err = capsys.readouterr().err
+    last = err.strip().split("\n")[-1]
+    assert "Traceback" not in err and last.startswith("ictrl train: error:"), err[-2000:]
+    assert "deep.jsonl: line 2: the row nests lists or objects deeper" in last, last
+    assert not loader_calls

@@ -91,6 +91,27 @@ def read_records(path: Path) -> list[tuple[int, Any]]:
 
 # Python's json parser recurses once per level of nesting; no problem row nests more than a few levels
 _TOO_DEEP = "the row nests lists or objects deeper than Python's JSON parser can read; no problem row nests so deep"
+# a line with fewer brackets than this cannot nest past the parser's recursion (about 1000 levels)
+_SHALLOW = 512
+
+
+def check_json_nesting(path: Path, where: str) -> None:
+    """A DataError naming ``where`` and the line when a row of the JSON Lines (or JSON) file ``path`` nests past
+    what Python's parser reads, before ``datasets`` reads it: its json builder fails on such a row with a
+    RecursionError, or, some ten thousand levels deep, a segmentation fault. Only a line with hundreds of brackets
+    is parsed here; the rest is counted in C."""
+    with open(path, "rb") as fh:
+        chunks = [fh.read()] if path.suffix.lower() == ".json" else fh
+        for lineno, raw in enumerate(chunks, 1):
+            if raw.count(b"[") + raw.count(b"{") <= _SHALLOW:
+                continue
+            try:
+                json.loads(raw)
+            except RecursionError:
+                raise DataError(f"{where}: {'line ' + str(lineno) if chunks is fh else 'the file'}: "
+                                f"{_TOO_DEEP}") from None
+            except ValueError:  # not JSON, or not UTF-8: the reader names it
+                continue
 
 
 def _lookup(row: dict[str, Any], candidates: Sequence[str]) -> tuple[str | None, Any]:

@@ -9,6 +9,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from ictrl.data.loading import check_json_nesting
 from ictrl.errors import DataError, shorten
 
 log = logging.getLogger("ictrl.train")
@@ -34,6 +35,8 @@ def load_file(name: str, script: Any) -> Any:
     from datasets import load_dataset
 
     builder = file_builder(name)
+    if builder == "json":
+        check_json_nesting(Path(name).expanduser(), f"dataset_name: {name}")
     try:
         return load_dataset(builder, data_files=str(Path(name).expanduser()), streaming=script.dataset_streaming)
     except Exception as exc:  # datasets raises many types for a malformed file (ArrowInvalid, DatasetGenerationError)
@@ -50,6 +53,7 @@ def load_mixture(script: Any, seed: int) -> Any:
     and a resumed run reads the same rows. With ``dataset_name`` set too, ``datasets`` is used, as in trl grpo,
     said in one line."""
     from datasets import DatasetDict
+    from datasets.exceptions import DatasetGenerationError
     from trl import DatasetMixtureConfig, get_dataset
     from trl.scripts.utils import DatasetConfig
 
@@ -73,6 +77,10 @@ def load_mixture(script: Any, seed: int) -> Any:
                         ) from None
     except StopIteration:  # datasets' builders take the first of the files a pattern matched, when none did
         raise DataError("datasets: an entry's data_files matched no file") from None
+    except (RecursionError, DatasetGenerationError) as exc:  # a row the builder cannot read
+        cause = exc.__cause__ or exc
+        raise DataError(f"datasets: cannot read the rows ({type(cause).__name__}: "
+                        f"{shorten(str(cause).splitlines()[0] if str(cause) else '', 300)})") from None
     return loaded
 
 
@@ -96,10 +104,12 @@ def check_data_files(entries: list[Any]) -> None:
         for split, patterns in sanitize_patterns(entry.data_files).items():
             for pattern in (str(p) for p in patterns if "://" not in str(p)):
                 try:
-                    resolve_pattern(pattern, base_path=base.as_posix())
+                    files = resolve_pattern(pattern, base_path=base.as_posix())
                 except FileNotFoundError:
                     raise DataError(f"datasets[{index}] ({entry.path}): data_files {shorten(repr(pattern), 200)} "
                                     f"({split}) matches no file under {base}") from None
+                for file in files if entry.path == "json" else ():
+                    check_json_nesting(Path(file), f"datasets[{index}] ({entry.path}): {file}")
 
 
 # --- streamed data ------------------------------------------------------------------------------------------------
