@@ -484,3 +484,20 @@ def test_invisible_format_characters_are_named_when_the_rows_load(tmp_path: Path
     with caplog.at_level("WARNING"):
         load_problems(f"jsonl:{path}")
     assert not caplog.records
+
+
+@pytest.mark.parametrize("form", ["jsonl", "json list"])
+def test_a_gold_past_floats_range_is_kept_exactly_and_one_past_ints_reader_is_one_line(tmp_path: Path,
+                                                                                        form: str) -> None:
+    path = tmp_path / ("rows.jsonl" if form == "jsonl" else "rows.json")
+
+    def write(*golds: str) -> None:
+        rows = [f'{{"question": "q{i}", "answer": {g}}}' for i, g in enumerate(golds)]
+        path.write_text("\n".join(rows) + "\n" if form == "jsonl" else "[" + ",\n".join(rows) + "]\n")
+
+    write("1", str(10**400), str(-(10**400)))
+    assert [p.gold for p in load_problems(f"jsonl:{path}")] == ["1", str(10**400), str(-(10**400))]
+    assert math_reward(f"\\boxed{{10^{{400}}}}", load_problems(f"jsonl:{path}")[1].gold) == 1.0
+    write("1", "1" * 5000)
+    with pytest.raises(DataError, match=r"line 2: a number longer than Python's JSON reader converts"):
+        load_problems(f"jsonl:{path}")

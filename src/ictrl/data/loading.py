@@ -15,7 +15,7 @@ from typing import Any
 
 from ictrl.data.prompts import LETTERS, user_message
 from ictrl.data.registry import Benchmark, Problem, apply_options, build_prompt, parse_spec
-from ictrl.errors import DataError, quote
+from ictrl.errors import DataError, one_line, quote
 from ictrl.rewards import gsm8k_gold, last_boxed
 from ictrl.rewards.normalize import first_format_char
 
@@ -73,6 +73,9 @@ def read_records(path: Path) -> list[tuple[int, Any]]:
                 obj, i = decoder.raw_decode(text, i)
             except json.JSONDecodeError as e:
                 raise DataError(f"{path}: line {e.lineno}, column {e.colno}: invalid JSON ({e.msg})") from None
+            except ValueError as e:  # an integer of more digits than int() converts (4300)
+                line += text.count("\n", last, i)
+                raise DataError(f"{path}: line {line}: {_TOO_LONG} ({one_line(e).split(':')[0]})") from None
             except RecursionError:
                 raise DataError(f"{path}: line {line + text.count(chr(10), last, i)}: {_TOO_DEEP}") from None
             records.append((line, obj))
@@ -84,6 +87,8 @@ def read_records(path: Path) -> list[tuple[int, Any]]:
             records.append((lineno, json.loads(raw)))
         except json.JSONDecodeError as e:
             raise DataError(f"{path}: line {lineno}, column {e.colno}: invalid JSON ({e.msg})") from None
+        except ValueError as e:  # an integer of more digits than int() converts (4300)
+            raise DataError(f"{path}: line {lineno}: {_TOO_LONG} ({one_line(e).split(':')[0]})") from None
         except RecursionError:
             raise DataError(f"{path}: line {lineno}: {_TOO_DEEP}") from None
     return records
@@ -91,6 +96,7 @@ def read_records(path: Path) -> list[tuple[int, Any]]:
 
 # Python's json parser recurses once per level of nesting; no problem row nests more than a few levels
 _TOO_DEEP = "the row nests lists or objects deeper than Python's JSON parser can read; no problem row nests so deep"
+_TOO_LONG = "a number longer than Python's JSON reader converts; write a gold that long as a string"
 # a line with fewer brackets than this cannot nest past the parser's recursion (about 1000 levels)
 _SHALLOW = 512
 
@@ -183,10 +189,12 @@ def _typed_gold(row: dict[str, Any], bench: Benchmark, gold: Any, gkey: str,
             return choices, _choice_gold(gold, labels)
         except TypeError as e:
             raise DataError(f"{where}: field {gkey!r}: {e}") from None
-    if isinstance(gold, (int, float)) and not isinstance(gold, bool):
+    if isinstance(gold, int) and not isinstance(gold, bool):
+        return None, str(gold)  # exact, however long (10**400 is past float's range)
+    if isinstance(gold, float):
         if not math.isfinite(gold):  # JSON's NaN / Infinity: no completion can equal it
             raise DataError(f"{where}: field {gkey!r}: {gold} is not a gold answer (not a finite number)")
-        return None, str(int(gold)) if float(gold).is_integer() else str(gold)
+        return None, str(int(gold)) if gold.is_integer() else str(gold)
     if not isinstance(gold, str) or not gold.strip():
         raise DataError(f"{where}: field {gkey!r} must be a non-empty string or number, got {type(gold).__name__}")
     return None, gold
