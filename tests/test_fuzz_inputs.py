@@ -111,11 +111,13 @@ def assert_one_line_or_success(status: int, stderr: str, command: str, names: li
 # --- values and keys --------------------------------------------------------------------------------------------
 
 ODD_TEXT = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=30)
+# past float's range (10**400: float() raises OverflowError); "1" * 5000 below is past int()'s 4300 digits
+HUGE = st.one_of(st.integers(min_value=-(10**400), max_value=10**400), st.sampled_from([10**400, -(10**400)]))
 SCALARS = st.one_of(
-    st.none(), st.booleans(), st.integers(min_value=-(1 << 70), max_value=1 << 70),
+    st.none(), st.booleans(), st.integers(min_value=-(1 << 70), max_value=1 << 70), HUGE,
     st.floats(allow_nan=True, allow_infinity=True), ODD_TEXT,
     st.sampled_from(["1e-6", "-1", "0", "ict", "random", "all", "[1, 2]", "{a: 1}", "nan", ".inf", "null", "~",
-                     "yes", "0x10", "1_000", "\u202e", "\x00", "🙂", "a" * 300]))
+                     "yes", "0x10", "1_000", "\u202e", "\x00", "🙂", "a" * 300, "1e400", "-1e400", "1" * 5000]))
 PLAUSIBLE = st.one_of(st.integers(1, 8), st.floats(0.0, 1.0), st.booleans(), st.none())
 VALUES = st.recursive(SCALARS, lambda inner: st.one_of(st.lists(inner, max_size=3),
                                                        st.dictionaries(ODD_TEXT, inner, max_size=3)), max_leaves=6)
@@ -194,8 +196,16 @@ def test_flags_pass_or_are_one_line(data: Any, workdir: Path, tiny_model_dir: Pa
                                + ["'--"])
 
 
+# invisible format characters (Unicode Cf) a gold or question pasted from a web page carries
+INVISIBLE = st.sampled_from(["\u200b", "\ufeff", "\u200e", "\u00ad", "\u200c", "\u2060", "\u2061", "\u202e",
+                             "\U000e0041"])
+WITH_INVISIBLE = st.tuples(ODD_TEXT, st.one_of(INVISIBLE, st.just("\u00a0")), ODD_TEXT).map("".join)
+
+
+# levels of nesting: Python's parser reads about 1000, datasets' json builder fails past ~900 and crashes past ~10k
+DEEP = st.sampled_from([200_000, 5000, 1100, 900, 10])
 ROW_VALUES = st.one_of(SCALARS, st.lists(SCALARS, max_size=3), st.dictionaries(ODD_TEXT, SCALARS, max_size=2),
-                       st.text(min_size=2000, max_size=5000))
+                       st.text(min_size=2000, max_size=5000), WITH_INVISIBLE)
 ROW_KEYS = st.sampled_from(["question", "problem", "prompt", "answer", "solution", "kind", "id", "choices", "level",
                             "type", "messages", "extra"])
 
@@ -210,13 +220,19 @@ def test_data_rows_load_or_are_one_line(data: Any, workdir: Path, monkeypatch: p
     CASES["count"] += 1
     rows = data.draw(st.lists(st.dictionaries(ROW_KEYS, ROW_VALUES, max_size=5), min_size=0, max_size=6))
     lines = [json.dumps(r, ensure_ascii=data.draw(st.booleans()), allow_nan=True).encode() for r in rows]
+    if data.draw(st.integers(0, 3)) == 0:  # a row nested deep, in any field
+        depth = data.draw(DEEP)
+        lines.insert(data.draw(st.integers(0, len(lines))), b'{"question": "q", "answer": "1", "%s": %s}' % (
+            data.draw(ROW_KEYS).encode(), b"[" * depth + b"1" + b"]" * depth))
     if data.draw(st.booleans()):
         lines.insert(data.draw(st.integers(0, len(lines))), data.draw(st.sampled_from(
             [b"\xff\xfe not utf-8", b"{not json", b"[1, 2]", b"null", b"", b"\"text\"", b"{\"question\": NaN}",
              b"\xef\xbb\xbf{\"question\": \"q\", \"answer\": \"1\"}", b"{\"question\": \"q\"} trailing",
              b"{\"question\": \"q\\ud800\", \"answer\": \"1\"}", b"{\"question\": \"q\", \"answer\": \"\\udfff\"}",
              "{\"question\": \"a\u2028b\u0085c\", \"answer\": \"1\"}".encode(),
-             b"{\"question\": \"q\", \"answer\": Infinity}", b"{\"question\": \"q\", \"answer\": \"$ $\"}"])))
+             b"{\"question\": \"q\", \"answer\": Infinity}", b"{\"question\": \"q\", \"answer\": \"$ $\"}",
+             b"{\"question\": \"q\", \"answer\": 1e400}", b"{\"question\": \"q\", \"answer\": " + b"9" * 5000 + b"}",
+             b"{\"question\": \"q\", \"answer\": " + b"9" * 401 + b"}"])))
     path = workdir / f"rows-{CASES['count']}.jsonl"
     end = data.draw(st.sampled_from([b"\n", b"\r\n"]))
     bom = b"\xef\xbb\xbf" if data.draw(st.integers(0, 3)) == 0 else b""
@@ -294,7 +310,11 @@ def test_reward_calls_are_checked_or_one_error(data: Any) -> None:
     from ictrl.engine.reward_policy import RewardError, RewardPolicy
 
     CASES["count"] += 1
-    outcome = data.draw(st.one_of(VALUES, st.lists(st.one_of(PLAUSIBLE, SCALARS), min_size=0, max_size=5),
+    from decimal import Decimal
+    from fractions import Fraction
+
+    huge = st.sampled_from([10**400, -(10**400), 10**5000, Fraction(10**400, 3), Decimal("1e400"), 2**1024])
+    outcome = data.draw(st.one_of(VALUES, st.lists(st.one_of(PLAUSIBLE, SCALARS, huge), min_size=0, max_size=5),
                                   st.sampled_from([SystemExit(0), SystemExit(2), SystemExit("x"), GeneratorExit(),
                                                    ValueError("bad"), RecursionError(), MemoryError()])))
 
@@ -476,8 +496,12 @@ def test_a_reward_that_mutates_its_inputs_changes_nothing_outside_its_call(data:
     assert repr(batch) == before and seen == [before]
 
 
+# what a copy cut short, a link to another file or a hand edit leaves in the JSON files transformers reads
+JSON_FILES = ["config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json",
+              "special_tokens_map.json"]
 DAMAGES = st.sampled_from(["tokenizer.json", "tokenizer.json+tokenizer_config.json", "vocab_size", "auto_map",
-                           "bigger-tokenizer"])
+                           "bigger-tokenizer", *[f"{how}:{name}" for how in ("torn", "link", "list", "deep", "not-utf8")
+                                                 for name in JSON_FILES]])
 
 
 @FULL_CHECKS
@@ -488,8 +512,9 @@ def test_damaged_model_folders_are_one_line_before_the_model_loads(damage: str, 
                                                                     tmp_path_factory: pytest.TempPathFactory,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """A model folder that would load as something else (its tokenizer files gone, a vocab_size its weights do not
-    have, custom code without trust_remote_code, a tokenizer with ids past the model's rows) is one line naming
-    the folder, exit 2, before the weights load, in ``ictrl train`` and ``ictrl eval``."""
+    have, custom code without trust_remote_code, a tokenizer with ids past the model's rows) or not at all (a JSON
+    file transformers reads torn, a link to a data file, a list, nested past the parser, not UTF-8) is one line
+    naming the folder, exit 2, before the weights load, in ``ictrl train`` and ``ictrl eval``."""
     import shutil
 
     from ictrl.models import build_byte_tokenizer
@@ -498,7 +523,23 @@ def test_damaged_model_folders_are_one_line_before_the_model_loads(damage: str, 
     model = root / "model"
     shutil.copytree(tiny_model_dir, model)
     config = json.loads((model / "config.json").read_text())
-    if damage.startswith("tokenizer"):
+    if ":" in damage:
+        how, name = damage.split(":")
+        target = model / name
+        text = target.read_bytes() if target.is_file() else b"{}"
+        target.unlink(missing_ok=True)
+        if how == "torn":
+            target.write_bytes(text[: data.draw(st.integers(0, len(text) - 1))])
+        elif how == "link":  # to a file that is not the model's: a data file's rows
+            target.symlink_to(workdir / "train.jsonl")
+        elif how == "list":
+            target.write_text("[]")
+        elif how == "deep":
+            target.write_text("[" * 200_000 + "]" * 200_000)
+        else:
+            target.write_bytes(b"{\"a\": \"\xff\"}")
+        config = json.loads((model / "config.json").read_text()) if name != "config.json" else None
+    elif damage.startswith("tokenizer"):
         for name in damage.split("+"):
             (model / name).unlink()
     elif damage == "vocab_size":
@@ -511,7 +552,8 @@ def test_damaged_model_folders_are_one_line_before_the_model_loads(damage: str, 
         tokenizer = build_byte_tokenizer()
         tokenizer.add_tokens([f"<extra{i}>" for i in range(data.draw(st.integers(1, 40)))])
         tokenizer.save_pretrained(model)
-    (model / "config.json").write_text(json.dumps(config))
+    if config is not None:
+        (model / "config.json").write_text(json.dumps(config))
     monkeypatch.chdir(workdir)
     if command == "train":
         path = root / "run.yaml"
@@ -522,3 +564,68 @@ def test_damaged_model_folders_are_one_line_before_the_model_loads(damage: str, 
                                   "--k", "1", "--limit", "1"], allow_load=True)
     assert_one_line_or_success(status, stderr, command, [str(model)])
     assert status == 2 or damage == "bigger-tokenizer" and command == "train", (damage, command, stderr[-2000:])
+
+
+# --- datasets: mixtures and globs, invisible characters in golds ------------------------------------------------
+
+# paths under the working directory (for a builder such as json) and under the folder (for path: data)
+ENTRY_FILES = st.sampled_from(["data/*.jsonl", "data/train.jsonl", "data/*.csv", "nomatch/*.jsonl", "data/**",
+                               "missing.jsonl", "data/deep.jsonl", "data/d*.jsonl", "deep.jsonl", "*.jsonl",
+                               ["data/train.jsonl", "data/*.parquet"], {"train": "data/t*.jsonl"},
+                               {"train": "data/none*.jsonl"}, {"train": ["train.jsonl", "deep.jsonl"]}])
+
+
+@FULL_CHECKS
+@given(data=st.data())
+def test_datasets_mixtures_and_globs_load_or_are_one_line(data: Any, workdir: Path, tiny_model_dir: Path,
+                                                          no_model_load: None,
+                                                          tmp_path_factory: pytest.TempPathFactory,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """TRL's ``datasets:`` mixture: entries naming a builder or a local folder, with data_files that are files,
+    globs that match or match nothing, split mappings, a row nested past the parser, fractions and columns. Each
+    run reaches the model load or is one line, exit 2 (datasets stops on an unmatched glob with a bare
+    StopIteration, and crashes on a deep row)."""
+    root = tmp_path_factory.mktemp("mixture")
+    monkeypatch.chdir(root)
+    (root / "data").mkdir()
+    rows = [{"prompt": f"{i}+1=", "solution": str(i + 1)} for i in range(6)]
+    (root / "data" / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    depth = data.draw(DEEP)
+    (root / "data" / "deep.jsonl").write_text(json.dumps(rows[0]) + "\n" + '{"prompt": "p", "x": %s}\n' % (
+        "[" * depth + "]" * depth))
+    entries = []
+    for _ in range(data.draw(st.integers(1, 3))):
+        entry: dict[str, Any] = {"path": data.draw(st.sampled_from(["json", "json", "csv", "data", "no/such/dir"]))}
+        if data.draw(st.integers(0, 4)):
+            entry["data_files"] = data.draw(ENTRY_FILES)
+        if data.draw(st.booleans()):
+            entry["columns"] = data.draw(st.sampled_from([["prompt"], ["prompt", "solution"], ["nope"]]))
+        if data.draw(st.integers(0, 3)) == 0:
+            entry["fraction"] = data.draw(st.sampled_from([0.5, 1.0, 0.0, 2.0]))
+        entries.append(entry)
+    path = root / "mix.yaml"
+    path.write_text(yaml.safe_dump({**configs_base(tiny_model_dir, root / "out"), "datasets": entries,
+                                    "dataset_name": None}))
+    status, stderr = run_cli(["train", str(path)], allow_load=True)
+    assert_one_line_or_success(status, stderr, "train", ["datasets", "dataset_name", "prompt", "reward"])
+
+
+ANSWERS = st.one_of(st.integers(-10**6, 10**6).map(str), st.sampled_from(
+    ["\\frac{1}{2}", "x^2+1", "3\\sqrt{2}", "(1, 2)", "10^{400}", "0.125", "-7", "\\pi", "1,000"]))
+
+
+@given(answer=ANSWERS, other=ANSWERS, where=st.lists(st.tuples(st.integers(0, 12), INVISIBLE), min_size=1,
+                                                      max_size=3), boxed=st.booleans())
+def test_invisible_characters_in_a_gold_never_change_its_grade(answer: str, other: str,
+                                                              where: list[tuple[int, str]], boxed: bool) -> None:
+    """A gold with format characters (and NBSP) anywhere grades every answer as the clean gold does."""
+    from ictrl.rewards import gsm8k_reward, math_reward
+
+    CASES["count"] += 1
+    gold = answer
+    for at, char in where:
+        gold = gold[:at] + char + gold[at:]
+    for completion in (f"so \\boxed{{{answer}}}", f"so \\boxed{{{other}}}", f"The answer is {answer}"):
+        assert math_reward(completion, gold) == math_reward(completion, answer), (completion, gold)
+    if answer.lstrip("-").isdigit():
+        assert gsm8k_reward(f"{answer} apples", f"#### {gold}") == 1.0
