@@ -177,9 +177,14 @@ def test_a_file_ictrl_did_not_write_is_never_replaced(data: Any, inputs: dict[st
 
 
 def tear(data: Any, text: bytes, keep: int = 0) -> bytes:
-    """``text`` cut short inside its JSON (``keep`` bytes at least), or with a byte that is not UTF-8 in it."""
+    """``text`` cut short inside its JSON (``keep`` bytes at least), with a byte that is not UTF-8 in it, or
+    holding a value nested past what Python's JSON parser reads."""
     body = text.rstrip(b"\n")
-    if data.draw(st.booleans()):
+    how = data.draw(st.sampled_from(["cut", "byte", "deep"]))
+    if how == "deep":
+        depth = data.draw(st.sampled_from([200_000, 5000]))
+        return b'{"deep": ' + b"[" * depth + b"]" * depth + b"}"
+    if how == "cut":
         return body[: data.draw(st.integers(keep, len(body) - 1))]
     at = data.draw(st.integers(0, len(body)))
     return body[:at] + b"\xff" + body[at:]
@@ -313,3 +318,87 @@ def test_a_folder_the_filesystem_refuses_is_one_line(command: str, when: str, fr
         return  # their first write is after the model loads (the stand-in ends them before it)
     line = one_line(status, stderr, command)
     assert "Read-only file system" in line and str(out) in line, line
+
+
+# --- reruns after the data changed -------------------------------------------------------------------------------
+
+class Scripted:
+    """A backend whose completions are fixed by the question (``What is a+b?``: the sum, then the sum plus one,
+    ...): a grade depends only on the gold. It counts the prompts it samples."""
+
+    def __init__(self) -> None:
+        self.sampled: list[str] = []
+
+    def generate(self, prompts: Any, n: int, max_new_tokens: int, temperature: float, top_p: float,
+                 seed: int) -> list[list[str]]:
+        import re
+
+        self.sampled += list(prompts)
+        sums = [sum(map(int, re.search(r"What is (\d+)\+(\d+)\?", p).groups())) for p in prompts]  # type: ignore
+        return [[f"so \\boxed{{{total + j}}}" for j in range(n)] for total in sums]
+
+
+EDITS = st.sampled_from(["gold-right", "gold-wrong", "gold-invisible", "add-row", "drop-last-row", "question",
+                         "nothing"])
+
+
+@settings(max_examples=60 if THOROUGH else 6, deadline=None, database=None,
+          derandomize=not os.environ.get("ICTRL_FUZZ_RANDOM"),
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(data=st.data())
+def test_eval_reruns_after_the_data_changed_report_the_data_as_it_is(data: Any, inputs: dict[str, Path],
+                                                                     tmp_path_factory: pytest.TempPathFactory,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """``ictrl eval`` run again after its rows were edited (golds corrected, made wrong or pasted with an invisible
+    character; rows added or dropped; a question reworded): each run's results grade the saved completions against
+    the golds the data holds now, only problems without a saved row are sampled, and a changed prompt is one line
+    with the folder as it was."""
+    import ictrl.eval.generate
+    from ictrl.rewards import math_reward
+
+    backend = Scripted()
+    monkeypatch.setattr(ictrl.eval.generate, "build_backend", lambda *a, **k: backend)
+    root = tmp_path_factory.mktemp("rerun")
+    rows = [{"question": f"What is {i}+{i + 1}?", "answer": str(2 * i + 1)}
+            for i in range(data.draw(st.integers(1, 3)))]
+    path, out = root / "rows.jsonl", root / "out"
+    n = data.draw(st.integers(1, 3))
+    argv = ["eval", "--model", str(inputs["model"]), "--benchmarks", f"jsonl:{path}", "--n", str(n), "--k", "1",
+            "--temperature", "0", "--method", "base", "--chunk-size", str(data.draw(st.integers(1, 2))),
+            "--output-dir", str(out), "--no-progress"]
+    saved: set[str] = set()
+    for run in range(data.draw(st.integers(2, 4))):
+        edit = data.draw(EDITS) if run else "nothing"
+        i = data.draw(st.integers(0, len(rows) - 1))
+        total = 2 * int(rows[i]["question"].split("+")[0].split()[-1]) + 1
+        if edit == "gold-right":
+            rows[i]["answer"] = str(total + data.draw(st.integers(0, n - 1)))
+        elif edit == "gold-wrong":
+            rows[i]["answer"] = str(total + n + 5)
+        elif edit == "gold-invisible":
+            rows[i]["answer"] = data.draw(st.sampled_from(["\u200b", "\ufeff", "\u00ad"])) + rows[i]["answer"]
+        elif edit == "add-row":
+            rows.append({"question": f"What is {len(rows)}+{len(rows) + 1}?", "answer": str(2 * len(rows) + 1)})
+        elif edit == "drop-last-row" and len(rows) > 1:
+            rows.pop()
+        elif edit == "question":
+            rows[i]["question"] += " Think."
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        before = snapshot(out) if out.exists() else {}
+        backend.sampled.clear()
+        status, stderr = run_cli(argv)
+        if edit == "question" and f"jsonl:rows.jsonl-{i}" in saved:
+            assert "prompt differs" in one_line(status, stderr, "eval") and snapshot(out) == before
+            rows[i]["question"] = rows[i]["question"].removesuffix(" Think.")
+            continue
+        assert status == 0 and "Traceback" not in stderr, stderr[-3000:]
+        ids = [f"jsonl:rows.jsonl-{k}" for k in range(len(rows))]
+        assert len(backend.sampled) == len([k for k in ids if k not in saved]), (edit, saved, backend.sampled)
+        saved |= set(ids)
+        records = json.loads((out / "results.json").read_text())["records"]
+        assert [r["problem_id"] for r in records] == ids
+        for rec, row in zip(records, rows):
+            assert rec["gold"] == row["answer"]
+            assert rec["num_correct"] == sum(math_reward(s["completion"], row["answer"]) for s in rec["samples"])
+        on_disk = {r["problem_id"]: r for r in map(json.loads, (out / "samples.jsonl").read_text().splitlines())}
+        assert all(on_disk[r["problem_id"]]["gold"] == r["gold"] for r in records)

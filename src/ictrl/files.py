@@ -254,7 +254,7 @@ def holds_record(path: str | os.PathLike[str], keys: Iterable[str]) -> bool:
     before it listed its files there, is known by the record the command writes (run.json, results.json, ...)."""
     try:
         stored = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
         return False
     return isinstance(stored, dict) and set(keys) <= set(stored)
 

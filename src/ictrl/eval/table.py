@@ -87,7 +87,7 @@ def load_run(path: Path) -> RunScores:
     field is named with the file."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as err:  # ValueError: torn JSON, or bytes that are not UTF-8
+    except (OSError, ValueError, RecursionError) as err:  # torn JSON, bytes that are not UTF-8, nested too deep
         raise TableError(f"{path}: cannot read ({err})") from None
     if isinstance(data, dict) and "results" in data and "summary" not in data:
         return load_harness_run(path, data)
