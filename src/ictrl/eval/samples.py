@@ -13,12 +13,9 @@ import math
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ictrl.files import append_whole, atomic_write_text, reported_write
-
-if TYPE_CHECKING:
-    from ictrl.eval.harness import EvalConfig, EvalTask
 
 SAMPLES_FILE = "samples.jsonl"
 log = logging.getLogger("ictrl.eval")
@@ -85,8 +82,9 @@ def append_records(sink: int | None, path: Path, records: list[dict[str, Any]]) 
         os.fsync(sink)
 
 
-def grade(task: EvalTask, problem: Any, completions: list[str]) -> list[dict[str, Any]]:
-    """Each completion with its extracted answer and reward against ``problem.gold``; a reward that is not a
+def grade(task: Any, problem: Any, completions: list[str]) -> list[dict[str, Any]]:
+    """Each completion with its extracted answer and reward against ``problem.gold`` (``task``: an
+    :class:`ictrl.eval.harness.EvalTask`, which imports this module); a reward that is not a
     finite number is a ValueError naming the task and the problem."""
     samples = []
     for text in completions:
@@ -103,8 +101,7 @@ def grade(task: EvalTask, problem: Any, completions: list[str]) -> list[dict[str
     return samples
 
 
-def check_finished(finished: Finished, tasks: Sequence[EvalTask], prompts: dict[str, list[str]],
-                   config: EvalConfig) -> None:
+def check_finished(finished: Finished, tasks: Sequence[Any], prompts: dict[str, list[str]], config: Any) -> None:
     """Stored samples of this evaluation's problems have the prompts built now and ``config.n`` samples each, else
     :class:`ResumeMismatchError`."""
     prompt_of = {(t.name, str(p.id)): q for t in tasks for p, q in zip(t.problems, prompts[t.name])}
@@ -124,7 +121,7 @@ def _as_stored(gold: Any) -> Any:
     return json.loads(json.dumps(json_safe(gold), ensure_ascii=False))
 
 
-def regrade_changed_golds(finished: Finished, tasks: Sequence[EvalTask], path: Path | None) -> int:
+def regrade_changed_golds(finished: Finished, tasks: Sequence[Any], path: Path | None) -> int:
     """Stored rows whose gold answer is not this evaluation's gold for the problem (the data was corrected since
     they were sampled): their saved completions graded again against the gold now, ``finished`` updated and, with
     a ``path``, samples.jsonl rewritten whole, so no row keeps a grade against a gold that is gone. The count of
