@@ -207,7 +207,8 @@ def test_the_datasets_mixture_reads_as_trls_get_dataset(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("entries", "said"), [
-    ([{"path": "json", "data_files": "missing.jsonl"}], "datasets: Unable to find '{tmp}/missing.jsonl'"),
+    ([{"path": "json", "data_files": "missing.jsonl"}], "datasets[0] (json): data_files 'missing.jsonl' (train) "
+                                                        "matches no file under {tmp}"),
     ([{"path": "json", "data_fils": "a.jsonl"}], "datasets[0]: unknown key 'data_fils'"),
     ([{"data_files": "a.jsonl"}], "datasets[0].path: required"),
 ])
