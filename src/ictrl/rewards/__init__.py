@@ -19,7 +19,8 @@ outside the main thread and is unsafe inside libraries, so they are always disab
    MATH train is 159 characters), or holding a numeric power tower (``9^{9^9}``), a 7+-digit exponent
    (``1e1234567`` too), a 5+-digit factorial or three bare nested braces ``{{{`` (unless the gold has the same
    shape), scores 0.0 without being parsed. Golds in MATH/MATH-500 nest braces at most 2 deep.
-3. **Fast path** (:mod:`~ictrl.rewards.normalize`, microseconds): bold dropped (``\\mathbf{0.5}`` is ``0.5``);
+3. **Fast path** (:mod:`~ictrl.rewards.normalize`, microseconds): bold dropped (``\\mathbf{0.5}`` is ``0.5``), and
+   invisible format characters (U+200B, U+FEFF, a soft hyphen: Unicode Cf) from golds and completions alike;
    equal after light LaTeX normalisation (brace styles ``E_{1}`` = ``E_1`` included) -> 1.0; two single numbers
    are read exactly in every written form (``8.7e8``, ``8.7 \\times 10^{8}``, ``870{,}000{,}000``, a trailing
    ``\\text{ unit}``, exponents of any length without writing the number out) and decided: equal -> 1.0, else 0.0
