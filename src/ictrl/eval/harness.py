@@ -32,8 +32,8 @@ from ictrl.eval import lmeval
 from ictrl.files import atomic_write_text, read_json
 from ictrl.eval.markdown import GENERATION_FIELDS, format_markdown
 from ictrl.eval.passk import bootstrap_ci, mean_std, pass_at_k
-from ictrl.eval.samples import (SAMPLES_FILE, ResumeMismatchError, append_records, check_finished, grade,
-                                load_finished, regrade_changed_golds)
+from ictrl.eval.samples import (SAMPLES_FILE, ResumeMismatchError, append_records, check_finished,
+                                grade_completions, load_finished, regrade_changed_golds)
 from ictrl.eval.samples import json_safe as _json_safe
 
 SETTINGS_FILE = "settings.json"
@@ -237,7 +237,7 @@ def _sample_block(
     records = []
     for i, texts in zip(idx, completions):
         problem = task.problems[i]
-        samples = grade(task, problem, list(texts))
+        samples = grade_completions(task, problem, list(texts))
         records.append({
             "seed": seed, "benchmark": task.name, "problem_id": str(problem.id), "prompt": prompts[i],
             "gold": problem.gold, "samples": samples, "num_correct": sum(s["correct"] for s in samples),

@@ -82,7 +82,7 @@ def append_records(sink: int | None, path: Path, records: list[dict[str, Any]]) 
         os.fsync(sink)
 
 
-def grade(task: Any, problem: Any, completions: list[str]) -> list[dict[str, Any]]:
+def grade_completions(task: Any, problem: Any, completions: list[str]) -> list[dict[str, Any]]:
     """Each completion with its extracted answer and reward against ``problem.gold`` (``task``: an
     :class:`ictrl.eval.harness.EvalTask`, which imports this module); a reward that is not a
     finite number is a ValueError naming the task and the problem."""
@@ -133,7 +133,8 @@ def regrade_changed_golds(finished: Finished, tasks: Sequence[Any], path: Path |
         if found is None or rec.get("gold") == _as_stored(found[1].gold):
             continue
         task, problem = found
-        samples = grade(task, problem, [str(s.get("completion", "")) for s in rec.get("samples") or []])
+        completions = [str(s.get("completion", "")) for s in rec.get("samples") or []]
+        samples = grade_completions(task, problem, completions)
         finished[key] = {**rec, "gold": problem.gold, "samples": samples,
                          "num_correct": sum(s["correct"] for s in samples)}
         changed.append(key)
