@@ -15,10 +15,10 @@ from ictrl.eval.harness import RESULTS_JSON, SAMPLES_FILE
 
 class Scripted:
     """A backend that answers each prompt by its question (``What is 2+3?`` -> ``\\boxed{5}``) and counts its
-    calls: what the model writes is fixed, so only the gold decides a grade."""
+    calls and loads: what the model writes is fixed, so only the gold decides a grade."""
 
     def __init__(self) -> None:
-        self.calls = 0
+        self.calls = self.loads = 0
 
     def generate(self, prompts: Any, n: int, max_new_tokens: int, temperature: float, top_p: float,
                  seed: int) -> list[list[str]]:
@@ -32,7 +32,12 @@ def backend(monkeypatch: pytest.MonkeyPatch) -> Scripted:
     import ictrl.eval.generate
 
     scripted = Scripted()
-    monkeypatch.setattr(ictrl.eval.generate, "build_backend", lambda *a, **k: scripted)
+
+    def build(*args: Any, **kwargs: Any) -> Scripted:
+        scripted.loads += 1
+        return scripted
+
+    monkeypatch.setattr(ictrl.eval.generate, "build_backend", build)
     return scripted
 
 
@@ -56,7 +61,7 @@ def test_a_rerun_after_the_golds_were_corrected_regrades_the_saved_completions(
 
     write_rows(data, ["5", "2", "16\u200b"])  # 1+1 corrected; 16 pasted with a zero-width space
     assert main(argv) == 0
-    assert backend.calls == 1  # nothing sampled again: the completions were saved
+    assert (backend.calls, backend.loads) == (1, 1)  # the completions were saved: the model is not even loaded
     err = caplog.text
     assert "2 saved row(s)" in err and "problem jsonl:rows.jsonl-1" in err and "regraded" in err, err
     records = json.loads((out / RESULTS_JSON).read_text())["records"]
@@ -70,3 +75,17 @@ def test_a_rerun_after_the_golds_were_corrected_regrades_the_saved_completions(
     assert main(argv) == 0  # the file holds the new grades: nothing to regrade a second time
     assert "regraded" not in caplog.text
     assert backend.calls == 1
+
+
+def test_a_rerun_with_a_row_to_sample_loads_the_model_and_samples_only_that_row(
+        backend: Scripted, tiny_model_dir: Path, tmp_path: Path) -> None:
+    data, out = tmp_path / "rows.jsonl", tmp_path / "eval"
+    argv = ["eval", "--model", str(tiny_model_dir), "--benchmarks", f"jsonl:{data}", "--n", "1", "--k", "1",
+            "--max-new-tokens", "8", "--temperature", "0", "--method", "base", "--output-dir", str(out),
+            "--no-progress", "--chunk-size", "1"]
+    write_rows(data, ["5", "2"])
+    assert main(argv) == 0
+    write_rows(data, ["5", "2", "16"])
+    assert main(argv) == 0
+    assert (backend.calls, backend.loads) == (3, 2)
+    assert [r["num_correct"] for r in json.loads((out / RESULTS_JSON).read_text())["records"]] == [1, 1, 1]

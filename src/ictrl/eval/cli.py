@@ -19,6 +19,7 @@ from ictrl.dirlock import OutputLock
 from ictrl.files import check_output_dir, check_own_files, claim_files, reported_write
 from ictrl.eval.harness import (RESULTS_JSON, RESULTS_MD, SAMPLES_FILE, SETTINGS_FILE, EvalConfig,
                                 ResumeMismatchError, benchmark_tasks, check_resumable, evaluate)
+from ictrl.eval.samples import unfinished
 
 # what `ictrl eval` writes at the top of --output-dir (besides lm-evaluation-harness's dated files in a folder named
 # after the model, which replace nothing)
@@ -222,17 +223,28 @@ def run(args: argparse.Namespace) -> int:
         except ValueError as err:
             kind = "settings mismatch: " if isinstance(err, ResumeMismatchError) else ""
             raise UserError(f"{kind}{err}") from err
-        return _evaluate(args, config, tasks)
+        # every row saved (a rerun, maybe after the golds were corrected): graded from the saved completions
+        load = unfinished(args.output_dir / SAMPLES_FILE, config.seeds, tasks) > 0
+        return _evaluate(args, config, tasks, load)
 
 
-def _evaluate(args: argparse.Namespace, config: EvalConfig, tasks: list[Any]) -> int:
-    """Load the model and evaluate ``tasks`` (into ``args.output_dir``, whose lock the caller holds)."""
+class _AllSaved:
+    """The backend of a rerun whose every row is saved: the model is not loaded, and nothing is sampled."""
+
+    def generate(self, *args: Any, **kwargs: Any) -> list[list[str]]:
+        raise RuntimeError("every row was saved, yet the evaluation asked for new samples")
+
+
+def _evaluate(args: argparse.Namespace, config: EvalConfig, tasks: list[Any], load: bool = True) -> int:
+    """Load the model (unless ``load`` is False: every row is saved) and evaluate ``tasks`` (into
+    ``args.output_dir``, whose lock the caller holds)."""
     from ictrl.errors import UserError
     from ictrl.eval.generate import BackendUnavailableError, build_backend
 
     try:
         try:
-            backend = build_backend(args.backend, args.model, batch_size=args.batch_size, dtype=args.dtype)
+            backend = (build_backend(args.backend, args.model, batch_size=args.batch_size, dtype=args.dtype)
+                       if load else _AllSaved())
         except OSError as err:  # not on the hub, gated, or the connection dropped: transformers says which
             raise UserError(f"--model: {args.model}: cannot load: {str(err).splitlines()[0]}") from err
         if config.method is None:  # once the model loaded (an error stays one line): before any sample
