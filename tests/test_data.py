@@ -481,9 +481,14 @@ def test_invisible_format_characters_are_named_when_the_rows_load(tmp_path: Path
     assert math_reward("\\boxed{2}", problems[1].gold) == 1.0
     caplog.clear()
     path.write_text(json.dumps({"question": "Q\u00a0with NBSP", "answer": "5"}) + "\n")
-    with caplog.at_level("WARNING"):
+    with caplog.at_level("INFO"):
         load_problems(f"jsonl:{path}")
     assert not caplog.records
+    path.write_text(json.dumps({"question": "Q\u200bwith ZWSP", "answer": "5"}) + "\n")  # a question alone: info
+    with caplog.at_level("INFO"):
+        load_problems(f"jsonl:{path}")
+    assert [(r.levelname, "line 1, the question, U+200B" in r.getMessage()) for r in caplog.records] == [
+        ("INFO", True)]
 
 
 @pytest.mark.parametrize("form", ["jsonl", "json list"])

@@ -338,16 +338,19 @@ def _problems_from_file(file: Path, bench: Benchmark, limit: int | None) -> list
 def _note_format_chars(file: Path, problems: list[Problem], lines: list[int]) -> None:
     """One line naming the rows whose question or gold holds an invisible format character (U+200B, U+FEFF, a
     soft hyphen...): a gold pasted with one looks right and is not; the grader ignores them (as it ignores NBSP),
-    and the prompt goes to the model as written."""
+    and the prompt goes to the model as written. A warning when a gold holds one; information when only questions
+    do (GSM8K's train split has a U+200B in one question)."""
     found = [(line, field, char) for p, line in zip(problems, lines)
              for field, text in (("question", p.question), ("gold", p.gold))
              if (char := first_format_char(text)) is not None]
     if found:
         line, field, char = found[0]
         rows = len({f[0] for f in found})
-        logger.warning("%s: %d row(s) hold invisible format characters (first: line %d, the %s, U+%04X %s); the "
-                       "grader ignores them in answers, prompts are sent as written", file, rows, line, field,
-                       ord(char), unicodedata.name(char, "unnamed"))
+        # a gold is where one misleads (it reads as its clean answer); in a question alone it is the text's own
+        level = logging.WARNING if any(f[1] == "gold" for f in found) else logging.INFO
+        logger.log(level, "%s: %d row(s) hold invisible format characters (first: line %d, the %s, U+%04X %s); the "
+                   "grader ignores them in answers, prompts are sent as written", file, rows, line, field, ord(char),
+                   unicodedata.name(char, "unnamed"))
 
 
 def _problems_from_hub(bench: Benchmark, limit: int | None,
