@@ -351,8 +351,8 @@ def test_eval_reruns_after_the_data_changed_report_the_data_as_it_is(data: Any, 
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """``ictrl eval`` run again after its rows were edited (golds corrected, made wrong or pasted with an invisible
     character; rows added or dropped; a question reworded): each run's results grade the saved completions against
-    the golds the data holds now, only problems without a saved row are sampled, and a changed prompt is one line
-    with the folder as it was."""
+    the golds the data holds now, only the blocks holding a problem without a saved row are sampled, and a changed
+    prompt is one line with the folder as it was."""
     import ictrl.eval.generate
     from ictrl.rewards import math_reward
 
@@ -362,10 +362,10 @@ def test_eval_reruns_after_the_data_changed_report_the_data_as_it_is(data: Any, 
     rows = [{"question": f"What is {i}+{i + 1}?", "answer": str(2 * i + 1)}
             for i in range(data.draw(st.integers(1, 3)))]
     path, out = root / "rows.jsonl", root / "out"
-    n = data.draw(st.integers(1, 3))
+    n, chunk = data.draw(st.integers(1, 3)), data.draw(st.integers(1, 2))
     argv = ["eval", "--model", str(inputs["model"]), "--benchmarks", f"jsonl:{path}", "--n", str(n), "--k", "1",
-            "--temperature", "0", "--method", "base", "--chunk-size", str(data.draw(st.integers(1, 2))),
-            "--output-dir", str(out), "--no-progress"]
+            "--temperature", "0", "--method", "base", "--chunk-size", str(chunk), "--output-dir", str(out),
+            "--no-progress"]
     saved: set[str] = set()
     for run in range(data.draw(st.integers(2, 4))):
         edit = data.draw(EDITS) if run else "nothing"
@@ -393,7 +393,8 @@ def test_eval_reruns_after_the_data_changed_report_the_data_as_it_is(data: Any, 
             continue
         assert status == 0 and "Traceback" not in stderr, stderr[-3000:]
         ids = [f"jsonl:rows.jsonl-{k}" for k in range(len(rows))]
-        assert len(backend.sampled) == len([k for k in ids if k not in saved]), (edit, saved, backend.sampled)
+        blocks = [ids[k:k + chunk] for k in range(0, len(ids), chunk)]  # a block with a row to draw is drawn whole
+        assert len(backend.sampled) == sum(len(b) for b in blocks if set(b) - saved), (edit, saved, backend.sampled)
         saved |= set(ids)
         records = json.loads((out / "results.json").read_text())["records"]
         assert [r["problem_id"] for r in records] == ids

@@ -284,7 +284,7 @@ def safetensors_problem(path: Path) -> str | None:
                 return f"{path.name} has {size} bytes, too few for its header"
             header = json.loads(fh.read(length))
         end = max((int(t["data_offsets"][1]) for k, t in header.items() if k != "__metadata__"), default=0)
-    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
+    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError, RecursionError) as exc:
         return f"{path.name}: unreadable safetensors header ({type(exc).__name__})"
     if 8 + length + end != size:
         return f"{path.name} has {size} bytes, its header describes {8 + length + end}"
@@ -411,7 +411,7 @@ def model_folder_problem(directory: str | os.PathLike[str]) -> str | None:
         return problem
     try:
         config = json.loads((root / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None  # no folder or no config: check_model says so
     if not isinstance(config, dict):
         return None
@@ -479,7 +479,7 @@ def embedding_rows(root: Path) -> tuple[str, int] | None:
             with open(path, "rb") as fh:
                 length = int.from_bytes(fh.read(8), "little")
                 header = json.loads(fh.read(length)) if 0 < length <= path.stat().st_size else {}
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):
             continue
         for key, tensor in header.items() if isinstance(header, dict) else ():
             shape = tensor.get("shape") if isinstance(tensor, dict) else None

@@ -103,7 +103,7 @@ def custom_code(folder: Path) -> str | None:
     transformers lacks), or None. transformers' rule: a type it knows loads its own class, the folder's code unrun."""
     try:
         config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # unreadable: checkpoints.json_files_problem names it
         return None
     auto_map = config.get("auto_map") if isinstance(config, dict) else None
     if not isinstance(auto_map, dict) or not auto_map:

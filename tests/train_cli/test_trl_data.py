@@ -130,3 +130,26 @@ def test_a_row_nested_past_the_parsers_recursion_is_one_line_before_datasets_rea
     assert "Traceback" not in err and last.startswith("ictrl train: error:"), err[-2000:]
     assert "deep.jsonl: line 2: the row nests lists or objects deeper" in last, last
     assert not loader_calls
+
+
+@pytest.mark.parametrize(("entries", "rows", "says"), [
+    ([{"path": "json", "data_files": "data/train.jsonl", "fraction": 0.0},
+      {"path": "json", "data_files": "data/train.jsonl", "fraction": 0.0}], None,
+     "datasets: the fractions [0.0, 0.0] sum to 0.0; give a source a positive share"),
+    ([{"path": "json", "data_files": "data/nulls.jsonl"}], [{"prompt": "1+1=", "solution": "2"},
+                                                           {"prompt": None, "solution": "3"}],
+     "dataset_name: row 1: prompt: expected text or a list of chat messages, got None"),
+])
+def test_a_mixture_trl_would_divide_by_zero_on_or_a_null_prompt_is_one_line(
+        entries: list[dict[str, Any]], rows: Any, says: str, project: Path, tiny_model_dir: Path,
+        loader_calls: list, capsys: pytest.CaptureFixture[str]) -> None:
+    if rows is not None:
+        (project / "data" / "nulls.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (project / "run.yaml").write_text(yaml.safe_dump({
+        "model_name_or_path": str(tiny_model_dir), "output_dir": "out", "use_vllm": False, "report_to": "none",
+        "datasets": entries, "num_generations": 2, "per_device_train_batch_size": 2}))
+    assert main(["train", "run.yaml"]) == 2
+    err = capsys.readouterr().err
+    last = err.strip().split("\n")[-1]
+    assert "Traceback" not in err and last.startswith("ictrl train: error:") and says in last, err[-2000:]
+    assert not loader_calls

@@ -61,6 +61,9 @@ def load_mixture(script: Any, seed: int) -> Any:
         log.warning("datasets and dataset_name are both set: the datasets mixture is used and dataset_name %s is "
                     "ignored, as in trl grpo", shorten(str(script.dataset_name), 200))
     entries = [DatasetConfig(**entry) for entry in script.datasets]
+    fractions = [entry.fraction for entry in entries]
+    if all(f is not None for f in fractions) and sum(fractions) <= 0:  # TRL divides by their sum
+        raise DataError(f"datasets: the fractions {fractions} sum to {sum(fractions)}; give a source a positive share")
     check_data_files(entries)
     split = script.test_split_size is not None and not script.streaming  # a stream: TRL's own call and error
     mixture = DatasetMixtureConfig(datasets=entries, streaming=script.streaming,
@@ -77,7 +80,7 @@ def load_mixture(script: Any, seed: int) -> Any:
                         ) from None
     except StopIteration:  # datasets' builders take the first of the files a pattern matched, when none did
         raise DataError("datasets: an entry's data_files matched no file") from None
-    except (RecursionError, DatasetGenerationError) as exc:  # a row the builder cannot read
+    except (RecursionError, DatasetGenerationError, ZeroDivisionError) as exc:  # a row the builder cannot read
         cause = exc.__cause__ or exc
         raise DataError(f"datasets: cannot read the rows ({type(cause).__name__}: "
                         f"{shorten(str(cause).splitlines()[0] if str(cause) else '', 300)})") from None
@@ -88,28 +91,34 @@ def check_data_files(entries: list[Any]) -> None:
     """Every local ``data_files`` pattern of the ``datasets:`` entries matches a file, resolved as ``datasets``
     resolves it (against ``data_dir``, or the working directory, for a builder such as ``json``; inside the folder
     for a local dataset folder); else one line naming the entry and the pattern. A glob that matches nothing would
-    reach the builder as an empty list, where ``datasets`` stops with a bare StopIteration."""
+    reach the builder as an empty list, where ``datasets`` stops with a bare StopIteration. The JSON files an entry
+    reads (its folder's, without data_files) are checked for rows nested past the parser
+    (:func:`ictrl.data.loading.check_json_nesting`)."""
     from datasets.data_files import resolve_pattern, sanitize_patterns
     from datasets.packaged_modules import _PACKAGED_DATASETS_MODULES
 
     for index, entry in enumerate(entries):
-        if not entry.data_files:
-            continue
-        if entry.path in _PACKAGED_DATASETS_MODULES:
+        folder = entry.path not in _PACKAGED_DATASETS_MODULES
+        if not folder:
             base = Path(entry.data_dir or "").expanduser().resolve()
         elif Path(entry.path).expanduser().is_dir():
             base = Path(entry.path, entry.data_dir or "").expanduser()
         else:
             continue  # a hub data set: its files are the hub's to resolve
-        for split, patterns in sanitize_patterns(entry.data_files).items():
+        where = f"datasets[{index}] ({entry.path})"
+        files: list[str] = []
+        if not entry.data_files and (folder or entry.data_dir):  # datasets reads the folder's data files
+            files = [str(p) for p in base.rglob("*")]
+        for split, patterns in sanitize_patterns(entry.data_files or {}).items():
             for pattern in (str(p) for p in patterns if "://" not in str(p)):
                 try:
-                    files = resolve_pattern(pattern, base_path=base.as_posix())
+                    files += resolve_pattern(pattern, base_path=base.as_posix())
                 except FileNotFoundError:
-                    raise DataError(f"datasets[{index}] ({entry.path}): data_files {shorten(repr(pattern), 200)} "
-                                    f"({split}) matches no file under {base}") from None
-                for file in files if entry.path == "json" else ():
-                    check_json_nesting(Path(file), f"datasets[{index}] ({entry.path}): {file}")
+                    raise DataError(f"{where}: data_files {shorten(repr(pattern), 200)} ({split}) matches no file "
+                                    f"under {base}") from None
+        if folder or entry.path == "json":  # the files datasets' json builder parses
+            for file in (Path(f) for f in files if Path(f).suffix.lower() in (".json", ".jsonl")):
+                check_json_nesting(file, f"{where}: {file}")
 
 
 # --- streamed data ------------------------------------------------------------------------------------------------
