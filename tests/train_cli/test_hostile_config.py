@@ -37,6 +37,8 @@ def refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
         (["--learning_rate=inf"], "learning_rate: must be finite, got inf"),
         (["--learning_rate=1e999"], "learning_rate: must be finite, got inf"),
         (["--seed=99999999999999999999"], "seed: must be >= 0 and < 4294967296, got 99999999999999999999"),
+        ([f"--eval_num_samples={10**400}"], "eval_num_samples: must fit in 64 bits, got 1000000"),
+        ([f"--seed=-{10**400}"], "seed: must be >= 0 and < 4294967296, got -1000000"),
         (["--num_generations=1000000000"], "generation batch too large: 32000000000 completions per process"),
         (["--num_generations=1000000", "--per_device_train_batch_size=1000000"],
          "generation batch too large: 32000000 completions per process"),

@@ -35,7 +35,7 @@ class Range:
 
     def why(self, value: float) -> str | None:
         """Why ``value`` lies outside, or None."""
-        if not math.isfinite(value):
+        if not isinstance(value, int) and not math.isfinite(value):  # an int is finite (and 10**400 no float)
             return "must be finite"
         if self.low is not None and (value <= self.low if self.open_low else value < self.low) or (
                 self.high is not None and (value >= self.high if self.open_high else value > self.high)):
