@@ -39,6 +39,8 @@ def refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
         (["--seed=99999999999999999999"], "seed: must be >= 0 and < 4294967296, got 99999999999999999999"),
         ([f"--eval_num_samples={10**400}"], "eval_num_samples: must fit in 64 bits, got 1000000"),
         ([f"--seed=-{10**400}"], "seed: must be >= 0 and < 4294967296, got -1000000"),
+        (["--vllm_structured_outputs_regex=''", "--pad_to_multiple_of=''"],
+         "override --pad_to_multiple_of='': pad_to_multiple_of: invalid literal for int()"),
         (["--num_generations=1000000000"], "generation batch too large: 32000000000 completions per process"),
         (["--num_generations=1000000", "--per_device_train_batch_size=1000000"],
          "generation batch too large: 32000000 completions per process"),

@@ -480,6 +480,14 @@ def inputs_record(out: Path, hashes: dict[str, str], resume_step: int | None, ac
     return {"inputs": hashes, **({"changed_inputs": history} if history else {})}
 
 
+def _annotations(cls: type) -> dict[str, str]:
+    """The fields' annotations as written (HfArgumentParser rewrites a dataclass field's ``type`` in place)."""
+    out: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        out.update({k: str(v) for k, v in vars(klass).get("__annotations__", {}).items()})
+    return out
+
+
 def name_the_key(message: str, values: dict[str, Any], config_cls: type | None = None) -> str:
     """``message`` (a trainer config's error) led by the key it is about when it names none: transformers' enum
     errors say only the value and the enum ("False is not a valid IntervalStrategy"). The key is the one set value
@@ -497,4 +505,8 @@ def name_the_key(message: str, values: dict[str, Any], config_cls: type | None =
              and (enum is None or enum[1] in types.get(key, enum[1]))]
     if not found:  # a conversion's own words quote only the text ("invalid literal for int() ...: 'null\n'")
         found = [key for key, value in values.items() if isinstance(value, str) and repr(value) in message]
+        kind = re.search(r"\b(int|float)\(\)|convert string to (float)", message)
+        if len(found) > 1 and kind and config_cls is not None:  # two keys, one text: the field converting that way
+            hints = _annotations(config_cls)
+            found = [key for key in found if (kind[1] or kind[2]) in hints.get(key, "")] or found
     return f"{found[0]}: {message}" if len(found) == 1 else message
