@@ -274,12 +274,13 @@ def drop_long_prompts(dataset: Any, tokenizer: Any, limit: int | None, max_posit
     file) and the data it came from (``data``, the ``dataset_name`` value)."""
     from ictrl.errors import DataError
     from ictrl.eval.precheck import longest_token
+    from ictrl.train_cli.trl_data import prompt_text
 
     room = max_positions - completion_length if limit is None and max_positions is not None else None
     cap, longest = limit if limit is not None else room, longest_token(tokenizer)
     lengths, bounds = [], set()
     for i, prompt in enumerate(dataset["prompt"]):
-        text = _prompt_text(prompt, tokenizer, f"{source + ': ' if source else ''}dataset_name: row {i}")
+        text = prompt_text(prompt, tokenizer, f"{source + ': ' if source else ''}dataset_name: row {i}")
         at_least = -(-len(text) // longest)  # no token is longer than the vocabulary's longest entry
         if cap is not None and at_least > cap:  # too long without tokenising it (a megabyte takes tens of s)
             lengths.append(at_least)
@@ -327,22 +328,6 @@ def check_enough_rows(dataset: Any, args: Any, source: str = "<config>") -> None
         raise DataError(f"{source}: dataset_name: {len(dataset)} prompts, fewer than the {prompts} of one generation "
                         f"batch ({args.generation_batch_size} completions / num_generations {args.num_generations}):"
                         " raise dataset_limit or lower the batch")
-
-
-def _prompt_text(prompt: Any, tokenizer: Any, where: str = "prompt") -> str:
-    """The prompt as text (a chat through the tokenizer's template); a prompt that is neither (null in a row of a
-    CSV read as a mixture's source, a message without text) is a DataError naming the row."""
-    from ictrl.errors import DataError
-
-    if isinstance(prompt, str):
-        return prompt
-    if not (isinstance(prompt, list) and prompt and all(isinstance(m, dict) for m in prompt)):
-        raise DataError(f"{where}: prompt: expected text or a list of chat messages, got {shorten(repr(prompt), 80)}")
-    try:
-        return str(tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True))
-    except (TypeError, ValueError, KeyError) as exc:  # the template's own error on a message it cannot render
-        raise DataError(f"{where}: prompt: the chat template cannot render it ({type(exc).__name__}: "
-                        f"{shorten(str(exc), 200)})") from None
 
 
 # --- TRL's resume key ----------------------------------------------------------------------------------------------

@@ -121,6 +121,20 @@ def check_data_files(entries: list[Any]) -> None:
                 check_json_nesting(file, f"{where}: {file}")
 
 
+def prompt_text(prompt: Any, tokenizer: Any, where: str = "prompt") -> str:
+    """The prompt as text (a chat through the tokenizer's template); a prompt that is neither (null in a row of a
+    CSV read as a mixture's source, a message without text) is a DataError naming the row."""
+    if isinstance(prompt, str):
+        return prompt
+    if not (isinstance(prompt, list) and prompt and all(isinstance(m, dict) for m in prompt)):
+        raise DataError(f"{where}: prompt: expected text or a list of chat messages, got {shorten(repr(prompt), 80)}")
+    try:
+        return str(tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True))
+    except (TypeError, ValueError, KeyError) as exc:  # the template's own error on a message it cannot render
+        raise DataError(f"{where}: prompt: the chat template cannot render it ({type(exc).__name__}: "
+                        f"{shorten(str(exc), 200)})") from None
+
+
 # --- streamed data ------------------------------------------------------------------------------------------------
 
 
