@@ -90,7 +90,7 @@ def test_under_a_launcher_or_with_an_accelerate_config_its_mixed_precision_is_us
     assert "training on CPU in bf16 (accelerate's mixed_precision (ACCELERATE_MIXED_PRECISION" in caplog.text
     monkeypatch.delenv("ACCELERATE_DYNAMO_BACKEND")
     monkeypatch.delenv("ACCELERATE_MIXED_PRECISION")
-    Path(config.default_config_file).write_text("mixed_precision: bf16\nnum_processes: 1\n")
+    Path(config.default_config_file).write_text("distributed_type: 'NO'\nmixed_precision: bf16\nnum_processes: 1\n")
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="ictrl"):
         assert _build(tmp_path).mixed_precision == "bf16"
@@ -250,3 +250,15 @@ def test_trl_115_on_cpu_without_its_kernel_is_one_line_before_the_model_loads(
     monkeypatch.setattr(trl, "__version__", "1.16.0")
     monkeypatch.delenv("TRITON_INTERPRET")
     _build(tmp_path)
+
+
+def test_a_torn_default_accelerate_config_is_one_line_naming_it(tmp_path: Path) -> None:
+    """The default accelerate config is read by accelerate's own loader (as trl grpo's accelerate launch reads it):
+    a file that is not YAML is one line naming it, not the parser's traceback."""
+    from accelerate.commands import config
+
+    from ictrl.errors import ConfigError
+
+    Path(config.default_config_file).write_text("mixed_precision: [bf16\n")
+    with pytest.raises(ConfigError, match=rf"the default accelerate config {config.default_config_file} cannot be read"):
+        _build(tmp_path)

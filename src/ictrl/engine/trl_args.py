@@ -96,12 +96,16 @@ def launch_precision(environ: dict[str, str] | None = None) -> tuple[str, str] |
 
     path = accelerate_config.default_config_file
     mixed, where = "no", "no default accelerate config file, so accelerate launch's default no"
-    if os.path.isfile(path):  # accelerate launch reads it with yaml.safe_load (its config loader) too
-        import yaml
+    if os.path.isfile(path):  # read by accelerate's own loader, as accelerate launch reads it
+        from accelerate.commands.config.config_args import load_config_from_file
 
-        with open(path, encoding="utf-8") as fh:
-            data = yaml.safe_load(fh)
-        mixed = str(data.get("mixed_precision", "no")) if isinstance(data, dict) else "no"
+        from ictrl.errors import ConfigError
+
+        try:
+            mixed = str(load_config_from_file(path).mixed_precision or "no")
+        except Exception as exc:  # noqa: BLE001 - accelerate's loader raises whatever its parser does
+            raise ConfigError(f"the default accelerate config {path} cannot be read ({type(exc).__name__}: {exc}); "
+                              "fix or remove it (accelerate launch, as trl grpo runs, reads it too)") from None
         where = f"the default accelerate config {path}"
     shell = env.get("ACCELERATE_MIXED_PRECISION")
     replaced = f"; ACCELERATE_MIXED_PRECISION={shell} in the environment is replaced, as accelerate launch " \
