@@ -20,7 +20,7 @@ LAYERS: dict[str, int] = {
     "cli": 5, "__main__": 5, "process_exit": 5,  # the entry's exit: it leaves train_cli's process group
 }
 CORE_THIRD_PARTY = {"torch", "math", "dataclasses", "typing", "collections", "__future__", "hashlib", "inspect",
-                    "difflib", "importlib", "fractions", "sys",
+                    "difflib", "importlib", "fractions", "sys", "shlex",
                     "json", "os", "uuid", "pathlib", "re", "shutil", "errno", "contextlib", "signal", "threading",
                     "logging", "tempfile", "contextvars",
                     "triton"}  # triton: only ictrl.core.kernels.group_js_triton, imported when triton is

@@ -12,6 +12,7 @@ import errno
 import json
 import os
 import re
+import shlex
 import shutil
 import uuid
 from collections.abc import Callable, Iterable, Iterator
@@ -337,3 +338,26 @@ def without_field_secrets(fields: dict[str, Any]) -> dict[str, Any]:
     mapping field (``model_init_kwargs``) less its secret keys."""
     return {key: None if is_secret_key(key) else without_secrets(value) if isinstance(value, dict) else value
             for key, value in fields.items()}
+
+
+def redact_command(command: str) -> str:
+    """The shell command line ``command`` with the value of every secret flag replaced by :data:`REDACTED`
+    (``--hub_token=<redacted>``; ``--hub_token VALUE`` too): the line a model card records, and
+    every command line ictrl prints (the resume line after a stop)."""
+    try:
+        words = shlex.split(command)
+    except ValueError:  # not a line shlex.join wrote: nothing safe to keep of it
+        return REDACTED
+    out: list[str] = []
+    hide_next = False
+    for word in words:
+        if hide_next:
+            out.append(REDACTED)
+            hide_next = False
+        elif word.startswith("-") and "=" in word and is_secret_key(word.split("=", 1)[0]):
+            out.append(f"{word.split('=', 1)[0]}={REDACTED}")
+        else:
+            out.append(word)
+            hide_next = word.startswith("--") and is_secret_key(word)
+    return " ".join(word if word == REDACTED or word.endswith(f"={REDACTED}") else shlex.quote(word)
+                    for word in out)

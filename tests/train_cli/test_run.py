@@ -141,3 +141,47 @@ def test_a_sandboxed_reward_moves_nothing_no_token_is_written_and_resume_sees_ch
     assert train(again, capsys) == (0, "")
     for name in ("sandbox_reward", "sandbox_helper"):
         monkeypatch.delitem(sys.modules, name, raising=False)
+
+
+# --- no secret in a printed command line ------------------------------------------------------------------------
+
+def test_the_commands_a_run_prints_and_records_hide_the_token(tiny_model_dir: Path, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """The resume line a stop prints and the line the model card records are built from the command as typed:
+    a ``--hub_token`` (either spelling) is ``<redacted>`` in both."""
+    import ictrl.train_cli.run as run
+
+    seen: dict[str, Any] = {}
+
+    def stand_in(cfg: Any, **kwargs: Any) -> Any:
+        seen.update(kwargs)
+        raise Loaded
+
+    monkeypatch.setattr(run, "train", stand_in)
+    cfg = str(config(tmp_path, tiny_model_dir))
+    assert train([cfg, f"--hub_token={TOKEN}", "--hub-token", TOKEN], capsys) == (0, "")
+    for line in (seen["resume_command"], seen["command"]):
+        assert TOKEN not in line and line.count("<redacted>") == 2, line
+    assert seen["resume_command"].endswith(" --resume")
+
+
+FAILING_REWARD = '''
+def fails_at_step_2(completions=None, trainer_state=None, **kw):
+    if trainer_state.global_step >= 1:
+        raise RuntimeError("grader down")
+    return [float(len(str(c)) % 3) for c in completions]
+'''
+
+
+@pytest.mark.integration
+def test_a_run_stopped_by_a_failing_reward_prints_no_token(tiny_model_dir: Path, tmp_path: Path) -> None:
+    (tmp_path / "proj").mkdir()
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "failing_reward.py").write_text(FAILING_REWARD)
+    cfg = config(tmp_path, tiny_model_dir, max_steps=3, reward_funcs=["failing_reward:fails_at_step_2"])
+    done = _run(tmp_path, cfg, f"--hub_token={TOKEN}")
+    last = done.stderr.strip().split("\n")[-1]
+    assert done.returncode != 0 and "grader down" in last and "resume with `ictrl train" in last, done.stderr[-3000:]
+    assert "--hub_token=<redacted>" in last, last
+    assert TOKEN not in done.stderr + done.stdout

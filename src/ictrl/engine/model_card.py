@@ -5,13 +5,12 @@ a local directory ("fine-tuned version of [None]") and no token selection, so ic
 from __future__ import annotations
 
 import os
-import shlex
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from ictrl.files import REDACTED, is_secret_key
+from ictrl.files import redact_command
 
 
 def resolved_method(args: Any) -> dict[str, Any]:
@@ -69,25 +68,3 @@ def write_model_card(trainer: Any, base_model: str, command: str | None) -> None
         return
     out = Path(trainer.args.output_dir)
     atomic_write_text(out / "README.md", model_card(base_model, out, trainer.args, command, trainer.state.global_step))
-
-
-def redact_command(command: str) -> str:
-    """The shell command line ``command`` with the value of every secret flag replaced by :data:`REDACTED`
-    (``--hub_token=<redacted>``; ``--hub_token VALUE`` too): the line a model card records."""
-    try:
-        words = shlex.split(command)
-    except ValueError:  # not a line shlex.join wrote: nothing safe to keep of it
-        return REDACTED
-    out: list[str] = []
-    hide_next = False
-    for word in words:
-        if hide_next:
-            out.append(REDACTED)
-            hide_next = False
-        elif word.startswith("-") and "=" in word and is_secret_key(word.split("=", 1)[0]):
-            out.append(f"{word.split('=', 1)[0]}={REDACTED}")
-        else:
-            out.append(word)
-            hide_next = word.startswith("--") and is_secret_key(word)
-    return " ".join(word if word == REDACTED or word.endswith(f"={REDACTED}") else shlex.quote(word)
-                    for word in out)

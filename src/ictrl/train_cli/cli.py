@@ -25,6 +25,7 @@ import yaml
 
 from ictrl.cliargs import VERBOSE_ENV, env_flag
 from ictrl.errors import shorten
+from ictrl.files import redact_command
 from ictrl.train_cli.launch import FLAGS as LAUNCH_FLAGS
 from ictrl.train_cli.launch import Launch, LaunchError
 from ictrl.train_cli.run_guard import MODE_FLAGS, NO_OP_FLAG, OVERWRITE_FLAG
@@ -275,9 +276,11 @@ def run(args: argparse.Namespace) -> int:
             launched = shlex.split(os.environ.get(LAUNCH_ARGV_ENV, "")) or parsed.argv
             again = ["ictrl", "train", *[a for a in launched if not a.startswith("--resume")
                                          and a not in (ACCEPT_CHANGED_FLAG, OVERWRITE_FLAG)], "--resume"]
-            result = train(cfg, resume=_resume(flags), source=config, resume_command=shlex.join(again),
+            # every line ictrl prints or writes of the command hides its secrets (--hub_token=<redacted>)
+            resume_command = redact_command(shlex.join(again))
+            result = train(cfg, resume=_resume(flags), source=config, resume_command=resume_command,
                            flags=set_by_flag, accept_changed_inputs=ACCEPT_CHANGED_FLAG in flags,
-                           command=shlex.join(["ictrl", "train", *launched]))
+                           command=redact_command(shlex.join(["ictrl", "train", *launched])))
     except (UsageError, LaunchError) as exc:  # a ConfigError (a UserError) goes to ictrl.cli: one line, --debug
         print(f"ictrl train: error: {exc}", file=sys.stderr)
         return 2
