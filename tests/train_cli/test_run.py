@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from ictrl import cli
 from tests.train_cli.test_nothing_overwritten import Loaded, config, digest, loads, train  # noqa: F401 - a fixture
 
 
@@ -185,3 +186,26 @@ def test_a_run_stopped_by_a_failing_reward_prints_no_token(tiny_model_dir: Path,
     assert done.returncode != 0 and "grader down" in last and "resume with `ictrl train" in last, done.stderr[-3000:]
     assert "--hub_token=<redacted>" in last, last
     assert TOKEN not in done.stderr + done.stdout
+
+
+# --- one line for a stretch without learning signal --------------------------------------------------------------
+
+def test_a_run_without_learning_signal_says_so_once_per_stretch_as_from_python(
+        tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A constant reward under ``token_selector: all`` (TRL's GRPO: it trains on) for 21 steps: ``ictrl train``
+    says "no learning signal" in the one line the trainer gives each stretch of 20 such steps, as from Python."""
+    from ictrl.engine.reward_policy import NO_SIGNAL_STEPS
+
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "flat_reward.py").write_text(
+        "def flat(completions=None, **kw):\n    return [1.0] * len(completions)\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "code"))
+    cfg = config(tmp_path, tiny_model_dir, token_selector="all", max_steps=NO_SIGNAL_STEPS + 1, save_strategy="no",
+                 max_completion_length=2, num_iterations=1, reward_funcs=["flat_reward:flat"])
+    try:
+        assert cli.main(["train", str(cfg)]) == 0
+    finally:
+        monkeypatch.delitem(sys.modules, "flat_reward", raising=False)
+    said = [line for line in capsys.readouterr().err.splitlines() if "no learning signal" in line]
+    assert len(said) == 1 and f"every advantage was 0 for {NO_SIGNAL_STEPS} optimizer steps in a row" in said[0], said

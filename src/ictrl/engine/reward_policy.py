@@ -342,8 +342,9 @@ class RewardPolicy:
         ``note_after`` steps."""
         before = self.zero_steps
         self.zero_steps = self.zero_steps + self.steps_per_batch if all_zero else 0
-        why = ("each group's rewards were equal or not finite, so the loss and the gradient were 0; check the "
-               "rewards, the prompt format and max_completion_length")
+        why = ("each group's rewards were equal or not finite, so the loss and the gradient were 0 (the model "
+               "needs some right and some wrong answers per prompt); check the rewards, the prompt format it was "
+               "trained on and max_completion_length")
         if self.no_signal_steps and self.zero_steps >= self.no_signal_steps:
             raise NoLearningSignal(
                 f"no learning signal: every advantage was 0 for {self.zero_steps} optimizer steps in a row: {why}, "

@@ -260,33 +260,6 @@ class RichProgress(TrainerCallback):
             self.progress = None
 
 
-class NoSignalWarning(TrainerCallback):
-    """Says once, after ``patience`` logged steps in a row where every group's rewards were equal (TRL's
-    ``frac_reward_zero_std`` = 1), that the run gets no learning signal: every advantage is 0, so are the loss and
-    the gradient, and the steps change nothing (a model that never answers right, or always does)."""
-
-    def __init__(self, patience: int = 3, log: Any = None) -> None:
-        import logging
-
-        self.patience = patience
-        self.log = log or logging.getLogger("ictrl.train").warning
-        self.run = 0
-        self.said = False
-
-    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None,
-               **kwargs: Any) -> None:
-        if self.said or not logs or not state.is_world_process_zero or "frac_reward_zero_std" not in logs:
-            return
-        self.run = self.run + 1 if logs["frac_reward_zero_std"] >= 1.0 else 0
-        if self.run >= self.patience:
-            self.said = True
-            self.log(f"no learning signal: for {self.run} steps every group's completions got the same reward "
-                     f"(reward {_fmt(logs, 'reward')}), so every advantage, the loss and the gradient are 0; the "
-                     "model needs some right and some wrong answers per prompt: check the prompt format it was "
-                     "trained on, the reward and max_completion_length (with no_signal_steps > 0, the default "
-                     "of ictrl's token selectors, the run stops after that many such steps in a row)")
-
-
 class StopNow(Exception):
     """Raised inside the training loop to leave it at a step's start, when a requested stop finds nothing to train
     before it (:class:`StopOnRequest`)."""

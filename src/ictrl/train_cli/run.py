@@ -311,7 +311,7 @@ def _add_callbacks(trainer: Any, cfg: RunConfig, reward_funcs: list[Callable[...
     caller's callbacks and the pass@k evaluation."""
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
-    from ictrl.train_cli.callbacks import MetricsJSONL, NoSignalWarning, RichProgress
+    from ictrl.train_cli.callbacks import MetricsJSONL, RichProgress
 
     args = trainer.args
     # the first reward is an accuracy (metrics' `accuracy`, the step line's `acc`) only when it is a 0/1 verifier
@@ -321,7 +321,6 @@ def _add_callbacks(trainer: Any, cfg: RunConfig, reward_funcs: list[Callable[...
     for cb in (PrinterCallback, ProgressCallback):
         trainer.remove_callback(cb)
     trainer.add_callback(MetricsJSONL(out / "metrics.jsonl", accuracy_reward=accuracy))
-    trainer.add_callback(NoSignalWarning())
     # the rich bar stands in for transformers' tqdm bar; under disable_tqdm its step lines stay (TRL's dict printer
     # would print each step too)
     trainer.add_callback(RichProgress(accuracy_reward=accuracy, bar=not args.disable_tqdm))
