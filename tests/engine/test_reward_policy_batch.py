@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -166,3 +167,68 @@ def test_a_reward_that_replaces_the_runs_signal_handler_is_named_once_and_undone
     named = [r.getMessage() for r in caplog.records if "handler" in r.getMessage()]
     assert named == ["reward 'installs' replaced the run's SIGTERM / SIGINT handler at step 5; the run restores its "
                      "own after each of its calls"]
+
+
+# --- a NaN under TRL's loss ---------------------------------------------------------------------------------------
+
+def _nan_every_third(prompts: Any = None, completions: Any = None, **kw: Any) -> list[float]:
+    """A digit reward that has no score (NaN) for every third completion."""
+    return [float("nan") if i % 3 == 0 else float(any(ch.isdigit() for ch in c)) for i, c in enumerate(completions)]
+
+
+def _length_reward(prompts: Any = None, completions: Any = None, **kw: Any) -> list[float]:
+    return [len(c) / 10 for c in completions]
+
+
+@pytest.mark.parametrize("rewards", [[_nan_every_third], [_nan_every_third, _length_reward]],
+                         ids=["alone", "beside_another"])
+def test_a_nan_reward_under_all_trains_as_trl_and_is_named_once(tmp_path: Path, tiny_model_dir: Path,
+                                                                 rewards: list[Any],
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    """TRL takes a reward's NaN as its None (``nansum`` over the rewards; a completion no reward scores has no
+    advantage): ``token_selector: all`` trains to TRL's weights, saying once which reward returned it."""
+    import torch
+    from trl import GRPOConfig, GRPOTrainer
+
+    import mp_worker as w
+    from test_trainer import _load
+
+    class StockStub(GRPOTrainer):
+        def _generate_single_turn(self, prompt_ids: Any, images: Any, multimodal_fields: Any, num_generations: int,
+                                  has_tool_images: bool = False) -> Any:
+            return [w.stub_completion(p, i % num_generations) for i, p in enumerate(prompt_ids)], None
+
+    common = dict(use_cpu=True, bf16=False, report_to="none", save_strategy="no", num_generations=4,
+                  max_completion_length=12, optim="sgd", learning_rate=0.1, max_grad_norm=0.0, seed=0,
+                  disable_tqdm=True, dataloader_num_workers=0, per_device_train_batch_size=8, max_steps=2)
+    params = []
+    for cls, args in ((StockStub, GRPOConfig(output_dir=str(tmp_path / "trl"), **common)),
+                      (w.stub_trainer_class(one_pass=True),
+                       w.make_config(tmp_path / "ictrl", **common, token_selector="all"))):
+        model, tokenizer = _load(tiny_model_dir)
+        trainer = cls(model=model, reward_funcs=list(rewards), args=args, train_dataset=w.make_dataset(),
+                      processing_class=tokenizer)
+        with caplog.at_level(logging.WARNING, logger="ictrl"):
+            trainer.train()
+        assert trainer.state.global_step == 2
+        params.append({k: v.detach().clone() for k, v in trainer.model.named_parameters()})
+    start = dict(_load(tiny_model_dir)[0].named_parameters())
+    assert max(float((params[0][k] - start[k]).abs().max()) for k in start) > 1e-4
+    for k in start:
+        torch.testing.assert_close(params[1][k], params[0][k], rtol=1e-4, atol=1e-7, msg=k)
+    said = [r.getMessage() for r in caplog.records if "returned NaN" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith("reward '_nan_every_third' returned NaN for row 0") \
+        and "taken as None" in said[0], said
+
+
+def test_under_all_inf_still_stops_and_ictrls_methods_still_stop_on_nan() -> None:
+    """What TRL would train on as garbage (``inf``: the group's advantages NaN, then 0) or fail on (a string)
+    stops the run under every selector; a NaN stops ictrl's own methods."""
+    batch = {"completions": ["a", "b"]}
+    trl_loss = RewardPolicy(nan_is_none=True)
+    assert trl_loss.check("r", [float("nan"), 1.0], batch)[1] == 1.0
+    for bad in ([float("inf"), 1.0], ["x", 1.0], [1.0]):
+        with pytest.raises(policy.RewardError, match="reward 'r' returned"):
+            trl_loss.check("r", bad, batch)
+    with pytest.raises(policy.RewardError, match="NaN; return None"):
+        RewardPolicy().check("r", [float("nan"), 1.0], batch)

@@ -10,7 +10,9 @@ word), and a reward that hangs has no deadline. :class:`RewardPolicy` wraps each
 
 - the result is not a list/tuple of one value per completion;
 - a value is not a real number or ``None`` (a string, a list, a tensor of several values);
-- a value is ``inf`` / ``-inf``, or NaN: ``None`` is how a reward says "not scored", a NaN is a failure;
+- a value is ``inf`` / ``-inf``, or NaN: ``None`` is how a reward says "not scored", a NaN is a failure of
+  ictrl's methods; under ``token_selector: all`` (TRL's loss, ``nan_is_none``) a NaN is taken as TRL takes it, as
+  ``None`` (``nansum`` over the rewards skips it), with one warning naming the reward the first time;
 - the reward raises (the exception's type and first line; ``sys.exit`` and any ``BaseException`` but Ctrl-C too,
   so no reward ends a run silently), or runs past ``reward_timeout`` seconds.
 
@@ -140,8 +142,9 @@ class RewardPolicy:
     pending; ``step``: a callable giving the optimizer step, for the messages."""
 
     def __init__(self, timeout: float | None = None, no_signal_steps: int = 0, steps_per_batch: int = 1,
-                 step: Callable[[], int] | None = None) -> None:
+                 step: Callable[[], int] | None = None, nan_is_none: bool = False) -> None:
         self.timeout = timeout
+        self.nan_is_none = nan_is_none
         self.no_signal_steps = no_signal_steps
         self.steps_per_batch = max(1, steps_per_batch)
         self.step = step or (lambda: 0)
@@ -155,9 +158,10 @@ class RewardPolicy:
     @classmethod
     def from_args(cls, args: Any, step: Callable[[], int]) -> RewardPolicy:
         """The policy an ``ICTGRPOConfig`` sets (``reward_timeout``, ``no_signal_steps``), counting optimizer steps
-        per generation batch as TRL's buffer does."""
+        per generation batch as TRL's buffer does; a returned NaN is TRL's "not scored" under TRL's loss."""
         per_batch = args.steps_per_generation * args.num_iterations // args.gradient_accumulation_steps
-        return cls(args.reward_timeout, args.no_signal_steps or 0, per_batch, step=step)
+        return cls(args.reward_timeout, args.no_signal_steps or 0, per_batch, step=step,
+                   nan_is_none=bool(getattr(args.selector, "trl_loss", False)))
 
     def abandon(self) -> RewardAbandoned:
         """What SIGTERM raises in the training thread when a reward call outlives :data:`SIGTERM_GRACE_S`."""
@@ -297,6 +301,10 @@ class RewardPolicy:
             problem = _problem(value)
             if problem is not None:
                 row = f"row {i}" + (f" (id {quote(ids[i], 80)})" if isinstance(ids, list) and i < len(ids) else "")
+                if problem == NAN_PROBLEM and self.nan_is_none:
+                    self._name_once(name, "nan", f"reward {name!r} returned NaN for {row} at step {self.step()}: "
+                                    "taken as None (not scored), as TRL's GRPO takes it under token_selector: all")
+                    continue
                 raise RewardError(f"reward {name!r} returned {quote(value, 80)} for {row} at step {self.step()}: "
                                   f"{problem}")
         return list(out)
@@ -393,6 +401,9 @@ class StillRunning:
                         log.warning("reward %r is still running after %.0f s at step %d", name, now - start, step)
 
 
+NAN_PROBLEM = "NaN; return None for a completion the reward does not score"
+
+
 def _problem(value: Any) -> str | None:
     if value is None or isinstance(value, bool):
         return None
@@ -406,7 +417,7 @@ def _problem(value: Any) -> str | None:
     except OverflowError:  # an int or Fraction past float's range (10**400): TRL's float tensor cannot hold it
         return "beyond the range of a float (about 1.8e308)"
     if math.isnan(number):
-        return "NaN; return None for a completion the reward does not score"
+        return NAN_PROBLEM
     if math.isinf(number):
         return "not finite"
     return None
