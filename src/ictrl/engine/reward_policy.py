@@ -3,8 +3,8 @@
 TRL's ``GRPOTrainer._calculate_rewards`` takes each reward function's list as it comes: ``None`` is its convention
 for "this reward does not score this completion" (it becomes NaN, which ``nansum`` and ``nanmean`` skip), and
 anything else goes through ``torch.tensor``. So a string crashes deep inside TRL without naming the reward, an
-``inf`` or a returned NaN turns the group's advantages into NaN, which TRL sets to 0 (no learning signal, no
-word), and a reward that hangs has no deadline. :class:`RewardPolicy` wraps each reward *function* of a trainer
+``inf`` turns the group's advantages into NaN, which TRL sets to 0 (no learning signal, no word), a returned NaN
+is skipped as a ``None`` is, and a reward that hangs has no deadline. :class:`RewardPolicy` wraps each reward *function* of a trainer
 (:meth:`RewardPolicy.wrap`, TRL's name and sync/async kind kept) and stops the run at that step with a
 :class:`RewardError` naming the reward, the row and the value when:
 
