@@ -224,13 +224,15 @@ def load_model_and_tokenizer(
     dtype: str | torch.dtype = "auto",
     device: str | torch.device | None = None,
     trust_remote_code: bool = False,
+    float32_on_cpu: bool = True,
     **init_kwargs: Any,
 ) -> tuple[Any, Any]:
     """Load a causal LM and its tokenizer from a hub id or a local directory.
 
     The tokenizer gets left padding (generation) and a pad token if it has none.
     ``dtype="auto"`` keeps the checkpoint's dtype on GPU and uses float32 on CPU,
-    where bf16 is about twice as slow. ``init_kwargs`` go to ``from_pretrained`` as
+    where bf16 is about twice as slow (``float32_on_cpu=False``: the checkpoint's there too, as
+    ``from_pretrained`` and ``trl grpo`` read ``auto``). ``init_kwargs`` go to ``from_pretrained`` as
     they are (TRL's ``model_init_kwargs``: ``attn_implementation``, ``quantization_config``,
     ``device_map``, ``revision``, ...); with a ``device_map`` or a quantization the
     model stays where ``from_pretrained`` placed it.
@@ -251,7 +253,7 @@ def load_model_and_tokenizer(
               else torch.device("cuda" if torch.cuda.is_available() else "cpu"))
     if isinstance(dtype, str) and dtype != "auto":
         dtype = _compute_dtype(dtype)
-    if dtype == "auto" and target.type == "cpu":
+    if dtype == "auto" and target.type == "cpu" and float32_on_cpu:
         dtype = torch.float32
     try:
         model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype, trust_remote_code=trust_remote_code,

@@ -262,3 +262,37 @@ def test_a_torn_default_accelerate_config_is_one_line_naming_it(tmp_path: Path) 
     Path(config.default_config_file).write_text("mixed_precision: [bf16\n")
     with pytest.raises(ConfigError, match=rf"the default accelerate config {config.default_config_file} cannot be read"):
         _build(tmp_path)
+
+
+@pytest.mark.parametrize("override", ['--model_init_kwargs={"dtype": "auto"}', "--dtype=auto"])
+def test_dtype_auto_on_cpu_loads_the_checkpoints_dtype_as_trl_grpo(tiny_model_dir: Path, tmp_path: Path,
+                                                                   override: str) -> None:
+    """A checkpoint saved in bf16, ``dtype: auto`` on CPU: ``ictrl train``'s model loading (its from_pretrained
+    arguments, its loader) gives the dtype ``trl grpo``'s gives (its model_init_kwargs into TRL's
+    create_model_from_path): the checkpoint's, bf16."""
+    import shutil
+
+    import torch
+    from transformers import AutoModelForCausalLM
+    from trl import ModelConfig
+    from trl.trainer.utils import create_model_from_path
+
+    from ictrl.train_cli import model_init
+    from ictrl.train_cli.run import _model_and_tokenizer
+    from ictrl.train_cli.run_config import load_config
+
+    saved = tmp_path / "bf16"
+    AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.bfloat16).save_pretrained(saved)
+    for name in tiny_model_dir.iterdir():
+        if not (saved / name.name).exists():
+            shutil.copy(name, saved / name.name)
+    cfg = load_config(CELL, [f"--output_dir={tmp_path / 'out'}", f"--model_name_or_path={saved}", override])
+    ours, _ = _model_and_tokenizer(cfg, model_init.load_kwargs(cfg), None)
+    # trl grpo (trl/scripts/grpo.py): ModelConfig's dtype, then model_init_kwargs over it
+    model_args = ModelConfig(model_name_or_path=str(saved), dtype="auto" if override == "--dtype=auto" else "float32")
+    kwargs = {"revision": model_args.model_revision, "trust_remote_code": False,
+              "attn_implementation": model_args.attn_implementation, "dtype": model_args.dtype,
+              **({"dtype": "auto"} if override.startswith("--model_init_kwargs") else {})}
+    theirs = create_model_from_path(str(saved), **kwargs)
+    assert theirs.dtype == torch.bfloat16
+    assert {p.dtype for p in ours.parameters()} == {theirs.dtype}

@@ -4,9 +4,9 @@ TRL's ``GRPOTrainer._calculate_rewards`` takes each reward function's list as it
 for "this reward does not score this completion" (it becomes NaN, which ``nansum`` and ``nanmean`` skip), and
 anything else goes through ``torch.tensor``. So a string crashes deep inside TRL without naming the reward, an
 ``inf`` turns the group's advantages into NaN, which TRL sets to 0 (no learning signal, no word), a returned NaN
-is skipped as a ``None`` is, and a reward that hangs has no deadline. :class:`RewardPolicy` wraps each reward *function* of a trainer
-(:meth:`RewardPolicy.wrap`, TRL's name and sync/async kind kept) and stops the run at that step with a
-:class:`RewardError` naming the reward, the row and the value when:
+is skipped as a ``None`` is, and a reward that hangs has no deadline. :class:`RewardPolicy` wraps each reward
+*function* of a trainer (:meth:`RewardPolicy.wrap`, TRL's name and sync/async kind kept) and stops the run at that
+step with a :class:`RewardError` naming the reward, the row and the value when:
 
 - the result is not a list/tuple of one value per completion;
 - a value is not a real number or ``None`` (a string, a list, a tensor of several values);

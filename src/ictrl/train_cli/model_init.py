@@ -76,10 +76,11 @@ def load_kwargs(cfg: RunConfig, source: str = "<config>") -> dict[str, Any]:
     return {k: v for k, v in kwargs.items() if v is not None and (k, v) != ("revision", "main")}
 
 
-def weights_dtype(cfg: RunConfig, cpu: bool) -> tuple[str, str] | None:
+def weights_dtype(cfg: RunConfig) -> tuple[str, str] | None:
     """(dtype, the key that set it) of the weights the run loads (``ictrl.models.load_model_and_tokenizer``):
-    ``model_init_kwargs.dtype``, else ``dtype``; ``auto`` is float32 on CPU and the checkpoint's own on a GPU
-    (None: not known before the weights load, nor for a quantized model, whose weights are the quantizer's)."""
+    ``model_init_kwargs.dtype``, else ``dtype``; ``auto`` is the checkpoint's own, on CPU as on a GPU (as
+    ``trl grpo`` loads it): None, not known before the weights load, nor for a quantized model, whose weights are
+    the quantizer's."""
     raw = cfg.trainer.get(KEY)
     if isinstance(raw, str):
         try:
@@ -90,8 +91,8 @@ def weights_dtype(cfg: RunConfig, cpu: bool) -> tuple[str, str] | None:
     if cfg.model.load_in_4bit or cfg.model.load_in_8bit or raw.get("quantization_config") is not None:
         return None
     key, dtype = (f"{KEY}.dtype", raw["dtype"]) if raw.get("dtype") is not None else ("dtype", cfg.model.dtype)
-    if dtype in (None, "auto"):
-        return ("float32", f"{key}: auto, float32 on CPU") if cpu else None
+    if dtype in (None, "auto"):  # the line after the load names the weights' real dtype
+        return None
     return (str(dtype), key) if dtype in DTYPES else None
 
 

@@ -195,7 +195,7 @@ def build_trainer_args(cfg: RunConfig, source: str = "<config>", cpu: bool | Non
     if (by_launch := launch_precision()) is not None and not (args.bf16 or args.fp16):
         args.mixed_precision = by_launch[0]
         precision, why = run_precision(args)[0], by_launch[1] or run_precision(args)[1]
-    weights = model_init.weights_dtype(cfg, cpu)
+    weights = model_init.weights_dtype(cfg)
     if weights is not None and weights[0] != "float32" and precision == "fp32":  # no autocast: the weights' dtype
         precision, why = SHORT_DTYPES[weights[0]], f"the model's weights load in {weights[0]} ({weights[1]}); {why}"
     (_note_cpu if cpu else _note_precision)(f"{precision} ({why})")

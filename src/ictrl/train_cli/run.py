@@ -267,7 +267,8 @@ def _model_and_tokenizer(cfg: RunConfig, init_kwargs: dict[str, Any], template: 
     ``template``, the one the rows were checked with (saved with the model)."""
     from ictrl.models import load_model_and_tokenizer
 
-    model, tokenizer = load_model_and_tokenizer(cfg.model.model_name_or_path, **init_kwargs)
+    # dtype auto is the checkpoint's dtype on CPU too, as trl grpo's from_pretrained reads it
+    model, tokenizer = load_model_and_tokenizer(cfg.model.model_name_or_path, float32_on_cpu=False, **init_kwargs)
     # the weights' real dtype: the precision line before the load could only read it from the keys (auto on a GPU
     # is the checkpoint's)
     dtypes = sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters() if p.is_floating_point()})
