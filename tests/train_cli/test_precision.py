@@ -266,10 +266,12 @@ def test_a_torn_default_accelerate_config_is_one_line_naming_it(tmp_path: Path) 
 
 @pytest.mark.parametrize("override", ['--model_init_kwargs={"dtype": "auto"}', "--dtype=auto"])
 def test_dtype_auto_on_cpu_loads_the_checkpoints_dtype_as_trl_grpo(tiny_model_dir: Path, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch,
+                                                                   caplog: pytest.LogCaptureFixture,
                                                                    override: str) -> None:
     """A checkpoint saved in bf16, ``dtype: auto`` on CPU: ``ictrl train``'s model loading (its from_pretrained
     arguments, its loader) gives the dtype ``trl grpo``'s gives (its model_init_kwargs into TRL's
-    create_model_from_path): the checkpoint's, bf16."""
+    create_model_from_path): the checkpoint's, bf16, and the precision line says so."""
     import shutil
 
     import torch
@@ -295,4 +297,11 @@ def test_dtype_auto_on_cpu_loads_the_checkpoints_dtype_as_trl_grpo(tiny_model_di
               **({"dtype": "auto"} if override.startswith("--model_init_kwargs") else {})}
     theirs = create_model_from_path(str(saved), **kwargs)
     assert theirs.dtype == torch.bfloat16
+    monkeypatch.delenv("ACCELERATE_MIXED_PRECISION", raising=False)
     assert {p.dtype for p in ours.parameters()} == {theirs.dtype}
+    # the precision line, before the load, reads it where from_pretrained does: the checkpoint's config.json
+    key = "model_init_kwargs.dtype" if override.startswith("--model_init_kwargs") else "dtype"
+    with caplog.at_level(logging.WARNING, logger="ictrl"):
+        _build(tmp_path, "--bf16=false", f"--model_name_or_path={saved}", override)
+    assert f"training on CPU in bf16 (the model's weights load in bfloat16 ({key}: auto, the checkpoint's)" \
+        in caplog.text, caplog.text

@@ -79,8 +79,8 @@ def load_kwargs(cfg: RunConfig, source: str = "<config>") -> dict[str, Any]:
 def weights_dtype(cfg: RunConfig) -> tuple[str, str] | None:
     """(dtype, the key that set it) of the weights the run loads (``ictrl.models.load_model_and_tokenizer``):
     ``model_init_kwargs.dtype``, else ``dtype``; ``auto`` is the checkpoint's own, on CPU as on a GPU (as
-    ``trl grpo`` loads it): None, not known before the weights load, nor for a quantized model, whose weights are
-    the quantizer's."""
+    ``trl grpo`` loads it), read where ``from_pretrained`` reads it first, a local ``config.json``'s ``dtype``
+    (None: not known before the weights load, nor for a quantized model, whose weights are the quantizer's)."""
     raw = cfg.trainer.get(KEY)
     if isinstance(raw, str):
         try:
@@ -91,9 +91,22 @@ def weights_dtype(cfg: RunConfig) -> tuple[str, str] | None:
     if cfg.model.load_in_4bit or cfg.model.load_in_8bit or raw.get("quantization_config") is not None:
         return None
     key, dtype = (f"{KEY}.dtype", raw["dtype"]) if raw.get("dtype") is not None else ("dtype", cfg.model.dtype)
-    if dtype in (None, "auto"):  # the line after the load names the weights' real dtype
-        return None
+    if dtype in (None, "auto"):  # else the line after the load names the weights' real dtype
+        saved = _saved_dtype(cfg.model.model_name_or_path)
+        return (saved, f"{key}: auto, the checkpoint's") if saved is not None else None
     return (str(dtype), key) if dtype in DTYPES else None
+
+
+def _saved_dtype(model: str | None) -> str | None:
+    """The dtype a local checkpoint's ``config.json`` records (``dtype``, or transformers 4's ``torch_dtype``),
+    when it is one of :data:`DTYPES`; None for a hub id or an unreadable file (the model load says why)."""
+    path = Path(model or "") / "config.json"
+    try:
+        config = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    except (OSError, ValueError, RecursionError):
+        return None
+    saved = config.get("dtype", config.get("torch_dtype")) if isinstance(config, dict) else None
+    return saved if saved in DTYPES and saved != "auto" else None
 
 
 def _kbit_device_map() -> dict[str, int] | None:
