@@ -150,7 +150,8 @@ def test_the_commands_a_run_prints_and_records_hide_the_token(tiny_model_dir: Pa
                                                               monkeypatch: pytest.MonkeyPatch,
                                                               capsys: pytest.CaptureFixture[str]) -> None:
     """The resume line a stop prints and the line the model card records are built from the command as typed:
-    a ``--hub_token`` (either spelling) is ``<redacted>`` in both."""
+    a ``--hub_token`` (either spelling) is ``<redacted>`` in both; ``--print-config`` leaves it out, as config.yaml
+    does."""
     import ictrl.train_cli.run as run
 
     seen: dict[str, Any] = {}
@@ -165,6 +166,9 @@ def test_the_commands_a_run_prints_and_records_hide_the_token(tiny_model_dir: Pa
     for line in (seen["resume_command"], seen["command"]):
         assert TOKEN not in line and line.count("<redacted>") == 2, line
     assert seen["resume_command"].endswith(" --resume")
+    assert cli.main(["train", cfg, f"--hub_token={TOKEN}", "--print-config"]) == 0
+    printed = capsys.readouterr().out
+    assert "learning_rate:" in printed and TOKEN not in printed, printed
 
 
 FAILING_REWARD = '''

@@ -25,7 +25,7 @@ import yaml
 
 from ictrl.cliargs import VERBOSE_ENV, env_flag
 from ictrl.errors import shorten
-from ictrl.files import redact_command
+from ictrl.files import redact_command, without_secrets
 from ictrl.train_cli.launch import FLAGS as LAUNCH_FLAGS
 from ictrl.train_cli.launch import Launch, LaunchError
 from ictrl.train_cli.run_guard import MODE_FLAGS, NO_OP_FLAG, OVERWRITE_FLAG
@@ -269,7 +269,8 @@ def run(args: argparse.Namespace) -> int:
                 # every value checked before it is shown, for the processes the run will have
                 checked = preflight(cfg, config, set_by_flag, values_only=True,
                                     processes=launch.total_processes() if launch.requested() else None)
-                sys.stdout.write(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+                # less its secrets, as config.yaml is: a printed file is kept and shared as one
+                sys.stdout.write(yaml.safe_dump(without_secrets(config_to_dict(cfg)), sort_keys=False))
                 sys.stdout.write(_method_comment(cfg, checked.args))
                 return 0
 
