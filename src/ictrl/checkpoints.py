@@ -308,6 +308,16 @@ def check_weights(directory: str | os.PathLike[str]) -> str | None:
     return None
 
 
+def _recorded_files(root: Path) -> dict[str, Any]:
+    """The per-file records (size, sha256) of ``root``'s ictrl manifest, or {} where it has none or it cannot be
+    read (the digests then hash the files themselves)."""
+    try:
+        recorded = json.loads((root / MANIFEST).read_text())["files"] if (root / MANIFEST).is_file() else {}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+    return recorded if isinstance(recorded, dict) else {}
+
+
 def weights_digest(directory: str | os.PathLike[str]) -> str | None:
     """The sha256 over the model directory's weight files (name and sha256 of each; from its manifest when it has
     one, so a verified checkpoint is not hashed twice); None for a hub id or a directory without weights."""
@@ -317,12 +327,7 @@ def weights_digest(directory: str | os.PathLike[str]) -> str | None:
     files = _weight_files(root)
     if not files:
         return None
-    recorded: dict[str, Any] = {}
-    if (root / MANIFEST).is_file():
-        try:
-            recorded = json.loads((root / MANIFEST).read_text())["files"]
-        except (OSError, ValueError, KeyError, TypeError):
-            recorded = {}
+    recorded = _recorded_files(root)
     digest = hashlib.sha256()
     for path in files:
         known = recorded.get(path.name)
@@ -347,16 +352,11 @@ def model_digest(directory: str | os.PathLike[str]) -> str | None:
     root = Path(directory)
     if not root.is_dir():
         return None
-    recorded: dict[str, Any] = {}
-    if (root / MANIFEST).is_file():
-        try:
-            recorded = json.loads((root / MANIFEST).read_text())["files"]
-        except (OSError, ValueError, KeyError, TypeError):
-            recorded = {}
+    recorded = _recorded_files(root)
     digest = hashlib.sha256()
     for path in sorted(p for p in root.iterdir() if p.is_file() and _model_file(p.name)):
         name, size = path.name, path.stat().st_size
-        known = recorded.get(name) if isinstance(recorded, dict) else None
+        known = recorded.get(name)
         if isinstance(known, dict) and known.get("size") == size and "sha256" in known:
             content = str(known["sha256"])
         else:
