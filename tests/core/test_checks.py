@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from ictrl.core.checks import (FLOAT, INT, MASK, OptionError, as_bool_mask, check_number, check_tensor,
-                               require_finite, trusted_inputs)
+                               require_finite, to_bool_mask)
 
 
 def test_as_bool_mask_accepts_01_and_rejects_other_values() -> None:
@@ -26,12 +26,13 @@ def test_check_tensor_names_the_argument(value: object, shape: tuple, kind: str 
         check_tensor("x", value, shape, kind, of="logprobs' ")
 
 
-def test_check_tensor_returns_a_bool_mask_and_only_converts_when_trusted() -> None:
+def test_check_tensor_returns_a_bool_mask_and_to_bool_mask_only_converts() -> None:
     assert check_tensor("m", torch.tensor([[0, 1]]), ("B", 2), MASK).tolist() == [[False, True]]
     ids = torch.zeros(2, dtype=torch.long)
     assert check_tensor("ids", ids, (2,), INT) is ids
-    with trusted_inputs():
-        assert check_tensor("m", torch.tensor([[0, 2]]), (5,), MASK).tolist() == [[False, True]]  # taken as built
+    assert to_bool_mask(torch.tensor([[0, 2]])).tolist() == [[False, True]]  # taken as built
+    built = torch.tensor([True, False])
+    assert to_bool_mask(built) is built
 
 
 @pytest.mark.parametrize(("value", "rule", "reason"), [
@@ -120,31 +121,23 @@ def test_require_on_device_on_cuda_defers_without_a_device_assert() -> None:
     assert torch.ones(2, device="cuda").sum().item() == 2  # the context still works
 
 
-def test_trusted_inputs_skips_argument_checks_but_not_the_divergence_checks(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The trainer's step (``trusted_inputs``) takes its own tensors as built; a user's call is checked where it
-    enters; ``ICTRL_DEBUG_CHECKS=1`` checks the step too. Non-finite logits or log-probs raise either way."""
-    from ictrl.core.checks import DEBUG_ENV, checking, trusted_inputs
-    from ictrl.core.loss import policy_loss
-    from ictrl.core.stats import token_stats
+def test_unchecked_bodies_skip_argument_checks_but_not_the_divergence_checks() -> None:
+    """The public faces check their arguments; the unchecked bodies the trainer's step calls take its own tensors
+    as built. Non-finite logits or log-probs raise either way."""
+    from ictrl.core.loss import policy_loss, policy_loss_unchecked
+    from ictrl.core.stats import token_stats, token_stats_unchecked
 
     logits, mask = torch.zeros(2, 3, 5), torch.tensor([[1, 1, 0], [1, 0, 0]])
     lp, adv = torch.zeros(2, 3), torch.zeros(2)
     wrong = torch.tensor([[0, 2, 0], [1, 0, 0]])  # not 0/1
-    monkeypatch.delenv(DEBUG_ENV, raising=False)
     with pytest.raises(ValueError, match="mask must be bool or hold only 0/1"):
         token_stats(logits, wrong)
     with pytest.raises(ValueError, match="old_logprobs must have logprobs' shape"):
         policy_loss(lp, lp[:, :2], adv, mask)
-    with trusted_inputs():
-        assert not checking()
-        assert token_stats(logits, wrong).entropy.shape == (2, 3)  # read as != 0, no host read
-        policy_loss(lp, lp, adv, mask)
-        logits[0, 1, 2] = float("nan")
-        with pytest.raises(ValueError, match="logits .* is not finite"):
-            token_stats(logits, mask)
-        with pytest.raises(ValueError, match="logprobs is not finite"):
-            policy_loss(lp.masked_fill(mask.bool(), float("nan")), lp, adv, mask)
-    assert checking()
-    monkeypatch.setenv(DEBUG_ENV, "1")
-    with trusted_inputs(), pytest.raises(ValueError, match="mask must be bool or hold only 0/1"):
-        token_stats(torch.zeros(2, 3, 5), wrong)
+    assert token_stats_unchecked(logits, wrong).entropy.shape == (2, 3)  # read as != 0, no host read
+    policy_loss_unchecked(lp, lp, adv, mask)
+    logits[0, 1, 2] = float("nan")
+    with pytest.raises(ValueError, match="logits .* is not finite"):
+        token_stats_unchecked(logits, mask)
+    with pytest.raises(ValueError, match="logprobs is not finite"):
+        policy_loss_unchecked(lp.masked_fill(mask.bool(), float("nan")), lp, adv, mask)

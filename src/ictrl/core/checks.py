@@ -6,36 +6,20 @@ so a bad tensor is found where it enters rather than as a NaN three functions la
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
-from collections.abc import Iterator, Sequence
-from contextvars import ContextVar
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch import Tensor
 
-DEBUG_ENV = "ICTRL_DEBUG_CHECKS"  # "1": the trainer's step checks its own tensors too
-_TRUSTED: ContextVar[bool] = ContextVar("ictrl_trusted_inputs", default=False)
+DEBUG_ENV = "ICTRL_DEBUG_CHECKS"  # "1": the trainer's step calls the checked faces on its own tensors too
 
 
-@contextlib.contextmanager
-def trusted_inputs() -> Iterator[None]:
-    """Inside, the core's public functions take their tensor arguments as built: shapes, dtypes, 0/1 masks and
-    token ranges are not checked (:func:`checking` is False). The trainer's step runs inside it, on tensors it
-    built itself; a user's call outside it is checked where it enters. ``ICTRL_DEBUG_CHECKS=1`` keeps every check
-    in the step too. The checks that find a diverged model (non-finite logits or log-probs) run either way."""
-    token = _TRUSTED.set(os.environ.get(DEBUG_ENV, "").strip().lower() not in ("1", "true", "yes", "on"))
-    try:
-        yield
-    finally:
-        _TRUSTED.reset(token)
-
-
-def checking() -> bool:
-    """Whether a public core function checks its arguments: False inside :func:`trusted_inputs`."""
-    return not _TRUSTED.get()
+def debug_checks() -> bool:
+    """Whether ``ICTRL_DEBUG_CHECKS`` asks the trainer's step to check the tensors it built (read once per run)."""
+    return os.environ.get(DEBUG_ENV, "").strip().lower() in ("1", "true", "yes", "on")
 
 
 class OptionError(ValueError):
@@ -67,11 +51,16 @@ def check_number(name: str, value: Any, low: float = 0, high: float | None = Non
     return value if integer else float(value)
 
 
+def to_bool_mask(mask: Tensor) -> Tensor:
+    """``mask`` as a bool tensor, unchecked: the conversion the internal bodies make of a mask the step built."""
+    return mask if mask.dtype == torch.bool else mask != 0
+
+
 def as_bool_mask(mask: Tensor, name: str = "mask") -> Tensor:
-    """Return the tensor ``mask`` as a bool tensor; it must be bool or hold only 0 and 1 (read on the host, unless
-    :func:`trusted_inputs`). Its callers have checked that it is a tensor (:func:`check_tensor`)."""
-    if mask.dtype == torch.bool or not checking():
-        return mask if mask.dtype == torch.bool else mask != 0
+    """Return the tensor ``mask`` as a bool tensor; it must be bool or hold only 0 and 1 (read on the host). Its
+    callers have checked that it is a tensor (:func:`check_tensor`)."""
+    if mask.dtype == torch.bool:
+        return mask
     if mask.is_complex() or not bool(((mask == 0) | (mask == 1)).all()):
         raise ValueError(f"{name} must be bool or hold only 0/1 values")
     return mask != 0
@@ -83,10 +72,7 @@ FLOAT, INT, MASK = "floating point", "an integer tensor", "bool or 0/1"  # the k
 def check_tensor(name: str, value: Any, shape: Sequence[int | str], kind: str | None = None, of: str = "") -> Tensor:
     """The one check of a public core function's tensor argument ``name``: a ``torch.Tensor`` of ``shape`` (a size,
     or a letter for a free one: ``("B", "T", "V")``) holding ``kind`` (FLOAT, INT, or MASK, returned as bool);
-    returns it. ``of`` says whose shape it must share ("logprobs' "). Raises ValueError naming the argument. Inside
-    :func:`trusted_inputs` nothing is checked: a mask is only converted."""
-    if not checking():
-        return as_bool_mask(value, name) if kind == MASK else value
+    returns it. ``of`` says whose shape it must share ("logprobs' "). Raises ValueError naming the argument."""
     if not isinstance(value, Tensor):
         raise ValueError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
     if value.dim() != len(shape):

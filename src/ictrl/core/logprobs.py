@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from ictrl.core.checks import FLOAT, INT, MASK, check_tensor, checking, require_on_device
+from ictrl.core.checks import FLOAT, INT, MASK, check_tensor, require_on_device, to_bool_mask
 from ictrl.core.stats_checks import check_temperature_chunk
 
 __all__ = ["selected_token_logprobs"]
@@ -60,16 +60,12 @@ def _validate(
     mask: Tensor | None,
     temperature: float,
     chunk_size: int | None,
-) -> tuple[Tensor, Tensor, int | None]:
-    """Check arguments; return (selected bool, mask bool, V or None). Inside
-    :func:`ictrl.core.checks.trusted_inputs` (the trainer's step) only the conversions."""
+) -> None:
+    """Check the arguments of :func:`selected_token_logprobs`; the value checks run on the device (no host read)."""
     check_tensor("hidden", hidden, ("B", "T", "H"), FLOAT)
     B, T, H = hidden.shape
     sel = check_tensor("selected", selected, (B, T), MASK).to(hidden.device)
     full = torch.ones_like(sel) if mask is None else check_tensor("mask", mask, (B, T), MASK).to(hidden.device)
-    V = _vocab_size(lm_head)
-    if not checking():
-        return sel, full, V
     if isinstance(lm_head, Tensor) and (lm_head.dim() != 2 or lm_head.shape[1] != H or
                                         not lm_head.dtype.is_floating_point):
         raise ValueError(f"lm_head as a tensor must be a floating weight [V, H={H}], got {tuple(lm_head.shape)} "
@@ -81,11 +77,11 @@ def _validate(
     if mask is not None:  # checked on the device: no host read in the training step
         require_on_device(~(sel & ~full).any(), "selected must be a subset of mask (a selected position lies "
                           "outside the mask)")
+    V = _vocab_size(lm_head)
     if V is not None:  # without a mask only the selected positions are scored
         scored = sel if mask is None else full
         require_on_device(((tok >= 0) & (tok < V) | ~scored).all(), f"tokens at the positions scored must lie in "
                           f"[0, {V})")
-    return sel, full, V
 
 
 def _rows(chunk_size: int | None, V: int, device: torch.device) -> int:
@@ -239,7 +235,26 @@ def selected_token_logprobs(
         connected to ``hidden`` and the head's weights even when nothing is selected (zero gradients, no NaN), so
         ``loss.backward()`` always works.
     """
-    sel, full, V = _validate(hidden, lm_head, tokens, selected, mask, temperature, chunk_size)
+    _validate(hidden, lm_head, tokens, selected, mask, temperature, chunk_size)
+    return selected_token_logprobs_unchecked(hidden, lm_head, tokens, selected, temperature, chunk_size,
+                                             with_unselected, mask)
+
+
+def selected_token_logprobs_unchecked(
+    hidden: Tensor,
+    lm_head: nn.Module | Tensor,
+    tokens: Tensor,
+    selected: Tensor,
+    temperature: float = 1.0,
+    chunk_size: int | None = None,
+    with_unselected: bool = False,
+    mask: Tensor | None = None,
+) -> Tensor:
+    """:func:`selected_token_logprobs` on arguments the caller built (the trainer's step): taken as they are,
+    masks only converted to bool."""
+    sel = to_bool_mask(selected).to(hidden.device)
+    full = torch.ones_like(sel) if mask is None else to_bool_mask(mask).to(hidden.device)
+    V = _vocab_size(lm_head)
     B, T, H = hidden.shape
     rows = _rows(chunk_size, V or 151_936, hidden.device)
     out_dtype = torch.float32 if hidden.dtype in (torch.float16, torch.bfloat16) else hidden.dtype

@@ -10,7 +10,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from ictrl.core.checks import OptionError, as_bool_mask, check_number, check_tensor, checking, require_finite
+from ictrl.core.checks import OptionError, as_bool_mask, check_number, check_tensor, require_finite, to_bool_mask
 
 NORM_MODES = ("per_response_selected", "token_mean_selected", "token_mean_all", "per_response_all", "dr_grpo",
               "sequence_sum")
@@ -293,12 +293,20 @@ def policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask
         given ``mean_entropy_selected``, ``kl`` (mean k3 over M), ``is_ratio_mean`` and ``is_clipped_frac`` (mean
         weight w over M, fraction of M where w was truncated or masked). Means over an empty M are 0.
     """
-    if checking():  # not on the trainer's own tensors (checks.trusted_inputs); the finite checks below always run
-        _check_batch(logprobs, old_logprobs, advantages, mask, selected, extras)
+    _check_batch(logprobs, old_logprobs, advantages, mask, selected, extras)
+    return policy_loss_unchecked(logprobs, old_logprobs, advantages, as_bool_mask(mask, "mask"),
+                                 None if selected is None else as_bool_mask(selected, "selected"), spec, extras)
+
+
+def policy_loss_unchecked(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor,
+                          selected: Tensor | None = None, spec: LossSpec = _DEFAULT_SPEC,
+                          extras: LossExtras = _NO_EXTRAS) -> tuple[Tensor, dict[str, Tensor]]:
+    """:func:`policy_loss` on tensors the caller built (the trainer's step): shapes and 0/1 masks taken as they
+    are; the checks that find a diverged model (non-finite log-probs where they are read) still run."""
     kind, ref_logprobs, sampler_logprobs = LOSS_TYPES[spec.loss_type], extras.ref_logprobs, extras.sampler_logprobs
     behaviour = _behaviour_logprobs(old_logprobs, spec, extras)
-    mask = as_bool_mask(mask, "mask")
-    active = mask if selected is None else as_bool_mask(selected, "selected") & mask
+    mask = to_bool_mask(mask)
+    active = mask if selected is None else to_bool_mask(selected) & mask
     kl_where = mask if spec.kl_scope == "all_tokens" and ref_logprobs is not None else active
     read = mask if kind.whole_response or behaviour is not None else active | kl_where
     cover = _Cover(mask, active, kl_where, read)

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ictrl.core.checks import FLOAT, INT, MASK, check_tensor, require_on_device
+from ictrl.core.checks import FLOAT, INT, MASK, check_tensor, require_on_device, to_bool_mask
 from ictrl.core.kernels import group_js as _fused
-from ictrl.core.stats_checks import require_finite_rows, validate
+from ictrl.core.stats_checks import convert, require_finite_rows, validate
 
 __all__ = [
     "TokenStats",
@@ -197,6 +197,24 @@ def token_stats(
     reading as id 0 meanwhile. Not needed for correctness; other backends still read the mask on the host.
     """
     mask, tokens, group_ids = validate(logits, mask, tokens, group_ids, temperature, chunk_size, group_size)
+    return token_stats_unchecked(logits, mask, tokens, temperature, chunk_size, group_ids, backend, group_size)
+
+
+@torch.no_grad()
+def token_stats_unchecked(
+    logits: Tensor,
+    mask: Tensor,
+    tokens: Tensor | None = None,
+    temperature: float = 1.0,
+    chunk_size: int | None = None,
+    group_ids: Tensor | None = None,
+    backend: str = "auto",
+    group_size: int | None = None,
+) -> TokenStats:
+    """:func:`token_stats` on arguments the caller built (the trainer's step): shapes, dtypes, 0/1 masks, token
+    ranges and options are taken as they are, only converted; the checks that find a diverged model (non-finite
+    logits) still run."""
+    mask, tokens, group_ids = convert(logits, mask, tokens, group_ids, group_size)
     B, T, V = logits.shape
     rows = _rows_per_chunk(chunk_size, V)
     flat = logits.reshape(B * T, V)
@@ -395,10 +413,20 @@ def group_js_divergence_topk(
     :func:`group_js_divergence`. Computed in float64 over [G, t_block, G*K + 1] blocks.
     """
     check_tensor("topk_logprobs", topk_logprobs, ("B", "T", "K"), FLOAT)
-    (B, T, K), device = topk_logprobs.shape, topk_logprobs.device
+    B, T, K = topk_logprobs.shape
     check_tensor("topk_ids", topk_ids, (B, T, K), INT, of="topk_logprobs' ")
-    mask = check_tensor("mask", mask, (B, T), MASK).to(device)
-    group_ids = check_tensor("group_ids", group_ids, (B,), INT).to(device)
+    check_tensor("mask", mask, (B, T), MASK)
+    check_tensor("group_ids", group_ids, (B,), INT)
+    return group_js_divergence_topk_unchecked(topk_logprobs, topk_ids, mask, group_ids)
+
+
+@torch.no_grad()
+def group_js_divergence_topk_unchecked(topk_logprobs: Tensor, topk_ids: Tensor, mask: Tensor, group_ids: Tensor
+                                       ) -> Tensor:
+    """:func:`group_js_divergence_topk` on tensors the caller built (the trainer's step), only converted."""
+    (B, T, K), device = topk_logprobs.shape, topk_logprobs.device
+    mask = to_bool_mask(mask).to(device)
+    group_ids = group_ids.to(device)
     u = torch.zeros(B, T, dtype=torch.float32, device=device)
     _, inverse = torch.unique(group_ids, return_inverse=True)
     t_block = max(1, 2**16 // max(1, K))  # bounds [G, t_block, G*K] to a few MB per group of 8

@@ -12,7 +12,8 @@ import math
 import torch
 from torch import Tensor
 
-from ictrl.core.checks import FLOAT, INT, MASK, check_number, check_tensor, checking, require_finite, require_on_device
+from ictrl.core.checks import (FLOAT, INT, MASK, check_number, check_tensor, require_finite, require_on_device,
+                               to_bool_mask)
 
 
 def validate(
@@ -24,37 +25,50 @@ def validate(
     chunk_size: int | None,
     group_size: int | None = None,
 ) -> tuple[Tensor, Tensor | None, Tensor | None]:
-    """Check arguments; return (bool mask, tokens, group_ids) on the logits' device. With ``group_size`` the
-    token range is checked on the device (:func:`require_on_device`: no host read; on a GPU it is deferred) and
-    out-of-range tokens are returned as 0, so nothing downstream indexes past V. Inside
-    :func:`ictrl.core.checks.trusted_inputs` (the trainer's step) nothing is checked: only the conversions."""
+    """Check arguments; return (bool mask, tokens, group_ids) on the logits' device (:func:`convert`). With
+    ``group_size`` the token range is checked on the device (:func:`require_on_device`: no host read; on a GPU it
+    is deferred)."""
     check_tensor("logits", logits, ("B", "T", "V"), FLOAT)
-    (B, T, V), device = logits.shape, logits.device
-    mask = check_tensor("mask", mask, (B, T), MASK).to(device)
+    B, T, V = logits.shape
+    check_tensor("mask", mask, (B, T), MASK)
     if group_ids is not None:
-        group_ids = check_tensor("group_ids", group_ids, (B,), INT).to(device)
-    if checking():
-        check_temperature_chunk(temperature, chunk_size)
-        if V < 1:
-            raise ValueError("logits must have a non-empty vocabulary dimension")
-        if group_size is not None and (B % check_number("group_size", group_size, 1, integer=True) or
-                                       group_ids is None):
-            raise ValueError(f"group_size={group_size} must divide B = {B} and comes with group_ids")
+        check_tensor("group_ids", group_ids, (B,), INT)
+    check_temperature_chunk(temperature, chunk_size)
+    if V < 1:
+        raise ValueError("logits must have a non-empty vocabulary dimension")
+    if group_size is not None and (B % check_number("group_size", group_size, 1, integer=True) or group_ids is None):
+        raise ValueError(f"group_size={group_size} must divide B = {B} and comes with group_ids")
+    if tokens is not None:
+        check_tensor("tokens", tokens, (B, T), INT)
+    mask, tokens, group_ids = convert(logits, mask, tokens, group_ids, group_size)
     if tokens is None:
         return mask, None, group_ids
-    tokens = check_tensor("tokens", tokens, (B, T), INT).to(device)
     # Masked positions may hold padding (e.g. -100); only active ones must index the vocabulary.
     says = f"tokens at masked-in positions must lie in [0, {V})"
+    in_range = (tokens >= 0) & (tokens < V)
     if group_size is None:
-        if checking() and not bool(((tokens >= 0) & (tokens < V) | ~mask).all()):
+        if not bool((in_range | ~mask).all()):
             active = tokens[mask]
             raise ValueError(f"{says}, got range [{int(active.min())}, {int(active.max())}]")
-        return mask, tokens, group_ids
-    in_range = (tokens >= 0) & (tokens < V)
-    if checking():
+    else:
         require_on_device((in_range | ~mask).all(), says)
-    # On a GPU the device check is deferred: an id out of range must not reach a gather (a device-side assert).
-    return mask, torch.where(in_range, tokens, 0), group_ids
+    return mask, tokens, group_ids
+
+
+def convert(logits: Tensor, mask: Tensor, tokens: Tensor | None, group_ids: Tensor | None,
+            group_size: int | None = None) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """The unchecked conversions of a statistics call: (bool mask, tokens, group_ids) on the logits' device. With
+    ``group_size`` an out-of-range token reads as 0: on a GPU its device check is deferred, and an id out of range
+    must not reach a gather (a device-side assert)."""
+    device, V = logits.device, logits.shape[-1]
+    mask = to_bool_mask(mask).to(device)
+    group_ids = None if group_ids is None else group_ids.to(device)
+    if tokens is None:
+        return mask, None, group_ids
+    tokens = tokens.to(device)
+    if group_size is not None:
+        tokens = torch.where((tokens >= 0) & (tokens < V), tokens, 0)
+    return mask, tokens, group_ids
 
 
 def check_temperature_chunk(temperature: float, chunk_size: int | None) -> None:

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from ictrl.core.checks import require_on_device
-from ictrl.core.logprobs import selected_token_logprobs
+from ictrl.core.logprobs import selected_token_logprobs, selected_token_logprobs_unchecked
 from ictrl.core.metrics import Metric, read_metrics, step_metric_values
 from ictrl.core.selection import SelectionInputs, Selector, SelectorError, in_warmup, rule_source_file
 from ictrl.core.stats import TokenStats
@@ -386,9 +386,10 @@ class SelectionStep:
         gradient as for the model's own head (``sparse_backward``: ICTGRPOConfig).
         """
         assert hidden is not None
+        logprobs_of = selected_token_logprobs if self.source.check else selected_token_logprobs_unchecked
 
         def sparse_head(lm: torch.nn.Module | Tensor, h: Tensor) -> Tensor:
-            return selected_token_logprobs(h, lm, completion_ids, selected, temperature=self.temperature)
+            return logprobs_of(h, lm, completion_ids, selected, temperature=self.temperature)
 
         with self.source.autocast():
             return call_head(self.source.head(model), sparse_head, hidden, transform=self.source.transform)

@@ -5,8 +5,9 @@ forward, from hidden states the loss's forward kept, or from TRL's fused LM head
 from __future__ import annotations
 
 import contextlib
-import contextvars
+import functools
 import time
+import types
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -16,7 +17,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ictrl.core import selection
-from ictrl.core.stats import TokenStats, group_js_divergence_topk, sweep_rows, token_stats, topk_log_softmax
+from ictrl.core.stats import (TokenStats, group_js_divergence_topk, group_js_divergence_topk_unchecked, sweep_rows,
+                              token_stats, token_stats_unchecked, topk_log_softmax)
 from ictrl.engine.heads import LogitTransform, call_head
 
 STATS_PATHS = {"separate": 0.0, "shared_old_logps": 1.0, "training_forward": 2.0}
@@ -75,6 +77,7 @@ class Sweep:
     vocab: int
     rows: int | None = None
     transform: LogitTransform | None = None  # the model's final-logit transform (ictrl.engine.heads)
+    check: bool = False  # the core's checked faces on the step's own tensors (ICTRL_DEBUG_CHECKS)
 
 
 class Request(NamedTuple):
@@ -116,6 +119,8 @@ def hidden_stats(head: nn.Module, hidden: Tensor, req: Request, sweep: Sweep) ->
     itemsize = head.weight.element_size() if isinstance(getattr(head, "weight", None), Tensor) else 2  # >= logits'
     block = max(1, sweep_rows(chunk_size, V, hidden.device, itemsize) // B)
     group_size = req.group_size if topk is None and group_ids is not None else None
+    stats_of = token_stats if sweep.check else token_stats_unchecked
+    topk_js = group_js_divergence_topk if sweep.check else group_js_divergence_topk_unchecked
 
     def run(lm: nn.Module | Tensor, hidden_all: Tensor) -> tuple[list[TokenStats], list[tuple[Tensor, Tensor]]]:
         parts: list[TokenStats] = []
@@ -126,9 +131,9 @@ def hidden_stats(head: nn.Module, hidden: Tensor, req: Request, sweep: Sweep) ->
             logits = lm(h) if isinstance(lm, nn.Module) else F.linear(h.to(lm.dtype), lm)
             if logits.device.type == "cpu" or head_topk:
                 logits = logits.float()
-            parts.append(token_stats(logits, mask[:, t0:t0 + block], tokens=completion_ids[:, t0:t0 + block],
-                                     temperature=sweep.temperature, group_ids=group_ids if topk is None else None,
-                                     group_size=group_size))
+            parts.append(stats_of(logits, mask[:, t0:t0 + block], tokens=completion_ids[:, t0:t0 + block],
+                                  temperature=sweep.temperature, group_ids=group_ids if topk is None else None,
+                                  group_size=group_size))
             if head_topk:
                 topk_parts.append(topk_log_softmax(logits, topk, sweep.temperature))
             del logits
@@ -143,7 +148,7 @@ def hidden_stats(head: nn.Module, hidden: Tensor, req: Request, sweep: Sweep) ->
         return stats, torch.cat([p.ict_score for p in parts], dim=1)
     sampler_topk = req.sampler_topk or (torch.cat([lp for lp, _ in topk_parts], dim=1),
                                         torch.cat([ids for _, ids in topk_parts], dim=1))
-    return stats, group_js_divergence_topk(*sampler_topk, mask, group_ids)
+    return stats, topk_js(*sampler_topk, mask, group_ids)
 
 
 @torch.no_grad()
@@ -161,31 +166,36 @@ def model_stats(model: Any, head: nn.Module, input_ids: Tensor, attention_mask: 
 # ------------------------------------------------------------------------------------- TRL's fused head
 
 
-# Whether TRL's fused head computes log Σp² in the current call: only inside fused_forward with Wants.sum_sq
-_SUM_SQ: contextvars.ContextVar[bool] = contextvars.ContextVar("ictrl_fused_sum_sq", default=False)
-
-
-class FusedOutputs(tuple):  # type: ignore[type-arg]
-    """The fields the policy's fused head computes, log Σp² only where ictrl reads it (:func:`fused_forward` with
-    ``sum_sq``): TRL's kernel asks ``name in outputs`` on every call, and Σp² costs it one multiply and one sum
-    per logit tile, so TRL's own calls and the steps whose metrics are not logged go without it."""
-
-    def __contains__(self, name: object) -> bool:
-        return (name != "log_sum_sq_probs" or _SUM_SQ.get()) and tuple.__contains__(self, name)
+SUM_SQ_KWARG = "ictrl_log_sum_sq"  # the policy's forward argument: this fused call also computes log Σp²
 
 
 @contextlib.contextmanager
 def fused_head_with_sum_sq() -> Iterator[None]:
-    """While TRL's ``GRPOTrainer.__init__`` runs: its fused LM head on the policy can also return log Σp² (the
-    kernel computes it from the same tiles, :class:`FusedOutputs`)."""
+    """While TRL's ``GRPOTrainer.__init__`` runs: the policy gets TRL's fused LM head twice, with and without log
+    Σp² (its kernel computes it from the same tiles, at one multiply and one sum per logit tile), and its forward
+    takes ``ictrl_log_sum_sq=True`` to call the first (:func:`fused_forward` with ``Wants.sum_sq``); TRL's own
+    calls pass nothing and go without it."""
     import trl.trainer.grpo_trainer as grpo
 
     original = grpo.add_fused_lm_head
 
     def patched(model: Any, *args: Any, outputs: tuple[str, ...] = ("log_probs",), **kwargs: Any) -> None:
-        if "entropy" in outputs:  # the policy's head (the reference model's asks for log-probs only)
-            outputs = FusedOutputs(FUSED_OUTPUTS)
-        original(model, *args, outputs=outputs, **kwargs)
+        if "entropy" not in outputs:  # the reference model's head asks for log-probs only
+            original(model, *args, outputs=outputs, **kwargs)
+            return
+        plain = model.forward
+        original(model, *args, outputs=FUSED_OUTPUTS, **kwargs)
+        with_sum_sq = model.forward
+        model.forward = plain
+        original(model, *args, outputs=tuple(o for o in FUSED_OUTPUTS if o != "log_sum_sq_probs"), **kwargs)
+        without = model.forward
+
+        # The model's own signature, as TRL keeps it: ``generate`` validates its model kwargs against it
+        @functools.wraps(type(model).forward)
+        def forward(self: Any, *a: Any, ictrl_log_sum_sq: bool = False, **kw: Any) -> Any:
+            return (with_sum_sq if ictrl_log_sum_sq else without)(*a, **kw)
+
+        model.forward = types.MethodType(forward, model)
 
     grpo.add_fused_lm_head = patched
     try:
@@ -233,7 +243,6 @@ def fused_forward(model: Any, input_ids: Tensor, attention_mask: Tensor, T: int,
         lambda m, a, out: captured.append(out[0]))
     parts: list[tuple[Tensor, Tensor, Tensor | None]] = []
     aux: list[Tensor] = []
-    token = _SUM_SQ.set(wants.sum_sq)
     try:
         for r0 in range(0, input_ids.size(0), rows):
             ids, am = input_ids[r0:r0 + rows], attention_mask[r0:r0 + rows]
@@ -241,13 +250,13 @@ def fused_forward(model: Any, input_ids: Tensor, attention_mask: Tensor, T: int,
             labels[:, :-T] = -100
             router = {"output_router_logits": True} if wants.aux else {}
             with autocast():
-                out = model(input_ids=ids, attention_mask=am, **router, labels=labels, fused_lm_head=True)
+                out = model(input_ids=ids, attention_mask=am, **router, labels=labels, fused_lm_head=True,
+                            **{SUM_SQ_KWARG: True} if wants.sum_sq else {})
             parts.append((out.log_probs[:, -T:], out.entropy[:, -T:],
                           None if out.log_sum_sq_probs is None else out.log_sum_sq_probs[:, -T:]))
             if wants.aux:
                 aux.append(out.aux_loss)
     finally:
-        _SUM_SQ.reset(token)
         if hook is not None:
             hook.remove()
     logps = torch.cat([p[0] for p in parts])
@@ -311,6 +320,7 @@ class StatsSource:
     head: Callable[[Any], nn.Module]      # model -> its LM head as the engine exposes it
     backbone: Callable[[Any], nn.Module]  # model -> the module whose output is the final-norm hidden states
     transform: LogitTransform | None = None  # the model's final-logit transform, after the head (heads.py)
+    check: bool = False  # the step calls the core's checked faces on its own tensors too (ICTRL_DEBUG_CHECKS)
 
     @property
     def stat_free(self) -> bool:
@@ -325,7 +335,7 @@ class StatsSource:
     def sweep(self, model: Any) -> Sweep:
         mode = "train" if model.training else "eval"
         return Sweep(self.temperature, self.topk, self.chunk_size, self.autocast, self.vocab, self.rows[mode],
-                     self.transform)
+                     self.transform, self.check)
 
     def request(self, model: Any, mask: Tensor, tokens: Tensor, group_ids: Tensor | None,
                 sampler_topk: tuple[Tensor, Tensor] | None = None) -> Request:

@@ -16,8 +16,8 @@ from torch import Tensor
 from transformers import TrainerCallback
 from trl import GRPOTrainer
 
-from ictrl.core.checks import trusted_inputs
-from ictrl.core.loss import LOSS_TYPES, LossExtras, policy_loss
+from ictrl.core.checks import debug_checks
+from ictrl.core.loss import LOSS_TYPES, LossExtras, policy_loss, policy_loss_unchecked
 from ictrl.core.metrics import nan_extreme, trl_loss_metrics
 from ictrl.core.selection import needed_stats
 from ictrl.engine import vllm_engine
@@ -98,12 +98,6 @@ class ICTGRPOTrainer(GRPOTrainer):
         vllm_engine.check_logprobs_mode(self._vllm_server_settings, args, self._sampler_topk)
         check_liger(args.use_liger_kernel)  # after TRL's own checks, whose errors a TRL user catches
 
-    def training_step(self, *args: Any, **kwargs: Any) -> Tensor:
-        """TRL's step (generation, statistics, selection, loss) on tensors it builds itself: the core takes them as
-        built (``ictrl.core.checks.trusted_inputs``; ``ICTRL_DEBUG_CHECKS=1`` checks them too)."""
-        with trusted_inputs():
-            return super().training_step(*args, **kwargs)
-
     def create_model_card(self, *args: Any, **kwargs: Any) -> None:
         """ictrl's card wherever TRL writes its own (``ictrl.engine.model_card``: TRL's names no local base model
         and no token selection)."""
@@ -141,7 +135,8 @@ class ICTGRPOTrainer(GRPOTrainer):
             rows={"train": args.per_device_train_batch_size, "eval": args.per_device_eval_batch_size},
             group_size={"train": self.num_generations, "eval": self.num_generations_eval},
             autocast=self.accelerator.autocast, head=partial(output_head, self.accelerator),
-            backbone=partial(backbone, self.accelerator), transform=logit_transform(self.model.config))
+            backbone=partial(backbone, self.accelerator), transform=logit_transform(self.model.config),
+            check=debug_checks())
 
     @property
     def stats_source(self) -> StatsSource:
@@ -278,8 +273,9 @@ class ICTGRPOTrainer(GRPOTrainer):
         sampler = inputs.get("sampling_per_token_logps")
         extras = LossExtras(ref_logprobs=ref, sampler_logprobs=sampler if correct else None,
                             behaviour_logprobs=sampler, **chosen.norm)
-        loss, m = policy_loss(chosen.logps, old, inputs["advantages"], chosen.mask, chosen.selected, self._loss_spec,
-                              extras)
+        # the step's own tensors: the unchecked body, unless ICTRL_DEBUG_CHECKS chose the checked face for the run
+        loss_of = policy_loss if self.stats_source.check else policy_loss_unchecked
+        loss, m = loss_of(chosen.logps, old, inputs["advantages"], chosen.mask, chosen.selected, self._loss_spec, extras)
         policy = loss.detach()
         if self.entropy_bonus and chosen.entropy is not None:
             # TRL's bonus: the micro-batch's mean entropy over the tokens that carry the loss
