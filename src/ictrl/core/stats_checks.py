@@ -30,7 +30,7 @@ def validate(
     is deferred)."""
     check_tensor("logits", logits, ("B", "T", "V"), FLOAT)
     B, T, V = logits.shape
-    check_tensor("mask", mask, (B, T), MASK)
+    active = check_tensor("mask", mask, (B, T), MASK).to(logits.device)
     if group_ids is not None:
         check_tensor("group_ids", group_ids, (B,), INT)
     check_temperature_chunk(temperature, chunk_size)
@@ -39,20 +39,15 @@ def validate(
     if group_size is not None and (B % check_number("group_size", group_size, 1, integer=True) or group_ids is None):
         raise ValueError(f"group_size={group_size} must divide B = {B} and comes with group_ids")
     if tokens is not None:
-        check_tensor("tokens", tokens, (B, T), INT)
-    mask, tokens, group_ids = convert(logits, mask, tokens, group_ids, group_size)
-    if tokens is None:
-        return mask, None, group_ids
-    # Masked positions may hold padding (e.g. -100); only active ones must index the vocabulary.
-    says = f"tokens at masked-in positions must lie in [0, {V})"
-    in_range = (tokens >= 0) & (tokens < V)
-    if group_size is None:
-        if not bool((in_range | ~mask).all()):
-            active = tokens[mask]
-            raise ValueError(f"{says}, got range [{int(active.min())}, {int(active.max())}]")
-    else:
-        require_on_device((in_range | ~mask).all(), says)
-    return mask, tokens, group_ids
+        # Masked positions may hold padding (e.g. -100); only active ones must index the vocabulary.
+        tok = check_tensor("tokens", tokens, (B, T), INT).to(logits.device)
+        says = f"tokens at masked-in positions must lie in [0, {V})"
+        in_range = (tok >= 0) & (tok < V) | ~active
+        if group_size is not None:
+            require_on_device(in_range.all(), says)
+        elif not bool(in_range.all()):
+            raise ValueError(f"{says}, got range [{int(tok[active].min())}, {int(tok[active].max())}]")
+    return convert(logits, mask, tokens, group_ids, group_size)
 
 
 def convert(logits: Tensor, mask: Tensor, tokens: Tensor | None, group_ids: Tensor | None,
