@@ -82,8 +82,9 @@ def with_fixed_generation(cls: type, a: argparse.Namespace) -> type:
 def build_trainer(variant: str, a: argparse.Namespace, out_dir: str, num_iterations: int = 1) -> Any:
     """A trainer for one variant on a fresh tiny model (same seed for all variants).
 
-    Variant names: ``SELECTOR[+sparse][+topkK=SOURCE][@separate][:quiet]`` (ICTGRPOTrainer; ``+topkK=SOURCE``:
-    ``selection_topk`` K from ``selection_topk_source`` SOURCE; ``@separate`` forces the separate statistics pass,
+    Variant names: ``SELECTOR[+sparse][+topkK=SOURCE][+ds][+accN][@separate][:quiet]`` (ICTGRPOTrainer;
+    ``+topkK=SOURCE``: ``selection_topk`` K from ``selection_topk_source`` SOURCE; ``+ds``: ``dynamic_sampling``;
+    ``+accN``: the step's --batch completions in N micro-batches; ``@separate`` forces the separate statistics pass,
     ``one_pass = False``; ``:quiet``: ``logging_steps`` 10), ``trl_qQ`` (TRL's stock GRPOTrainer with
     top_entropy_quantile Q).
     """
@@ -122,6 +123,11 @@ def build_trainer(variant: str, a: argparse.Namespace, out_dir: str, num_iterati
             elif flag.startswith("topk"):  # topkK=SOURCE: selection_topk K, its log-probs from SOURCE
                 k, _, source = flag[len("topk"):].partition("=")
                 extra.update(selection_topk=int(k), selection_topk_source=source or "auto")
+            elif flag == "ds":  # the paper grid's DAPO dynamic sampling
+                extra["dynamic_sampling"] = True
+            elif flag.startswith("acc"):  # accN: the step's completions in N micro-batches (the grid's shape)
+                n = int(flag[len("acc"):])
+                common.update(gradient_accumulation_steps=n, per_device_train_batch_size=a.batch // n)
             else:
                 raise ValueError(f"variant {variant!r}: unknown flag {flag!r}")
         cls, args = ICTGRPOTrainer, ICTGRPOConfig(**common, token_selector=selector, selection_warmup_steps=0,
@@ -157,7 +163,8 @@ def count_forwards(variant: str, a: argparse.Namespace, num_iterations: int) -> 
         model.generate = flagged_generate
         trainer.train()
         paths = sorted({h["ictrl/stats_path"] for h in trainer.state.log_history if "ictrl/stats_path" in h})
-        return {"forwards_per_step": calls[0] / trainer.state.global_step, "stats_paths": paths}
+        path = type(trainer.stats_source.paths["train"]).__name__ if hasattr(trainer, "stats_source") else None
+        return {"forwards_per_step": calls[0] / trainer.state.global_step, "stats_paths": paths, "path": path}
 
 
 def run_variant(variant: str, a: argparse.Namespace, callbacks: tuple[Any, ...] = (),
@@ -263,6 +270,7 @@ def main() -> None:
     ap.add_argument("--generation", choices=("fixed", "real"), default="fixed",
                     help="fixed: every variant trains on the same deterministic completions; real: TRL's sampling")
     ap.add_argument("--skip-counts", action="store_true")
+    ap.add_argument("--paths", action="store_true", help="count forwards per statistics path (PATH_CONFIGS)")
     ap.add_argument("--out", type=Path, default=RESULTS, help="result JSON (written atomically)")
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--layers", type=int, default=2)
@@ -299,6 +307,8 @@ def main() -> None:
         result["by_vocab"][str(vocab)] = part
     if not a.skip_counts:
         result["forward_counts"] = forward_counts(a)
+    if a.paths:
+        result["path_counts"] = path_counts(a)
     atomic_write_json(a.out, result)
     print(f"\nwrote {a.out}")
 
@@ -365,6 +375,36 @@ def forward_counts(a: argparse.Namespace) -> dict[str, Any]:
             out[f"{v} mu={mu}"] = {"one_pass": one, "separate": sep}
             print(f"  {v:12s} num_iterations={mu}: {one['forwards_per_step']:.1f} (path {one['stats_paths']})"
                   + (f" / {sep['forwards_per_step']:.1f}" if sep else ""))
+    return out
+
+
+# Which statistics path a run takes, and what it saves: (name, variant, num_iterations). The paper's grid
+# (configs/base/train.yaml: dynamic_sampling, a step in several micro-batches, num_iterations 1) and the library's
+# defaults (ICTGRPOConfig: no dynamic sampling, one micro-batch, num_iterations 1), and the settings each fused
+# path needs; each also counted with the separate pass forced (@separate): the forward it would otherwise pay.
+PATH_CONFIGS = [
+    ("grid", "ict+ds+acc4", 1),
+    ("grid without dynamic sampling", "ict+acc4", 1),
+    ("defaults", "ict", 1),
+    ("defaults, num_iterations 2", "ict", 2),
+    ("defaults, sampler top-K", "ict+topk4=sampler", 1),
+    ("defaults, head top-K", "ict+topk4=head", 1),
+]
+
+
+def path_counts(a: argparse.Namespace, configs: list[tuple[str, str, int]] = PATH_CONFIGS) -> dict[str, Any]:
+    """Backbone forwards per optimizer step (outside generation) of each of ``configs``, on its planned path and
+    with the separate pass forced (2 optimizer steps at V = 259: the count does not depend on V)."""
+    a.vocab, a.steps = 259, 2
+    out: dict[str, Any] = {}
+    print("\nStatistics path and backbone forwards per optimizer step (planned / separate pass forced)")
+    for name, variant, mu in configs:
+        # the sampler's top-K is recorded by TRL's sampling, which the fixed completions skip
+        run = argparse.Namespace(**{**vars(a), "generation": "real"}) if "=sampler" in variant else a
+        planned, forced = count_forwards(variant, run, mu), count_forwards(f"{variant}@separate", run, mu)
+        out[name] = {"variant": variant, "num_iterations": mu, "planned": planned, "separate": forced}
+        print(f"  {name:28s} {variant:20s} {planned['path']}: {planned['forwards_per_step']:.1f} / "
+              f"{forced['forwards_per_step']:.1f}")
     return out
 
 
