@@ -275,7 +275,8 @@ class ICTGRPOTrainer(GRPOTrainer):
                             behaviour_logprobs=sampler, **chosen.norm)
         # the step's own tensors: the unchecked body, unless ICTRL_DEBUG_CHECKS chose the checked face for the run
         loss_of = policy_loss if self.stats_source.check else policy_loss_unchecked
-        loss, m = loss_of(chosen.logps, old, inputs["advantages"], chosen.mask, chosen.selected, self._loss_spec, extras)
+        loss, m = loss_of(chosen.logps, old, inputs["advantages"], chosen.mask, chosen.selected, self._loss_spec,
+                          extras)
         policy = loss.detach()
         if self.entropy_bonus and chosen.entropy is not None:
             # TRL's bonus: the micro-batch's mean entropy over the tokens that carry the loss
