@@ -79,7 +79,7 @@ class SelectionInputs:
                    metric_sink=metric_sink, **values)
 
     def __post_init__(self) -> None:
-        self.mask = check_tensor("mask", self.mask, ("B", "T"), MASK)  # only converted in the trainer's step
+        self.mask = check_tensor("mask", self.mask, ("B", "T"), MASK)  # the step's mask is bool: no host read
         check_number("step", self.step, integer=True)
         check_number("seed", self.seed, low=-(2**63), integer=True)
         B = self.mask.shape[0]
