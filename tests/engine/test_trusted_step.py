@@ -11,9 +11,11 @@ from typing import Any
 import pytest
 import torch
 
+import ictrl
+
 from test_trainer import _trainer
 
-SRC = Path(__file__).resolve().parents[2] / "src" / "ictrl"
+SRC = Path(ictrl.__file__).resolve().parent  # the package under test
 
 
 @pytest.mark.parametrize("debug", [False, True])
@@ -69,8 +71,9 @@ def test_no_context_variable_switches_the_core_or_the_engine(package: str) -> No
     found = []
     for path in sorted((SRC / package).rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
-            name = node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else \
-                node.module if isinstance(node, ast.ImportFrom) else None
-            if name in ("ContextVar", "contextvars"):
+            names = [node.attr] if isinstance(node, ast.Attribute) else [node.id] if isinstance(node, ast.Name) else \
+                [node.module] + [a.name for a in node.names] if isinstance(node, ast.ImportFrom) else \
+                [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if {"ContextVar", "contextvars"} & set(names):
                 found.append(f"{path.relative_to(SRC)}:{node.lineno}")
     assert not found, found
