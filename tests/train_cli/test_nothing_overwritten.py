@@ -405,8 +405,9 @@ def test_sys_exit_in_a_reward_or_a_selector_ends_the_run_with_one_line(tiny_mode
     assert lines[0].startswith("ictrl train: error: reward 'exits_at_step_1' raised SystemExit: '0' at step 1")
     assert "last complete checkpoint" in lines[0] and lines[0].endswith("--resume`")
     code, lines, _ = run_cli(tmp_path, cfg, "--token_selector=ictrl_user_fns:quits", f"--output_dir={tmp_path}/q")
-    assert code == 2 and lines == ["ictrl train: error: selector 'ictrl_user_fns:quits' raised SystemExit(0) at "
-                                   "step 0; stopped at step 0; no checkpoint yet (save_steps)"], lines
+    rule = tmp_path / "ictrl_user_fns.py"  # the rule named by its file and function, and the line that exited
+    assert code == 2 and lines == [f"ictrl train: error: selector {rule}:quits raised SystemExit: 0 ({rule}, line 8) "
+                                   "at step 0; stopped at step 0; no checkpoint yet (save_steps)"], lines
 
 
 @pytest.mark.integration

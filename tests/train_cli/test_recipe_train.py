@@ -43,8 +43,10 @@ def test_recipe_keys_reach_the_trainer(tiny_model_dir: Path, shared_data: Path, 
     assert state["best_global_step"] in (1, 2) and state["best_model_checkpoint"].endswith(
         f"checkpoint-{state['best_global_step']}")
     labels = json.loads((out / "run.json").read_text())
-    inputs = labels.pop("inputs")  # what resume compares: the training rows' content hash
-    assert set(inputs) == {"data"} and len(inputs["data"]) == 64 and int(inputs["data"], 16) >= 0
+    inputs = labels.pop("inputs")  # what resume compares: the training rows' and the base model's content hashes
+    assert set(inputs) == {"data", "model"} and all(len(v) == 64 and int(v, 16) >= 0 for v in inputs.values())
+    rule = labels.pop("selector")  # the rule's identity: ictrl's own, by its registered name
+    assert (rule["spec"], rule["file"], rule["sha256"]) == ("ict", None, None), rule
     assert labels == {"method": "ict", "token_selector": "ict", "selection_ratio": 0.1, "selection_scope": "response",
                       "selection_warmup_steps": 0, "loss_normalization": "per_response_selected", "loss_type": "dapo",
                       "method_from": "file", "seed": 0}  # the method resolved, and where token_selector came from
