@@ -110,14 +110,16 @@ def rule_hash(args: Any) -> dict[str, str]:
 
 def cpu_thread_count(args: Any) -> tuple[int, str]:
     """(torch threads, why) of a CPU run: ``cpu_threads``, else ``OMP_NUM_THREADS``, else 1, as ``trl grpo``'s
-    accelerate launch sets it (its ``--num_cpu_threads_per_process`` default). One thread measured faster at the
-    tiny config and at Qwen2.5-0.5B's width on a loaded 2-core machine (bench/README.md, CPU threads)."""
+    accelerate launch sets it (its ``--num_cpu_threads_per_process`` default). Measured on a 2-core machine
+    (bench/README.md, CPU threads): loaded, one thread is faster at both shapes; idle, two threads cost nothing at
+    the tiny config and make Qwen2.5-0.5B's width 1.5x faster, which the line says."""
     if args.cpu_threads is not None:
         return int(args.cpu_threads), "cpu_threads"
     omp = os.environ.get("OMP_NUM_THREADS", "").strip()
     if omp.isdigit() and int(omp) > 0:
         return int(omp), "OMP_NUM_THREADS"
-    return 1, "as trl grpo, whose accelerate launch sets OMP_NUM_THREADS=1; cpu_threads or OMP_NUM_THREADS sets more"
+    return 1, ("as trl grpo, whose accelerate launch sets OMP_NUM_THREADS=1; cpu_threads or OMP_NUM_THREADS sets "
+               "more: on an idle machine a real-width model steps 1.5x faster on 2 cores, bench/README.md")
 
 
 @contextlib.contextmanager
