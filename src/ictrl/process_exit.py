@@ -84,34 +84,73 @@ _FAILED_ALLOCATION = "returned NULL without setting an exception"
 _FAILED_ALLOCATION_RETURN = "error return without exception set"
 
 
+def _chain(err: BaseException) -> list[BaseException]:
+    """``err`` and the errors it was raised from or during (at most 8)."""
+    chain: list[BaseException] = []
+    seen: BaseException | None = err
+    while seen is not None and len(chain) < 8:
+        chain.append(seen)
+        seen = seen.__cause__ or seen.__context__
+    return chain
+
+
+def _importing(chain: list[BaseException]) -> bool:
+    """Whether an error of ``chain`` was raised while a module was being imported: the import system's frames, or
+    a module's top-level code below the frame that caught it (the import system drops its own frames from the
+    traceback of an error a module's body raises)."""
+    return any(f.filename.startswith("<frozen importlib") or (i > 0 and f.name == "<module>")
+               for e in chain for i, f in enumerate(traceback.extract_tb(e.__traceback__)))
+
+
+# How close to an address-space cap the process's peak must have come for a failed import to count as the cap's:
+# the allocation that failed is not known, only that the peak plus it passed the cap.
+CAP_MARGIN_BYTES = 128 << 20
+
+
+def peak_near_cap(margin: int = CAP_MARGIN_BYTES) -> bool:
+    """Whether this process runs under an address-space cap (``ulimit -v``) and its peak address space
+    (``VmPeak``) came within ``margin`` of it (False where either is unknown)."""
+    try:
+        import resource
+
+        cap = resource.getrlimit(resource.RLIMIT_AS)[0]
+        if cap == resource.RLIM_INFINITY:
+            return False
+        with open("/proc/self/status", encoding="ascii") as status:
+            peak = next((int(line.split()[1]) << 10 for line in status if line.startswith("VmPeak:")), None)
+    except (ImportError, OSError, ValueError, IndexError):
+        return False
+    return peak is not None and peak >= cap - margin
+
+
+def _memory_error(seen: BaseException) -> bool:
+    """One error, not its chain: the ways running out of memory shows itself."""
+    return isinstance(seen, MemoryError) or type(seen).__name__ == "OutOfMemoryError" \
+        or str(seen).startswith(("CUDA out of memory", "MPS backend out of memory")) \
+        or isinstance(seen, (OSError, ImportError)) and "failed to map segment" in str(seen) \
+        or isinstance(seen, OSError) and seen.errno == errno.ENOMEM \
+        or _FAILED_ALLOCATION in str(seen) or _FAILED_ALLOCATION_RETURN in str(seen)
+
+
 def out_of_memory(err: BaseException) -> bool:
     """A host ``MemoryError`` or an accelerator's out-of-memory error (``torch.OutOfMemoryError``, a RuntimeError,
     named by class so this needs no torch import), also as the cause of another error (a lazy import's
-    RuntimeError wraps the MemoryError it met)."""
-    seen: BaseException | None = err
-    for _ in range(8):
-        if seen is None:
-            return False
-        if isinstance(seen, MemoryError) or type(seen).__name__ == "OutOfMemoryError" \
-                or str(seen).startswith(("CUDA out of memory", "MPS backend out of memory")) \
-                or isinstance(seen, (OSError, ImportError)) and "failed to map segment" in str(seen) \
-                or isinstance(seen, OSError) and seen.errno == errno.ENOMEM \
-                or _FAILED_ALLOCATION in str(seen) or _FAILED_ALLOCATION_RETURN in str(seen):
-            return True
-        seen = seen.__cause__ or seen.__context__
-    return False
+    RuntimeError wraps the MemoryError it met). Also an import that failed with its address space at a cap
+    (:func:`peak_near_cap`): a library can swallow the allocation's own error (linecache reads a failed ``open``
+    as a missing source, which a JIT decorator then reports as not being in a Python file)."""
+    chain = _chain(err)
+    if any(_memory_error(seen) for seen in chain):
+        return True
+    return _importing(chain) and peak_near_cap()
 
 
 def memory_line(name: str, err: BaseException) -> str:
     """One line for running out of memory: where (the module being imported, when an import ran out), and what
     the command can lower. A memory cap (``ulimit -v``, a scheduler's limit) hit while importing torch is a cap
     too low for ictrl at all."""
-    chain, seen = [], err
-    while seen is not None and len(chain) < 8:
-        chain.append(seen)
-        seen = seen.__cause__ or seen.__context__
+    chain = _chain(err)
     frames = [f for e in chain for f in traceback.extract_tb(e.__traceback__)]
-    if any(f.filename.startswith("<frozen importlib") for f in frames):
+    if _importing(chain):
         module = next((f.filename for f in reversed(frames) if not f.filename.startswith("<frozen")), "?")
         return (f"out of memory while importing the libraries ({module}): the process's memory limit (ulimit -v, "
                 "the job's memory request) is below what torch and transformers need to load; raise it")

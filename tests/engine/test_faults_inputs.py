@@ -571,6 +571,32 @@ def test_what_counts_as_out_of_memory(err: BaseException, spent: bool) -> None:
     assert process_exit.out_of_memory(wrapped) is spent  # a lazy import's RuntimeError around it
 
 
+
+IMPORT_UNDER_CAP = """
+import resource, sys
+from ictrl import process_exit
+peak = next(int(l.split()[1]) << 10 for l in open("/proc/self/status") if l.startswith("VmPeak:"))
+resource.setrlimit(resource.RLIMIT_AS, (peak + int(sys.argv[1]), resource.RLIM_INFINITY))
+sys.path.insert(0, sys.argv[2])
+try:
+    import broken_import
+except ValueError as err:
+    print(process_exit.out_of_memory(err), process_exit.out_of_memory(ValueError("not while importing")))
+"""
+
+
+@pytest.mark.parametrize(("headroom_mb", "spent"), [(32, True), (4096, False)])
+def test_an_import_that_fails_at_a_memory_cap_counts_as_out_of_memory(headroom_mb: int, spent: bool,
+                                                                       tmp_path: Path) -> None:
+    """A library can swallow the failed allocation (linecache reads a failed ``open`` as a missing source, and
+    triton's ``@jit`` then says the function is not in a Python file): a failed import counts as out of memory
+    when the process's peak came within the margin of its cap, and not with the cap far above its peak."""
+    (tmp_path / "broken_import.py").write_text('raise ValueError("@jit functions should be defined in a Python file")')
+    done = subprocess.run([sys.executable, "-c", IMPORT_UNDER_CAP, str(headroom_mb << 20), str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == [str(spent), "False"]
+
 # --- model and data folders that would load as something else --------------------------------------------------
 
 
