@@ -87,6 +87,27 @@ def test_a_rule_that_raises_is_named_with_its_own_line_and_the_step(step: int) -
         str(err.value)), str(err.value)
 
 
+@pytest.mark.parametrize("field", ["entropy", "mask", "advantages"])
+def test_a_rule_that_writes_its_inputs_in_place_is_named(field: str) -> None:
+    """The inputs are the tensors the run's metrics and the loss read afterwards: a write through them, or through
+    a view of them, is refused; the same rule computing on a copy passes."""
+    @register_selector("test_in_place", needs=("entropy", "advantages"))
+    def in_place(inputs: SelectionInputs, *, copy: bool = False) -> torch.Tensor:
+        value = getattr(inputs, field)
+        value = value.clone() if copy else value
+        value[:1].zero_()  # through a view of the first row
+        return inputs.mask.clone()
+
+    def fresh() -> SelectionInputs:  # the rule may write them: never the module's MASK
+        return SelectionInputs(mask=MASK.clone(), step=2, entropy=torch.rand(B, T), advantages=torch.randn(B))
+
+    selector = get_selector("test_in_place")
+    with pytest.raises(SelectorError, match=rf"^selector \S*{HERE}:in_place wrote SelectionInputs.{field} in place "
+                                            rf"at step 2: .*\(inputs.{field}.clone\(\)\)"):
+        selector.apply(fresh(), 0, {})
+    assert torch.equal(selector.apply(fresh(), 0, {"copy": True}), MASK)
+
+
 def test_reading_an_undeclared_statistic_names_the_needs_entry() -> None:
     @register_selector("test_undeclared", needs=("entropy",))
     def undeclared(inputs: SelectionInputs) -> torch.Tensor:

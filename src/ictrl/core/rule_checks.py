@@ -18,7 +18,7 @@ from torch import Tensor
 
 from ictrl.core.checks import OptionError
 from ictrl.core.describe import failure, shorten
-from ictrl.core.selection_inputs import SelectorError, SelectorExit
+from ictrl.core.selection_inputs import STAT_FIELDS, SelectorError, SelectorExit
 
 _PACKAGE = Path(__file__).resolve().parents[1]
 # module name -> the file it was loaded from, for rules given as path/to/file.py:NAME
@@ -150,6 +150,30 @@ def check_result(result: Any, mask: Tensor, rule: str, step: int) -> Tensor:
         hint = "; torch.as_tensor(x, device=inputs.mask.device) != 0 makes an array one"
     raise SelectorError(f"selector {rule} returned {describe_value(result)} at step {step}: a rule returns {want}"
                         f"{hint}")
+
+
+# The tensors of SelectionInputs a rule is handed (its ``needs`` narrow which it may read).
+INPUT_TENSORS = ("mask", *STAT_FIELDS, "advantages", "group_ids")
+
+
+def input_versions(inputs: Any) -> dict[str, int]:
+    """The version counter of each input tensor: torch bumps it on every in-place write, through a view too."""
+    versions = {}
+    for name in INPUT_TENSORS:
+        value = object.__getattribute__(inputs, name)
+        if isinstance(value, Tensor) and not value.is_inference():  # an inference tensor keeps no counter
+            versions[name] = value._version
+    return versions
+
+
+def check_inputs_unwritten(before: dict[str, int], inputs: Any, rule: str, step: int) -> None:
+    """A :class:`SelectorError` when the rule wrote one of its inputs in place: the same tensors feed the run's
+    selection metrics and the loss's mask, which would then report or train on what the rule made of them."""
+    changed = [name for name, version in before.items() if object.__getattribute__(inputs, name)._version != version]
+    if changed:
+        raise SelectorError(f"selector {rule} wrote SelectionInputs.{changed[0]} in place at step {step}: the inputs "
+                            "are shared with the run's metrics and the loss; compute on a copy "
+                            f"(inputs.{changed[0]}.clone()) or out of place")
 
 
 def raised(exc: BaseException, rule: str, fn: Callable[..., Any], step: int) -> SelectorError:

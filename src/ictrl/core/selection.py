@@ -17,8 +17,8 @@ from ictrl.core.checks import OptionError, check_number, require_on_device
 from ictrl.core.loss import NORM_MODES
 from ictrl.core.reference import ceil_count
 from ictrl.core.rule_checks import (
-    FILE_MODULES, check_option_type, check_result, describe_value, import_failure, is_file_spec, load_rule_file, raised,
-    rule_label, rule_options, rule_source_file, sha256_of,
+    FILE_MODULES, check_inputs_unwritten, check_option_type, check_result, describe_value, import_failure,
+    input_versions, is_file_spec, load_rule_file, raised, rule_label, rule_options, rule_source_file, sha256_of,
 )
 from ictrl.core.selection_inputs import (  # noqa: F401 - re-exported: a rule imports them from here
     FIELD_WORDS, NEEDS_FIELDS, STAT_FIELDS, SelectionInputs, SelectorError, SelectorExit, step_seed,
@@ -122,12 +122,14 @@ class Selector:
         for field in sorted(self.needs):
             if getattr(inputs, field) is None:
                 raise SelectorError(f"selector {rule} needs SelectionInputs.{field}, which is None")
+        versions = input_versions(inputs)
         try:
             chosen = self.fn(inputs.declared(self.needs, rule), **options)
         except (SelectorError, KeyboardInterrupt):
             raise
         except BaseException as exc:  # noqa: BLE001 - sys.exit() in a rule too: named, never a silent end
             raise raised(exc, rule, self.fn, inputs.step) from exc
+        check_inputs_unwritten(versions, inputs, rule, inputs.step)
         return check_result(chosen, inputs.mask, rule, inputs.step)
 
 
