@@ -179,6 +179,27 @@ def test_top_fraction_over_a_score_that_is_not_finite_is_an_error_naming_it(bad:
         get_selector("entropy")(_inputs(entropy=entropy))
 
 
+def test_a_check_deferred_to_the_next_rollout_names_the_rule_and_the_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a GPU the not-finite check is raised at the next rollout, outside the rule's call, so its own message
+    names the rule and the step; a check raised at once (CPU) is named by the rule's error instead."""
+    from ictrl.core import selection
+
+    @register_selector("test_nan_rule", needs=("renyi2",))
+    def nan_rule(inputs: SelectionInputs) -> torch.Tensor:
+        return top_fraction(inputs.renyi2 * math.inf, inputs, 0.5)
+
+    said: list[str] = []
+    monkeypatch.setattr(selection, "require_on_device", lambda ok, message: said.append(message))
+    monkeypatch.setattr(selection, "defers_on", lambda device: True)
+    get_selector("test_nan_rule").apply(_inputs(step=7, renyi2=torch.rand(B, T)), 0, {})
+    assert said and re.match(rf"selector \S*{HERE}:nan_rule at step 7: top_fraction's score \(computed by the "
+                             r"rule, not one of the inputs as given\) is NaN or infinite", said[0]), said
+    monkeypatch.setattr(selection, "defers_on", lambda device: False)
+    said.clear()
+    get_selector("test_nan_rule").apply(_inputs(step=7, renyi2=torch.rand(B, T)), 0, {})
+    assert said[0].startswith("top_fraction's score"), said
+
+
 def test_top_fraction_refuses_a_score_of_another_shape() -> None:
     with pytest.raises(ValueError, match=r"score must be a tensor of the mask's shape \[4, 6\], got a torch.float32 "
                                          r"tensor of shape \[4, 1\]"):

@@ -119,6 +119,11 @@ def require_finite(name: str, x: Tensor, where: Tensor | None = None) -> None:
 _DEFERRED: dict[str, Tensor] = {}
 
 
+def defers_on(device: torch.device) -> bool:
+    """Whether :func:`require_on_device` defers its check on ``device`` (raised later, outside the caller)."""
+    return device.type == "cuda"
+
+
 def require_on_device(ok: Tensor, message: str) -> None:
     """Raise ValueError(message) unless the 0-d bool ``ok`` holds, without a host-device sync.
 
@@ -128,7 +133,7 @@ def require_on_device(ok: Tensor, message: str) -> None:
     is never fired: it would poison the CUDA context, so no later call (a checkpoint, an error message) could run.
     For the training step's hot path; user-facing calls keep their host checks with a precise message.
     """
-    if ok.device.type == "cuda":
+    if defers_on(ok.device):
         prev = _DEFERRED.get(message)
         _DEFERRED[message] = ok.reshape(()) if prev is None else prev & ok.reshape(())
         return

@@ -13,7 +13,7 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
-from ictrl.core.checks import OptionError, check_number, require_on_device
+from ictrl.core.checks import OptionError, check_number, defers_on, require_on_device
 from ictrl.core.loss import NORM_MODES
 from ictrl.core.reference import ceil_count
 from ictrl.core.rule_checks import (
@@ -311,6 +311,9 @@ def top_fraction(score: Tensor, inputs: SelectionInputs, ratio: float, scope: st
                          f", got {describe_value(score)}")
     named = next((f"inputs.{f}" for f in STAT_FIELDS if inputs.__dict__.get(f) is score), None)
     what = f"top_fraction's score ({named or 'computed by the rule, not one of the inputs as given'})"
+    rule = inputs.__dict__.get("_declared", (None, None))[1]
+    if rule is not None and defers_on(mask.device):  # raised at the next rollout, outside the rule's call
+        what = f"selector {rule} at step {inputs.step}: {what}"
     return _top_k_per_unit(score, mask, _units(inputs, scope), ratio, what)
 
 
