@@ -348,14 +348,10 @@ def model_digest(directory: str | os.PathLike[str]) -> str | None:
     small file's whole content; a large one's safetensors header (names, dtypes, shapes, offsets) and
     :data:`SAMPLE_BLOCKS` blocks spread over its bytes (new weights of the same shapes change every block). A file
     ictrl's ``manifest.json`` records is known by its recorded sha256 (``check_weights`` verified them before).
-    A hub id is its snapshot in the local hub cache (the one its ``main`` resolves to there, which a run loads
-    from), digested as a folder; None for a hub id with nothing cached."""
+    None for a hub id."""
     root = Path(directory)
     if not root.is_dir():
-        snapshot = _cached_snapshot(str(directory))
-        if snapshot is None:
-            return None
-        root = snapshot
+        return None
     recorded = _recorded_files(root)
     digest = hashlib.sha256()
     for path in sorted(p for p in root.iterdir() if p.is_file() and _model_file(p.name)):
@@ -367,18 +363,6 @@ def model_digest(directory: str | os.PathLike[str]) -> str | None:
             content = sha256_file(path) if size <= WHOLE_FILE_BYTES else _sampled_sha256(path, size)
         digest.update(f"{name}\0{size}\0{content}\n".encode())
     return digest.hexdigest()
-
-
-def _cached_snapshot(model_id: str) -> Path | None:
-    """The folder of the hub cache's snapshot of ``model_id`` that holds its config.json (None: not a cached hub
-    id)."""
-    try:
-        from huggingface_hub import try_to_load_from_cache
-
-        found = try_to_load_from_cache(model_id, "config.json")
-    except Exception:  # noqa: BLE001 - not a repository id, or no cache: nothing to digest
-        return None
-    return Path(found).parent if isinstance(found, str) else None
 
 
 # What from_pretrained reads of a model folder (weights, configs, tokenizer files, custom code); a run's own record

@@ -68,6 +68,17 @@ def in_hub_cache(repo_id: str, kind: str = "model") -> bool:
     return (folder / "snapshots").is_dir() and any((folder / "snapshots").iterdir())
 
 
+def cached_snapshot(model_id: str) -> Path | None:
+    """The hub cache's snapshot folder of ``model_id`` that its ``main`` resolves to there (what a run loads from
+    offline), holding its config.json; None for a local path, an invalid id or a model not cached."""
+    if Path(model_id).exists() or _looks_like_path(model_id) or not _valid_repo_id(model_id):
+        return None
+    from huggingface_hub import try_to_load_from_cache
+
+    found = try_to_load_from_cache(model_id, "config.json")
+    return Path(found).parent if isinstance(found, str) else None
+
+
 def check_model(name_or_path: str, option: str = "--model", trust_remote_code: bool | None = None) -> None:
     """A local checkpoint directory (with config.json) that loads as itself (``checkpoints.model_folder_problem``:
     its tokenizer files, its vocab_size against its weights, custom code only with ``trust_remote_code``; None: the

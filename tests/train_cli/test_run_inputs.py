@@ -85,3 +85,35 @@ def test_resume_refuses_a_changed_imported_module_or_model_and_names_it(user_cod
     assert record["changed_inputs"] == [{"step": 3, "changed": ["model"], "flag": "--resume-inexact"}]
     assert "--resume: continuing on changed inputs (the model of model_name_or_path (its files: the base and " \
            "reference model)) under --resume-inexact: the result will differ from an uninterrupted run" in caplog.text
+
+
+def test_a_cached_hub_id_is_known_by_the_snapshot_its_main_resolves_to(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A hub id's model is the snapshot the local cache resolves ``main`` to, digested as a folder: a new revision
+    fetched behind the same name (another config) is a change; the same files under another commit are not; a hub
+    id with nothing cached has no model record (its name in config.yaml stands for it)."""
+    import huggingface_hub.constants
+    from datasets import Dataset
+
+    from ictrl.checkpoints import model_digest
+    from ictrl.train_cli.run_inputs import input_hashes
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    repo, rows = tmp_path / "hub" / "models--org--tiny", Dataset.from_dict({"prompt": ["1+1?"]})
+
+    def snapshot(commit: str, config: str) -> None:
+        folder = repo / "snapshots" / commit
+        folder.mkdir(parents=True)
+        (folder / "config.json").write_text(config)
+        (folder / "model.safetensors").write_bytes(b"weights")
+        (repo / "refs").mkdir(exist_ok=True)
+        (repo / "refs" / "main").write_text(commit)
+
+    assert "model" not in input_hashes(rows, [], "org/tiny")
+    snapshot("a" * 40, '{"vocab_size": 64}')
+    first = input_hashes(rows, [], "org/tiny")["model"]
+    assert first == model_digest(repo / "snapshots" / ("a" * 40))
+    snapshot("b" * 40, '{"vocab_size": 64}')
+    assert input_hashes(rows, [], "org/tiny")["model"] == first
+    snapshot("c" * 40, '{"vocab_size": 65}')
+    assert input_hashes(rows, [], "org/tiny")["model"] != first

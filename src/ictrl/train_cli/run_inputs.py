@@ -380,12 +380,14 @@ def input_hashes(dataset: Any, reward_funcs: list[Any], model: str | None = None
     template); of the source file of each reward function defined outside ictrl and installed packages (a local
     module) and of each local module it imports (``reward_sources.local_sources``); and
     ``checkpoints.model_digest`` of the ``model`` folder (the base model, which is also the reference model) and of
-    a reward model's folder."""
+    a reward model's folder; of a hub id, the folder of the snapshot its ``main`` resolves to in the local cache
+    (``hub.cached_snapshot``)."""
     import hashlib
     import inspect
     import json
 
     from ictrl.checkpoints import model_digest, sha256_file
+    from ictrl.hub import cached_snapshot
     from ictrl.train_cli.reward_sources import is_local, local_sources
 
     from datasets import IterableDataset
@@ -399,11 +401,11 @@ def input_hashes(dataset: Any, reward_funcs: list[Any], model: str | None = None
         digest.update(column.encode())
         digest.update(json.dumps(columns[column], sort_keys=True, ensure_ascii=False, default=str).encode())
     out = {"data": digest.hexdigest()}
-    if model is not None and (weights := model_digest(model)) is not None:
+    if model is not None and (weights := model_digest(cached_snapshot(model) or model)) is not None:
         out["model"] = weights
     for fn in reward_funcs:
         if isinstance(fn, str):  # a reward model, by its path or hub id
-            if (weights := model_digest(fn)) is not None:
+            if (weights := model_digest(cached_snapshot(fn) or fn)) is not None:
                 out[f"reward model {reward_label(fn)}"] = weights
             continue
         module = inspect.getmodule(fn if inspect.isroutine(fn) else type(fn))
