@@ -10,35 +10,39 @@ from typing import Any
 
 import pytest
 
+from annotated_types import Ge, Gt, Interval
+
 from ictrl.core.loss import RANGED
 from ictrl.engine.config import LOSS_FIELDS, ICTGRPOConfig
-from ictrl.engine.config_fields import RANGES, Range, declared
+from ictrl.engine.config_fields import RANGES
+from ictrl.validation import Bound, declared, ends
 
 # The selector's registered options whose config fields carry them (their range lives in ictrl.core.selection).
-OPTIONS = {"selection_ratio": Range(0, 1, open_low=True), "selection_seed": Range(0, 1 << 63, open_high=True)}
+OPTIONS = {"selection_ratio": Interval(gt=0, le=1), "selection_seed": Interval(ge=0, lt=1 << 63)}
 # The loss spec's: >= 0, or > 0 (ictrl.core.loss.LossSpec).
 POSITIVE_LOSS = {"delta", "sapo_temperature_pos", "sapo_temperature_neg", "vllm_importance_sampling_clip_max"}
 
 
-def _ranged_fields() -> dict[str, Range]:
+def _ranged_fields() -> dict[str, Bound]:
     names = {f for f in ICTGRPOConfig.__dataclass_fields__}
     out = {name: bound for name, bound in RANGES.items() if name in names}
     out.update({name: bound for name, (_, bound) in declared(ICTGRPOConfig).items() if bound is not None})
     out.update(OPTIONS)
     for key in RANGED:
         name = LOSS_FIELDS[key]
-        out[name] = Range(0, open_low=name in POSITIVE_LOSS)
+        out[name] = Gt(0) if name in POSITIVE_LOSS else Ge(0)
     return out
 
 
-def _bad_values(name: str, bound: Range) -> list[Any]:
+def _bad_values(name: str, bound: Bound) -> list[Any]:
     """Out-of-range values: the bounds' neighbours and, for a float field, NaN and ±inf (an int field's type check
     refuses a float)."""
     values: list[Any] = [math.nan, math.inf, -math.inf] if float in _types(name) else []
-    if bound.low is not None:
-        values.append(bound.low if bound.open_low else bound.low - 1)
-    if bound.high is not None:
-        values.append(bound.high if bound.open_high else bound.high + 1)
+    edges = ends(bound)
+    if "gt" in edges or "ge" in edges:
+        values.append(edges["gt"] if "gt" in edges else edges["ge"] - 1)
+    if "lt" in edges or "le" in edges:
+        values.append(edges["lt"] if "lt" in edges else edges["le"] + 1)
     return values
 
 

@@ -9,7 +9,6 @@ from typing import Any
 import pytest
 
 from ictrl import cli
-from ictrl.engine import config_fields
 from ictrl.train_cli import preflight
 from ictrl.errors import quote
 
@@ -169,8 +168,13 @@ def test_output_dir_leaving_the_working_directory_warns_once(loader_calls: list[
 
 
 def test_range_table_and_the_memory_bound() -> None:
-    rng = config_fields.Range(0, 1, open_low=True)
-    assert 0.5 in rng and 1 in rng and 0 not in rng and 1.01 not in rng and str(rng) == "> 0 and <= 1"
+    from annotated_types import Interval
+
+    from ictrl.validation import bound_text, field_error
+
+    rng = Interval(gt=0, le=1)
+    inside = [value for value in (0.5, 1, 0, 1.01) if field_error("x", value, None, rng) is None]
+    assert inside == [0.5, 1] and bound_text(rng) == "> 0 and <= 1"
     assert quote("y" * 10_000).endswith("...") and len(quote("y" * 10_000)) < 300
     nested: Any = ["x"]
     for _ in range(40):

@@ -15,15 +15,17 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
 from typing import Annotated, Any
 
+from annotated_types import Interval, MinLen
 from trl import GRPOConfig
 
 from ictrl.core.checks import OptionError
 from ictrl.core.loss import LOSS_TYPES, RANGED, LossSpec
 from ictrl.core.selection import SELECTORS, Selector, get_selector
 from ictrl.engine import config_fields
-from ictrl.engine.config_fields import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, SEED, Range, refused_field_errors
+from ictrl.engine.config_fields import refused_field_errors
 from ictrl.engine.reward_policy import NO_SIGNAL_STEPS
 from ictrl.files import without_field_secrets
+from ictrl.validation import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, SEED, check_fields, check_finite
 
 # Selector options that have their own config field (the rest go through ``selection_options``).
 SCALE_REWARDS = ("group", "batch", "none")  # TRL's advantage scalings
@@ -172,7 +174,7 @@ class ICTGRPOConfig(GRPOConfig):
                           "rows used 1.07× at 0.66×. None: 512 rows on CPU; on a GPU the rows whose logits fit in "
                           "256 MiB (ictrl.core.stats.SWEEP_BYTES: 883 rows of bf16 logits at V = 151,936)."},
     )
-    cpu_threads: Annotated[int | None, Range(1, 4096)] = field(
+    cpu_threads: Annotated[int | None, Interval(ge=1, le=4096)] = field(
         default=None,
         metadata={"help": "torch's intra-op threads in each process when `ictrl train` trains on CPU "
                           "(torch.set_num_threads; ignored on GPU). None: OMP_NUM_THREADS, else 1, as trl grpo's "
@@ -230,7 +232,7 @@ class ICTGRPOConfig(GRPOConfig):
                   "seed of (seed, step, round), so the data order and resume stay exact (ictrl.engine."
                   "dynamic_sampling)."},
     )
-    eval_benchmarks: list[str] | None = field(
+    eval_benchmarks: Annotated[list[str] | None, MinLen(1)] = field(
         default=None,
         metadata={"help": "Benchmarks (ictrl.data specs, e.g. ['math500', 'gsm8k']) evaluated with pass@k every "
                   "eval_steps optimizer steps during training, on fixed problems with a fixed sampling seed; logged "
@@ -284,10 +286,10 @@ class ICTGRPOConfig(GRPOConfig):
 
     def __post_init__(self) -> None:
         # first: each field's own declaration names its bound (a seed's), the generic check only int64
-        config_fields.check_fields(self, ICTGRPOConfig)
+        check_fields(self, ICTGRPOConfig, inherited=config_fields.RANGES, not_null=config_fields.NOT_NULL)
         skip = config_fields.ranged(ICTGRPOConfig) | RANGED_ELSEWHERE  # a range's check holds it finite
-        config_fields.check_finite({f.name: getattr(self, f.name) for f in fields(self)
-                                    if f.init and f.name not in skip})
+        check_finite({f.name: getattr(self, f.name) for f in fields(self)
+                      if f.init and f.name not in skip})
         config_fields.check_trains_something(self)
         # several trackers as TRL users write them (a list, or "tensorboard,wandb"); a missing package is one
         # line naming what to install, here rather than when the trainer builds its callbacks after the model loads
@@ -394,9 +396,6 @@ class ICTGRPOConfig(GRPOConfig):
     def _check_eval_during_training(self) -> None:
         if self.eval_benchmarks is None:
             return
-        if not self.eval_benchmarks:  # a list (check_fields holds its type)
-            raise ValueError("eval_benchmarks must be a non-empty list of benchmark specs, got "
-                             f"{self.eval_benchmarks!r}")
         steps = self.eval_steps
         if steps is None or isinstance(steps, bool) or float(steps) != int(steps) or int(steps) < 1:
             raise ValueError(f"eval_benchmarks needs eval_steps, an int >= 1 (optimizer steps between evaluations), "

@@ -1,72 +1,31 @@
-"""The fields of ``ICTGRPOConfig``: the one check of each value, and what each of TRL's fields means under
-``ICTGRPOTrainer`` (docs/architecture.md, "Module notes")."""
+"""The fields of ``ICTGRPOConfig``: the bounds of the fields it inherits (its own declare theirs in their
+annotation; both checked by :func:`ictrl.validation.check_fields`), the rules of a run that trains something and
+of installed trackers, and what each of TRL's fields means under ``ICTGRPOTrainer`` (docs/architecture.md, "Module
+notes")."""
 
 from __future__ import annotations
 
 import difflib
 import functools
 import importlib.util
-import math
-import re
-import types
-import typing
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
 from typing import Any
 
+from annotated_types import Ge, Interval
+
 from ictrl.errors import MissingExtraError, UserError, quote
-
-INT64 = 1 << 63
-SEED_LIMIT = 1 << 32  # numpy's seed range, which transformers' set_seed feeds
-
-
-@dataclass(frozen=True)
-class Range:
-    """``low <= value <= high`` (``<`` where ``open_low`` / ``open_high``); None: unbounded on that side. A value
-    in a range is also finite and within int64: a field with a range has no other check of its value."""
-
-    low: float | None = None
-    high: float | None = None
-    open_low: bool = False
-    open_high: bool = False
-
-    def __contains__(self, value: float) -> bool:
-        return self.why(value) is None
-
-    def why(self, value: float) -> str | None:
-        """Why ``value`` lies outside, or None."""
-        if not isinstance(value, int) and not math.isfinite(value):  # an int is finite (and 10**400 no float)
-            return "must be finite"
-        if self.low is not None and (value <= self.low if self.open_low else value < self.low) or (
-                self.high is not None and (value >= self.high if self.open_high else value > self.high)):
-            return f"must be {self}"
-        return "must fit in 64 bits" if isinstance(value, int) and not -INT64 <= value < INT64 else None
-
-    def __str__(self) -> str:
-        parts = []
-        if self.low is not None:
-            parts.append(f"{'>' if self.open_low else '>='} {self.low}")
-        if self.high is not None:
-            parts.append(f"{'<' if self.open_high else '<='} {self.high}")
-        return " and ".join(parts)
-
-
-POSITIVE = Range(0, open_low=True)
-NON_NEGATIVE = Range(0)
-AT_LEAST_ONE = Range(1)
-UNIT = Range(0, 1)
-SEED = Range(0, SEED_LIMIT, open_high=True)
+from ictrl.validation import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, SEED, UNIT, Bound, declared
 
 # The inherited fields (TRL's GRPOConfig, transformers' TrainingArguments) -> the range their value must lie in:
 # ictrl cannot annotate another package's fields. ictrl's own fields declare theirs in their annotation.
 # None values are skipped: they mean "the default". The loss's values (epsilon, epsilon_high, beta, the
 # vllm_importance_sampling_* options, ...) are checked by the LossSpec the config builds (ictrl.core.loss), the
 # selector's (selection_ratio, selection_seed, ...) by its registration (ictrl.core.selection).
-RANGES: dict[str, Range] = {
+RANGES: dict[str, Bound] = {
     "learning_rate": NON_NEGATIVE,
     "weight_decay": NON_NEGATIVE,
-    "adam_beta1": Range(0, 1, open_high=True),
-    "adam_beta2": Range(0, 1, open_high=True),
+    "adam_beta1": Interval(ge=0, lt=1),
+    "adam_beta2": Interval(ge=0, lt=1),
     "adam_epsilon": NON_NEGATIVE,
     "max_grad_norm": NON_NEGATIVE,
     "warmup_ratio": UNIT,
@@ -75,13 +34,13 @@ RANGES: dict[str, Range] = {
     "data_seed": SEED,
     "per_device_train_batch_size": AT_LEAST_ONE,
     "gradient_accumulation_steps": AT_LEAST_ONE,
-    "num_generations": Range(2),
+    "num_generations": Ge(2),
     "max_completion_length": AT_LEAST_ONE,
     "num_iterations": AT_LEAST_ONE,
     "steps_per_generation": AT_LEAST_ONE,
     "generation_batch_size": AT_LEAST_ONE,  # 0: TRL's __post_init__ divides by it
     "temperature": POSITIVE,
-    "top_p": Range(0, 1, open_low=True),
+    "top_p": Interval(gt=0, le=1),
     "top_k": NON_NEGATIVE,
     "min_p": UNIT,
     "repetition_penalty": POSITIVE,
@@ -89,8 +48,8 @@ RANGES: dict[str, Range] = {
     "save_steps": POSITIVE,
     "lora_r": AT_LEAST_ONE,  # TRL's ModelConfig: peft takes r=0 or a dropout of 1.5 and fails after the model loads
     "lora_alpha": POSITIVE,
-    "lora_dropout": Range(0, 1, open_high=True),
-    "top_entropy_quantile": Range(0, 1, open_low=True),
+    "lora_dropout": Interval(ge=0, lt=1),
+    "top_entropy_quantile": Interval(gt=0, le=1),
 }
 
 
@@ -100,107 +59,9 @@ NOT_NULL = ("num_generations", "max_completion_length")
 
 
 @functools.lru_cache(maxsize=None)
-def declared(cls: type) -> dict[str, tuple[Any, Range | None]]:
-    """Each field ``cls`` itself declares -> (its type, its range): an ictrl field carries its range in its
-    annotation, ``Annotated[int | None, AT_LEAST_ONE]`` (the field's metadata is argparse's keywords, through
-    ``HfArgumentParser``, so it holds the help and the ``choices``). Read once per class; not to be changed."""
-    hints = typing.get_type_hints(cls, include_extras=True)
-    out: dict[str, tuple[Any, Range | None]] = {}
-    for name in cls.__dict__.get("__annotations__", {}):
-        hint, bound = hints[name], None
-        if typing.get_origin(hint) is typing.Annotated:
-            hint, *extras = typing.get_args(hint)
-            bound = next((e for e in extras if isinstance(e, Range)), None)
-        out[name] = (hint, bound)
-    return out
-
-
-@functools.lru_cache(maxsize=None)
 def ranged(cls: type) -> frozenset[str]:
-    """The fields of ``cls`` (an ictrl config class) with a range: declared in their annotation, or in RANGES."""
+    """The fields of ``cls`` (an ictrl config class) with a bound: declared in their annotation, or in RANGES."""
     return frozenset({name for name, (_, bound) in declared(cls).items() if bound is not None} | set(RANGES))
-
-
-def type_text(hint: Any) -> str:
-    """A type as a config file's reader writes it: ``int | None``, ``list[str]``."""
-    if typing.get_origin(hint) is typing.Annotated:
-        return type_text(typing.get_args(hint)[0])
-    if typing.get_origin(hint) in (typing.Union, types.UnionType):
-        return " | ".join(type_text(a) for a in typing.get_args(hint))
-    if hint is type(None):
-        return "None"
-    return hint.__name__ if isinstance(hint, type) else str(hint).replace("typing.", "")
-
-
-def _has_type(hint: Any, value: Any) -> bool:
-    """Whether ``value`` is of type ``hint``; a bool is no number (an int to Python, so TRL would divide by it)."""
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin in (typing.Union, types.UnionType):
-        return any(_has_type(a, value) for a in args)
-    if origin in (list, tuple):
-        return isinstance(value, (list, tuple)) and (not args or all(_has_type(args[0], v) for v in value))
-    if hint is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if hint is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    return isinstance(value, origin or hint) if isinstance(origin or hint, type) else True
-
-
-def check_fields(config: Any, own: type, types: bool = True) -> None:
-    """Every field held to its declaration: each field ``own`` (an ictrl config class) declares its type (unless
-    ``types`` is False: a class whose own ``__post_init__`` reads wider values), range (:func:`declared`) and
-    ``choices``; each inherited field in :data:`RANGES` its range."""
-    for key in NOT_NULL:
-        if getattr(config, key, 0) is None:
-            raise ValueError(f"{key}: expected a number {RANGES.get(key, AT_LEAST_ONE)}, got null")
-    mine = declared(own)
-    for f in fields(config):
-        value = getattr(config, f.name, None)
-        hint, bound = mine.get(f.name, (None, RANGES.get(f.name)))
-        if types and hint is not None and not _has_type(hint, value):
-            raise ValueError(f"{f.name}: expected {type_text(hint)}, got {quote(value)}")
-        if isinstance(value, bool) and bound is not None:
-            raise ValueError(f"{f.name}: expected a number {bound}, got {str(value).lower()}")
-        why = bound.why(value) if bound is not None and isinstance(value, (int, float)) else None
-        if why is not None:
-            raise ValueError(f"{f.name}: {why}, got {quote(value)}")
-        choices = f.metadata.get("choices")
-        if choices is not None and value is not None and value not in choices:
-            raise ValueError(f"{f.name}: must be one of {', '.join(map(repr, choices))}, got {quote(value)}")
-
-
-def _bad_number(key: str, value: Any) -> tuple[str, str] | None:
-    """(the key of the offending number, why) for a number in ``value`` (lists and mappings walked), or None."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, float) and not math.isfinite(value):
-        return key, "must be finite"
-    if isinstance(value, int) and not -INT64 <= value < INT64:
-        return key, "must fit in 64 bits"
-    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, (list, tuple)) else ()
-    for sub, item in items:
-        found = _bad_number(f"{key}.{sub}" if isinstance(value, dict) else f"{key}[{sub}]", item)
-        if found:
-            return found
-    return None
-
-
-def check_finite(values: dict[str, Any]) -> None:
-    """Every number in ``values`` (key -> value; lists and mappings walked) finite and within int64. For the
-    values that have no range: a range's own check holds these too (:class:`Range`, ``LossSpec``, a selector's
-    registered options)."""
-    for key, value in values.items():
-        found = _bad_number(key, value)
-        if found:
-            where, why = found
-            raise ValueError(f"{where}: {why}, got {quote(_at(value, where[len(key):]))}")
-
-
-def _at(value: Any, path: str) -> Any:
-    """The item of ``value`` at ``path`` (``.name`` or ``[i]`` steps, as :func:`_bad_number` writes them)."""
-    for step in re.findall(r"\.([^.\[]+)|\[(\d+)\]", path):
-        value = value[step[0]] if step[0] else value[int(step[1])]
-    return value
 
 
 def check_trains_something(args: Any) -> None:

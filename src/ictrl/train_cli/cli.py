@@ -60,12 +60,13 @@ def config_keys_help(width: int = 110) -> str:
     from trl import ModelConfig as TRLModelConfig
     from trl.scripts.grpo import GRPOScriptArguments
 
-    from ictrl.engine.config_fields import RANGES, declared
+    from ictrl.engine.config_fields import RANGES
     from ictrl.train_cli.run_config import DEFAULT_SELECTOR, owners
+    from ictrl.validation import bound_text, declared
 
     fields = {f.name: f for cls in set(owners().values()) for f in dataclasses.fields(cls) if f.init}
-    bounds = {**RANGES, **{n: b for cls in set(owners().values()) for n, (_, b) in declared(cls).items()
-                           if b is not None}}
+    declared_bounds = {n: b for cls in set(owners().values()) for n, (_, b) in declared(cls).items() if b is not None}
+    bounds = {n: bound_text(b) for n, b in {**RANGES, **declared_bounds}.items()}
     names = {cls: [f.name for f in dataclasses.fields(cls) if f.init] for cls in
              (GRPOScriptArguments, TRLModelConfig, GRPOConfig, TrainingArguments)}
     trl_keys = {n for cls in (GRPOScriptArguments, TRLModelConfig, GRPOConfig) for n in names[cls]}

@@ -23,8 +23,8 @@ from typing import Annotated, Any, Literal, Union
 import yaml
 from pydantic import BeforeValidator, ConfigDict, InstanceOf, Strict, TypeAdapter, ValidationError
 
-from ictrl.engine.config_fields import type_text
 from ictrl.errors import ConfigError, quote
+from ictrl.validation import type_text
 from ictrl.yamlfile import DuplicateKeyError, yaml_loader
 
 MAX_CONFIG_BYTES = 1 << 20  # a run config is a few kilobytes; anything past this is the wrong file

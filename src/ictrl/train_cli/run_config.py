@@ -32,11 +32,12 @@ import trl
 from trl import TrlParser
 from trl.scripts.grpo import GRPOScriptArguments
 
-from ictrl.engine.config_fields import AT_LEAST_ONE, NON_NEGATIVE, check_fields, type_text
+from ictrl.engine.config_fields import RANGES
 from ictrl.train_cli.config_yaml import MAX_CONFIG_BYTES, file_value, load_yaml_value
 from ictrl.cliargs import PATH_KEYS, expand_paths
 from ictrl.errors import QUOTE_LIMIT, ConfigError, UserError, quote, shorten
 from ictrl.files import atomic_write_text, without_secrets
+from ictrl.validation import AT_LEAST_ONE, NON_NEGATIVE, check_fields, type_text
 from ictrl.yamlfile import load_yaml
 
 
@@ -165,7 +166,7 @@ class ModelConfig(trl.ModelConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check_fields(self, ModelConfig)
+        check_fields(self, ModelConfig, inherited=RANGES)
 
 
 @dataclass

@@ -16,7 +16,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
-from ictrl.engine.config_fields import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, Range, check_fields
+from annotated_types import Ge
+
+from ictrl.validation import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, check_fields
 from ictrl.experiments.grid.methods import config_keys
 from ictrl.experiments.grid.runner import EVAL_DIR, RULE_FILE, RunSpec, final_reward
 
@@ -32,7 +34,7 @@ class TinyRL:
     lr_warmup_steps: int = field(default=0, metadata={"help": "linear learning-rate warm-up steps"})
     prompts_per_step: Annotated[int, AT_LEAST_ONE] = field(
         default=32, metadata={"help": "prompts per generation batch"})
-    num_generations: Annotated[int, Range(2)] = field(default=8, metadata={"help": "G: samples per prompt"})
+    num_generations: Annotated[int, Ge(2)] = field(default=8, metadata={"help": "G: samples per prompt"})
     num_iterations: Annotated[int, AT_LEAST_ONE] = field(
         default=2, metadata={"help": "optimizer steps per generation batch (mu)"})
     epsilon: float = field(default=0.2, metadata={"help": "lower clip"})
@@ -43,7 +45,7 @@ class TinyRL:
                                                                          "random10, frequent90); None: their default"})
     eval_problems: Annotated[int, AT_LEAST_ONE] = field(
         default=200, metadata={"help": "held-out problems (test split)"})
-    eval_n: Annotated[int, Range(4)] = field(
+    eval_n: Annotated[int, Ge(4)] = field(
         default=4, metadata={"help": "samples per held-out problem (>= 4 for P@4)"})
     eval_split: str = field(default="test", metadata={"help": "split evaluated after training: test, or dev "
                                                       "for tuning runs", "choices": ("test", "dev")})
@@ -57,7 +59,7 @@ class TinyRL:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "eval_ks", tuple(self.eval_ks))
-        check_fields(self, TinyRL)  # each field's type, the range in its annotation and its choices
+        check_fields(self)  # each field's type, the range in its annotation and its choices
         if not {1, 4} <= set(self.eval_ks) or max(self.eval_ks) > self.eval_n:
             raise ValueError(f"eval_ks must include 1 and 4 and stay <= eval_n={self.eval_n}, got {self.eval_ks}")
 

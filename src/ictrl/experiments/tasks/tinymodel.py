@@ -41,7 +41,7 @@ from typing import Annotated, Any
 import torch
 
 from ictrl.data import Problem
-from ictrl.engine.config_fields import AT_LEAST_ONE, POSITIVE, UNIT, check_fields
+from ictrl.validation import AT_LEAST_ONE, POSITIVE, UNIT, check_fields
 from ictrl.errors import UserError
 from ictrl.experiments.tasks.registry import CHOICES, get_task, task_recipe
 from ictrl.files import atomic_write_text
@@ -90,7 +90,7 @@ class TinyRecipe:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "difficulty", tuple(self.difficulty))
-        check_fields(self, TinyRecipe)  # each field's type and the range in its annotation
+        check_fields(self)  # each field's type and the range in its annotation
         if self.hidden_size % self.num_attention_heads:
             raise ValueError(f"hidden_size={self.hidden_size} must divide by "
                              f"num_attention_heads={self.num_attention_heads}")
