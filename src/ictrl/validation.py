@@ -24,7 +24,6 @@ from dataclasses import fields
 from typing import Annotated, Any, Union
 
 import annotated_types as at
-from pydantic import ConfigDict, TypeAdapter, ValidationError
 
 from ictrl.errors import quote
 
@@ -40,8 +39,6 @@ SEED = at.Interval(ge=0, lt=SEED_LIMIT)
 
 _SIGNS = (("gt", ">"), ("ge", ">="), ("lt", "<"), ("le", "<="))  # the lower end first, as a reader says it
 _RANGE_ERRORS = frozenset({"greater_than", "greater_than_equal", "less_than", "less_than_equal"})
-_STRICT = ConfigDict(strict=True)
-_BOUNDED = ConfigDict(strict=True, allow_inf_nan=False)  # a bounded number is finite too: one check holds both
 
 
 def ends(bound: Bound) -> dict[str, Any]:
@@ -113,14 +110,21 @@ def _sequences(hint: Any) -> Any:
 
 
 @functools.lru_cache(maxsize=None)
-def _adapter(hint: Any, bound: Bound | None) -> TypeAdapter[Any]:
+def _adapter(hint: Any, bound: Bound | None) -> Any:
+    """The strict pydantic ``TypeAdapter`` of a declaration: a bounded number is finite too (one check holds
+    both). pydantic is imported at the first check, not with the modules that declare fields."""
+    from pydantic import ConfigDict, TypeAdapter
+
     checked = _sequences(hint)
     if bound is None:
-        return TypeAdapter(checked, config=_STRICT)
-    return TypeAdapter(Annotated[checked, bound], config=_BOUNDED)
+        return TypeAdapter(checked, config=ConfigDict(strict=True))
+    return TypeAdapter(Annotated[checked, bound], config=ConfigDict(strict=True, allow_inf_nan=False))
 
 
-def _kinds(adapter: TypeAdapter[Any], value: Any) -> set[str] | None:
+def _kinds(adapter: Any, value: Any) -> set[str] | None:
+    """The kinds of pydantic's errors for ``value`` (``greater_than_equal``, ``int_type``, ...), or None."""
+    from pydantic import ValidationError
+
     try:
         adapter.validate_python(value)
     except ValidationError as exc:

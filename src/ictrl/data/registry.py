@@ -7,10 +7,13 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
+
+from annotated_types import Interval
 
 from ictrl.data.prompts import LETTERS, PROMPT_TEMPLATES, chat_prompt, user_message
 from ictrl.rewards import get_reward
+from ictrl.validation import AT_LEAST_ONE, NON_NEGATIVE, check_fields
 
 Kind = Literal["math", "gsm8k", "choice"]
 
@@ -48,24 +51,18 @@ class Benchmark:
     levels: tuple[int, ...] | None = None  # MATH levels to keep
     skip_missing_gold: bool = False  # drop rows whose gold is null or "" (known holes: 4 rows of math_train)
     # Generation defaults of `ictrl eval` for this benchmark (flags override them; the result file records them).
-    max_new_tokens: int = 1024
-    temperature: float = 0.6
-    top_p: float = 0.95
+    max_new_tokens: Annotated[int, AT_LEAST_ONE] = 1024
+    temperature: Annotated[float, NON_NEGATIVE] = 0.6
+    top_p: Annotated[float, Interval(gt=0, le=1)] = 0.95
 
     def __post_init__(self) -> None:
         if self.kind not in PROMPT_TEMPLATES:
             raise ValueError(f"kind: expected one of {sorted(PROMPT_TEMPLATES)}, got {self.kind!r}")
+        check_fields(self, types=False, where=f"benchmark {self.name!r}: ", sentence=True)
         if self.hub_id is None and self.local_path is None:
             raise ValueError(f"benchmark {self.name!r}: needs a hub_id or a local_path")
         if self.kind == "choice" and not self.choices_field and self.adapter is None:
             raise ValueError(f"benchmark {self.name!r}: a choice benchmark needs choices_field")
-        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
-            raise ValueError(f"benchmark {self.name!r}: max_new_tokens must be an int >= 1, "
-                             f"got {self.max_new_tokens!r}")
-        if not self.temperature >= 0:
-            raise ValueError(f"benchmark {self.name!r}: temperature must be >= 0, got {self.temperature!r}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"benchmark {self.name!r}: top_p must be in (0, 1], got {self.top_p!r}")
 
     @property
     def generation(self) -> dict[str, Any]:

@@ -23,9 +23,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import numpy as np
+from annotated_types import Interval
 
 from ictrl import __version__
 from ictrl.eval import lmeval
@@ -35,8 +36,10 @@ from ictrl.eval.passk import bootstrap_ci, mean_std, pass_at_k
 from ictrl.eval.samples import (SAMPLES_FILE, ResumeMismatchError, append_records, check_finished,
                                 grade_completions, load_finished, regrade_changed_golds)
 from ictrl.eval.samples import json_safe as _json_safe
+from ictrl.validation import AT_LEAST_ONE, NON_NEGATIVE, check_fields
 
 SETTINGS_FILE = "settings.json"
+NUCLEUS = Interval(gt=0, le=1)  # top_p: a probability mass, 1 keeps every token
 RESULTS_JSON = "results.json"
 RESULTS_MD = "results.md"
 
@@ -50,18 +53,22 @@ class EvalConfig:
 
     model: str = field(metadata={"help": "Model name or path, recorded in the outputs and checked on resume unless "
                                  "model_sha256 identifies the model."})
-    n: int = field(default=4, metadata={"help": "Samples per problem; must be >= max(ks)."})
+    n: Annotated[int, AT_LEAST_ONE] = field(default=4, metadata={"help": "Samples per problem; must be >= max(ks)."})
     ks: tuple[int, ...] = field(default=(1, 4), metadata={"help": "k values of pass@k to report."})
-    max_new_tokens: int | None = field(
+    max_new_tokens: Annotated[int | None, AT_LEAST_ONE] = field(
         default=None, metadata={"help": "Generation budget per completion. None: each task's own (a registry "
                                 "benchmark's default, ictrl.data.Benchmark.max_new_tokens)."})
-    temperature: float | None = field(
+    temperature: Annotated[float | None, NON_NEGATIVE] = field(
         default=None, metadata={"help": "Sampling temperature; 0 means greedy. None: each task's own."})
-    top_p: float | None = field(default=None, metadata={"help": "Nucleus sampling mass. None: each task's own."})
+    top_p: Annotated[float | None, NUCLEUS] = field(
+        default=None, metadata={"help": "Nucleus sampling mass. None: each task's own."})
     seeds: tuple[int, ...] = field(default=(0,), metadata={"help": "One full evaluation per seed."})
-    chunk_size: int = field(default=32, metadata={"help": "Problems per backend call (and per flush to disk)."})
-    n_bootstrap: int = field(default=1000, metadata={"help": "Bootstrap replicates for the CI."})
-    ci: float = field(default=0.95, metadata={"help": "Confidence level of the bootstrap interval."})
+    chunk_size: Annotated[int, AT_LEAST_ONE] = field(
+        default=32, metadata={"help": "Problems per backend call (and per flush to disk)."})
+    n_bootstrap: Annotated[int, AT_LEAST_ONE] = field(
+        default=1000, metadata={"help": "Bootstrap replicates for the CI."})
+    ci: Annotated[float, Interval(gt=0, lt=1)] = field(
+        default=0.95, metadata={"help": "Confidence level of the bootstrap interval."})
     method: str | None = field(
         default=None, metadata={"help": "Label of the training method that produced the model (``ictrl table`` "
                                 "groups runs by it); no effect on sampling."})
@@ -80,8 +87,7 @@ class EvalConfig:
     def __post_init__(self) -> None:
         self.ks = tuple(int(k) for k in self.ks)
         self.seeds = tuple(int(s) for s in self.seeds)
-        if self.n < 1:
-            raise ValueError(f"n must be at least 1, got {self.n}")
+        check_fields(self, types=False, sentence=True)  # each bound: "n must be an int >= 1, got 0"
         if not self.ks or min(self.ks) < 1:
             raise ValueError(f"ks must be non-empty positive integers, got {self.ks}")
         if max(self.ks) > self.n:
@@ -90,23 +96,6 @@ class EvalConfig:
             raise ValueError(f"ks has duplicates: {self.ks}")
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
             raise ValueError(f"seeds must be non-empty and distinct, got {self.seeds}")
-        _check_generation(self.max_new_tokens, self.temperature, self.top_p, "")
-        if self.chunk_size < 1:
-            raise ValueError(f"chunk_size must be at least 1, got {self.chunk_size}")
-        if self.n_bootstrap < 1:
-            raise ValueError(f"n_bootstrap must be at least 1, got {self.n_bootstrap}")
-        if not 0.0 < self.ci < 1.0:
-            raise ValueError(f"ci must be in (0, 1), got {self.ci}")
-
-
-
-def _check_generation(max_new_tokens: int | None, temperature: float | None, top_p: float | None, where: str) -> None:
-    if max_new_tokens is not None and (isinstance(max_new_tokens, bool) or max_new_tokens < 1):
-        raise ValueError(f"{where}max_new_tokens must be at least 1, got {max_new_tokens}")
-    if temperature is not None and not 0 <= temperature < float("inf"):
-        raise ValueError(f"{where}temperature must be >= 0, got {temperature}")
-    if top_p is not None and not 0.0 < top_p <= 1.0:
-        raise ValueError(f"{where}top_p must be in (0, 1], got {top_p}")
 
 
 @dataclass(frozen=True)
@@ -121,12 +110,12 @@ class EvalTask:
     prompt_fn: Callable[[Any], str]  # problem -> fully formatted prompt text
     reward_fn: Callable[[str, Any], float]  # (completion, gold) -> reward; >= 1 counts as correct
     extract_fn: Callable[[str], str | None] | None = None  # completion -> extracted answer, for the record
-    max_new_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
+    max_new_tokens: Annotated[int | None, AT_LEAST_ONE] = None
+    temperature: Annotated[float | None, NON_NEGATIVE] = None
+    top_p: Annotated[float | None, NUCLEUS] = None
 
     def __post_init__(self) -> None:
-        _check_generation(self.max_new_tokens, self.temperature, self.top_p, f"task {self.name!r}: ")
+        check_fields(self, types=False, where=f"task {self.name!r}: ", sentence=True)
 
     def generation(self, config: EvalConfig) -> dict[str, Any]:
         """``{"max_new_tokens", "temperature", "top_p"}``: the config's value where set, else the task's."""

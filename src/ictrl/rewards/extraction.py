@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Annotated
+
+from ictrl.validation import AT_LEAST_ONE, check_fields
 
 EXTRACTION_STEPS = ("boxed", "answer_is", "last_number")
 _BOX_RE = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")
@@ -42,16 +45,15 @@ class MathExtractor:
     """
 
     order: tuple[str, ...] = EXTRACTION_STEPS
-    max_answer_chars: int = 1000
-    max_brace_depth: int = 12
+    max_answer_chars: Annotated[int, AT_LEAST_ONE] = 1000
+    max_brace_depth: Annotated[int, AT_LEAST_ONE] = 12
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "order", tuple(self.order))
         bad = [s for s in self.order if s not in EXTRACTION_STEPS]
         if bad or not self.order:
             raise ValueError(f"order: unknown or empty extraction steps {bad!r}; choose from {EXTRACTION_STEPS}")
-        if self.max_answer_chars < 1 or self.max_brace_depth < 1:
-            raise ValueError("max_answer_chars and max_brace_depth must be >= 1")
+        check_fields(self, types=False)
 
     def extract(self, text: str) -> str | None:
         """The final answer in ``text``, stripped of math delimiters, or None if no step finds one."""
