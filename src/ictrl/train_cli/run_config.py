@@ -92,7 +92,7 @@ class ScriptArguments(GRPOScriptArguments):
     )
 
     # trl grpo's DatasetMixtureConfig keys, read by trl.get_dataset as trl grpo reads them
-    datasets: list[dict[str, Any]] | None = field(
+    datasets: list[dict[str, Any]] | str | None = field(  # str: a flag's YAML flow, read in __post_init__
         default=None,
         metadata={"help": "TRL's dataset mixture (trl grpo's `datasets:`): a list of mappings with datasets."
                           "load_dataset's path, name, data_dir, data_files, split, and columns and fraction, loaded "
@@ -134,8 +134,8 @@ class ScriptArguments(GRPOScriptArguments):
         from trl.scripts.utils import DatasetConfig
 
         mixture = self.datasets
-        if isinstance(mixture, list) and len(mixture) == 1 and isinstance(mixture[0], str):
-            mixture = self.datasets = load_yaml_value(mixture[0], "datasets")
+        if isinstance(mixture, str):
+            mixture = self.datasets = load_yaml_value(mixture, "datasets")
         if mixture is None:
             return
         if not isinstance(mixture, list) or not mixture:
@@ -216,17 +216,22 @@ def _raise(message: str) -> None:
 
 @functools.lru_cache(maxsize=1)
 def parser() -> TrlParser:
-    """TRL's parser of ``trl grpo``'s dataclasses, ictrl's in their place; no defaults, so a parse holds only the
-    keys given, and errors raise instead of exiting."""
+    """TRL's parser of ``trl grpo``'s dataclasses, ictrl's in their place; errors raise instead of exiting."""
     from ictrl.engine.config import ICTGRPOConfig
 
     p = TrlParser((ScriptArguments, ICTGRPOConfig, ModelConfig), allow_abbrev=False)  # a typo is not a prefix
-    for action in p._actions:
-        action.default, action.required = argparse.SUPPRESS, False
-        if action.dest == "datasets":  # a flag's YAML flow text, read by ScriptArguments (argparse's dict() cannot)
-            action.type = str
-    p.error = _raise  # type: ignore[method-assign]
+    p.error = _raise  # type: ignore[method-assign]  # argparse's documented hook for its error line
     return p
+
+
+class _Given(argparse.Namespace):
+    """A namespace that holds only the keys the flags gave, in their order: argparse fills in a field's default
+    only where the namespace lacks the key, and this one lacks none."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):  # argparse's own attributes
+            raise AttributeError(name)
+        return None
 
 
 @functools.lru_cache(maxsize=1)
@@ -316,7 +321,7 @@ def _argument_error(message: str, where: Any) -> ConfigError:
 def _parse(argv: list[str], where: Any) -> dict[str, Any]:
     """``argv`` through TRL's parser -> key -> value; ``where(key)`` names the source in errors."""
     try:
-        namespace, rest = parser().parse_known_args(argv)
+        namespace, rest = parser().parse_known_args(argv, _Given())
     except (ConfigError, argparse.ArgumentError) as exc:
         raise _argument_error(str(exc), where) from None
     if rest:
