@@ -1,4 +1,4 @@
-"""A run config file's values: each checked once against its field's type (``config_yaml.file_value``, pydantic
+"""A run config file's values: each checked once against its field's type (``ictrl.validation.file_value``, pydantic
 over the type as TRL's parser reads it), the same value as the same text written as a flag, one line when not."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from ictrl.errors import ConfigError
-from ictrl.train_cli.config_yaml import file_value, reading
+from ictrl.validation import file_value, reading
 from ictrl.train_cli.run_config import config_from_dict
 
 MINIMAL = {"model_name_or_path": "m", "output_dir": "o"}

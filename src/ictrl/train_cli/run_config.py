@@ -9,7 +9,7 @@ relative to the file) names files merged first, key by key; ``env:`` sets enviro
 The command line's flags (``--learning_rate=2e-6``, ``--learning-rate 2e-6``, ``--scale_rewards=false``) are text,
 parsed once by TRL's argument parser: its types, choices and booleans (``true``, ``no``, ``1``, ...) are their
 checks. A file's values are typed already: each is checked against its field's type as that parser reads it
-(``config_yaml.file_value``), so it means what the same text means as a flag; a value TRL's parser takes as it is
+(``ictrl.validation.file_value``), so it means what the same text means as a flag; a value TRL's parser takes as it is
 (``null``, a mapping, a list of mappings) keeps its YAML form, as ``TrlParser`` does. Errors are
 :class:`ConfigError` lines naming the file or the flag and the key.
 """
@@ -33,11 +33,11 @@ from trl import TrlParser
 from trl.scripts.grpo import GRPOScriptArguments
 
 from ictrl.engine.config_fields import RANGES
-from ictrl.train_cli.config_yaml import MAX_CONFIG_BYTES, file_value, load_yaml_value
+from ictrl.train_cli.config_yaml import MAX_CONFIG_BYTES, load_yaml_value
 from ictrl.cliargs import PATH_KEYS, expand_paths
 from ictrl.errors import QUOTE_LIMIT, ConfigError, UserError, quote, shorten
 from ictrl.files import atomic_write_text, without_secrets
-from ictrl.validation import AT_LEAST_ONE, NON_NEGATIVE, check_fields, type_text
+from ictrl.validation import AT_LEAST_ONE, NON_NEGATIVE, check_fields, file_value, type_text
 from ictrl.yamlfile import load_yaml
 
 
@@ -277,7 +277,7 @@ FILE_TYPES: dict[str, Any] = {
 
 
 def _file_values(data: dict[str, Any], source: str) -> dict[str, Any]:
-    """``data``'s values, each checked once against its field's declared type (``config_yaml.file_value``: the
+    """``data``'s values, each checked once against its field's declared type (``ictrl.validation.file_value``: the
     type as TRL's parser reads it, its choices, null where the field takes it) and returned as the field takes
     it."""
     values = {}
