@@ -145,7 +145,7 @@ def field_error(name: str, value: Any, hint: Any, bound: Bound | None, choices: 
         if checked is not None else None
     if kinds is None and big and bound is not None:
         why = "must fit in 64 bits"
-    elif kinds is None:
+    elif kinds is None or kinds == {"literal_error"} and choices is not None:  # a Literal type's values: choices
         why = None if choices is None or value is None or value in choices else \
             f"must be one of {', '.join(map(repr, choices))}"
     elif kinds & _RANGE_ERRORS and bound is not None:
@@ -165,19 +165,27 @@ def field_error(name: str, value: Any, hint: Any, bound: Bound | None, choices: 
     return f"{name}: {why}, got {'null' if value is None else quote(value)}"
 
 
+def _literal(hint: Any) -> tuple[Any, ...] | None:
+    """The values a ``Literal`` type (or ``Literal[...] | None``) declares: its field's choices."""
+    if typing.get_origin(hint) in (Union, types.UnionType):
+        inner = [a for a in typing.get_args(hint) if a is not type(None)]
+        return _literal(inner[0]) if len(inner) == 1 else None
+    return typing.get_args(hint) if typing.get_origin(hint) is Literal else None
+
+
 def check_fields(obj: Any, cls: type | None = None, *, inherited: Mapping[str, Bound] | None = None,
                  types: bool = True, not_null: Collection[str] = (), where: str = "", sentence: bool = False) -> None:
     """Every field of the dataclass instance ``obj`` held to its declaration, in field order: each field ``cls``
     (``obj``'s class unless given) declares, its type (only where it has a bound or choices unless ``types``: a
     class whose ``__post_init__`` reads wider values first) and bound; each field in ``inherited`` (name -> bound:
-    another package's fields) its bound; every field its ``choices``. ``not_null``: fields that must hold a value
+    another package's fields) its bound; every field its ``choices`` (its metadata's, or its ``Literal`` type's). ``not_null``: fields that must hold a value
     although their type admits None. Raises ``ValueError``, one line starting with ``where`` and the field."""
     own = declared(cls or type(obj))
     inherited = inherited or {}
     for f in fields(obj):
         value = getattr(obj, f.name, None)
         hint, bound = own.get(f.name, (None, inherited.get(f.name)))
-        choices = f.metadata.get("choices")
+        choices = f.metadata.get("choices") or _literal(hint)
         if f.name in not_null and value is None:
             raise ValueError(f"{where}{f.name}: expected a number {bound_text(bound or AT_LEAST_ONE)}, got null")
         if bound is None and choices is None and (hint is None or not types):

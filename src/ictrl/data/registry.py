@@ -56,8 +56,6 @@ class Benchmark:
     top_p: Annotated[float, Interval(gt=0, le=1)] = 0.95
 
     def __post_init__(self) -> None:
-        if self.kind not in PROMPT_TEMPLATES:
-            raise ValueError(f"kind: expected one of {sorted(PROMPT_TEMPLATES)}, got {self.kind!r}")
         check_fields(self, types=False, where=f"benchmark {self.name!r}: ", sentence=True)
         if self.hub_id is None and self.local_path is None:
             raise ValueError(f"benchmark {self.name!r}: needs a hub_id or a local_path")
