@@ -178,8 +178,10 @@ def check_fields(obj: Any, cls: type | None = None, *, inherited: Mapping[str, B
     """Every field of the dataclass instance ``obj`` held to its declaration, in field order: each field ``cls``
     (``obj``'s class unless given) declares, its type (only where it has a bound or choices unless ``types``: a
     class whose ``__post_init__`` reads wider values first) and bound; each field in ``inherited`` (name -> bound:
-    another package's fields) its bound; every field its ``choices`` (its metadata's, or its ``Literal`` type's). ``not_null``: fields that must hold a value
-    although their type admits None. Raises ``ValueError``, one line starting with ``where`` and the field."""
+    another package's fields) its bound; every field its ``choices`` (its metadata's, or its ``Literal`` type's).
+    ``not_null``: fields that must hold a value although their type admits None. ``sentence``: the line says
+    ``name must be ...`` (the eval and data settings' wording) instead of ``name: must be ...``. Raises
+    ``ValueError``, one line starting with ``where`` and the field."""
     own = declared(cls or type(obj))
     inherited = inherited or {}
     for f in fields(obj):
