@@ -60,4 +60,6 @@ def test_the_check_names_what_is_outside() -> None:
     assert outside_the_library(["ictrl", "ictrl.core.loss", "ictrl.engine.trainer", "ictrl.errors"]) == []
     assert outside_the_library(["ictrl.rewards.verify", "ictrl.data", "ictrl.train_cli.run", "ictrl.yamlfile"]) == [
         "ictrl.data", "ictrl.rewards.verify", "ictrl.train_cli.run", "ictrl.yamlfile"]
-    assert len(LIBRARY_TOP) <= 5
+    # files, checkpoints, errors, hub, vllm_env, and validation: the one field check, which the data, eval and
+    # reward settings below the library share with the config, so it cannot live in ictrl.engine
+    assert len(LIBRARY_TOP) <= 6
