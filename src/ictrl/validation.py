@@ -3,10 +3,11 @@
 takes it first (:func:`file_value`), as a flag's text is by TRL's parser.
 
 A field declares its bound in its type, ``Annotated[int | None, AT_LEAST_ONE]`` (annotated-types' ``Ge``, ``Gt``,
-``Le``, ``Lt`` or ``Interval``), and its ``choices`` in its metadata (argparse's keyword, which ``HfArgumentParser``
-reads too). The check is pydantic's: one strict ``TypeAdapter`` per declaration (a bool is no number, a float no
-int, a number is finite); what pydantic reports becomes one line naming the field, the bound and the value. Fields
-another package declares (TRL's, transformers') are handed their bounds by name. A class calls it first in its
+``Le``, ``Lt`` or ``Interval``; ``MinLen`` for a length), and its ``choices`` in its metadata (argparse's keyword,
+which ``HfArgumentParser`` reads too) or as a ``Literal`` type. The check is pydantic's: one strict
+``TypeAdapter`` per declaration (a bool is no number, a float no int, a bounded number is finite); what pydantic
+reports becomes one line naming the field, the bound and the value. Fields another package declares (TRL's,
+transformers') are handed their bounds by name. A class calls it first in its
 ``__post_init__``; the rules between its fields (A needs B) come after, in that one method.
 
 ``ictrl.core.checks`` (``check_number``, ``check_tensor``) stays the public core functions' check of their own
