@@ -1,20 +1,18 @@
-"""Does ``selection_topk`` still pay? ICT training steps with the top-K from the sampler, from the LM head, and
-without top-K (the exact, full-vocabulary ICT score), side by side in one process.
+"""Does ``selection_topk`` still pay? ICT training steps with the top-K from the LM head and without top-K (the
+exact, full-vocabulary ICT score), side by side in one process.
 
 A tiny Qwen2 (``ictrl.models``; hidden --hidden x --layers, vocabulary padded to --vocab, 151,936 as Qwen2.5)
-trains --steps optimizer steps per variant on CPU with TRL's own sampling through transformers ``generate`` (the
-sampler's top-K is recorded there, so generation is real for every variant; same seed, same model, so every
+trains --steps optimizer steps per variant on CPU with TRL's own sampling through transformers ``generate`` (same seed, same model, so every
 variant samples the same first batch: checked; later batches differ where the variants' selections, and so their
 updates, differ) and a fixed reward (``bench_train_step.fixed_reward``). Variants:
 
     ict                     no top-K: the ICT score from the full distributions (one-pass path when it applies)
-    ict+topkK=head          selection_topk K, its log-probs from the statistics pass's LM-head logits
-    ict+topkK=sampler       selection_topk K, recorded by the sampler at generation (``SamplerTopK``)
+    ict+topkK               selection_topk K, its log-probs from the LM-head logits
 
 Each repeat runs every variant once in a rotated order on a freshly built model. Per variant: the median wall time
 of an optimizer step after the first (callback from step begin to step end) and of its generation, the backbone
 forwards per optimizer step outside generation (a forward pre-hook on the backbone), the statistics path logged
-(``ictrl/stats_path``: 0 separate, 1 shared with TRL's old log-probs, 2 the training forward) and the peak RSS of
+(``ictrl/stats_path``: 0 separate, 2 the training forward) and the peak RSS of
 the last step (``VmHWM`` reset through ``/proc/self/clear_refs`` as the step begins, minus the RSS then; as
 ``bench_memory.py``). Ratios are taken within a repeat, against ``ict``, and their median over repeats reported.
 
@@ -67,7 +65,6 @@ def run(variant: str, a: argparse.Namespace) -> dict[str, Any]:
         forwards, generating, gen_times, completions = [0], [False], [], hashlib.sha256()
         trainer.model.model.register_forward_pre_hook(
             lambda m, args: forwards.__setitem__(0, forwards[0] + (not generating[0])))
-        # The rollout, not model.generate: the sampler's recorder replaces model.generate for each rollout.
         rollout, score = trainer._generate_single_turn, trainer._generate_and_score_completions
 
         def flagged_rollout(*args: Any, **kwargs: Any) -> Any:
@@ -115,7 +112,7 @@ def main() -> None:
     a.generation, a.shape = "real", None
     if a.threads:
         torch.set_num_threads(a.threads)
-    variants = ["ict", f"ict+topk{a.k}=head", f"ict+topk{a.k}=sampler"]
+    variants = ["ict", f"ict+topk{a.k}"]
     runs: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
     for r in range(a.repeats):
         for v in variants[r % len(variants):] + variants[:r % len(variants)]:

@@ -82,8 +82,8 @@ def with_fixed_generation(cls: type, a: argparse.Namespace) -> type:
 def build_trainer(variant: str, a: argparse.Namespace, out_dir: str, num_iterations: int = 1) -> Any:
     """A trainer for one variant on a fresh tiny model (same seed for all variants).
 
-    Variant names: ``SELECTOR[+sparse][+topkK=SOURCE][+ds][+accN][@separate][:quiet]`` (ICTGRPOTrainer;
-    ``+topkK=SOURCE``: ``selection_topk`` K from ``selection_topk_source`` SOURCE; ``+ds``: ``dynamic_sampling``;
+    Variant names: ``SELECTOR[+sparse][+topkK][+ds][+accN][@separate][:quiet]`` (ICTGRPOTrainer;
+    ``+topkK``: ``selection_topk`` K; ``+ds``: ``dynamic_sampling``;
     ``+accN``: the step's --batch completions in N micro-batches; ``@separate`` forces the separate statistics pass,
     ``one_pass = False``; ``:quiet``: ``logging_steps`` 10), ``trl_qQ`` (TRL's stock GRPOTrainer with
     top_entropy_quantile Q).
@@ -120,9 +120,8 @@ def build_trainer(variant: str, a: argparse.Namespace, out_dir: str, num_iterati
         for flag in flags:
             if flag == "sparse":
                 extra["sparse_backward"] = True
-            elif flag.startswith("topk"):  # topkK=SOURCE: selection_topk K, its log-probs from SOURCE
-                k, _, source = flag[len("topk"):].partition("=")
-                extra.update(selection_topk=int(k), selection_topk_source=source or "auto")
+            elif flag.startswith("topk"):  # topkK: selection_topk K
+                extra.update(selection_topk=int(flag[len("topk"):]))
             elif flag == "ds":  # the paper grid's DAPO dynamic sampling
                 extra["dynamic_sampling"] = True
             elif flag.startswith("acc"):  # accN: the step's completions in N micro-batches (the grid's shape)
@@ -387,8 +386,7 @@ PATH_CONFIGS = [
     ("grid without dynamic sampling", "ict+acc4", 1),
     ("defaults", "ict", 1),
     ("defaults, num_iterations 2", "ict", 2),
-    ("defaults, sampler top-K", "ict+topk4=sampler", 1),
-    ("defaults, head top-K", "ict+topk4=head", 1),
+    ("defaults, head top-K", "ict+topk4", 1),
 ]
 
 

@@ -36,7 +36,7 @@ def _args() -> argparse.Namespace:
 @pytest.mark.parametrize(("path", "stated_as", "config"), [
     ("Separate", "grid", "grid"),
     ("TrainingForward", "defaults", "defaults"),
-    ("SharedOldLogps", "defaults with num_iterations 2", "defaults, num_iterations 2"),
+    ("Separate", "defaults with num_iterations 2", "defaults, num_iterations 2"),
 ])
 def test_forwards_per_step_are_the_tables(path: str, stated_as: str, config: str) -> None:
     (counted,) = bts.path_counts(_args(), [c for c in bts.PATH_CONFIGS if c[0] == config]).values()

@@ -135,7 +135,7 @@ def test_train_help_lists_every_key_once_with_its_default_and_whole_help(capsys:
     bounds = {name: bound for name, _, bound in listed if bound}  # a field's declared range or choices
     assert bounds["cpu_threads"] == ">= 1 and <= 4096" and bounds["learning_rate"] == ">= 0"
     assert bounds["max_prompt_length"] == ">= 1" and bounds["lora_dropout"] == ">= 0 and < 1"  # the script's, TRL's
-    assert bounds["selection_topk_source"] == "one of 'auto', 'sampler', 'head'"
+    assert bounds["dtype"] == "one of 'auto', 'bfloat16', 'float16', 'float32'"
     assert defaults["token_selector"].startswith("'all' under ictrl train when the file sets none")
     fields = {f.name: f for cls in set(owners().values()) for f in dataclasses.fields(cls)}
     flat = " ".join(out.split())

@@ -50,10 +50,10 @@ def test_tiny_model_command_writes_a_trainable_checkpoint(tmp_path: Path) -> Non
 
 
 # the config's 40 steps cut to 2, at the former plumbing shape (4 prompts x 4 completions, a checkpoint a step), with
-# the ICT score's top-K taken from generation (selection_topk)
+# the ICT score's top-K (selection_topk)
 LAUNCH = ["-m", "ictrl", "train", str(TINY), "--max_steps=2", "--save_steps=1", "--prompts_per_step=4",
           "--num_generations=4", "--per_device_train_batch_size=8", "--max_completion_length=32", "--num_iterations=1",
-          "--selection_topk=8", "--selection_topk_source=sampler"]
+          "--selection_topk=8"]
 
 
 @pytest.fixture(scope="module")
@@ -90,15 +90,14 @@ def test_accelerate_launch_tiny_config_two_processes_and_resume(
 
 
 @pytest.mark.integration
-def test_two_processes_take_topk_from_generation(tiny_launch: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
-    """selection_topk from generation on 2 processes: each process records the top-K of its own rows while
-    generating, and the selection runs on the gathered batch. Real sampling differs per process, so this checks the
-    run (both steps from the sampler, finite, a sparse selection), not equality with one process
-    (tests/engine/test_topk_sampler.py checks the recorded score against the exact one)."""
+def test_two_processes_score_the_topk_ict(tiny_launch: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
+    """selection_topk on 2 processes: each process takes the head's top-K of its own rows, and the selection runs on
+    the gathered batch. Real sampling differs per process, so this checks the run (finite, a sparse selection), not
+    equality with one process."""
     root, proc = tiny_launch
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = [json.loads(line) for line in (root / "runs" / "tiny" / "ict" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
     for r in rows:
-        assert r["ictrl/topk_from_sampler"] == 1.0 and 0 < r["ictrl/selected_frac"] < 0.5
+        assert 0 < r["ictrl/selected_frac"] < 0.5
         assert r["ictrl/ict_score/all"] > 0 and math.isfinite(r["loss"])

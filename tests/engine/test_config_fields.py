@@ -61,7 +61,8 @@ def test_each_declared_range_refuses_a_value_outside_it(tmp_path: Path, name: st
     ({"eval_ks": [1, "4"]}, "eval_ks: expected list[int], got [1, '4']"),
     ({"sparse_backward": 1}, "sparse_backward: expected bool, got 1"),
     ({"selection_options": [1]}, "selection_options: expected dict | str | None, got [1]"),
-    ({"selection_topk_source": "vllm"}, "selection_topk_source: must be one of 'auto', 'sampler', 'head', got 'vllm'"),
+    ({"train_sampling_strategy": "vllm"}, "train_sampling_strategy: must be one of 'random', 'sequential', "
+                                          "'group_by_length', 'batch_rebalance', got 'vllm'"),
     ({"temperature": 0.0}, "temperature: must be > 0, got 0.0"),  # an inherited field: RANGES
     ({"num_generations": True}, "num_generations: expected a number >= 2, got true"),
 ])

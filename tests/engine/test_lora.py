@@ -19,7 +19,7 @@ from transformers import TrainerCallback
 import mp_worker as w
 from ictrl.core import reference as core_ref
 from ictrl import cli
-from test_topk_sampler import _capture_stats, _full_logits, _inputs, _load
+from rollout_helpers import _capture_stats, _full_logits, _inputs, _load
 from train_cli.test_train_cli import CELL, read_metrics, tiny_overrides
 
 def letters(prompts: Any = None, completions: Any = None, **columns: Any) -> list[float]:

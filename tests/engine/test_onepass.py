@@ -1,6 +1,6 @@
-"""One pass serves all (ictrl.engine.stats_pass): the statistics taken from the loss's forward, or from the pass that
-gives TRL its old log-probs, give the same masks, losses and gradients as the separate statistics pass (float64,
-tiny Qwen2), and the backbone runs the counted number of times per optimizer step."""
+"""One pass serves all (ictrl.engine.stats_pass): the statistics taken from the loss's forward give the same masks,
+losses and gradients as the separate statistics pass (float64, tiny Qwen2), and the backbone runs the counted number
+of times per optimizer step."""
 
 from __future__ import annotations
 
@@ -61,9 +61,7 @@ CASES = [
     ("entropy", {"sparse_backward": True}, "training_forward", 2, 4),
     ("all", {}, "training_forward", 2, 4),
     ("stapo", {}, "training_forward", 2, 4),
-    # num_iterations 2: one generation batch serves both steps; TRL's old log-probs come from the statistics pass
-    ("ict", {"num_iterations": 2}, "shared_old_logps", 3, 4),
-    ("entropy", {"num_iterations": 2}, "shared_old_logps", 3, 4),
+    # num_iterations 2: one generation batch serves both steps; a selector that reads none selects at generation
     ("all", {"num_iterations": 2}, "training_forward", 3, 4),
     # two micro-batches per generation batch: a micro-batch does not hold the batch scope, the pass stays separate
     # (per step: the statistics pass in 2 chunks of 4 rows, then 2 loss micro-batches)
@@ -84,9 +82,7 @@ def test_one_pass_equals_separate_pass_and_counts_forwards(tiny_model_dir: Path,
     assert set(sep["paths"]) == {STATS_PATHS["separate"]}
     assert (one["calls"], sep["calls"]) == (calls_one, calls_sep)
     assert len(one["record"]) == len(sep["record"]) > 0
-    # The statistics pass keeps float32 log-probs (ictrl.core.stats), so old log-probs served from it carry float32
-    # rounding into the ratio; the training forward's own log-probs are float64 here.
-    tol = dict(rtol=1e-5, atol=1e-6) if path == "shared_old_logps" else dict(rtol=1e-9, atol=1e-12)
+    tol = dict(rtol=1e-9, atol=1e-12)  # the training forward's own log-probs are float64 here
     for (sel_a, loss_a), (sel_b, loss_b) in zip(one["record"], sep["record"]):
         assert torch.equal(sel_a, sel_b)
         torch.testing.assert_close(loss_a, loss_b, **tol)

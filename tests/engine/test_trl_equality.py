@@ -17,7 +17,7 @@ from trl import GRPOTrainer
 
 import mp_worker as w
 from ictrl.core.loss import LOSS_TYPES
-from test_topk_sampler import _inputs, _vllm_trainer
+from rollout_helpers import _inputs, _vllm_trainer
 from test_trainer import _load, _trainer
 
 

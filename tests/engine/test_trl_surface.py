@@ -51,29 +51,17 @@ def test_checkpoint_path_comes_from_get_output_dir() -> None:
 
 def test_vllm_generation_has_what_ictrl_replaces_and_reads() -> None:
     """``vllm_engine.building_engine`` (``LLM``, ``init_communicator``), ``vllm_engine.engine_built``
-    (``sync_weights``), the trainer's ``_install_vllm_topk`` (``generate``, ``logprobs``) and
-    ``vllm_engine.full_state_dict`` (``_iter_named_params``)."""
+    (``sync_weights``) and ``vllm_engine.full_state_dict`` (``_iter_named_params``)."""
     from trl import GRPOTrainer
     from trl.generation import vllm_generation
     from trl.generation.vllm_client import VLLMClient
 
     gen = vllm_generation.VLLMGeneration
-    assert _params(gen.generate) == ["self", "prompts", "images", "num_generations", "profiler"]
     assert _params(gen.sync_weights) == ["self"] and _params(gen._iter_named_params) == ["self"]
-    assert "self.logprobs = logprobs" in inspect.getsource(gen.__init__)
     assert re.search(r"self\.llm = LLM\(", inspect.getsource(gen._init_vllm))  # the module global building_engine swaps
     assert _params(VLLMClient.init_communicator) == ["self", "device"]
     turn = inspect.getsource(GRPOTrainer._generate_single_turn)
-    assert "self.vllm_generation.generate(" in turn and "self.vllm_generation.sync_weights()" in turn
-
-
-def test_transformers_rollout_calls_the_models_generate() -> None:
-    """``sampler_topk.recording_generate`` wraps ``model.generate`` for one rollout and adds a logits processor."""
-    from transformers import GenerationMixin
-    from trl import GRPOTrainer
-
-    assert "unwrapped_model.generate(" in inspect.getsource(GRPOTrainer._generate_single_turn)
-    assert "logits_processor" in _params(GenerationMixin.generate)
+    assert "self.vllm_generation.sync_weights()" in turn
 
 
 @pytest.mark.parametrize("attribute, method, pattern", [
@@ -88,7 +76,7 @@ def test_private_attributes_ictrl_reads_are_set_as_it_reads_them(attribute: str,
     assert re.search(pattern, inspect.getsource(getattr(GRPOTrainer, method))), attribute
 
 
-def test_the_private_methods_ictrl_overrides_are_the_documented_six() -> None:
+def test_the_private_methods_ictrl_overrides_are_the_documented_five() -> None:
     """docs/architecture.md, "What ictrl overrides in TRL": a new override of a private TRL or transformers method
     goes in its table and count first."""
     from trl import GRPOTrainer
@@ -97,5 +85,5 @@ def test_the_private_methods_ictrl_overrides_are_the_documented_six() -> None:
 
     overridden = {name for name in vars(ICTGRPOTrainer)
                   if name.startswith("_") and not name.startswith("__") and hasattr(GRPOTrainer, name)}
-    assert overridden == {"_generate_and_score_completions", "_get_per_token_logps_and_entropies", "_compute_loss",
+    assert overridden == {"_generate_and_score_completions", "_compute_loss",
                           "_calculate_rewards", "_get_train_sampler", "_save_checkpoint"}

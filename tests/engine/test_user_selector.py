@@ -27,8 +27,6 @@ CASES = [
     ("training_forward", True, {}, None, False),  # H2 from TRL's fused head in the loss's forward
     ("training_forward", True, {}, NO_SUM_SQ, True),  # the sweep over the hidden states the fused head kept
     ("training_forward", True, {"sparse_backward": True}, None, True),  # the backbone, then the sweep
-    ("shared_old_logps", True, {"num_iterations": 2}, None, False),  # H2 with TRL's old log-probs
-    ("shared_old_logps", True, {"num_iterations": 2}, NO_SUM_SQ, True),
 ]
 
 

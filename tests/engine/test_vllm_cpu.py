@@ -114,13 +114,13 @@ def _train_argv(model: Path, data: Path, out: Path, *extra: str) -> list[str]:
     return [sys.executable, "-m", "ictrl.cli", "train", str(ROOT / "configs" / "tiny" / "ict.yaml"),
             f"--model_name_or_path={model}", f"--dataset_name=jsonl:{data}:prompt_template={{question}}",
             f"--output_dir={out}", "--use_vllm=true", "--vllm_mode=colocate", "--selection_topk=16",
-            "--selection_topk_source=sampler", "--prompts_per_step=4", "--per_device_train_batch_size=16",
+            "--prompts_per_step=4", "--per_device_train_batch_size=16",
             "--max_completion_length=12", "--learning_rate=1e-2", "--save_steps=2", "--disable_tqdm=true",
             "--reward_funcs=vllm_worker:varied_reward", *extra]
 
 
 def _metrics(out: Path) -> list[dict[str, Any]]:
-    keep = ("step", "loss", "grad_norm", "reward", "ictrl/tokens/selected", "ictrl/ict_score/selected", "ictrl/topk_from_sampler",
+    keep = ("step", "loss", "grad_norm", "reward", "ictrl/tokens/selected", "ictrl/ict_score/selected",
             "sampling/sampling_logp_difference/max", "completions/mean_length")
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     return [{k: r[k] for k in keep if k in r} for r in rows]
@@ -135,7 +135,6 @@ def test_colocated_train_checkpoint_and_resume(head32_model: Path, tmp_path: Pat
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-4000:]
     rows = _metrics(straight)
     assert [r["step"] for r in rows] == [1, 2, 3, 4] and any(r["grad_norm"] > 0 for r in rows)
-    assert all(r["ictrl/topk_from_sampler"] == 1.0 for r in rows if "ictrl/topk_from_sampler" in r)
     assert all(r["sampling/sampling_logp_difference/max"] < 1e-4 for r in rows if "sampling/sampling_logp_difference/max" in r)
     # the first run stops at its checkpoint of step 2; --resume continues from it to step 4
     cut = tmp_path / "cut"

@@ -33,7 +33,7 @@ def _run(mode: str, out: Path) -> list[dict]:
 @pytest.mark.integration
 def test_vllm_colocate_three_ict_steps(tmp_path: Path) -> None:
     steps = _run("colocate", tmp_path)
-    assert len(steps) == 3 and steps[-1]["ictrl/topk_from_sampler"] == 1.0
+    assert len(steps) == 3
     assert all("ictrl/is_ratio_mean" in h for h in steps)
 
 
@@ -45,5 +45,5 @@ def test_vllm_server_three_ict_steps(tmp_path: Path) -> None:
     if torch.cuda.device_count() < 2:
         pytest.skip("server mode needs 2 GPUs (one for vllm serve, one for training)")
     steps = _run("server", tmp_path)
-    assert len(steps) == 3 and steps[-1]["ictrl/topk_from_sampler"] == 1.0
+    assert len(steps) == 3
     assert all("ictrl/is_ratio_mean" in h for h in steps)

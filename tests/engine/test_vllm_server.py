@@ -13,7 +13,7 @@ import pytest
 import mp_worker as w
 from fixtures import fake_vllm
 from ictrl.errors import UserError
-from test_topk_sampler import _load
+from rollout_helpers import _load
 
 
 def _server_trainer(monkeypatch: pytest.MonkeyPatch, model_dir: Path, tmp_path: Path,
@@ -33,34 +33,14 @@ def test_server_settings_come_from_trls_client(tiny_model_dir: Path, tmp_path: P
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     session = fake_vllm.ServerSession(max_logprobs=-1, logprobs_mode="processed_logprobs")
     trainer = _server_trainer(monkeypatch, tiny_model_dir, tmp_path, session, token_selector="ict",
-                              selection_topk=64, temperature=0.7, selection_topk_source="sampler")
+                              selection_topk=64, temperature=0.7)
     assert trainer._vllm_server_settings == {"max_logprobs": -1, "logprobs_mode": "processed_logprobs"}
     assert any(url.endswith("/server_info") for url in session.requests)
-    assert trainer._sampler_topk == 64 and trainer.vllm_generation.logprobs == 64  # no cap: the sampler's top-K
-
-
-def test_k_above_the_servers_max_logprobs(tiny_model_dir: Path, tmp_path: Path,
-                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    session = fake_vllm.ServerSession(max_logprobs=20, logprobs_mode="processed_logprobs")
-    with pytest.raises(UserError, match=r"selection_topk_source='sampler': the vLLM server caps log-probs at "
-                                        r"max_logprobs=20, below selection_topk=64; restart it with --max-logprobs -1"):
-        _server_trainer(monkeypatch, tiny_model_dir, tmp_path, session, token_selector="ict", selection_topk=64,
-                        selection_topk_source="sampler")
-    separate = {"vllm_importance_sampling_correction": False, "steps_per_generation": 2,
-                "gradient_accumulation_steps": 2}  # a statistics pass of its own, where 'auto' prefers the sampler
-    auto = _server_trainer(monkeypatch, tiny_model_dir, tmp_path, session, token_selector="ict", selection_topk=64,
-                           **separate)
-    assert auto._sampler_topk is None and auto.vllm_generation.logprobs == 0  # 'auto': scored from the LM head
-    fits = _server_trainer(monkeypatch, tiny_model_dir, tmp_path, session, token_selector="ict", selection_topk=16,
-                           **separate)
-    assert fits._sampler_topk == 16
 
 
 @pytest.mark.parametrize(("overrides", "stops"), [
     ({}, "vllm_importance_sampling_correction need"),  # TRL's default: correction on
-    ({"vllm_importance_sampling_correction": False, "selection_topk": 8, "selection_topk_source": "sampler"},
-     "the sampler's top-K (selection_topk_source) need"),
-    ({"vllm_importance_sampling_correction": False, "selection_topk": 8, "selection_topk_source": "head"}, None),
+    ({"vllm_importance_sampling_correction": False, "selection_topk": 8}, None),
 ])
 def test_unprocessed_logprobs_stop_where_they_are_read(tiny_model_dir: Path, tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch, overrides: dict[str, Any],

@@ -13,7 +13,7 @@ import torch
 
 import mp_worker as w
 from ictrl.engine.config import ICTGRPOConfig
-from test_topk_sampler import _inputs, _load, _vllm_trainer
+from rollout_helpers import _inputs, _load, _vllm_trainer
 
 CASES = [("ict", "per_response_selected", "token_truncate"), ("all", "dr_grpo", "sequence_mask"),
          ("entropy", "token_mean_selected", "token_mask"), ("stapo", "token_mean_all", "sequence_truncate"),
@@ -84,14 +84,13 @@ def test_importance_weighted_loss_with_every_selector(tiny_model_dir: Path, tmp_
 
 def test_trains_two_steps_with_vllm_tis(tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     trainer = _vllm_trainer(monkeypatch, tiny_model_dir, tmp_path, shift=0.4, token_selector="ict", selection_topk=4,
-                            selection_topk_source="sampler", vllm_importance_sampling_mode="token_truncate",
+                            vllm_importance_sampling_mode="token_truncate",
                             vllm_importance_sampling_clip_max=2.0)
     trainer.train()
     steps = [h for h in trainer.state.log_history if "loss" in h]
     assert len(steps) == 2
     for h in steps:  # ratio exp(-0.4) = 0.67 below the cap: weighted, never truncated
         assert h["ictrl/is_ratio_mean"] == pytest.approx(0.670, abs=0.01) and h["ictrl/is_clipped_frac"] == 0.0
-        assert h["ictrl/topk_from_sampler"] == 1.0
 
 
 def test_rollout_func_logprobs_get_the_weight_and_old_logprobs(tiny_model_dir: Path, tmp_path: Path) -> None:
@@ -128,7 +127,6 @@ def test_config_accepts_trl_is_options_and_dr_grpo(tmp_path: Path) -> None:
         "dr_grpo"
     for overrides, field in [({"loss_type": "dr_grpo", "loss_normalization": "token_mean_all"}, "loss_normalization"),
                              ({"vllm_importance_sampling_mode": "token_clip"}, "vllm_importance_sampling_mode"),
-                             ({"vllm_importance_sampling_clip_max": -1.0}, "vllm_importance_sampling_clip_max"),
-                             ({"selection_topk_source": "vllm"}, "selection_topk_source")]:
+                             ({"vllm_importance_sampling_clip_max": -1.0}, "vllm_importance_sampling_clip_max")]:
         with pytest.raises(ValueError, match=field):
             ICTGRPOConfig(**base, **overrides)

@@ -105,7 +105,7 @@ def engine(kind: str, out: Path, temperature: float) -> None:
         peft = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0,
                           task_type="CAUSAL_LM", init_lora_weights=False)
     args = w.make_config(out.parent / f"run-{kind}", use_vllm=True, vllm_mode="colocate", token_selector="ict",
-                         selection_topk=16, selection_topk_source="sampler", vllm_importance_sampling_correction=True,
+                         selection_topk=16, vllm_importance_sampling_correction=True,
                          max_steps=1, per_device_train_batch_size=16, num_generations=4, max_completion_length=16,
                          learning_rate=5e-3, cpu_threads=1, temperature=temperature)
     trainer = ICTGRPOTrainer(model=model, reward_funcs=varied_reward, args=args, train_dataset=w.make_dataset(),

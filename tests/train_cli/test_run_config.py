@@ -152,6 +152,8 @@ def test_mixture_list_and_name() -> None:
         ("--data.train=x", r"unknown key 'data.train'; it is now dataset_name"),
         ("--peft=null", r"^override --peft: unknown key 'peft'; it is now use_peft: true"),
         ("--datset_name=x", r"unknown key 'datset_name'; did you mean 'dataset_name'"),
+        ("--selection_topk_source=sampler", r"^override --selection_topk_source: unknown key 'selection_topk_source'; "
+                                            r"removed: the top-K of selection_topk now always comes from the LM head$"),
         ("--learning_rate=abc", r"override --learning_rate: learning_rate: invalid float value: 'abc'"),
         ("--num_generations=1.5", r"num_generations: invalid int value"),
         ("--use_vllm=maybe", r"override --use_vllm: use_vllm: Truthy value expected: got maybe"),

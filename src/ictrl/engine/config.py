@@ -192,23 +192,8 @@ class ICTGRPOConfig(GRPOConfig):
                           "(bench/bench_topk_agreement.py, V 32,768, synthetic logits): precision 0.88-0.90 on "
                           "Zipf-like rows (entropy ~2.5 nats), ~0.98 on Student-t rows (~0.6 nats), flat over K = "
                           "8..128; on the embedded task's real rollouts 0.97 at K = 8 and >= 0.997 from K = 16 "
-                          "(bench/bench_topk_rollouts.py). Saves the full-vocabulary JS sweep; with "
-                          "selection_topk_source the top-K come from the sampler, saving the top-K sweep too. None: "
-                          "the exact score."},
-    )
-    selection_topk_source: str = field(
-        default="auto",
-        metadata={"help": "Where the top-K log-probs of selection_topk come from. 'sampler': recorded at generation "
-                          "time (vLLM: logprobs=K per position; transformers generate: a logits processor recording "
-                          "the top-K of log_softmax(scores / selection_temperature) at each step, i.e. after "
-                          "repetition/constraint processors and before temperature/top-k/top-p warping), so the "
-                          "statistics pass skips its top-K sweep over the LM head; an error at init if the sampler's "
-                          "distribution is not the one the statistics pass scores (docs/vllm.md). 'head': from the "
-                          "statistics pass's LM-head logits. 'auto': the sampler when it qualifies and the statistics "
-                          "pass is a forward of its own anyway, else the head (where the statistics ride TRL's "
-                          "old-log-prob or the loss's forward, the sampler's top-K would add a second backbone "
-                          "forward to save a top-K sweep over logits already there; bench/bench_topk_step.py).",
-                  "choices": ("auto", "sampler", "head")},
+                          "(bench/README.md, bench_topk_rollouts.py). Saves the full-vocabulary JS sweep; the top-K "
+                          "come from the LM head. None: the exact score."},
     )
     sparse_backward: bool = field(
         default=False,

@@ -20,7 +20,7 @@ from ictrl.core.selection import SelectionInputs, Selector, SelectorError, in_wa
 from ictrl.core.stats import TokenStats
 from ictrl.engine.heads import call_head
 from ictrl.engine.reward_policy import RunStop
-from ictrl.engine.stats_pass import STAT_FIELDS, LossForward, Stats, StatsSource, StepContext, Wants, stats_from_fused
+from ictrl.engine.stats_pass import STAT_FIELDS, LossForward, Stats, StatsSource, StepContext, Wants
 
 # TRL shuffles and splits a generation batch over steps_per_generation carrying its [B, ...] tensors, so the
 # per-row values that must follow that shuffle ride in the batch: ``ictrl_selected`` (the [B, T] mask) and, on the
@@ -204,35 +204,20 @@ class SelectionStep:
 
     # --------------------------------------------------------------------------------------- generation
 
-    def at_generation(self, model: Any, batch: dict[str, Any], step: StepContext, given: Stats | None = None,
-                      sampler_topk: tuple[Tensor, Tensor] | None = None) -> None:
-        """Select the generation ``batch``: its [B, T] mask, from the statistics ``given`` (served as TRL's old
-        log-probs, or (None, None) for a selector that reads none) or of the separate pass (``sampler_topk``: the
-        [B, T, K] top-K the sampler recorded)."""
+    def at_generation(self, model: Any, batch: dict[str, Any], step: StepContext, given: Stats | None = None
+                      ) -> None:
+        """Select the generation ``batch``: its [B, T] mask, from the statistics ``given`` ((None, None) for a
+        selector that reads none) or of the separate pass."""
         mask = response_mask(batch)
         if given is None:
             groups = self._groups(batch, step, None)
-            given = self.source(model, *model_inputs(batch), mask, groups, sampler_topk=sampler_topk)
+            given = self.source(model, *model_inputs(batch), mask, groups)
         batch[SELECTED] = self.select(step, mask, given, batch["advantages"])
 
     def keep_row_order(self, batch: dict[str, Any]) -> None:
         """Each row's index in generation order, for a selection made in the loss, after TRL's shuffle."""
         B, device = batch["completion_mask"].size(0), batch["completion_mask"].device
         batch[ROW] = self.accelerator.process_index * B + torch.arange(B, device=device)
-
-    def old_logps(self, model: Any, input_ids: Tensor, attention_mask: Tensor, T: int, step: StepContext,
-                  rows: int | None) -> tuple[Tensor, Stats]:
-        """TRL's [B, T] old log-probs and the statistics of the same rows from one
-        no-grad pass: TRL's fused head (in chunks of ``rows``) when the statistics need neither group JS nor another
-        temperature, else the statistics sweep, whose ``logprob`` (same rows, same temperature) TRL gets."""
-        mask = attention_mask[:, -T:].bool()
-        if self.source.from_trl_head(step.needs):
-            fused = self.source.fused_forward(model, input_ids, attention_mask, T, Wants(sum_sq=step.sum_sq, rows=rows))
-            return fused.logps, (stats_from_fused(fused, mask), None)
-        batch = {"prompt_ids": input_ids[:, :-T], "prompt_mask": attention_mask[:, :-T]}
-        stats, js = self.source(model, input_ids, attention_mask, mask, self._groups(batch, step, None))
-        assert stats is not None
-        return stats.logprob, (stats, js)
 
     def _groups(self, batch: dict[str, Any], step: StepContext, row: Tensor | None) -> Tensor | None:
         """[B] group ids of ``batch`` when group JS is needed, after checking that each group is whole on this

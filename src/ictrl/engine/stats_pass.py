@@ -21,7 +21,8 @@ from ictrl.core.stats import (TokenStats, group_js_divergence_topk, group_js_div
                               token_stats, token_stats_unchecked, topk_log_softmax)
 from ictrl.engine.heads import LogitTransform, call_head
 
-STATS_PATHS = {"separate": 0.0, "shared_old_logps": 1.0, "training_forward": 2.0}
+# ictrl/stats_path; 1.0 was a path since deleted (TRL's old-log-prob pass giving the statistics)
+STATS_PATHS = {"separate": 0.0, "training_forward": 2.0}
 # The statistics one sweep of each position's distribution gives (the group JS score comes apart: it needs groups)
 STAT_FIELDS = tuple(f for f in selection.STAT_FIELDS if f != "ict_score")
 FUSED_OUTPUTS = ("log_probs", "entropy", "log_sum_sq_probs")
@@ -82,13 +83,12 @@ class Sweep:
 
 class Request(NamedTuple):
     """One batch as the statistics read it: the [B, T] response mask and completion ids, the [B] group ids (None:
-    no group JS), every group's size (lets the sweep skip host reads) and the sampler's [B, T, K] top-K."""
+    no group JS) and every group's size (lets the sweep skip host reads)."""
 
     mask: Tensor
     tokens: Tensor
     group_ids: Tensor | None = None
     group_size: int | None = None
-    sampler_topk: tuple[Tensor, Tensor] | None = None
 
 
 def final_hidden(model: Any, input_ids: Tensor, attention_mask: Tensor, T: int, autocast: Autocast) -> Tensor:
@@ -106,15 +106,15 @@ def hidden_stats(head: nn.Module, hidden: Tensor, req: Request, sweep: Sweep) ->
 
     The LM head sweeps blocks of positions with its whole weight, gathered once by the engine (:func:`call_head`),
     so at most ``chunk_size`` rows of [V] logits exist at once, with every group intact (JS at position t needs only
-    the group's distributions at t). With top-K the group JS comes from each position's top-K log-probs: the
-    sampler's when recorded, else the head's. ``chunk_size`` None: :func:`sweep_rows` (on a GPU the rows of the
+    the group's distributions at t). With top-K the group JS comes from each position's top-K log-probs of the
+    head. ``chunk_size`` None: :func:`sweep_rows` (on a GPU the rows of the
     head's dtype that fit in a fixed budget of bytes, ``ictrl.core.stats.SWEEP_BYTES``). On a GPU the logits go to
     the sweep in their own dtype (bf16 under autocast); on CPU, and for the in-place top-K, they are upcast to fp32.
     """
     mask, completion_ids, group_ids = req.mask, req.tokens, req.group_ids
     B, T = mask.shape
     topk = sweep.topk if group_ids is not None else None
-    head_topk = topk is not None and req.sampler_topk is None
+    head_topk = topk is not None
     chunk_size, V = sweep.chunk_size, sweep.vocab
     itemsize = head.weight.element_size() if isinstance(getattr(head, "weight", None), Tensor) else 2  # >= logits'
     block = max(1, sweep_rows(chunk_size, V, hidden.device, itemsize) // B)
@@ -146,9 +146,8 @@ def hidden_stats(head: nn.Module, hidden: Tensor, req: Request, sweep: Sweep) ->
         return stats, None
     if topk is None:
         return stats, torch.cat([p.ict_score for p in parts], dim=1)
-    sampler_topk = req.sampler_topk or (torch.cat([lp for lp, _ in topk_parts], dim=1),
-                                        torch.cat([ids for _, ids in topk_parts], dim=1))
-    return stats, topk_js(*sampler_topk, mask, group_ids)
+    return stats, topk_js(torch.cat([lp for lp, _ in topk_parts], dim=1),
+                          torch.cat([ids for _, ids in topk_parts], dim=1), mask, group_ids)
 
 
 @torch.no_grad()
@@ -337,10 +336,9 @@ class StatsSource:
         return Sweep(self.temperature, self.topk, self.chunk_size, self.autocast, self.vocab, self.rows[mode],
                      self.transform, self.check)
 
-    def request(self, model: Any, mask: Tensor, tokens: Tensor, group_ids: Tensor | None,
-                sampler_topk: tuple[Tensor, Tensor] | None = None) -> Request:
+    def request(self, model: Any, mask: Tensor, tokens: Tensor, group_ids: Tensor | None) -> Request:
         size = None if group_ids is None else self.group_size["train" if model.training else "eval"]
-        return Request(mask, tokens, group_ids, size, sampler_topk)
+        return Request(mask, tokens, group_ids, size)
 
     def fused_forward(self, model: Any, input_ids: Tensor, attention_mask: Tensor, T: int,
                       wants: Wants = Wants()) -> Fused:
@@ -348,11 +346,11 @@ class StatsSource:
         return fused_forward(model, input_ids, attention_mask, T, self.autocast, wants)
 
     def __call__(self, model: Any, input_ids: Tensor, attention_mask: Tensor, mask: Tensor,
-                 group_ids: Tensor | None = None, sampler_topk: tuple[Tensor, Tensor] | None = None) -> Stats:
+                 group_ids: Tensor | None = None) -> Stats:
         """The separate pass: TokenStats ([B, T] fields) and the [B, T] group JS (None without ``group_ids``) at
         the completion positions of ``input_ids`` / ``attention_mask`` ([B, P + T]; ``mask``: the [B, T] response
-        mask), from the model's own forward. ``sampler_topk``: the [B, T, K] top-K the sampler recorded."""
-        req = self.request(model, mask, input_ids[:, -mask.size(1):], group_ids, sampler_topk)
+        mask), from the model's own forward."""
+        req = self.request(model, mask, input_ids[:, -mask.size(1):], group_ids)
         return model_stats(model, self.head(model), input_ids, attention_mask, req, self.sweep(model))
 
     def from_hidden(self, model: Any, hidden: Tensor, req: Request) -> Stats:

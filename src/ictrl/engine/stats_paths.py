@@ -4,18 +4,13 @@ with what it does at generation and what it does in the loss, planned once per m
 
 - :class:`Separate`: a no-grad forward of its own at generation, which selects the batch; the loss's forward is
   TRL's (or the sparse head's) alone. The reference the others are tested against.
-- :class:`SharedOldLogps`: the pass that gives TRL its old log-probs at generation also gives the statistics.
 - :class:`TrainingForward`: the loss's own forward gives the statistics, and the selection is made there.
-- ``ictrl.engine.sampler_topk.SamplerTopK``: the separate pass with the ICT score from the sampler's top-K.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
-
-from torch import Tensor
 
 from ictrl.core.selection import FIELD_WORDS
 from ictrl.engine.selection_step import ROW, SELECTED, LossInputs, SelectionStep, response_mask
@@ -27,40 +22,28 @@ class PathFacts:
     """What decides the statistics path of a run in one mode (docs/architecture.md, "The statistics path")."""
 
     one_pass: bool                # False forces the separate pass (the reference the others are tested against)
-    sampler_topk: bool            # the ICT score's top-K log-probs come from the sampler
     dynamic_sampling: bool
     stat_free: bool               # the selector reads no statistics (all, random)
     same_temperature: bool        # selection temperature == sampling temperature
     training: bool
     trl_computes_old_logps: bool
-    tools: bool
     on_policy_single_micro_batch: bool  # num_iterations == 1 and steps_per_generation == 1
 
 
-def plan_path(f: PathFacts, separate: Callable[[], Separate]) -> Separate:
-    """The path of one mode; ``separate()`` builds the run's separate pass (the sampler's top-K or not)."""
-    if not f.one_pass or f.sampler_topk or f.dynamic_sampling:
-        return separate()
+def plan_path(f: PathFacts) -> Separate:
+    """The path of one mode: the loss's forward where it can give the statistics, else the separate pass."""
+    if not f.one_pass or f.dynamic_sampling:
+        return Separate()
     if f.stat_free:
-        return TrainingForward() if f.same_temperature else separate()
-    if not f.training:
-        return separate()
-    if f.trl_computes_old_logps:
-        return SharedOldLogps() if not f.tools and f.same_temperature else separate()
-    return TrainingForward() if f.on_policy_single_micro_batch else separate()
-
-
-def rides_another_forward(f: PathFacts) -> bool:
-    """Whether the path ``plan_path`` picks for ``f`` without the sampler's top-K takes its statistics from a forward
-    the step makes anyway (TRL's old log-probs, the loss's), not from a pass of its own."""
-    return isinstance(plan_path(replace(f, sampler_topk=False), Separate), (SharedOldLogps, TrainingForward))
+        return TrainingForward() if f.same_temperature else Separate()
+    if not f.training or f.trl_computes_old_logps:
+        return Separate()
+    return TrainingForward() if f.on_policy_single_micro_batch else Separate()
 
 
 # How a run's first lines name a path, in words (``describe_statistics``).
 PATH_WORDS = {
     "Separate": "a no-grad forward of their own at generation",
-    "SamplerTopK": "a no-grad forward of their own at generation, the ICT score from the sampler's top-K log-probs",
-    "SharedOldLogps": "the no-grad forward that gives TRL its old log-probs at generation",
     "TrainingForward": "the loss's own forward, where the selection is made",
 }
 
@@ -91,35 +74,11 @@ class Separate:
 
     code = STATS_PATHS["separate"]  # ictrl/stats_path
 
-    # ------------------------------------------- what TRL's calls inside one generation hand the path
-
-    def generating(self, step: StepContext) -> None:
-        """A generation call of ``step`` begins (TRL's hooks below run inside it)."""
-
-    def rollout_started(self) -> None:
-        """TRL's generation and scoring runs once more (dynamic sampling: once a round), one sampler call."""
-
-    def rollout_recorded(self, rows: Any) -> None:
-        """The sampler's top-K rows of its last call (``selection_topk_source``)."""
-
-    def old_logps(self, selection: SelectionStep, model: Any, input_ids: Tensor, attention_mask: Tensor, T: int,
-                  rows: int | None) -> Tensor | None:
-        """TRL's no-grad old log-probs, when this path computes them (None: TRL does)."""
-        return None
-
-    # ------------------------------------------------------------------------------------- the step
-
-    def sampler_topk(self, batch: dict[str, Any], step: StepContext) -> tuple[Tensor, Tensor] | None:
-        """The [B, T, K] top-K the sampler recorded for ``batch`` (None: the LM head's)."""
-        return None
-
     def at_generation(self, selection: SelectionStep, model: Any, batch: dict[str, Any], step: StepContext,
                       importance_correction: bool) -> float | None:
         """Select the generation ``batch`` (its ``ictrl_selected``); returns the ``ictrl/stats_path`` it logs, or
         None when its statistics and selection come with the loss's forward."""
-        topk = self.sampler_topk(batch, step)
-        step.metrics["ictrl/topk_from_sampler"].append(float(topk is not None))
-        selection.at_generation(model, batch, step, sampler_topk=topk)
+        selection.at_generation(model, batch, step)
         return self.code
 
     def in_loss(self, selection: SelectionStep, model: Any, batch: dict[str, Any], step: StepContext) -> LossInputs:
@@ -129,38 +88,6 @@ class Separate:
         else:
             wants = None if step.sparse else Wants(sum_sq=False)
         return selection.for_loss(model, batch, step, selection.loss_forward(model, batch, step, wants))
-
-
-class SharedOldLogps(Separate):
-    """TRL computes old log-probs at generation (several optimizer steps per generation batch, or vLLM's
-    importance correction): its first no-grad call is served by the statistics pass, which selects the batch."""
-
-    code = STATS_PATHS["shared_old_logps"]
-
-    def __init__(self) -> None:
-        self.step: StepContext | None = None
-        self.served: tuple[int, Any] | None = None  # rows, and the statistics and JS of the served call
-
-    def generating(self, step: StepContext) -> None:
-        self.step, self.served = step, None
-
-    def old_logps(self, selection: SelectionStep, model: Any, input_ids: Tensor, attention_mask: Tensor, T: int,
-                  rows: int | None) -> Tensor | None:
-        if self.served is not None or self.step is None:
-            return None
-        logps, stats = selection.old_logps(model, input_ids, attention_mask, T, self.step, rows)
-        self.served = (input_ids.size(0), stats)
-        return logps
-
-    def at_generation(self, selection: SelectionStep, model: Any, batch: dict[str, Any], step: StepContext,
-                      importance_correction: bool) -> float | None:
-        """A batch whose mask leaves tool output out (TRL's old log-probs do not), or whose old log-probs were not
-        served here, takes the separate pass."""
-        served, rows = self.served, batch["completion_mask"].size(0)
-        if "tool_mask" in batch or served is None or served[0] != rows:
-            return super().at_generation(selection, model, batch, step, importance_correction)
-        selection.at_generation(model, batch, step, given=served[1])
-        return self.code
 
 
 class TrainingForward(Separate):

@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Iterator
 from dataclasses import replace
 from functools import partial
 from typing import Any
@@ -28,13 +27,11 @@ from ictrl.engine.heads import backbone, logit_transform, output_head
 from ictrl.engine.model_card import write_model_card
 from ictrl.engine.resumable import Resumable
 from ictrl.engine.rollout_ids import check_vocab, checked_rollout_func, raise_deferred_checks
-from ictrl.engine.sampler_topk import SamplerTopK, TopKRecorder, recording_generate, split_vllm_logprobs
 from ictrl.engine.selection_step import (
     NORMALISERS, LossInputs, SelectionStep, SelectionWatch, metrics_logged, model_inputs,
 )
 from ictrl.engine.stats_pass import StatsSource, StepContext, fused_head_stats, fused_head_with_sum_sq
-from ictrl.engine.stats_paths import PathFacts, Separate, describe_statistics, plan_path, rides_another_forward
-from ictrl.errors import UserError
+from ictrl.engine.stats_paths import PathFacts, Separate, describe_statistics, plan_path
 from ictrl.engine.reward_policy import RewardPolicy
 
 
@@ -82,7 +79,6 @@ class ICTGRPOTrainer(GRPOTrainer):
         if args.sparse_backward and self.aux_loss_enabled:
             raise ValueError("router_aux_loss_coef: the MoE router loss comes with TRL's dense forward, which "
                              "sparse_backward replaces; set router_aux_loss_coef=0 or turn sparse_backward off")
-        self._sampler_topk = self._resolve_topk_source(needs)
         self.selection_step = SelectionStep(
             self.accelerator, args.selector, args.selector_options, args.selection_warmup_steps,
             count_selected=args.loss_normalization == "token_mean_selected",
@@ -92,10 +88,7 @@ class ICTGRPOTrainer(GRPOTrainer):
             watch=SelectionWatch(args.no_signal_steps or 0, self.reward_policy.steps_per_batch))
         logging.getLogger(__name__).info(describe_statistics(args.selector.rule, needs, self.stats_source.paths,
                                                              args.selection_warmup_steps, args.eval_strategy != "no"))
-        self._generation_path: Separate | None = None  # the mode's path, only inside _generate_and_score_completions
-        if self._sampler_topk is not None and self.use_vllm:
-            self._install_vllm_topk()
-        vllm_engine.check_logprobs_mode(self._vllm_server_settings, args, self._sampler_topk)
+        vllm_engine.check_logprobs_mode(self._vllm_server_settings, args)
         check_liger(args.use_liger_kernel)  # after TRL's own checks, whose errors a TRL user catches
 
     def create_model_card(self, *args: Any, **kwargs: Any) -> None:
@@ -103,31 +96,24 @@ class ICTGRPOTrainer(GRPOTrainer):
         and no token selection)."""
         write_model_card(self, self.base_model, self.command)
 
-    def _path_facts(self, needs: frozenset[str], training: bool, sampler_topk: bool) -> PathFacts:
+    def _path_facts(self, needs: frozenset[str], training: bool) -> PathFacts:
         """What decides the statistics path of one mode (``ictrl.engine.stats_paths.plan_path``)."""
         args = self.args
         generate_every = args.steps_per_generation * self.num_iterations
         return PathFacts(
-            one_pass=self.one_pass and not self._dense_trl_forward(), sampler_topk=sampler_topk,
+            one_pass=self.one_pass and not self._dense_trl_forward(),
             dynamic_sampling=bool(getattr(args, "dynamic_sampling", False)), stat_free=not needs,
             same_temperature=args.selection_temperature == self.temperature, training=training,
             trl_computes_old_logps=args.gradient_accumulation_steps % generate_every != 0 or bool(
                 self.use_vllm and args.vllm_importance_sampling_correction),
-            tools=bool(self.tools),
             on_policy_single_micro_batch=self.num_iterations == 1 and args.steps_per_generation == 1)
 
     def _plan_stats(self, needs: frozenset[str]) -> StatsSource:
         """The run's statistics source for a selector that reads the statistics ``needs``, with the path of each
         mode decided here, once."""
         args = self.args
-        K, topk_source = self._sampler_topk, args.selection_topk_source
-
-        def separate() -> Separate:
-            return Separate() if K is None else SamplerTopK(K, topk_source)
-
         return StatsSource(
-            paths={mode: plan_path(self._path_facts(needs, mode == "train", K is not None), separate)
-                   for mode in ("train", "eval")},
+            paths={mode: plan_path(self._path_facts(needs, mode == "train")) for mode in ("train", "eval")},
             needs=needs, fused_stats=fused_head_stats(),
             same_temperature=args.selection_temperature == self.temperature,
             temperature=args.selection_temperature, topk=args.selection_topk, chunk_size=args.stats_chunk_size,
@@ -170,8 +156,7 @@ class ICTGRPOTrainer(GRPOTrainer):
         raise_deferred_checks()  # a failed device-side check of an earlier step: one line, before generating
         step = self._step_context()
         path = self.stats_source.paths[step.mode]
-        with self._generating(path, step):  # in rounds under dynamic sampling
-            batch = self.batch_filter.generate(partial(self._generate_round, path), inputs)
+        batch = self.batch_filter.generate(super()._generate_and_score_completions, inputs)  # rounds under DAPO
         if step.mode == "train":
             self.reward_policy.observe_batch(batch, self.accelerator.gather)
         if "pixel_values" in batch:
@@ -184,46 +169,6 @@ class ICTGRPOTrainer(GRPOTrainer):
         step.metrics["ictrl/stats_path"].append(code)
         step.metrics["ictrl/stats_time"].append(time.perf_counter() - start)
         return batch
-
-    def _generate_round(self, path: Separate, inputs: list[dict[str, Any]]) -> dict[str, Any]:
-        """One call of TRL's generation and scoring (one sampler call); with ``selection_topk_source`` and
-        transformers' ``generate``, the sampler's top-K log-probs of each step recorded for the path (vLLM records
-        through ``_vllm_generate_recording_topk``)."""
-        path.rollout_started()
-        K = self._sampler_topk
-        if K is None or self.use_vllm:
-            return super()._generate_and_score_completions(inputs)
-        recorder = TopKRecorder(K, self.args.selection_temperature)
-        with recording_generate(self.accelerator.unwrap_model(self.model_wrapped), recorder):
-            batch = super()._generate_and_score_completions(inputs)
-        path.rollout_recorded(recorder.rows())
-        return batch
-
-    @contextlib.contextmanager
-    def _generating(self, path: Separate, step: StepContext) -> Iterator[Separate]:
-        """While TRL's generation call runs, its hooks below hand what they produce to the mode's path."""
-        previous, self._generation_path = self._generation_path, path
-        path.generating(step)
-        try:
-            yield path
-        finally:
-            self._generation_path = previous
-
-    def _get_per_token_logps_and_entropies(self, model: Any, input_ids: Tensor, attention_mask: Tensor,
-                                           logits_to_keep: int, batch_size: int | None = None,
-                                           compute_entropy: bool = False, compute_aux_loss: bool = False,
-                                           **kwargs: Any) -> tuple[Tensor, Tensor | None, Tensor | None]:
-        """TRL's method; inside generation a no-grad call on the policy is served by the path where it computes
-        TRL's old log-probs itself (``SharedOldLogps``)."""
-        path, logps = self._generation_path, None
-        if (path is not None and model is self.model and not torch.is_grad_enabled() and not compute_entropy
-                and not compute_aux_loss and all(v is None for v in kwargs.values())):
-            logps = path.old_logps(self.selection_step, model, input_ids, attention_mask, logits_to_keep, batch_size)
-        if logps is None:
-            return super()._get_per_token_logps_and_entropies(
-                model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size,
-                compute_entropy=compute_entropy, compute_aux_loss=compute_aux_loss, **kwargs)
-        return logps, None, None
 
     # ------------------------------------------- the composed parts' hooks: dynamic sampling, exact resume
 
@@ -322,63 +267,7 @@ class ICTGRPOTrainer(GRPOTrainer):
         if self.entropy_bonus and step.mode == "train" and acc.sync_gradients:
             metrics["entropy_coef"].append(self.entropy_coef)
 
-    # ------------------------------------------------------------------ sampler top-K and importance weights
-
-    def _resolve_topk_source(self, needs: frozenset[str]) -> int | None:
-        """K when the ICT score's top-K log-probs are recorded by the sampler, else None (the head's logits).
-
-        ``auto`` takes the sampler only where the training statistics need a forward of their own anyway: where
-        they ride a forward the step makes regardless (TRL's old log-probs, the loss's), the sampler's top-K would
-        force the separate pass and so a second backbone forward, to save a top-K sweep over logits already there
-        (bench/bench_topk_step.py)."""
-        args = self.args
-        if args.selection_topk is None or "ict_score" not in needs or args.selection_topk_source == "head":
-            return None
-        why = self._sampler_topk_obstacle()
-        if why is None and args.selection_topk_source == "auto" \
-                and rides_another_forward(self._path_facts(needs, True, False)):
-            return None
-        if why is None:
-            return args.selection_topk
-        if args.selection_topk_source == "sampler":
-            raise UserError(f"selection_topk_source='sampler': {why}; use 'auto' or 'head' to score from the LM head")
-        logging.getLogger(__name__).warning("selection_topk_source='auto': %s; the top-K comes from the LM head", why)
-        return None
-
-    def _sampler_topk_obstacle(self) -> str | None:
-        """Why the sampler cannot record the distribution the statistics pass scores (None: it can)."""
-        args = self.args
-        if self.rollout_func is not None or self.tools or self.use_transformers_continuous_batching:
-            return "a rollout_func, tools or continuous batching generate outside the hooked call"
-        if getattr(args, "dynamic_sampling", False):
-            return "dynamic sampling regenerates and regroups rows after the hooked call"
-        if self.repetition_penalty != 1.0 or args.generation_kwargs:
-            return "repetition_penalty != 1 or generation_kwargs change the sampler's logits"
-        if not self.use_vllm:
-            return None
-        if args.selection_temperature != self.temperature:
-            return "vLLM reports log-probs at the sampling temperature, and selection_temperature differs"
-        if self.top_p != 1.0 or self.top_k not in (None, 0, -1) or self.min_p not in (None, 0.0):
-            return "vLLM reports log-probs after top_p/top_k/min_p truncation, which the statistics pass does not apply"
-        if self._vllm_server_settings is not None:
-            return vllm_engine.topk_obstacle(self._vllm_server_settings, args.selection_topk)
-        return None
-
-    def _install_vllm_topk(self) -> None:
-        """Ask vLLM for K log-probs per position and route its answers through _vllm_generate_recording_topk."""
-        self.vllm_generation.logprobs = self._sampler_topk
-        self._vllm_generate = self.vllm_generation.generate
-        self.vllm_generation.generate = self._vllm_generate_recording_topk
-
-    def _vllm_generate_recording_topk(self, *args: Any, **kwargs: Any) -> Any:
-        """``VLLMGeneration.generate`` with logprobs=K: keep the top-K, hand TRL the sampled tokens' log-probs."""
-        prompt_ids, completion_ids, logprobs, token_ids = self._vllm_generate(*args, **kwargs)
-        if logprobs is None or token_ids is None:
-            raise RuntimeError("vLLM returned no top-K log-probs (selection_topk_source)")
-        sampled, topk = split_vllm_logprobs(logprobs, token_ids, completion_ids, self._sampler_topk)
-        if self._generation_path is not None:
-            self._generation_path.rollout_recorded(topk)
-        return prompt_ids, completion_ids, sampled, None
+    # ---------------------------------------------------------------------------------- importance weights
 
     def _importance_correction(self, batch: dict[str, Any]) -> bool:
         return bool(self.args.vllm_importance_sampling_correction) and "sampling_per_token_logps" in batch

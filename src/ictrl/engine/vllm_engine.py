@@ -25,8 +25,7 @@ def engine_dtype(args: Any) -> str:
 @contextlib.contextmanager
 def building_engine(model: Any, args: Any) -> Iterator[None]:
     """Around ``GRPOTrainer.__init__``: vLLM importable, the CPU build's settings and head size checked, then TRL's
-    colocated ``LLM(...)`` gets the trainer's dtype and enough log-probs for the sampler's top-K (``selection_topk``
-    above vLLM's default cap of 20), and, for a trainer without CUDA, TRL's server client skips its NCCL
+    colocated ``LLM(...)`` gets the trainer's dtype, and, for a trainer without CUDA, TRL's server client skips its NCCL
     communicator (which refuses any other device): the weights then travel through :func:`reload_sync`."""
     vllm_env.require_installed("use_vllm")
     if args.vllm_mode == "colocate" and vllm_env.on_cpu():  # a server is its own process, with its own settings
@@ -39,8 +38,6 @@ def building_engine(model: Any, args: Any) -> Iterator[None]:
 
     original_llm, original_init = vllm_generation.LLM, VLLMClient.init_communicator
     extra: dict[str, Any] = {"dtype": engine_dtype(args), "use_tqdm_on_load": False}
-    if args.selection_topk is not None and args.selection_topk_source != "head":
-        extra["max_logprobs"] = max(20, args.selection_topk)
 
     def llm(*a: Any, **kwargs: Any) -> Any:
         return original_llm(*a, **{**kwargs, **extra})
@@ -140,22 +137,12 @@ def server_settings(trainer: Any) -> dict[str, Any] | None:
     return box[0]
 
 
-def topk_obstacle(settings: dict[str, Any], k: int) -> str | None:
-    """Why the server cannot return ``k`` log-probs per position (None: it can)."""
-    limit = settings.get("max_logprobs")
-    if limit is None or limit == -1 or k <= limit:
-        return None
-    return (f"the vLLM server caps log-probs at max_logprobs={limit}, below selection_topk={k}; restart it with "
-            f"--max-logprobs -1 ({SERVER_DOC})")
-
-
-def check_logprobs_mode(settings: dict[str, Any] | None, args: Any, sampler_topk: int | None) -> None:
-    """Stop when the server's log-probs are not the sampled distribution and something reads them: the
-    importance weight (``vllm_importance_sampling_correction``) or the sampler's top-K (``sampler_topk``)."""
+def check_logprobs_mode(settings: dict[str, Any] | None, args: Any) -> None:
+    """Stop when the server's log-probs are not the sampled distribution and the importance weight
+    (``vllm_importance_sampling_correction``) reads them."""
     if settings is None:
         return
-    users = ["vllm_importance_sampling_correction"] * bool(args.vllm_importance_sampling_correction) + \
-        ["the sampler's top-K (selection_topk_source)"] * (sampler_topk is not None)
+    users = ["vllm_importance_sampling_correction"] * bool(args.vllm_importance_sampling_correction)
     mode = settings.get("logprobs_mode")
     if users and mode != "processed_logprobs":
         raise UserError(f"vllm_mode='server': the vLLM server reports logprobs_mode={mode!r} (before temperature "

@@ -203,7 +203,8 @@ OLD_KEYS = {"model.name_or_path": "model_name_or_path", "model.dtype": "dtype",
 SECTIONS = {"model": "model_name_or_path", "data": "dataset_name", "reward": "reward_funcs",
             "peft": "use_peft: true with lora_r, lora_alpha, lora_dropout, lora_target_modules"}
 # trl grpo's fourth dataclass (DatasetMixtureConfig): hub datasets, which ictrl train does not load.
-POINTERS: dict[str, str] = {}
+POINTERS: dict[str, str] = {  # keys since removed, and what took their place
+    "selection_topk_source": "removed: the top-K of selection_topk now always comes from the LM head"}
 # The method of a file that sets no token_selector. Such a file is a `trl grpo` file, and `ictrl train` runs it as
 # TRL's GRPO (every response token, TRL's normaliser for loss_type): a TRL user's config never changes method
 # silently. ICTGRPOConfig itself defaults to ict: the Python class is ICT's trainer by name.
