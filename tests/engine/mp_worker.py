@@ -50,9 +50,21 @@ def stub_completion(prompt_ids: list[int], j: int) -> list[int]:
     return ids.tolist()
 
 
+def select_alone(trainer: Any, batch: dict[str, Any]) -> torch.Tensor:
+    """``batch``'s ``ictrl_selected``: the selection the trainer makes of a generation batch it sees alone (the
+    separate path's, whose statistics ride the batch), its metrics kept out of the run's."""
+    import dataclasses
+    from collections import defaultdict
+
+    step = dataclasses.replace(trainer._step_context(), metrics=defaultdict(list), mode="eval")
+    trainer._select(batch, step, trainer.stats_paths[trainer._mode()], None)
+    return batch["ictrl_selected"]
+
+
 def stub_trainer_class(one_pass: bool = False) -> type:
-    """``one_pass`` False (default): the separate statistics pass, so every recorded generation batch carries its
-    ``ictrl_selected`` (with the one-pass training-forward path the selection is made in the loss)."""
+    """``one_pass`` False (default): the separate statistics pass, so every recorded generation batch carries the
+    ``ictrl_selected`` the loss will make of it (with the one-pass training-forward path the statistics come with
+    the loss's forward, so a recorded batch carries none)."""
     from ictrl.engine.trainer import ICTGRPOTrainer
 
     class StubGenerationTrainer(ICTGRPOTrainer):
@@ -69,8 +81,10 @@ def stub_trainer_class(one_pass: bool = False) -> type:
             batch = super()._generate_and_score_completions(inputs)
             if not hasattr(self, "recorded"):
                 self.recorded = []
-            self.recorded.append({k: (v.detach().clone() if isinstance(v, torch.Tensor) else v)
-                                  for k, v in batch.items()})
+            record = {k: (v.detach().clone() if isinstance(v, torch.Tensor) else v) for k, v in batch.items()}
+            if "ictrl_stats" in record:  # the separate path
+                select_alone(self, record)
+            self.recorded.append(record)
             return batch
 
     StubGenerationTrainer.one_pass = one_pass
@@ -80,14 +94,9 @@ def stub_trainer_class(one_pass: bool = False) -> type:
 def separate_pass(trainer: Any) -> None:
     """From now on the separate statistics pass in every mode: the path ``one_pass = False`` plans when the trainer
     is built (``ictrl.engine.stats_paths``)."""
-    import dataclasses
-
     from ictrl.engine.stats_paths import Separate
 
-    source = trainer.stats_source
-    # a separate pass already (the sampler's top-K one too) stays
-    paths = {mode: p if p.code == Separate.code else Separate() for mode, p in source.paths.items()}
-    trainer.stats_source = dataclasses.replace(source, paths=paths)
+    trainer.stats_paths = {mode: Separate() for mode in trainer.stats_paths}
 
 
 def make_config(output_dir: str | os.PathLike[str], **overrides: Any) -> Any:

@@ -22,12 +22,14 @@ from ictrl.engine.heads import call_head
 from ictrl.engine.reward_policy import RunStop
 from ictrl.engine.stats_pass import STAT_FIELDS, LossForward, Stats, StatsSource, StepContext, Wants
 
-# TRL shuffles and splits a generation batch over steps_per_generation carrying its [B, ...] tensors, so the
-# per-row values that must follow that shuffle ride in the batch: ``ictrl_selected`` (the [B, T] mask) and, on the
-# training_forward path, ``ictrl_row`` (each row's index in generation order); the per-micro-batch normalisers
-# ride there too because TRL buffers the micro-batches. Only this module writes or reads them.
-SELECTED, ROW, NORMALISERS = "ictrl_selected", "ictrl_row", ("ictrl_num_responses", "ictrl_num_tokens",
-                                                             "ictrl_num_mask_tokens")
+# The one hand-off (docs/architecture.md, "One training step"): TRL shuffles and splits a generation batch over
+# steps_per_generation carrying its [B, ...] tensors, so what a row's selection needs rides in the batch from
+# generation to the loss: ``ictrl_row`` (each row's index in generation order), and on the separate path its
+# statistics (``ictrl_stats``: [B, T, F], the fields of STAT_FIELDS in order; ``ictrl_ict_score``: [B, T]). The
+# selection, made where the loss first sees a micro-batch of the buffer, writes ``ictrl_selected`` (the [B, T]
+# mask) and the normalisers into every micro-batch TRL buffered. Only this module writes or reads them.
+SELECTED, ROW, STATS, ICT_SCORE = "ictrl_selected", "ictrl_row", "ictrl_stats", "ictrl_ict_score"
+NORMALISERS = ("ictrl_num_responses", "ictrl_num_tokens", "ictrl_num_mask_tokens")
 log = logging.getLogger(__name__)
 
 
@@ -90,6 +92,25 @@ def gather_rows(accelerator: Any, x: Tensor, pad: float | int = 0) -> Tensor:
 
 def gather_stats(accelerator: Any, stats: TokenStats) -> TokenStats:
     return TokenStats(**{f: gather_rows(accelerator, getattr(stats, f)) for f in STAT_FIELDS})
+
+
+def carry_stats(batch: dict[str, Any], stats: Stats) -> None:
+    """Put a generation batch's statistics in it, to ride TRL's shuffle and split to the selection."""
+    found, js = stats
+    assert found is not None
+    batch[STATS] = torch.stack([getattr(found, f) for f in STAT_FIELDS], dim=-1)
+    if js is not None:
+        batch[ICT_SCORE] = js
+
+
+def carried_stats(batch: dict[str, Any]) -> Stats:
+    """The statistics :func:`carry_stats` put in ``batch`` (a micro-batch of it after TRL's shuffle and split)."""
+    packed = batch[STATS]
+    return TokenStats(**{f: packed[..., i] for i, f in enumerate(STAT_FIELDS)}), batch.get(ICT_SCORE)
+
+
+def _in_order(parts: list[Tensor | None], order: Tensor) -> Tensor | None:
+    return None if any(p is None for p in parts) else torch.cat(parts)[order]  # type: ignore[arg-type]
 
 
 def log_selection(metrics: dict[str, list[float]], g_mask: Tensor, g_stats: TokenStats | None,
@@ -204,18 +225,13 @@ class SelectionStep:
 
     # --------------------------------------------------------------------------------------- generation
 
-    def at_generation(self, model: Any, batch: dict[str, Any], step: StepContext, given: Stats | None = None
-                      ) -> None:
-        """Select the generation ``batch``: its [B, T] mask, from the statistics ``given`` ((None, None) for a
-        selector that reads none) or of the separate pass."""
-        mask = response_mask(batch)
-        if given is None:
-            groups = self._groups(batch, step, None)
-            given = self.source(model, *model_inputs(batch), mask, groups)
-        batch[SELECTED] = self.select(step, mask, given, batch["advantages"])
+    def statistics(self, model: Any, batch: dict[str, Any], step: StepContext) -> Stats:
+        """The separate pass over the generation ``batch``: its statistics and, where the step reads it, the group
+        JS."""
+        return self.source(model, *model_inputs(batch), response_mask(batch), self._groups(batch, step, None))
 
     def keep_row_order(self, batch: dict[str, Any]) -> None:
-        """Each row's index in generation order, for a selection made in the loss, after TRL's shuffle."""
+        """Each row's index in generation order, for the selection made in the loss, after TRL's shuffle."""
         B, device = batch["completion_mask"].size(0), batch["completion_mask"].device
         batch[ROW] = self.accelerator.process_index * B + torch.arange(B, device=device)
 
@@ -284,11 +300,8 @@ class SelectionStep:
         Exact when the buffered micro-batches split into whole optimizer steps (steps_per_generation a multiple
         of gradient_accumulation_steps, TRL's default); otherwise an optimizer step spans several generation
         batches not yet generated, and the buffer's totals are scaled by accumulation / len(batches), as TRL's
-        'dapo' normaliser does; ``buffer_mean`` always takes that buffer average. Batches not yet selected (path
-        ``training_forward``) get theirs in the loss's forward.
+        'dapo' normaliser does; ``buffer_mean`` always takes that buffer average.
         """
-        if not batches or SELECTED not in batches[0]:
-            return
         counts = []
         for b in batches:
             mask = response_mask(b)
@@ -318,23 +331,30 @@ class SelectionStep:
         alone, for the sparse head), and with ``stats`` the statistics it gives (:meth:`StatsSource.loss_forward`;
         with group JS in generation order where the batch keeps it)."""
         mask = response_mask(batch)
-        groups = self._groups(batch, step, batch[ROW]) if ROW in batch else None
+        groups = self._groups(batch, step, batch[ROW]) if stats else None
         req = self.source.request(model, mask, batch["completion_ids"], groups)
         return self.source.loss_forward(model, *model_inputs(batch), req, wants, stats)
 
-    def select_in_loss(self, batch: dict[str, Any], step: StepContext, out: LossForward) -> None:
-        """Select ``batch`` from the statistics of its loss's forward: the micro-batch is then a whole local
-        generation batch, shuffled by TRL, so the selection is made in generation order and its normalisers go
-        where the others' are."""
-        assert out.stats is not None
-        mask = response_mask(batch)
-        local = batch[ROW] - self.accelerator.process_index * mask.size(0)  # index in generation order
+    def select_batches(self, batches: list[dict[str, Any]], step: StepContext, stats: list[Stats],
+                       accumulation: int) -> None:
+        """Select the generation batch whose micro-batches (this process's, in TRL's shuffled order) are ``batches``,
+        from their statistics ``stats``: the rows put back in generation order (``ictrl_row``), one selection of the
+        batch gathered from all processes, each micro-batch's rows of it attached as ``ictrl_selected``, then the
+        normalisers over ``accumulation`` micro-batches per optimizer step."""
+        rows = torch.cat([b[ROW] for b in batches])
+        local = rows - self.accelerator.process_index * rows.numel()  # index in generation order
         order = torch.argsort(local)
-        found, js = out.stats
-        ordered = (None if found is None else TokenStats(**{f: getattr(found, f)[order] for f in STAT_FIELDS}),
-                   None if js is None else js[order])
-        batch[SELECTED] = self.select(step, mask[order], ordered, batch["advantages"][order])[local]
-        self.attach_normalisers([batch], step.window)
+        found = [s[0] for s in stats]
+        ordered = (None if any(f is None for f in found) else TokenStats(**{
+            f: torch.cat([getattr(x, f) for x in found])[order] for f in STAT_FIELDS}),  # type: ignore[arg-type]
+            _in_order([s[1] for s in stats], order))
+        mask = torch.cat([response_mask(b) for b in batches])[order]
+        selected = self.select(step, mask, ordered, torch.cat([b["advantages"] for b in batches])[order])[local]
+        start = 0
+        for b in batches:
+            b[SELECTED] = selected[start:start + b[ROW].numel()]
+            start += b[ROW].numel()
+        self.attach_normalisers(batches, accumulation)
 
     def for_loss(self, model: Any, batch: dict[str, Any], step: StepContext, out: LossForward) -> LossInputs:
         """What the loss reads of the selected micro-batch ``batch`` after its forward ``out``: its log π_θ (the
@@ -344,6 +364,9 @@ class SelectionStep:
         if out.stats is not None:
             step.metrics["ictrl/stats_time"].append(time.perf_counter() - out.started)
         selected = batch[SELECTED]
+        if out.stats is not None and self.source.stat_free:  # selected without them: their metrics, from this forward
+            assert out.stats[0] is not None
+            self.log(step, mask, out.stats[0], selected)
         if step.dense and step.entropy_quantile < 1.0:  # TRL's own mask over this micro-batch
             assert out.entropy is not None
             selected = selected & high_entropy_mask(self.accelerator, out.entropy, mask, step.entropy_quantile)
@@ -379,13 +402,13 @@ class SelectionStep:
         with self.source.autocast():
             return call_head(self.source.head(model), sparse_head, hidden, transform=self.source.transform)
 
+
     def log(self, step: StepContext, mask: Tensor, stats: TokenStats, selected: Tensor) -> None:
         """The metrics of a selection made without statistics (``all``, ``random``), from the statistics of the
         loss's forward on all processes."""
         acc = self.accelerator
         log_selection(step.metrics, gather_rows(acc, mask.to(torch.uint8)).bool(), gather_stats(acc, stats), None,
                       gather_rows(acc, selected.to(torch.uint8)).bool(), self.in_warmup(step.step))
-
 
 def metrics_logged(args: Any, state: Any, training: bool) -> bool:
     """Whether the metrics of the optimizer step in progress reach a log: transformers' DefaultFlowCallback logs

@@ -300,12 +300,11 @@ class LossForward(NamedTuple):
 
 @dataclass(frozen=True)
 class StatsSource:
-    """The run's statistics: the planned path of each mode (:meth:`plan`) and how each source computes them.
+    """The run's statistics: how each source computes them (which source a step takes: ``ictrl.engine.stats_paths``).
 
     The mode of a call is the model's (``model.training``): it picks the rows per forward and the group size.
     """
 
-    paths: Mapping[str, Any]      # mode ("train" / "eval") -> its statistics path (ictrl.engine.stats_paths)
     needs: frozenset[str]         # the statistics the selector reads (the warm-up aside): needed_stats
     fused_stats: frozenset[str]   # the statistics TRL's fused head gives (fused_head_stats)
     same_temperature: bool        # selection temperature == sampling temperature

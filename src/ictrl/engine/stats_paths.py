@@ -1,10 +1,11 @@
-"""The statistics paths: where a step's statistics come from and when its selection is made. Each path is one object
-with what it does at generation and what it does in the loss, planned once per mode when the trainer is built
-(docs/architecture.md, "The statistics path"); the trainer calls the mode's path and never asks which it is.
+"""The statistics paths: where a step's statistics come from. Each path is a stateless object, planned once per mode
+when the trainer is built (docs/architecture.md, "The statistics path"): what it does at generation, the loss's
+forward it makes, and the statistics the selection reads. The trainer calls the mode's path and never asks which it
+is; the selection itself is the trainer's, made once per generation batch (``ICTGRPOTrainer._select``).
 
-- :class:`Separate`: a no-grad forward of its own at generation, which selects the batch; the loss's forward is
-  TRL's (or the sparse head's) alone. The reference the others are tested against.
-- :class:`TrainingForward`: the loss's own forward gives the statistics, and the selection is made there.
+- :class:`Separate`: a no-grad forward of its own at generation, whose statistics ride the batch to the selection;
+  the loss's forward is TRL's (or the sparse head's) alone. The reference the other is tested against.
+- :class:`TrainingForward`: the loss's own forward gives the statistics.
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ictrl.core.selection import FIELD_WORDS
-from ictrl.engine.selection_step import ROW, SELECTED, LossInputs, SelectionStep, response_mask
-from ictrl.engine.stats_pass import STATS_PATHS, StepContext, Wants
+from ictrl.engine.selection_step import SelectionStep, carried_stats, carry_stats
+from ictrl.engine.stats_pass import STATS_PATHS, LossForward, Stats, StepContext, Wants
 
 
 @dataclass(frozen=True)
@@ -27,12 +28,13 @@ class PathFacts:
     same_temperature: bool        # selection temperature == sampling temperature
     training: bool
     trl_computes_old_logps: bool
+    importance_correction: bool   # π_old at generation for the importance weight (vLLM's, a rollout_func's)
     on_policy_single_micro_batch: bool  # num_iterations == 1 and steps_per_generation == 1
 
 
-def plan_path(f: PathFacts) -> Separate:
+def plan_path(f: PathFacts) -> StatsPath:
     """The path of one mode: the loss's forward where it can give the statistics, else the separate pass."""
-    if not f.one_pass or f.dynamic_sampling:
+    if not f.one_pass or f.dynamic_sampling or f.importance_correction:
         return Separate()
     if f.stat_free:
         return TrainingForward() if f.same_temperature else Separate()
@@ -48,7 +50,7 @@ PATH_WORDS = {
 }
 
 
-def describe_statistics(rule: str, needs: frozenset[str], paths: dict[str, Separate], warmup_steps: int,
+def describe_statistics(rule: str, needs: frozenset[str], paths: dict[str, StatsPath], warmup_steps: int,
                         evaluating: bool = False) -> str:
     """The line a run starts with about its statistics: which ``rule`` reads (``needs``, in words) and where the
     training steps take them from (``paths``; the evaluation's too when ``evaluating`` and it differs), with the code
@@ -68,63 +70,91 @@ def describe_statistics(rule: str, needs: frozenset[str], paths: dict[str, Separ
     return line
 
 
-class Separate:
+class StatsPath:
+    """Where one mode's statistics come from: what the path does at generation (:meth:`at_generation`), the loss's
+    forward (:meth:`loss_forward`) and the statistics of a generation batch's micro-batches the selection reads
+    (:meth:`statistics`)."""
+
+    code: float  # ictrl/stats_path
+
+    def at_generation(self, selection: SelectionStep, model: Any, batch: dict[str, Any], step: StepContext
+                      ) -> float | None:
+        """What the path puts in the generation ``batch`` for its selection; returns the ``ictrl/stats_path`` it
+        logs now, or None when the loss's forward logs it."""
+        raise NotImplementedError
+
+    def loss_forward(self, selection: SelectionStep, model: Any, batch: dict[str, Any], step: StepContext
+                     ) -> LossForward:
+        """The loss's forward of the micro-batch ``batch``."""
+        raise NotImplementedError
+
+    def statistics(self, selection: SelectionStep, batches: list[dict[str, Any]], out: LossForward | None
+                   ) -> list[Stats]:
+        """The statistics of each micro-batch of one generation batch, for its selection (``out``: the loss's
+        forward of the micro-batch the loss holds)."""
+        raise NotImplementedError
+
+
+class Separate(StatsPath):
     """The separate statistics pass at generation; in the loss, TRL's forward (its dense one for its entropy bonus,
     entropy mask or router loss), or the backbone and the sparse head (``sparse_backward``)."""
 
-    code = STATS_PATHS["separate"]  # ictrl/stats_path
+    code = STATS_PATHS["separate"]
 
-    def at_generation(self, selection: SelectionStep, model: Any, batch: dict[str, Any], step: StepContext,
-                      importance_correction: bool) -> float | None:
-        """Select the generation ``batch`` (its ``ictrl_selected``); returns the ``ictrl/stats_path`` it logs, or
-        None when its statistics and selection come with the loss's forward."""
-        selection.at_generation(model, batch, step)
+    def at_generation(self, selection: SelectionStep, model: Any, batch: dict[str, Any], step: StepContext
+                      ) -> float | None:
+        """The statistics of the generation ``batch``, carried in it with each row's place in generation order."""
+        carry_stats(batch, selection.statistics(model, batch, step))
+        selection.keep_row_order(batch)
         return self.code
 
-    def in_loss(self, selection: SelectionStep, model: Any, batch: dict[str, Any], step: StepContext) -> LossInputs:
-        """What the loss reads of the micro-batch ``batch``, selected at generation."""
+    def loss_forward(self, selection: SelectionStep, model: Any, batch: dict[str, Any], step: StepContext
+                     ) -> LossForward:
         if step.dense:
             wants: Wants | None = Wants(sum_sq=False, aux=step.router_loss)
         else:
             wants = None if step.sparse else Wants(sum_sq=False)
-        return selection.for_loss(model, batch, step, selection.loss_forward(model, batch, step, wants))
+        return selection.loss_forward(model, batch, step, wants)
+
+    def statistics(self, selection: SelectionStep, batches: list[dict[str, Any]], out: LossForward | None
+                   ) -> list[Stats]:
+        return [carried_stats(b) for b in batches]
 
 
-class TrainingForward(Separate):
-    """On-policy with one micro-batch per generation batch: the loss's forward gives the statistics and the
-    selection is made there, on the generation batch TRL has shuffled; a selector that reads no statistics selects
-    at generation, and the loss's forward gives only its metrics."""
+class TrainingForward(StatsPath):
+    """On-policy with one micro-batch per generation batch: the loss's forward gives the statistics, on the
+    generation batch TRL has shuffled; for a selector that reads no statistics it gives only their metrics, where
+    they are logged."""
 
     code = STATS_PATHS["training_forward"]
 
-    def at_generation(self, selection: SelectionStep, model: Any, batch: dict[str, Any], step: StepContext,
-                      importance_correction: bool) -> float | None:
-        """A batch whose sampler log-probs get the importance weight needs π_old at generation: the separate
-        pass."""
-        if importance_correction:
-            return super().at_generation(selection, model, batch, step, importance_correction)
+    def at_generation(self, selection: SelectionStep, model: Any, batch: dict[str, Any], step: StepContext
+                      ) -> float | None:
         selection.keep_row_order(batch)
-        if selection.source.stat_free:  # selected now; the metrics come with the loss's forward
-            selection.at_generation(model, batch, step, given=(None, None))
         return None
 
-    def in_loss(self, selection: SelectionStep, model: Any, batch: dict[str, Any], step: StepContext) -> LossInputs:
-        if ROW not in batch:  # selected at generation by the separate pass
-            return super().in_loss(selection, model, batch, step)
+    def loss_forward(self, selection: SelectionStep, model: Any, batch: dict[str, Any], step: StepContext
+                     ) -> LossForward:
         source = selection.source
-        if source.stat_free:  # TRL's fused head; log Σp² for the metrics where they are logged
-            out = selection.loss_forward(model, batch, step, Wants(sum_sq=step.logged), stats=step.logged)
-            if out.stats is not None:
-                assert out.stats[0] is not None
-                selection.log(step, response_mask(batch), out.stats[0], batch[SELECTED])
-        else:
-            if step.sparse:  # the backbone, the statistics swept from its hidden states, then the sparse head
-                wants: Wants | None = None
-            elif source.from_trl_head(step.needs):
-                wants = Wants(sum_sq=step.sum_sq)
-            else:  # TRL's fused head keeping the hidden states the statistics sweep
-                wants = Wants(sum_sq=False, hidden=source.backbone(model))
-            out = selection.loss_forward(model, batch, step, wants, stats=True)
-            selection.select_in_loss(batch, step, out)
         step.metrics["ictrl/stats_path"].append(self.code)
-        return selection.for_loss(model, batch, step, out)
+        if source.stat_free:  # TRL's fused head; log Σp² for the metrics where they are logged
+            return selection.loss_forward(model, batch, step, Wants(sum_sq=step.logged), stats=step.logged)
+        if step.sparse:  # the backbone, the statistics swept from its hidden states, then the sparse head
+            wants: Wants | None = None
+        elif source.from_trl_head(step.needs):
+            wants = Wants(sum_sq=step.sum_sq)
+        else:  # TRL's fused head keeping the hidden states the statistics sweep
+            wants = Wants(sum_sq=False, hidden=source.backbone(model))
+        return selection.loss_forward(model, batch, step, wants, stats=True)
+
+    def statistics(self, selection: SelectionStep, batches: list[dict[str, Any]], out: LossForward | None
+                   ) -> list[Stats]:
+        """The loss's forward's statistics: the micro-batch is the whole generation batch. A selector that reads
+        none selects without them, over any number of micro-batches (their metrics come with each loss's
+        forward)."""
+        if selection.source.stat_free:
+            return [(None, None)] * len(batches)
+        if len(batches) != 1 or out is None or out.stats is None:
+            raise RuntimeError("the training_forward path selects a generation batch of one micro-batch with the "
+                               f"statistics of the loss's forward of it; got {len(batches)} micro-batches")
+        return [out.stats]

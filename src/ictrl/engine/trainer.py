@@ -28,10 +28,10 @@ from ictrl.engine.model_card import write_model_card
 from ictrl.engine.resumable import Resumable
 from ictrl.engine.rollout_ids import check_vocab, checked_rollout_func, raise_deferred_checks
 from ictrl.engine.selection_step import (
-    NORMALISERS, LossInputs, SelectionStep, SelectionWatch, metrics_logged, model_inputs,
+    NORMALISERS, ROW, SELECTED, LossInputs, SelectionStep, SelectionWatch, metrics_logged, model_inputs,
 )
-from ictrl.engine.stats_pass import StatsSource, StepContext, fused_head_stats, fused_head_with_sum_sq
-from ictrl.engine.stats_paths import PathFacts, Separate, describe_statistics, plan_path
+from ictrl.engine.stats_pass import LossForward, StatsSource, StepContext, fused_head_stats, fused_head_with_sum_sq
+from ictrl.engine.stats_paths import PathFacts, StatsPath, describe_statistics, plan_path
 from ictrl.engine.reward_policy import RewardPolicy
 
 
@@ -83,10 +83,13 @@ class ICTGRPOTrainer(GRPOTrainer):
             self.accelerator, args.selector, args.selector_options, args.selection_warmup_steps,
             count_selected=args.loss_normalization == "token_mean_selected",
             buffer_mean=args.selector.trl_loss and LOSS_TYPES[args.loss_type].buffer_mean,
-            source=self._plan_stats(needs), temperature=self.temperature, local_tokens=args.loss_type == "bnpo",
+            source=self._stats_source(needs), temperature=self.temperature, local_tokens=args.loss_type == "bnpo",
             seed=args.selection_seed,
             watch=SelectionWatch(args.no_signal_steps or 0, self.reward_policy.steps_per_batch))
-        logging.getLogger(__name__).info(describe_statistics(args.selector.rule, needs, self.stats_source.paths,
+        # each mode's statistics path, decided here once (docs/architecture.md, "Which statistics path a run takes")
+        self.stats_paths: dict[str, StatsPath] = {
+            mode: plan_path(self._path_facts(needs, mode == "train")) for mode in ("train", "eval")}
+        logging.getLogger(__name__).info(describe_statistics(args.selector.rule, needs, self.stats_paths,
                                                              args.selection_warmup_steps, args.eval_strategy != "no"))
         vllm_engine.check_logprobs_mode(self._vllm_server_settings, args)
         check_liger(args.use_liger_kernel)  # after TRL's own checks, whose errors a TRL user catches
@@ -106,14 +109,14 @@ class ICTGRPOTrainer(GRPOTrainer):
             same_temperature=args.selection_temperature == self.temperature, training=training,
             trl_computes_old_logps=args.gradient_accumulation_steps % generate_every != 0 or bool(
                 self.use_vllm and args.vllm_importance_sampling_correction),
+            importance_correction=bool(args.vllm_importance_sampling_correction and (
+                self.use_vllm or self.rollout_func is not None)),
             on_policy_single_micro_batch=self.num_iterations == 1 and args.steps_per_generation == 1)
 
-    def _plan_stats(self, needs: frozenset[str]) -> StatsSource:
-        """The run's statistics source for a selector that reads the statistics ``needs``, with the path of each
-        mode decided here, once."""
+    def _stats_source(self, needs: frozenset[str]) -> StatsSource:
+        """The run's statistics source for a selector that reads the statistics ``needs``."""
         args = self.args
         return StatsSource(
-            paths={mode: plan_path(self._path_facts(needs, mode == "train")) for mode in ("train", "eval")},
             needs=needs, fused_stats=fused_head_stats(),
             same_temperature=args.selection_temperature == self.temperature,
             temperature=args.selection_temperature, topk=args.selection_topk, chunk_size=args.stats_chunk_size,
@@ -155,19 +158,17 @@ class ICTGRPOTrainer(GRPOTrainer):
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         raise_deferred_checks()  # a failed device-side check of an earlier step: one line, before generating
         step = self._step_context()
-        path = self.stats_source.paths[step.mode]
         batch = self.batch_filter.generate(super()._generate_and_score_completions, inputs)  # rounds under DAPO
         if step.mode == "train":
             self.reward_policy.observe_batch(batch, self.accelerator.gather)
         if "pixel_values" in batch:
             raise ValueError("ICTGRPOTrainer supports text-only models (its statistics pass has no image inputs)")
         start = time.perf_counter()
-        code = path.at_generation(self.selection_step, self.model, batch, step, self._importance_correction(batch))
-        if code is None:  # statistics and selection come with the loss's forward
-            return batch
+        code = self.stats_paths[step.mode].at_generation(self.selection_step, self.model, batch, step)
+        if code is not None:  # else the statistics come with the loss's forward
+            step.metrics["ictrl/stats_path"].append(code)
+            step.metrics["ictrl/stats_time"].append(time.perf_counter() - start)
         self._ensure_old_logps(batch)
-        step.metrics["ictrl/stats_path"].append(code)
-        step.metrics["ictrl/stats_time"].append(time.perf_counter() - start)
         return batch
 
     # ------------------------------------------- the composed parts' hooks: dynamic sampling, exact resume
@@ -183,35 +184,37 @@ class ICTGRPOTrainer(GRPOTrainer):
     def _save_checkpoint(self, model: Any, trial: Any) -> None:
         self.resumable.save_checkpoint(super()._save_checkpoint, model, trial)
 
-    # --------------------------------------------------------------------------------- global normalisers
+    # ------------------------------------------------------------------------------------------ selection
 
-    def _attach_normalisers(self, inputs: dict[str, Any]) -> None:
-        """The global normalisers of the micro-batch the loss is handed, attached the first time the loss sees a
-        micro-batch of a generation batch TRL has buffered: totals over each optimizer step's micro-batches and
-        processes, for the whole buffer at once. Every process reaches that micro-batch at the same step, so the
-        collective runs at the same point on each. In evaluation, or for a batch TRL did not buffer, each batch is its
-        own window (one micro-batch)."""
-        if NORMALISERS[0] in inputs:
-            return
-        # TRL's buffered micro-batch, or a shallow copy of it (the same tensors)
+    def _select(self, inputs: dict[str, Any], step: StepContext, path: StatsPath, out: LossForward | None) -> None:
+        """The one selection of the generation batch the micro-batch ``inputs`` came from, and its normalisers.
+
+        Made the first time the loss sees a micro-batch of a generation batch TRL has buffered, for the whole
+        buffer at once (its statistics: ``path.statistics``; ``out``, the loss's forward of ``inputs``): every
+        process reaches that micro-batch at the same step, so the collectives run at the same point on each, and the
+        mask and normalisers ride in the buffered micro-batches to the later loss calls. In evaluation, or for a
+        batch TRL did not buffer (a direct call), the batch is selected alone and is its own window."""
         buffered = (self._buffered_inputs or []) if self.model.training else []
-        ids = inputs.get("completion_ids")
-        match = next((b for b in buffered if b is inputs or b.get("completion_ids") is ids), None)
-        if match is None:  # evaluation, or a batch TRL did not buffer (a direct call): its own window
-            self.selection_step.attach_normalisers([inputs], accumulation=1)
-            return
-        if NORMALISERS[0] not in match:
-            self.selection_step.attach_normalisers(buffered, self.args.gradient_accumulation_steps)
-        inputs.update({key: match[key] for key in NORMALISERS if key in match})
+        # TRL's buffered micro-batch, or a shallow copy of it (the same tensors)
+        row = inputs.get(ROW)
+        match = next((b for b in buffered if b is inputs or (row is not None and b.get(ROW) is row)), None)
+        held = inputs if match is None else match
+        if SELECTED not in held:
+            batches, window = ([inputs], 1) if match is None else (buffered, self.args.gradient_accumulation_steps)
+            self.selection_step.select_batches(batches, step, path.statistics(self.selection_step, batches, out),
+                                              window)
+        inputs.update({key: held[key] for key in (SELECTED, *NORMALISERS)})
 
     # -------------------------------------------------------------------------------------------- loss
 
     def _compute_loss(self, model: Any, inputs: dict[str, Any]) -> Tensor:
-        self._attach_normalisers(inputs)
         step = self._step_context()
         correct = self._importance_correction(inputs)
-        # log-probs, mask, selection, normalisers, by the mode's statistics path
-        chosen = self.stats_source.paths[step.mode].in_loss(self.selection_step, model, inputs, step)
+        path = self.stats_paths[step.mode]
+        out = path.loss_forward(self.selection_step, model, inputs, step)
+        self._select(inputs, step, path, out)
+        # log-probs, mask, selection, normalisers
+        chosen = self.selection_step.for_loss(model, inputs, step, out)
         old = inputs.get("old_per_token_logps")
         old = chosen.logps.detach() if old is None else old
         ref = inputs.get("ref_per_token_logps") if self.beta != 0.0 else None
