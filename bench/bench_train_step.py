@@ -162,7 +162,7 @@ def count_forwards(variant: str, a: argparse.Namespace, num_iterations: int) -> 
         model.generate = flagged_generate
         trainer.train()
         paths = sorted({h["ictrl/stats_path"] for h in trainer.state.log_history if "ictrl/stats_path" in h})
-        path = type(trainer.stats_source.paths["train"]).__name__ if hasattr(trainer, "stats_source") else None
+        path = type(trainer.stats_paths["train"]).__name__ if hasattr(trainer, "stats_paths") else None
         return {"forwards_per_step": calls[0] / trainer.state.global_step, "stats_paths": paths, "path": path}
 
 

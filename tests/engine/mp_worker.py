@@ -50,9 +50,10 @@ def stub_completion(prompt_ids: list[int], j: int) -> list[int]:
     return ids.tolist()
 
 
-def select_alone(trainer: Any, batch: dict[str, Any]) -> torch.Tensor:
-    """``batch``'s ``ictrl_selected``: the selection the trainer makes of a generation batch it sees alone (the
-    separate path's, whose statistics ride the batch), its metrics kept out of the run's."""
+def select_now(trainer: Any, batch: dict[str, Any]) -> torch.Tensor:
+    """``batch``'s ``ictrl_selected``, selected now as the loss would select it (on the separate path, whose
+    statistics ride the batch): a generation batch alone, or TRL's buffered micro-batch with its buffer; the
+    selection's metrics kept out of the run's."""
     import dataclasses
     from collections import defaultdict
 
@@ -62,9 +63,9 @@ def select_alone(trainer: Any, batch: dict[str, Any]) -> torch.Tensor:
 
 
 def stub_trainer_class(one_pass: bool = False) -> type:
-    """``one_pass`` False (default): the separate statistics pass, so every recorded generation batch carries the
-    ``ictrl_selected`` the loss will make of it (with the one-pass training-forward path the statistics come with
-    the loss's forward, so a recorded batch carries none)."""
+    """``one_pass`` False (default): the separate statistics pass; else the path the trainer plans. Each recorded
+    generation batch gets, as the loss selects its micro-batches, their ``ictrl_selected`` rows in generation
+    order."""
     from ictrl.engine.trainer import ICTGRPOTrainer
 
     class StubGenerationTrainer(ICTGRPOTrainer):
@@ -81,11 +82,17 @@ def stub_trainer_class(one_pass: bool = False) -> type:
             batch = super()._generate_and_score_completions(inputs)
             if not hasattr(self, "recorded"):
                 self.recorded = []
-            record = {k: (v.detach().clone() if isinstance(v, torch.Tensor) else v) for k, v in batch.items()}
-            if "ictrl_stats" in record:  # the separate path
-                select_alone(self, record)
-            self.recorded.append(record)
+            self.recorded.append({k: (v.detach().clone() if isinstance(v, torch.Tensor) else v)
+                                  for k, v in batch.items()})
             return batch
+
+        def _compute_loss(self, model: Any, inputs: dict[str, Any]) -> torch.Tensor:
+            loss = super()._compute_loss(model, inputs)
+            record = self.recorded[-1]  # the loss's micro-batch is of the latest generation batch
+            selected = record.setdefault("ictrl_selected", torch.zeros_like(record["completion_mask"], dtype=torch.bool))
+            rows = inputs["ictrl_row"] - self.accelerator.process_index * selected.size(0)
+            selected[rows] = inputs["ictrl_selected"].detach()
+            return loss
 
     StubGenerationTrainer.one_pass = one_pass
     return StubGenerationTrainer

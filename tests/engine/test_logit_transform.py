@@ -70,6 +70,7 @@ def test_ict_statistics_are_the_transformed_distributions(transformed_model_dir:
                        temperature=0.8, stats_chunk_size=16)
     trainer.model.train()
     batch = trainer._generate_and_score_completions(_generation_inputs(trainer))
+    w.select_now(trainer, batch)
     mask = _response_mask(batch)
     group_ids = torch.arange(mask.size(0)) // trainer.num_generations
     stats, js = trainer.stats_source(trainer.model, *model_inputs(batch), mask, group_ids)

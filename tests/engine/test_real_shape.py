@@ -41,6 +41,7 @@ def test_one_ict_step_with_sparse_backward_at_qwen25_width(tmp_path: Path) -> No
     w.separate_pass(trainer)
     trainer.model.train()
     inputs = trainer._prepare_inputs([{"prompt": p} for p in w.PROMPTS[:2] for _ in range(trainer.num_generations)])
+    w.select_now(trainer, inputs)
     selected = inputs["ictrl_selected"] & inputs["completion_mask"].bool()
     assert 0 < int(selected.sum()) < int(inputs["completion_mask"].sum())
     noise = torch.randn(selected.shape, generator=torch.Generator().manual_seed(0))

@@ -36,6 +36,7 @@ def test_sparse_loss_and_gradients_equal_dense(tiny_model_dir: Path, tmp_path: P
                        epsilon_high=0.28)
     trainer.model.train()
     inputs = trainer._prepare_inputs([{"prompt": p} for p in w.PROMPTS[:2] for _ in range(trainer.num_generations)])
+    w.select_now(trainer, inputs)
     selected, mask = inputs["ictrl_selected"], inputs["completion_mask"].bool()
     assert 0 < int((selected & mask).sum()) < int(mask.sum()) or selector == "all"
     # Off-policy old log-probs so the ratios leave 1 and both clip branches can engage.

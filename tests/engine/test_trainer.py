@@ -220,6 +220,7 @@ def test_statistics_and_ict_mask_match_naive_reference(tiny_model_dir: Path, tmp
                        stats_chunk_size=16)
     trainer.model.train()
     batch = trainer._generate_and_score_completions(_generation_inputs(trainer))
+    w.select_now(trainer, batch)
     mask = _response_mask(batch)
     group_ids = torch.arange(mask.size(0)) // trainer.num_generations
     stats, js = trainer.stats_source(trainer.model, *model_inputs(batch), mask, group_ids)
@@ -267,6 +268,7 @@ def test_trainer_loss_equals_policy_loss(tiny_model_dir: Path, tmp_path: Path, n
                        loss_normalization=norm, epsilon_high=0.28)
     trainer.model.train()
     inputs = trainer._prepare_inputs(_generation_inputs(trainer))
+    w.select_now(trainer, inputs)
     mask = _response_mask(inputs)
     selected = inputs["ictrl_selected"]
 
@@ -345,6 +347,7 @@ def test_kl_penalty_uses_reference_logprobs(tiny_model_dir: Path, tmp_path: Path
     trainer = _trainer(tiny_model_dir, tmp_path, w.stub_trainer_class(), token_selector="ict", beta=0.1)
     trainer.model.train()
     inputs = trainer._prepare_inputs(_generation_inputs(trainer))
+    w.select_now(trainer, inputs)
     assert "ref_per_token_logps" in inputs  # TRL's reference pass, kept as is
     mask, selected = _response_mask(inputs), inputs["ictrl_selected"]
     g = torch.Generator().manual_seed(1)
@@ -431,6 +434,7 @@ def test_selection_topk_full_vocab_equals_exact_and_small_k_trains(tiny_model_di
     for name, trainer in (("exact", exact), ("full", full), ("small", small)):
         trainer.model.train()
         batches[name] = trainer._generate_and_score_completions(_generation_inputs(trainer))
+        w.select_now(trainer, batches[name])
     batch = batches["exact"]
     assert torch.equal(batches["full"]["completion_ids"], batch["completion_ids"])  # same stub generations
     mask = _response_mask(batch)

@@ -211,12 +211,12 @@ def test_ict_selects_no_tool_or_environment_token(tool_model_dir: Path, tmp_path
     ict = {**COMMON, "token_selector": "ict", "selection_warmup_steps": 0, "selection_ratio": 0.5,
            "selection_scope": "response"}
     cls = _stub(ICTGRPOTrainer)
-    cls.one_pass = False  # the separate statistics pass: each recorded batch carries its selection
+    cls.one_pass = False  # the separate statistics pass: each recorded batch carries its statistics
     trainer = _train(tool_model_dir, tmp_path, cls, w.make_config(tmp_path, **ict), case)
     assert trainer.recorded
     for batch in trainer.recorded:
         tool = (batch["tool_mask"] == 0) & batch["completion_mask"].bool()
-        selected = batch["ictrl_selected"].bool()
+        selected = w.select_now(trainer, batch).bool()
         assert bool(tool.any()) and bool(selected.any())
         assert not bool((selected & tool).any())
         # ratio 0.5 of each response's own tokens: the tool output is not counted among them

@@ -119,7 +119,7 @@ def engine(kind: str, out: Path, temperature: float) -> None:
                   tokens=int(mask.sum()))
     ratios = torch.exp(batch["old_per_token_logps"] - batch["sampling_per_token_logps"])[mask]
     result["is_ratio"] = [float(ratios.min()), float(ratios.max())]
-    sampler = batch["ictrl_selected"] & mask
+    sampler = w.select_now(trainer, batch) & mask
     groups = local_groups(0, mask.size(0), trainer.num_generations, mask.device)
     step, metrics = int(trainer.state.global_step), trainer._metrics["train"]
     selections = []
