@@ -91,7 +91,7 @@ def agreement(selected: torch.Tensor, other: torch.Tensor) -> float:
 def engine(kind: str, out: Path, temperature: float) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from ictrl.engine.selection_step import StepContext, local_groups, model_inputs, response_mask
+    from ictrl.engine.selection_step import StepContext, local_groups, model_inputs, response_mask, select_tokens
     from ictrl.engine.trainer import ICTGRPOTrainer
 
     model_dir = build_model(kind, out.parent / f"model-{kind}")
@@ -126,7 +126,9 @@ def engine(kind: str, out: Path, temperature: float) -> None:
     for source in (trainer.stats_source, dataclasses.replace(trainer.stats_source, topk=None)):  # head top-K, exact
         stats, js = source(trainer.model, *model_inputs(batch), mask, groups)
         context = StepContext("train", trainer.num_generations, step, frozenset({"ict_score"}), metrics)
-        selections.append(trainer.selection_step.select(context, mask, (stats, js), batch["advantages"]))
+        sel = trainer.selection_step
+        selections.append(select_tokens(trainer.accelerator, sel.selector, sel.options, sel.warmup_steps, sel.seed,
+                                        context, mask, (stats, js), batch["advantages"], groups, sel.watch))
     head_topk, exact = selections
     result.update(agree_head=agreement(sampler, head_topk), agree_exact=agreement(sampler, exact),
                   selected=int(sampler.sum()), topk_mass=topk_mass(trainer, batch, mask))

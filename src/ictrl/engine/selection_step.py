@@ -194,6 +194,57 @@ def high_entropy_mask(accelerator: Any, entropy: Tensor, mask: Tensor, quantile:
     return ((entropy * mask.float()) >= threshold) & mask.bool()
 
 
+def select_tokens(accelerator: Any, selector: Selector, options: dict[str, Any], warmup_steps: int, seed: int,
+                  step: StepContext, mask: Tensor, stats: Stats, advantages: Tensor, group_ids: Tensor,
+                  watch: SelectionWatch) -> Tensor:
+    """The one place a step's token mask is decided: ``selector`` (with its ``options`` and ``warmup_steps``)
+    applied to the generation batch gathered from all processes, from this process's rows in generation order
+    (``mask``, ``stats``, ``advantages``; ``group_ids``: the gathered batch's), its generator seeded from ``seed``
+    and ``step.step``. Returns the local rows' [B, T] selection; its ``ictrl/*`` metrics go to ``step.metrics``,
+    and a user's rule is checked (:func:`_check_users_rule`)."""
+    found, js = stats
+    B, T = mask.shape
+    g_mask = gather_rows(accelerator, mask.to(torch.uint8)).bool()
+    g_stats = None if found is None else gather_stats(accelerator, found)
+    g_js = None if js is None else gather_rows(accelerator, js)
+    inputs = SelectionInputs.from_stats(
+        g_mask, None if g_stats is None else dataclasses.replace(g_stats, ict_score=g_js), step.needs,
+        step=step.step, seed=seed, metric_sink=partial(_rule_metric, step.metrics),
+        advantages=accelerator.gather(advantages.float()), group_ids=group_ids)
+    chosen = selector.choose(inputs, warmup_steps, options)
+    g_selected = chosen & g_mask
+    warming_up = in_warmup(step.step, warmup_steps)
+    if rule_source_file(selector.fn) is None:  # ictrl's own rules: a subset of the mask, never empty
+        log_selection(step.metrics, g_mask, g_stats, g_js, g_selected, warming_up)
+    else:
+        _check_users_rule(accelerator, selector.rule, watch, step, g_mask, g_stats, g_js, chosen, g_selected,
+                          warming_up)
+    rank = accelerator.process_index
+    return g_selected[rank * B:(rank + 1) * B, :T].contiguous()
+
+
+def _check_users_rule(accelerator: Any, rule: str, watch: SelectionWatch, step: StepContext, g_mask: Tensor,
+                      g_stats: TokenStats | None, g_js: Tensor | None, chosen: Tensor, g_selected: Tensor,
+                      warming_up: bool) -> None:
+    """A user's rule's selection, its metrics and what it cannot have meant: another mask on another process
+    (their fingerprints gathered), padding selected and an empty selection, read with the selection's metrics in
+    one transfer (the one host read of a rule that reads no statistics), so each is named before the loss."""
+    n_all, n_sel = g_mask.sum().double(), g_selected.sum().double()
+    one = n_all.new_ones(())
+    extra = [("selection/empty", ((n_sel == 0) & (n_all > 0)).double(), one),
+             ("selection/padding", (chosen & ~g_mask).sum().double(), one)]
+    if accelerator.num_processes > 1:  # every process's fingerprint of its mask, compared in the same read
+        digests = accelerator.gather(mask_digest(g_selected).reshape(1))
+        extra.append(("selection/processes_differ", (digests != digests[0]).any().double(), one))
+    read = log_selection(step.metrics, g_mask, g_stats, g_js, g_selected, warming_up, extra)
+    if read.get("selection/processes_differ"):
+        raise SelectorError(f"selector {rule} gave the processes different masks at step {step.step}: a rule must "
+                            "be a function of its inputs; draw random numbers from inputs.generator (seeded from "
+                            "selection_seed and the step, the same on every process), not torch's global generator")
+    if step.mode == "train":
+        watch.observe(read, rule, step.step)
+
+
 @dataclass(frozen=True)
 class SelectionStep:
     """The run's statistics, selection and the loss's normalisers (built once with the trainer).
@@ -247,50 +298,6 @@ class SelectionStep:
         order = torch.argsort(row - rank * B)
         check_local_groups({k: batch[k][order] for k in ("prompt_ids", "prompt_mask")}, step.G)
         return row // step.G
-
-    def select(self, step: StepContext, mask: Tensor, stats: Stats, advantages: Tensor) -> Tensor:
-        """The local rows' [B, T] selection, chosen on the generation batch gathered from all processes, with its
-        ``ictrl/*`` metrics appended to ``step.metrics``."""
-        acc, (found, js) = self.accelerator, stats
-        B, T = mask.shape
-        g_mask = gather_rows(acc, mask.to(torch.uint8)).bool()
-        g_stats = None if found is None else gather_stats(acc, found)
-        g_js = None if js is None else gather_rows(acc, js)
-        inputs = SelectionInputs.from_stats(
-            g_mask, None if g_stats is None else dataclasses.replace(g_stats, ict_score=g_js), step.needs,
-            step=step.step, seed=self.seed, metric_sink=partial(_rule_metric, step.metrics),
-            advantages=acc.gather(advantages.float()),
-            group_ids=torch.arange(g_mask.size(0), device=g_mask.device) // step.G)
-        chosen = self.selector.choose(inputs, self.warmup_steps, self.options)
-        g_selected = chosen & g_mask
-        warming_up = self.in_warmup(step.step)
-        if rule_source_file(self.selector.fn) is None:  # ictrl's own rules: a subset of the mask, never empty
-            log_selection(step.metrics, g_mask, g_stats, g_js, g_selected, warming_up)
-        else:
-            self._check_users_rule(step, g_mask, g_stats, g_js, chosen, g_selected, warming_up)
-        rank = acc.process_index
-        return g_selected[rank * B:(rank + 1) * B, :T].contiguous()
-
-    def _check_users_rule(self, step: StepContext, g_mask: Tensor, g_stats: TokenStats | None, g_js: Tensor | None,
-                          chosen: Tensor, g_selected: Tensor, warming_up: bool) -> None:
-        """A user's rule's selection, its metrics and what it cannot have meant: another mask on another process
-        (their fingerprints gathered), padding selected and an empty selection, read with the selection's metrics in
-        one transfer (the one host read of a rule that reads no statistics), so each is named before the loss."""
-        acc, rule = self.accelerator, self.selector.rule
-        n_all, n_sel = g_mask.sum().double(), g_selected.sum().double()
-        one = n_all.new_ones(())
-        extra = [("selection/empty", ((n_sel == 0) & (n_all > 0)).double(), one),
-                 ("selection/padding", (chosen & ~g_mask).sum().double(), one)]
-        if acc.num_processes > 1:  # every process's fingerprint of its mask, compared in the same read
-            digests = acc.gather(mask_digest(g_selected).reshape(1))
-            extra.append(("selection/processes_differ", (digests != digests[0]).any().double(), one))
-        read = log_selection(step.metrics, g_mask, g_stats, g_js, g_selected, warming_up, extra)
-        if read.get("selection/processes_differ"):
-            raise SelectorError(f"selector {rule} gave the processes different masks at step {step.step}: a rule must "
-                                "be a function of its inputs; draw random numbers from inputs.generator (seeded from "
-                                "selection_seed and the step, the same on every process), not torch's global generator")
-        if step.mode == "train":
-            self.watch.observe(read, rule, step.step)
 
     def attach_normalisers(self, batches: list[dict[str, Any]], accumulation: int) -> None:
         """Attach each micro-batch's normalisers (0-d): totals over its optimizer step's micro-batches on all
@@ -349,7 +356,10 @@ class SelectionStep:
             f: torch.cat([getattr(x, f) for x in found])[order] for f in STAT_FIELDS}),  # type: ignore[arg-type]
             _in_order([s[1] for s in stats], order))
         mask = torch.cat([response_mask(b) for b in batches])[order]
-        selected = self.select(step, mask, ordered, torch.cat([b["advantages"] for b in batches])[order])[local]
+        acc = self.accelerator
+        group_ids = torch.arange(acc.num_processes * mask.size(0), device=mask.device) // step.G
+        selected = select_tokens(acc, self.selector, self.options, self.warmup_steps, self.seed, step, mask, ordered,
+                                 torch.cat([b["advantages"] for b in batches])[order], group_ids, self.watch)[local]
         start = 0
         for b in batches:
             b[SELECTED] = selected[start:start + b[ROW].numel()]
