@@ -1,7 +1,7 @@
 """Does bf16 change which tokens ICT picks? fp32 against bf16 statistics on the same rollouts, at Qwen2.5-0.5B width.
 
 The model is ``ictrl.models.build_real_shape("qwen2.5-0.5b", num_layers=2)`` (hidden 896, vocabulary 151,936, tied
-head, random weights). Both passes run the trainer's own statistics pass, ``ictrl.engine.stats_pass.model_stats``
+head, random weights). Both passes run the trainer's own statistics pass, ``ictrl.engine.stats_source.model_stats``
 (the model's forward for the final-norm hidden states, then the no-grad head sweep into ``token_stats`` with the
 group JS), on the same fixed batch: once with no autocast (fp32), once under ``torch.autocast("cpu",
 dtype=torch.bfloat16)``, which is what ``accelerator.autocast()`` is on a bf16 run (the layers' matmuls and the
@@ -39,8 +39,8 @@ import torch
 from torch import Tensor
 
 from ictrl.core.selection import SelectionInputs, select
-from ictrl.engine.selection_step import model_inputs
-from ictrl.engine.stats_pass import Request, Sweep, model_stats
+from ictrl.engine.loss_inputs import model_inputs
+from ictrl.engine.stats_source import Request, Sweep, model_stats
 from ictrl.files import atomic_write_json
 from ictrl.models import build_real_shape
 

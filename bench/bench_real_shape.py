@@ -63,7 +63,7 @@ def warm_group_js(trainer: Any) -> None:
     import torch
 
     from ictrl.engine.heads import output_head
-    from ictrl.engine.stats_pass import Request, Sweep, hidden_stats
+    from ictrl.engine.stats_source import Request, Sweep, hidden_stats
 
     args, B, T = trainer.args, trainer.args.per_device_train_batch_size, 32
     hidden = torch.randn(B, T, trainer.model.config.hidden_size)

@@ -197,7 +197,7 @@ def test_multi_block_sweep_from_a_bounded_budget_matches_the_reference(device, m
     import contextlib
 
     from ictrl.core import stats as core_stats
-    from ictrl.engine.stats_pass import Request, Sweep, hidden_stats
+    from ictrl.engine.stats_source import Request, Sweep, hidden_stats
 
     monkeypatch.setenv("ICTRL_STATS_BACKEND", "triton")
     g = torch.Generator().manual_seed(41)

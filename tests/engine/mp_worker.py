@@ -289,15 +289,15 @@ def engine_name(trainer: Any) -> str:
 @contextlib.contextmanager
 def recorded_heads() -> Iterator[list[dict[str, Any]]]:
     """Each ``call_head`` call's head weight as the engine holds it on entry (the statistics sweep calls it from
-    ``ictrl.engine.stats_pass``, the sparse head from ``ictrl.engine.selection_step``): ``ds`` (a DeepSpeed ZeRO-3
+    ``ictrl.engine.stats_source``, the sparse head from ``ictrl.engine.loss_inputs``): ``ds`` (a DeepSpeed ZeRO-3
     parameter), ``numel`` (elements present on this rank), ``full`` (elements of the whole weight). ``numel <
     full``: the head was a shard on entry, so only the engine's gather gave ``fn`` the whole."""
-    import ictrl.engine.selection_step as selection_step_module
-    import ictrl.engine.stats_pass as stats_pass_module
+    import ictrl.engine.loss_inputs as loss_inputs_module
+    import ictrl.engine.stats_source as stats_source_module
 
-    modules = (stats_pass_module, selection_step_module)
+    modules = (stats_source_module, loss_inputs_module)
     calls: list[dict[str, Any]] = []
-    original = selection_step_module.call_head
+    original = loss_inputs_module.call_head
 
     def recording(head: torch.nn.Module, fn: Any, *inputs: torch.Tensor, **kwargs: Any) -> Any:
         weight = head.weight

@@ -33,7 +33,7 @@ from torch import Tensor, nn
 from ictrl.core import reference
 from ictrl.core.selection import SelectionInputs, select
 from ictrl.core.stats import TokenStats, token_stats
-from ictrl.engine.stats_pass import Autocast, Request, Sweep, hidden_stats
+from ictrl.engine.stats_source import Autocast, Request, Sweep, hidden_stats
 
 G, N_GROUPS, T, H, V = 8, 4, 64, 256, 8192
 SCALE = 28.0  # final-norm gain: mean entropy 0.97 nats, top-1 0.70 with a std-0.02 head at V 8,192

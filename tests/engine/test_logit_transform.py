@@ -15,7 +15,7 @@ from trl import GRPOConfig, GRPOTrainer
 import mp_worker as w
 from ictrl.core import reference as core_ref
 from ictrl.engine.heads import call_head, logit_transform
-from ictrl.engine.selection_step import model_inputs
+from ictrl.engine.loss_inputs import model_inputs
 from test_trainer import _generation_inputs, _load, _response_mask, _trainer
 
 
@@ -91,7 +91,7 @@ def test_ict_statistics_are_the_transformed_distributions(transformed_model_dir:
     fused, _, _ = trainer._get_per_token_logps_and_entropies(trainer.model, ids, attention, T)
     torch.testing.assert_close(torch.where(mask, fused, 0.0).double(), ref["logprob"], atol=2e-5, rtol=1e-5)
     selected = batch["ictrl_selected"].bool()
-    sparse = trainer.selection_step._sparse_head(trainer.model, out.hidden_states[-1][:, P - 1:P + T - 1],
+    sparse = trainer.inputs_builder._sparse_head(trainer.model, out.hidden_states[-1][:, P - 1:P + T - 1],
                                                  batch["completion_ids"], selected)
     torch.testing.assert_close(torch.where(selected, sparse, 0.0).double(),
                                torch.where(selected, ref["logprob"], 0.0), atol=2e-5, rtol=1e-5)

@@ -211,9 +211,9 @@ def test_statistics_pass_scores_the_adapted_model(tiny_model_dir: Path, tmp_path
     from the base model's: the adapter is in the statistics pass, on its own pass and in the loss's forward."""
     from peft import LoraConfig
 
-    from ictrl.engine import stats_pass
-    from ictrl.engine.selection_step import model_inputs
-    from ictrl.engine.stats_pass import STATS_PATHS
+    from ictrl.engine import stats_source
+    from ictrl.engine.loss_inputs import model_inputs
+    from ictrl.engine.stats_source import STATS_PATHS
     from ictrl.engine.trainer import ICTGRPOTrainer
 
     model, tokenizer = _load(tiny_model_dir)
@@ -227,14 +227,14 @@ def test_statistics_pass_scores_the_adapted_model(tiny_model_dir: Path, tmp_path
         w.separate_pass(trainer)
     calls = _capture_stats(trainer)  # the separate pass: the batch in generation order
     seen: list[tuple[Any, Any, Any]] = []
-    original = stats_pass.hidden_stats
+    original = stats_source.hidden_stats
 
     def recording(head: Any, hidden: Any, request: Any, sweep: Any) -> Any:
         stats, js = original(head, hidden, request, sweep)
         seen.append((request.mask, request.group_ids, js))
         return stats, js
 
-    monkeypatch.setattr(stats_pass, "hidden_stats", recording)  # the separate pass and the loss's forward alike
+    monkeypatch.setattr(stats_source, "hidden_stats", recording)  # the separate pass and the loss's forward alike
     trainer.model.train()
     inputs = trainer._prepare_inputs(_inputs(trainer))
     if path == "training_forward":

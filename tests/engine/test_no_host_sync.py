@@ -50,7 +50,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from ictrl.core.logprobs import selected_token_logprobs
 from ictrl.core import selection
 from ictrl.core.selection import SelectionInputs, get_selector
-from ictrl.engine.stats_pass import Request, Sweep, hidden_stats
+from ictrl.engine.stats_source import Request, Sweep, hidden_stats
 
 SYNC = tuple(sys.argv[1].split(","))
 
@@ -123,7 +123,7 @@ def test_ict_step_path_makes_no_host_reads() -> None:
 def test_check_local_groups_still_raises_on_the_device_check() -> None:
     import torch
 
-    from ictrl.engine.selection_step import check_local_groups
+    from ictrl.engine.loss_inputs import check_local_groups
 
     prompts = torch.tensor([[5, 6], [5, 6], [7, 8], [7, 8]])
     batch = {"prompt_ids": prompts, "prompt_mask": torch.ones_like(prompts)}
@@ -143,7 +143,7 @@ def test_no_sync_on_cuda_with_sync_debug_mode() -> None:
     from torch import nn
 
     from ictrl.core.selection import SelectionInputs, get_selector
-    from ictrl.engine.stats_pass import Request, Sweep, hidden_stats
+    from ictrl.engine.stats_source import Request, Sweep, hidden_stats
 
     torch.manual_seed(0)
     B, T, H, V, G = 16, 64, 32, 1000, 8

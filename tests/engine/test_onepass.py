@@ -1,4 +1,4 @@
-"""One pass serves all (ictrl.engine.stats_pass): the statistics taken from the loss's forward give the same masks,
+"""One pass serves all (ictrl.engine.stats_source): the statistics taken from the loss's forward give the same masks,
 losses and gradients as the separate statistics pass (float64, tiny Qwen2), and the backbone runs the counted number
 of times per optimizer step."""
 
@@ -12,7 +12,7 @@ import torch
 from transformers import TrainerCallback
 
 import mp_worker as w
-from ictrl.engine.stats_pass import STATS_PATHS
+from ictrl.engine.stats_source import STATS_PATHS
 
 
 class _GradRecorder(TrainerCallback):
@@ -101,7 +101,7 @@ def test_fused_head_statistics_equal_the_sweep(tiny_model_dir: Path, tmp_path: P
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from ictrl.engine.heads import backbone
-    from ictrl.engine.stats_pass import Wants, fused_forward, stats_from_fused
+    from ictrl.engine.stats_source import Wants, fused_forward, stats_from_fused
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     tokenizer.padding_side = "left"

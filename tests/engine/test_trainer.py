@@ -15,7 +15,7 @@ import mp_worker as w
 from ictrl.core import reference as core_ref
 from ictrl.core.loss import LossExtras, LossSpec, policy_loss
 from ictrl.engine.config import ICTGRPOConfig
-from ictrl.engine.selection_step import check_local_groups, model_inputs
+from ictrl.engine.loss_inputs import check_local_groups, model_inputs
 from ictrl.engine.trainer import ICTGRPOTrainer
 from ictrl.core.selection import SelectionInputs, select
 
@@ -188,7 +188,7 @@ def test_all_computes_its_selection_metrics_only_on_logged_steps(tiny_model_dir:
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """log Σp² and the selection metrics are for the log only: steps off the logging cadence skip them, and the
     training is the same."""
-    from ictrl.engine import stats_pass
+    from ictrl.engine import stats_source
 
     params = []
     for logging_steps in (1, 2):
@@ -196,12 +196,12 @@ def test_all_computes_its_selection_metrics_only_on_logged_steps(tiny_model_dir:
                            logging_steps=logging_steps)
         sum_sq: list[bool] = []
 
-        def recording(*args: Any, _real: Any = stats_pass.fused_forward, **kwargs: Any) -> Any:
+        def recording(*args: Any, _real: Any = stats_source.fused_forward, **kwargs: Any) -> Any:
             out = _real(*args, **kwargs)
             sum_sq.append(out[2] is not None)
             return out
 
-        monkeypatch.setattr(stats_pass, "fused_forward", recording)
+        monkeypatch.setattr(stats_source, "fused_forward", recording)
         trainer.train()
         params.append([p.detach().clone() for p in trainer.model.parameters()])
         rows = [h for h in trainer.state.log_history if "loss" in h]

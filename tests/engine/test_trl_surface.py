@@ -30,7 +30,7 @@ def test_installed_trl_is_in_the_range_pyproject_declares() -> None:
 
 
 def test_fused_head_is_looked_up_where_the_swap_replaces_it() -> None:
-    """``stats_pass.fused_head_with_sum_sq`` replaces ``grpo_trainer.add_fused_lm_head`` while ``__init__`` runs."""
+    """``stats_source.fused_head_with_sum_sq`` replaces ``grpo_trainer.add_fused_lm_head`` while ``__init__`` runs."""
     import trl.trainer.grpo_trainer as grpo
     from trl.trainer.utils import add_fused_lm_head
 

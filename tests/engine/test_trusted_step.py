@@ -23,7 +23,7 @@ def test_the_step_skips_argument_checks_unless_debugging(debug: bool, tiny_model
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     import ictrl.core.loss as loss
     import ictrl.core.stats_checks as stats_checks
-    import ictrl.engine.stats_pass as stats_pass
+    import ictrl.engine.stats_source as stats_source
     from ictrl.core.checks import DEBUG_ENV
 
     calls: list[str] = []
@@ -37,7 +37,7 @@ def test_the_step_skips_argument_checks_unless_debugging(debug: bool, tiny_model
     monkeypatch.setattr(loss, "_check_batch", recording("loss", loss._check_batch))
     real_check = stats_checks.check_temperature_chunk
     monkeypatch.setattr(stats_checks, "check_temperature_chunk", recording("stats", real_check))
-    monkeypatch.setattr(stats_pass, "token_stats_unchecked", recording("body", stats_pass.token_stats_unchecked))
+    monkeypatch.setattr(stats_source, "token_stats_unchecked", recording("body", stats_source.token_stats_unchecked))
     if debug:
         monkeypatch.setenv(DEBUG_ENV, "1")
     else:

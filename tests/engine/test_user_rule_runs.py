@@ -21,8 +21,8 @@ import yaml
 
 import mp_worker as w
 from ictrl.core.selection import SelectionInputs, SelectorError, register_selector, top_fraction
-from ictrl.engine.selection_step import EmptySelection, SelectionStep, mask_digest, select_tokens
-from ictrl.engine.stats_pass import StepContext
+from ictrl.engine.loss_inputs import EmptySelection, LossInputsBuilder, mask_digest, select_tokens
+from ictrl.engine.stats_source import StepContext
 
 
 def _trainer(model_dir: Path, out: Path, selector: str, **overrides: Any) -> Any:
@@ -57,7 +57,7 @@ def test_an_empty_selection_is_named_each_step_then_stops_the_run(tiny_model_dir
         return torch.zeros_like(inputs.mask)
 
     trainer = _trainer(tiny_model_dir, tmp_path, "test_selects_nothing", max_steps=5, no_signal_steps=3)
-    with caplog.at_level(logging.WARNING, "ictrl.engine.selection_step"):
+    with caplog.at_level(logging.WARNING, "ictrl.engine.loss_inputs"):
         with pytest.raises(EmptySelection, match=r"selects_nothing selected no token for 3 optimizer steps in a "
                                                  r"row, .* set no_signal_steps: 0 to train on"):
             trainer.train()
@@ -68,7 +68,7 @@ def test_an_empty_selection_is_named_each_step_then_stops_the_run(tiny_model_dir
 
 
 def test_the_empty_stretch_counts_optimizer_steps_and_a_selection_resets_it() -> None:
-    from ictrl.engine.selection_step import SelectionWatch
+    from ictrl.engine.loss_inputs import SelectionWatch
 
     watch = SelectionWatch(limit=4, steps_per_batch=2)  # two optimizer steps per generation batch
     watch.observe({"selection/empty": 1.0}, "r.py:f", 0)
@@ -89,7 +89,7 @@ def test_padding_selected_is_named_once_and_a_rules_metric_reaches_the_log(tiny_
         return top_fraction(inputs.entropy, inputs, ratio) | ~inputs.mask
 
     trainer = _trainer(tiny_model_dir, tmp_path, "test_selects_padding")
-    with caplog.at_level(logging.WARNING, "ictrl.engine.selection_step"):
+    with caplog.at_level(logging.WARNING, "ictrl.engine.loss_inputs"):
         trainer.train()
     said = [r.getMessage() for r in caplog.records if "padding position" in r.getMessage()]
     assert len(said) == 1 and "selects_padding selected" in said[0] and "at step 0" in said[0]
@@ -137,15 +137,15 @@ class _TwoProcesses:
         return x
 
 
-def _step(accelerator: Any, selector: str, options: dict[str, Any]) -> SelectionStep:
+def _step(accelerator: Any, selector: str, options: dict[str, Any]) -> LossInputsBuilder:
     from ictrl.core.selection import get_selector
 
     source = SimpleNamespace(stat_free=True)
-    return SelectionStep(accelerator, get_selector(selector), options, 0, count_selected=False, buffer_mean=False,
+    return LossInputsBuilder(accelerator, get_selector(selector), options, 0, count_selected=False, buffer_mean=False,
                          source=source, temperature=1.0)
 
 
-def _select(step: SelectionStep, context: StepContext, mask: torch.Tensor) -> torch.Tensor:
+def _select(step: LossInputsBuilder, context: StepContext, mask: torch.Tensor) -> torch.Tensor:
     """The step's selection of ``mask``'s rows (the fake accelerator's gather keeps them as they are)."""
     group_ids = torch.arange(mask.size(0)) // context.G
     return select_tokens(step.accelerator, step.selector, step.options, step.warmup_steps, step.seed, context, mask,

@@ -16,8 +16,8 @@ import torch
 import mp_worker as w
 from ictrl.core.reference import softmax64
 from ictrl.core.selection import SelectorError, get_selector, needed_stats, register_selector, top_fraction
-from ictrl.engine import stats_pass
-from ictrl.engine.stats_pass import STATS_PATHS
+from ictrl.engine import stats_source
+from ictrl.engine.stats_source import STATS_PATHS
 
 NO_SUM_SQ = frozenset({"entropy", "logprob", "prob"})  # a fused head that gives no log Σp²
 
@@ -36,13 +36,13 @@ def _train(model_dir: Path, out: Path, selector: str, one_pass: bool, fused: fro
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     sweeps: list[dict[str, Any]] = []
-    real = stats_pass.token_stats_unchecked  # the body the step calls on its own tensors
+    real = stats_source.token_stats_unchecked  # the body the step calls on its own tensors
 
     def recording(*args: Any, **kwargs: Any) -> Any:
         sweeps.append(kwargs)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(stats_pass, "token_stats_unchecked", recording)
+    monkeypatch.setattr(stats_source, "token_stats_unchecked", recording)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     tokenizer.padding_side = "left"
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float64)

@@ -66,7 +66,7 @@ def varied_reward(prompts: list[Any], completions: list[str], **kwargs: Any) -> 
 
 def rollout_gap(trainer: Any, inputs: list[dict[str, str]]) -> tuple[float, int]:
     """The largest |sampler − trainer| log-prob over a fresh rollout's response tokens, and their count."""
-    from ictrl.engine.selection_step import response_mask
+    from ictrl.engine.loss_inputs import response_mask
 
     batch = trainer._generate_and_score_completions(inputs)
     mask = response_mask(batch)
@@ -91,7 +91,7 @@ def agreement(selected: torch.Tensor, other: torch.Tensor) -> float:
 def engine(kind: str, out: Path, temperature: float) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from ictrl.engine.selection_step import StepContext, local_groups, model_inputs, response_mask, select_tokens
+    from ictrl.engine.loss_inputs import StepContext, local_groups, model_inputs, response_mask, select_tokens
     from ictrl.engine.trainer import ICTGRPOTrainer
 
     model_dir = build_model(kind, out.parent / f"model-{kind}")
@@ -126,7 +126,7 @@ def engine(kind: str, out: Path, temperature: float) -> None:
     for source in (trainer.stats_source, dataclasses.replace(trainer.stats_source, topk=None)):  # head top-K, exact
         stats, js = source(trainer.model, *model_inputs(batch), mask, groups)
         context = StepContext("train", trainer.num_generations, step, frozenset({"ict_score"}), metrics)
-        sel = trainer.selection_step
+        sel = trainer.inputs_builder
         selections.append(select_tokens(trainer.accelerator, sel.selector, sel.options, sel.warmup_steps, sel.seed,
                                         context, mask, (stats, js), batch["advantages"], groups, sel.watch))
     head_topk, exact = selections

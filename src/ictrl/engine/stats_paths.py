@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ictrl.core.selection import FIELD_WORDS
-from ictrl.engine.selection_step import SelectionStep, carried_stats, carry_stats
-from ictrl.engine.stats_pass import STATS_PATHS, LossForward, Stats, StepContext, Wants
+from ictrl.engine.loss_inputs import LossInputsBuilder, carried_stats, carry_stats
+from ictrl.engine.stats_source import STATS_PATHS, LossForward, Stats, StepContext, Wants
 
 
 @dataclass(frozen=True)
@@ -77,18 +77,18 @@ class StatsPath:
 
     code: float  # ictrl/stats_path
 
-    def at_generation(self, selection: SelectionStep, model: Any, batch: dict[str, Any], step: StepContext
+    def at_generation(self, builder: LossInputsBuilder, model: Any, batch: dict[str, Any], step: StepContext
                       ) -> float | None:
         """What the path puts in the generation ``batch`` for its selection; returns the ``ictrl/stats_path`` it
         logs now, or None when the loss's forward logs it."""
         raise NotImplementedError
 
-    def loss_forward(self, selection: SelectionStep, model: Any, batch: dict[str, Any], step: StepContext
+    def loss_forward(self, builder: LossInputsBuilder, model: Any, batch: dict[str, Any], step: StepContext
                      ) -> LossForward:
         """The loss's forward of the micro-batch ``batch``."""
         raise NotImplementedError
 
-    def statistics(self, selection: SelectionStep, batches: list[dict[str, Any]], out: LossForward | None
+    def statistics(self, builder: LossInputsBuilder, batches: list[dict[str, Any]], out: LossForward | None
                    ) -> list[Stats]:
         """The statistics of each micro-batch of one generation batch, for its selection (``out``: the loss's
         forward of the micro-batch the loss holds)."""
@@ -101,22 +101,22 @@ class Separate(StatsPath):
 
     code = STATS_PATHS["separate"]
 
-    def at_generation(self, selection: SelectionStep, model: Any, batch: dict[str, Any], step: StepContext
+    def at_generation(self, builder: LossInputsBuilder, model: Any, batch: dict[str, Any], step: StepContext
                       ) -> float | None:
         """The statistics of the generation ``batch``, carried in it with each row's place in generation order."""
-        carry_stats(batch, selection.statistics(model, batch, step))
-        selection.keep_row_order(batch)
+        carry_stats(batch, builder.statistics(model, batch, step))
+        builder.keep_row_order(batch)
         return self.code
 
-    def loss_forward(self, selection: SelectionStep, model: Any, batch: dict[str, Any], step: StepContext
+    def loss_forward(self, builder: LossInputsBuilder, model: Any, batch: dict[str, Any], step: StepContext
                      ) -> LossForward:
         if step.dense:
             wants: Wants | None = Wants(sum_sq=False, aux=step.router_loss)
         else:
             wants = None if step.sparse else Wants(sum_sq=False)
-        return selection.loss_forward(model, batch, step, wants)
+        return builder.loss_forward(model, batch, step, wants)
 
-    def statistics(self, selection: SelectionStep, batches: list[dict[str, Any]], out: LossForward | None
+    def statistics(self, builder: LossInputsBuilder, batches: list[dict[str, Any]], out: LossForward | None
                    ) -> list[Stats]:
         return [carried_stats(b) for b in batches]
 
@@ -128,31 +128,31 @@ class TrainingForward(StatsPath):
 
     code = STATS_PATHS["training_forward"]
 
-    def at_generation(self, selection: SelectionStep, model: Any, batch: dict[str, Any], step: StepContext
+    def at_generation(self, builder: LossInputsBuilder, model: Any, batch: dict[str, Any], step: StepContext
                       ) -> float | None:
-        selection.keep_row_order(batch)
+        builder.keep_row_order(batch)
         return None
 
-    def loss_forward(self, selection: SelectionStep, model: Any, batch: dict[str, Any], step: StepContext
+    def loss_forward(self, builder: LossInputsBuilder, model: Any, batch: dict[str, Any], step: StepContext
                      ) -> LossForward:
-        source = selection.source
+        source = builder.source
         step.metrics["ictrl/stats_path"].append(self.code)
         if source.stat_free:  # TRL's fused head; log Σp² for the metrics where they are logged
-            return selection.loss_forward(model, batch, step, Wants(sum_sq=step.logged), stats=step.logged)
+            return builder.loss_forward(model, batch, step, Wants(sum_sq=step.logged), stats=step.logged)
         if step.sparse:  # the backbone, the statistics swept from its hidden states, then the sparse head
             wants: Wants | None = None
         elif source.from_trl_head(step.needs):
             wants = Wants(sum_sq=step.sum_sq)
         else:  # TRL's fused head keeping the hidden states the statistics sweep
             wants = Wants(sum_sq=False, hidden=source.backbone(model))
-        return selection.loss_forward(model, batch, step, wants, stats=True)
+        return builder.loss_forward(model, batch, step, wants, stats=True)
 
-    def statistics(self, selection: SelectionStep, batches: list[dict[str, Any]], out: LossForward | None
+    def statistics(self, builder: LossInputsBuilder, batches: list[dict[str, Any]], out: LossForward | None
                    ) -> list[Stats]:
         """The loss's forward's statistics: the micro-batch is the whole generation batch. A selector that reads
         none selects without them, over any number of micro-batches (their metrics come with each loss's
         forward)."""
-        if selection.source.stat_free:
+        if builder.source.stat_free:
             return [(None, None)] * len(batches)
         if len(batches) != 1 or out is None or out.stats is None:
             raise RuntimeError("the training_forward path selects a generation batch of one micro-batch with the "

@@ -27,10 +27,10 @@ from ictrl.engine.heads import backbone, logit_transform, output_head
 from ictrl.engine.model_card import write_model_card
 from ictrl.engine.resumable import Resumable
 from ictrl.engine.rollout_ids import check_vocab, checked_rollout_func, raise_deferred_checks
-from ictrl.engine.selection_step import (
-    NORMALISERS, ROW, SELECTED, LossInputs, SelectionStep, SelectionWatch, metrics_logged, model_inputs,
+from ictrl.engine.loss_inputs import (
+    NORMALISERS, ROW, SELECTED, LossInputs, LossInputsBuilder, SelectionWatch, metrics_logged, model_inputs,
 )
-from ictrl.engine.stats_pass import LossForward, StatsSource, StepContext, fused_head_stats, fused_head_with_sum_sq
+from ictrl.engine.stats_source import LossForward, StatsSource, StepContext, fused_head_stats, fused_head_with_sum_sq
 from ictrl.engine.stats_paths import PathFacts, StatsPath, describe_statistics, plan_path
 from ictrl.engine.reward_policy import RewardPolicy
 
@@ -40,7 +40,7 @@ class ICTGRPOTrainer(GRPOTrainer):
     ``args`` an :class:`ICTGRPOConfig`. Logs ``ictrl/*`` metrics next to TRL's."""
 
     #: False: always the separate statistics pass (the reference the one-pass paths are tested against); read when
-    #: the trainer is built, which decides the statistics path of each mode (``stats_source``).
+    #: the trainer is built, which decides the statistics path of each mode (``stats_paths``).
     one_pass: bool = True
     #: the command line that trained the model, for its card (``ictrl train`` sets it; None from Python)
     command: str | None = None
@@ -79,11 +79,11 @@ class ICTGRPOTrainer(GRPOTrainer):
         if args.sparse_backward and self.aux_loss_enabled:
             raise ValueError("router_aux_loss_coef: the MoE router loss comes with TRL's dense forward, which "
                              "sparse_backward replaces; set router_aux_loss_coef=0 or turn sparse_backward off")
-        self.selection_step = SelectionStep(
+        self.inputs_builder = LossInputsBuilder(
             self.accelerator, args.selector, args.selector_options, args.selection_warmup_steps,
             count_selected=args.loss_normalization == "token_mean_selected",
             buffer_mean=args.selector.trl_loss and LOSS_TYPES[args.loss_type].buffer_mean,
-            source=self._stats_source(needs), temperature=self.temperature, local_tokens=args.loss_type == "bnpo",
+            source=self._build_stats_source(needs), temperature=self.temperature, local_tokens=args.loss_type == "bnpo",
             seed=args.selection_seed,
             watch=SelectionWatch(args.no_signal_steps or 0, self.reward_policy.steps_per_batch))
         # each mode's statistics path, decided here once (docs/architecture.md, "Which statistics path a run takes")
@@ -113,7 +113,7 @@ class ICTGRPOTrainer(GRPOTrainer):
                 self.use_vllm or self.rollout_func is not None)),
             on_policy_single_micro_batch=self.num_iterations == 1 and args.steps_per_generation == 1)
 
-    def _stats_source(self, needs: frozenset[str]) -> StatsSource:
+    def _build_stats_source(self, needs: frozenset[str]) -> StatsSource:
         """The run's statistics source for a selector that reads the statistics ``needs``."""
         args = self.args
         return StatsSource(
@@ -129,23 +129,24 @@ class ICTGRPOTrainer(GRPOTrainer):
 
     @property
     def stats_source(self) -> StatsSource:
-        """The run's statistics source, as the selection step holds it (settable: the step is rebuilt with it)."""
-        return self.selection_step.source
+        """The run's statistics source, as the loss-inputs builder holds it (settable: the builder is rebuilt with
+        it)."""
+        return self.inputs_builder.source
 
     @stats_source.setter
     def stats_source(self, source: StatsSource) -> None:
-        self.selection_step = replace(self.selection_step, source=source)
+        self.inputs_builder = replace(self.inputs_builder, source=source)
 
     def _mode(self) -> str:
         return "train" if self.model.training else "eval"
 
     def _step_context(self) -> StepContext:
-        """The step in progress as the selection step reads it (TRL's switches are read here, at every step)."""
+        """The step in progress as the paths and the builder read it (TRL's switches are read here, at every step)."""
         args, mode, training = self.args, self._mode(), self.model.training
         step = int(self.state.global_step)
         return StepContext(
             mode, self.num_generations if training else self.num_generations_eval, step,
-            needed_stats(self.args.selector, self.selection_step.in_warmup(step)), self._metrics[mode],
+            needed_stats(self.args.selector, self.inputs_builder.in_warmup(step)), self._metrics[mode],
             # set by the Trainer's loop (its last window may be shorter); outside it, the configured value
             accumulation=getattr(self, "current_gradient_accumulation_steps", args.gradient_accumulation_steps)
             if training else 1, window=args.gradient_accumulation_steps,
@@ -164,7 +165,7 @@ class ICTGRPOTrainer(GRPOTrainer):
         if "pixel_values" in batch:
             raise ValueError("ICTGRPOTrainer supports text-only models (its statistics pass has no image inputs)")
         start = time.perf_counter()
-        code = self.stats_paths[step.mode].at_generation(self.selection_step, self.model, batch, step)
+        code = self.stats_paths[step.mode].at_generation(self.inputs_builder, self.model, batch, step)
         if code is not None:  # else the statistics come with the loss's forward
             step.metrics["ictrl/stats_path"].append(code)
             step.metrics["ictrl/stats_time"].append(time.perf_counter() - start)
@@ -201,7 +202,7 @@ class ICTGRPOTrainer(GRPOTrainer):
         held = inputs if match is None else match
         if SELECTED not in held:
             batches, window = ([inputs], 1) if match is None else (buffered, self.args.gradient_accumulation_steps)
-            self.selection_step.select_batches(batches, step, path.statistics(self.selection_step, batches, out),
+            self.inputs_builder.select_batches(batches, step, path.statistics(self.inputs_builder, batches, out),
                                               window)
         inputs.update({key: held[key] for key in (SELECTED, *NORMALISERS)})
 
@@ -211,10 +212,10 @@ class ICTGRPOTrainer(GRPOTrainer):
         step = self._step_context()
         correct = self._importance_correction(inputs)
         path = self.stats_paths[step.mode]
-        out = path.loss_forward(self.selection_step, model, inputs, step)
+        out = path.loss_forward(self.inputs_builder, model, inputs, step)
         self._select(inputs, step, path, out)
         # log-probs, mask, selection, normalisers
-        chosen = self.selection_step.for_loss(model, inputs, step, out)
+        chosen = self.inputs_builder.for_loss(model, inputs, step, out)
         old = inputs.get("old_per_token_logps")
         old = chosen.logps.detach() if old is None else old
         ref = inputs.get("ref_per_token_logps") if self.beta != 0.0 else None

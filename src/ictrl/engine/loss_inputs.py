@@ -1,5 +1,6 @@
-"""The selection step: from a TRL batch to what the loss reads (the statistics, the token mask, the normalisers
-and the policy's log-probs), once at generation and once per loss micro-batch."""
+"""From TRL's batches to what the loss reads: the separate pass's statistics at generation, the one selection of a
+generation batch (:func:`select_tokens`, the only place a mask is decided), the normalisers, the loss's forward and
+the sparse head (:class:`LossInputsBuilder`), and the views of a TRL batch."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from ictrl.core.selection import SelectionInputs, Selector, SelectorError, in_wa
 from ictrl.core.stats import TokenStats
 from ictrl.engine.heads import call_head
 from ictrl.engine.reward_policy import RunStop
-from ictrl.engine.stats_pass import STAT_FIELDS, LossForward, Stats, StatsSource, StepContext, Wants
+from ictrl.engine.stats_source import STAT_FIELDS, LossForward, Stats, StatsSource, StepContext, Wants
 
 # The one hand-off (docs/architecture.md, "One training step"): TRL shuffles and splits a generation batch over
 # steps_per_generation carrying its [B, ...] tensors, so what a row's selection needs rides in the batch from
@@ -246,8 +247,9 @@ def _check_users_rule(accelerator: Any, rule: str, watch: SelectionWatch, step: 
 
 
 @dataclass(frozen=True)
-class SelectionStep:
-    """The run's statistics, selection and the loss's normalisers (built once with the trainer).
+class LossInputsBuilder:
+    """What the loss reads of TRL's batches, built from them: the separate pass's statistics, the selection of a
+    generation batch's micro-batches, the normalisers, the loss's forward and the sparse head (one per trainer).
 
     ``source``: where the statistics come from in each mode. ``temperature``: the sampling temperature, the
     loss's (``sparse_backward``'s head). ``options``: the selector's options as ``Selector.resolve_options``
