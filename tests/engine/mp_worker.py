@@ -89,7 +89,8 @@ def stub_trainer_class(one_pass: bool = False) -> type:
         def _compute_loss(self, model: Any, inputs: dict[str, Any]) -> torch.Tensor:
             loss = super()._compute_loss(model, inputs)
             record = self.recorded[-1]  # the loss's micro-batch is of the latest generation batch
-            selected = record.setdefault("ictrl_selected", torch.zeros_like(record["completion_mask"], dtype=torch.bool))
+            selected = record.setdefault("ictrl_selected",
+                                         torch.zeros_like(record["completion_mask"], dtype=torch.bool))
             rows = inputs["ictrl_row"] - self.accelerator.process_index * selected.size(0)
             selected[rows] = inputs["ictrl_selected"].detach()
             return loss

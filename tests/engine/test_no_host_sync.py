@@ -20,7 +20,7 @@ What stays, per phase of the step (the allow-list the assertions below encode):
   the host to plan its blocks, and the top-K variant (``selection_topk``) reads each group's layout on the host.
 - selection (dense path): nothing.
 - normalisers (responses and tokens of an optimizer step): counted on the device, once per generation batch, when
-  the loss first sees one of its micro-batches (the trainer's ``_attach_normalisers``); not part of the
+  the loss first sees one of its micro-batches (the trainer's ``_select``); not part of the
   per-micro-batch path recorded here.
 - sparse head: one ``nonzero`` of the selected positions (it gathers exactly the selected rows, whose number only
   the data knows).

@@ -1,6 +1,6 @@
 """The statistics paths: where a step's statistics come from. Each path is a stateless object, planned once per mode
-when the trainer is built (docs/architecture.md, "The statistics path"): what it does at generation, the loss's
-forward it makes, and the statistics the selection reads. The trainer calls the mode's path and never asks which it
+when the trainer is built (docs/architecture.md, "Which statistics path a run takes, measured"): what it does at
+generation, the loss's forward it makes, and the statistics the selection reads. The trainer calls the mode's path and never asks which it
 is; the selection itself is the trainer's, made once per generation batch (``ICTGRPOTrainer._select``).
 
 - :class:`Separate`: a no-grad forward of its own at generation, whose statistics ride the batch to the selection;
@@ -20,7 +20,8 @@ from ictrl.engine.stats_source import STATS_PATHS, LossForward, Stats, StepConte
 
 @dataclass(frozen=True)
 class PathFacts:
-    """What decides the statistics path of a run in one mode (docs/architecture.md, "The statistics path")."""
+    """What decides the statistics path of a run in one mode (docs/architecture.md, "Which statistics path a run
+    takes, measured")."""
 
     one_pass: bool                # False forces the separate pass (the reference the others are tested against)
     dynamic_sampling: bool
