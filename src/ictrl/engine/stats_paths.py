@@ -1,7 +1,8 @@
 """The statistics paths: where a step's statistics come from. Each path is a stateless object, planned once per mode
 when the trainer is built (docs/architecture.md, "Which statistics path a run takes, measured"): what it does at
 generation, the loss's forward it makes, and the statistics the selection reads. The trainer calls the mode's path
-and never asks which it is; the selection itself is the trainer's, made once per generation batch (``ICTGRPOTrainer._select``).
+and never asks which it is; the selection itself is the trainer's, made once per generation batch
+(``ICTGRPOTrainer._select``).
 
 - :class:`Separate`: a no-grad forward of its own at generation, whose statistics ride the batch to the selection;
   the loss's forward is TRL's (or the sparse head's) alone. The reference the other is tested against.
