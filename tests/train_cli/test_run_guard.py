@@ -136,7 +136,7 @@ def test_plain_process_is_not_tied_to_its_parent() -> None:
     ("model-notes.jsonl", False),
 ])
 def test_what_a_run_writes_in_its_output_dir(tmp_path: Path, name: str, written: bool) -> None:
-    from ictrl.train_cli.run_guard import written_by_run
+    from ictrl.train_cli.output_dir import written_by_run
 
     assert written_by_run(tmp_path / "out" / name, tmp_path / "out") is written
     assert not written_by_run(tmp_path / "elsewhere" / name, tmp_path / "out")

@@ -23,25 +23,24 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import itertools
 import logging
 import os
-from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
-from ictrl.checkpoints import check_weights, complete_checkpoints
+from ictrl.checkpoints import check_weights
 from ictrl.engine.resumable import check_resumable
 from ictrl.engine.trl_args import cpu_kernel_problem, launch_precision, run_precision
-from ictrl.errors import UserError, quote, shorten
+from ictrl.errors import quote, shorten
 from ictrl.train_cli import model_init
 from ictrl.train_cli.process_group import answered_once
 from ictrl.train_cli.run_config import ConfigError, RunConfig
-from ictrl.train_cli.run_guard import NO_OP_FLAG, check_no_previous_run, check_not_an_input, check_own_output
+from ictrl.train_cli.output_dir import checked_output_dir, existing_checkpoints, inputs_read
+from ictrl.train_cli.run_guard import NO_OP_FLAG
 from ictrl.train_cli.run_inputs import (add_overlong_penalty, blame, build_rewards, check_enough_rows, check_sources,
                                         drop_long_prompts, load_train_dataset, name_the_key,
-                                        named_checkpoint, trl_dataset)
+                                        trl_dataset)
 
 log = logging.getLogger("ictrl.train")
 
@@ -75,9 +74,10 @@ def preflight(cfg: RunConfig, source: str = "<config>", flags: dict[str, Any] | 
     1. the values: the trainer arguments (:func:`trainer_args`) and the model's load kwargs; ``values_only``
        (``--print-config``) stops here;
     2. the command: LoRA's package, the reward functions, the data sources, what the trainer gets, ``output_dir``
-       writable, vLLM installed;
+       (``output_dir.checked_output_dir``, which makes ``args.output_dir`` the absolute path the run writes to),
+       vLLM installed;
     3. with ``resume`` (True, "auto" or False: the flag), ``output_dir``'s checkpoints against it
-       (:func:`existing_checkpoints`);
+       (``output_dir.existing_checkpoints``);
     4. with ``inputs``, the model's files and every training row (:func:`check_inputs`), one generation batch of
        prompts at least."""
     from ictrl.engine.config import planned_processes
@@ -94,10 +94,8 @@ def preflight(cfg: RunConfig, source: str = "<config>", flags: dict[str, Any] | 
     add_overlong_penalty(cfg, args, checked.reward_funcs, source)
     check_sources(cfg, source, flags)
     check_trainer_inputs(args, source, flags, cfg)
-    check_output_dir(cfg.output_dir, blame("output_dir", source, flags))
-    check_not_an_input(cfg.output_dir, inputs_read(cfg, checked.reward_funcs, source),
-                       blame("output_dir", source, flags))
-    check_own_output(cfg.output_dir, blame("output_dir", source, flags))
+    args.output_dir = str(checked_output_dir(cfg, inputs_read(cfg, checked.reward_funcs, source),
+                                             blame("output_dir", source, flags)))
     if args.use_vllm:  # last: an error in the file itself is named first, on any machine
         from ictrl.vllm_env import require_installed
 
@@ -269,38 +267,6 @@ def check_trains(cfg: RunConfig, args: Any, source: str = "<config>", flags: dic
 # --- the command -------------------------------------------------------------------------------------------------
 
 
-def inputs_read(cfg: RunConfig, reward_funcs: list[Any], source: str = "<config>") -> list[tuple[str, Path]]:
-    """(what, path) of every local file or directory the run reads that output_dir could alias: the model
-    directory, the config file (``source``), each ``jsonl:`` data file (a dataset directory's files) and the
-    file of each reward function's module."""
-    import inspect
-
-    from ictrl import data
-    from ictrl.train_cli.run_inputs import trl_dataset
-
-    found: list[tuple[str, Path]] = []
-    model = Path(cfg.model.model_name_or_path).expanduser()
-    if model.is_dir():
-        found.append(("model_name_or_path", model))
-    if Path(source).is_file():
-        found.append(("the config file", Path(source)))
-    if trl_dataset(cfg) and Path(str(cfg.script.dataset_name)).is_file():  # a data file read by datasets' builders
-        found.append(("the data file of dataset_name", Path(str(cfg.script.dataset_name))))
-    elif trl_dataset(cfg):
-        files = list(itertools.islice(Path(str(cfg.script.dataset_name)).rglob("*"), 1000))
-        found += [(f"a file of dataset_name {cfg.script.dataset_name}", p) for p in files if p.is_file()]
-    for spec in [] if trl_dataset(cfg) else cfg.script.sources():
-        path = data.parse_spec(spec)[1]
-        if path is not None:
-            found.append((f"the data file of dataset_name {quote(spec, 120)}", Path(path)))
-    for fn in reward_funcs:
-        module = inspect.getmodule(fn if inspect.isroutine(fn) else type(fn))
-        file = getattr(module, "__file__", None)
-        if file:
-            found.append((f"the module of reward {getattr(fn, '__name__', type(fn).__name__)!r}", Path(file)))
-    return found
-
-
 def check_trainer_inputs(args: Any, source: str = "<config>", flags: dict[str, Any] | None = None,
                          cfg: RunConfig | None = None) -> None:
     """What the trainer that ``ictrl train`` builds needs beyond its config: benchmarks ``eval_benchmarks`` names
@@ -309,7 +275,6 @@ def check_trainer_inputs(args: Any, source: str = "<config>", flags: dict[str, A
     has none), the hub for ``push_to_hub``."""
     from ictrl import data
     from ictrl import preflight as shared
-    from ictrl.train_cli.run_inputs import trl_dataset
 
     for i, spec in enumerate(args.eval_benchmarks or []):  # the library keeps the names; the command resolves them
         try:
@@ -352,41 +317,6 @@ def check_reward_weights(cfg: RunConfig, args: Any, rewards: int, source: str = 
             if cfg.script.overlong_buffer_length is not None else ""
         raise ConfigError(f"{blame('reward_weights', source, flags)}: reward_weights: {len(weights)} weights for "
                           f"{rewards} rewards (reward_funcs){penalty}")
-
-
-def check_output_dir(path: str, source: str = "<config>") -> None:
-    """``path`` is, or can be made, a writable directory; a path that leaves the working directory through ``..``
-    is named in one warning line."""
-    from ictrl.files import check_output_dir as check_writable
-
-    check_writable(path, f"{source}: output_dir")
-    out = Path(path).expanduser()
-    if ".." in out.parts:
-        resolved, cwd = out.resolve(), Path.cwd().resolve()
-        if not resolved.is_relative_to(cwd):
-            log.warning("output_dir %s leaves the working directory %s: writing to %s", path, cwd, resolved)
-
-
-def existing_checkpoints(cfg: RunConfig, resume: bool | str, source: str = "<config>") -> list[Path]:
-    """The complete checkpoints in ``output_dir``, oldest first; without ``resume`` there must be none (a fresh
-    run does not start over another run's checkpoints), with ``resume=True`` there must be one (a misspelt
-    output_dir does not train from step 0); ``resume="auto"`` takes either. With none, ``output_dir`` must hold
-    no earlier run's model or record either (``run_guard.check_no_previous_run``; ``--overwrite`` allows it).
-    ``resume_from_checkpoint`` counts as ``resume`` (``run_inputs.named_checkpoint``: ``true``, or a checkpoint
-    in output_dir)."""
-    resume, named = named_checkpoint(cfg, resume, source)
-    out = Path(cfg.output_dir)
-    checkpoints = complete_checkpoints(out)
-    if checkpoints and not resume and (named is None or named.resolve().parent != out.resolve()):
-        raise ConfigError(f"{source}: output_dir: {out} already holds {checkpoints[-1].name}; pass --resume "
-                          "to continue it or choose another output_dir")
-    if not checkpoints and resume is True:
-        where = "holds no checkpoint" if out.is_dir() else "does not exist"
-        raise ConfigError(f"{source}: --resume: output_dir {out} {where}; check the output_dir, or pass "
-                          "--resume=auto to start from step 0 when there is nothing to resume")
-    if not checkpoints:
-        check_no_previous_run(out, resume, cfg.modes, source)
-    return checkpoints
 
 
 # --- the inputs --------------------------------------------------------------------------------------------------

@@ -26,12 +26,12 @@ from ictrl.train_cli.resume_check import INEXACT_FLAG, NEW_SCHEDULE_FLAG, check_
 from ictrl.errors import ConfigError, Terminated, UserError
 from ictrl.files import claim_files, reported_write, without_secrets
 from ictrl.engine.reward_policy import RewardAbandoned, RunStop
-from ictrl.train_cli.preflight import (Checked, check_inputs, existing_checkpoints, preflight, train_rows,
-                                       trainer_classes)
+from ictrl.train_cli.output_dir import earlier_run, existing_checkpoints, forget_previous_run
+from ictrl.train_cli.preflight import Checked, check_inputs, preflight, train_rows, trainer_classes
 from ictrl.train_cli.process_group import answered_once
 from ictrl.train_cli.run_config import RunConfig, config_to_dict, save_config
-from ictrl.train_cli.run_guard import (OVERWRITE_FLAG, RunLock, StopRequest, add_stop_callback, earlier_run,
-                                       forget_previous_run, note_short_run, run_failure, stopped)
+from ictrl.train_cli.run_guard import (OVERWRITE_FLAG, RunLock, StopRequest, add_stop_callback, note_short_run,
+                                       run_failure, stopped)
 from ictrl.train_cli.run_inputs import (ACCEPT_CHANGED_FLAG, eval_rows, input_hashes, inputs_record, named_checkpoint,
                                        reward_label)
 
@@ -163,7 +163,7 @@ def train(cfg: RunConfig, resume: bool | str = False, source: str = "<config>",
 
     log.info(method_line(cfg, source))
     checked = preflight(cfg, source, flags)
-    out = locked_output_dir(cfg, checked.args)
+    out = Path(checked.args.output_dir)  # absolute, checked (output_dir.checked_output_dir): the lock's folder
     stop = StopRequest()
     try:
         with stop, RunLock(out, checked.args), cpu_threads(checked.args):
@@ -183,16 +183,6 @@ def accepting_flag(cfg: RunConfig, accept_changed_inputs: bool) -> str | None:
     return INEXACT_FLAG if INEXACT_FLAG in cfg.modes else None
 
 
-def locked_output_dir(cfg: RunConfig, args: Any) -> Path:
-    """``output_dir`` as one absolute path, resolved once, before the lock is taken: the lock, the record, the
-    checkpoints, the model and its card all go there, and ``args.output_dir`` (which TRL and the Trainer build
-    every path from) is set to it before the trainer sees it. A reward, a callback or TRL that changes the working
-    directory (a code sandbox's ``os.chdir``) moves nothing out of the locked folder."""
-    out = Path(os.path.abspath(Path(cfg.output_dir).expanduser()))
-    args.output_dir = str(out)
-    return out
-
-
 def check_resume(cfg: RunConfig, checkpoint: Path, args: Any, source: str = "<config>") -> None:
     """A resume continues the run exactly: ``checkpoint`` holds the optimizer, scheduler and RNG state, and the
     config is that of the run it ends (its folder's ``config.yaml``); unless the command accepts the difference by
@@ -207,7 +197,7 @@ def _train_locked(cfg: RunConfig, checked: Checked, resume: bool | str, source: 
                   accept: str | None = None) -> TrainResult:
     args, reward_funcs = checked.args, checked.reward_funcs
     # The final model goes where Trainer.save_model(output_dir) and `trl grpo` put it: output_dir itself, the
-    # absolute path the lock was taken on (locked_output_dir).
+    # absolute path the lock was taken on.
     out = Path(args.output_dir)
     resume_from = prepare_output_dir(cfg, resume, source, args)
     if resume_from is not None and resume_from.parent.resolve() == out.resolve() and \

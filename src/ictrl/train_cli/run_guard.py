@@ -14,10 +14,9 @@ torch elastic agent (``accelerate launch --multi_gpu``, ``torchrun``; accelerate
 process) start ranks as direct children, in sessions of their own, so neither ``kill -9`` of the launcher nor a
 signal to its process group reaches them.
 
-What ``output_dir`` may not replace (:func:`check_not_an_input`: the model directory, a data file, the config file
-or a reward module the run reads; :func:`check_no_previous_run`: an earlier run's model or record, unless
-``--overwrite``) is checked before any model loads. :func:`run_failure` turns what ends a training loop that is the
-run's own end (divergence, a selector's ``sys.exit``) into one line with the last checkpoint.
+:func:`run_failure` turns what ends a training loop that is the run's own end (divergence, a selector's
+``sys.exit``) into one line with the last checkpoint. What ``output_dir`` may hold and replace is
+:mod:`ictrl.train_cli.output_dir`'s.
 """
 
 from __future__ import annotations
@@ -29,13 +28,12 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from ictrl.checkpoints import (CHECKPOINT_RE, LAST_FILES, MANIFEST, OVERWRITE_FLAG, RUN_FILES, STAGING_PREFIX,
-                               foreign_checkpoints)
-from ictrl.dirlock import LOCK_NAME, OutputLock
+from ictrl.checkpoints import OVERWRITE_FLAG
+from ictrl.dirlock import OutputLock
 from ictrl.errors import ConfigError, UserError, shorten
-from ictrl.files import OWNED_FILE, check_own_files
 
 log = logging.getLogger("ictrl.train")
+
 
 class RunLock:
     """:class:`ictrl.dirlock.OutputLock` taken by the main process of a (possibly multi-process) run, its outcome
@@ -206,122 +204,10 @@ def stopped(out: Path, step: int | None, resume_command: str | None, kind: type 
     return kind(f"{what}{at}; {kept}{again}")
 
 
-# --- what output_dir must not replace ------------------------------------------------------------------------------
+# --- the flags of a run that would otherwise be refused ----------------------------------------------------------
 
 NO_OP_FLAG = "--allow-no-op"  # a run that changes no weight (learning_rate 0), asked for by name
 MODE_FLAGS = (OVERWRITE_FLAG, NO_OP_FLAG)
-
-# Names at the top of output_dir a run writes (its record, the final model's save, the lock), besides the
-# checkpoint-N and staging folders it writes, rotates and clears.
-_RUN_WRITES = frozenset({*RUN_FILES, *LAST_FILES, LOCK_NAME, "generation_config.json", "special_tokens_map.json",
-                         "vocab.json", "merges.txt", "added_tokens.json", "training_args.bin", "tokenizer.json",
-                         "tokenizer_config.json", "model.safetensors.index.json"})
-_SAVE_SUFFIXES = (".safetensors", ".bin", ".jinja", ".model", ".pt", ".pth")
-
-
-def written_by_run(path: Path, out: Path) -> bool:
-    """Whether a run with ``output_dir`` ``out`` writes, replaces or removes ``path`` (both resolved): a file at
-    the top of ``out`` with a name the run's record or final model save uses, or anything under one of its
-    ``checkpoint-N`` (rotated by ``save_total_limit``) or staging folders (cleared at start)."""
-    if not path.is_relative_to(out) or path == out:
-        return False
-    top = path.relative_to(out).parts[0]
-    if CHECKPOINT_RE.match(top) or top.startswith(STAGING_PREFIX):
-        return True
-    if len(path.relative_to(out).parts) > 1:
-        return False
-    return top in _RUN_WRITES or top.startswith("adapter_") or top.endswith(_SAVE_SUFFIXES)
-
-
-def run_writes(out: Path) -> list[str]:
-    """The entries at the top of ``out`` that a run writes over (:func:`written_by_run`; a LoRA run's final
-    ``adapter/``), but for its
-    ``checkpoint-N`` and staging folders, which :func:`ictrl.train_cli.preflight.existing_checkpoints` and
-    ``checkpoints.clear_staging`` answer for."""
-    if not out.is_dir():
-        return []
-    return [p.name for p in sorted(out.iterdir()) if p.name == "adapter" or written_by_run(p, out)
-            and not CHECKPOINT_RE.match(p.name) and not p.name.startswith(STAGING_PREFIX)]
-
-
-def earlier_run(out: Path) -> bool:
-    """Whether ``out`` holds the ``run.json`` of an ``ictrl train`` run written before ictrl listed its files."""
-    from ictrl.files import holds_record
-
-    return holds_record(out / "run.json", ("method_from", "seed"))
-
-
-def check_own_output(out_dir: str, label: str) -> None:
-    """Refuse an ``output_dir`` holding a file the run would write over that ictrl did not write there
-    (``files.check_own_files``): a project's README.md or config.yaml under ``--output-dir .``, or a
-    ``checkpoint-N`` folder (``checkpoints.foreign_checkpoints``), which a resume would start from and rotation
-    delete. ``--overwrite`` replaces only ictrl's own files, so it does not lift this."""
-    out = Path(out_dir).expanduser()
-    check_own_files(out, run_writes(out), f"{label}: output_dir", earlier_run,
-                    f" ({OVERWRITE_FLAG} replaces only files ictrl wrote)")
-    foreign = foreign_checkpoints(out, earlier_run)
-    if foreign:
-        more = f" (and {len(foreign) - 1} more)" if len(foreign) > 1 else ""
-        raise ConfigError(f"{label}: output_dir: {foreign[-1]}{more} was not written by ictrl (not in its "
-                          f"{OWNED_FILE}): a run would resume from it or delete it in rotation (save_total_limit); "
-                          "move it away or choose another output directory")
-
-
-def check_not_an_input(out_dir: str, inputs: list[tuple[str, Path]], source: str) -> None:
-    """Refuse an ``output_dir`` whose writes would replace a file the run reads: the model directory itself (its
-    weights, config and tokenizer; a folder inside it is fine), or a data file, the config file or a local reward
-    module (``inputs``: (what, path) pairs) that :func:`written_by_run` says the run writes. A config file that is
-    the ``config.yaml`` an earlier run wrote beside its ``run.json`` (``ictrl train OUT/config.yaml --resume``) is
-    the run's own record, written back as it was read."""
-    out = Path(out_dir).expanduser().resolve()
-    for what, path in inputs:
-        path = path.expanduser().resolve()
-        if what == "model_name_or_path" and path == out:
-            raise ConfigError(f"{source}: output_dir: {out_dir} is the model directory (model_name_or_path): the run "
-                              "would replace its weights, config and tokenizer; choose another output_dir (a folder "
-                              "inside the model directory is fine)")
-        if what == "the config file" and path == out / "config.yaml" and (out / "run.json").is_file():
-            continue
-        if written_by_run(path, out):
-            raise ConfigError(f"{source}: output_dir: {out_dir}: the run writes {path}, which is {what}; choose "
-                              "another output_dir or move the file out of it")
-
-
-def previous_run(out: Path, finished_only: bool) -> list[str]:
-    """The files in ``out`` that an earlier run left: its model (weights, ``config.json``, ``manifest.json``),
-    and with ``finished_only`` False its record (``run.json``, ``metrics.jsonl``) too."""
-    if not out.is_dir():
-        return []
-    record = () if finished_only else ("run.json", "metrics.jsonl")
-    found = []
-    for path in sorted(out.iterdir()):
-        name = path.name
-        if path.is_file() and (name in (*record, "config.json", "manifest.json", "adapter_config.json")
-                               or name.endswith((".safetensors", ".bin")) and name != "training_args.bin"):
-            found.append(name)
-    return found
-
-
-def check_no_previous_run(out: Path, resume: bool | str, modes: frozenset[str] | set[str], source: str) -> None:
-    """With no checkpoint to resume, ``out`` must hold no earlier run (:func:`previous_run`: its record or its
-    model; under ``--resume=auto``, which starts over when nothing is left to resume, its model), unless
-    :data:`OVERWRITE_FLAG`: TRL's ``Trainer.save_model`` would replace it without a word."""
-    if OVERWRITE_FLAG in modes:
-        return
-    found = previous_run(out, finished_only=resume == "auto")
-    if found:
-        shown = ", ".join(found[:4]) + (f" and {len(found) - 4} more" if len(found) > 4 else "")
-        raise ConfigError(f"{source}: output_dir: {out} holds an earlier run ({shown}) and no checkpoint to resume; "
-                          f"choose another output_dir, or pass {OVERWRITE_FLAG} to replace it")
-
-
-def forget_previous_run(out: Path) -> None:
-    """Under :data:`OVERWRITE_FLAG`, remove the marks of the earlier run's final model (``manifest.json``,
-    ``trainer_state.json``) before this run writes: a later ``--resume`` then never takes that model for this
-    run's (``checkpoints.finished_run``). The earlier files themselves are replaced as this run writes its own."""
-    for name in (MANIFEST, "trainer_state.json"):
-        (out / name).unlink(missing_ok=True)
-
 
 # --- what ends a training loop -------------------------------------------------------------------------------------
 
