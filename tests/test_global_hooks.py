@@ -169,13 +169,14 @@ def test_the_launchers_loggers_are_silent_unless_verbose(verbose: bool, loggers_
 
 
 def test_the_launch_parents_checks_log_only_errors(monkeypatch: pytest.MonkeyPatch) -> None:
-    from ictrl.train_cli import preflight
+    from ictrl.train_cli import trainer_inputs
 
     seen: list[int] = []
-    monkeypatch.setattr(preflight, "preflight", lambda *args, **kwargs: seen.append(preflight.log.level))
-    before = preflight.log.level
-    preflight.check_before_launch(None, processes=2)  # type: ignore[arg-type]
-    assert seen == [logging.ERROR] and preflight.log.level == before
+    monkeypatch.setattr(trainer_inputs, "build_trainer_inputs",
+                        lambda *args, **kwargs: seen.append(trainer_inputs.log.level))
+    before = trainer_inputs.log.level
+    trainer_inputs.check_before_launch(None, processes=2)  # type: ignore[arg-type]
+    assert seen == [logging.ERROR] and trainer_inputs.log.level == before
 
 
 @pytest.mark.parametrize("verbose", [False, True])

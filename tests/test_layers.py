@@ -12,7 +12,7 @@ STUDIES = ROOT / "studies"
 # Lower number = lower layer. A module may import ictrl modules of its own layer or below.
 LAYERS: dict[str, int] = {
     "files": 0, "checkpoints": 0, "errors": 0, "core": 0, "cliargs": 1, "dirlock": 1,
-    "rewards": 1, "data": 1, "hub": 1, "yamlfile": 1, "models": 1, "eval": 1, "preflight": 1, "vllm_env": 1,
+    "rewards": 1, "data": 1, "hub": 1, "yamlfile": 1, "models": 1, "eval": 1, "option_checks": 1, "vllm_env": 1,
     "library_noise": 1,  # the libraries' log and warning filters a command installs (cli.quiet)
     "validation": 1,  # the one declarative check of a dataclass's fields (pydantic): above the pure core
     "engine": 2,  # the library: ICTGRPOConfig, ICTGRPOTrainer and the parts composed into it
@@ -79,9 +79,10 @@ def test_the_package_never_imports_the_studies() -> None:
 
 def test_the_library_imports_nothing_of_a_command() -> None:
     """``ictrl.engine`` (what ``from ictrl.engine import ICTGRPOTrainer`` gives) reaches no command-side module: not
-    ``ictrl train``'s (a higher layer, checked above) and not the commands' shared preflight checks either."""
+    ``ictrl train``'s (a higher layer, checked above) and not the commands' shared option checks either."""
     bad = [f"{name} imports {imported}" for name, path in _modules() if name.startswith("ictrl.engine")
-           for imported in _imports(path) if imported.split(".")[:2] in (["ictrl", "preflight"], ["ictrl", "train_cli"])]
+           for imported in _imports(path)
+           if imported.split(".")[:2] in (["ictrl", "option_checks"], ["ictrl", "train_cli"])]
     assert not bad, "\n".join(bad)
 
 

@@ -45,7 +45,7 @@ def test_benchmark_names_are_resolved_by_the_command(tmp_path: Path) -> None:
     """The library keeps ``eval_benchmarks`` as given (it imports no benchmark registry); ``ictrl train``'s
     preflight resolves each name and blames the one it does not know."""
     from ictrl.errors import ConfigError
-    from ictrl.train_cli.preflight import check_trainer_inputs
+    from ictrl.train_cli.trainer_inputs import check_trainer_inputs
 
     args = w.make_config(tmp_path, eval_benchmarks=["gsm8k", "math5000"], eval_steps=1)
     assert args.eval_benchmarks == ["gsm8k", "math5000"]

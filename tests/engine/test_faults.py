@@ -159,7 +159,7 @@ def test_resume_without_a_checkpoint_refuses_unless_auto(tmp_path: Path) -> None
 def test_a_config_change_that_changes_the_steps_is_refused(tmp_path: Path) -> None:
     import yaml
 
-    from ictrl.train_cli.resume_check import check_unchanged
+    from ictrl.train_cli.exact_resume import check_unchanged
     from ictrl.errors import ConfigError
 
     saved = tmp_path / "config.yaml"

@@ -103,15 +103,15 @@ def test_sigterm_during_the_checks_is_one_line_and_starts_nothing(launches: Laun
                                                                   capsys: pytest.CaptureFixture[str]) -> None:
     import signal
 
-    import ictrl.train_cli.preflight
+    import ictrl.train_cli.trainer_inputs
 
-    real = ictrl.train_cli.preflight.check_before_launch
+    real = ictrl.train_cli.trainer_inputs.check_before_launch
 
     def checks_then_sigterm(*args: Any, **kwargs: Any) -> None:
         real(*args, **kwargs)
         os.kill(os.getpid(), signal.SIGTERM)  # a scheduler's, while the parent still reads the inputs
 
-    monkeypatch.setattr(ictrl.train_cli.preflight, "check_before_launch", checks_then_sigterm)
+    monkeypatch.setattr(ictrl.train_cli.trainer_inputs, "check_before_launch", checks_then_sigterm)
     before = signal.getsignal(signal.SIGTERM)
     assert cli.main(["train", TINY, "--num-processes", "2", *ONE_STEP[1:]]) == 143
     assert capsys.readouterr().err == ("\nictrl train: terminated (SIGTERM) during the checks before the launch; no "

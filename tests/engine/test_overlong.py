@@ -113,7 +113,7 @@ def run_config(tmp_path: Path, *overrides: str) -> Any:
 
 
 def built(tmp_path: Path, *overrides: str) -> tuple[Any, list[Any]]:
-    from ictrl.train_cli.preflight import build_trainer_args
+    from ictrl.train_cli.trainer_inputs import build_trainer_args
     from ictrl.train_cli.run_inputs import add_overlong_penalty, build_rewards
 
     cfg = run_config(tmp_path, *overrides)

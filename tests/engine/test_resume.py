@@ -338,7 +338,7 @@ def test_a_checkpoint_without_its_training_state_names_what_it_lacks(tmp_path: P
     import logging
     from types import SimpleNamespace
 
-    from ictrl.train_cli.resume_check import INEXACT_FLAG, NEW_SCHEDULE_FLAG, check_exact, missing_state
+    from ictrl.train_cli.exact_resume import INEXACT_FLAG, NEW_SCHEDULE_FLAG, check_exact, missing_state
     from ictrl.errors import ConfigError
     from ictrl.train_cli.cli import RESUME_FLAGS
 
@@ -375,7 +375,7 @@ def test_a_longer_run_on_a_decaying_schedule_resumes_when_asked_by_name(tmp_path
 
     import yaml
 
-    from ictrl.train_cli.resume_check import NEW_SCHEDULE_FLAG, check_unchanged
+    from ictrl.train_cli.exact_resume import NEW_SCHEDULE_FLAG, check_unchanged
     from ictrl.errors import ConfigError
 
     args = SimpleNamespace(lr_scheduler_type="linear", warmup_steps=0)
@@ -498,7 +498,7 @@ def test_the_resumed_steps_rates_are_the_schedules(tmp_path: Path) -> None:
 
     import torch
 
-    from ictrl.train_cli.resume_check import resumed_rates
+    from ictrl.train_cli.exact_resume import resumed_rates
 
     checkpoint = tmp_path / "checkpoint-2"
     checkpoint.mkdir()

@@ -62,7 +62,7 @@ def test_parse_methods_names_the_bad_method() -> None:
 
 def test_every_method_maps_to_a_valid_trainer_config(tmp_path: Path) -> None:
     """The name -> selector table goes through the engine's own config mapping and validation."""
-    from ictrl.train_cli.preflight import build_trainer_args
+    from ictrl.train_cli.trainer_inputs import build_trainer_args
 
     base = tmp_path / "base"
     base.mkdir()
@@ -469,7 +469,7 @@ def test_a_ratio_sweep_of_a_users_rule_is_one_command(h2rule: Path, monkeypatch:
     assert [saved["selectors"][m]["options"] for m in saved["methods"]] == [
         {"ratio": 0.1, "scope": "response"}, {"ratio": 0.2}, {"ratio": 0.3}]
     # each run trains with its own options: the trainer's config gets them
-    from ictrl.train_cli.preflight import build_trainer_args
+    from ictrl.train_cli.trainer_inputs import build_trainer_args
 
     base = h2rule / "base"
     base.mkdir()

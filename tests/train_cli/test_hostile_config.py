@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from ictrl import cli
-from ictrl.train_cli import preflight
+from ictrl.train_cli import trainer_inputs
 from ictrl.errors import quote
 
 TINY = Path(__file__).resolve().parents[2] / "configs" / "tiny" / "ict.yaml"
@@ -180,7 +180,7 @@ def test_range_table_and_the_memory_bound() -> None:
     for _ in range(40):
         nested = [nested] * 9
     assert len(quote(nested)) < 300  # bounded work: 9**40 leaves are never visited
-    assert preflight.max_batch_tokens() == preflight.MAX_BATCH_TOKENS
+    assert trainer_inputs.max_batch_tokens() == trainer_inputs.MAX_BATCH_TOKENS
 
 
 @pytest.mark.parametrize(("values", "message"), [

@@ -346,7 +346,7 @@ def test_a_row_no_completion_could_match_is_refused_naming_it(row: str, says: st
 def test_same_named_files_of_a_mixture_keep_their_own_template_and_kind(tiny_model_dir: Path, tmp_path: Path,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """The dataset ``ictrl train`` hands the trainer, from a mixture of a/train.jsonl and b/train.jsonl."""
-    from ictrl.train_cli.preflight import check_inputs, preflight
+    from ictrl.train_cli.trainer_inputs import build_trainer_inputs, check_inputs
     from ictrl.train_cli.run_config import load_config
 
     write_rows(tmp_path / "a" / "train.jsonl", [{"question": "Q:1+1=A:", "answer": "2"}] * 2)
@@ -354,7 +354,7 @@ def test_same_named_files_of_a_mixture_keep_their_own_template_and_kind(tiny_mod
     mixture = {f"jsonl:{tmp_path}/a/train.jsonl:prompt_template=A {{question}}": 1,
                f"jsonl:{tmp_path}/b/train.jsonl:kind=gsm8k:prompt_template=B {{question}}": 1}
     cfg = load_config(str(config(tmp_path, tiny_model_dir, dataset_name=mixture)), [])
-    dataset = check_inputs(cfg, preflight(cfg).init_kwargs)
+    dataset = check_inputs(cfg, build_trainer_inputs(cfg).init_kwargs)
     seen = {(r["prompt"][0]["content"], r["kind"], r["answer"]) for r in dataset}
     assert seen == {("A Q:1+1=A:", "math", "2"), ("B Q:2+2=A:", "gsm8k", "4")}
 

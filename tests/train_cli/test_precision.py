@@ -30,7 +30,7 @@ def test_run_precision_follows_transformers_rule() -> None:
 
 
 def _build(tmp_path: Path, *overrides: str) -> object:
-    from ictrl.train_cli.preflight import _note_cpu, build_trainer_args
+    from ictrl.train_cli.trainer_inputs import _note_cpu, build_trainer_args
     from ictrl.train_cli.run_config import load_config
 
     _note_cpu.cache_clear()  # said once per process
@@ -138,7 +138,7 @@ def test_the_first_lines_say_how_many_processes_run(tmp_path: Path, monkeypatch:
                                                     caplog: pytest.LogCaptureFixture) -> None:
     """One line with the process count; under accelerate's simple launcher (no config file: one process whatever
     --num_processes says) it says so and how to start several."""
-    from ictrl.train_cli.preflight import _note_processes
+    from ictrl.train_cli.trainer_inputs import _note_processes
 
     from ictrl.errors import REPORTED_FILE_ENV
 

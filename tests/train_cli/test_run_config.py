@@ -37,7 +37,7 @@ def test_grid_is_complete() -> None:
 
 @pytest.mark.parametrize("path", CELLS, ids=lambda p: str(p.relative_to(CONFIGS)))
 def test_every_cell_validates_and_builds_trainer_args(path: Path) -> None:
-    from ictrl.train_cli.preflight import build_trainer_args
+    from ictrl.train_cli.trainer_inputs import build_trainer_args
 
     cfg = load_config(path)
     size, method = path.parent.name, path.stem
@@ -82,7 +82,7 @@ def test_flags_in_both_forms_as_trl_reads_them() -> None:
 def test_booleans_as_trl_reads_them() -> None:
     """A YAML bool and TRL's spellings on a flag (yes/no, true/false, 1/0) agree; scale_rewards' documented bools
     mean TRL's group / none whichever way they are written."""
-    from ictrl.train_cli.preflight import build_trainer_args
+    from ictrl.train_cli.trainer_inputs import build_trainer_args
 
     cell = CONFIGS / "qwen2.5-0.5b/grpo.yaml"
     for flag, want in (("--scale_rewards=false", "none"), ("--scale_rewards=true", "group"),
@@ -193,7 +193,7 @@ def test_unrelated_fields_are_never_suggested() -> None:
     ],
 )
 def test_trainer_config_errors_name_the_file_and_field(override: str, pattern: str) -> None:
-    from ictrl.train_cli.preflight import build_trainer_args
+    from ictrl.train_cli.trainer_inputs import build_trainer_args
 
     cell = CONFIGS / "qwen2.5-0.5b/entropy20.yaml"
     cfg = load_config(cell, [override])
@@ -241,7 +241,7 @@ def test_a_file_value_of_the_wrong_form_names_the_key(tmp_path: Path, line: str,
 
 
 def test_checkpoint_inside_a_generation_buffer_is_refused() -> None:
-    from ictrl.train_cli.preflight import trainer_args
+    from ictrl.train_cli.trainer_inputs import trainer_args
 
     cfg = load_config(CONFIGS / "qwen2.5-0.5b/ict.yaml", ["--num_iterations=2", "--save_steps=3"])
     with pytest.raises(ConfigError, match=r"save_steps: 3 optimizer steps"):
@@ -256,7 +256,7 @@ def test_roundtrip(tmp_path: Path) -> None:
     assert again.model.lora_target_modules == "q_proj" and again.script.dataset_limit == 9
     assert again == cfg and isinstance(again, RunConfig)
     assert config_to_dict(again) == config_to_dict(cfg)
-    from ictrl.train_cli.preflight import build_trainer_args
+    from ictrl.train_cli.trainer_inputs import build_trainer_args
 
     args = build_trainer_args(again, "saved", cpu=True)
     assert args.epsilon_high is None and args.epsilon == 0.2  # null: TRL clips symmetrically at epsilon
@@ -285,7 +285,7 @@ def test_step_shape_arithmetic() -> None:
 def test_same_yaml_same_completions_per_step(processes: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """The paper cell on 1 or 2 processes (simulated world size): 256 completions per optimizer step."""
     import ictrl.engine.config
-    from ictrl.train_cli.preflight import build_trainer_args
+    from ictrl.train_cli.trainer_inputs import build_trainer_args
 
     monkeypatch.setattr(ictrl.engine.config, "process_count", lambda: processes)
     args = build_trainer_args(load_config(CONFIGS / "qwen2.5-1.5b/ict.yaml"), "cell", cpu=True)
@@ -314,7 +314,7 @@ def test_process_count_reads_world_size(monkeypatch: pytest.MonkeyPatch) -> None
 
 
 def test_custom_selector_by_module_function(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from ictrl.train_cli.preflight import build_trainer_args
+    from ictrl.train_cli.trainer_inputs import build_trainer_args
     from ictrl.core.selection import SELECTORS
 
     (tmp_path / "my_selectors.py").write_text(
@@ -343,7 +343,7 @@ def test_custom_selector_by_module_function(tmp_path: Path, monkeypatch: pytest.
 
 
 def test_a_file_without_token_selector_is_trls_grpo_and_says_so(tmp_path: Path) -> None:
-    from ictrl.train_cli.preflight import build_trainer_args
+    from ictrl.train_cli.trainer_inputs import build_trainer_args
     from ictrl.engine.model_card import resolved_method
     from ictrl.train_cli.run_config import method_line
 

@@ -168,7 +168,7 @@ def test_cpu_run_of_each_method(method: str, tiny_model_dir: Path, shared_data: 
 @pytest.mark.integration
 def test_cli_runs_a_paper_config(tiny_model_dir: Path, shared_data: Path, tmp_path: Path,
                                  capsys: pytest.CaptureFixture[str]) -> None:
-    from ictrl.train_cli.preflight import _note_cpu
+    from ictrl.train_cli.trainer_inputs import _note_cpu
 
     _note_cpu.cache_clear()  # said once per process: earlier tests in this one may have said it
     out = tmp_path / "out"

@@ -23,9 +23,9 @@ def test_a_quiet_run_prints_one_line_per_logged_step(tiny_model_dir: Path, in_tm
                                                      capsys: pytest.CaptureFixture[str]) -> None:
     """``disable_tqdm: true`` (the TRL file sets it): no bar, and each logged step is one line on the console."""
     from ictrl import cli
-    from ictrl.train_cli import preflight
+    from ictrl.train_cli import trainer_inputs
 
-    preflight._note_processes.cache_clear()  # said once per process: an earlier run in this process said it
+    trainer_inputs._note_processes.cache_clear()  # said once per process: an earlier run in this process said it
 
     config = trl_file(in_tmp, tiny_model_dir, max_steps=2)
     assert cli.main(["train", str(config)]) == 0
@@ -375,7 +375,7 @@ def test_streamed_rows_are_checked_one_by_one(caplog: pytest.LogCaptureFixture) 
 
 
 def test_streaming_an_ictrl_source_or_with_the_wrong_key_is_one_line(tmp_path: Path) -> None:
-    from ictrl.train_cli.preflight import check_trainer_inputs
+    from ictrl.train_cli.trainer_inputs import check_trainer_inputs
     from ictrl.train_cli.run_config import ConfigError, config_from_dict
 
     (tmp_path / "rows.jsonl").write_text('{"prompt": "1+1="}\n')

@@ -147,7 +147,7 @@ def _checked_tasks(args: argparse.Namespace, config: EvalConfig) -> list[Any]:
 
     from ictrl.errors import UserError
     from ictrl.eval.harness import validate_tasks
-    from ictrl.eval.precheck import check_prompt_lengths, check_tokenizer_fits, max_positions
+    from ictrl.eval.tokenizer_checks import check_prompt_lengths, check_tokenizer_fits, max_positions
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(args.model)
@@ -176,7 +176,8 @@ def _warn_no_method(model: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ictrl import preflight
+    from ictrl.hub import check_model
+    from ictrl.option_checks import check_benchmarks
     from ictrl.errors import UserError
     # the cheap checks first: a typo costs a fraction of a second, not a model load
     if args.seeds < 1 or args.seed_start < 0:
@@ -201,8 +202,8 @@ def run(args: argparse.Namespace) -> int:
     if args.output_dir is not None:
         check_output_dir(args.output_dir)
         check_own_files(args.output_dir, OUTPUT_FILES, legacy=earlier_eval)
-    preflight.check_benchmarks(args.benchmarks, data_root=args.data_root)
-    preflight.check_model(args.model)
+    check_benchmarks(args.benchmarks, data_root=args.data_root)
+    check_model(args.model)
     config.model_sha256 = model_identity(args.model)
     from ictrl.eval.generate import BackendUnavailableError, check_backend
 

@@ -394,7 +394,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from ictrl import preflight
+    from ictrl import option_checks
+    from ictrl.hub import check_model
 
     outputs = check_outputs(args)
     name = args.selector if args.selector is not None or args.rollouts is not None else "ict"
@@ -406,14 +407,14 @@ def _run(args: argparse.Namespace) -> int:
     rule = None if name is None else check_selector(name, graded)
     options = None if name is None else flag_options(name, args.ratio, args.scope, graded)
     if args.rollouts is not None:
-        preflight.check_file(args.rollouts, "--rollouts")
+        option_checks.check_file(args.rollouts, "--rollouts")
         rollouts = load_rollouts(args.rollouts)
         meta: dict[str, Any] = {"source": args.rollouts}
     else:
         if args.prompt is None:
             raise ValueError("--prompt is required with --model")
         check_sampling_flags(args)  # with the selector's options, before the model loads
-        preflight.check_model(args.model)
+        check_model(args.model)
         from ictrl.models import check_device, load_model_and_tokenizer
 
         check_device(args.device)

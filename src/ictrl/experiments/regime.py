@@ -248,7 +248,7 @@ def load_prompts(source: str, n: int, seed: int = 0) -> tuple[list[Any], Any]:
     """(problems, how to build a prompt): ``n`` of an embedded task's test questions (drawn with ``seed``), or the
     first ``n`` problems of a benchmark or file with its prompt builder. A source that is no file and no benchmark is
     a task. Raises :class:`UserError` (one line naming ``--prompts``) for an unknown source."""
-    from ictrl import preflight
+    from ictrl import option_checks
     from ictrl.data import BENCHMARKS, load_problems, parse_spec
     from ictrl.experiments.tasks.registry import CHOICES, TASKS, get_task
 
@@ -263,8 +263,8 @@ def load_prompts(source: str, n: int, seed: int = 0) -> tuple[list[Any], Any]:
                 raise
             # A dotted name was meant as a module path: why it did not import (for a bare word, only noise).
             why = f"; importing it: {err.__cause__}" if "." in source or ":" in source else ""
-            known = ", ".join(sorted(BENCHMARKS))
-            raise UserError(f"--prompts: unknown source {source!r}{preflight._suggest(head, [*TASKS, *BENCHMARKS])} "
+            known, hint = ", ".join(sorted(BENCHMARKS)), option_checks.did_you_mean(head, [*TASKS, *BENCHMARKS])
+            raise UserError(f"--prompts: unknown source {source!r}{hint} "
                             f"(a task: {CHOICES}; a benchmark: {known}; or a .jsonl file){why}") from None
         try:
             problems = task.generate_problems(n, "test", task.DEFAULT_DIFFICULTY, seed=seed)
@@ -272,8 +272,8 @@ def load_prompts(source: str, n: int, seed: int = 0) -> tuple[list[Any], Any]:
             raise UserError(f"--prompts {source}: {exc}") from None
         return problems, None
     if is_file:
-        preflight.check_file(source, "--prompts")
-    preflight.check_benchmarks([spec], option="--prompts")
+        option_checks.check_file(source, "--prompts")
+    option_checks.check_benchmarks([spec], option="--prompts")
     try:
         problems = load_problems(spec, limit=n)
     except ValueError as exc:
@@ -369,10 +369,10 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    from ictrl import preflight
     from ictrl.experiments.reports import regime_report
     from ictrl.experiments.tasks.registry import get_task
     from ictrl.files import check_output_dir
+    from ictrl.hub import check_model
 
     check_args(args)
     check_output_dir(args.output_dir)
@@ -380,7 +380,7 @@ def run(args: argparse.Namespace) -> int:
     if args.max_new_tokens is None:
         task = get_task(args.prompts) if bench is None else None  # bench None: the prompts are a task's
         args.max_new_tokens = int(task.max_new_tokens(task.DEFAULT_DIFFICULTY)) if task is not None else 512
-    preflight.check_model(args.model)
+    check_model(args.model)
     from ictrl.data import build_prompt
     from ictrl.models import load_model_and_tokenizer
 

@@ -31,7 +31,7 @@ from ictrl.train_cli.launch import Launch, LaunchError
 from ictrl.train_cli.run_guard import MODE_FLAGS, NO_OP_FLAG, OVERWRITE_FLAG
 from ictrl.train_cli.run_inputs import ACCEPT_CHANGED_FLAG
 
-RESUME_FLAGS = ("--resume-inexact", "--resume-new-schedule")  # resume_check's INEXACT_FLAG, NEW_SCHEDULE_FLAG
+RESUME_FLAGS = ("--resume-inexact", "--resume-new-schedule")  # exact_resume's INEXACT_FLAG, NEW_SCHEDULE_FLAG
 FLAGS = ("--resume", "--resume=auto", "--print-config", ACCEPT_CHANGED_FLAG, *MODE_FLAGS, *RESUME_FLAGS)
 USAGE = ("ictrl train (CONFIG.yaml | --config CONFIG.yaml) [--KEY=VALUE | --KEY VALUE ...] [--resume] [--print-config]"
          f" [{OVERWRITE_FLAG}] [{NO_OP_FLAG}]"
@@ -250,7 +250,7 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(parsed.problem)
         cfg = load_config(config, parsed.overrides)
         cfg.modes = frozenset(flags & {*MODE_FLAGS, *RESUME_FLAGS})
-        from ictrl.train_cli.preflight import preflight
+        from ictrl.train_cli.trainer_inputs import build_trainer_inputs
         from ictrl.train_cli.process_group import process_group_left
         from ictrl.train_cli.run import train
 
@@ -268,8 +268,8 @@ def run(args: argparse.Namespace) -> int:
         with process_group_left():
             if "--print-config" in flags:
                 # every value checked before it is shown, for the processes the run will have
-                checked = preflight(cfg, config, set_by_flag, values_only=True,
-                                    processes=launch.total_processes() if launch.requested() else None)
+                checked = build_trainer_inputs(cfg, config, set_by_flag, values_only=True,
+                                               processes=launch.total_processes() if launch.requested() else None)
                 # less its secrets, as config.yaml is: a printed file is kept and shared as one
                 sys.stdout.write(yaml.safe_dump(without_secrets(config_to_dict(cfg)), sort_keys=False))
                 sys.stdout.write(_method_comment(cfg, checked.args))

@@ -1,7 +1,7 @@
 """``ictrl train CONFIG --num-processes N [--accelerate-config FILE] [--main-process-port PORT]``: the launch
 from ictrl's own process, as TRL's ``trl grpo --num_processes N`` does it.
 
-The parent checks the whole config for an ``N``-process run first (``ictrl.train_cli.preflight``: no model loaded,
+The parent checks the whole config for an ``N``-process run first (``ictrl.train_cli.trainer_inputs``: no model loaded,
 no device touched), so a mistake is one line and exit status 2 before any process starts. Then it
 calls accelerate's launcher (``accelerate.commands.launch.launch_command``) with ``-m ictrl train`` and the same
 arguments minus these flags. A process that fails has already said why (rank 0's one line for an ictrl error, its
@@ -213,7 +213,7 @@ def check_and_launch(cfg: Any, launch: Launch, child_argv: list[str], resume: bo
     """``ictrl train ... --num-processes N``: refuse a launch from inside a launched process, check the config
     for ``N`` processes (a ``ConfigError`` / ``DataError`` propagates: one line, exit status 2, nothing started),
     then :func:`run_launch`."""
-    from ictrl.train_cli.preflight import check_before_launch
+    from ictrl.train_cli.trainer_inputs import check_before_launch
 
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 or "LOCAL_RANK" in os.environ:
         raise LaunchError("--num-processes / --accelerate-config: this process was already started by a launcher "

@@ -1,7 +1,7 @@
 """``ictrl train``'s body: run config -> checked trainer arguments, rewards, data -> model -> ICTGRPOTrainer.train().
 
-Everything that can be wrong with the config is checked by ``ictrl.train_cli.preflight`` before the lock is taken,
-and the model's files and every training row (``preflight.check_inputs``) before the model loads.
+Everything that can be wrong with the config is checked by ``ictrl.train_cli.trainer_inputs`` before the lock is
+taken, and the model's files and every training row (``trainer_inputs.check_inputs``) before the model loads.
 
 Checkpoints and resume: ``ictrl.engine.resumable`` (the trainer hooks) and ``ictrl.checkpoints`` (the files).
 """
@@ -22,12 +22,13 @@ from ictrl.checkpoints import (RUN_FILES, STAGING_PREFIX, clear_staging, finishe
 from ictrl.cliargs import VERBOSE_ENV, env_flag
 from ictrl.core.selection import selector_identity
 from ictrl.engine.resumable import resume_point, save_final, verified_checkpoints
-from ictrl.train_cli.resume_check import INEXACT_FLAG, NEW_SCHEDULE_FLAG, check_exact, check_unchanged
+from ictrl.train_cli.exact_resume import INEXACT_FLAG, NEW_SCHEDULE_FLAG, check_exact, check_unchanged
 from ictrl.errors import ConfigError, Terminated, UserError
 from ictrl.files import claim_files, reported_write, without_secrets
 from ictrl.engine.reward_policy import RewardAbandoned, RunStop
 from ictrl.train_cli.output_dir import earlier_run, existing_checkpoints, forget_previous_run
-from ictrl.train_cli.preflight import Checked, check_inputs, preflight, train_rows, trainer_classes
+from ictrl.train_cli.trainer_inputs import (TrainerInputs, build_trainer_inputs, check_inputs, train_rows,
+                                            trainer_classes)
 from ictrl.train_cli.process_group import answered_once
 from ictrl.train_cli.run_config import RunConfig, config_to_dict, save_config
 from ictrl.train_cli.run_guard import (OVERWRITE_FLAG, RunLock, StopRequest, add_stop_callback, note_short_run,
@@ -152,7 +153,7 @@ def train(cfg: RunConfig, resume: bool | str = False, source: str = "<config>",
           callbacks: list[Any] | None = None, resume_command: str | None = None,
           flags: dict[str, Any] | None = None, command: str | None = None,
           accept_changed_inputs: bool = False) -> TrainResult:
-    """Run ``ictrl train``. Config errors surface before the model loads (``ictrl.train_cli.preflight``); the run
+    """Run ``ictrl train``. Config errors surface before the model loads (``ictrl.train_cli.trainer_inputs``); the run
     holds ``output_dir``'s lock (:class:`ictrl.train_cli.run_guard.RunLock`) from before it reads a checkpoint there
     until it returns. Ctrl-C raises :class:`ictrl.errors.Interrupted` naming the step, the last checkpoint and
     ``resume_command``; SIGTERM stops at the end of the generation batch with a checkpoint
@@ -162,7 +163,7 @@ def train(cfg: RunConfig, resume: bool | str = False, source: str = "<config>",
     from ictrl.train_cli.run_config import method_line
 
     log.info(method_line(cfg, source))
-    checked = preflight(cfg, source, flags)
+    checked = build_trainer_inputs(cfg, source, flags)
     out = Path(checked.args.output_dir)  # absolute, checked (output_dir.checked_output_dir): the lock's folder
     stop = StopRequest()
     try:
@@ -192,7 +193,7 @@ def check_resume(cfg: RunConfig, checkpoint: Path, args: Any, source: str = "<co
                     new_schedule=NEW_SCHEDULE_FLAG in cfg.modes, checkpoint=checkpoint)
 
 
-def _train_locked(cfg: RunConfig, checked: Checked, resume: bool | str, source: str, callbacks: list[Any] | None,
+def _train_locked(cfg: RunConfig, checked: TrainerInputs, resume: bool | str, source: str, callbacks: list[Any] | None,
                   resume_command: str | None, stop: Any, command: str | None = None,
                   accept: str | None = None) -> TrainResult:
     args, reward_funcs = checked.args, checked.reward_funcs
@@ -222,7 +223,7 @@ def _train_locked(cfg: RunConfig, checked: Checked, resume: bool | str, source: 
     model, tokenizer = _model_and_tokenizer(cfg, checked.init_kwargs, tokenizer.chat_template)
     with reported_write(out, lambda: rerun_advice(out)):
         out.mkdir(parents=True, exist_ok=True)
-        # checked in preflight: ictrl's own (an older ictrl's checkpoints, unlisted until now, listed here too)
+        # checked before the lock: ictrl's own (an older ictrl's checkpoints, unlisted until now, listed here too)
         claim_files(out, [*RUN_FILES, *(p.name for p in own_checkpoints(out, earlier_run))])
         save_config(cfg, out / "config.yaml")
         write_run_labels(out, args, cfg.method_from, inputs)

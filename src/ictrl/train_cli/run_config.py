@@ -172,7 +172,7 @@ class ModelConfig(trl.ModelConfig):
 @dataclass
 class RunConfig:
     """A parsed run config: TRL's three argument dataclasses, the trainer's as the keys given (``trainer``:
-    ``ICTGRPOConfig`` is built from them by :func:`ictrl.train_cli.preflight.build_trainer_args`, which needs the
+    ``ICTGRPOConfig`` is built from them by :func:`ictrl.train_cli.trainer_inputs.build_trainer_args`, which needs the
     process count), and the keys set by command-line flags (``flags``: key -> the value read, as text), which errors
     blame."""
 

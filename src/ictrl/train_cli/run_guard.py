@@ -232,7 +232,7 @@ def run_failure(exc: BaseException, out: Path, step: int, resume_command: str | 
         return UserError(f"{message}; {stopped(out, step, resume_command, what='stopped')}")
     if isinstance(exc, (ValueError, RuntimeError)) and DIVERGED.search(message):
         kept = stopped(out, step, None, what="stopped")
-        # a resume is exact and keeps learning_rate (train_cli.resume_check.check_unchanged): it would diverge again
+        # a resume is exact and keeps learning_rate (train_cli.exact_resume.check_unchanged): it would diverge again
         again = f" (`{resume_command}` would repeat the same steps: a resume keeps learning_rate)" \
             if resume_command and complete_checkpoints(out) else ""
         return UserError(f"training diverged: loss/log-probs not finite at step {step + 1} ({shorten(message, 200)}): "

@@ -80,7 +80,7 @@ def add_overlong_penalty(cfg: RunConfig, args: Any, reward_funcs: list[Callable[
     """Append DAPO's soft overlong punishment (``trl.rewards.get_soft_overlong_punishment`` over
     ``max_completion_length`` with ``overlong_buffer_length``) after the verifier rewards, with weight
     ``overlong_penalty_factor`` appended to ``args.reward_weights`` (all 1 before it when unset; one per reward
-    function: ``ictrl.train_cli.preflight`` checks the count first)."""
+    function: ``ictrl.train_cli.trainer_inputs`` checks the count first)."""
     buffer = cfg.script.overlong_buffer_length
     if buffer is None:
         return
@@ -210,7 +210,7 @@ def _split(loaded: Any, name: str, key: str, split: str) -> Any:
 
 def eval_rows(cfg: RunConfig, args: Any) -> Any:
     """``trl grpo``'s ``eval_dataset``: the ``dataset_test_split`` of the data it reads when ``eval_strategy`` is
-    not ``no`` (``preflight.check_trainer_inputs`` refuses it for ictrl.data sources), else None."""
+    not ``no`` (``trainer_inputs.check_trainer_inputs`` refuses it for ictrl.data sources), else None."""
     if getattr(args.eval_strategy, "value", args.eval_strategy) == "no":
         return None
     return _split(*_load_trl_splits(cfg.script, cfg.seed), "dataset_test_split", cfg.script.dataset_test_split)
@@ -273,7 +273,7 @@ def drop_long_prompts(dataset: Any, tokenizer: Any, limit: int | None, max_posit
     ``max_positions`` beside ``completion_length`` tokens is an error naming its row, led by ``source`` (the config
     file) and the data it came from (``data``, the ``dataset_name`` value)."""
     from ictrl.errors import DataError
-    from ictrl.eval.precheck import longest_token
+    from ictrl.eval.tokenizer_checks import longest_token
     from ictrl.train_cli.trl_data import prompt_text
 
     room = max_positions - completion_length if limit is None and max_positions is not None else None
@@ -320,7 +320,7 @@ def check_enough_rows(dataset: Any, args: Any, source: str = "<config>") -> None
     from datasets import IterableDataset
 
     prompts = args.generation_batch_size // args.num_generations
-    if isinstance(dataset, IterableDataset):  # a stream's length is max_steps' (preflight.check_trainer_inputs)
+    if isinstance(dataset, IterableDataset):  # a stream's length is max_steps' (trainer_inputs.check_trainer_inputs)
         return
     if len(dataset) == 0:
         raise DataError(f"{source}: dataset_name: no training rows left (check dataset_limit and max_prompt_length)")

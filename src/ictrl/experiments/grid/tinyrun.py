@@ -144,7 +144,7 @@ def train_tiny(settings: TinyRL, base: Path, spec: RunSpec, run_dir: Path,
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
     from ictrl.train_cli.callbacks import MetricsJSONL
-    from ictrl.train_cli.preflight import build_trainer_args, trainer_classes
+    from ictrl.train_cli.trainer_inputs import build_trainer_args, trainer_classes
     from ictrl.files import load_metrics
     from ictrl.experiments.tasks.registry import get_task
     from ictrl.experiments.tasks.tinymodel import load_tiny_base

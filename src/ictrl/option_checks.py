@@ -1,4 +1,5 @@
-"""Checks every command runs first, before torch, transformers or a model loads.
+"""The checks of the options every command shares (benchmark names, a file), run first, before torch, transformers
+or a model loads; a model id or folder is ``ictrl.hub.check_model``'s.
 
 Each check raises a :class:`ictrl.errors.UserError` whose message is one line naming the option, file or field
 that is wrong; ``ictrl.cli.main`` prints it and exits 2. Nothing here imports torch or transformers: a mistake
@@ -13,13 +14,11 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from ictrl.errors import DataError, UserError
-from ictrl.hub import check_model, hub_reachable, in_hub_cache, why_unreachable
-
-# the model checks every command runs, re-exported beside the commands' other checks (``ictrl.hub`` holds them)
-__all__ = ["check_model", "check_benchmarks", "check_file", "hub_reachable", "why_unreachable"]
+from ictrl.hub import hub_reachable, in_hub_cache, why_unreachable
 
 
-def _suggest(name: str, choices: Iterable[str]) -> str:
+def did_you_mean(name: str, choices: Iterable[str]) -> str:
+    """``; did you mean 'X'?`` for the closest of ``choices`` to ``name``, else ''."""
     close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.6)
     return f"; did you mean {close[0]!r}?" if close else ""
 
@@ -36,7 +35,7 @@ def check_benchmarks(names: Sequence[str], data_root: str | os.PathLike[str] | N
     for name in names:
         head = name.split(":", 1)[0]
         if head != "jsonl" and head not in BENCHMARKS:
-            raise UserError(f"{option}: unknown benchmark {head!r}{_suggest(head, BENCHMARKS)} "
+            raise UserError(f"{option}: unknown benchmark {head!r}{did_you_mean(head, BENCHMARKS)} "
                             f"(known: {', '.join(sorted(BENCHMARKS))}, or jsonl:PATH)")
         try:
             bench, path = parse_spec(name)

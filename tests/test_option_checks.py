@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ictrl import hub, preflight
+from ictrl import hub, option_checks
 from ictrl.engine import config_fields
 from ictrl.cli import main
 from ictrl.errors import MissingExtraError, ModelNotFoundError, UserError, one_line
@@ -65,19 +65,19 @@ def test_hub_id_in_the_cache_passes_offline(monkeypatch: pytest.MonkeyPatch, off
     from huggingface_hub import constants
 
     (Path(constants.HF_HUB_CACHE) / "models--Qwen--Qwen2.5-0.5B" / "snapshots" / "abc").mkdir(parents=True)
-    preflight.check_model("Qwen/Qwen2.5-0.5B")
+    hub.check_model("Qwen/Qwen2.5-0.5B")
     with pytest.raises(ModelNotFoundError, match="unreachable"):
         monkeypatch.delenv("HF_HUB_OFFLINE")
         monkeypatch.setattr(hub, "hub_reachable", lambda timeout=3.0: False)
-        preflight.check_model("Qwen/Qwen2.5-1.5B")
+        hub.check_model("Qwen/Qwen2.5-1.5B")
 
 
 def test_a_directory_that_is_not_a_checkpoint(tmp_path: Path) -> None:
     with pytest.raises(ModelNotFoundError, match=r"has no config.json, so it is not a model checkpoint"):
-        preflight.check_model(str(tmp_path))
+        hub.check_model(str(tmp_path))
     (tmp_path / "w.bin").write_bytes(b"")
     with pytest.raises(ModelNotFoundError, match=r"is a file, not a model directory"):
-        preflight.check_model(str(tmp_path / "w.bin"))
+        hub.check_model(str(tmp_path / "w.bin"))
 
 
 def test_eval_unknown_benchmark_suggests_the_closest(
@@ -142,7 +142,7 @@ def test_trackers_list_comma_string_and_missing_extra(monkeypatch: pytest.Monkey
 
 def test_check_file_and_data_errors_are_user_errors(tmp_path: Path) -> None:
     with pytest.raises(UserError, match=r"--x: .*: not a file"):
-        preflight.check_file(tmp_path, "--x")
+        option_checks.check_file(tmp_path, "--x")
     bad = tmp_path / "rows.jsonl"
     bad.write_text(json.dumps({"problem": "a"}) + "\n")
     from ictrl.data import load_problems

@@ -1,19 +1,21 @@
-"""``ictrl train``'s preflight: the checks only the command makes, called from here, before anything heavy loads.
+"""What ``ictrl train`` builds its trainer from, checked before anything heavy loads: the trainer arguments, the
+model's ``from_pretrained`` kwargs, the LoRA config, the reward functions and the training rows
+(:class:`TrainerInputs`), with the checks only the command makes.
 
 Each value's own type, range and choices are checked once, by the field that declares it, when the config is
 built: TRL's parser and ``ScriptArguments`` / ``ModelConfig`` (``ictrl.train_cli.run_config``), ``ICTGRPOConfig``
 (``ictrl.engine.config``, ``ictrl.engine.config_fields``), the same checks a Python user gets. What is left needs
 the command: the machine (fp16 on CPU, vLLM installed, the hub), the processes (a generation batch's memory on each),
 files (reward modules, data sources, the model's files and architecture, every training row), the output directory
-(writable, none of the run's inputs among what it writes, its checkpoints against ``--resume``, no earlier run
-without ``--overwrite``, checkpoints at buffer boundaries), a learning rate that trains (0 only with
-``--allow-no-op``) and what ``ictrl train`` gives the trainer (no eval data).
+(``ictrl.train_cli.output_dir``: writable, none of the run's inputs among what it writes, its checkpoints against
+``--resume``, no earlier run without ``--overwrite``), checkpoints at buffer boundaries, a learning rate that trains
+(0 only with ``--allow-no-op``) and what ``ictrl train`` gives the trainer (no eval data).
 
-:func:`preflight` is the one entry point, in stages: ``--print-config`` stops after the values (no file read but
-the config); ``ictrl.train_cli.run.train`` goes on to the command's checks, then under its lock reads the inputs
-(:func:`check_inputs`) and, once the tokenizer is loaded, keeps the rows that fit (:func:`train_rows`); the parent
-of a launch (:func:`check_before_launch`) makes them all for the processes it is about to start. What needs the
-checkpoint a resume picks (``engine.resumable.resume_point``, ``resume_check.check_unchanged``, ``run_inputs``'
+:func:`build_trainer_inputs` is the one entry point, in stages: ``--print-config`` stops after the values (no file
+read but the config); ``ictrl.train_cli.run.train`` goes on to the command's checks, then under its lock reads the
+inputs (:func:`check_inputs`) and, once the tokenizer is loaded, keeps the rows that fit (:func:`train_rows`); the
+parent of a launch (:func:`check_before_launch`) makes them all for the processes it is about to start. What needs the
+checkpoint a resume picks (``engine.resumable.resume_point``, ``exact_resume.check_unchanged``, ``run_inputs``'
 ``inputs_record``) stays with the run, under its lock. Each failure is one :class:`ConfigError` / ``DataError``
 line naming the file or the flag and the key.
 """
@@ -35,12 +37,11 @@ from ictrl.engine.trl_args import cpu_kernel_problem, launch_precision, run_prec
 from ictrl.errors import quote, shorten
 from ictrl.train_cli import model_init
 from ictrl.train_cli.process_group import answered_once
-from ictrl.train_cli.run_config import ConfigError, RunConfig
 from ictrl.train_cli.output_dir import checked_output_dir, existing_checkpoints, inputs_read
+from ictrl.train_cli.run_config import ConfigError, RunConfig
 from ictrl.train_cli.run_guard import NO_OP_FLAG
 from ictrl.train_cli.run_inputs import (add_overlong_penalty, blame, build_rewards, check_enough_rows, check_sources,
-                                        drop_long_prompts, load_train_dataset, name_the_key,
-                                        trl_dataset)
+                                        drop_long_prompts, load_train_dataset, name_the_key, trl_dataset)
 
 log = logging.getLogger("ictrl.train")
 
@@ -52,7 +53,7 @@ MAX_BATCH_TOKENS = 1 << 25
 
 
 @dataclasses.dataclass
-class Checked:
+class TrainerInputs:
     """What the checks hand the run: the trainer arguments, the model's ``from_pretrained`` kwargs, the LoRA config
     (None without ``use_peft``), the reward functions (empty after ``--print-config``'s values-only checks) and the
     training dataset (when the inputs were read)."""
@@ -64,9 +65,9 @@ class Checked:
     dataset: Any = None
 
 
-def preflight(cfg: RunConfig, source: str = "<config>", flags: dict[str, Any] | None = None, *,
-              processes: int | None = None, cpu: bool | None = None, values_only: bool = False,
-              resume: bool | str | None = None, inputs: bool = False) -> Checked:
+def build_trainer_inputs(cfg: RunConfig, source: str = "<config>", flags: dict[str, Any] | None = None, *,
+                         processes: int | None = None, cpu: bool | None = None, values_only: bool = False,
+                         resume: bool | str | None = None, inputs: bool = False) -> TrainerInputs:
     """``ictrl train``'s checks of ``cfg`` in order, nothing loaded. ``flags``: the command-line overrides by key
     (errors blame the flag that set a key). ``processes``: check for a run on that many (default: this run's);
     ``cpu``: as :func:`build_trainer_args`.
@@ -83,7 +84,7 @@ def preflight(cfg: RunConfig, source: str = "<config>", flags: dict[str, Any] | 
     from ictrl.engine.config import planned_processes
 
     with planned_processes(processes) if processes is not None else contextlib.nullcontext():
-        checked = Checked(trainer_args(cfg, source, flags, cpu), model_init.load_kwargs(cfg, source))
+        checked = TrainerInputs(trainer_args(cfg, source, flags, cpu), model_init.load_kwargs(cfg, source))
     check_trains(cfg, checked.args, source, flags)
     if values_only:
         return checked
@@ -117,7 +118,7 @@ def check_before_launch(cfg: RunConfig, processes: int, resume: bool | str = Fal
     quiet = log.level
     log.setLevel(logging.ERROR)  # the CPU note and warnings are the processes' to log, once, from rank 0
     try:
-        preflight(cfg, source, flags, processes=processes, cpu=True, resume=resume, inputs=True)
+        build_trainer_inputs(cfg, source, flags, processes=processes, cpu=True, resume=resume, inputs=True)
     finally:
         log.setLevel(quiet)
 
@@ -274,7 +275,7 @@ def check_trainer_inputs(args: Any, source: str = "<config>", flags: dict[str, A
     ``dataset_test_split`` of a dataset directory, hub id, data file or ``datasets`` mixture; an ictrl.data source
     has none), the hub for ``push_to_hub``."""
     from ictrl import data
-    from ictrl import preflight as shared
+    from ictrl.hub import hub_reachable, why_unreachable
 
     for i, spec in enumerate(args.eval_benchmarks or []):  # the library keeps the names; the command resolves them
         try:
@@ -301,8 +302,8 @@ def check_trainer_inputs(args: Any, source: str = "<config>", flags: dict[str, A
         if args.max_steps <= 0:
             raise ConfigError(f"{blame('max_steps', source, flags)}: max_steps: a streamed dataset has no length, so "
                               f"the run's length is max_steps (TRL requires it too): set max_steps with {key}")
-    if args.push_to_hub and not shared.hub_reachable():
-        raise ConfigError(f"{blame('push_to_hub', source, flags)}: push_to_hub: {shared.why_unreachable()}; "
+    if args.push_to_hub and not hub_reachable():
+        raise ConfigError(f"{blame('push_to_hub', source, flags)}: push_to_hub: {why_unreachable()}; "
                           "push the final model later with `hf upload`")
 
 
@@ -325,9 +326,9 @@ def check_reward_weights(cfg: RunConfig, args: Any, rewards: int, source: str = 
 def check_inputs(cfg: RunConfig, init_kwargs: dict[str, Any], source: str = "<config>") -> Any:
     """The model path and its files, its context and architecture options (no weights read), then every training
     row: returns the training dataset (``run_inputs.load_train_dataset``)."""
-    from ictrl import preflight as shared
+    from ictrl.hub import check_model
 
-    shared.check_model(cfg.model.model_name_or_path, "model_name_or_path", bool(init_kwargs.get("trust_remote_code")))
+    check_model(cfg.model.model_name_or_path, "model_name_or_path", bool(init_kwargs.get("trust_remote_code")))
     damaged = answered_once(lambda: check_weights(cfg.model.model_name_or_path), f"{source}: model_name_or_path",
                             per_node=True)
     if damaged is not None:
