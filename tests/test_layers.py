@@ -254,10 +254,9 @@ def test_every_name_imported_from_ictrl_or_studies_exists() -> None:
 
 # A command module's entry points (ictrl.cli imports each command's module by name): the same names by design.
 COMMAND_PROTOCOL = {"add_arguments", "run"}
-# Public names defined in two modules today; keep it shrinking: a name here is not two things to a reader only by
-# the import it came through.
-SHARED_NAMES_ALLOWED = {"check_output_dir", "check_resumable", "format_markdown", "load_mixture", "max_new_tokens",
-                        "response_mask", "stopped", "summarize", "write"}
+# Public names defined in two modules: none; a name here would be two things to a reader only by the import it came
+# through.
+SHARED_NAMES_ALLOWED: set[str] = set()
 
 
 def test_a_public_name_is_defined_in_one_module() -> None:

@@ -100,9 +100,9 @@ def test_one_pair_has_no_interval_and_one_seed_no_std(tmp_path: Path) -> None:
     d = {x["baseline"]: x for x in table["differences"]}
     assert d["grpo"]["seeds"] == [0] and math.isnan(d["grpo"]["ci_low"][0])
     assert d["stapo"]["seeds"] == []
-    from ictrl.eval.table import format_html, format_markdown
+    from ictrl.eval.table import format_html, table_markdown
 
-    md = format_markdown(table)
+    md = table_markdown(table)
     assert "| ict − stapo | 0 | no shared training seed |" in md
     assert "| ict − grpo | 1 | +5.00 |" in md  # a/P@1: 0.15 − 0.10, no interval from one pair
     assert " ± " not in md.split("\n\n")[1]  # one seed per method: no spread

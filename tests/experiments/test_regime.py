@@ -128,7 +128,7 @@ def test_intervals_over_prompts_match_scipy_and_leave_identical_groups_out() -> 
     recs = [{"divergence": 1, "tokens": 10, "responses": 2, **{k: float(v) for k, v in zip(keys, row)}}
             for row in rng.uniform(size=(6, 2))]
     recs.append({"divergence": None, "tokens": 4, "responses": 2, "pi/ict": 99.0, "pi/random10": 99.0})
-    summ = regime.summarize(recs)
+    summ = regime.summarize_regime(recs)
     assert summ["prompts"] == 7 and summ["identical_groups"] == 1 and summ["pi/ict"]["n"] == 6
     assert summ["pi/ict"]["mean"] == pytest.approx(np.mean([r["pi/ict"] for r in recs[:6]]), abs=1e-12)
     assert summ["tokens_per_response"]["mean"] == pytest.approx((6 * 5 + 2) / 7)
@@ -194,7 +194,7 @@ def test_a_prompts_numbers_average_its_diverged_groups() -> None:
     assert rec["identical_groups"] == 1 and rec["groups"] == groups
     none = regime.prompt_record(groups[1:2])
     assert none["divergence"] is None and none["pi/ict"] is None
-    summ = regime.summarize([{"id": 0, **rec}, {"id": 1, **none}])
+    summ = regime.summarize_regime([{"id": 0, **rec}, {"id": 1, **none}])
     assert summ["groups"] == 4 and summ["identical_groups"] == 2 and summ["pi/ict"]["n"] == 1
 
 

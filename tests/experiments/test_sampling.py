@@ -6,15 +6,15 @@ from types import SimpleNamespace
 
 import torch
 
-from ictrl.experiments.sampling import eos_ids, response_mask
+from ictrl.experiments.sampling import eos_ids, until_end_mask
 
 
 def test_response_mask_stops_after_first_eos() -> None:
     resp = torch.tensor([[5, 9, 7, 9], [5, 6, 7, 8], [9, 9, 9, 9]])
-    assert response_mask(resp, [9]).tolist() == [
+    assert until_end_mask(resp, [9]).tolist() == [
         [True, True, False, False], [True, True, True, True], [True, False, False, False]]
     end = torch.tensor([[5, 0, 7, 7], [5, 9, 9, 9]])  # either end token ends a row
-    assert response_mask(end, [0, 9]).tolist() == [[True, True, False, False], [True, True, False, False]]
+    assert until_end_mask(end, [0, 9]).tolist() == [[True, True, False, False], [True, True, False, False]]
 
 
 def test_the_end_tokens_are_the_generation_configs_and_the_tokenizers() -> None:

@@ -18,7 +18,7 @@ from ictrl.errors import Terminated, sigterm_raises
 from ictrl.dirlock import OutputLock
 from ictrl.files import check_output_dir, check_own_files, claim_files, reported_write
 from ictrl.eval.harness import (RESULTS_JSON, RESULTS_MD, SAMPLES_FILE, SETTINGS_FILE, EvalConfig,
-                                ResumeMismatchError, benchmark_tasks, check_resumable, evaluate)
+                                ResumeMismatchError, benchmark_tasks, check_saved_run, evaluate)
 from ictrl.eval.samples import unfinished
 
 # what `ictrl eval` writes at the top of --output-dir (besides lm-evaluation-harness's dated files in a folder named
@@ -127,7 +127,7 @@ def model_identity(model: str) -> str | None:
     return weights_digest(model)
 
 
-def stopped(output_dir: Path | None, stop: BaseException) -> Exception:
+def stopped_evaluation(output_dir: Path | None, stop: BaseException) -> Exception:
     """The one line of an evaluation stopped by SIGTERM or Ctrl-C: what is kept and how to go on."""
     from ictrl.errors import Interrupted, Terminated
 
@@ -220,7 +220,7 @@ def run(args: argparse.Namespace) -> int:
         check_own_files(args.output_dir, OUTPUT_FILES, legacy=earlier_eval)  # as it is now the lock is held
         claim_files(args.output_dir, OUTPUT_FILES)
         try:  # the rows a resume reads, and its settings, before the weights load
-            check_resumable(args.output_dir, config, tasks)
+            check_saved_run(args.output_dir, config, tasks)
         except ValueError as err:
             kind = "settings mismatch: " if isinstance(err, ResumeMismatchError) else ""
             raise UserError(f"{kind}{err}") from err
@@ -253,7 +253,7 @@ def _evaluate(args: argparse.Namespace, config: EvalConfig, tasks: list[Any], lo
         with sigterm_raises(), reported_write(args.output_dir or "."):
             result = evaluate(tasks, backend, config, output_dir=args.output_dir, progress=not args.no_progress)
     except (Terminated, KeyboardInterrupt) as stop:
-        raise stopped(args.output_dir, stop) from None
+        raise stopped_evaluation(args.output_dir, stop) from None
     except UserError:
         raise
     except (ValueError, BackendUnavailableError) as err:

@@ -262,7 +262,7 @@ def _progress_bar(progress: bool) -> Any:
     )
 
 
-def check_resumable(output_dir: str | os.PathLike[str], config: EvalConfig, tasks: Sequence[EvalTask]) -> None:
+def check_saved_run(output_dir: str | os.PathLike[str], config: EvalConfig, tasks: Sequence[EvalTask]) -> None:
     """What :func:`evaluate` checks of ``output_dir`` before it samples (its settings against ``config``, every
     stored row readable), for a caller to run before the model loads; raises as :func:`evaluate` would. A folder
     with no settings yet is left as it is: a model that then fails to load leaves no settings to hold a rerun to."""

@@ -320,7 +320,7 @@ def setup_lines(table: dict[str, Any]) -> list[str]:
     return lines
 
 
-def format_markdown(table: dict[str, Any]) -> str:
+def table_markdown(table: dict[str, Any]) -> str:
     method_rows, diff_rows, best = _cells(table)
     head = ["Method", "Seeds"] + [f"{c['group']} {c['label']}" if c["group"] != "Total" else "Total"
                                   for c in table["columns"]]
@@ -383,7 +383,7 @@ def write_table(table: dict[str, Any], output_dir: Path) -> list[Path]:
     """``table.md``, ``table.json`` and ``table.html`` in ``output_dir``, each written atomically."""
     output_dir.mkdir(parents=True, exist_ok=True)
     paths = [output_dir / TABLE_MD, output_dir / TABLE_JSON, output_dir / TABLE_HTML]
-    atomic_write_text(paths[0], format_markdown(table))
+    atomic_write_text(paths[0], table_markdown(table))
     atomic_write_text(paths[1], json.dumps(_json_safe(table), indent=1, ensure_ascii=False) + "\n")
     atomic_write_text(paths[2], format_html(table))
     return paths
@@ -422,7 +422,7 @@ def run(args: argparse.Namespace) -> int:
     runs = [load_run(p) for p in find_results(args.runs)]
     table = build_table(runs, target=args.target, methods=args.methods, benchmarks=args.benchmarks,
                         ks=[str(k) for k in args.k] if args.k else None, ci=args.ci)
-    print(format_markdown(table), end="")
+    print(table_markdown(table), end="")
     if args.output_dir is not None:
         with reported_write(args.output_dir, "nothing else was written"):
             claim_files(args.output_dir, names)

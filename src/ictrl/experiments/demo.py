@@ -25,7 +25,7 @@ from ictrl.experiments.tasks.tinymodel import (
     TinyRecipe,
     build_tiny_base,
     load_tiny_base,
-    max_new_tokens,
+    task_max_new_tokens,
 )
 from ictrl.core.selection import get_selector, method_names
 
@@ -98,7 +98,7 @@ def _evaluate(model: Any, tokenizer: Any, problems: list[Problem], n: int, seed:
 
     task = tinytask.eval_task(problems)
     difficulty = tuple({p.meta["difficulty"] for p in problems})
-    config = EvalConfig(model="tiny", n=n, ks=(1, 4), max_new_tokens=max_new_tokens(difficulty), temperature=1.0,
+    config = EvalConfig(model="tiny", n=n, ks=(1, 4), max_new_tokens=task_max_new_tokens(difficulty), temperature=1.0,
                         top_p=1.0, seeds=(seed,), chunk_size=64, n_bootstrap=200)
     result = evaluate([task], HFBackend(model, tokenizer, batch_size=256), config, progress=False)
     stats = result.summary["benchmarks"][tinytask.TASK_NAME]["pass_at_k"]
@@ -144,7 +144,7 @@ def _make_trainer(args: argparse.Namespace, model: Any, tokenizer: Any, recipe: 
 
     dataset = tinytask.train_dataset(plan["prompts"], plan["steps"], recipe.difficulty, seed=args.seed)
     trainer_args = _trainer_args(args.method, out / "rl", args.seed, plan["steps"], plan["lr"], plan["prompts"],
-                                 plan["generations"], max_new_tokens(recipe.difficulty))
+                                 plan["generations"], task_max_new_tokens(recipe.difficulty))
     tokenizer.padding_side = "left"
     trainer = ICTGRPOTrainer(model=model, reward_funcs=[tinytask.tinyarith_reward], args=trainer_args,
                              train_dataset=dataset, processing_class=tokenizer)
@@ -221,5 +221,5 @@ def _run(args: argparse.Namespace) -> int:
     example = test[0]
     print(f"the trained model is in {out / 'model'}; see which tokens {args.method} trains on:\n  ictrl inspect "
           f"--model {out / 'model'} --prompt '{example.question}' --answer={example.gold} "
-          f"--max-new-tokens {max_new_tokens(recipe.difficulty)} --selector {args.method}")
+          f"--max-new-tokens {task_max_new_tokens(recipe.difficulty)} --selector {args.method}")
     return 0

@@ -186,7 +186,7 @@ def mean_ci(values: Sequence[float], confidence: float = CONFIDENCE,
     return {"mean": m, "lo": lo, "hi": hi, "n": n}
 
 
-def summarize(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+def summarize_regime(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Every numeric field's mean and t-interval over the prompts whose groups diverged (one at least)."""
     diverged = [r for r in records if r["divergence"] is not None]
     keys = [k for k in records[0] if "/" in k] if records else []
@@ -399,11 +399,11 @@ def run(args: argparse.Namespace) -> int:
                 groups.append(score_prompt(model, tokenizer, prompt, i, args, seed))
                 bar.advance(task)
             records.append({"id": problem.id, **prompt_record(groups)})
-    summary = summarize(records)
+    summary = summarize_regime(records)
     result = {"settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
               "selections": selection_labels(), "pairs": pairs(), "summary": summary, "verdict": verdict(summary),
               "verdict_rule": VERDICT_RULE, "seconds": time.perf_counter() - start, "prompts": records}
-    paths = regime_report.write(args.output_dir, result)
+    paths = regime_report.write_regime_report(args.output_dir, result)
     print(verdict_text(result["verdict"]))
     print(f"wrote {paths['json']} and {paths['html']} ({result['seconds']:.0f} s)")
     return 0

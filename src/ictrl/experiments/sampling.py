@@ -17,7 +17,7 @@ def eos_ids(model: Any, tokenizer: Any) -> list[int]:
     return sorted({*ids, *([tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else [])})
 
 
-def response_mask(response: Any, eos: Sequence[int]) -> Any:
+def until_end_mask(response: Any, eos: Sequence[int]) -> Any:
     """[G, T] bool: positions up to and including each row's first end token (all of a row that never ends)."""
     import torch
 
@@ -74,4 +74,4 @@ def generate_group(
             pad_token_id=tokenizer.pad_token_id,
         )
     response = full[:, prompt_ids.shape[1] :]
-    return prompt_ids, response, response_mask(response, eos_ids(model, tokenizer))
+    return prompt_ids, response, until_end_mask(response, eos_ids(model, tokenizer))

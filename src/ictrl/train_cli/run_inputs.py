@@ -190,10 +190,10 @@ def _load_trl_dataset(script: Any, seed: int) -> Any:
 def _load_trl_splits(script: Any, seed: int) -> tuple[Any, str]:
     """The ``DatasetDict`` of the data ``trl grpo`` reads (the ``datasets`` mixture, its test split drawn from
     ``seed``; a local data file, a folder or hub id), and its name for error lines."""
-    from ictrl.train_cli.trl_data import file_builder, load_file, load_mixture
+    from ictrl.train_cli.trl_data import file_builder, load_file, load_trl_mixture
 
     if script.datasets:
-        return load_mixture(script, seed), "the datasets mixture"
+        return load_trl_mixture(script, seed), "the datasets mixture"
     if file_builder(script.dataset_name) is not None:
         return load_file(script.dataset_name, script), script.dataset_name
     return _load_named(script.dataset_name, script), script.dataset_name

@@ -44,7 +44,7 @@ def load_file(name: str, script: Any) -> Any:
                         f"{shorten(str(exc).splitlines()[0] if str(exc) else '', 300)})") from None
 
 
-def load_mixture(script: Any, seed: int) -> Any:
+def load_trl_mixture(script: Any, seed: int) -> Any:
     """trl grpo's ``get_dataset(DatasetMixtureConfig(datasets, streaming, test_split_size))``: each entry loaded
     by ``datasets.load_dataset`` with its path, name, data_dir, data_files and split, its columns selected, the
     fractions applied, concatenated, split into train and test by ``test_split_size`` with the ``train_test_split``

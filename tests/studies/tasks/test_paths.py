@@ -205,7 +205,7 @@ def ideal_summary(task_name: str, order_error: float, digit_error: float, prompt
                 tokens[g, t], mask[g, t] = vocab.index(ch), True
         st, masks = regime.group_selections(logits, tokens, mask, index=i)
         records.append(regime.group_record(st, masks, tokens, mask))
-    return regime.summarize(records)
+    return regime.summarize_regime(records)
 
 
 def test_the_check_tells_paths_from_tinyarith_on_ideal_bases() -> None:

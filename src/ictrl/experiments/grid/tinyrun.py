@@ -67,7 +67,7 @@ class TinyRL:
 def tiny_run_config(settings: TinyRL, base: Path, spec: RunSpec, run_dir: Path) -> Any:
     """The validated ``RunConfig`` of one embedded-task run (the engine maps it onto ICTGRPOConfig)."""
     from ictrl.train_cli.run_config import config_from_dict, method_config
-    from ictrl.experiments.tasks.tinymodel import max_new_tokens
+    from ictrl.experiments.tasks.tinymodel import task_max_new_tokens
 
     difficulty = _base_difficulty(base)
     batch = settings.prompts_per_step * settings.num_generations
@@ -81,7 +81,7 @@ def tiny_run_config(settings: TinyRL, base: Path, spec: RunSpec, run_dir: Path) 
         "output_dir": str(run_dir),
         **method,
         "num_generations": settings.num_generations, "temperature": settings.temperature,
-        "max_completion_length": max_new_tokens(difficulty, base_task(base)),
+        "max_completion_length": task_max_new_tokens(difficulty, base_task(base)),
         "learning_rate": spec.lr if spec.lr is not None else settings.lr, "lr_scheduler_type": "constant",
         "warmup_steps": settings.lr_warmup_steps, "epsilon": settings.epsilon, "epsilon_high": settings.epsilon_high,
         "beta": 0.0, "num_iterations": settings.num_iterations, "per_device_train_batch_size": batch,
@@ -106,9 +106,9 @@ def base_task(base: Path) -> str:
 
 
 def _max_new(base: Path) -> int:
-    from ictrl.experiments.tasks.tinymodel import max_new_tokens
+    from ictrl.experiments.tasks.tinymodel import task_max_new_tokens
 
-    return max_new_tokens(_base_difficulty(base), base_task(base))
+    return task_max_new_tokens(_base_difficulty(base), base_task(base))
 
 
 def tiny_eval_tasks(settings: TinyRL, base: Path) -> list[Any]:

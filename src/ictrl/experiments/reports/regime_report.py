@@ -94,7 +94,7 @@ def _finite(value: Any) -> Any:
     return value
 
 
-def write(out: str | Path, result: dict[str, Any]) -> dict[str, Path]:
+def write_regime_report(out: str | Path, result: dict[str, Any]) -> dict[str, Path]:
     """``out/regime.json`` and ``out/regime.html`` for a :func:`ictrl.experiments.regime.run` result."""
     out = Path(out)
     path = atomic_write_text(out / "regime.json", json.dumps(_finite(result), indent=1, allow_nan=False) + "\n")

@@ -110,7 +110,7 @@ def cache_root() -> Path:
     return Path(os.environ.get("ICTRL_CACHE_DIR", Path.home() / ".cache" / "ictrl"))
 
 
-def max_new_tokens(difficulty: tuple[int, ...], task: str = "tinyarith") -> int:
+def task_max_new_tokens(difficulty: tuple[int, ...], task: str = "tinyarith") -> int:
     """The completion budget of ``task`` at ``difficulty`` (the task module's ``max_new_tokens``)."""
     return int(get_task(task).max_new_tokens(difficulty))
 
@@ -136,7 +136,7 @@ def sample_correct(
             enc = tokenizer([p.question for p in chunk], return_tensors="pt", padding=True)
             out = model.generate(
                 **enc, do_sample=True, temperature=temperature, top_k=0, top_p=1.0, num_return_sequences=n,
-                max_new_tokens=max_new_tokens(difficulty, task), pad_token_id=tokenizer.pad_token_id,
+                max_new_tokens=task_max_new_tokens(difficulty, task), pad_token_id=tokenizer.pad_token_id,
                 eos_token_id=tokenizer.eos_token_id,
             )
             texts = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
@@ -286,7 +286,7 @@ def export_tiny_model(output_dir: str | os.PathLike[str], recipe: TinyRecipe | N
     else:
         model, tokenizer = load_tiny_base(build_tiny_base(recipe, cache_dir=cache_dir, log=log))
     tokenizer.chat_template = PLAIN_CHAT_TEMPLATE
-    model.generation_config.max_new_tokens = max_new_tokens(recipe.difficulty, recipe.task)
+    model.generation_config.max_new_tokens = task_max_new_tokens(recipe.difficulty, recipe.task)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     rows = get_task(recipe.task).generate_problems(problems, "train", recipe.difficulty, seed=recipe.seed)
