@@ -166,7 +166,7 @@ def test_resume_from_checkpoint_that_cannot_resume_is_one_line(case: str, tiny_m
 
 def test_resume_from_checkpoint_true_is_the_last_checkpoint_in_output_dir(tmp_path: Path) -> None:
     from ictrl.train_cli.run_config import config_from_dict
-    from ictrl.train_cli.run_inputs import named_checkpoint
+    from ictrl.train_cli.output_dir import named_checkpoint
 
     base = {"model_name_or_path": "m", "output_dir": str(tmp_path), "dataset_name": "gsm8k_train"}
     fake_checkpoint(tmp_path / "checkpoint-1", step=1)

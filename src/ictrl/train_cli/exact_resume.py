@@ -82,10 +82,12 @@ def check_unchanged(saved: Path, now: dict[str, Any], args: Any, source: str = "
     if not saved.is_file():
         return
     try:
-        before = _flatten(load_yaml(saved.read_text(), str(saved)) or {})
+        text = saved.read_text()
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{saved}: cannot read the run's config to compare: {str(exc).splitlines()[0]}") from None
-    after = _flatten(load_yaml(yaml.safe_dump(now), "<config>") or {})
+    # both read as YAML, so each value compares as the file holds it (`now` through a dump: 1e-6 as 1.0e-06)
+    written, given = load_yaml(text, str(saved)), load_yaml(yaml.safe_dump(now), "<config>")
+    before, after = _flatten(written or {}), _flatten(given or {})
     changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
     constant = args.lr_scheduler_type in ("constant", "constant_with_warmup") and (
         args.lr_scheduler_type == "constant" or not 0 < float(args.warmup_steps) < 1)

@@ -31,12 +31,10 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 def load_kwargs(cfg: RunConfig, source: str = "<config>") -> dict[str, Any]:
     """The ``from_pretrained`` keyword arguments of the run, merged as ``trl grpo`` merges them, the quantization
-    config made by TRL. Raises :class:`ConfigError` naming the key."""
+    config made by TRL. Raises :class:`ConfigError` naming the key after ``source`` (the config file, or the flag
+    that set :data:`KEY`: ``run_inputs.blame``)."""
     from trl import get_quantization_config
 
-    from ictrl.train_cli.run_inputs import blame
-
-    source = blame(KEY, source, cfg.flags)  # the flag, when one set the key
     raw = cfg.trainer.get(KEY)
     if isinstance(raw, str):  # GRPOConfig takes a JSON string too (TRL's command line)
         try:

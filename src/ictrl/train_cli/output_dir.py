@@ -18,10 +18,10 @@ from typing import Any
 
 from ictrl.checkpoints import (CHECKPOINT_RE, LAST_FILES, MANIFEST, OVERWRITE_FLAG, RUN_FILES, STAGING_PREFIX,
                                complete_checkpoints, foreign_checkpoints)
-from ictrl.errors import ConfigError, quote
+from ictrl.errors import ConfigError, quote, shorten
 from ictrl.files import LOCK_NAME, OWNED_FILE, check_output_dir, check_own_files
 from ictrl.train_cli.run_config import RunConfig
-from ictrl.train_cli.run_inputs import named_checkpoint, trl_dataset
+from ictrl.train_cli.run_inputs import trl_dataset
 
 log = logging.getLogger("ictrl.train")
 
@@ -77,12 +77,48 @@ def inputs_read(cfg: RunConfig, reward_funcs: list[Any], source: str = "<config>
     return found
 
 
+def named_checkpoint(cfg: RunConfig, resume: bool | str, source: str = "<config>") -> tuple[bool | str, Path | None]:
+    """``resume_from_checkpoint`` (TRL's key, as ``trl grpo`` passes it to ``Trainer.train``) beside ictrl's
+    ``--resume`` (``resume``): the ``resume`` the run takes and the checkpoint the key names (None: none named).
+    ``true`` is TRL's "the last checkpoint in output_dir", which is ``--resume``; a path must be a checkpoint
+    folder with a readable trainer state (its files are verified with the resume); a path outside output_dir
+    beside ``--resume`` is refused in one line, since each names a different start."""
+    from ictrl.checkpoints import trainer_state
+
+    value = cfg.trainer.get("resume_from_checkpoint")
+    text = str(value).strip().lower() if value is not None else ""
+    if text in ("", "false", "none", "null"):
+        return resume, None
+    if value is True or text == "true":
+        from ictrl.checkpoints import complete_checkpoints
+
+        if not resume and not complete_checkpoints(cfg.output_dir):  # TRL raises here too; --resume=auto would not
+            raise ConfigError(f"{source}: resume_from_checkpoint: true resumes the last checkpoint in output_dir "
+                              f"{shorten(str(cfg.output_dir), 200)}, which holds none; check the output_dir, or "
+                              "name a checkpoint folder")
+        return (resume or True), None
+    named, out = Path(str(value)).expanduser(), Path(cfg.output_dir).expanduser()
+    key = f"{source}: resume_from_checkpoint: {shorten(str(value), 200)}"
+    if not named.is_dir():
+        raise ConfigError(f"{key}: {'not a folder' if named.exists() else 'does not exist'}; name a checkpoint "
+                          "folder (OUTPUT_DIR/checkpoint-N) or true for the last one in output_dir")
+    try:
+        trainer_state(named)
+    except ValueError:
+        raise ConfigError(f"{key}: not a complete checkpoint (no readable trainer_state.json); name a checkpoint "
+                          "folder (OUTPUT_DIR/checkpoint-N)") from None
+    if resume and named.resolve().parent != out.resolve():
+        raise ConfigError(f"{key}: --resume continues the last checkpoint in output_dir {out}, and "
+                          "resume_from_checkpoint names a checkpoint elsewhere; give one of them")
+    return resume, named
+
+
 def existing_checkpoints(cfg: RunConfig, resume: bool | str, source: str = "<config>") -> list[Path]:
     """The complete checkpoints in ``output_dir``, oldest first; without ``resume`` there must be none (a fresh
     run does not start over another run's checkpoints), with ``resume=True`` there must be one (a misspelt
     output_dir does not train from step 0); ``resume="auto"`` takes either. With none, ``output_dir`` must hold
     no earlier run's model or record either (:func:`previous_run`; ``--overwrite`` allows it).
-    ``resume_from_checkpoint`` counts as ``resume`` (``run_inputs.named_checkpoint``: ``true``, or a checkpoint
+    ``resume_from_checkpoint`` counts as ``resume`` (:func:`named_checkpoint`: ``true``, or a checkpoint
     in output_dir)."""
     resume, named = named_checkpoint(cfg, resume, source)
     out = Path(cfg.output_dir)

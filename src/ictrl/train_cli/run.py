@@ -26,15 +26,14 @@ from ictrl.train_cli.exact_resume import INEXACT_FLAG, NEW_SCHEDULE_FLAG, check_
 from ictrl.errors import ConfigError, Terminated, UserError
 from ictrl.files import claim_files, reported_write, without_secrets
 from ictrl.engine.reward_policy import RewardAbandoned, RunStop
-from ictrl.train_cli.output_dir import earlier_run, existing_checkpoints, forget_previous_run
+from ictrl.train_cli.output_dir import earlier_run, existing_checkpoints, forget_previous_run, named_checkpoint
 from ictrl.train_cli.trainer_inputs import (TrainerInputs, build_trainer_inputs, check_inputs, train_rows,
                                             trainer_classes)
 from ictrl.train_cli.process_group import answered_once
 from ictrl.train_cli.run_config import RunConfig, config_to_dict, save_config
 from ictrl.train_cli.run_guard import (OVERWRITE_FLAG, RunLock, StopRequest, add_stop_callback, note_short_run,
                                        run_failure, stopped)
-from ictrl.train_cli.run_inputs import (ACCEPT_CHANGED_FLAG, eval_rows, input_hashes, inputs_record, named_checkpoint,
-                                       reward_label)
+from ictrl.train_cli.run_inputs import ACCEPT_CHANGED_FLAG, eval_rows, input_hashes, inputs_record, reward_label
 
 log = logging.getLogger("ictrl.train")
 

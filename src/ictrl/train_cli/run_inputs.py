@@ -75,6 +75,19 @@ def build_rewards(cfg: RunConfig, source: str = "<config>", gold_column: str = "
     return out
 
 
+def check_reward_weights(cfg: RunConfig, args: Any, rewards: int, source: str = "<config>",
+                         flags: dict[str, Any] | None = None) -> None:
+    """One ``reward_weights`` entry per reward function (``reward_funcs`` and ``reward_model_name_or_path``, the
+    overlong penalty not counted: its weight is ``overlong_penalty_factor``); TRL's trainer would refuse the
+    count only once the model has loaded."""
+    weights = args.reward_weights
+    if weights is not None and len(weights) != rewards:
+        penalty = "; the overlong penalty's weight is overlong_penalty_factor" \
+            if cfg.script.overlong_buffer_length is not None else ""
+        raise ConfigError(f"{blame('reward_weights', source, flags)}: reward_weights: {len(weights)} weights for "
+                          f"{rewards} rewards (reward_funcs){penalty}")
+
+
 def add_overlong_penalty(cfg: RunConfig, args: Any, reward_funcs: list[Callable[..., Any]],
                          source: str = "<config>") -> None:
     """Append DAPO's soft overlong punishment (``trl.rewards.get_soft_overlong_punishment`` over
@@ -328,45 +341,6 @@ def check_enough_rows(dataset: Any, args: Any, source: str = "<config>") -> None
         raise DataError(f"{source}: dataset_name: {len(dataset)} prompts, fewer than the {prompts} of one generation "
                         f"batch ({args.generation_batch_size} completions / num_generations {args.num_generations}):"
                         " raise dataset_limit or lower the batch")
-
-
-# --- TRL's resume key ----------------------------------------------------------------------------------------------
-
-
-def named_checkpoint(cfg: RunConfig, resume: bool | str, source: str = "<config>") -> tuple[bool | str, Path | None]:
-    """``resume_from_checkpoint`` (TRL's key, as ``trl grpo`` passes it to ``Trainer.train``) beside ictrl's
-    ``--resume`` (``resume``): the ``resume`` the run takes and the checkpoint the key names (None: none named).
-    ``true`` is TRL's "the last checkpoint in output_dir", which is ``--resume``; a path must be a checkpoint
-    folder with a readable trainer state (its files are verified with the resume); a path outside output_dir
-    beside ``--resume`` is refused in one line, since each names a different start."""
-    from ictrl.checkpoints import trainer_state
-
-    value = cfg.trainer.get("resume_from_checkpoint")
-    text = str(value).strip().lower() if value is not None else ""
-    if text in ("", "false", "none", "null"):
-        return resume, None
-    if value is True or text == "true":
-        from ictrl.checkpoints import complete_checkpoints
-
-        if not resume and not complete_checkpoints(cfg.output_dir):  # TRL raises here too; --resume=auto would not
-            raise ConfigError(f"{source}: resume_from_checkpoint: true resumes the last checkpoint in output_dir "
-                              f"{shorten(str(cfg.output_dir), 200)}, which holds none; check the output_dir, or "
-                              "name a checkpoint folder")
-        return (resume or True), None
-    named, out = Path(str(value)).expanduser(), Path(cfg.output_dir).expanduser()
-    key = f"{source}: resume_from_checkpoint: {shorten(str(value), 200)}"
-    if not named.is_dir():
-        raise ConfigError(f"{key}: {'not a folder' if named.exists() else 'does not exist'}; name a checkpoint "
-                          "folder (OUTPUT_DIR/checkpoint-N) or true for the last one in output_dir")
-    try:
-        trainer_state(named)
-    except ValueError:
-        raise ConfigError(f"{key}: not a complete checkpoint (no readable trainer_state.json); name a checkpoint "
-                          "folder (OUTPUT_DIR/checkpoint-N)") from None
-    if resume and named.resolve().parent != out.resolve():
-        raise ConfigError(f"{key}: --resume continues the last checkpoint in output_dir {out}, and "
-                          "resume_from_checkpoint names a checkpoint elsewhere; give one of them")
-    return resume, named
 
 
 # --- what a resumed run must read again --------------------------------------------------------------------------

@@ -40,8 +40,9 @@ from ictrl.train_cli.process_group import answered_once
 from ictrl.train_cli.output_dir import checked_output_dir, existing_checkpoints, inputs_read
 from ictrl.train_cli.run_config import ConfigError, RunConfig
 from ictrl.train_cli.run_guard import NO_OP_FLAG
-from ictrl.train_cli.run_inputs import (add_overlong_penalty, blame, build_rewards, check_enough_rows, check_sources,
-                                        drop_long_prompts, load_train_dataset, name_the_key, trl_dataset)
+from ictrl.train_cli.run_inputs import (add_overlong_penalty, blame, build_rewards, check_enough_rows,
+                                        check_reward_weights, check_sources, drop_long_prompts, load_train_dataset,
+                                        name_the_key, trl_dataset)
 
 log = logging.getLogger("ictrl.train")
 
@@ -84,11 +85,10 @@ def build_trainer_inputs(cfg: RunConfig, source: str = "<config>", flags: dict[s
     from ictrl.engine.config import planned_processes
 
     with planned_processes(processes) if processes is not None else contextlib.nullcontext():
-        checked = TrainerInputs(trainer_args(cfg, source, flags, cpu), model_init.load_kwargs(cfg, source))
-    check_trains(cfg, checked.args, source, flags)
+        args = trainer_args(cfg, source, flags, cpu)
+    checked = TrainerInputs(args, model_init.load_kwargs(cfg, blame(model_init.KEY, source, cfg.flags)))
     if values_only:
         return checked
-    args = checked.args
     checked.lora = model_init.peft_config(cfg, source)
     checked.reward_funcs = build_rewards(cfg, blame("reward_funcs", source, flags))
     check_reward_weights(cfg, args, len(checked.reward_funcs), source, flags)
@@ -210,12 +210,13 @@ def build_trainer_args(cfg: RunConfig, source: str = "<config>", cpu: bool | Non
 
 def trainer_args(cfg: RunConfig, source: str = "<config>", flags: dict[str, Any] | None = None,
                  cpu: bool | None = None) -> Any:
-    """:func:`build_trainer_args`, then what the arguments ask of the command: one generation batch's memory on
-    each of the run's processes (:func:`check_memory`) and checkpoints where the generation buffer is empty
-    (``resumable.check_resumable``)."""
+    """:func:`build_trainer_args`, then what the arguments ask of the command: a learning rate that trains
+    (:func:`check_trains`), one generation batch's memory on each of the run's processes (:func:`check_memory`) and
+    checkpoints where the generation buffer is empty (``resumable.check_resumable``)."""
     from ictrl.engine.config import process_count
 
     args = build_trainer_args(cfg, source, cpu=cpu, flags=flags)
+    check_trains(cfg, args, source, flags)
     try:
         check_memory(args, cfg, source, process_count())
         check_resumable(args, source)
@@ -305,19 +306,6 @@ def check_trainer_inputs(args: Any, source: str = "<config>", flags: dict[str, A
     if args.push_to_hub and not hub_reachable():
         raise ConfigError(f"{blame('push_to_hub', source, flags)}: push_to_hub: {why_unreachable()}; "
                           "push the final model later with `hf upload`")
-
-
-def check_reward_weights(cfg: RunConfig, args: Any, rewards: int, source: str = "<config>",
-                         flags: dict[str, Any] | None = None) -> None:
-    """One ``reward_weights`` entry per reward function (``reward_funcs`` and ``reward_model_name_or_path``, the
-    overlong penalty not counted: its weight is ``overlong_penalty_factor``); TRL's trainer would refuse the
-    count only once the model has loaded."""
-    weights = args.reward_weights
-    if weights is not None and len(weights) != rewards:
-        penalty = "; the overlong penalty's weight is overlong_penalty_factor" \
-            if cfg.script.overlong_buffer_length is not None else ""
-        raise ConfigError(f"{blame('reward_weights', source, flags)}: reward_weights: {len(weights)} weights for "
-                          f"{rewards} rewards (reward_funcs){penalty}")
 
 
 # --- the inputs --------------------------------------------------------------------------------------------------
