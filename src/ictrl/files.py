@@ -165,10 +165,20 @@ def load_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
 # --- the output path every command checks ------------------------------------------------------------------
 
 
-def check_output_dir(path: str | os.PathLike[str], label: str = "--output-dir") -> None:
+def check_output_dir(path: str | os.PathLike[str], label: str = "--output-dir", writes: Iterable[str] = (),
+                     legacy: Callable[[Path], bool] | None = None) -> None:
     """``path`` is, or can be made, a writable directory: not an existing file, not under a file, not in a
-    directory this process cannot write. Every command that writes a directory of results calls it with its
-    other argument checks, before anything loads; :class:`ictrl.errors.UserError` names ``label``."""
+    directory this process cannot write; and of ``writes`` (the names the command writes there) none is a file
+    ictrl did not write (:func:`check_own_files`, with ``legacy``). Every command that writes a directory of results
+    calls it with its other argument checks, before anything loads; :class:`ictrl.errors.UserError` names
+    ``label``."""
+    _check_writable(path, label)
+    names = list(writes)
+    if names:
+        check_own_files(path, names, label, legacy)
+
+
+def _check_writable(path: str | os.PathLike[str], label: str) -> None:
     from ictrl.errors import UserError, quote
 
     out = Path(path).expanduser()
@@ -290,16 +300,15 @@ def check_own_files(out: str | os.PathLike[str], names: Iterable[str], label: st
 
 def check_output_file(path: str | os.PathLike[str], label: str,
                       legacy: Callable[[Path], bool] | None = None) -> Path:
-    """A file a command writes where its user named it (``--out FILE``): its folder writable
-    (:func:`check_output_dir`) and no file there under its name that ictrl did not write (:func:`check_own_files`).
+    """A file a command writes where its user named it (``--out FILE``): its folder writable and no file there
+    under its name that ictrl did not write (:func:`check_output_dir`).
     Returns it as a Path; a directory there is one line."""
     from ictrl.errors import UserError
 
     path = Path(path)
     if path.is_dir():
         raise UserError(f"{label}: {path} is a directory; name a file")
-    check_output_dir(path.parent, label)
-    check_own_files(path.parent, [path.name], label, legacy)
+    check_output_dir(path.parent, label, [path.name], legacy)
     return path
 
 

@@ -200,8 +200,7 @@ def run(args: argparse.Namespace) -> int:
     if args.data_root is not None and not args.data_root.is_dir():
         raise UserError(f"--data-root: {args.data_root}: no such directory")
     if args.output_dir is not None:
-        check_output_dir(args.output_dir)
-        check_own_files(args.output_dir, OUTPUT_FILES, legacy=earlier_eval)
+        check_output_dir(args.output_dir, writes=OUTPUT_FILES, legacy=earlier_eval)
     check_benchmarks(args.benchmarks, data_root=args.data_root)
     check_model(args.model)
     config.model_sha256 = model_identity(args.model)

@@ -34,7 +34,7 @@ from ictrl.cliargs import CommaList, comma_list
 from ictrl.errors import UserError
 from ictrl.eval.harness import RESULTS_JSON, _json_safe
 from ictrl.eval.lmeval import FILTER, RESULTS_GLOB, generation_of
-from ictrl.files import atomic_write_text, check_output_dir, check_own_files, claim_files, reported_write
+from ictrl.files import atomic_write_text, check_output_dir, claim_files, reported_write
 
 TABLE_MD, TABLE_JSON, TABLE_HTML = "table.md", "table.json", "table.html"
 
@@ -417,8 +417,7 @@ def run(args: argparse.Namespace) -> int:
     """Bad inputs raise :class:`TableError` (a UserError: ``ictrl.cli`` prints one line, exit 2)."""
     names = (TABLE_MD, TABLE_JSON, TABLE_HTML)
     if args.output_dir is not None:  # a folder it cannot write, or a file there it would replace: before any read
-        check_output_dir(args.output_dir)
-        check_own_files(args.output_dir, names, legacy=earlier_table)
+        check_output_dir(args.output_dir, writes=names, legacy=earlier_table)
     runs = [load_run(p) for p in find_results(args.runs)]
     table = build_table(runs, target=args.target, methods=args.methods, benchmarks=args.benchmarks,
                         ks=[str(k) for k in args.k] if args.k else None, ci=args.ci)
