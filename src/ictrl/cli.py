@@ -10,9 +10,10 @@ command becomes one line ``ictrl COMMAND: error: MESSAGE`` on stderr and exit st
 the command line (or ``ICTRL_DEBUG=1``) shows the traceback instead. Ctrl-C is one line too (what was kept and how
 to go on, for ``ictrl train``), exit status 130; SIGTERM likewise (``ictrl train`` first finishes the generation
 batch and saves a checkpoint), exit status 143; an argparse error is one line with a pointer to ``--help``. Under
-``accelerate launch`` only rank 0 prints these lines. Running out of memory is one line naming what to lower, and how
-the process ends (a launched rank without interpreter finalisation) is :mod:`ictrl.process_exit`'s. ``--verbose``
-keeps the libraries' bars and notes (otherwise :func:`ictrl.library_noise.quiet`).
+``accelerate launch`` only rank 0 prints these lines. Running out of memory is one line naming what to lower. These
+lines and how the process ends (a launched rank without interpreter finalisation) are :mod:`ictrl.process_exit`'s
+(``command_status``). ``--verbose`` keeps the libraries' bars and notes (otherwise
+:func:`ictrl.library_noise.quiet`); a command's path options and the import path are :mod:`ictrl.cliargs`'.
 """
 
 from __future__ import annotations
@@ -24,10 +25,10 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from ictrl.cliargs import DEBUG_ENV, PATH_OPTIONS, VERBOSE_ENV, env_flag, expand_path
-from ictrl.errors import Interrupted, UserError, interrupts_once, note_reported, one_line
+from ictrl.cliargs import DEBUG_ENV, VERBOSE_ENV, env_flag, expand_path_options, import_from_working_directory
+from ictrl.errors import interrupts_once, one_line
 from ictrl.library_noise import quiet
-from ictrl.process_exit import out_of_memory, rank, release_reserve, report_out_of_memory, run_then_exit
+from ictrl.process_exit import ENDINGS, command_status, run_then_exit
 
 # command -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -98,10 +99,7 @@ def _main(argv: Sequence[str] | None) -> int:
         os.environ[VERBOSE_ENV] = "1"  # for the commands' own log setup
     else:
         quiet()
-    # `module:function` names (selectors, rewards) import from the working directory, as under `python -m`: the
-    # console script puts only its own directory on the path. Last, so an installed package wins over a local file.
-    if os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.append(os.getcwd())
+    import_from_working_directory()
     parser = build_parser()
     if not argv or argv[0] in ("-h", "--help"):
         parser.print_help()
@@ -116,33 +114,13 @@ def _main(argv: Sequence[str] | None) -> int:
         sub_parser = OneLineParser(prog=f"ictrl {name}", description=COMMANDS[name][1])
         module.add_arguments(sub_parser)
         args = sub_parser.parse_args(argv[1:])
-        for dest in PATH_OPTIONS & vars(args).keys():  # the ~ of --output-dir=~/x; the shell had the $VARs
-            value = getattr(args, dest)
-            if isinstance(value, (str, os.PathLike)):
-                expanded = expand_path(os.fspath(value), f"--{dest.replace('_', '-')}", variables=False)
-                setattr(args, dest, type(value)(expanded) if not isinstance(value, str) else expanded)
+        expand_path_options(args)
         with interrupts_once():  # a second Ctrl-C while the first one's shutdown runs is absorbed
             return int(module.run(args) or 0)
-    except UserError as err:
-        if debug:
+    except ENDINGS as err:
+        status = command_status(name, err, debug)
+        if status is None:
             raise
-        if rank() == 0:  # every process of a launch hits the same config error: one line, from rank 0
-            print(f"ictrl {name}: error: {one_line(err)}", file=sys.stderr)
-            note_reported(2)
-        return 2
-    except (MemoryError, RuntimeError, ImportError, OSError) as err:
-        release_reserve()  # the command has ended either way; telling out-of-memory apart allocates too
-        if debug or not out_of_memory(err):
-            raise
-        return report_out_of_memory(name, err)
-    except (Interrupted, KeyboardInterrupt) as err:
-        if debug:
-            raise
-        what = one_line(err) if isinstance(err, Interrupted) else "interrupted"
-        status = err.status if isinstance(err, Interrupted) else 130
-        if rank() == 0:
-            print(f"\nictrl {name}: {what}", file=sys.stderr)
-            note_reported(status)
         return status
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -95,3 +96,21 @@ def expand_paths(value: Any, where: str, variables: bool = True) -> Any:
         return {expand_paths(key, where, variables) if isinstance(key, str) else key: item
                 for key, item in value.items()}
     return value
+
+
+def expand_path_options(args: argparse.Namespace) -> None:
+    """The leading ``~`` the shell left in a command's path options (:data:`PATH_OPTIONS`: ``--output-dir=~/x``),
+    expanded in place; the shell had already expanded the ``$VAR``s."""
+    for dest in PATH_OPTIONS & vars(args).keys():
+        value = getattr(args, dest)
+        if isinstance(value, (str, os.PathLike)):
+            expanded = expand_path(os.fspath(value), f"--{dest.replace('_', '-')}", variables=False)
+            setattr(args, dest, type(value)(expanded) if not isinstance(value, str) else expanded)
+
+
+def import_from_working_directory() -> None:
+    """``module:function`` names (selectors, rewards) import from the working directory, as under ``python -m``:
+    the console script puts only its own directory on the path. Appended last, so an installed package wins over a
+    local file (a process-global hook: docs/architecture.md's table)."""
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.append(os.getcwd())

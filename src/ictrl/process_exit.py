@@ -1,4 +1,5 @@
-"""How an ``ictrl`` process ends: its exit status, out of memory as one line, and a launched rank's exit.
+"""How an ``ictrl`` process ends: its exit status, a command's error, stop or out of memory as one line
+(:func:`command_status`), and a launched rank's exit.
 
 :func:`run_then_exit` is the process entry's whole life around the command (``ictrl.cli.main``): it maps
 :data:`RESERVE_BYTES` of address space first (:func:`prepare_out_of_memory`), which a command that runs out of memory
@@ -24,7 +25,7 @@ import traceback
 from collections.abc import Callable
 from typing import NoReturn
 
-from ictrl.errors import Interrupted, Terminated, note_reported, one_line
+from ictrl.errors import Interrupted, Terminated, UserError, note_reported, one_line
 
 # What each command's memory grows with: named when it runs out (a host MemoryError or an accelerator's).
 LOWER: dict[str, str] = {
@@ -169,6 +170,39 @@ def report_out_of_memory(name: str, err: BaseException) -> int:
         print(f"ictrl {name}: error: {line}", file=sys.stderr)
         note_reported(2)
     return 2
+
+
+# What ends a command with its one line rather than a traceback (unless --debug): a user's mistake, running out of
+# memory (an accelerator's is a RuntimeError, a failed map an OSError or ImportError), Ctrl-C and SIGTERM.
+ENDINGS = (UserError, MemoryError, RuntimeError, ImportError, OSError, Interrupted, KeyboardInterrupt)
+
+
+def command_status(name: str, err: BaseException, debug: bool) -> int | None:
+    """The exit status of ``ictrl NAME`` ended by ``err`` (one of :data:`ENDINGS`), its one line printed (rank 0
+    only: every process of a launch meets the same error); None when ``err`` keeps its traceback (``debug``, or not
+    a user's mistake, out of memory or a stop). A :class:`UserError` is ``ictrl NAME: error: MESSAGE``, status 2;
+    out of memory is :func:`report_out_of_memory`'s line, the reserve handed back first; Ctrl-C / SIGTERM say
+    what was kept, status 130 / 143."""
+    if isinstance(err, UserError):
+        if debug:
+            return None
+        if rank() == 0:
+            print(f"ictrl {name}: error: {one_line(err)}", file=sys.stderr)
+            note_reported(2)
+        return 2
+    if isinstance(err, (MemoryError, RuntimeError, ImportError, OSError)):
+        release_reserve()  # the command has ended either way; telling out-of-memory apart allocates too
+        if debug or not out_of_memory(err):
+            return None
+        return report_out_of_memory(name, err)
+    if debug:
+        return None
+    what = one_line(err) if isinstance(err, Interrupted) else "interrupted"
+    status = err.status if isinstance(err, Interrupted) else 130
+    if rank() == 0:
+        print(f"\nictrl {name}: {what}", file=sys.stderr)
+        note_reported(status)
+    return status
 
 
 def launched() -> bool:
