@@ -115,12 +115,15 @@ def _method_label(selector: object) -> str | None:
         return selector
 
 
-def model_identity(model: str) -> str | None:
-    """The sha256 of a local model's weights (their manifest's, when ``ictrl train`` wrote one), after checking they
-    are whole: a truncated or changed file is one line here, not a traceback from the loader. None for a hub id."""
+def checked_model(model: str) -> str | None:
+    """``--model`` checked, and the sha256 of a local model's weights (their manifest's, when ``ictrl train`` wrote
+    one; None for a hub id): a folder that loads as itself or a reachable hub id (``hub.check_model``), its weights
+    whole: a truncated or changed file is one line here, not a traceback from the loader."""
     from ictrl.checkpoints import check_weights, weights_digest
     from ictrl.errors import UserError
+    from ictrl.hub import check_model
 
+    check_model(model)
     problem = check_weights(model)
     if problem is not None:
         raise UserError(f"--model: {model}: {problem}; the model directory is damaged")
@@ -176,9 +179,9 @@ def _warn_no_method(model: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ictrl.hub import check_model
-    from ictrl.option_checks import check_benchmarks
     from ictrl.errors import UserError
+    from ictrl.option_checks import check_benchmarks
+
     # the cheap checks first: a typo costs a fraction of a second, not a model load
     if args.seeds < 1 or args.seed_start < 0:
         raise UserError(f"--seeds must be at least 1 and --seed-start at least 0, got {args.seeds} and "
@@ -202,8 +205,7 @@ def run(args: argparse.Namespace) -> int:
     if args.output_dir is not None:
         check_output_dir(args.output_dir, writes=OUTPUT_FILES, legacy=earlier_eval)
     check_benchmarks(args.benchmarks, data_root=args.data_root)
-    check_model(args.model)
-    config.model_sha256 = model_identity(args.model)
+    config.model_sha256 = checked_model(args.model)
     from ictrl.eval.generate import BackendUnavailableError, check_backend
 
     try:
