@@ -12,7 +12,7 @@ import torch
 
 from ictrl.core.selection import SelectionInputs, SelectorExit, register_selector, select
 from ictrl.engine.reward_policy import RewardError, RewardPolicy
-from ictrl.rewards.trl import import_reward
+from ictrl.rewards.trl_adapters import import_reward
 
 
 class Custom(BaseException):

@@ -44,15 +44,16 @@ outside the main thread and is unsafe inside libraries, so they are always disab
 
 Figures for the grader corpus (10k+ adversarial inputs, at idle and under a CPU hog): bench/README.md.
 ``configure(guard="inline")`` runs math-verify in-process with no limit, for trusted inputs only. Counters:
-:func:`reward_stats` (per process). :mod:`~ictrl.rewards.graders` holds the rewards, :mod:`~ictrl.rewards.trl`
-the TRL adapters.
+:func:`reward_stats` (per process). :mod:`~ictrl.rewards.graders` holds the rewards,
+:mod:`~ictrl.rewards.trl_adapters` the TRL adapters.
 """
 
 
 from ictrl.rewards.extraction import DEFAULT_EXTRACTOR, EXTRACTION_STEPS, MathExtractor, extract_choice, last_boxed
 from ictrl.rewards.graders import choice_reward, format_reward, gsm8k_gold, gsm8k_reward, math_reward
 from ictrl.rewards.normalize import parse_number
-from ictrl.rewards.trl import REWARDS, completion_text, get_reward, make_trl_reward, trl_kind_reward, trl_reward
+from ictrl.rewards.trl_adapters import (REWARDS, completion_text, get_reward, make_trl_reward, trl_kind_reward,
+                                        trl_reward)
 from ictrl.rewards.verify import (
     RewardStats,
     configure,

@@ -57,7 +57,7 @@ def build_rewards(cfg: RunConfig, source: str = "<config>", gold_column: str = "
         elif name in TRL_REWARDS:
             out.append(_trl_reward(name))
         elif ":" in name or "." in name:
-            from ictrl.rewards.trl import import_reward
+            from ictrl.rewards.trl_adapters import import_reward
 
             try:
                 out.append(import_reward(name))
