@@ -104,3 +104,32 @@ def import_reward(spec: str) -> Callable[..., Any]:
         raise UserError(f"{spec!r} is {type(fn).__name__} {quote(fn, 80)}, not a function; a reward is a function "
                         "(prompts, completions, **columns) -> list of floats")
     return fn
+
+
+# trl grpo's reward names (trl/scripts/grpo.py), with the values it uses.
+TRL_REWARDS = ("accuracy_reward", "reasoning_accuracy_reward", "think_format_reward", "get_soft_overlong_punishment")
+
+
+def reward_function(name: str, gold_column: str = "answer") -> Callable[..., Any]:
+    """The TRL reward function a reward name gives: ``verifiable`` (each row's ``kind`` column picks the math, gsm8k
+    or choice reward), one of :data:`REWARDS` wrapped by :func:`trl_reward`, one of ``trl grpo``'s names
+    (:data:`TRL_REWARDS`, with the values it uses), or a ``module:function`` / dotted ``module.function`` with TRL's
+    signature, imported as it is (:func:`import_reward`). Raises :class:`UserError` in one line otherwise."""
+    import difflib
+
+    if name == "verifiable":
+        return trl_kind_reward(gold_column=gold_column, name="verifiable")
+    if name in TRL_REWARDS:
+        import trl.rewards
+
+        if name == "get_soft_overlong_punishment":
+            return trl.rewards.get_soft_overlong_punishment(max_completion_len=1280, soft_punish_cache=256)
+        return getattr(trl.rewards, name)
+    if ":" in name or "." in name:
+        return import_reward(name)
+    if name in REWARDS:
+        return trl_reward(REWARDS[name], gold_column=None if name == "format" else gold_column, name=name)
+    choices = ["verifiable", *sorted(REWARDS), *TRL_REWARDS]
+    close = difflib.get_close_matches(name, choices, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    raise UserError(f"unknown reward {name!r}; choose from {choices} or give module:function{hint}")

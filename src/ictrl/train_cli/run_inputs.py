@@ -30,48 +30,19 @@ def blame(message: str, source: str, flags: dict[str, Any] | None) -> str:
 
 # --- rewards ---------------------------------------------------------------------------------------------------
 
-# trl grpo's reward names (trl/scripts/grpo.py), with the values it uses.
-TRL_REWARDS = ("accuracy_reward", "reasoning_accuracy_reward", "think_format_reward", "get_soft_overlong_punishment")
-
-
-def _trl_reward(name: str) -> Callable[..., Any]:
-    import trl.rewards
-
-    if name == "get_soft_overlong_punishment":
-        return trl.rewards.get_soft_overlong_punishment(max_completion_len=1280, soft_punish_cache=256)
-    return getattr(trl.rewards, name)
-
 
 def build_rewards(cfg: RunConfig, source: str = "<config>", gold_column: str = "answer") -> list[Any]:
-    """TRL reward functions for ``reward_model_name_or_path`` (a model id or path, as TRL takes it) and
-    ``reward_funcs``: ``verifiable`` (each row's ``kind`` column picks the math, gsm8k or choice reward: the
-    default), an ictrl registry name wrapped by ``ictrl.rewards.trl_reward``, one of ``trl grpo``'s names, or a
-    ``module:function`` / dotted ``module.function`` with TRL's signature, imported as it is."""
-    from ictrl import rewards
+    """TRL reward functions for ``reward_model_name_or_path`` (a model id or path, as TRL takes it) and each name of
+    ``reward_funcs`` (default ``verifiable``): ``ictrl.rewards.trl_adapters.reward_function``, each error one line
+    naming the entry."""
+    from ictrl.rewards.trl_adapters import reward_function
 
     out: list[Any] = [cfg.script.reward_model_name_or_path] if cfg.script.reward_model_name_or_path else []
     for i, name in enumerate(cfg.script.reward_funcs or ["verifiable"]):
-        key = f"reward_funcs[{i}]"
-        if name == "verifiable":
-            out.append(rewards.trl_kind_reward(gold_column=gold_column, name="verifiable"))
-        elif name in TRL_REWARDS:
-            out.append(_trl_reward(name))
-        elif ":" in name or "." in name:
-            from ictrl.rewards.trl_adapters import import_reward
-
-            try:
-                out.append(import_reward(name))
-            except UserError as exc:
-                raise ConfigError(f"{source}: {key}: {exc}") from None
-        elif name in rewards.REWARDS:
-            gold = None if name == "format" else gold_column
-            out.append(rewards.trl_reward(rewards.REWARDS[name], gold_column=gold, name=name))
-        else:
-            choices = ["verifiable", *sorted(rewards.REWARDS), *TRL_REWARDS]
-            close = difflib.get_close_matches(name, choices, n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise ConfigError(f"{source}: {key}: unknown reward {name!r}; choose from {choices} or give "
-                              f"module:function{hint}")
+        try:
+            out.append(reward_function(name, gold_column))
+        except UserError as exc:
+            raise ConfigError(f"{source}: reward_funcs[{i}]: {exc}") from None
     return out
 
 
