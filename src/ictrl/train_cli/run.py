@@ -200,19 +200,19 @@ def _train_locked(cfg: RunConfig, checked: TrainerInputs, resume: bool | str, so
     # absolute path the lock was taken on.
     out = Path(args.output_dir)
     resume_from = prepare_output_dir(cfg, resume, source, args)
+    step = trainer_state(resume_from)["global_step"] if resume_from is not None else 0  # where the run starts
     if resume_from is not None and resume_from.parent.resolve() == out.resolve() and \
             finished_run(resume_from, args.max_steps):
-        step = trainer_state(resume_from)["global_step"]
         log.warning("--resume: the run is complete: %s is at step %d (max_steps %d) and %s holds its model; "
                     "nothing to train", resume_from.name, step, args.max_steps, out)
         return TrainResult(out, step, resume_from, out)
     if resume_from is not None:
         check_resume(cfg, resume_from, args, source)
     dataset = check_inputs(cfg, checked.init_kwargs, source)  # every row checked before the model loads
-    resumed_at = trainer_state(resume_from)["global_step"] if resume_from is not None else None
     inputs = inputs_record(resume_from.parent if resume_from is not None else out,
                            {**input_hashes(dataset, reward_funcs, cfg.model.model_name_or_path), **rule_hash(args)},
-                           resumed_at, accept is not None, source, flag=accept or ACCEPT_CHANGED_FLAG)
+                           step if resume_from is not None else None, accept is not None, source,
+                           flag=accept or ACCEPT_CHANGED_FLAG)
 
     eval_dataset = eval_rows(cfg, args)  # trl grpo's dataset_test_split, under eval_strategy
     from ictrl.train_cli.model_init import tokenizer_and_config
@@ -235,7 +235,6 @@ def _train_locked(cfg: RunConfig, checked: TrainerInputs, resume: bool | str, so
     trainer.command = command  # for the model card
     _add_callbacks(trainer, cfg, reward_funcs, tokenizer, out, callbacks)
     if resume_from is not None:
-        step = trainer_state(resume_from)["global_step"]
         log.warning("resuming from %s", resume_from)
         if getattr(model.config, "tie_word_embeddings", False):
             hide_tied_head_note()
