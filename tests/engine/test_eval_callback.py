@@ -43,7 +43,7 @@ def test_config_checks(tmp_path: Path, overrides: dict[str, Any], message: str) 
 
 def test_benchmark_names_are_resolved_by_the_command(tmp_path: Path) -> None:
     """The library keeps ``eval_benchmarks`` as given (it imports no benchmark registry); ``ictrl train``'s
-    preflight resolves each name and blames the one it does not know."""
+    trainer_inputs resolves each name and blames the one it does not know."""
     from ictrl.errors import ConfigError
     from ictrl.train_cli.trainer_inputs import check_trainer_inputs
 
