@@ -19,7 +19,6 @@ from ictrl.dirlock import OutputLock
 from ictrl.files import check_output_dir, check_own_files, claim_files, reported_write
 from ictrl.eval.harness import (RESULTS_JSON, RESULTS_MD, SAMPLES_FILE, SETTINGS_FILE, EvalConfig,
                                 ResumeMismatchError, benchmark_tasks, check_saved_run, evaluate)
-from ictrl.eval.samples import unfinished
 
 # what `ictrl eval` writes at the top of --output-dir (besides lm-evaluation-harness's dated files in a folder named
 # after the model, which replace nothing)
@@ -221,13 +220,12 @@ def run(args: argparse.Namespace) -> int:
         check_own_files(args.output_dir, OUTPUT_FILES, legacy=earlier_eval)  # as it is now the lock is held
         claim_files(args.output_dir, OUTPUT_FILES)
         try:  # the rows a resume reads, and its settings, before the weights load
-            check_saved_run(args.output_dir, config, tasks)
+            to_sample = check_saved_run(args.output_dir, config, tasks)
         except ValueError as err:
             kind = "settings mismatch: " if isinstance(err, ResumeMismatchError) else ""
             raise UserError(f"{kind}{err}") from err
         # every row saved (a rerun, maybe after the golds were corrected): graded from the saved completions
-        load = unfinished(args.output_dir / SAMPLES_FILE, config.seeds, tasks) > 0
-        return _evaluate(args, config, tasks, load)
+        return _evaluate(args, config, tasks, load=to_sample > 0)
 
 
 class _AllSaved:

@@ -262,14 +262,17 @@ def _progress_bar(progress: bool) -> Any:
     )
 
 
-def check_saved_run(output_dir: str | os.PathLike[str], config: EvalConfig, tasks: Sequence[EvalTask]) -> None:
+def check_saved_run(output_dir: str | os.PathLike[str], config: EvalConfig, tasks: Sequence[EvalTask]) -> int:
     """What :func:`evaluate` checks of ``output_dir`` before it samples (its settings against ``config``, every
     stored row readable), for a caller to run before the model loads; raises as :func:`evaluate` would. A folder
-    with no settings yet is left as it is: a model that then fails to load leaves no settings to hold a rerun to."""
+    with no settings yet is left as it is: a model that then fails to load leaves no settings to hold a rerun to.
+    Returns how many (seed, benchmark, problem) rows have no saved row: 0 when a rerun samples nothing (it may
+    still regrade), so the model need not load."""
     out = Path(output_dir)
     if (out / SETTINGS_FILE).exists():
         _check_settings(out, config, tasks)
-    load_finished(out / SAMPLES_FILE)
+    finished = load_finished(out / SAMPLES_FILE)
+    return sum((seed, t.name, str(p.id)) not in finished for seed in config.seeds for t in tasks for p in t.problems)
 
 
 def evaluate(tasks: Sequence[EvalTask], backend: Backend, config: EvalConfig,

@@ -73,13 +73,6 @@ def load_finished(path: Path) -> Finished:
     return finished
 
 
-def unfinished(path: Path, seeds: Sequence[int], tasks: Sequence[Any]) -> int:
-    """How many (seed, benchmark, problem) rows of this evaluation ``path`` holds no row for: 0 when a rerun
-    samples nothing (it may still regrade), so the model need not load."""
-    finished = load_finished(path)
-    return sum((seed, t.name, str(p.id)) not in finished for seed in seeds for t in tasks for p in t.problems)
-
-
 def append_records(sink: int | None, path: Path, records: list[dict[str, Any]]) -> None:
     """The records as lines of ``path`` (open at ``sink``), all or none, and fsynced; None: kept in memory."""
     if sink is None:
