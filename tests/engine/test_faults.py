@@ -83,7 +83,7 @@ def test_manifest_lists_every_file_with_its_size_and_hash(tmp_path: Path) -> Non
 ])
 def test_a_damaged_checkpoint_is_skipped_for_the_previous_one(tmp_path: Path, caplog: pytest.LogCaptureFixture,
                                                               damage: Any, reason: str) -> None:
-    from ictrl.train_cli.run import prepare_output_dir
+    from ictrl.train_cli.output_dir import prepare_output_dir
 
     for step in (2, 4):
         _save(tmp_path, step)
@@ -94,7 +94,7 @@ def test_a_damaged_checkpoint_is_skipped_for_the_previous_one(tmp_path: Path, ca
 
 
 def test_no_intact_checkpoint_is_one_error(tmp_path: Path) -> None:
-    from ictrl.train_cli.run import prepare_output_dir
+    from ictrl.train_cli.output_dir import prepare_output_dir
     from ictrl.errors import ConfigError
 
     _save(tmp_path, 2)
@@ -146,7 +146,7 @@ def test_checkpoint_world_size_from_its_rng_states(tmp_path: Path) -> None:
 
 
 def test_resume_without_a_checkpoint_refuses_unless_auto(tmp_path: Path) -> None:
-    from ictrl.train_cli.run import prepare_output_dir
+    from ictrl.train_cli.output_dir import prepare_output_dir
     from ictrl.errors import ConfigError
 
     with pytest.raises(ConfigError, match=f"output_dir {tmp_path / 'typo'} does not exist;.*--resume=auto"):

@@ -158,7 +158,7 @@ class _FakeTrainer:
 def test_checkpoints_appear_whole_or_not_at_all(tmp_path: Path) -> None:
     from ictrl.checkpoints import complete_checkpoints
     from ictrl.engine.resumable import Resumable
-    from ictrl.train_cli.run import prepare_output_dir
+    from ictrl.train_cli.output_dir import prepare_output_dir
     from ictrl.train_cli.run_config import config_from_dict
 
     def save(*args: Any, **kwargs: Any) -> None:  # the fake Trainer's save through the trainer's checkpoint part

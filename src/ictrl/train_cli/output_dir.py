@@ -1,5 +1,6 @@
 """``ictrl train``'s ``output_dir``: the value's one check (:func:`checked_output_dir`), what a run writes there and
-may not replace, and the checkpoints there against ``--resume`` (:func:`existing_checkpoints`).
+may not replace, the checkpoints there against ``--resume`` (:func:`existing_checkpoints`) and, under the run's lock,
+the checkpoint it resumes from (:func:`prepare_output_dir`).
 
 The check runs once, before anything loads, where the command's other checks run
 (``ictrl.train_cli.trainer_inputs``): the folder is writable, none of the run's inputs is among what it writes
@@ -17,9 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from ictrl.checkpoints import (CHECKPOINT_RE, LAST_FILES, MANIFEST, OVERWRITE_FLAG, RUN_FILES, STAGING_PREFIX,
-                               complete_checkpoints, foreign_checkpoints)
+                               clear_staging, complete_checkpoints, finished_run, foreign_checkpoints)
+from ictrl.engine.resumable import resume_point, verified_checkpoints
 from ictrl.errors import ConfigError, quote, shorten
 from ictrl.files import LOCK_NAME, OWNED_FILE, check_output_dir, check_own_files
+from ictrl.train_cli.exact_resume import INEXACT_FLAG
+from ictrl.train_cli.process_group import answered_once
 from ictrl.train_cli.run_config import RunConfig
 from ictrl.train_cli.run_inputs import trl_dataset
 
@@ -120,7 +124,10 @@ def existing_checkpoints(cfg: RunConfig, resume: bool | str, source: str = "<con
     no earlier run's model or record either (:func:`previous_run`; ``--overwrite`` allows it).
     ``resume_from_checkpoint`` counts as ``resume`` (:func:`named_checkpoint`: ``true``, or a checkpoint
     in output_dir)."""
-    resume, named = named_checkpoint(cfg, resume, source)
+    return _existing_checkpoints(cfg, *named_checkpoint(cfg, resume, source), source)
+
+
+def _existing_checkpoints(cfg: RunConfig, resume: bool | str, named: Path | None, source: str) -> list[Path]:
     out = Path(cfg.output_dir)
     checkpoints = complete_checkpoints(out)
     if checkpoints and not resume and (named is None or named.resolve().parent != out.resolve()):
@@ -133,6 +140,37 @@ def existing_checkpoints(cfg: RunConfig, resume: bool | str, source: str = "<con
     if not checkpoints:
         _check_no_previous_run(out, resume, cfg.modes, source)
     return checkpoints
+
+
+def prepare_output_dir(cfg: RunConfig, resume: bool | str, source: str = "<config>", args: Any = None) -> Path | None:
+    """The checkpoint to resume from (None: start fresh): the newest whose files verify, when it ends the run
+    (the final model of its step is in ``output_dir``), else the newest that resumes exactly
+    (``resumable.resume_point``; without ``args``, the newest verified). Refuses to start over existing
+    checkpoints."""
+    out = Path(getattr(args, "output_dir", None) or cfg.output_dir)
+    resume, named = named_checkpoint(cfg, resume, source)  # TRL's resume_from_checkpoint
+    checkpoints = _existing_checkpoints(cfg, resume, named, source)
+    clear_staging(out)
+    if named is not None:  # that checkpoint, checked as --resume checks its own; a lost optimizer, scheduler or RNG
+        verified = verified_checkpoints([named], lost_state_ok=True)  # state is check_exact's line, after this
+        if not verified:
+            raise ConfigError(f"{source}: resume_from_checkpoint: {named} is not a complete checkpoint (named "
+                              "above); name another")
+        return resume_point(verified, args, source) if args is not None else named
+    if not checkpoints and OVERWRITE_FLAG in cfg.modes:
+        forget_previous_run(out)
+    if not resume or not checkpoints:
+        return None
+    # every file of every checkpoint is read to verify it: once per copy of output_dir, not once per process
+    inexact = INEXACT_FLAG in cfg.modes  # else a checkpoint with lost state is skipped for an older exact one
+    verified = answered_once(lambda: verified_checkpoints(checkpoints, inexact), f"{source}: output_dir",
+                             per_node=bool(getattr(args, "save_on_each_node", False)))
+    if args is None:
+        return verified[0] if verified else None
+    if verified and finished_run(verified[0], args.max_steps):
+        return verified[0]
+    return resume_point(verified, args, source)
+
 
 
 # Names at the top of output_dir a run writes (its record, the final model's save, the lock), besides the

@@ -17,22 +17,19 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from ictrl.checkpoints import (RUN_FILES, STAGING_PREFIX, clear_staging, finished_run, own_checkpoints, rerun_advice,
-                               trainer_state)
+from ictrl.checkpoints import RUN_FILES, STAGING_PREFIX, finished_run, own_checkpoints, rerun_advice, trainer_state
 from ictrl.cliargs import VERBOSE_ENV, env_flag
 from ictrl.core.selection import selector_identity
-from ictrl.engine.resumable import resume_point, save_final, verified_checkpoints
+from ictrl.engine.resumable import save_final
 from ictrl.train_cli.exact_resume import INEXACT_FLAG, NEW_SCHEDULE_FLAG, check_exact, check_unchanged
-from ictrl.errors import ConfigError, Terminated, UserError
+from ictrl.errors import Terminated, UserError
 from ictrl.files import claim_files, reported_write, without_secrets
 from ictrl.engine.reward_policy import RewardAbandoned, RunStop
-from ictrl.train_cli.output_dir import earlier_run, existing_checkpoints, forget_previous_run, named_checkpoint
+from ictrl.train_cli.output_dir import earlier_run, prepare_output_dir
 from ictrl.train_cli.trainer_inputs import (TrainerInputs, build_trainer_inputs, check_inputs, train_rows,
                                             trainer_classes)
-from ictrl.train_cli.process_group import answered_once
 from ictrl.train_cli.run_config import RunConfig, config_to_dict, save_config
-from ictrl.train_cli.run_guard import (OVERWRITE_FLAG, RunLock, StopRequest, add_stop_callback, note_short_run,
-                                       run_failure, stopped)
+from ictrl.train_cli.run_guard import RunLock, StopRequest, add_stop_callback, note_short_run, run_failure, stopped
 from ictrl.train_cli.run_inputs import ACCEPT_CHANGED_FLAG, eval_rows, input_hashes, inputs_record, reward_label
 
 log = logging.getLogger("ictrl.train")
@@ -47,36 +44,6 @@ class TrainResult:
     global_step: int
     resumed_from: Path | None
     final_model: Path
-
-
-def prepare_output_dir(cfg: RunConfig, resume: bool | str, source: str = "<config>", args: Any = None) -> Path | None:
-    """The checkpoint to resume from (None: start fresh): the newest whose files verify, when it ends the run
-    (the final model of its step is in ``output_dir``), else the newest that resumes exactly
-    (``resumable.resume_point``; without ``args``, the newest verified). Refuses to start over existing
-    checkpoints."""
-    out = Path(getattr(args, "output_dir", None) or cfg.output_dir)
-    resume, named = named_checkpoint(cfg, resume, source)  # TRL's resume_from_checkpoint
-    checkpoints = existing_checkpoints(cfg, resume, source)
-    clear_staging(out)
-    if named is not None:  # that checkpoint, checked as --resume checks its own; a lost optimizer, scheduler or RNG
-        verified = verified_checkpoints([named], lost_state_ok=True)  # state is check_exact's line, after this
-        if not verified:
-            raise ConfigError(f"{source}: resume_from_checkpoint: {named} is not a complete checkpoint (named "
-                              "above); name another")
-        return resume_point(verified, args, source) if args is not None else named
-    if not checkpoints and OVERWRITE_FLAG in cfg.modes:
-        forget_previous_run(out)
-    if not resume or not checkpoints:
-        return None
-    # every file of every checkpoint is read to verify it: once per copy of output_dir, not once per process
-    inexact = INEXACT_FLAG in cfg.modes  # else a checkpoint with lost state is skipped for an older exact one
-    verified = answered_once(lambda: verified_checkpoints(checkpoints, inexact), f"{source}: output_dir",
-                             per_node=bool(getattr(args, "save_on_each_node", False)))
-    if args is None:
-        return verified[0] if verified else None
-    if verified and finished_run(verified[0], args.max_steps):
-        return verified[0]
-    return resume_point(verified, args, source)
 
 
 RUN_LABELS = "run.json"
