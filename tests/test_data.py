@@ -464,6 +464,24 @@ def test_a_row_nested_past_the_parsers_recursion_is_one_line_naming_it(tmp_path:
     assert not loader_calls
 
 
+def test_invisible_format_characters_in_hub_rows_are_named_as_local_rows_are(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Rows a benchmark loads from the hub are scanned as a local file's are: one line naming the first row (its
+    index in the hub split) and the character."""
+    _fake_hub(monkeypatch, [
+        {"id": "x1", "question": "Where?", "question_concept": "c", "answerKey": "B",
+         "choices": {"label": ["A", "B"], "text": ["a", "b"]}},
+        {"id": "x2", "question": "Wh\u200bere?", "question_concept": "c", "answerKey": "A",
+         "choices": {"label": ["A", "B"], "text": ["a", "b"]}},
+    ])
+    with caplog.at_level("INFO"):
+        problems = load_problems("commonsenseqa", data_root=tmp_path)
+    assert len(problems) == 2
+    assert [(r.levelname, r.getMessage()) for r in caplog.records if "hold invisible" in r.getMessage()] == [(
+        "INFO", "hub:tau/commonsense_qa[validation]: 1 row(s) hold invisible format characters (first: row 1, "
+        "the question, U+200B ZERO WIDTH SPACE); the grader ignores them in answers, prompts are sent as written")]
+
+
 def test_invisible_format_characters_are_named_when_the_rows_load(tmp_path: Path,
                                                                    caplog: pytest.LogCaptureFixture) -> None:
     """A gold (or question) holding U+200B, a soft hyphen or another format character loads as written, with one

@@ -331,26 +331,26 @@ def _problems_from_file(file: Path, bench: Benchmark, limit: int | None) -> list
             lines.append(lineno)
             if limit is not None and len(problems) >= limit:
                 break
-    _note_format_chars(file, problems, lines)
+    _note_format_chars(str(file), problems, [f"line {n}" for n in lines])
     return problems
 
 
-def _note_format_chars(file: Path, problems: list[Problem], lines: list[int]) -> None:
+def _note_format_chars(source: str, problems: list[Problem], places: list[str]) -> None:
     """One line naming the rows whose question or gold holds an invisible format character (U+200B, U+FEFF, a
     soft hyphen...): a gold pasted with one looks right and is not; the grader ignores them (as it ignores NBSP),
     and the prompt goes to the model as written. A warning when a gold holds one; information when only questions
     do (GSM8K's train split has a U+200B in one question)."""
-    found = [(line, field, char) for p, line in zip(problems, lines)
+    found = [(place, field, char) for p, place in zip(problems, places)
              for field, text in (("question", p.question), ("gold", p.gold))
              if (char := first_format_char(text)) is not None]
     if found:
-        line, field, char = found[0]
+        place, field, char = found[0]
         rows = len({f[0] for f in found})
         # a gold is where one misleads (it reads as its clean answer); in a question alone it is the text's own
         level = logging.WARNING if any(f[1] == "gold" for f in found) else logging.INFO
-        logger.log(level, "%s: %d row(s) hold invisible format characters (first: line %d, the %s, U+%04X %s); the "
-                   "grader ignores them in answers, prompts are sent as written", file, rows, line, field, ord(char),
-                   unicodedata.name(char, "unnamed"))
+        logger.log(level, "%s: %d row(s) hold invisible format characters (first: %s, the %s, U+%04X %s); the "
+                   "grader ignores them in answers, prompts are sent as written", source, rows, place, field,
+                   ord(char), unicodedata.name(char, "unnamed"))
 
 
 def _problems_from_hub(bench: Benchmark, limit: int | None,
@@ -371,12 +371,15 @@ def _problems_from_hub(bench: Benchmark, limit: int | None,
                         f"and no network to fetch {bench.hub_id} from the hub ({exc})") from exc
     where = f"hub:{bench.hub_id}" + (f"/{bench.hub_config}" if bench.hub_config else "") + f"[{bench.hub_split}]"
     problems: list[Problem] = []
+    places: list[str] = []
     for index, row in enumerate(ds):
         p = row_to_problem(dict(row), bench, index, f"{where}: row {index}")
         if p is not None:
             problems.append(p)
+            places.append(f"row {index}")
             if limit is not None and len(problems) >= limit:
                 break
+    _note_format_chars(where, problems, places)
     return problems
 
 
