@@ -1,5 +1,5 @@
-"""Checkpoint directories on disk: which ones are complete, publishing a directory in one rename, and a saved
-trainer state's step. Plain files and ``os`` only; the trainer hooks that use them are in
+"""Checkpoint directories on disk: which ones are complete, publishing a directory in one rename, a saved
+trainer state's step, and what a resume reads of a checkpoint, read once (``checkpoint_state``). Plain files and ``os`` only; the trainer hooks that use them are in
 ``ictrl.engine.resumable``.
 
 A checkpoint ``checkpoint-N/`` is written in full under ``.staging-…`` and renamed into place (``publish_dir``),
@@ -11,6 +11,7 @@ changed after the save (a full disk, a copy cut short, bit rot) is found before 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -189,17 +190,37 @@ def trainer_state(directory: Path) -> dict[str, Any]:
     return state
 
 
+@dataclasses.dataclass(frozen=True)
+class CheckpointState:
+    """What a resume reads of a checkpoint folder, read once (:func:`checkpoint_state`): its step, the
+    ``max_steps`` its trainer state recorded and the number of processes that wrote it."""
+
+    path: Path
+    step: int
+    recorded_max_steps: Any
+    world_size: int
+
+    def finished(self, max_steps: int) -> bool:
+        """True when the final model beside the checkpoint (in the output directory, :func:`publish_model`) was saved
+        at its step and that step reaches ``max_steps`` (-1: the ``max_steps`` the checkpoint recorded, from
+        num_train_epochs)."""
+        target = max_steps if max_steps > 0 else int(self.recorded_max_steps)
+        final = self.path.parent
+        if self.step < target or not (final / "trainer_state.json").is_file():
+            return False
+        return trainer_state(final)["global_step"] == self.step
+
+
+def checkpoint_state(directory: Path) -> CheckpointState:
+    """``directory``'s :class:`CheckpointState`: its ``trainer_state.json`` (:func:`trainer_state`, which raises
+    ValueError when it does not read) and its RNG states (:func:`checkpoint_world_size`)."""
+    state = trainer_state(directory)
+    return CheckpointState(directory, state["global_step"], state.get("max_steps", 0), checkpoint_world_size(directory))
+
+
 def finished_run(checkpoint: Path, max_steps: int) -> bool:
-    """True when the final model beside ``checkpoint`` (in the output directory, :func:`publish_model`) was saved at
-    the checkpoint's step and that step reaches ``max_steps`` (-1: the ``max_steps`` the checkpoint recorded, from
-    num_train_epochs)."""
-    state = trainer_state(checkpoint)
-    step = state["global_step"]
-    target = max_steps if max_steps > 0 else int(state.get("max_steps", 0))
-    final = checkpoint.parent
-    if step < target or not (final / "trainer_state.json").is_file():
-        return False
-    return trainer_state(final)["global_step"] == step
+    """:meth:`CheckpointState.finished` of ``checkpoint``."""
+    return checkpoint_state(checkpoint).finished(max_steps)
 
 
 def sha256_file(path: Path) -> str:

@@ -3,6 +3,7 @@ exactly (docs/architecture.md, "Module notes")."""
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import re
@@ -12,8 +13,8 @@ from typing import Any, Callable
 
 import torch
 
-from ictrl.checkpoints import (STAGING_PREFIX, checkpoint_world_size, publish_dir, publish_model, rotate_checkpoints,
-                               trainer_state, verify_checkpoint, write_manifest)
+from ictrl.checkpoints import (STAGING_PREFIX, checkpoint_state, publish_dir, publish_model, rotate_checkpoints,
+                               verify_checkpoint, write_manifest)
 from ictrl.errors import ConfigError
 from ictrl.files import is_write_failure, write_error
 
@@ -76,25 +77,30 @@ def refused_pickle(checkpoint: Path) -> str | None:
     return None
 
 
-def resume_point(verified: list[Path], args: Any, source: str = "<config>") -> Path:
+def resume_point(verified: list[Path], args: Any, source: str = "<config>", finished_ok: bool = False) -> Path:
     """The newest of ``verified`` (newest first) that resumes exactly: written on as many processes as this run has,
     and at a step where TRL's generation buffer is empty (a checkpoint inside one, such as the last step of a run
-    whose max_steps ends mid-buffer, is skipped with a line). :class:`ConfigError` when none is."""
-    if not verified:
+    whose max_steps ends mid-buffer, is skipped with a line). With ``finished_ok`` (``--resume`` in the run's own
+    output_dir), the newest when it ends the run (``CheckpointState.finished``: the final model of its step is
+    beside it), wherever it falls. Each checkpoint is read once (``checkpoints.checkpoint_state``).
+    :class:`ConfigError` when none is."""
+    states = (checkpoint_state(checkpoint) for checkpoint in verified)
+    newest = next(states, None)
+    if newest is not None and finished_ok and newest.finished(args.max_steps):
+        return newest.path
+    if newest is None:
         raise ConfigError(f"{source}: --resume: no checkpoint in the output_dir is complete (each is named above); "
                           "start a fresh run in another output_dir")
-    written_by = checkpoint_world_size(verified[0])
-    if written_by != args.world_size:
-        raise ConfigError(f"{source}: --resume: {verified[0]} was written by {written_by} process(es) and this run has "
-                          f"{args.world_size}: each process's RNG state and share of the batch depend on the count; "
-                          f"resume with {written_by} (--num-processes {written_by})")
+    if newest.world_size != args.world_size:
+        raise ConfigError(f"{source}: --resume: {newest.path} was written by {newest.world_size} process(es) and this "
+                          f"run has {args.world_size}: each process's RNG state and share of the batch depend on the "
+                          f"count; resume with {newest.world_size} (--num-processes {newest.world_size})")
     buffer = args.steps_per_generation * args.num_iterations // args.gradient_accumulation_steps
-    for checkpoint in verified:
-        step = trainer_state(checkpoint)["global_step"]
-        if at_buffer_boundary(step, args):
-            return checkpoint
+    for state in itertools.chain([newest], states):
+        if at_buffer_boundary(state.step, args):
+            return state.path
         log.warning("--resume: skipping %s: step %d falls inside a generation batch (one every %s optimizer "
-                    "steps), which checkpoints do not hold", checkpoint.name, step, buffer)
+                    "steps), which checkpoints do not hold", state.path.name, state.step, buffer)
     raise ConfigError(f"{source}: --resume: every checkpoint falls inside a generation batch, which checkpoints do "
                       "not hold, so none resumes exactly; start a fresh run")
 

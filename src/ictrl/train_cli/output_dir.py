@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ictrl.checkpoints import (CHECKPOINT_RE, LAST_FILES, MANIFEST, OVERWRITE_FLAG, RUN_FILES, STAGING_PREFIX,
-                               clear_staging, complete_checkpoints, finished_run, foreign_checkpoints)
+                               clear_staging, complete_checkpoints, foreign_checkpoints)
 from ictrl.engine.resumable import resume_point, verified_checkpoints
 from ictrl.errors import ConfigError, quote, shorten
 from ictrl.files import LOCK_NAME, OWNED_FILE, check_output_dir, check_own_files
@@ -167,9 +167,7 @@ def prepare_output_dir(cfg: RunConfig, resume: bool | str, source: str = "<confi
                              per_node=bool(getattr(args, "save_on_each_node", False)))
     if args is None:
         return verified[0] if verified else None
-    if verified and finished_run(verified[0], args.max_steps):
-        return verified[0]
-    return resume_point(verified, args, source)
+    return resume_point(verified, args, source, finished_ok=True)
 
 
 

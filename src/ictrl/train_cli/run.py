@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from ictrl.checkpoints import RUN_FILES, STAGING_PREFIX, finished_run, own_checkpoints, rerun_advice, trainer_state
+from ictrl.checkpoints import RUN_FILES, STAGING_PREFIX, checkpoint_state, own_checkpoints, rerun_advice
 from ictrl.cliargs import VERBOSE_ENV, env_flag
 from ictrl.core.selection import selector_identity
 from ictrl.engine.resumable import save_final
@@ -167,9 +167,9 @@ def _train_locked(cfg: RunConfig, checked: TrainerInputs, resume: bool | str, so
     # absolute path the lock was taken on.
     out = Path(args.output_dir)
     resume_from = prepare_output_dir(cfg, resume, source, args)
-    step = trainer_state(resume_from)["global_step"] if resume_from is not None else 0  # where the run starts
-    if resume_from is not None and resume_from.parent.resolve() == out.resolve() and \
-            finished_run(resume_from, args.max_steps):
+    resumed = checkpoint_state(resume_from) if resume_from is not None else None
+    step = resumed.step if resumed is not None else 0  # where the run starts
+    if resumed is not None and resumed.path.parent.resolve() == out.resolve() and resumed.finished(args.max_steps):
         log.warning("--resume: the run is complete: %s is at step %d (max_steps %d) and %s holds its model; "
                     "nothing to train", resume_from.name, step, args.max_steps, out)
         return TrainResult(out, step, resume_from, out)
