@@ -1,6 +1,5 @@
-"""Checkpoint directories on disk: which ones are complete, publishing a directory in one rename, a saved
-trainer state's step, and what a resume reads of a checkpoint, read once (``checkpoint_state``). Plain files and ``os`` only; the trainer hooks that use them are in
-``ictrl.engine.resumable``.
+"""Checkpoint directories on disk: which are complete, publishing one in a rename, and what a resume reads of one,
+once (``checkpoint_state``). Plain files and ``os`` only; the trainer hooks that use them: ``ictrl.engine.resumable``.
 
 A checkpoint ``checkpoint-N/`` is written in full under ``.staging-…`` and renamed into place (``publish_dir``),
 so a directory with the checkpoint name is complete: a kill mid-save leaves only a staging directory, removed on
@@ -192,35 +191,29 @@ def trainer_state(directory: Path) -> dict[str, Any]:
 
 @dataclasses.dataclass(frozen=True)
 class CheckpointState:
-    """What a resume reads of a checkpoint folder, read once (:func:`checkpoint_state`): its step, the
-    ``max_steps`` its trainer state recorded and the number of processes that wrote it."""
-
+    """What a resume reads of a checkpoint folder, once (:func:`checkpoint_state`)."""
     path: Path
-    step: int
-    recorded_max_steps: Any
-    world_size: int
+    step: int  # its trainer state's global_step
+    recorded_max_steps: Any  # the max_steps that trainer state recorded
+    world_size: int  # the processes that wrote it (:func:`checkpoint_world_size`)
 
     def finished(self, max_steps: int) -> bool:
-        """True when the final model beside the checkpoint (in the output directory, :func:`publish_model`) was saved
-        at its step and that step reaches ``max_steps`` (-1: the ``max_steps`` the checkpoint recorded, from
-        num_train_epochs)."""
+        """Whether the final model beside the checkpoint (:func:`publish_model`) was saved at its step, and that
+        step reaches ``max_steps`` (-1: the ``max_steps`` it recorded, from num_train_epochs)."""
         target = max_steps if max_steps > 0 else int(self.recorded_max_steps)
-        final = self.path.parent
-        if self.step < target or not (final / "trainer_state.json").is_file():
+        if self.step < target or not (self.path.parent / "trainer_state.json").is_file():
             return False
-        return trainer_state(final)["global_step"] == self.step
+        return trainer_state(self.path.parent)["global_step"] == self.step
 
 
 def checkpoint_state(directory: Path) -> CheckpointState:
-    """``directory``'s :class:`CheckpointState`: its ``trainer_state.json`` (:func:`trainer_state`, which raises
-    ValueError when it does not read) and its RNG states (:func:`checkpoint_world_size`)."""
+    """``directory``'s state; ValueError when its trainer state does not read (:func:`trainer_state`)."""
     state = trainer_state(directory)
     return CheckpointState(directory, state["global_step"], state.get("max_steps", 0), checkpoint_world_size(directory))
 
 
 def finished_run(checkpoint: Path, max_steps: int) -> bool:
-    """:meth:`CheckpointState.finished` of ``checkpoint``."""
-    return checkpoint_state(checkpoint).finished(max_steps)
+    return checkpoint_state(checkpoint).finished(max_steps)  # CheckpointState.finished, for a path
 
 
 def sha256_file(path: Path) -> str:
@@ -278,11 +271,9 @@ def verify_checkpoint(directory: Path, lost_state_ok: bool = False) -> str | Non
 
 
 def checkpoint_world_size(directory: Path) -> int:
-    """The number of processes that wrote ``directory``: one RNG state each (``rng_state_N.pth``), or
-    ``rng_state.pth`` from a single process."""
+    """The processes that wrote ``directory``: one RNG state each (``rng_state_N.pth``; one: ``rng_state.pth``)."""
     ranks = [m.group(1) for p in directory.iterdir() if (m := RNG_STATE_RE.match(p.name))]
     return len(ranks) if any(r is not None for r in ranks) else 1
-
 
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
