@@ -1,6 +1,7 @@
-"""A resumed run is the run it continues: :func:`check_unchanged` compares the run config ``ictrl train`` is given
-with the ``config.yaml`` the run wrote beside its checkpoints, and :func:`check_exact` refuses a checkpoint without
-the state an exact resume restores, unless the user accepts an inexact one."""
+"""A resumed run is the run it continues (:func:`check_resume`, which the run calls under its lock):
+:func:`check_unchanged` compares the run config ``ictrl train`` is given with the ``config.yaml`` the run wrote
+beside its checkpoints, and :func:`check_exact` refuses a checkpoint without the state an exact resume restores,
+unless the user accepts an inexact one."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from ictrl.errors import ConfigError
+from ictrl.files import without_secrets
+from ictrl.train_cli.run_config import RunConfig, config_to_dict
 from ictrl.yamlfile import load_yaml
 
 log = logging.getLogger("ictrl.train")
@@ -16,6 +19,16 @@ log = logging.getLogger("ictrl.train")
 # ictrl train's flags that accept a resume which cannot continue the same run exactly, each named by the user
 INEXACT_FLAG = "--resume-inexact"  # from a checkpoint without its optimizer, scheduler or RNG state
 NEW_SCHEDULE_FLAG = "--resume-new-schedule"  # with max_steps / num_train_epochs changed under a decaying schedule
+
+
+def check_resume(cfg: RunConfig, checkpoint: Path, args: Any, source: str = "<config>") -> None:
+    """A resume continues the run exactly: ``checkpoint`` holds the optimizer, scheduler and RNG state
+    (:func:`check_exact`), and the config is that of the run it ends (its folder's ``config.yaml``,
+    :func:`check_unchanged`); unless the command accepts the difference by name (:data:`INEXACT_FLAG`,
+    :data:`NEW_SCHEDULE_FLAG`), when one line says what differs."""
+    check_exact(checkpoint, args, INEXACT_FLAG in cfg.modes, source)
+    check_unchanged(checkpoint.parent / "config.yaml", without_secrets(config_to_dict(cfg)), args, source,
+                    new_schedule=NEW_SCHEDULE_FLAG in cfg.modes, checkpoint=checkpoint)
 
 
 def missing_state(checkpoint: Path, args: Any) -> list[str]:

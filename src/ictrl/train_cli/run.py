@@ -21,14 +21,14 @@ from ictrl.checkpoints import RUN_FILES, STAGING_PREFIX, checkpoint_state, own_c
 from ictrl.cliargs import VERBOSE_ENV, env_flag
 from ictrl.core.selection import selector_identity
 from ictrl.engine.resumable import save_final
-from ictrl.train_cli.exact_resume import INEXACT_FLAG, NEW_SCHEDULE_FLAG, check_exact, check_unchanged
+from ictrl.train_cli.exact_resume import INEXACT_FLAG, check_resume
 from ictrl.errors import Terminated, UserError
-from ictrl.files import claim_files, reported_write, without_secrets
+from ictrl.files import claim_files, reported_write
 from ictrl.engine.reward_policy import RewardAbandoned, RunStop
 from ictrl.train_cli.output_dir import earlier_run, prepare_output_dir
 from ictrl.train_cli.trainer_inputs import (TrainerInputs, build_trainer_inputs, check_inputs, train_rows,
                                             trainer_classes)
-from ictrl.train_cli.run_config import RunConfig, config_to_dict, save_config
+from ictrl.train_cli.run_config import RunConfig, save_config
 from ictrl.train_cli.run_guard import RunLock, StopRequest, add_stop_callback, note_short_run, run_failure, stopped
 from ictrl.train_cli.run_inputs import ACCEPT_CHANGED_FLAG, eval_rows, input_hashes, inputs_record, reward_label
 
@@ -148,15 +148,6 @@ def accepting_flag(cfg: RunConfig, accept_changed_inputs: bool) -> str | None:
     if accept_changed_inputs:
         return ACCEPT_CHANGED_FLAG
     return INEXACT_FLAG if INEXACT_FLAG in cfg.modes else None
-
-
-def check_resume(cfg: RunConfig, checkpoint: Path, args: Any, source: str = "<config>") -> None:
-    """A resume continues the run exactly: ``checkpoint`` holds the optimizer, scheduler and RNG state, and the
-    config is that of the run it ends (its folder's ``config.yaml``); unless the command accepts the difference by
-    name (``--resume-inexact``, ``--resume-new-schedule``), when one line says what differs."""
-    check_exact(checkpoint, args, INEXACT_FLAG in cfg.modes, source)
-    check_unchanged(checkpoint.parent / "config.yaml", without_secrets(config_to_dict(cfg)), args, source,
-                    new_schedule=NEW_SCHEDULE_FLAG in cfg.modes, checkpoint=checkpoint)
 
 
 def _train_locked(cfg: RunConfig, checked: TrainerInputs, resume: bool | str, source: str, callbacks: list[Any] | None,
