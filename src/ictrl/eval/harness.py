@@ -16,7 +16,6 @@ Files in ``output_dir`` (all optional; ``output_dir=None`` keeps everything in m
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import time
@@ -33,8 +32,8 @@ from ictrl.eval import lmeval
 from ictrl.files import atomic_write_text, read_json
 from ictrl.eval.markdown import GENERATION_FIELDS, format_markdown
 from ictrl.eval.passk import bootstrap_ci, mean_std, pass_at_k
-from ictrl.eval.samples import (SAMPLES_FILE, ResumeMismatchError, append_records, check_finished,
-                                grade_completions, load_finished, regrade_changed_golds)
+from ictrl.eval.samples import (SAMPLES_FILE, ResumeMismatchError, check_finished, load_finished,
+                                regrade_changed_golds, sample_missing)
 from ictrl.eval.samples import json_safe as _json_safe
 from ictrl.validation import AT_LEAST_ONE, NON_NEGATIVE, check_fields
 
@@ -166,12 +165,6 @@ def benchmark_tasks(
     return tasks
 
 
-def _block_seed(seed: int, benchmark: str, block: int) -> int:
-    """A seed per (seed, benchmark, block of problems): a resumed run redraws exactly what the first would have."""
-    digest = hashlib.sha256(f"{seed}/{benchmark}/{block}".encode()).digest()
-    return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
-
-
 def settings_of(config: EvalConfig, tasks: Sequence[EvalTask]) -> dict[str, Any]:
     """The config plus each task's resolved generation settings, under ``generation``."""
     return {**asdict(config), "generation": {t.name: t.generation(config) for t in tasks}}
@@ -209,31 +202,6 @@ def _check_settings(output_dir: Path, config: EvalConfig, tasks: Sequence[EvalTa
         )
 
 
-def _sample_block(
-    task: EvalTask, idx: list[int], prompts: list[str], backend: Backend, config: EvalConfig, seed: int, block: int
-) -> list[dict[str, Any]]:
-    """Sample and grade the problems ``idx`` of ``task`` in one backend call; one record per problem."""
-    gen = task.generation(config)
-    completions = backend.generate(
-        [prompts[i] for i in idx], config.n, gen["max_new_tokens"], gen["temperature"], gen["top_p"],
-        _block_seed(seed, task.name, block),
-    )
-    if len(completions) != len(idx) or any(len(c) != config.n for c in completions):
-        raise ValueError(
-            f"backend returned {[len(c) for c in completions]} completions for {len(idx)} prompts; "
-            f"expected {config.n} per prompt"
-        )
-    records = []
-    for i, texts in zip(idx, completions):
-        problem = task.problems[i]
-        samples = grade_completions(task, problem, list(texts))
-        records.append({
-            "seed": seed, "benchmark": task.name, "problem_id": str(problem.id), "prompt": prompts[i],
-            "gold": problem.gold, "samples": samples, "num_correct": sum(s["correct"] for s in samples),
-        })
-    return records
-
-
 def validate_tasks(tasks: Sequence[EvalTask]) -> None:
     if not tasks:
         raise ValueError("tasks must not be empty")
@@ -247,19 +215,6 @@ def validate_tasks(tasks: Sequence[EvalTask]) -> None:
         if len(set(ids)) != len(ids):
             dup = next(i for i in ids if ids.count(i) > 1)
             raise ValueError(f"task {task.name!r}: problem id {dup!r} appears more than once (resume keys on ids)")
-
-
-def _progress_bar(progress: bool) -> Any:
-    """A rich progress bar on stderr (disabled when ``progress`` is False)."""
-    from rich.console import Console
-    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
-                               TimeRemainingColumn)
-
-    return Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn(),
-        console=Console(stderr=True),  # stdout carries only the results table
-        disable=not progress,
-    )
 
 
 def check_saved_run(output_dir: str | os.PathLike[str], config: EvalConfig, tasks: Sequence[EvalTask]) -> int:
@@ -293,35 +248,11 @@ def evaluate(tasks: Sequence[EvalTask], backend: Backend, config: EvalConfig,
         _check_settings(out, config, tasks)
         finished = load_finished(out / SAMPLES_FILE)
 
+    samples = out / SAMPLES_FILE if out is not None else None  # None: the rows are kept in memory
     prompts = {t.name: [t.prompt_fn(p) for p in t.problems] for t in tasks}
     check_finished(finished, tasks, prompts, config)
-    regrade_changed_golds(finished, tasks, out / SAMPLES_FILE if out is not None else None)
-    bar = _progress_bar(progress)
-    samples = out / SAMPLES_FILE if out is not None else Path(SAMPLES_FILE)
-    sink = os.open(samples, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644) if out is not None else None
-    try:
-        with bar:
-            for seed in config.seeds:
-                for task in tasks:
-                    done = sum((seed, task.name, str(p.id)) in finished for p in task.problems)
-                    bar_id = bar.add_task(f"seed {seed} {task.name}", total=len(task.problems), completed=done)
-                    for block, start in enumerate(range(0, len(task.problems), config.chunk_size)):
-                        whole = list(range(start, min(start + config.chunk_size, len(task.problems))))
-                        idx = [i for i in whole if (seed, task.name, str(task.problems[i].id)) not in finished]
-                        if not idx:
-                            continue
-                        # A backend's draws depend on every prompt of its call: a block cut short (a torn row,
-                        # a stop) is drawn whole again, so the problems it lacks get an uninterrupted run's samples.
-                        missing = {str(task.problems[i].id) for i in idx}
-                        recs = [rec for rec in _sample_block(task, whole, prompts[task.name], backend, config, seed,
-                                                             block) if rec["problem_id"] in missing]
-                        for rec in recs:
-                            finished[(seed, task.name, rec["problem_id"])] = rec
-                        append_records(sink, samples, recs)
-                        bar.advance(bar_id, len(idx))
-    finally:
-        if sink is not None:
-            os.close(sink)
+    regrade_changed_golds(finished, tasks, samples)
+    sample_missing(tasks, prompts, backend, config, finished, samples, progress)
 
     records = [finished[(seed, t.name, str(p.id))] for seed in config.seeds for t in tasks for p in t.problems]
     for rec in records:

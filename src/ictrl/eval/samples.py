@@ -1,4 +1,5 @@
-"""The evaluation's ``samples.jsonl``: one row per finished (seed, benchmark, problem), its completions graded.
+"""The evaluation's ``samples.jsonl``: one row per finished (seed, benchmark, problem), its completions graded; the
+rows a run lacks drawn block by block, one backend call each (:func:`sample_missing`), and appended after each call.
 
 A row is done for the problem it was drawn for: the prompt it was sampled with (a changed prompt needs new samples,
 so a rerun is refused) and the gold answer it was graded against (a corrected gold is regraded from the saved
@@ -7,6 +8,7 @@ completions, no new sample drawn, and the file rewritten with the new grades).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -147,3 +149,79 @@ def regrade_changed_golds(finished: Finished, tasks: Sequence[Any], path: Path |
     log.warning("%d saved row(s) were graded against a gold answer the data no longer holds (first: %s problem %s, "
                 "seed %d): regraded from their saved completions", len(changed), name, pid, seed)
     return len(changed)
+
+
+def _block_seed(seed: int, benchmark: str, block: int) -> int:
+    """A seed per (seed, benchmark, block of problems): a resumed run redraws exactly what the first would have."""
+    digest = hashlib.sha256(f"{seed}/{benchmark}/{block}".encode()).digest()
+    return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
+
+
+def sample_block(task: Any, idx: list[int], prompts: list[str], backend: Any, config: Any, seed: int,
+                 block: int) -> list[dict[str, Any]]:
+    """Sample and grade the problems ``idx`` of ``task`` in one backend call; one row per problem."""
+    gen = task.generation(config)
+    completions = backend.generate(
+        [prompts[i] for i in idx], config.n, gen["max_new_tokens"], gen["temperature"], gen["top_p"],
+        _block_seed(seed, task.name, block),
+    )
+    if len(completions) != len(idx) or any(len(c) != config.n for c in completions):
+        raise ValueError(
+            f"backend returned {[len(c) for c in completions]} completions for {len(idx)} prompts; "
+            f"expected {config.n} per prompt"
+        )
+    records = []
+    for i, texts in zip(idx, completions):
+        problem = task.problems[i]
+        samples = grade_completions(task, problem, list(texts))
+        records.append({
+            "seed": seed, "benchmark": task.name, "problem_id": str(problem.id), "prompt": prompts[i],
+            "gold": problem.gold, "samples": samples, "num_correct": sum(s["correct"] for s in samples),
+        })
+    return records
+
+
+def _progress_bar(progress: bool) -> Any:
+    """A rich progress bar on stderr (disabled when ``progress`` is False)."""
+    from rich.console import Console
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                               TimeRemainingColumn)
+
+    return Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn(),
+        console=Console(stderr=True),  # stdout carries only the results table
+        disable=not progress,
+    )
+
+
+def sample_missing(tasks: Sequence[Any], prompts: dict[str, list[str]], backend: Any, config: Any,
+                   finished: Finished, path: Path | None, progress: bool = True) -> None:
+    """The rows ``finished`` lacks for each seed and task, drawn block by block (``config.chunk_size`` problems per
+    backend call, :func:`sample_block`), added to ``finished`` and appended to ``path`` after each call
+    (:func:`append_records`; None: kept in memory), with a progress bar on stderr."""
+    bar = _progress_bar(progress)
+    samples = path if path is not None else Path(SAMPLES_FILE)
+    sink = os.open(samples, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644) if path is not None else None
+    try:
+        with bar:
+            for seed in config.seeds:
+                for task in tasks:
+                    done = sum((seed, task.name, str(p.id)) in finished for p in task.problems)
+                    bar_id = bar.add_task(f"seed {seed} {task.name}", total=len(task.problems), completed=done)
+                    for block, start in enumerate(range(0, len(task.problems), config.chunk_size)):
+                        whole = list(range(start, min(start + config.chunk_size, len(task.problems))))
+                        idx = [i for i in whole if (seed, task.name, str(task.problems[i].id)) not in finished]
+                        if not idx:
+                            continue
+                        # A backend's draws depend on every prompt of its call: a block cut short (a torn row,
+                        # a stop) is drawn whole again, so the problems it lacks get an uninterrupted run's samples.
+                        missing = {str(task.problems[i].id) for i in idx}
+                        recs = [rec for rec in sample_block(task, whole, prompts[task.name], backend, config, seed,
+                                                            block) if rec["problem_id"] in missing]
+                        for rec in recs:
+                            finished[(seed, task.name, rec["problem_id"])] = rec
+                        append_records(sink, samples, recs)
+                        bar.advance(bar_id, len(idx))
+    finally:
+        if sink is not None:
+            os.close(sink)
