@@ -109,6 +109,21 @@ def check_model(name_or_path: str, option: str = "--model", trust_remote_code: b
                              f"{why_unreachable()}")
 
 
+def checked_model(name_or_path: str, option: str = "--model") -> str | None:
+    """:func:`check_model`, then the model's weights whole (``checkpoints.check_weights``: a truncated or changed file
+    is one :class:`ictrl.errors.UserError` line naming ``option``, not a traceback from the loader); returns the
+    sha256 of a local model's weights (``checkpoints.weights_digest``: their manifest's, when ``ictrl train`` wrote
+    one; None for a hub id)."""
+    from ictrl.checkpoints import check_weights, weights_digest
+    from ictrl.errors import UserError
+
+    check_model(name_or_path, option)
+    problem = check_weights(name_or_path)
+    if problem is not None:
+        raise UserError(f"{option}: {name_or_path}: {problem}; the model directory is damaged")
+    return weights_digest(name_or_path)
+
+
 def custom_code(folder: Path) -> str | None:
     """Why loading the model folder runs its own code (its config.json's ``auto_map`` for a ``model_type``
     transformers lacks), or None. transformers' rule: a type it knows loads its own class, the folder's code unrun."""

@@ -114,21 +114,6 @@ def _method_label(selector: object) -> str | None:
         return selector
 
 
-def checked_model(model: str) -> str | None:
-    """``--model`` checked, and the sha256 of a local model's weights (their manifest's, when ``ictrl train`` wrote
-    one; None for a hub id): a folder that loads as itself or a reachable hub id (``hub.check_model``), its weights
-    whole: a truncated or changed file is one line here, not a traceback from the loader."""
-    from ictrl.checkpoints import check_weights, weights_digest
-    from ictrl.errors import UserError
-    from ictrl.hub import check_model
-
-    check_model(model)
-    problem = check_weights(model)
-    if problem is not None:
-        raise UserError(f"--model: {model}: {problem}; the model directory is damaged")
-    return weights_digest(model)
-
-
 def stopped_evaluation(output_dir: Path | None, stop: BaseException) -> Exception:
     """The one line of an evaluation stopped by SIGTERM or Ctrl-C: what is kept and how to go on."""
     from ictrl.errors import Interrupted, Terminated
@@ -179,6 +164,7 @@ def _warn_no_method(model: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ictrl.errors import UserError
+    from ictrl.hub import checked_model
     from ictrl.option_checks import check_benchmarks
 
     # the cheap checks first: a typo costs a fraction of a second, not a model load
@@ -212,20 +198,20 @@ def run(args: argparse.Namespace) -> int:
     except BackendUnavailableError as err:
         raise UserError(str(err)) from err
     tasks = _checked_tasks(args, config)  # every row read and every prompt measured before the weights load
-    if args.output_dir is None:
-        return _evaluate(args, config, tasks)
-    # one writer at a time: a second run would append every row again
-    with OutputLock(args.output_dir, label="--output-dir", stopped="the evaluation did not start",
-                    logger="ictrl.eval"):
-        check_own_files(args.output_dir, OUTPUT_FILES, legacy=earlier_eval)  # as it is now the lock is held
-        claim_files(args.output_dir, OUTPUT_FILES)
-        try:  # the rows a resume reads, and its settings, before the weights load
-            to_sample = check_saved_run(args.output_dir, config, tasks)
-        except ValueError as err:
-            kind = "settings mismatch: " if isinstance(err, ResumeMismatchError) else ""
-            raise UserError(f"{kind}{err}") from err
-        # every row saved (a rerun, maybe after the golds were corrected): graded from the saved completions
-        return _evaluate(args, config, tasks, load=to_sample > 0)
+    if args.output_dir is not None:
+        # one writer at a time: a second run would append every row again
+        with OutputLock(args.output_dir, label="--output-dir", stopped="the evaluation did not start",
+                        logger="ictrl.eval"):
+            check_own_files(args.output_dir, OUTPUT_FILES, legacy=earlier_eval)  # as it is now the lock is held
+            claim_files(args.output_dir, OUTPUT_FILES)
+            try:  # the rows a resume reads, and its settings, before the weights load
+                to_sample = check_saved_run(args.output_dir, config, tasks)
+            except ValueError as err:
+                kind = "settings mismatch: " if isinstance(err, ResumeMismatchError) else ""
+                raise UserError(f"{kind}{err}") from err
+            # every row saved (a rerun, maybe after the golds were corrected): graded from the saved completions
+            return _evaluate(args, config, tasks, load=to_sample > 0)
+    return _evaluate(args, config, tasks)
 
 
 class _AllSaved:
