@@ -156,18 +156,19 @@ def prepare_output_dir(cfg: RunConfig, resume: bool | str, source: str = "<confi
         if not verified:
             raise ConfigError(f"{source}: resume_from_checkpoint: {named} is not a complete checkpoint (named "
                               "above); name another")
-        return resume_point(verified, args, source) if args is not None else named
-    if not checkpoints and OVERWRITE_FLAG in cfg.modes:
-        forget_previous_run(out)
-    if not resume or not checkpoints:
-        return None
-    # every file of every checkpoint is read to verify it: once per copy of output_dir, not once per process
-    inexact = INEXACT_FLAG in cfg.modes  # else a checkpoint with lost state is skipped for an older exact one
-    verified = answered_once(lambda: verified_checkpoints(checkpoints, inexact), f"{source}: output_dir",
-                             per_node=bool(getattr(args, "save_on_each_node", False)))
+    else:
+        if not checkpoints and OVERWRITE_FLAG in cfg.modes:
+            forget_previous_run(out)
+        if not resume or not checkpoints:
+            return None
+        # every file of every checkpoint is read to verify it: once per copy of output_dir, not once per process
+        inexact = INEXACT_FLAG in cfg.modes  # else a checkpoint with lost state is skipped for an older exact one
+        verified = answered_once(lambda: verified_checkpoints(checkpoints, inexact), f"{source}: output_dir",
+                                 per_node=bool(getattr(args, "save_on_each_node", False)))
     if args is None:
-        return verified[0] if verified else None
-    return resume_point(verified, args, source, finished_ok=True)
+        return named if named is not None else verified[0] if verified else None
+    # a finished run ends at its newest checkpoint, wherever it falls; a named checkpoint must resume exactly
+    return resume_point(verified, args, source, finished_ok=named is None)
 
 
 
