@@ -62,6 +62,18 @@ def select_now(trainer: Any, batch: dict[str, Any]) -> torch.Tensor:
     return batch["ictrl_selected"]
 
 
+def stock_stub_class() -> type:
+    """TRL's own GRPOTrainer generating as :func:`stub_trainer_class` does: the stock side of the equality tests."""
+    from trl import GRPOTrainer
+
+    class StockStub(GRPOTrainer):
+        def _generate_single_turn(self, prompt_ids: list[list[int]], images: Any, multimodal_fields: Any,
+                                  num_generations: int, has_tool_images: bool = False) -> tuple[list, None]:
+            return [stub_completion(p, i % num_generations) for i, p in enumerate(prompt_ids)], None
+
+    return StockStub
+
+
 def stub_trainer_class(one_pass: bool = False) -> type:
     """``one_pass`` False (default): the separate statistics pass; else the path the trainer plans. Each recorded
     generation batch gets, as the loss selects its micro-batches, their ``ictrl_selected`` rows in generation

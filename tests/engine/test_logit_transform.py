@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import torch
-from trl import GRPOConfig, GRPOTrainer
+from trl import GRPOConfig
 
 import mp_worker as w
 from ictrl.core import reference as core_ref
@@ -100,10 +100,7 @@ def test_ict_statistics_are_the_transformed_distributions(transformed_model_dir:
 def test_all_trains_as_stock_trl(transformed_model_dir: Path, tmp_path: Path) -> None:
     """Two SGD steps with stock GRPOTrainer and with ICTGRPOTrainer given the same GRPOConfig: the same weights."""
 
-    class StockStub(GRPOTrainer):
-        def _generate_single_turn(self, prompt_ids: Any, images: Any, multimodal_fields: Any, num_generations: int,
-                                  has_tool_images: bool = False) -> Any:
-            return [w.stub_completion(p, i % num_generations) for i, p in enumerate(prompt_ids)], None
+    StockStub = w.stock_stub_class()
 
     args = dict(use_cpu=True, bf16=False, report_to="none", save_strategy="no", num_generations=4,
                 max_completion_length=12, optim="sgd", learning_rate=0.1, max_grad_norm=0.0, seed=0,

@@ -188,15 +188,12 @@ def test_a_nan_reward_under_all_trains_as_trl_and_is_named_once(tmp_path: Path, 
     """TRL takes a reward's NaN as its None (``nansum`` over the rewards; a completion no reward scores has no
     advantage): ``token_selector: all`` trains to TRL's weights, saying once which reward returned it."""
     import torch
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOConfig
 
     import mp_worker as w
     from test_trainer import _load
 
-    class StockStub(GRPOTrainer):
-        def _generate_single_turn(self, prompt_ids: Any, images: Any, multimodal_fields: Any, num_generations: int,
-                                  has_tool_images: bool = False) -> Any:
-            return [w.stub_completion(p, i % num_generations) for i, p in enumerate(prompt_ids)], None
+    StockStub = w.stock_stub_class()
 
     common = dict(use_cpu=True, bf16=False, report_to="none", save_strategy="no", num_generations=4,
                   max_completion_length=12, optim="sgd", learning_rate=0.1, max_grad_norm=0.0, seed=0,

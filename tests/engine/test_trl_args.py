@@ -46,10 +46,7 @@ def test_converted_config_keeps_every_field_and_runs_trl_grpo(tmp_path: Path, ca
 def test_trainer_given_a_trl_config_steps_as_trl(tiny_model_dir: Path, tmp_path: Path) -> None:
     """One SGD step (two micro-batches) of ICTGRPOTrainer given a plain GRPOConfig equals TRL's GRPOTrainer's."""
 
-    class StockStub(GRPOTrainer):
-        def _generate_single_turn(self, prompt_ids: Any, images: Any, multimodal_fields: Any, num_generations: int,
-                                  has_tool_images: bool = False) -> Any:
-            return [w.stub_completion(p, i % num_generations) for i, p in enumerate(prompt_ids)], None
+    StockStub = w.stock_stub_class()
 
     params = []
     for name, cls in (("trl", StockStub), ("ictrl", w.stub_trainer_class(one_pass=True))):

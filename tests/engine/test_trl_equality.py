@@ -170,10 +170,7 @@ def test_sgd_steps_equal_the_stock_trainer(tiny_model_dir: Path, tmp_path: Path,
                                           ictrl_args: dict[str, Any]) -> None:
     """The same weights after training with TRL's GRPOTrainer and with ICTGRPOTrainer (plain SGD)."""
 
-    class StockStub(GRPOTrainer):
-        def _generate_single_turn(self, prompt_ids: Any, images: Any, multimodal_fields: Any, num_generations: int,
-                                  has_tool_images: bool = False) -> Any:
-            return [w.stub_completion(p, i % num_generations) for i, p in enumerate(prompt_ids)], None
+    StockStub = w.stock_stub_class()
 
     from trl import GRPOConfig
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from trl import GRPOConfig, GRPOTrainer
+from trl import GRPOConfig
 
 import mp_worker as w
 from test_trainer import _load
@@ -17,10 +17,7 @@ COMMON = dict(use_cpu=True, bf16=False, report_to="none", save_strategy="no", nu
               per_device_train_batch_size=8, max_steps=2, logging_steps=1)
 
 
-class _StockStub(GRPOTrainer):
-    def _generate_single_turn(self, prompt_ids: Any, images: Any, multimodal_fields: Any, num_generations: int,
-                              has_tool_images: bool = False) -> Any:
-        return [w.stub_completion(p, i % num_generations) for i, p in enumerate(prompt_ids)], None
+_StockStub = w.stock_stub_class()
 
 
 def _logs(cls: type, args: Any, tiny_model_dir: Path) -> list[dict[str, float]]:
