@@ -148,3 +148,24 @@ def test_two_evals_at_once_into_one_folder(tiny_model_dir: Path, rows: Path, tmp
     samples = (out / SAMPLES_FILE).read_text()
     assert main(eval_args(tiny_model_dir, rows, out, "--max-new-tokens", "16")) == 0
     assert (out / SAMPLES_FILE).read_text() == samples
+
+
+def test_a_full_disk_while_claiming_the_folder_is_one_line_before_the_model(tiny_model_dir: Path, rows: Path,
+                                                                           tmp_path: Path, loader_calls: list[Any],
+                                                                           monkeypatch: pytest.MonkeyPatch,
+                                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """Every write into --output-dir under the lock reports a full disk as one line, the list of ictrl's files too."""
+    import errno
+
+    import ictrl.files
+
+    def full(path: Path, data: object, **kwargs: Any) -> Path:
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(ictrl.files, "atomic_write_json", full)
+    out = tmp_path / "eval"
+    assert main(eval_args(tiny_model_dir, rows, out)) == 2
+    lines = errors(capsys.readouterr().err)
+    assert len(lines) == 1 and lines[0].startswith(
+        f"ictrl eval: error: cannot write {out / OWNED_FILE}: No space left on device ("), lines
+    assert not loader_calls and not (out / SAMPLES_FILE).exists()

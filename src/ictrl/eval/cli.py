@@ -9,6 +9,7 @@ Example::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from pathlib import Path
 from typing import Any
@@ -17,8 +18,9 @@ from ictrl.cliargs import CommaList, comma_list
 from ictrl.errors import Terminated, sigterm_raises
 from ictrl.dirlock import OutputLock
 from ictrl.files import check_output_dir, check_own_files, claim_files, reported_write
-from ictrl.eval.harness import (RESULTS_JSON, RESULTS_MD, SAMPLES_FILE, SETTINGS_FILE, EvalConfig,
-                                ResumeMismatchError, benchmark_tasks, check_saved_run, evaluate)
+from ictrl.eval.harness import (RESULTS_JSON, RESULTS_MD, SAMPLES_FILE, SETTINGS_FILE, EvalConfig, EvalTask,
+                                ResumeMismatchError, benchmark_tasks, check_prompt_lengths, check_saved_run, evaluate,
+                                validate_tasks)
 
 # what `ictrl eval` writes at the top of --output-dir (besides lm-evaluation-harness's dated files in a folder named
 # after the model, which replace nothing)
@@ -26,6 +28,10 @@ OUTPUT_FILES = (SETTINGS_FILE, SAMPLES_FILE, RESULTS_JSON, RESULTS_MD)
 # the dtypes a model is evaluated in (ictrl.models.load_model_and_tokenizer); float8 and the integer types hold
 # weights, not the activations generation computes in
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+# printed once the model loaded when no method label was found: the results record method: null
+NO_METHOD_WARNING = ("ictrl eval: warning: no method label: --method is not given and {model} has no run.json or "
+                     "config.yaml of `ictrl train` beside it, so the results record method: null and `ictrl table` "
+                     "will not take them; pass --method NAME (e.g. --method grpo)")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -128,44 +134,8 @@ def stopped_evaluation(output_dir: Path | None, stop: BaseException) -> Exceptio
                 "again to continue")
 
 
-def _checked_tasks(args: argparse.Namespace, config: EvalConfig) -> list[Any]:
-    """The benchmarks' tasks, built with the model's tokenizer alone: rows checked, prompt lengths measured."""
-    from transformers import AutoTokenizer
-
-    from ictrl.errors import UserError
-    from ictrl.eval.harness import validate_tasks
-    from ictrl.eval.tokenizer_checks import check_prompt_lengths, check_tokenizer_fits, max_positions
-
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(args.model)
-        positions = max_positions(args.model)
-    except OSError as err:
-        raise UserError(f"--model: {args.model}: cannot load its tokenizer: {str(err).splitlines()[0]}") from err
-    check_tokenizer_fits(args.model, tokenizer)
-    try:
-        tasks = benchmark_tasks(args.benchmarks, tokenizer=tokenizer, limit=args.limit, data_root=args.data_root)
-        validate_tasks(tasks)
-        for task in tasks:
-            task.generation(config)
-    except UserError:
-        raise
-    except ValueError as err:
-        raise UserError(str(err)) from err
-    check_prompt_lengths(tasks, tokenizer, config, positions)
-    return tasks
-
-
-def _warn_no_method(model: str) -> None:
-    """One line: the results will record ``method: null``, which ``ictrl table`` refuses; names ``--method``."""
-    print(f"ictrl eval: warning: no method label: --method is not given and {model} has no run.json or "
-          "config.yaml of `ictrl train` beside it, so the results record method: null and `ictrl table` will "
-          "not take them; pass --method NAME (e.g. --method grpo)", file=sys.stderr)
-
-
 def run(args: argparse.Namespace) -> int:
     from ictrl.errors import UserError
-    from ictrl.hub import checked_model
-    from ictrl.option_checks import check_benchmarks
 
     # the cheap checks first: a typo costs a fraction of a second, not a model load
     if args.seeds < 1 or args.seed_start < 0:
@@ -187,31 +157,85 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--limit must be at least 1, got {args.limit}")
     if args.data_root is not None and not args.data_root.is_dir():
         raise UserError(f"--data-root: {args.data_root}: no such directory")
+    tasks = _checked_tasks(args, config)
+    return _evaluate(args, config, tasks)
+
+
+def _checked_tasks(args: argparse.Namespace, config: EvalConfig) -> list[EvalTask]:
+    """The benchmarks' tasks, after every check that reads a file or the hub, before the weights load or anything is
+    written: the output folder, the benchmarks' names, the model's files, the backend's package; then, with the
+    model's tokenizer alone, every benchmark row read and every prompt measured."""
+    from ictrl.errors import UserError
+    from ictrl.eval.generate import BackendUnavailableError, check_backend
+    from ictrl.eval.tokenizer_checks import checked_tokenizer
+    from ictrl.hub import checked_model
+    from ictrl.option_checks import check_benchmarks
+
     if args.output_dir is not None:
         check_output_dir(args.output_dir, writes=OUTPUT_FILES, legacy=earlier_eval)
     check_benchmarks(args.benchmarks, data_root=args.data_root)
     config.model_sha256 = checked_model(args.model)
-    from ictrl.eval.generate import BackendUnavailableError, check_backend
-
     try:
         check_backend(args.backend)
     except BackendUnavailableError as err:
         raise UserError(str(err)) from err
-    tasks = _checked_tasks(args, config)  # every row read and every prompt measured before the weights load
-    if args.output_dir is not None:
-        # one writer at a time: a second run would append every row again
-        with OutputLock(args.output_dir, label="--output-dir", stopped="the evaluation did not start",
-                        logger="ictrl.eval"):
-            check_own_files(args.output_dir, OUTPUT_FILES, legacy=earlier_eval)  # as it is now the lock is held
-            claim_files(args.output_dir, OUTPUT_FILES)
+    model_tokenizer = checked_tokenizer(args.model)
+    try:
+        tasks = benchmark_tasks(args.benchmarks, tokenizer=model_tokenizer.tokenizer, limit=args.limit,
+                                data_root=args.data_root)
+        validate_tasks(tasks, config)
+    except UserError:
+        raise
+    except ValueError as err:
+        raise UserError(str(err)) from err
+    check_prompt_lengths(tasks, model_tokenizer, config)
+    return tasks
+
+
+def _evaluate(args: argparse.Namespace, config: EvalConfig, tasks: list[EvalTask]) -> int:
+    """Evaluate ``tasks`` into ``args.output_dir``, held by this process alone: its files claimed and its saved run
+    checked under the lock, then the model loaded (not when every row is saved: a rerun, maybe after the golds were
+    corrected, is graded from the saved completions), then sampled."""
+    from ictrl.errors import UserError
+    from ictrl.eval.generate import BackendUnavailableError, build_backend
+
+    out = args.output_dir
+    # one writer at a time: a second run would append every row again
+    lock = (OutputLock(out, label="--output-dir", stopped="the evaluation did not start", logger="ictrl.eval")
+            if out is not None else contextlib.nullcontext())
+    with lock, reported_write(out or "."):  # a full disk is one line, whichever write into the folder meets it
+        load = True
+        if out is not None:
+            check_own_files(out, OUTPUT_FILES, legacy=earlier_eval)  # as it is now the lock is held
+            claim_files(out, OUTPUT_FILES)
             try:  # the rows a resume reads, and its settings, before the weights load
-                to_sample = check_saved_run(args.output_dir, config, tasks)
+                load = check_saved_run(out, config, tasks) > 0
             except ValueError as err:
                 kind = "settings mismatch: " if isinstance(err, ResumeMismatchError) else ""
                 raise UserError(f"{kind}{err}") from err
-            # every row saved (a rerun, maybe after the golds were corrected): graded from the saved completions
-            return _evaluate(args, config, tasks, load=to_sample > 0)
-    return _evaluate(args, config, tasks)
+        try:
+            try:
+                backend = (build_backend(args.backend, args.model, batch_size=args.batch_size, dtype=args.dtype)
+                           if load else _AllSaved())
+            except OSError as err:  # not on the hub, gated, or the connection dropped: transformers says which
+                raise UserError(f"--model: {args.model}: cannot load: {str(err).splitlines()[0]}") from err
+            if config.method is None:  # once the model loaded (an error stays one line): before any sample
+                print(NO_METHOD_WARNING.format(model=args.model), file=sys.stderr)
+            with sigterm_raises():
+                result = evaluate(tasks, backend, config, output_dir=out, progress=not args.no_progress)
+        except (Terminated, KeyboardInterrupt) as stop:
+            raise stopped_evaluation(out, stop) from None
+        except UserError:
+            raise
+        except (ValueError, BackendUnavailableError) as err:
+            # arguments, settings mismatch on resume, missing vllm/GPU: the CLI prints one line (--debug: traceback)
+            kind = "settings mismatch: " if isinstance(err, ResumeMismatchError) else ""
+            raise UserError(f"{kind}{err}") from err
+    print(result.markdown)
+    if out is not None:
+        print(f"wrote {out / RESULTS_JSON}, {out / RESULTS_MD} and, in lm-evaluation-harness's layout, "
+              f"{result.harness_file} with its samples files", file=sys.stderr)
+    return 0
 
 
 class _AllSaved:
@@ -219,34 +243,3 @@ class _AllSaved:
 
     def generate(self, *args: Any, **kwargs: Any) -> list[list[str]]:
         raise RuntimeError("every row was saved, yet the evaluation asked for new samples")
-
-
-def _evaluate(args: argparse.Namespace, config: EvalConfig, tasks: list[Any], load: bool = True) -> int:
-    """Load the model (unless ``load`` is False: every row is saved) and evaluate ``tasks`` (into
-    ``args.output_dir``, whose lock the caller holds)."""
-    from ictrl.errors import UserError
-    from ictrl.eval.generate import BackendUnavailableError, build_backend
-
-    try:
-        try:
-            backend = (build_backend(args.backend, args.model, batch_size=args.batch_size, dtype=args.dtype)
-                       if load else _AllSaved())
-        except OSError as err:  # not on the hub, gated, or the connection dropped: transformers says which
-            raise UserError(f"--model: {args.model}: cannot load: {str(err).splitlines()[0]}") from err
-        if config.method is None:  # once the model loaded (an error stays one line): before any sample
-            _warn_no_method(args.model)
-        with sigterm_raises(), reported_write(args.output_dir or "."):
-            result = evaluate(tasks, backend, config, output_dir=args.output_dir, progress=not args.no_progress)
-    except (Terminated, KeyboardInterrupt) as stop:
-        raise stopped_evaluation(args.output_dir, stop) from None
-    except UserError:
-        raise
-    except (ValueError, BackendUnavailableError) as err:
-        # arguments, settings mismatch on resume, missing vllm/GPU: the CLI prints one line (--debug: traceback)
-        kind = "settings mismatch: " if isinstance(err, ResumeMismatchError) else ""
-        raise UserError(f"{kind}{err}") from err
-    print(result.markdown)
-    if args.output_dir is not None:
-        print(f"wrote {args.output_dir / RESULTS_JSON}, {args.output_dir / RESULTS_MD} and, in lm-evaluation-harness's "
-              f"layout, {result.harness_file} with its samples files", file=sys.stderr)
-    return 0

@@ -2,6 +2,9 @@
 
 The harness knows nothing about data files or models: callers pass ``EvalTask``s (problems, a prompt builder, a
 reward) and a backend (``ictrl.eval.generate``); the CLI, the trainer's eval and the demo call :func:`evaluate`.
+What :func:`evaluate` would refuse is also checkable before a model loads, beside the code it guards:
+:func:`validate_tasks` (the tasks), :func:`check_prompt_lengths` (a prompt that fills the model's positions, given
+the numbers ``ictrl.eval.tokenizer_checks`` reads) and :func:`check_saved_run` (the output directory).
 
 Files in ``output_dir`` (all optional; ``output_dir=None`` keeps everything in memory):
 
@@ -17,6 +20,7 @@ Files in ``output_dir`` (all optional; ``output_dir=None`` keeps everything in m
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -28,6 +32,7 @@ import numpy as np
 from annotated_types import Interval
 
 from ictrl import __version__
+from ictrl.errors import DataError, quote
 from ictrl.eval import lmeval
 from ictrl.files import atomic_write_text, read_json
 from ictrl.eval.markdown import GENERATION_FIELDS, format_markdown
@@ -44,6 +49,7 @@ RESULTS_MD = "results.md"
 
 if TYPE_CHECKING:  # generate imports torch; the harness itself does not need it
     from ictrl.eval.generate import Backend
+    from ictrl.eval.tokenizer_checks import ModelTokenizer
 
 
 @dataclass
@@ -202,7 +208,9 @@ def _check_settings(output_dir: Path, config: EvalConfig, tasks: Sequence[EvalTa
         )
 
 
-def validate_tasks(tasks: Sequence[EvalTask]) -> None:
+def validate_tasks(tasks: Sequence[EvalTask], config: EvalConfig) -> None:
+    """What :func:`evaluate` refuses of ``tasks`` before it samples (none, a name twice, a task without problems, a
+    problem id twice in a task, a generation setting that resolves to nothing), as a ValueError naming it."""
     if not tasks:
         raise ValueError("tasks must not be empty")
     names = [t.name for t in tasks]
@@ -215,6 +223,41 @@ def validate_tasks(tasks: Sequence[EvalTask]) -> None:
         if len(set(ids)) != len(ids):
             dup = next(i for i in ids if ids.count(i) > 1)
             raise ValueError(f"task {task.name!r}: problem id {dup!r} appears more than once (resume keys on ids)")
+    for task in tasks:
+        task.generation(config)  # every generation setting resolves before anything is sampled
+
+
+def check_prompt_lengths(tasks: Sequence[EvalTask], model: ModelTokenizer, config: EvalConfig,
+                         option: str = "--benchmarks") -> None:
+    """Each task's prompts leave room for a generated token in the model's positions (``model``, from
+    :func:`ictrl.eval.tokenizer_checks.checked_tokenizer`); :class:`DataError` naming ``option``, the benchmark and
+    the problem id otherwise.
+
+    Generation past the positions is left to the model: rotary-embedding models run on past them, and the tiny test
+    models (256 positions) are evaluated with budgets of 1024 tokens. Prompts are measured cheaply first: no token is
+    longer than the vocabulary's longest entry (in characters; a byte-level BPE entry spells each byte as one
+    character), so a prompt of ``c`` characters is at least ``c / longest`` tokens, and one too long by that bound is
+    refused without tokenising it (a megabyte of text takes the tokenizer tens of seconds)."""
+    if model.positions is None:
+        return
+    room = model.positions - 1
+    for task in tasks:
+        budget = int(task.generation(config)["max_new_tokens"])
+        prompts = [task.prompt_fn(p) for p in task.problems]
+        for problem, prompt in zip(task.problems, prompts):
+            at_least = math.ceil(len(prompt) / model.longest)
+            if at_least > room:
+                _too_long(option, task.name, problem, f"at least {at_least}", budget, model.positions)
+        lengths = [len(ids) for ids in model.tokenizer(prompts, add_special_tokens=False)["input_ids"]]
+        for problem, n in zip(task.problems, lengths):
+            if n > room:
+                _too_long(option, task.name, problem, str(n), budget, model.positions)
+
+
+def _too_long(option: str, name: str, problem: Any, tokens: str, budget: int, positions: int) -> None:
+    raise DataError(f"{option}: {name}: problem {quote(str(problem.id), 80)}: a prompt of {tokens} tokens leaves no "
+                    f"room in the model's {positions} positions (max_new_tokens {budget}); drop the problem or use a "
+                    "model with more positions")
 
 
 def check_saved_run(output_dir: str | os.PathLike[str], config: EvalConfig, tasks: Sequence[EvalTask]) -> int:
@@ -238,9 +281,7 @@ def evaluate(tasks: Sequence[EvalTask], backend: Backend, config: EvalConfig,
     regenerated. Raises :class:`ResumeMismatchError` naming the fields that differ.
     """
     started = time.perf_counter()
-    validate_tasks(tasks)
-    for task in tasks:
-        task.generation(config)  # every generation setting resolves before anything is sampled
+    validate_tasks(tasks, config)
     out = Path(output_dir) if output_dir is not None else None
     finished: dict[tuple[int, str, str], dict[str, Any]] = {}
     if out is not None:

@@ -1,23 +1,11 @@
-"""``ictrl eval``'s checks that need the tokenizer but not the weights: every benchmark row read and every prompt's
-length measured before the model loads.
-
-A prompt that fills the model's positions (no room for one generated token) is an error naming the benchmark and
-problem. Generation past the positions is left to the model: rotary-embedding models run on past them, and the
-tiny test models (256 positions) are evaluated with budgets of 1024 tokens.
-
-Prompts are measured cheaply first: no token is longer than the vocabulary's longest entry (in characters; a
-byte-level BPE entry spells each byte as one character), so a prompt of ``c`` characters is at least
-``c / longest`` tokens, and one too long by that bound is refused without tokenising it (a megabyte of text
-takes the tokenizer tens of seconds).
+"""``ictrl eval``'s tokenizer, loaded and checked against the model before its weights load: every id of it has a
+row in the model's embedding, and the model's positions and the vocabulary's longest entry are read for the
+prompt-length check (:func:`ictrl.eval.harness.check_prompt_lengths`).
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Sequence
-from typing import Any
-
-from ictrl.errors import DataError, quote
+from typing import Any, NamedTuple
 
 
 def longest_token(tokenizer: Any) -> int:
@@ -32,33 +20,6 @@ def max_positions(model: str, trust_remote_code: bool = False) -> int | None:
     config = AutoConfig.from_pretrained(model, trust_remote_code=trust_remote_code)
     value = getattr(config, "max_position_embeddings", None)
     return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def check_prompt_lengths(tasks: Sequence[Any], tokenizer: Any, config: Any, positions: int | None,
-                         option: str = "--benchmarks") -> None:
-    """Each task's prompts (``task.prompt_fn`` over ``task.problems``) leave room for a generated token in
-    ``positions``; :class:`DataError` naming the benchmark and problem id otherwise."""
-    if positions is None:
-        return
-    longest = longest_token(tokenizer)
-    room = positions - 1
-    for task in tasks:
-        budget = int(task.generation(config)["max_new_tokens"])
-        prompts = [task.prompt_fn(p) for p in task.problems]
-        for problem, prompt in zip(task.problems, prompts):
-            at_least = math.ceil(len(prompt) / longest)
-            if at_least > room:
-                _too_long(option, task.name, problem, f"at least {at_least}", budget, positions)
-        lengths = [len(ids) for ids in tokenizer(prompts, add_special_tokens=False)["input_ids"]]
-        for problem, n in zip(task.problems, lengths):
-            if n > room:
-                _too_long(option, task.name, problem, str(n), budget, positions)
-
-
-def _too_long(option: str, name: str, problem: Any, tokens: str, budget: int, positions: int) -> None:
-    raise DataError(f"{option}: {name}: problem {quote(str(problem.id), 80)}: a prompt of {tokens} tokens leaves no "
-                    f"room in the model's {positions} positions (max_new_tokens {budget}); drop the problem or use a "
-                    "model with more positions")
 
 
 def check_tokenizer_fits(model: str, tokenizer: Any) -> None:
@@ -82,3 +43,29 @@ def check_tokenizer_fits(model: str, tokenizer: Any) -> None:
             check_vocab_sizes(rows, len(tokenizer))
         except ValueError as err:
             raise UserError(f"--model: {model}: {err}") from None
+
+
+class ModelTokenizer(NamedTuple):
+    """A model's tokenizer, checked by :func:`checked_tokenizer`, and the room a prompt has in the model."""
+
+    tokenizer: Any
+    positions: int | None  # the model's max_position_embeddings; None when its config has none
+    longest: int  # characters of the vocabulary's longest entry (:func:`longest_token`)
+
+
+def checked_tokenizer(model: str) -> ModelTokenizer:
+    """The tokenizer of ``model`` (a hub id or a folder), read with its config and, where the folder has them, its
+    safetensors headers, but not its weights; :class:`UserError` naming ``--model`` when it cannot be loaded or
+    holds ids the embedding has no row for (:func:`check_tokenizer_fits`)."""
+    from transformers import AutoTokenizer
+
+    from ictrl.errors import UserError
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(model)
+        positions = max_positions(model)
+    except OSError as err:
+        raise UserError(f"--model: {model}: cannot load its tokenizer: {str(err).splitlines()[0]}") from err
+    checked = ModelTokenizer(tokenizer, positions, longest_token(tokenizer))
+    check_tokenizer_fits(model, tokenizer)
+    return checked
