@@ -128,7 +128,7 @@ def stopped_evaluation(output_dir: Path | None, stop: BaseException) -> Exceptio
     what = "terminated (SIGTERM)" if kind is Terminated else "interrupted"
     if output_dir is None:
         return kind(f"{what}; nothing was saved (no --output-dir)")
-    samples = output_dir / "samples.jsonl"
+    samples = output_dir / SAMPLES_FILE
     rows = sum(1 for line in samples.read_bytes().split(b"\n") if line.strip()) if samples.is_file() else 0
     return kind(f"{what}; {rows} finished (seed, benchmark, problem) rows are in {samples}; run the same command "
                 "again to continue")
