@@ -166,16 +166,16 @@ def load_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
 
 
 def check_output_dir(path: str | os.PathLike[str], label: str = "--output-dir", writes: Iterable[str] = (),
-                     legacy: Callable[[Path], bool] | None = None) -> None:
+                     legacy: Callable[[Path], bool] | None = None, hint: str = "") -> None:
     """``path`` is, or can be made, a writable directory: not an existing file, not under a file, not in a
     directory this process cannot write; and of ``writes`` (the names the command writes there) none is a file
-    ictrl did not write (:func:`check_own_files`, with ``legacy``). Every command that writes a directory of results
-    calls it with its other argument checks, before anything loads; :class:`ictrl.errors.UserError` names
-    ``label``."""
-    _check_writable(path, label)
+    ictrl did not write (:func:`check_own_files`, with ``legacy``; ``hint`` ends its line). Every command that
+    writes a directory of results calls it with its other argument checks, before anything loads;
+    :class:`ictrl.errors.UserError` names ``label``."""
     names = list(writes)
-    if names:
-        check_own_files(path, names, label, legacy)
+    if names:  # first: a folder holding another tool's files is the line to read, writable or not
+        check_own_files(path, names, label, legacy, hint)
+    _check_writable(path, label)
 
 
 def _check_writable(path: str | os.PathLike[str], label: str) -> None:

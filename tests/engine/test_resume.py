@@ -338,6 +338,7 @@ def test_a_checkpoint_without_its_training_state_names_what_it_lacks(tmp_path: P
     import logging
     from types import SimpleNamespace
 
+    from ictrl.checkpoints import CheckpointState
     from ictrl.train_cli.exact_resume import INEXACT_FLAG, NEW_SCHEDULE_FLAG, check_exact, missing_state
     from ictrl.errors import ConfigError
     from ictrl.train_cli.cli import RESUME_FLAGS
@@ -349,18 +350,19 @@ def test_a_checkpoint_without_its_training_state_names_what_it_lacks(tmp_path: P
     for name in ("model.safetensors", "optimizer.pt", "scheduler.pt", "rng_state.pth", "trainer_state.json"):
         (full / name).write_text("x")
     assert missing_state(full, args) == []
-    check_exact(full, args, accept=False)  # complete: nothing said
+    resumed = CheckpointState(full, step=2, recorded_max_steps=0, world_size=1)
+    check_exact(resumed, args, accept=False)  # complete: nothing said
     (full / "optimizer.pt").unlink()
     (full / "rng_state.pth").unlink()
     with pytest.raises(ConfigError) as refused:
-        check_exact(full, args, accept=False, source="run.yaml")
+        check_exact(resumed, args, accept=False, source="run.yaml")
     line = str(refused.value)
     assert line.startswith(f"run.yaml: --resume: {full} has no optimizer state (optimizer.pt), no RNG state "
                            "(rng_state.pth) (save_only_model: true writes the weights alone)")
     assert INEXACT_FLAG in line and "\n" not in line
     assert missing_state(full, SimpleNamespace(world_size=2))[-1] == "RNG state (rng_state_0.pth, rng_state_1.pth)"
     with caplog.at_level(logging.WARNING, logger="ictrl.train"):
-        check_exact(full, args, accept=True)
+        check_exact(resumed, args, accept=True)
     said = [r.getMessage() for r in caplog.records]
     assert len(said) == 1 and said[0].startswith(f"{INEXACT_FLAG}: resuming from {full}")
     assert "the optimizer starts fresh" in said[0] and "sampling draws from the seed's start" in said[0]
@@ -498,6 +500,7 @@ def test_the_resumed_steps_rates_are_the_schedules(tmp_path: Path) -> None:
 
     import torch
 
+    from ictrl.checkpoints import checkpoint_state
     from ictrl.train_cli.exact_resume import resumed_rates
 
     checkpoint = tmp_path / "checkpoint-2"
@@ -511,9 +514,9 @@ def test_the_resumed_steps_rates_are_the_schedules(tmp_path: Path) -> None:
     def linear(n: int) -> str:
         return f"{1e-3 * (10 - n) / 10:.3g}"
 
-    assert resumed_rates(checkpoint, args) == (f": step 3 at 0.000123, step 4 at {linear(3)}, step 5 at {linear(4)}, "
+    assert resumed_rates(checkpoint_state(checkpoint), args) == (f": step 3 at 0.000123, step 4 at {linear(3)}, step 5 at {linear(4)}, "
                                                f"..., step 10 at {linear(9)}")
     (checkpoint / "optimizer.pt").unlink()
-    assert resumed_rates(checkpoint, args) == (f": step 3 at {linear(0)}, step 4 at {linear(1)}, step 5 at "
+    assert resumed_rates(checkpoint_state(checkpoint), args) == (f": step 3 at {linear(0)}, step 4 at {linear(1)}, step 5 at "
                                                f"{linear(2)}, ..., step 10 at {linear(7)}")
-    assert resumed_rates(checkpoint, SimpleNamespace(**{**vars(args), "max_steps": -1})) == ""
+    assert resumed_rates(checkpoint_state(checkpoint), SimpleNamespace(**{**vars(args), "max_steps": -1})) == ""

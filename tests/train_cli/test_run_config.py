@@ -345,7 +345,7 @@ def test_custom_selector_by_module_function(tmp_path: Path, monkeypatch: pytest.
 def test_a_file_without_token_selector_is_trls_grpo_and_says_so(tmp_path: Path) -> None:
     from ictrl.train_cli.trainer_inputs import build_trainer_args
     from ictrl.engine.model_card import resolved_method
-    from ictrl.train_cli.run_config import method_line
+    from ictrl.train_cli.run import method_line
 
     plain = config_from_dict(dict(MINIMAL), "plain.yaml")
     assert plain.trainer["token_selector"] == "all" and plain.method_from == "default"

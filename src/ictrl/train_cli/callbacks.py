@@ -14,7 +14,7 @@ import os
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -22,6 +22,9 @@ from transformers import TrainerCallback
 
 from ictrl.checkpoints import rerun_advice
 from ictrl.files import append_whole, atomic_write_text, reported_write
+
+if TYPE_CHECKING:
+    from ictrl.train_cli.run_config import RunConfig
 
 CLIP_KEY = "ictrl/clip_frac"  # ICTGRPOTrainer's; plain TRL logs clip_ratio/region_mean
 SUMMARY_KEYS = ("train_runtime", "train_samples_per_second")  # the end-of-training log, not a step
@@ -313,3 +316,34 @@ class StopOnRequest(TrainerCallback):
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.request.training = False
+
+
+# reward_funcs names whose scores are 0 or 1 (ictrl's verifiers, TRL's accuracy rewards): a mean is an accuracy
+BINARY_REWARDS = ("verifiable", "math", "gsm8k", "choice", "accuracy_reward", "reasoning_accuracy_reward")
+
+
+def add_run_callbacks(trainer: Any, cfg: RunConfig, reward_funcs: list[Callable[..., Any]], tokenizer: Any,
+                      out: Path, callbacks: list[Any] | None) -> None:
+    """``ictrl train``'s log (metrics.jsonl, the step line or rich bar) in place of transformers' printers, the
+    caller's callbacks and the pass@k evaluation."""
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+    from ictrl.train_cli.run_inputs import reward_label
+
+    args = trainer.args
+    # the first reward is an accuracy (metrics' `accuracy`, the step line's `acc`) only when it is a 0/1 verifier
+    first = (cfg.script.reward_funcs or ["verifiable"])[0]
+    binary = not cfg.script.reward_model_name_or_path and first in BINARY_REWARDS
+    accuracy = reward_label(reward_funcs[0]) if binary else None
+    for cb in (PrinterCallback, ProgressCallback):
+        trainer.remove_callback(cb)
+    trainer.add_callback(MetricsJSONL(out / "metrics.jsonl", accuracy_reward=accuracy))
+    # the rich bar stands in for transformers' tqdm bar; under disable_tqdm its step lines stay (TRL's dict printer
+    # would print each step too)
+    trainer.add_callback(RichProgress(accuracy_reward=accuracy, bar=not args.disable_tqdm))
+    for cb in callbacks or []:
+        trainer.add_callback(cb)
+    if args.eval_benchmarks:
+        from ictrl.train_cli.eval_callback import PassAtKCallback
+
+        trainer.add_callback(PassAtKCallback.from_args(args, tokenizer).bind(trainer))

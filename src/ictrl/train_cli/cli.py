@@ -25,7 +25,7 @@ import yaml
 
 from ictrl.cliargs import VERBOSE_ENV, env_flag
 from ictrl.errors import shorten
-from ictrl.files import redact_command, without_secrets
+from ictrl.files import redact_command
 from ictrl.train_cli.launch import FLAGS as LAUNCH_FLAGS
 from ictrl.train_cli.launch import Launch, LaunchError
 from ictrl.train_cli.run_guard import MODE_FLAGS, NO_OP_FLAG, OVERWRITE_FLAG
@@ -238,7 +238,7 @@ def parse_argv(argv: list[str]) -> TrainArgs:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ictrl.train_cli.run_config import config_to_dict, load_config
+    from ictrl.train_cli.run_config import config_record, load_config
     from ictrl.train_cli.run_guard import die_with_launcher
 
     die_with_launcher()  # a rank of `accelerate launch` / torchrun ends with it, not training on detached
@@ -271,7 +271,7 @@ def run(args: argparse.Namespace) -> int:
                 checked = build_trainer_inputs(cfg, config, set_by_flag, values_only=True,
                                                processes=launch.total_processes() if launch.requested() else None)
                 # less its secrets, as config.yaml is: a printed file is kept and shared as one
-                sys.stdout.write(yaml.safe_dump(without_secrets(config_to_dict(cfg)), sort_keys=False))
+                sys.stdout.write(yaml.safe_dump(config_record(cfg), sort_keys=False))
                 sys.stdout.write(_method_comment(cfg, checked.args))
                 return 0
 

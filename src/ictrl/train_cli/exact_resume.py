@@ -9,9 +9,9 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from ictrl.checkpoints import CheckpointState
 from ictrl.errors import ConfigError
-from ictrl.files import without_secrets
-from ictrl.train_cli.run_config import RunConfig, config_to_dict
+from ictrl.train_cli.run_config import RunConfig, config_record
 from ictrl.yamlfile import load_yaml
 
 log = logging.getLogger("ictrl.train")
@@ -21,14 +21,15 @@ INEXACT_FLAG = "--resume-inexact"  # from a checkpoint without its optimizer, sc
 NEW_SCHEDULE_FLAG = "--resume-new-schedule"  # with max_steps / num_train_epochs changed under a decaying schedule
 
 
-def check_resume(cfg: RunConfig, checkpoint: Path, args: Any, source: str = "<config>") -> None:
-    """A resume continues the run exactly: ``checkpoint`` holds the optimizer, scheduler and RNG state
-    (:func:`check_exact`), and the config is that of the run it ends (its folder's ``config.yaml``,
-    :func:`check_unchanged`); unless the command accepts the difference by name (:data:`INEXACT_FLAG`,
+def check_resume(cfg: RunConfig, resumed: CheckpointState, args: Any, source: str = "<config>") -> None:
+    """A resume continues the run exactly: the checkpoint (``resumed``, as ``checkpoints.checkpoint_state`` read it)
+    holds the optimizer, scheduler and RNG state (:func:`check_exact`), and the config is that of the run it ends
+    (its folder's ``config.yaml``, :func:`check_unchanged`, against ``run_config.config_record``, what the run
+    writes there); unless the command accepts the difference by name (:data:`INEXACT_FLAG`,
     :data:`NEW_SCHEDULE_FLAG`), when one line says what differs."""
-    check_exact(checkpoint, args, INEXACT_FLAG in cfg.modes, source)
-    check_unchanged(checkpoint.parent / "config.yaml", without_secrets(config_to_dict(cfg)), args, source,
-                    new_schedule=NEW_SCHEDULE_FLAG in cfg.modes, checkpoint=checkpoint)
+    check_exact(resumed, args, INEXACT_FLAG in cfg.modes, source)
+    check_unchanged(resumed.path.parent / "config.yaml", config_record(cfg), args, source,
+                    new_schedule=NEW_SCHEDULE_FLAG in cfg.modes, checkpoint=resumed)
 
 
 def missing_state(checkpoint: Path, args: Any) -> list[str]:
@@ -50,10 +51,11 @@ def missing_state(checkpoint: Path, args: Any) -> list[str]:
     return missing
 
 
-def check_exact(checkpoint: Path, args: Any, accept: bool, source: str = "<config>") -> None:
+def check_exact(resumed: CheckpointState, args: Any, accept: bool, source: str = "<config>") -> None:
     """Refuse, in one line naming what is missing, a resume from a checkpoint without the state that makes it
     exact (:func:`missing_state`), unless ``accept`` (:data:`INEXACT_FLAG`): then one warning line says what
     the resumed run does differently from an uninterrupted one."""
+    checkpoint = resumed.path
     missing = missing_state(checkpoint, args)
     if not missing:
         return
@@ -67,7 +69,7 @@ def check_exact(checkpoint: Path, args: Any, accept: bool, source: str = "<confi
         differ.append("the optimizer starts fresh (no moment estimates)")
     if any("optimizer" in m or "scheduler" in m for m in missing):  # Trainer restores the two together or neither
         differ.append(f"the {_name(args)} learning-rate schedule starts again from its first step (Trainer restores "
-                      f"the optimizer and the scheduler together or neither){resumed_rates(checkpoint, args)}")
+                      f"the optimizer and the scheduler together or neither){resumed_rates(resumed, args)}")
     if any("RNG" in m for m in missing):
         differ.append("sampling draws from the seed's start, not where the run left off")
     log.warning("%s: resuming from %s, which has no %s%s: %s; the result will differ from an uninterrupted run",
@@ -85,7 +87,7 @@ LENGTH_KEYS = ("max_steps", "num_train_epochs")  # the schedule's length, unless
 
 
 def check_unchanged(saved: Path, now: dict[str, Any], args: Any, source: str = "<config>",
-                    new_schedule: bool = False, checkpoint: Path | None = None) -> None:
+                    new_schedule: bool = False, checkpoint: CheckpointState | None = None) -> None:
     """Refuse a resume whose config (``now``, the run config as a dict) differs from ``saved`` (the config.yaml of
     the run) in a key that changes the steps: the resumed run would not equal an uninterrupted one. The run's
     length under a decaying schedule may change with ``new_schedule`` (:data:`NEW_SCHEDULE_FLAG`), said in one
@@ -128,7 +130,7 @@ def _name(args: Any) -> str:
     return str(getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type))
 
 
-def resumed_rates(checkpoint: Path, args: Any) -> str:
+def resumed_rates(resumed: CheckpointState, args: Any) -> str:
     """What the resumed steps' learning rates will be, as Trainer sets them (``: step 3 at 0.000333, step 4 at
     0.0005, step 5 at 0.000333, step 6 at 0.000167``; past four steps the first three, then the last; '' when
     ``max_steps`` is not set or the schedule follows the metrics). With the optimizer's and scheduler's state
@@ -138,12 +140,10 @@ def resumed_rates(checkpoint: Path, args: Any) -> str:
     import torch
     from transformers import get_scheduler
 
-    from ictrl.checkpoints import trainer_state
-
     total = int(getattr(args, "max_steps", -1) or -1)
     if total <= 0:  # the length comes from num_train_epochs: Trainer knows it only once the data loader is built
         return ""
-    step = int(trainer_state(checkpoint)["global_step"])
+    checkpoint, step = resumed.path, resumed.step
     if total <= step:
         return ""
     names = {p.name for p in checkpoint.iterdir()}

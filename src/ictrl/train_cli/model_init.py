@@ -17,14 +17,13 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import importlib.util
-import json
 from pathlib import Path
 from typing import Any
 
 from ictrl.errors import shorten
-from ictrl.train_cli.run_config import ConfigError, RunConfig
+from ictrl.train_cli.run_config import INIT_KWARGS, ConfigError, RunConfig
 
-KEY = "model_init_kwargs"
+KEY = INIT_KWARGS
 # The dtype names TRL's create_model_from_path accepts (plus a torch.dtype, which YAML cannot write).
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
@@ -35,14 +34,7 @@ def load_kwargs(cfg: RunConfig, source: str = "<config>") -> dict[str, Any]:
     that set :data:`KEY`: ``run_inputs.blame``)."""
     from trl import get_quantization_config
 
-    raw = cfg.trainer.get(KEY)
-    if isinstance(raw, str):  # GRPOConfig takes a JSON string too (TRL's command line)
-        try:
-            raw = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{source}: {KEY}: not a JSON object: {exc}") from None
-    if raw is not None and not isinstance(raw, dict):
-        raise ConfigError(f"{source}: {KEY}: expected a mapping of from_pretrained arguments, got {raw!r}")
+    raw = cfg.trainer.get(KEY)  # a mapping: run_config reads TRL's JSON-string form where the value enters
     model = cfg.model
     kwargs = {"revision": model.model_revision, "trust_remote_code": bool(cfg.trainer.get("trust_remote_code")),
               "attn_implementation": model.attn_implementation, "dtype": model.dtype, **(raw or {})}
@@ -72,39 +64,6 @@ def load_kwargs(cfg: RunConfig, source: str = "<config>") -> dict[str, Any]:
     if kwargs.get("quantization_config") is not None:
         kwargs["quantization_config"] = _quantization(kwargs["quantization_config"], source)
     return {k: v for k, v in kwargs.items() if v is not None and (k, v) != ("revision", "main")}
-
-
-def weights_dtype(cfg: RunConfig) -> tuple[str, str] | None:
-    """(dtype, the key that set it) of the weights the run loads (``ictrl.models.load_model_and_tokenizer``):
-    ``model_init_kwargs.dtype``, else ``dtype``; ``auto`` is the checkpoint's own, on CPU as on a GPU (as
-    ``trl grpo`` loads it), read where ``from_pretrained`` reads it first, a local ``config.json``'s ``dtype``
-    (None: not known before the weights load, nor for a quantized model, whose weights are the quantizer's)."""
-    raw = cfg.trainer.get(KEY)
-    if isinstance(raw, str):
-        try:
-            raw = json.loads(raw)
-        except json.JSONDecodeError:  # load_kwargs says so in one line
-            return None
-    raw = raw if isinstance(raw, dict) else {}
-    if cfg.model.load_in_4bit or cfg.model.load_in_8bit or raw.get("quantization_config") is not None:
-        return None
-    key, dtype = (f"{KEY}.dtype", raw["dtype"]) if raw.get("dtype") is not None else ("dtype", cfg.model.dtype)
-    if dtype in (None, "auto"):  # else the line after the load names the weights' real dtype
-        saved = _saved_dtype(cfg.model.model_name_or_path)
-        return (saved, f"{key}: auto, the checkpoint's") if saved is not None else None
-    return (str(dtype), key) if dtype in DTYPES else None
-
-
-def _saved_dtype(model: str | None) -> str | None:
-    """The dtype a local checkpoint's ``config.json`` records (``dtype``, or transformers 4's ``torch_dtype``),
-    when it is one of :data:`DTYPES`; None for a hub id or an unreadable file (the model load says why)."""
-    path = Path(model or "") / "config.json"
-    try:
-        config = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
-    except (OSError, ValueError, RecursionError):
-        return None
-    saved = config.get("dtype", config.get("torch_dtype")) if isinstance(config, dict) else None
-    return saved if saved in DTYPES and saved != "auto" else None
 
 
 def _kbit_device_map() -> dict[str, int] | None:
@@ -263,8 +222,6 @@ def check_init_keys(cfg: RunConfig, kwargs: dict[str, Any], source: str = "<conf
     ``from_pretrained`` passes on to it); anything else would be a TypeError from the model's ``__init__`` after
     the checkpoint is opened. One line naming the key, with the nearest valid name."""
     raw = cfg.trainer.get(KEY)
-    if isinstance(raw, str):
-        raw = json.loads(raw)  # load_kwargs parsed it already
     if not raw:
         return
     known = from_pretrained_keys()

@@ -21,7 +21,7 @@ from ictrl.checkpoints import (CHECKPOINT_RE, LAST_FILES, MANIFEST, OVERWRITE_FL
                                clear_staging, complete_checkpoints, foreign_checkpoints)
 from ictrl.engine.resumable import resume_point, verified_checkpoints
 from ictrl.errors import ConfigError, quote, shorten
-from ictrl.files import LOCK_NAME, OWNED_FILE, check_output_dir, check_own_files
+from ictrl.files import LOCK_NAME, OWNED_FILE, check_output_dir
 from ictrl.train_cli.exact_resume import INEXACT_FLAG
 from ictrl.train_cli.process_group import answered_once
 from ictrl.train_cli.run_config import RunConfig
@@ -30,23 +30,26 @@ from ictrl.train_cli.run_inputs import trl_dataset
 log = logging.getLogger("ictrl.train")
 
 
-def checked_output_dir(cfg: RunConfig, reads: list[tuple[str, Path]], label: str) -> Path:
+def checked_output_dir(cfg: RunConfig, reward_funcs: list[Any], source: str, label: str) -> Path:
     """``output_dir`` checked, as the absolute path the run writes to (every path TRL and the Trainer build starts
     there: a reward or callback that changes the working directory moves nothing out of the locked folder).
-    ``label`` leads each error (the config file, or the flag that set the key); ``reads`` is :func:`inputs_read`.
+    ``label`` leads each error (the config file, or the flag that set the key); what the run reads is
+    :func:`inputs_read` (the config file ``source``, the model, the data, the modules of ``reward_funcs``).
 
-    A directory that is, or can be made, writable (``files.check_output_dir``; one warning line when ``..`` takes
-    it out of the working directory); not the model directory, and none of ``reads`` among what the run writes
-    (:func:`written_by_run`); no file there that the run would write over and ictrl did not write."""
+    Not the model directory, and none of ``reads`` among what the run writes (:func:`written_by_run`); a directory
+    that is, or can be made, writable, with no file there that the run would write over and ictrl did not write
+    (``files.check_output_dir``) and no checkpoint ictrl did not write; one warning line when ``..`` takes it out
+    of the working directory."""
     path = cfg.output_dir
-    check_output_dir(path, f"{label}: output_dir")
     out = Path(path).expanduser()
+    _check_not_an_input(path, inputs_read(cfg, reward_funcs, source), label)
+    check_output_dir(path, f"{label}: output_dir", run_writes(out), earlier_run,
+                     f" ({OVERWRITE_FLAG} replaces only files ictrl wrote)")
+    _check_own_checkpoints(out, label)
     if ".." in out.parts:
         resolved, cwd = out.resolve(), Path.cwd().resolve()
         if not resolved.is_relative_to(cwd):
             log.warning("output_dir %s leaves the working directory %s: writing to %s", path, cwd, resolved)
-    _check_not_an_input(path, reads, label)
-    _check_own_output(path, label)
     return Path(os.path.abspath(out))
 
 
@@ -212,14 +215,11 @@ def earlier_run(out: Path) -> bool:
     return holds_record(out / "run.json", ("method_from", "seed"))
 
 
-def _check_own_output(out_dir: str, label: str) -> None:
-    """Refuse an ``output_dir`` holding a file the run would write over that ictrl did not write there
-    (``files.check_own_files``): a project's README.md or config.yaml under ``--output-dir .``, or a
-    ``checkpoint-N`` folder (``checkpoints.foreign_checkpoints``), which a resume would start from and rotation
-    delete. ``--overwrite`` replaces only ictrl's own files, so it does not lift this."""
-    out = Path(out_dir).expanduser()
-    check_own_files(out, run_writes(out), f"{label}: output_dir", earlier_run,
-                    f" ({OVERWRITE_FLAG} replaces only files ictrl wrote)")
+def _check_own_checkpoints(out: Path, label: str) -> None:
+    """Refuse an ``output_dir`` holding a ``checkpoint-N`` folder ictrl did not write
+    (``checkpoints.foreign_checkpoints``), which a resume would start from and rotation delete, as
+    ``files.check_output_dir`` refuses a file the run would write over (a project's README.md or config.yaml under
+    ``--output-dir .``). ``--overwrite`` replaces only ictrl's own files, so it lifts neither."""
     foreign = foreign_checkpoints(out, earlier_run)
     if foreign:
         more = f" (and {len(foreign) - 1} more)" if len(foreign) > 1 else ""

@@ -29,6 +29,7 @@ from ictrl.train_cli.output_dir import earlier_run, prepare_output_dir
 from ictrl.train_cli.trainer_inputs import (TrainerInputs, build_trainer_inputs, check_inputs, train_rows,
                                             trainer_classes)
 from ictrl.train_cli.run_config import RunConfig, save_config
+from ictrl.train_cli.callbacks import add_run_callbacks
 from ictrl.train_cli.run_guard import RunLock, StopRequest, add_stop_callback, note_short_run, run_failure, stopped
 from ictrl.train_cli.run_inputs import ACCEPT_CHANGED_FLAG, eval_rows, input_hashes, inputs_record, reward_label
 
@@ -47,8 +48,6 @@ class TrainResult:
 
 
 RUN_LABELS = "run.json"
-# reward_funcs names whose scores are 0 or 1 (ictrl's verifiers, TRL's accuracy rewards): a mean is an accuracy
-BINARY_REWARDS = ("verifiable", "math", "gsm8k", "choice", "accuracy_reward", "reasoning_accuracy_reward")
 
 
 def write_run_labels(out: Path, args: Any, method_from: str = "file", inputs: dict[str, Any] | None = None) -> None:
@@ -66,13 +65,6 @@ def write_run_labels(out: Path, args: Any, method_from: str = "file", inputs: di
     labels = {**resolved_method(args), "method_from": method_from, "seed": int(args.seed),
               "selector": selector_identity(args.selector, args.selector_options), **(inputs or {})}
     atomic_write_text(out / RUN_LABELS, json.dumps(labels, indent=1) + "\n")
-
-
-def rule_hash(args: Any) -> dict[str, str]:
-    """The sha256 of a user's selection rule's file under ``selector NAME``, beside the reward's in ``inputs``: an
-    edited rule is another rule, so ``--resume`` refuses it as it refuses changed data (ictrl's own rules: none)."""
-    rule = selector_identity(args.selector, args.selector_options)
-    return {} if rule["sha256"] is None else {f"selector {rule['name']}": rule["sha256"]}
 
 
 def cpu_thread_count(args: Any) -> tuple[int, str]:
@@ -115,6 +107,25 @@ def hide_tied_head_note() -> None:
         logging.getLogger("transformers.trainer").addFilter(_not_tied_head_note)
 
 
+def method_line(cfg: RunConfig, source: str = "<config>") -> str:
+    """The first line ``ictrl train`` logs: the method and where it came from (the file's key, a flag, the
+    default), and for the default the way to get ICT."""
+    from ictrl.core.selection import get_selector
+    from ictrl.train_cli.run_config import DEFAULT_SELECTOR
+
+    name = str(cfg.trainer.get("token_selector", DEFAULT_SELECTOR))
+    try:
+        selector = get_selector(name)
+        what = "TRL's GRPO" if selector.trl_loss else selector.label
+    except ValueError:
+        what = name  # an unknown name is the config check's error, a line later
+    if cfg.method_from == "default":
+        return (f"method: {what} (token_selector: {name}, the default: {source} sets no token_selector, so it runs "
+                "as trl grpo does); for ICT set token_selector: ict in the file or pass --token_selector=ict")
+    where = f"--token_selector={cfg.flags.get('token_selector', name)}" if cfg.method_from == "flag" else source
+    return f"method: {what} (token_selector: {name}, from {where})"
+
+
 def train(cfg: RunConfig, resume: bool | str = False, source: str = "<config>",
           callbacks: list[Any] | None = None, resume_command: str | None = None,
           flags: dict[str, Any] | None = None, command: str | None = None,
@@ -126,8 +137,6 @@ def train(cfg: RunConfig, resume: bool | str = False, source: str = "<config>",
     (:class:`ictrl.train_cli.run_guard.StopRequest`) and raises :class:`ictrl.errors.Terminated` naming them. The
     first line logged names the method and its source. The final model and tokenizer are saved in ``output_dir``
     (as ``trl grpo``), with a model card naming the base model, the method and ``command``."""
-    from ictrl.train_cli.run_config import method_line
-
     log.info(method_line(cfg, source))
     checked = build_trainer_inputs(cfg, source, flags)
     out = Path(checked.args.output_dir)  # absolute, checked (output_dir.checked_output_dir): the lock's folder
@@ -164,11 +173,11 @@ def _train_locked(cfg: RunConfig, checked: TrainerInputs, resume: bool | str, so
         log.warning("--resume: the run is complete: %s is at step %d (max_steps %d) and %s holds its model; "
                     "nothing to train", resume_from.name, step, args.max_steps, out)
         return TrainResult(out, step, resume_from, out)
-    if resume_from is not None:
-        check_resume(cfg, resume_from, args, source)
+    if resumed is not None:
+        check_resume(cfg, resumed, args, source)
     dataset = check_inputs(cfg, checked.init_kwargs, source)  # every row checked before the model loads
     inputs = inputs_record(resume_from.parent if resume_from is not None else out,
-                           {**input_hashes(dataset, reward_funcs, cfg.model.model_name_or_path), **rule_hash(args)},
+                           input_hashes(dataset, reward_funcs, cfg.model.model_name_or_path, args),
                            step if resume_from is not None else None, accept is not None, source,
                            flag=accept or ACCEPT_CHANGED_FLAG)
 
@@ -191,7 +200,7 @@ def _train_locked(cfg: RunConfig, checked: TrainerInputs, resume: bool | str, so
         peft_config=checked.lora, eval_dataset=eval_dataset,
     )
     trainer.command = command  # for the model card
-    _add_callbacks(trainer, cfg, reward_funcs, tokenizer, out, callbacks)
+    add_run_callbacks(trainer, cfg, reward_funcs, tokenizer, out, callbacks)
     if resume_from is not None:
         log.warning("resuming from %s", resume_from)
         if getattr(model.config, "tie_word_embeddings", False):
@@ -253,30 +262,3 @@ def _train(trainer: Any, args: Any, out: Path, resume_from: Path | None, resume_
         if failure is None:
             raise
         raise failure from exc
-
-
-def _add_callbacks(trainer: Any, cfg: RunConfig, reward_funcs: list[Callable[..., Any]], tokenizer: Any, out: Path,
-                   callbacks: list[Any] | None) -> None:
-    """``ictrl train``'s log (metrics.jsonl, the step line or rich bar) in place of transformers' printers, the
-    caller's callbacks and the pass@k evaluation."""
-    from transformers.trainer_callback import PrinterCallback, ProgressCallback
-
-    from ictrl.train_cli.callbacks import MetricsJSONL, RichProgress
-
-    args = trainer.args
-    # the first reward is an accuracy (metrics' `accuracy`, the step line's `acc`) only when it is a 0/1 verifier
-    first = (cfg.script.reward_funcs or ["verifiable"])[0]
-    binary = not cfg.script.reward_model_name_or_path and first in BINARY_REWARDS
-    accuracy = reward_label(reward_funcs[0]) if binary else None
-    for cb in (PrinterCallback, ProgressCallback):
-        trainer.remove_callback(cb)
-    trainer.add_callback(MetricsJSONL(out / "metrics.jsonl", accuracy_reward=accuracy))
-    # the rich bar stands in for transformers' tqdm bar; under disable_tqdm its step lines stay (TRL's dict printer
-    # would print each step too)
-    trainer.add_callback(RichProgress(accuracy_reward=accuracy, bar=not args.disable_tqdm))
-    for cb in callbacks or []:
-        trainer.add_callback(cb)
-    if args.eval_benchmarks:
-        from ictrl.train_cli.eval_callback import PassAtKCallback
-
-        trainer.add_callback(PassAtKCallback.from_args(args, tokenizer).bind(trainer))

@@ -407,6 +407,7 @@ def config_from_dict(data: dict[str, Any], source: str = "<dict>", flags: list[s
     os.environ.update({str(k): str(v) for k, v in env.items()})  # TrlParser's env:, once the file is valid
     trainer_cls = next(cls for cls in parser().dataclass_types if cls not in built)
     trainer = parts.get(trainer_cls, {})
+    trainer = _mapping_init_kwargs(trainer, where(INIT_KWARGS))
     method_from = "flag" if "token_selector" in set_by_flag else "file" if "token_selector" in trainer else "default"
     if method_from == "default":  # a trl grpo file: TRL's GRPO, its loss included (docs/trl-contract.md)
         trainer = {**trainer, "token_selector": DEFAULT_SELECTOR}
@@ -414,22 +415,24 @@ def config_from_dict(data: dict[str, Any], source: str = "<dict>", flags: list[s
                      method_from=method_from)
 
 
-def method_line(cfg: RunConfig, source: str = "<config>") -> str:
-    """The first line ``ictrl train`` logs: the method and where it came from (the file's key, a flag, the
-    default), and for the default the way to get ICT."""
-    from ictrl.core.selection import get_selector
+INIT_KWARGS = "model_init_kwargs"
 
-    name = str(cfg.trainer.get("token_selector", DEFAULT_SELECTOR))
-    try:
-        selector = get_selector(name)
-        what = "TRL's GRPO" if selector.trl_loss else selector.label
-    except ValueError:
-        what = name  # an unknown name is the config check's error, a line later
-    if cfg.method_from == "default":
-        return (f"method: {what} (token_selector: {name}, the default: {source} sets no token_selector, so it runs "
-                "as trl grpo does); for ICT set token_selector: ict in the file or pass --token_selector=ict")
-    where = f"--token_selector={cfg.flags.get('token_selector', name)}" if cfg.method_from == "flag" else source
-    return f"method: {what} (token_selector: {name}, from {where})"
+
+def _mapping_init_kwargs(trainer: dict[str, Any], where: str) -> dict[str, Any]:
+    """``model_init_kwargs`` as the mapping every reader takes: GRPOConfig takes a JSON string too (TRL's command
+    line, ``--model_init_kwargs='{"dtype": "bfloat16"}'``), read here, once, where the value enters; the saved
+    config.yaml then holds it as a mapping, whose secret keys ``files.without_secrets`` leaves out."""
+    import json
+
+    raw = trainer.get(INIT_KWARGS)
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{where}: {INIT_KWARGS}: not a JSON object: {exc}") from None
+    if raw is not None and not isinstance(raw, dict):
+        raise ConfigError(f"{where}: {INIT_KWARGS}: expected a mapping of from_pretrained arguments, got {raw!r}")
+    return trainer if raw is None else {**trainer, INIT_KWARGS: raw}
 
 
 def load_config(path: str | os.PathLike[str], flags: list[str] | None = None) -> RunConfig:
@@ -453,12 +456,18 @@ def config_to_dict(cfg: RunConfig) -> dict[str, Any]:
     return {**_changed(cfg.model), **_changed(cfg.script), **cfg.trainer}
 
 
-def save_config(cfg: RunConfig, path: str | os.PathLike[str]) -> None:
-    """Write the resolved config as YAML, atomically, less its secrets (``files.without_secrets``: ``hub_token``),
-    which a comment names: a resume is given them again."""
+def config_record(cfg: RunConfig) -> dict[str, Any]:
+    """What ``config.yaml`` holds of the run (:func:`save_config`), which ``--resume`` compares
+    (``exact_resume.check_unchanged``): :func:`config_to_dict` less its secrets (``files.without_secrets``)."""
     values = config_to_dict(cfg)
-    kept = without_secrets(values)
-    dropped = sorted(key for key in values if key not in kept)
+    return without_secrets(values)
+
+
+def save_config(cfg: RunConfig, path: str | os.PathLike[str]) -> None:
+    """Write the resolved config as YAML (:func:`config_record`), atomically; a comment names the secrets left
+    out (``hub_token``): a resume is given them again."""
+    kept = config_record(cfg)
+    dropped = sorted(key for key in config_to_dict(cfg) if key not in kept)
     note = f"# not written here (secrets; give them again to resume): {', '.join(dropped)}\n" if dropped else ""
     atomic_write_text(path, note + yaml.safe_dump(kept, sort_keys=False))
 

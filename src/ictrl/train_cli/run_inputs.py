@@ -31,6 +31,18 @@ def blame(message: str, source: str, flags: dict[str, Any] | None) -> str:
 # --- rewards ---------------------------------------------------------------------------------------------------
 
 
+def reward_functions(cfg: RunConfig, args: Any, source: str = "<config>",
+                     flags: dict[str, Any] | None = None) -> list[Any]:
+    """The run's reward functions as the trainer gets them: one ``reward_weights`` entry per configured reward
+    (:func:`check_reward_weights`, before any is built), each built (:func:`build_rewards`), then DAPO's overlong
+    penalty (:func:`add_overlong_penalty`)."""
+    configured = len(cfg.script.reward_funcs or ["verifiable"]) + bool(cfg.script.reward_model_name_or_path)
+    check_reward_weights(cfg, args, configured, source, flags)
+    funcs = build_rewards(cfg, blame("reward_funcs", source, flags))
+    add_overlong_penalty(cfg, args, funcs, source)
+    return funcs
+
+
 def build_rewards(cfg: RunConfig, source: str = "<config>", gold_column: str = "answer") -> list[Any]:
     """TRL reward functions for ``reward_model_name_or_path`` (a model id or path, as TRL takes it) and each name of
     ``reward_funcs`` (default ``verifiable``): ``ictrl.rewards.trl_adapters.reward_function``, each error one line
@@ -319,19 +331,22 @@ def check_enough_rows(dataset: Any, args: Any, source: str = "<config>") -> None
 ACCEPT_CHANGED_FLAG = "--accept-changed-inputs"
 
 
-def input_hashes(dataset: Any, reward_funcs: list[Any], model: str | None = None) -> dict[str, str]:
+def input_hashes(dataset: Any, reward_funcs: list[Any], model: str | None = None,
+                 args: Any = None) -> dict[str, str]:
     """What ``--resume`` compares, since a name (``jsonl:train.jsonl``, ``my_reward:score``, a model folder) says
     nothing of the content: the sha256 of the training rows as the trainer gets them (every column, after the prompt
     template); of the source file of each reward function defined outside ictrl and installed packages (a local
     module) and of each local module it imports (``reward_sources.local_sources``); and
-    ``checkpoints.model_digest`` of the ``model`` folder (the base model, which is also the reference model) and of
+    ``model_files.model_digest`` of the ``model`` folder (the base model, which is also the reference model) and of
     a reward model's folder; of a hub id, the folder of the snapshot its ``main`` resolves to in the local cache
-    (``hub.cached_snapshot``)."""
+    (``hub.cached_snapshot``). With the trainer's ``args``, the user's selection rule's file too
+    (:func:`rule_hash`)."""
     import hashlib
     import inspect
     import json
 
-    from ictrl.checkpoints import model_digest, sha256_file
+    from ictrl.checkpoints import sha256_file
+    from ictrl.model_files import model_digest
     from ictrl.hub import cached_snapshot
     from ictrl.train_cli.reward_sources import is_local, local_sources
 
@@ -361,7 +376,16 @@ def input_hashes(dataset: Any, reward_funcs: list[Any], model: str | None = None
         for name, path in sorted(local_sources(module).items()):
             if name != module.__name__:
                 out[f"reward {reward_label(fn)} imports {name}"] = sha256_file(path)
-    return out
+    return {**out, **(rule_hash(args) if args is not None else {})}
+
+
+def rule_hash(args: Any) -> dict[str, str]:
+    """The sha256 of a user's selection rule's file under ``selector NAME``, beside the reward's in ``inputs``: an
+    edited rule is another rule, so ``--resume`` refuses it as it refuses changed data (ictrl's own rules: none)."""
+    from ictrl.core.selection import selector_identity
+
+    rule = selector_identity(args.selector, args.selector_options)
+    return {} if rule["sha256"] is None else {f"selector {rule['name']}": rule["sha256"]}
 
 
 def _changed_text(key: str) -> str:

@@ -27,22 +27,22 @@ import dataclasses
 import functools
 import logging
 import os
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
-from ictrl.checkpoints import check_weights
+from ictrl.model_files import check_weights
 from ictrl.engine.resumable import check_resumable
 from ictrl.engine.trl_args import cpu_kernel_problem, launch_precision, run_precision
 from ictrl.errors import quote, shorten
 from ictrl.train_cli import model_init
 from ictrl.train_cli.process_group import answered_once
-from ictrl.train_cli.output_dir import checked_output_dir, existing_checkpoints, inputs_read
+from ictrl.train_cli.output_dir import checked_output_dir, existing_checkpoints
 from ictrl.train_cli.run_config import ConfigError, RunConfig
 from ictrl.train_cli.run_guard import NO_OP_FLAG
-from ictrl.train_cli.run_inputs import (add_overlong_penalty, blame, build_rewards, check_enough_rows,
-                                        check_reward_weights, check_sources, drop_long_prompts, load_train_dataset,
-                                        name_the_key, trl_dataset)
+from ictrl.train_cli.run_inputs import (blame, check_enough_rows, check_sources, drop_long_prompts,
+                                        load_train_dataset, name_the_key, reward_functions, trl_dataset)
 
 log = logging.getLogger("ictrl.train")
 
@@ -56,56 +56,45 @@ MAX_BATCH_TOKENS = 1 << 25
 @dataclasses.dataclass
 class TrainerInputs:
     """What the checks hand the run: the trainer arguments, the model's ``from_pretrained`` kwargs, the LoRA config
-    (None without ``use_peft``), the reward functions (empty after ``--print-config``'s values-only checks) and the
-    training dataset (when the inputs were read)."""
+    (None without ``use_peft``) and the reward functions (empty after ``--print-config``'s values-only checks)."""
 
     args: Any
     init_kwargs: dict[str, Any]
     lora: Any = None
     reward_funcs: list[Callable[..., Any]] = dataclasses.field(default_factory=list)
-    dataset: Any = None
 
 
 def build_trainer_inputs(cfg: RunConfig, source: str = "<config>", flags: dict[str, Any] | None = None, *,
-                         processes: int | None = None, cpu: bool | None = None, values_only: bool = False,
-                         resume: bool | str | None = None, inputs: bool = False) -> TrainerInputs:
+                         processes: int | None = None, cpu: bool | None = None,
+                         values_only: bool = False) -> TrainerInputs:
     """``ictrl train``'s checks of ``cfg`` in order, nothing loaded. ``flags``: the command-line overrides by key
     (errors blame the flag that set a key). ``processes``: check for a run on that many (default: this run's);
     ``cpu``: as :func:`build_trainer_args`.
 
     1. the values: the trainer arguments (:func:`trainer_args`) and the model's load kwargs; ``values_only``
        (``--print-config``) stops here;
-    2. the command: LoRA's package, the reward functions, the data sources, what the trainer gets, ``output_dir``
+    2. the command: LoRA's package, what the trainer gets, the reward functions, the data sources, ``output_dir``
        (``output_dir.checked_output_dir``, which makes ``args.output_dir`` the absolute path the run writes to),
-       vLLM installed;
-    3. with ``resume`` (True, "auto" or False: the flag), ``output_dir``'s checkpoints against it
-       (``output_dir.existing_checkpoints``);
-    4. with ``inputs``, the model's files and every training row (:func:`check_inputs`), one generation batch of
-       prompts at least."""
+       vLLM installed.
+
+    What reads the output directory's checkpoints and the inputs comes after, under the run's lock
+    (``ictrl.train_cli.run``), or in the parent of a launch (:func:`check_before_launch`)."""
     from ictrl.engine.config import planned_processes
 
     with planned_processes(processes) if processes is not None else contextlib.nullcontext():
         args = trainer_args(cfg, source, flags, cpu)
-    checked = TrainerInputs(args, model_init.load_kwargs(cfg, blame(model_init.KEY, source, cfg.flags)))
+    checked = TrainerInputs(args, model_init.load_kwargs(cfg, blame(model_init.KEY, source, flags)))
     if values_only:
         return checked
     checked.lora = model_init.peft_config(cfg, source)
-    checked.reward_funcs = build_rewards(cfg, blame("reward_funcs", source, flags))
-    check_reward_weights(cfg, args, len(checked.reward_funcs), source, flags)
-    add_overlong_penalty(cfg, args, checked.reward_funcs, source)
-    check_sources(cfg, source, flags)
     check_trainer_inputs(args, source, flags, cfg)
-    args.output_dir = str(checked_output_dir(cfg, inputs_read(cfg, checked.reward_funcs, source),
-                                             blame("output_dir", source, flags)))
+    checked.reward_funcs = reward_functions(cfg, args, source, flags)
+    check_sources(cfg, source, flags)
+    args.output_dir = str(checked_output_dir(cfg, checked.reward_funcs, source, blame("output_dir", source, flags)))
     if args.use_vllm:  # last: an error in the file itself is named first, on any machine
         from ictrl.vllm_env import require_installed
 
         require_installed(f"{blame('use_vllm', source, flags)}: use_vllm")  # as the trainer does, after the model loads
-    if resume is not None:
-        existing_checkpoints(cfg, resume, source)
-    if inputs:
-        checked.dataset = check_inputs(cfg, checked.init_kwargs, source)
-        check_enough_rows(checked.dataset, args, source)
     return checked
 
 
@@ -118,7 +107,9 @@ def check_before_launch(cfg: RunConfig, processes: int, resume: bool | str = Fal
     quiet = log.level
     log.setLevel(logging.ERROR)  # the CPU note and warnings are the processes' to log, once, from rank 0
     try:
-        build_trainer_inputs(cfg, source, flags, processes=processes, cpu=True, resume=resume, inputs=True)
+        checked = build_trainer_inputs(cfg, source, flags, processes=processes, cpu=True)
+        existing_checkpoints(cfg, resume, source)
+        check_enough_rows(check_inputs(cfg, checked.init_kwargs, source), checked.args, source)
     finally:
         log.setLevel(quiet)
 
@@ -161,6 +152,37 @@ def _note_processes(count: int, simple_launch: bool) -> None:
         log.info("%d process%s", count, "" if count == 1 else "es (data parallel)")
 
 
+def weights_dtype(cfg: RunConfig) -> tuple[str, str] | None:
+    """(dtype, the key that set it) of the weights the run loads (``ictrl.models.load_model_and_tokenizer``), for
+    the precision line: ``model_init_kwargs.dtype``, else ``dtype``; ``auto`` is the checkpoint's own, on CPU as on
+    a GPU (as ``trl grpo`` loads it), read where ``from_pretrained`` reads it first, a local ``config.json``'s
+    ``dtype`` (None: not known before the weights load, nor for a quantized model, whose weights are the
+    quantizer's)."""
+    raw = cfg.trainer.get(model_init.KEY) or {}
+    if cfg.model.load_in_4bit or cfg.model.load_in_8bit or raw.get("quantization_config") is not None:
+        return None
+    key, dtype = ((f"{model_init.KEY}.dtype", raw["dtype"]) if raw.get("dtype") is not None
+                  else ("dtype", cfg.model.dtype))
+    if dtype in (None, "auto"):  # else the line after the load names the weights' real dtype
+        saved = _saved_dtype(cfg.model.model_name_or_path)
+        return (saved, f"{key}: auto, the checkpoint's") if saved is not None else None
+    return (str(dtype), key) if dtype in model_init.DTYPES else None
+
+
+def _saved_dtype(model: str | None) -> str | None:
+    """The dtype a local checkpoint's ``config.json`` records (``dtype``, or transformers 4's ``torch_dtype``),
+    when it is one of ``model_init.DTYPES``; None for a hub id or an unreadable file (the model load says why)."""
+    import json
+
+    path = Path(model or "") / "config.json"
+    try:
+        config = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    except (OSError, ValueError, RecursionError):
+        return None
+    saved = config.get("dtype", config.get("torch_dtype")) if isinstance(config, dict) else None
+    return saved if saved in model_init.DTYPES and saved != "auto" else None
+
+
 def build_trainer_args(cfg: RunConfig, source: str = "<config>", cpu: bool | None = None,
                        flags: dict[str, Any] | None = None) -> Any:
     """The trainer's config object from the run config's top-level keys; every field checks its own value. On a
@@ -194,7 +216,7 @@ def build_trainer_args(cfg: RunConfig, source: str = "<config>", cpu: bool | Non
     if (by_launch := launch_precision()) is not None and not (args.bf16 or args.fp16):
         args.mixed_precision = by_launch[0]
         precision, why = run_precision(args)[0], by_launch[1] or run_precision(args)[1]
-    weights = model_init.weights_dtype(cfg)
+    weights = weights_dtype(cfg)
     if weights is not None and weights[0] != "float32" and precision == "fp32":  # no autocast: the weights' dtype
         precision, why = SHORT_DTYPES[weights[0]], f"the model's weights load in {weights[0]} ({weights[1]}); {why}"
     (_note_cpu if cpu else _note_precision)(f"{precision} ({why})")
@@ -334,16 +356,17 @@ def train_rows(cfg: RunConfig, dataset: Any, tokenizer: Any, model_config: Any, 
     from ictrl.train_cli.trl_data import check_stream, streamed
 
     positions = getattr(model_config, "max_position_embeddings", None)
-    if trl_dataset(cfg) and streamed(cfg.script):  # each row checked as it streams, once the run reads it
-        name = "datasets" if cfg.script.datasets else f"dataset_name {shorten(str(cfg.script.dataset_name), 200)}"
-        return check_stream(dataset, tokenizer, f"{source}: {name}", cfg.script.max_prompt_length, positions,
-                            args.max_completion_length)
-    check_chat_template(dataset, tokenizer, cfg, source)
-    dataset = drop_long_prompts(dataset, tokenizer, cfg.script.max_prompt_length,
-                                positions, args.max_completion_length,
-                                source, str(cfg.script.dataset_name))
-    check_enough_rows(dataset, args, source)
-    return dataset
+    if not (trl_dataset(cfg) and streamed(cfg.script)):
+        check_chat_template(dataset, tokenizer, cfg, source)
+        dataset = drop_long_prompts(dataset, tokenizer, cfg.script.max_prompt_length,
+                                    positions, args.max_completion_length,
+                                    source, str(cfg.script.dataset_name))
+        check_enough_rows(dataset, args, source)
+        return dataset
+    # a stream: each row checked as the run reads it
+    name = "datasets" if cfg.script.datasets else f"dataset_name {shorten(str(cfg.script.dataset_name), 200)}"
+    return check_stream(dataset, tokenizer, f"{source}: {name}", cfg.script.max_prompt_length, positions,
+                        args.max_completion_length)
 
 
 def check_chat_template(dataset: Any, tokenizer: Any, cfg: RunConfig, source: str = "<config>") -> None:
