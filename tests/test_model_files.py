@@ -27,8 +27,8 @@ def test_the_model_digest_sees_new_weights_of_the_same_shapes_without_reading_th
     (model / "config.json").write_text('{"vocab_size": 64}')
     (model / "README.md").write_text("card")
     for whole in (model_files.WHOLE_FILE_BYTES, 1024):  # hashed whole; sampled (header + blocks)
-        monkeypatch.setattr(checkpoints, "WHOLE_FILE_BYTES", whole)
-        monkeypatch.setattr(checkpoints, "SAMPLE_BYTES", 256)
+        monkeypatch.setattr(model_files, "WHOLE_FILE_BYTES", whole)
+        monkeypatch.setattr(model_files, "SAMPLE_BYTES", 256)
         before = model_files.model_digest(model)
         size = (model / "model.safetensors").stat().st_size
         shutil.copytree(model, tmp_path / f"copy-{whole}")
