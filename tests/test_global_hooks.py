@@ -172,8 +172,11 @@ def test_the_launch_parents_checks_log_only_errors(monkeypatch: pytest.MonkeyPat
     from ictrl.train_cli import trainer_inputs
 
     seen: list[int] = []
+    checked = trainer_inputs.TrainerInputs(args=None, init_kwargs={})
     monkeypatch.setattr(trainer_inputs, "build_trainer_inputs",
-                        lambda *args, **kwargs: seen.append(trainer_inputs.log.level))
+                        lambda *args, **kwargs: seen.append(trainer_inputs.log.level) or checked)
+    for name in ("existing_checkpoints", "check_inputs", "check_enough_rows"):  # the files the checks would read
+        monkeypatch.setattr(trainer_inputs, name, lambda *args, **kwargs: None)
     before = trainer_inputs.log.level
     trainer_inputs.check_before_launch(None, processes=2)  # type: ignore[arg-type]
     assert seen == [logging.ERROR] and trainer_inputs.log.level == before

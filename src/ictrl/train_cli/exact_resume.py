@@ -27,9 +27,10 @@ def check_resume(cfg: RunConfig, resumed: CheckpointState, args: Any, source: st
     (its folder's ``config.yaml``, :func:`check_unchanged`, against ``run_config.config_record``, what the run
     writes there); unless the command accepts the difference by name (:data:`INEXACT_FLAG`,
     :data:`NEW_SCHEDULE_FLAG`), when one line says what differs."""
-    check_exact(resumed, args, INEXACT_FLAG in cfg.modes, source)
+    rates = resumed_rates(resumed, args)  # what either warning says of the resumed steps
+    check_exact(resumed, args, INEXACT_FLAG in cfg.modes, source, rates)
     check_unchanged(resumed.path.parent / "config.yaml", config_record(cfg), args, source,
-                    new_schedule=NEW_SCHEDULE_FLAG in cfg.modes, checkpoint=resumed)
+                    new_schedule=NEW_SCHEDULE_FLAG in cfg.modes, rates=rates)
 
 
 def missing_state(checkpoint: Path, args: Any) -> list[str]:
@@ -51,10 +52,10 @@ def missing_state(checkpoint: Path, args: Any) -> list[str]:
     return missing
 
 
-def check_exact(resumed: CheckpointState, args: Any, accept: bool, source: str = "<config>") -> None:
+def check_exact(resumed: CheckpointState, args: Any, accept: bool, source: str = "<config>", rates: str = "") -> None:
     """Refuse, in one line naming what is missing, a resume from a checkpoint without the state that makes it
     exact (:func:`missing_state`), unless ``accept`` (:data:`INEXACT_FLAG`): then one warning line says what
-    the resumed run does differently from an uninterrupted one."""
+    the resumed run does differently from an uninterrupted one (with ``rates``, :func:`resumed_rates`)."""
     checkpoint = resumed.path
     missing = missing_state(checkpoint, args)
     if not missing:
@@ -69,7 +70,7 @@ def check_exact(resumed: CheckpointState, args: Any, accept: bool, source: str =
         differ.append("the optimizer starts fresh (no moment estimates)")
     if any("optimizer" in m or "scheduler" in m for m in missing):  # Trainer restores the two together or neither
         differ.append(f"the {_name(args)} learning-rate schedule starts again from its first step (Trainer restores "
-                      f"the optimizer and the scheduler together or neither){resumed_rates(resumed, args)}")
+                      f"the optimizer and the scheduler together or neither){rates}")
     if any("RNG" in m for m in missing):
         differ.append("sampling draws from the seed's start, not where the run left off")
     log.warning("%s: resuming from %s, which has no %s%s: %s; the result will differ from an uninterrupted run",
@@ -87,7 +88,7 @@ LENGTH_KEYS = ("max_steps", "num_train_epochs")  # the schedule's length, unless
 
 
 def check_unchanged(saved: Path, now: dict[str, Any], args: Any, source: str = "<config>",
-                    new_schedule: bool = False, checkpoint: CheckpointState | None = None) -> None:
+                    new_schedule: bool = False, rates: str = "") -> None:
     """Refuse a resume whose config (``now``, the run config as a dict) differs from ``saved`` (the config.yaml of
     the run) in a key that changes the steps: the resumed run would not equal an uninterrupted one. The run's
     length under a decaying schedule may change with ``new_schedule`` (:data:`NEW_SCHEDULE_FLAG`), said in one
@@ -119,7 +120,6 @@ def check_unchanged(saved: Path, now: dict[str, Any], args: Any, source: str = "
                           "output_dir")
     lengths = [k for k in changed if k in LENGTH_KEYS]
     if lengths and new_schedule and not constant:
-        rates = resumed_rates(checkpoint, args) if checkpoint is not None else ""
         log.warning("%s: %s changed (%s): the steps taken followed the %s learning-rate schedule over the old length; "
                     "the first resumed step keeps the rate the old schedule set for it, the steps after it follow the "
                     "schedule over the new length%s", NEW_SCHEDULE_FLAG, ", ".join(lengths),

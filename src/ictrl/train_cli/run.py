@@ -142,7 +142,7 @@ def train(cfg: RunConfig, resume: bool | str = False, source: str = "<config>",
     out = Path(checked.args.output_dir)  # absolute, checked (output_dir.checked_output_dir): the lock's folder
     stop = StopRequest()
     try:
-        with stop, RunLock(out, checked.args), cpu_threads(checked.args):
+        with stop, RunLock(out), cpu_threads(checked.args):
             return _train_locked(cfg, checked, resume, source, callbacks, resume_command, stop, command,
                                  accepting_flag(cfg, accept_changed_inputs))
     except Terminated:

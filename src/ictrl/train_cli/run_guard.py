@@ -37,11 +37,11 @@ log = logging.getLogger("ictrl.train")
 
 class RunLock:
     """:class:`ictrl.dirlock.OutputLock` taken by the main process of a (possibly multi-process) run, its outcome
-    shared."""
+    shared over the launcher's process group, which the run joined when it built its trainer arguments
+    (``TrainingArguments.__post_init__`` sets up its device, as the trainer does: backend, timeout)."""
 
-    def __init__(self, out: str | os.PathLike[str], args: Any) -> None:
+    def __init__(self, out: str | os.PathLike[str]) -> None:
         self.lock = OutputLock(out)
-        self.args = args
 
     def __enter__(self) -> RunLock:
         world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -50,7 +50,6 @@ class RunLock:
             return self
         from accelerate.utils import broadcast_object_list
 
-        _ = self.args.device  # the process group, set up as the trainer sets it up (backend, timeout)
         error = None
         if int(os.environ.get("RANK", "0")) == 0:
             try:

@@ -73,9 +73,9 @@ def build_trainer_inputs(cfg: RunConfig, source: str = "<config>", flags: dict[s
 
     1. the values: the trainer arguments (:func:`trainer_args`) and the model's load kwargs; ``values_only``
        (``--print-config``) stops here;
-    2. the command: LoRA's package, what the trainer gets, the reward functions, the data sources, ``output_dir``
-       (``output_dir.checked_output_dir``, which makes ``args.output_dir`` the absolute path the run writes to),
-       vLLM installed.
+    2. the command: LoRA's package, the reward functions, the data sources, ``output_dir``
+       (``output_dir.checked_output_dir``, which makes ``args.output_dir`` the absolute path the run writes to);
+       then the machine: the hub for ``push_to_hub``, vLLM installed.
 
     What reads the output directory's checkpoints and the inputs comes after, under the run's lock
     (``ictrl.train_cli.run``), or in the parent of a launch (:func:`check_before_launch`)."""
@@ -87,11 +87,17 @@ def build_trainer_inputs(cfg: RunConfig, source: str = "<config>", flags: dict[s
     if values_only:
         return checked
     checked.lora = model_init.peft_config(cfg, source)
-    check_trainer_inputs(args, source, flags, cfg)
     checked.reward_funcs = reward_functions(cfg, args, source, flags)
     check_sources(cfg, source, flags)
     args.output_dir = str(checked_output_dir(cfg, checked.reward_funcs, source, blame("output_dir", source, flags)))
-    if args.use_vllm:  # last: an error in the file itself is named first, on any machine
+    # last, the machine: an error in the file itself is named first, on any machine
+    if args.push_to_hub:
+        from ictrl.hub import hub_reachable, why_unreachable
+
+        if not hub_reachable():
+            raise ConfigError(f"{blame('push_to_hub', source, flags)}: push_to_hub: {why_unreachable()}; "
+                              "push the final model later with `hf upload`")
+    if args.use_vllm:
         from ictrl.vllm_env import require_installed
 
         require_installed(f"{blame('use_vllm', source, flags)}: use_vllm")  # as the trainer does, after the model loads
@@ -233,12 +239,14 @@ def build_trainer_args(cfg: RunConfig, source: str = "<config>", cpu: bool | Non
 def trainer_args(cfg: RunConfig, source: str = "<config>", flags: dict[str, Any] | None = None,
                  cpu: bool | None = None) -> Any:
     """:func:`build_trainer_args`, then what the arguments ask of the command: a learning rate that trains
-    (:func:`check_trains`), one generation batch's memory on each of the run's processes (:func:`check_memory`) and
-    checkpoints where the generation buffer is empty (``resumable.check_resumable``)."""
+    (:func:`check_trains`), what the trainer the command builds needs (:func:`check_trainer_inputs`), one
+    generation batch's memory on each of the run's processes (:func:`check_memory`) and checkpoints where the
+    generation buffer is empty (``resumable.check_resumable``)."""
     from ictrl.engine.config import process_count
 
     args = build_trainer_args(cfg, source, cpu=cpu, flags=flags)
     check_trains(cfg, args, source, flags)
+    check_trainer_inputs(args, source, flags, cfg)
     try:
         check_memory(args, cfg, source, process_count())
         check_resumable(args, source)
@@ -296,9 +304,9 @@ def check_trainer_inputs(args: Any, source: str = "<config>", flags: dict[str, A
     """What the trainer that ``ictrl train`` builds needs beyond its config: benchmarks ``eval_benchmarks`` names
     (the command builds their evaluation), eval data for ``eval_strategy`` (as ``trl grpo``: the
     ``dataset_test_split`` of a dataset directory, hub id, data file or ``datasets`` mixture; an ictrl.data source
-    has none), the hub for ``push_to_hub``."""
+    has none), a streamed dataset's keys and length. (The hub ``push_to_hub`` needs is the machine's:
+    :func:`build_trainer_inputs` asks last.)"""
     from ictrl import data
-    from ictrl.hub import hub_reachable, why_unreachable
 
     for i, spec in enumerate(args.eval_benchmarks or []):  # the library keeps the names; the command resolves them
         try:
@@ -325,9 +333,6 @@ def check_trainer_inputs(args: Any, source: str = "<config>", flags: dict[str, A
         if args.max_steps <= 0:
             raise ConfigError(f"{blame('max_steps', source, flags)}: max_steps: a streamed dataset has no length, so "
                               f"the run's length is max_steps (TRL requires it too): set max_steps with {key}")
-    if args.push_to_hub and not hub_reachable():
-        raise ConfigError(f"{blame('push_to_hub', source, flags)}: push_to_hub: {why_unreachable()}; "
-                          "push the final model later with `hf upload`")
 
 
 # --- the inputs --------------------------------------------------------------------------------------------------
