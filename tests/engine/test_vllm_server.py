@@ -1,5 +1,5 @@
 """Server mode (``vllm_mode='server'``): at start-up ICTGRPOTrainer reads the hand-started server's
-``max_logprobs`` and ``logprobs_mode`` through TRL's ``VLLMClient.get_server_info`` (run as written, its HTTP session
+``logprobs_mode`` through TRL's ``VLLMClient.get_server_info`` (run as written, its HTTP session
 answered in-process with a ``/server_info`` tree shaped like vLLM 0.31's: tests/fixtures/fake_vllm.py), and stops
 with one line where the server cannot give what the run reads."""
 
@@ -34,7 +34,7 @@ def test_server_settings_come_from_trls_client(tiny_model_dir: Path, tmp_path: P
     session = fake_vllm.ServerSession(max_logprobs=-1, logprobs_mode="processed_logprobs")
     trainer = _server_trainer(monkeypatch, tiny_model_dir, tmp_path, session, token_selector="ict",
                               selection_topk=64, temperature=0.7)
-    assert trainer._vllm_server_settings == {"max_logprobs": -1, "logprobs_mode": "processed_logprobs"}
+    assert trainer._vllm_server_settings == {"logprobs_mode": "processed_logprobs"}
     assert any(url.endswith("/server_info") for url in session.requests)
 
 

@@ -123,8 +123,8 @@ SERVER_DOC = "docs/vllm.md"
 
 
 def server_settings(trainer: Any) -> dict[str, Any] | None:
-    """``{"max_logprobs": int, "logprobs_mode": str}`` of the trainer's vLLM server (None unless it generates
-    with one), read by the main process (the only one with a client) and broadcast to the others."""
+    """``{"logprobs_mode": str}`` of the trainer's vLLM server (None unless it generates with one), read by the
+    main process (the only one with a client) and broadcast to the others: what :func:`check_logprobs_mode` reads."""
     from accelerate.utils import broadcast_object_list
 
     if not trainer.use_vllm or trainer.args.vllm_mode != "server":
@@ -132,7 +132,7 @@ def server_settings(trainer: Any) -> dict[str, Any] | None:
     box: list[Any] = [None]
     if trainer.accelerator.is_main_process:
         model_config = trainer.vllm_generation.vllm_client.get_server_info()["model_config"]
-        box = [{key: model_config.get(key) for key in ("max_logprobs", "logprobs_mode")}]
+        box = [{"logprobs_mode": model_config.get("logprobs_mode")}]
     broadcast_object_list(box, from_process=0)
     return box[0]
 

@@ -13,7 +13,7 @@ import dataclasses
 import logging
 import os
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import torch
 
@@ -31,7 +31,7 @@ from ictrl.train_cli.trainer_inputs import (TrainerInputs, build_trainer_inputs,
 from ictrl.train_cli.run_config import RunConfig, save_config
 from ictrl.train_cli.callbacks import add_run_callbacks
 from ictrl.train_cli.run_guard import RunLock, StopRequest, add_stop_callback, note_short_run, run_failure, stopped
-from ictrl.train_cli.run_inputs import ACCEPT_CHANGED_FLAG, eval_rows, input_hashes, inputs_record, reward_label
+from ictrl.train_cli.run_inputs import ACCEPT_CHANGED_FLAG, eval_rows, input_hashes, inputs_record
 
 log = logging.getLogger("ictrl.train")
 
