@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ictrl.checkpoints import MANIFEST, finished_run, publish_model, write_manifest
-from ictrl.model_files import check_weights
+from ictrl.checkpoints import MANIFEST, check_weights, finished_run, publish_model, write_manifest
 
 
 def _staged(root: Path, step: int, shards: list[str]) -> Path:
@@ -120,3 +119,42 @@ def test_a_checkpoint_whose_pickles_cannot_load_safely_is_passed_over(damage: st
     assert "skipping" in line and str(bad) in line
     assert ("optimizer.pt cannot be read" if damage == "garbage" else
             "rng_state.pth: torch's safe loading refuses it (Unsupported global: GLOBAL argparse.Namespace") in line
+
+
+def test_the_model_digest_sees_new_weights_of_the_same_shapes_without_reading_them_whole(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``model_digest`` (what ``--resume`` compares for the base model): new weights of the same shapes (the file's
+    size and safetensors header unchanged) change it, a file sampled rather than read whole too; a copy of the
+    folder elsewhere, a later mtime or a README edit do not."""
+    import shutil
+
+    import torch
+    from safetensors.torch import save_file
+
+    import ictrl.checkpoints as checkpoints
+
+    model = tmp_path / "model"
+    model.mkdir()
+    weights = {"embed_tokens.weight": torch.randn(64, 32), "lm_head.weight": torch.randn(64, 32)}
+    save_file(weights, model / "model.safetensors")
+    (model / "config.json").write_text('{"vocab_size": 64}')
+    (model / "README.md").write_text("card")
+    for whole in (checkpoints.WHOLE_FILE_BYTES, 1024):  # hashed whole; sampled (header + blocks)
+        monkeypatch.setattr(checkpoints, "WHOLE_FILE_BYTES", whole)
+        monkeypatch.setattr(checkpoints, "SAMPLE_BYTES", 256)
+        before = checkpoints.model_digest(model)
+        size = (model / "model.safetensors").stat().st_size
+        shutil.copytree(model, tmp_path / f"copy-{whole}")
+        assert checkpoints.model_digest(tmp_path / f"copy-{whole}") == before
+        (model / "README.md").write_text("another card")
+        os.utime(model / "model.safetensors", (0, 0))
+        assert checkpoints.model_digest(model) == before
+        save_file({k: v + 1e-3 for k, v in weights.items()}, model / "model.safetensors")
+        assert (model / "model.safetensors").stat().st_size == size
+        assert checkpoints.model_digest(model) != before
+        save_file(weights, model / "model.safetensors")
+        assert checkpoints.model_digest(model) == before
+        (model / "config.json").write_text('{"vocab_size": 64, "rope_theta": 1}')
+        assert checkpoints.model_digest(model) != before
+        (model / "config.json").write_text('{"vocab_size": 64}')
+    assert checkpoints.model_digest("Qwen/Qwen2.5-0.5B") is None  # not a folder: the caller resolves a hub id

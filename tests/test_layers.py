@@ -11,7 +11,7 @@ STUDIES = ROOT / "studies"
 
 # Lower number = lower layer. A module may import ictrl modules of its own layer or below.
 LAYERS: dict[str, int] = {
-    "files": 0, "checkpoints": 0, "model_files": 0, "errors": 0, "core": 0, "cliargs": 1, "dirlock": 1,
+    "files": 0, "checkpoints": 0, "errors": 0, "core": 0, "cliargs": 1, "dirlock": 1,
     "rewards": 1, "data": 1, "hub": 1, "yamlfile": 1, "models": 1, "eval": 1, "option_checks": 1, "vllm_env": 1,
     "library_noise": 1,  # the libraries' log and warning filters a command installs (cli.quiet)
     "validation": 1,  # the one declarative check of a dataclass's fields (pydantic): above the pure core
@@ -87,7 +87,7 @@ def test_the_library_imports_nothing_of_a_command() -> None:
 
 
 # The top-level modules the library (ICTGRPOConfig, ICTGRPOTrainer) may reach besides ictrl.core and ictrl.engine.
-LIBRARY_TOP = frozenset({"errors", "files", "checkpoints", "model_files", "hub", "vllm_env", "validation"})
+LIBRARY_TOP = frozenset({"errors", "files", "checkpoints", "hub", "vllm_env", "validation"})
 LIBRARY_ROOTS = ("ictrl", "ictrl.engine.config", "ictrl.engine.trainer")
 
 

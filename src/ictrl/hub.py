@@ -80,11 +80,11 @@ def cached_snapshot(model_id: str) -> Path | None:
 
 
 def check_model(name_or_path: str, option: str = "--model", trust_remote_code: bool | None = None) -> None:
-    """A local checkpoint directory (with config.json) that loads as itself (``model_files.model_folder_problem``:
+    """A local checkpoint directory (with config.json) that loads as itself (``checkpoints.model_folder_problem``:
     its tokenizer files, its vocab_size against its weights, custom code only with ``trust_remote_code``; None: the
     command has no such option), a hub id in the local cache, or a hub id while the hub is reachable. Anything else
     is a :class:`ModelNotFoundError` naming ``option``."""
-    from ictrl.model_files import model_folder_problem
+    from ictrl.checkpoints import model_folder_problem
 
     path = Path(name_or_path).expanduser()
     if path.exists():
@@ -110,11 +110,11 @@ def check_model(name_or_path: str, option: str = "--model", trust_remote_code: b
 
 
 def checked_model(name_or_path: str, option: str = "--model") -> str | None:
-    """:func:`check_model`, then the model's weights whole (``model_files.check_weights``: a truncated or changed file
+    """:func:`check_model`, then the model's weights whole (``checkpoints.check_weights``: a truncated or changed file
     is one :class:`ictrl.errors.UserError` line naming ``option``, not a traceback from the loader); returns the
-    sha256 of a local model's weights (``model_files.weights_digest``: their manifest's, when ``ictrl train`` wrote
+    sha256 of a local model's weights (``checkpoints.weights_digest``: their manifest's, when ``ictrl train`` wrote
     one; None for a hub id)."""
-    from ictrl.model_files import check_weights, weights_digest
+    from ictrl.checkpoints import check_weights, weights_digest
     from ictrl.errors import UserError
 
     check_model(name_or_path, option)
@@ -129,7 +129,7 @@ def custom_code(folder: Path) -> str | None:
     transformers lacks), or None. transformers' rule: a type it knows loads its own class, the folder's code unrun."""
     try:
         config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError):  # unreadable: model_files.json_files_problem names it
+    except (OSError, ValueError, RecursionError):  # unreadable: checkpoints.json_files_problem names it
         return None
     auto_map = config.get("auto_map") if isinstance(config, dict) else None
     if not isinstance(auto_map, dict) or not auto_map:

@@ -95,7 +95,7 @@ def test_a_cached_hub_id_is_known_by_the_snapshot_its_main_resolves_to(tmp_path:
     import huggingface_hub.constants
     from datasets import Dataset
 
-    from ictrl.model_files import model_digest
+    from ictrl.checkpoints import model_digest
     from ictrl.train_cli.run_inputs import input_hashes
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))

@@ -81,7 +81,7 @@ class EvalConfig:
         default=None, metadata={"help": "Training seed of the evaluated model (``ictrl table`` pairs methods by "
                                 "it); no effect on sampling."})
     model_sha256: str | None = field(
-        default=None, metadata={"help": "sha256 of the model's weights (``ictrl.model_files.weights_digest``): on "
+        default=None, metadata={"help": "sha256 of the model's weights (``ictrl.checkpoints.weights_digest``): on "
                                 "resume the model is identified by it, not by its path."})
 
     # fields that change the samples themselves: resuming across a change would mix two experiments (the

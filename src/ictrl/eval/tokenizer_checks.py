@@ -28,7 +28,7 @@ def check_tokenizer_fits(model: str, tokenizer: Any) -> None:
     the embedding in generation. Raises :class:`UserError` naming ``--model`` and both sizes."""
     from pathlib import Path
 
-    from ictrl.model_files import embedding_rows
+    from ictrl.checkpoints import embedding_rows
     from ictrl.core.checks import check_vocab_sizes
     from ictrl.errors import UserError
 

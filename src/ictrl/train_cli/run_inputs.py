@@ -337,7 +337,7 @@ def input_hashes(dataset: Any, reward_funcs: list[Any], model: str | None = None
     nothing of the content: the sha256 of the training rows as the trainer gets them (every column, after the prompt
     template); of the source file of each reward function defined outside ictrl and installed packages (a local
     module) and of each local module it imports (``reward_sources.local_sources``); and
-    ``model_files.model_digest`` of the ``model`` folder (the base model, which is also the reference model) and of
+    ``checkpoints.model_digest`` of the ``model`` folder (the base model, which is also the reference model) and of
     a reward model's folder; of a hub id, the folder of the snapshot its ``main`` resolves to in the local cache
     (``hub.cached_snapshot``). With the trainer's ``args``, the user's selection rule's file too
     (:func:`rule_hash`)."""
@@ -345,8 +345,7 @@ def input_hashes(dataset: Any, reward_funcs: list[Any], model: str | None = None
     import inspect
     import json
 
-    from ictrl.checkpoints import sha256_file
-    from ictrl.model_files import model_digest
+    from ictrl.checkpoints import model_digest, sha256_file
     from ictrl.hub import cached_snapshot
     from ictrl.train_cli.reward_sources import is_local, local_sources
 

@@ -32,7 +32,7 @@ from typing import Any, Callable
 
 import torch
 
-from ictrl.model_files import check_weights
+from ictrl.checkpoints import check_weights
 from ictrl.engine.resumable import check_resumable
 from ictrl.engine.trl_args import cpu_kernel_problem, launch_precision, run_precision
 from ictrl.errors import quote, shorten
