@@ -401,3 +401,20 @@ def test_the_saved_config_holds_no_secret(tmp_path: Path, monkeypatch: pytest.Mo
     (tmp_path / "run.yaml").write_text("model_name_or_path: m\noutput_dir: o\nenv:\n  HF_TOKEN: hf_secret_3\n")
     save_config(load_config(tmp_path / "run.yaml"), tmp_path / "config.yaml")  # env: sets variables, never written
     assert "hf_secret" not in (tmp_path / "config.yaml").read_text()
+
+
+def test_model_init_kwargs_given_as_json_is_read_where_it_enters_and_its_secret_is_not_saved(tmp_path: Path) -> None:
+    """TRL's command line gives ``model_init_kwargs`` as a JSON string: the run config holds it as the mapping every
+    reader takes (read once, where the value enters), so config.yaml leaves its ``token`` out as it does a mapping's;
+    text that is no JSON object is one line naming the flag."""
+    token = "hf_secret_json"
+    cfg = config_from_dict(MINIMAL, "plain.yaml",
+                           [f'--model_init_kwargs={{"token": "{token}", "attn_implementation": "eager"}}'])
+    assert cfg.trainer["model_init_kwargs"] == {"token": token, "attn_implementation": "eager"}
+    save_config(cfg, tmp_path / "config.yaml")
+    assert token not in (tmp_path / "config.yaml").read_text()
+    assert read_yaml(tmp_path / "config.yaml")["model_init_kwargs"] == {"attn_implementation": "eager"}
+    for given, said in (("{not json", "not a JSON object"), ("[1, 2]", "expected a mapping of from_pretrained")):
+        with pytest.raises(ConfigError) as refused:
+            config_from_dict(MINIMAL, "plain.yaml", [f"--model_init_kwargs={given}"])
+        assert str(refused.value).startswith("override --model_init_kwargs=") and said in str(refused.value)

@@ -218,3 +218,11 @@ def test_train_with_a_rule_from_the_users_own_module(tiny_model_dir: Path, share
     assert "ictrl/h2/all" in row and "ictrl/ict_score/all" not in row  # H2 computed, the group JS not
     assert row["ictrl/tokens/selected"] == 8  # ceil(0.1 n) = 1 of each of the 8 responses of <= 8 tokens
     assert read_yaml(out / "config.yaml")["token_selector"] == "h2rule:top_h2"
+
+
+def test_print_config_checks_what_the_trainer_needs_of_the_values(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--print-config`` shows values checked as the run checks them, what ``ictrl train``'s trainer needs of them
+    included: evaluation during training without eval data is refused there too, before anything is printed."""
+    assert cli.main(["train", str(CELL), "--eval_strategy=steps", "--eval_steps=1", "--print-config"]) == 2
+    captured = capsys.readouterr()
+    assert "eval_strategy: 'steps' needs eval data" in captured.err and captured.out == ""
