@@ -520,3 +520,31 @@ def test_the_resumed_steps_rates_are_the_schedules(tmp_path: Path) -> None:
     assert resumed_rates(checkpoint_state(checkpoint), args) == (f": step 3 at {linear(0)}, step 4 at {linear(1)}, step 5 at "
                                                f"{linear(2)}, ..., step 10 at {linear(7)}")
     assert resumed_rates(checkpoint_state(checkpoint), SimpleNamespace(**{**vars(args), "max_steps": -1})) == ""
+
+
+def test_a_run_whose_config_yaml_holds_model_init_kwargs_as_json_text_resumes(tmp_path: Path) -> None:
+    """An older ictrl wrote ``--model_init_kwargs='{...}'`` into config.yaml as TRL's JSON text (its token
+    included); the run config now holds the mapping. The resume compares the two as one value: the same kwargs
+    resume, other kwargs are named."""
+    import json
+    from types import SimpleNamespace
+
+    import yaml
+
+    from ictrl.errors import ConfigError
+    from ictrl.train_cli.exact_resume import check_unchanged
+    from ictrl.train_cli.run_config import config_from_dict, config_record
+
+    given = {"dtype": "bfloat16", "token": "hf_secret_old"}
+    saved = tmp_path / "config.yaml"
+    saved.write_text(yaml.safe_dump({"model_name_or_path": "m", "output_dir": "o", "token_selector": "all",
+                                     "model_init_kwargs": json.dumps(given)}))
+    args = SimpleNamespace(lr_scheduler_type="linear", warmup_steps=0)
+
+    def now(kwargs: dict[str, str]) -> dict[str, object]:
+        return config_record(config_from_dict({"model_name_or_path": "m", "output_dir": "o"}, "run.yaml",
+                                              [f"--model_init_kwargs={json.dumps(kwargs)}"]))
+
+    check_unchanged(saved, now(given), args)
+    with pytest.raises(ConfigError, match=r"model_init_kwargs.dtype: 'bfloat16' -> 'float32'"):
+        check_unchanged(saved, now({**given, "dtype": "float32"}), args)
