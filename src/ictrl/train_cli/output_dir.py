@@ -36,7 +36,7 @@ def checked_output_dir(cfg: RunConfig, reward_funcs: list[Any], source: str, lab
     ``label`` leads each error (the config file, or the flag that set the key); what the run reads is
     :func:`inputs_read` (the config file ``source``, the model, the data, the modules of ``reward_funcs``).
 
-    Not the model directory, and none of ``reads`` among what the run writes (:func:`written_by_run`); a directory
+    Not the model directory, and nothing the run reads among what it writes (:func:`written_by_run`); a directory
     that is, or can be made, writable, with no file there that the run would write over and ictrl did not write
     (``files.check_output_dir``) and no checkpoint ictrl did not write; one warning line when ``..`` takes it out
     of the working directory."""
