@@ -12,7 +12,7 @@ from typing import Any
 from ictrl.checkpoints import CheckpointState
 from ictrl.errors import ConfigError
 from ictrl.files import without_secrets
-from ictrl.train_cli.run_config import RunConfig, config_record, mapping_init_kwargs
+from ictrl.train_cli.run_config import INIT_KWARGS, RunConfig, config_record
 from ictrl.yamlfile import load_yaml
 
 log = logging.getLogger("ictrl.train")
@@ -104,9 +104,10 @@ def check_unchanged(saved: Path, now: dict[str, Any], args: Any, source: str = "
         raise ConfigError(f"{saved}: cannot read the run's config to compare: {str(exc).splitlines()[0]}") from None
     # both read as YAML, so each value compares as the file holds it (`now` through a dump: 1e-6 as 1.0e-06)
     written, given = load_yaml(text, str(saved)) or {}, load_yaml(yaml.safe_dump(now), "<config>") or {}
-    if isinstance(written, dict):  # a run an older ictrl started kept model_init_kwargs as TRL's JSON text
-        written = without_secrets(mapping_init_kwargs(written, str(saved)))
-    before, after = _flatten(written), _flatten(given)
+    legacy = written.get(INIT_KWARGS) if isinstance(written, dict) else None
+    if isinstance(legacy, str):  # an older ictrl wrote TRL's JSON text (JSON is YAML), secrets and all
+        written = {**written, INIT_KWARGS: load_yaml(legacy, f"{saved}: {INIT_KWARGS}")}
+    before, after = _flatten(without_secrets(written)), _flatten(given)  # `now` is config_record's: no secret
     changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
     constant = args.lr_scheduler_type in ("constant", "constant_with_warmup") and (
         args.lr_scheduler_type == "constant" or not 0 < float(args.warmup_steps) < 1)

@@ -407,7 +407,7 @@ def config_from_dict(data: dict[str, Any], source: str = "<dict>", flags: list[s
     os.environ.update({str(k): str(v) for k, v in env.items()})  # TrlParser's env:, once the file is valid
     trainer_cls = next(cls for cls in parser().dataclass_types if cls not in built)
     trainer = parts.get(trainer_cls, {})
-    trainer = mapping_init_kwargs(trainer, where(INIT_KWARGS))
+    trainer = _mapping_init_kwargs(trainer, where(INIT_KWARGS))
     method_from = "flag" if "token_selector" in set_by_flag else "file" if "token_selector" in trainer else "default"
     if method_from == "default":  # a trl grpo file: TRL's GRPO, its loss included (docs/trl-contract.md)
         trainer = {**trainer, "token_selector": DEFAULT_SELECTOR}
@@ -418,11 +418,11 @@ def config_from_dict(data: dict[str, Any], source: str = "<dict>", flags: list[s
 INIT_KWARGS = "model_init_kwargs"
 
 
-def mapping_init_kwargs(trainer: dict[str, Any], where: str) -> dict[str, Any]:
+def _mapping_init_kwargs(trainer: dict[str, Any], where: str) -> dict[str, Any]:
     """``model_init_kwargs`` as the mapping every reader takes: GRPOConfig takes a JSON string too (TRL's command
     line, ``--model_init_kwargs='{"dtype": "bfloat16"}'``), read here, once, where the value enters; the saved
     config.yaml then holds it as a mapping, whose secret keys ``files.without_secrets`` leaves out (an older ictrl
-    wrote the string: ``exact_resume.check_unchanged`` reads that through here too)."""
+    wrote the string there: ``exact_resume.check_unchanged`` reads it, JSON being YAML)."""
     import json
 
     raw = trainer.get(INIT_KWARGS)
