@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from ictrl.core.describe import failure, shorten
 
@@ -52,6 +52,15 @@ def one_line(message: object) -> str:
 
 
 QUOTE_LIMIT = 200
+
+
+def did_you_mean(name: str, choices: Iterable[str], cutoff: float = 0.6) -> str:
+    """``; did you mean 'X'?`` for the closest of ``choices`` to ``name`` (difflib's ratio at least ``cutoff``),
+    else '': the end of a one-line error naming an unknown key, option value or name."""
+    import difflib
+
+    close = difflib.get_close_matches(name, list(choices), n=1, cutoff=cutoff)
+    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 def quote(value: object, limit: int = QUOTE_LIMIT) -> str:

@@ -8,19 +8,12 @@ costs a fraction of a second, not the minutes a model load takes.
 
 from __future__ import annotations
 
-import difflib
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
-from ictrl.errors import DataError, UserError
+from ictrl.errors import DataError, UserError, did_you_mean
 from ictrl.hub import hub_reachable, in_hub_cache, why_unreachable
-
-
-def did_you_mean(name: str, choices: Iterable[str]) -> str:
-    """``; did you mean 'X'?`` for the closest of ``choices`` to ``name``, else ''."""
-    close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.6)
-    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 def check_benchmarks(names: Sequence[str], data_root: str | os.PathLike[str] | None = None,

@@ -5,7 +5,6 @@ notes")."""
 
 from __future__ import annotations
 
-import difflib
 import functools
 import importlib.util
 from collections.abc import Sequence
@@ -13,7 +12,7 @@ from typing import Any
 
 from annotated_types import Ge, Interval
 
-from ictrl.errors import MissingExtraError, UserError, quote
+from ictrl.errors import MissingExtraError, UserError, did_you_mean, quote
 from ictrl.validation import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, SEED, UNIT, Bound, declared
 
 # The inherited fields (TRL's GRPOConfig, transformers' TrainingArguments) -> the range their value must lie in:
@@ -104,7 +103,7 @@ def check_trackers(value: str | Sequence[str] | None, option: str = "report_to")
         if name == "all":
             continue
         if name not in TRACKERS:
-            raise UserError(f"{option}: unknown tracker {name!r}{_suggest(name, TRACKERS)} "
+            raise UserError(f"{option}: unknown tracker {name!r}{did_you_mean(name, TRACKERS)} "
                             f"(choose from none, all, {', '.join(TRACKERS)})")
         module, hint = TRACKERS[name]
         if importlib.util.find_spec(module) is None:
@@ -119,11 +118,6 @@ def check_liger(enabled: bool, option: str = "use_liger_kernel") -> None:
     if enabled and importlib.util.find_spec("liger_kernel") is None:
         raise MissingExtraError(f"{option}: needs the liger-kernel package, which is not installed: "
                                 "pip install liger-kernel (or trl's liger extra)")
-
-
-def _suggest(name: str, choices: Sequence[str]) -> str:
-    close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.6)
-    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 # --- the TRL contract -----------------------------------------------------------------------------------------------

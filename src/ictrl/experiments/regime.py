@@ -39,7 +39,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ictrl.errors import UserError
+from ictrl.errors import UserError, did_you_mean
 from ictrl.experiments.sampling import check_sampling_flags
 from ictrl.experiments.tasks.registry import CHOICES
 
@@ -263,7 +263,7 @@ def load_prompts(source: str, n: int, seed: int = 0) -> tuple[list[Any], Any]:
                 raise
             # A dotted name was meant as a module path: why it did not import (for a bare word, only noise).
             why = f"; importing it: {err.__cause__}" if "." in source or ":" in source else ""
-            known, hint = ", ".join(sorted(BENCHMARKS)), option_checks.did_you_mean(head, [*TASKS, *BENCHMARKS])
+            known, hint = ", ".join(sorted(BENCHMARKS)), did_you_mean(head, [*TASKS, *BENCHMARKS])
             raise UserError(f"--prompts: unknown source {source!r}{hint} "
                             f"(a task: {CHOICES}; a benchmark: {known}; or a .jsonl file){why}") from None
         try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ictrl.errors import UserError, failure, quote
+from ictrl.errors import UserError, did_you_mean, failure, quote
 from ictrl.rewards.graders import choice_reward, format_reward, gsm8k_reward, math_reward
 
 
@@ -115,8 +115,6 @@ def reward_function(name: str, gold_column: str = "answer") -> Callable[..., Any
     or choice reward), one of :data:`REWARDS` wrapped by :func:`trl_reward`, one of ``trl grpo``'s names
     (:data:`TRL_REWARDS`, with the values it uses), or a ``module:function`` / dotted ``module.function`` with TRL's
     signature, imported as it is (:func:`import_reward`). Raises :class:`UserError` in one line otherwise."""
-    import difflib
-
     if name == "verifiable":
         return trl_kind_reward(gold_column=gold_column, name="verifiable")
     if name in TRL_REWARDS:
@@ -130,6 +128,5 @@ def reward_function(name: str, gold_column: str = "answer") -> Callable[..., Any
     if name in REWARDS:
         return trl_reward(REWARDS[name], gold_column=None if name == "format" else gold_column, name=name)
     choices = ["verifiable", *sorted(REWARDS), *TRL_REWARDS]
-    close = difflib.get_close_matches(name, choices, n=1)
-    hint = f"; did you mean {close[0]!r}?" if close else ""
-    raise UserError(f"unknown reward {name!r}; choose from {choices} or give module:function{hint}")
+    raise UserError(f"unknown reward {name!r}; choose from {choices} or give module:function"
+                    f"{did_you_mean(name, choices)}")

@@ -15,12 +15,11 @@ the key.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import importlib.util
 from pathlib import Path
 from typing import Any
 
-from ictrl.errors import shorten
+from ictrl.errors import did_you_mean, shorten
 from ictrl.train_cli.run_config import INIT_KWARGS, ConfigError, RunConfig
 
 KEY = INIT_KWARGS
@@ -178,9 +177,8 @@ def check_architecture(cfg: RunConfig, kwargs: dict[str, Any], source: str = "<c
     names = sorted({name.rsplit(".", 1)[-1] for name, _ in model.named_modules() if name})
     for i, target in enumerate(_targets(cfg)):
         if target not in names and not any(n.endswith(target) for n, _ in model.named_modules()):
-            close = difflib.get_close_matches(target, names, n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise ConfigError(f"{source}: lora_target_modules[{i}]: the model has no module {target!r}{hint}")
+            raise ConfigError(f"{source}: lora_target_modules[{i}]: the model has no module {target!r}"
+                              f"{did_you_mean(target, names)}")
 
 
 def peft_config(cfg: RunConfig, source: str = "<config>") -> Any:
@@ -232,7 +230,6 @@ def check_init_keys(cfg: RunConfig, kwargs: dict[str, Any], source: str = "<conf
     names = set(config.to_dict()) | set(vars(config))
     for key in unknown:
         if str(key) not in names:
-            close = difflib.get_close_matches(str(key), sorted(known - {"torch_dtype"}), n=1, cutoff=0.5)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
+            hint = did_you_mean(str(key), sorted(known - {"torch_dtype"}), cutoff=0.5)
             raise ConfigError(f"{source}: {KEY}.{key}: neither a from_pretrained argument nor a key of "
                               f"{cfg.model.model_name_or_path}'s config{hint}")

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import difflib
 import functools
 import logging
 import math
@@ -35,7 +34,7 @@ from trl.scripts.grpo import GRPOScriptArguments
 from ictrl.engine.config_fields import RANGES
 from ictrl.train_cli.config_yaml import MAX_CONFIG_BYTES, load_yaml_value
 from ictrl.cliargs import PATH_KEYS, expand_paths
-from ictrl.errors import QUOTE_LIMIT, ConfigError, UserError, quote, shorten
+from ictrl.errors import QUOTE_LIMIT, ConfigError, UserError, did_you_mean, quote, shorten
 from ictrl.files import atomic_write_text, without_secrets
 from ictrl.validation import AT_LEAST_ONE, NON_NEGATIVE, check_fields, file_value, type_text
 from ictrl.yamlfile import load_yaml
@@ -148,9 +147,8 @@ class ScriptArguments(GRPOScriptArguments):
                                  f"{quote(entry)}")
             unknown = [k for k in entry if k not in keys]
             if unknown:
-                close = difflib.get_close_matches(str(unknown[0]), keys, n=1)
-                hint = f"; did you mean {close[0]!r}?" if close else ""
-                raise ValueError(f"datasets[{i}]: unknown key {quote(unknown[0])}; TRL's keys: {', '.join(keys)}{hint}")
+                raise ValueError(f"datasets[{i}]: unknown key {quote(unknown[0])}; TRL's keys: {', '.join(keys)}"
+                                 f"{did_you_mean(str(unknown[0]), keys)}")
             if not isinstance(entry.get("path"), str) or not entry["path"]:
                 raise ValueError(f"datasets[{i}].path: required: a datasets.load_dataset path (json, parquet, csv with "
                                  "data_files; a folder; a hub id)")
@@ -251,9 +249,7 @@ def _suggest(key: str) -> str:
     if key in POINTERS:
         return f"; {POINTERS[key]}"
     family = [k for k in owners() if k.split("_", 1)[0] == key.split("_", 1)[0]]  # lora_rank: the lora_ keys
-    close = difflib.get_close_matches(key, family, n=1) or difflib.get_close_matches(key, list(owners()), n=1,
-                                                                                      cutoff=0.9)
-    return f"; did you mean {close[0]!r}?" if close else ""
+    return did_you_mean(key, family) or did_you_mean(key, owners(), cutoff=0.9)
 
 
 def _old_sections(data: dict[str, Any], source: str) -> None:

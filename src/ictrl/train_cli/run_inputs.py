@@ -5,14 +5,13 @@ an error comes from. ``ictrl.train_cli.run`` runs them in order."""
 
 from __future__ import annotations
 
-import difflib
 import logging
 import os
 from pathlib import Path
 from typing import Any, Callable
 
 from ictrl.train_cli.run_config import ConfigError, RunConfig
-from ictrl.errors import UserError, quote, shorten
+from ictrl.errors import UserError, did_you_mean, quote, shorten
 
 log = logging.getLogger("ictrl.train")
 
@@ -120,8 +119,7 @@ def check_sources(cfg: RunConfig, config: str = "<config>", flags: dict[str, Any
             try:
                 _, path = data.parse_spec(name)
             except ValueError as exc:
-                close = difflib.get_close_matches(name.split(":", 1)[0], list(data.BENCHMARKS), n=1)
-                hint = f"; did you mean {close[0]!r}?" if close else ""
+                hint = did_you_mean(name.split(":", 1)[0], data.BENCHMARKS)
                 raise ConfigError(f"{source}: {key}: {quote(name)}: {shorten(str(exc), 300)}{hint}"
                                   f"{_tried(name) if key == 'dataset_name' else ''}") from None
             if path is not None and not Path(path).is_file():

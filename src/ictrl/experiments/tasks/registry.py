@@ -11,13 +11,12 @@ eval task of each alike."""
 
 from __future__ import annotations
 
-import difflib
 import importlib
 from collections.abc import Callable
 from typing import Any
 
 from ictrl.data import Problem
-from ictrl.errors import UserError
+from ictrl.errors import UserError, did_you_mean
 
 TASKS = {"tinyarith": "ictrl.experiments.tasks.tinytask"}
 TASK_API = ("generate_problems", "demonstration", "grade", "reward", "train_dataset", "eval_task", "max_new_tokens",
@@ -36,9 +35,8 @@ def get_task(name: str, option: str = "task") -> Any:
         task = importlib.import_module(module)
         task = getattr(task, attr) if attr else task
     except (ImportError, AttributeError, ValueError, TypeError) as exc:  # TypeError: a relative name (".x")
-        close = difflib.get_close_matches(name, TASKS, n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        raise UserError(f"{option}: unknown task {name!r}{hint}; choose {CHOICES}; importing it: {exc}") from exc
+        raise UserError(f"{option}: unknown task {name!r}{did_you_mean(name, TASKS)}; choose {CHOICES}; importing "
+                        f"it: {exc}") from exc
     missing = [a for a in TASK_API if not hasattr(task, a)]
     if missing:
         raise UserError(f"{option}: {name!r} is not a task: it has no {', '.join(missing)} (a task defines "
