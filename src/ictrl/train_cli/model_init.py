@@ -22,7 +22,6 @@ from typing import Any
 from ictrl.errors import did_you_mean, shorten
 from ictrl.train_cli.run_config import INIT_KWARGS, ConfigError, RunConfig
 
-KEY = INIT_KWARGS
 # The dtype names TRL's create_model_from_path accepts (plus a torch.dtype, which YAML cannot write).
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
@@ -30,27 +29,28 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 def load_kwargs(cfg: RunConfig, source: str = "<config>") -> dict[str, Any]:
     """The ``from_pretrained`` keyword arguments of the run, merged as ``trl grpo`` merges them, the quantization
     config made by TRL. Raises :class:`ConfigError` naming the key after ``source`` (the config file, or the flag
-    that set :data:`KEY`: ``run_inputs.blame``)."""
+    that set :data:`INIT_KWARGS`: ``run_inputs.blame``)."""
     from trl import get_quantization_config
 
-    raw = cfg.trainer.get(KEY)  # a mapping: run_config reads TRL's JSON-string form where the value enters
+    raw = cfg.trainer.get(INIT_KWARGS)  # a mapping: run_config reads TRL's JSON-string form where the value enters
     model = cfg.model
     kwargs = {"revision": model.model_revision, "trust_remote_code": bool(cfg.trainer.get("trust_remote_code")),
               "attn_implementation": model.attn_implementation, "dtype": model.dtype, **(raw or {})}
     if "torch_dtype" in kwargs:
-        raise ConfigError(f"{source}: {KEY}.torch_dtype: transformers 5 calls it dtype; write {KEY}.dtype")
+        raise ConfigError(f"{source}: {INIT_KWARGS}.torch_dtype: transformers 5 calls it dtype; write "
+                          f"{INIT_KWARGS}.dtype")
     if kwargs["dtype"] not in DTYPES:
-        raise ConfigError(f"{source}: {KEY}.dtype: must be one of {list(DTYPES)}, got {kwargs['dtype']!r}")
+        raise ConfigError(f"{source}: {INIT_KWARGS}.dtype: must be one of {list(DTYPES)}, got {kwargs['dtype']!r}")
     if not isinstance(kwargs["trust_remote_code"], bool):
-        raise ConfigError(f"{source}: {KEY}.trust_remote_code: expected true/false, got "
+        raise ConfigError(f"{source}: {INIT_KWARGS}.trust_remote_code: expected true/false, got "
                           f"{kwargs['trust_remote_code']!r}")
     attn = kwargs["attn_implementation"]
     if attn is not None and not isinstance(attn, str):
-        raise ConfigError(f"{source}: {KEY}.attn_implementation: expected a string, got {attn!r}")
+        raise ConfigError(f"{source}: {INIT_KWARGS}.attn_implementation: expected a string, got {attn!r}")
     for flag in ("load_in_4bit", "load_in_8bit"):  # transformers 5 takes them only as a quantization_config
         if kwargs.pop(flag, False):
-            raise ConfigError(f"{source}: {KEY}.{flag}: transformers 5 takes it as the ModelConfig key {flag}: true "
-                              "(or model_init_kwargs.quantization_config)")
+            raise ConfigError(f"{source}: {INIT_KWARGS}.{flag}: transformers 5 takes it as the ModelConfig key "
+                              f"{flag}: true (or {INIT_KWARGS}.quantization_config)")
     try:  # bitsandbytes' compute dtype is ModelConfig's dtype, which 'auto' cannot be
         quantization = get_quantization_config(dataclasses.replace(model, dtype=None) if model.dtype == "auto"
                                                else model)
@@ -78,7 +78,7 @@ def _quantization(value: Any, source: str) -> Any:
     object), its package checked by transformers' quantizer."""
     from transformers.quantizers.auto import AutoHfQuantizer, AutoQuantizationConfig
 
-    key = f"{KEY}.quantization_config" if isinstance(value, dict) else \
+    key = f"{INIT_KWARGS}.quantization_config" if isinstance(value, dict) else \
         "load_in_4bit" if getattr(value, "load_in_4bit", False) else "load_in_8bit"
     try:
         config = AutoQuantizationConfig.from_dict(dict(value)) if isinstance(value, dict) else value
@@ -219,7 +219,7 @@ def check_init_keys(cfg: RunConfig, kwargs: dict[str, Any], source: str = "<conf
     """Each ``model_init_kwargs`` key is a ``from_pretrained`` argument or a key of the model's config (which
     ``from_pretrained`` passes on to it); anything else would be a TypeError from the model's ``__init__`` after
     the checkpoint is opened. One line naming the key, with the nearest valid name."""
-    raw = cfg.trainer.get(KEY)
+    raw = cfg.trainer.get(INIT_KWARGS)
     if not raw:
         return
     known = from_pretrained_keys()
@@ -231,5 +231,5 @@ def check_init_keys(cfg: RunConfig, kwargs: dict[str, Any], source: str = "<conf
     for key in unknown:
         if str(key) not in names:
             hint = did_you_mean(str(key), sorted(known - {"torch_dtype"}), cutoff=0.5)
-            raise ConfigError(f"{source}: {KEY}.{key}: neither a from_pretrained argument nor a key of "
+            raise ConfigError(f"{source}: {INIT_KWARGS}.{key}: neither a from_pretrained argument nor a key of "
                               f"{cfg.model.model_name_or_path}'s config{hint}")

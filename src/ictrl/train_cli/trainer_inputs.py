@@ -39,7 +39,7 @@ from ictrl.errors import quote, shorten
 from ictrl.train_cli import model_init
 from ictrl.train_cli.process_group import answered_once
 from ictrl.train_cli.output_dir import checked_output_dir, existing_checkpoints
-from ictrl.train_cli.run_config import ConfigError, RunConfig
+from ictrl.train_cli.run_config import INIT_KWARGS, ConfigError, RunConfig
 from ictrl.train_cli.run_guard import NO_OP_FLAG
 from ictrl.train_cli.run_inputs import (blame, check_enough_rows, check_sources, drop_long_prompts,
                                         load_train_dataset, name_the_key, reward_functions, trl_dataset)
@@ -83,7 +83,7 @@ def build_trainer_inputs(cfg: RunConfig, source: str = "<config>", flags: dict[s
 
     with planned_processes(processes) if processes is not None else contextlib.nullcontext():
         args = trainer_args(cfg, source, flags, cpu)
-    checked = TrainerInputs(args, model_init.load_kwargs(cfg, blame(model_init.KEY, source, flags)))
+    checked = TrainerInputs(args, model_init.load_kwargs(cfg, blame(INIT_KWARGS, source, flags)))
     if values_only:
         return checked
     checked.lora = model_init.peft_config(cfg, source)
@@ -164,10 +164,10 @@ def weights_dtype(cfg: RunConfig) -> tuple[str, str] | None:
     a GPU (as ``trl grpo`` loads it), read where ``from_pretrained`` reads it first, a local ``config.json``'s
     ``dtype`` (None: not known before the weights load, nor for a quantized model, whose weights are the
     quantizer's)."""
-    raw = cfg.trainer.get(model_init.KEY) or {}
+    raw = cfg.trainer.get(INIT_KWARGS) or {}
     if cfg.model.load_in_4bit or cfg.model.load_in_8bit or raw.get("quantization_config") is not None:
         return None
-    key, dtype = ((f"{model_init.KEY}.dtype", raw["dtype"]) if raw.get("dtype") is not None
+    key, dtype = ((f"{INIT_KWARGS}.dtype", raw["dtype"]) if raw.get("dtype") is not None
                   else ("dtype", cfg.model.dtype))
     if dtype in (None, "auto"):  # else the line after the load names the weights' real dtype
         saved = _saved_dtype(cfg.model.model_name_or_path)
