@@ -255,9 +255,13 @@ def _write_state(directory: Path, step: int, max_steps: int) -> None:
 
 
 def test_finished_run_needs_max_steps_and_a_final_model_of_that_step(tmp_path: Path) -> None:
-    from ictrl.checkpoints import finished_run
+    from ictrl.checkpoints import checkpoint_state
 
     ckpt = tmp_path / "checkpoint-4"
+
+    def finished_run(checkpoint: Path, max_steps: int) -> bool:  # the state as a resume reads it, each time afresh
+        return checkpoint_state(checkpoint).finished(max_steps)
+
     _write_state(ckpt, 4, 4)
     assert not finished_run(ckpt, 4)  # no final model: killed after the last checkpoint, the model still to write
     _write_state(tmp_path, 2, 2)
@@ -514,12 +518,13 @@ def test_the_resumed_steps_rates_are_the_schedules(tmp_path: Path) -> None:
     def linear(n: int) -> str:
         return f"{1e-3 * (10 - n) / 10:.3g}"
 
-    assert resumed_rates(checkpoint_state(checkpoint), args) == (f": step 3 at 0.000123, step 4 at {linear(3)}, step 5 at {linear(4)}, "
-                                               f"..., step 10 at {linear(9)}")
+    resumed = checkpoint_state(checkpoint)
+    assert resumed_rates(resumed, args) == (f": step 3 at 0.000123, step 4 at {linear(3)}, step 5 at {linear(4)}, "
+                                            f"..., step 10 at {linear(9)}")
     (checkpoint / "optimizer.pt").unlink()
-    assert resumed_rates(checkpoint_state(checkpoint), args) == (f": step 3 at {linear(0)}, step 4 at {linear(1)}, step 5 at "
-                                               f"{linear(2)}, ..., step 10 at {linear(7)}")
-    assert resumed_rates(checkpoint_state(checkpoint), SimpleNamespace(**{**vars(args), "max_steps": -1})) == ""
+    assert resumed_rates(resumed, args) == (f": step 3 at {linear(0)}, step 4 at {linear(1)}, step 5 at "
+                                            f"{linear(2)}, ..., step 10 at {linear(7)}")
+    assert resumed_rates(resumed, SimpleNamespace(**{**vars(args), "max_steps": -1})) == ""
 
 
 def test_a_run_whose_config_yaml_holds_model_init_kwargs_as_json_text_resumes(tmp_path: Path) -> None:

@@ -28,7 +28,8 @@ def check_resume(cfg: RunConfig, resumed: CheckpointState, args: Any, source: st
     (its folder's ``config.yaml``, :func:`check_unchanged`, against ``run_config.config_record``, what the run
     writes there); unless the command accepts the difference by name (:data:`INEXACT_FLAG`,
     :data:`NEW_SCHEDULE_FLAG`), when one line says what differs."""
-    rates = resumed_rates(resumed, args)  # what either warning says of the resumed steps
+    # what the warnings of the two flags say of the resumed steps: read only when one of them is given
+    rates = resumed_rates(resumed, args) if cfg.modes & {INEXACT_FLAG, NEW_SCHEDULE_FLAG} else ""
     check_exact(resumed, args, INEXACT_FLAG in cfg.modes, source, rates)
     check_unchanged(resumed.path.parent / "config.yaml", config_record(cfg), args, source,
                     new_schedule=NEW_SCHEDULE_FLAG in cfg.modes, rates=rates)
