@@ -332,7 +332,7 @@ def add_run_callbacks(trainer: Any, cfg: RunConfig, reward_funcs: list[Callable[
 
     args = trainer.args
     # the first reward is an accuracy (metrics' `accuracy`, the step line's `acc`) only when it is a 0/1 verifier
-    first = (cfg.script.reward_funcs or ["verifiable"])[0]
+    first = cfg.script.reward_names()[0]
     binary = not cfg.script.reward_model_name_or_path and first in BINARY_REWARDS
     accuracy = reward_label(reward_funcs[0]) if binary else None
     for cb in (PrinterCallback, ProgressCallback):

@@ -157,6 +157,10 @@ class ScriptArguments(GRPOScriptArguments):
         """The training sources' names (a mixture's keys)."""
         return [self.dataset_name] if isinstance(self.dataset_name, str) else list(self.dataset_name or [])
 
+    def reward_names(self) -> list[str]:
+        """The reward functions' names the run builds: ``reward_funcs``, or its default ``['verifiable']``."""
+        return list(self.reward_funcs or ["verifiable"])
+
 
 @dataclass
 class ModelConfig(trl.ModelConfig):
@@ -207,6 +211,7 @@ POINTERS: dict[str, str] = {  # keys since removed, and what took their place
 # TRL's GRPO (every response token, TRL's normaliser for loss_type): a TRL user's config never changes method
 # silently. ICTGRPOConfig itself defaults to ict: the Python class is ICT's trainer by name.
 DEFAULT_SELECTOR = "all"  # a value typed on a command line; argparse and the checks walk it
+INIT_KWARGS = "model_init_kwargs"  # from_pretrained's keys: a mapping here (TRL takes JSON text too)
 
 
 def _raise(message: str) -> None:
@@ -409,9 +414,6 @@ def config_from_dict(data: dict[str, Any], source: str = "<dict>", flags: list[s
         trainer = {**trainer, "token_selector": DEFAULT_SELECTOR}
     return RunConfig(script=built[ScriptArguments], model=built[ModelConfig], trainer=trainer, flags=shown,
                      method_from=method_from)
-
-
-INIT_KWARGS = "model_init_kwargs"
 
 
 def _mapping_init_kwargs(trainer: dict[str, Any], where: str) -> dict[str, Any]:

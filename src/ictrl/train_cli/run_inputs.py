@@ -35,7 +35,7 @@ def reward_functions(cfg: RunConfig, args: Any, source: str = "<config>",
     """The run's reward functions as the trainer gets them: one ``reward_weights`` entry per configured reward
     (:func:`check_reward_weights`, before any is built), each built (:func:`build_rewards`), then DAPO's overlong
     penalty (:func:`add_overlong_penalty`)."""
-    configured = len(cfg.script.reward_funcs or ["verifiable"]) + bool(cfg.script.reward_model_name_or_path)
+    configured = len(cfg.script.reward_names()) + bool(cfg.script.reward_model_name_or_path)
     check_reward_weights(cfg, args, configured, source, flags)
     funcs = build_rewards(cfg, blame("reward_funcs", source, flags))
     add_overlong_penalty(cfg, args, funcs, source)
@@ -49,7 +49,7 @@ def build_rewards(cfg: RunConfig, source: str = "<config>", gold_column: str = "
     from ictrl.rewards.trl_adapters import reward_function
 
     out: list[Any] = [cfg.script.reward_model_name_or_path] if cfg.script.reward_model_name_or_path else []
-    for i, name in enumerate(cfg.script.reward_funcs or ["verifiable"]):
+    for i, name in enumerate(cfg.script.reward_names()):
         try:
             out.append(reward_function(name, gold_column))
         except UserError as exc:
