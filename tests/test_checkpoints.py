@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ictrl.checkpoints import MANIFEST, check_weights, finished_run, publish_model, write_manifest
+from ictrl.checkpoints import MANIFEST, check_weights, checkpoint_state, publish_model, write_manifest
 
 
 def _staged(root: Path, step: int, shards: list[str]) -> Path:
@@ -38,7 +38,7 @@ def test_the_model_lands_beside_the_run_files_and_an_earlier_save_is_replaced(tm
     out = _run_dir(tmp_path)
     publish_model(_staged(out, 2, ["model-1.bin", "model-2.bin"]), out)
     assert not (out / ".staging-final").exists() and check_weights(out) is None
-    assert finished_run(out / "checkpoint-2", 2)
+    assert checkpoint_state(out / "checkpoint-2").finished(2)
     assert {p.name for p in out.iterdir()} == {"checkpoint-2", "config.yaml", "run.json", "metrics.jsonl",
                                               "model-1.bin", "model-2.bin", "adapter", "config.json",
                                               "trainer_state.json", MANIFEST, ".ictrl-files.json"}
@@ -73,7 +73,7 @@ def test_a_kill_mid_publish_leaves_no_model_that_looks_complete(tmp_path: Path, 
         publish_model(staging, out)
     # adapter/, model-1.bin, model-2.bin, then config.json: before it there is no model to load; after it every
     # file of the new one is in place. The run is finished (trainer_state.json) only once the model is whole.
-    assert not finished_run(out / "checkpoint-2", 2)
+    assert not checkpoint_state(out / "checkpoint-2").finished(2)
     if (out / "config.json").exists():
         assert renames_before_the_kill > 3
         assert all((out / n).read_bytes() == n.encode() * 10 for n in ("model-1.bin", "model-2.bin"))

@@ -129,7 +129,7 @@ def rotate_checkpoints(output_dir: str | os.PathLike[str], save_total_limit: int
 
 # Renamed last, in this order, by publish_model: config.json is what a loader reads first (without it a directory
 # is no model to from_pretrained), the manifest is what ictrl checks the files against, trainer_state.json marks
-# the run finished (finished_run).
+# the run finished (CheckpointState.finished).
 LAST_FILES = ("config.json", MANIFEST, "trainer_state.json")
 RUN_FILES = ("config.yaml", "run.json", "metrics.jsonl", "README.md")  # the run's, never a model save's to remove
 
@@ -210,10 +210,6 @@ def checkpoint_state(directory: Path) -> CheckpointState:
     """``directory``'s state; ValueError when its trainer state does not read (:func:`trainer_state`)."""
     state = trainer_state(directory)
     return CheckpointState(directory, state["global_step"], state.get("max_steps", 0), checkpoint_world_size(directory))
-
-
-def finished_run(checkpoint: Path, max_steps: int) -> bool:
-    return checkpoint_state(checkpoint).finished(max_steps)  # CheckpointState.finished, for a path
 
 
 def sha256_file(path: Path) -> str:

@@ -267,7 +267,8 @@ def save_final(trainer: Any, staging: Path, final: Path) -> None:
     failure = _agree(failure, barrier, getattr(trainer.args, "device", None))
     if failure is None and trainer.args.should_save:
         def publish() -> None:
-            trainer.state.save_to_json(str(staging / "trainer_state.json"))  # its step: finished_run reads it
+            # its step, which CheckpointState.finished reads
+            trainer.state.save_to_json(str(staging / "trainer_state.json"))
             write_manifest(staging)
             publish_model(staging, final)
 

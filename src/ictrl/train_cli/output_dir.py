@@ -279,6 +279,7 @@ def _check_no_previous_run(out: Path, resume: bool | str, modes: frozenset[str] 
 def forget_previous_run(out: Path) -> None:
     """Under :data:`OVERWRITE_FLAG`, remove the marks of the earlier run's final model (``manifest.json``,
     ``trainer_state.json``) before this run writes: a later ``--resume`` then never takes that model for this
-    run's (``checkpoints.finished_run``). The earlier files themselves are replaced as this run writes its own."""
+    run's (``checkpoints.CheckpointState.finished``). The earlier files themselves are replaced as this run writes
+    its own."""
     for name in (MANIFEST, "trainer_state.json"):
         (out / name).unlink(missing_ok=True)
